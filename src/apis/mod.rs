@@ -1,0 +1,15 @@
+//! The `apps.kruise.io` API types, one module per kind, and the CRDs generated from them.
+//!
+//! Controllers work in `v1beta1`; `v1alpha1` is served from the same schema (see [`crd`]).
+
+pub mod common;
+pub mod crd;
+pub mod imagepulljob;
+pub mod nodeimage;
+pub mod sidecarset;
+pub mod well_known;
+
+pub use crd::{crds, crds_yaml};
+pub use imagepulljob::{ImagePullJob, ImagePullJobSpec, ImagePullJobStatus};
+pub use nodeimage::{NodeImage, NodeImageSpec, NodeImageStatus};
+pub use sidecarset::{SidecarSet, SidecarSetSpec, SidecarSetStatus};

@@ -1,0 +1,79 @@
+//! Annotation, label and finalizer names that upstream OpenKruise components read and write.
+//!
+//! They are upstream's exact strings so existing tooling (dashboards, `kubectl` selectors,
+//! scripts) keeps working when kruise-rs replaces kruise-manager and kruise-daemon.
+
+/// The API group of every kind served here.
+pub const GROUP: &str = "apps.kruise.io";
+/// The version controllers work in; also the storage version.
+pub const STORAGE_VERSION: &str = "v1beta1";
+/// The older version, still served so existing manifests keep applying.
+pub const LEGACY_VERSION: &str = "v1alpha1";
+
+// --- SidecarSet ---------------------------------------------------------------------------------
+
+/// On a SidecarSet: hash of its containers. On a Pod: JSON map of SidecarSet name to hash record.
+pub const SIDECARSET_HASH: &str = "kruise.io/sidecarset-hash";
+/// Same as [`SIDECARSET_HASH`], computed with every image blanked.
+pub const SIDECARSET_HASH_WITHOUT_IMAGE: &str = "kruise.io/sidecarset-hash-without-image";
+/// On a Pod: comma-joined, sorted names of the SidecarSets injected into it.
+pub const SIDECARSET_INJECTED_LIST: &str = "kruise.io/sidecarset-injected-list";
+/// On a Pod: JSON map of SidecarSet name to its in-place update state.
+pub const SIDECARSET_INPLACE_UPDATE_STATE: &str = "kruise.io/sidecarset-inplace-update-state";
+/// On a Pod: JSON map of hot-upgrade sidecar name to the container currently working.
+pub const SIDECARSET_WORKING_HOTUPGRADE_CONTAINER: &str =
+    "kruise.io/sidecarset-working-hotupgrade-container";
+/// Prefix of the per-container hot-upgrade version annotation on a Pod.
+pub const SIDECARSET_VERSION_PREFIX: &str = "version.sidecarset.kruise.io/";
+/// Prefix of the per-container alternate hot-upgrade version annotation on a Pod.
+pub const SIDECARSET_VERSION_ALT_PREFIX: &str = "versionalt.sidecarset.kruise.io/";
+/// Pod condition type whose message is a JSON map of SidecarSet name to "can upgrade".
+pub const SIDECARSET_UPGRADABLE_CONDITION: &str = "SidecarSetUpgradable";
+/// On a ControllerRevision: the SidecarSet it belongs to.
+pub const SIDECARSET_NAME_LABEL: &str = "kruise.io/sidecarset-name";
+/// On a ControllerRevision (v1beta1) or on the SidecarSet itself (v1alpha1): the custom version.
+pub const SIDECARSET_CUSTOM_VERSION_LABEL: &str = "apps.kruise.io/sidecarset-custom-version";
+/// On a SidecarSet: `"true"` marks a canary SidecarSet.
+pub const SIDECARSET_CANARY: &str = "apps.kruise.io/sidecarset-canary";
+/// On a canary SidecarSet: the name of the SidecarSet it is a canary of.
+pub const SIDECARSET_BASE: &str = "apps.kruise.io/sidecarset-base";
+/// The Namespace label v1alpha1's `spec.namespace` is matched against.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+// --- Image pre-download ---------------------------------------------------------------------------
+
+/// On a workload or SidecarSet: how many nodes pre-download at once.
+pub const IMAGE_PREDOWNLOAD_PARALLELISM: &str = "apps.kruise.io/image-predownload-parallelism";
+/// On a workload or SidecarSet: per-pull timeout in seconds.
+pub const IMAGE_PREDOWNLOAD_TIMEOUT_SECONDS: &str =
+    "apps.kruise.io/image-predownload-timeout-seconds";
+/// On a workload or SidecarSet: updated-and-ready pods (integer or percent) before pre-download starts.
+pub const IMAGE_PREDOWNLOAD_MIN_UPDATED_READY_PODS: &str =
+    "apps.kruise.io/image-predownload-min-updated-ready-pods";
+/// On a ControllerRevision: pre-download jobs were created for it (upstream's spelling, "pre-pre").
+pub const IMAGE_PREDOWNLOAD_CREATED: &str = "apps.kruise.io/pre-predownload-created";
+/// On a ControllerRevision: pre-download was deliberately skipped for it.
+pub const IMAGE_PREDOWNLOAD_IGNORED: &str = "apps.kruise.io/image-predownload-ignored";
+/// On an ImagePullJob: the revision hash it pre-downloads for.
+pub const CONTROLLER_REVISION_HASH: &str = "controller-revision-hash";
+
+// --- ImagePullJob and NodeImage ---------------------------------------------------------------------
+
+/// Finalizer on an ImagePullJob while it holds synced pull secrets.
+pub const DELETION_PROTECTION_FINALIZER: &str = "apps.kruise.io/deletion-protection";
+/// On a synced Secret: `namespace/name` of the Secret it copies.
+pub const SECRET_SOURCE_KEY: &str = "imagepulljobs.kruise.io/source-key";
+/// On a synced Secret: comma-joined sorted `namespace/name` of the jobs using it.
+pub const SECRET_REFERENCES: &str = "imagepulljobs.kruise.io/references";
+/// On a synced Secret: `batch` for shared copies.
+pub const SECRET_MODE: &str = "imagepulljobs.kruise.io/mode";
+/// The `mode` value of shared secret copies.
+pub const SECRET_MODE_BATCH: &str = "batch";
+/// On a NodeImage: keep it even though no Node of that name exists (tests, virtual nodes).
+pub const FAKE_NODEIMAGE: &str = "apps.kruise.io/fake-nodeimage";
+/// Node label value (`type: virtual-kubelet`) of nodes the NodeImage controller ignores.
+pub const VIRTUAL_KUBELET_TYPE: &str = "virtual-kubelet";
+/// CRI sandbox annotation the daemon adds to every `PullImage` call.
+pub const PULLING_IMAGE_BY: &str = "apps.kruise.io/pulling-image-by";
+/// Value of [`PULLING_IMAGE_BY`].
+pub const PULLING_IMAGE_BY_VALUE: &str = "kruise-daemon";
