@@ -41,9 +41,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
 
 /// Every CRD as one multi-document YAML stream (what `kruise-rs crds` prints).
 pub fn crds_yaml() -> String {
-    crds()
-        .iter()
-.map(to_yaml).collect()
+    crds().iter().map(to_yaml).collect()
 }
 
 /// The file name under `crds/` for one CRD, as controller-gen names them.
@@ -120,8 +118,12 @@ mod tests {
     #[test]
     fn every_kind_serves_both_versions_and_stores_v1beta1() {
         for crd in crds() {
-            let versions: Vec<_> =
-                crd.spec.versions.iter().map(|v| (v.name.as_str(), v.served, v.storage)).collect();
+            let versions: Vec<_> = crd
+                .spec
+                .versions
+                .iter()
+                .map(|v| (v.name.as_str(), v.served, v.storage))
+                .collect();
             assert_eq!(
                 versions,
                 [("v1alpha1", true, false), ("v1beta1", true, true)],
@@ -131,14 +133,27 @@ mod tests {
             assert!(crd.spec.conversion.is_none(), "conversion must stay None");
             for v in &crd.spec.versions {
                 let sub = v.subresources.as_ref().expect("subresources");
-                assert!(sub.status.is_some(), "{} {} has a status subresource", crd.spec.names.kind, v.name);
+                assert!(
+                    sub.status.is_some(),
+                    "{} {} has a status subresource",
+                    crd.spec.names.kind,
+                    v.name
+                );
             }
         }
     }
 
     fn columns(kind: &str, version: &str) -> Vec<(String, String, String)> {
-        let crd = crds().into_iter().find(|c| c.spec.names.kind == kind).expect(kind);
-        let v = crd.spec.versions.into_iter().find(|v| v.name == version).expect(version);
+        let crd = crds()
+            .into_iter()
+            .find(|c| c.spec.names.kind == kind)
+            .expect(kind);
+        let v = crd
+            .spec
+            .versions
+            .into_iter()
+            .find(|v| v.name == version)
+            .expect(version);
         v.additional_printer_columns
             .unwrap_or_default()
             .into_iter()
@@ -147,7 +162,9 @@ mod tests {
     }
 
     fn cols(spec: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
-        spec.iter().map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string())).collect()
+        spec.iter()
+            .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+            .collect()
     }
 
     #[test]
@@ -187,14 +204,32 @@ mod tests {
     fn scopes_and_names_are_upstreams() {
         let got: Vec<_> = crds()
             .into_iter()
-            .map(|c| (c.metadata.name.unwrap_or_default(), c.spec.scope, file_name_of(&c.spec.names.plural)))
+            .map(|c| {
+                (
+                    c.metadata.name.unwrap_or_default(),
+                    c.spec.scope,
+                    file_name_of(&c.spec.names.plural),
+                )
+            })
             .collect();
         assert_eq!(
             got,
             [
-                ("sidecarsets.apps.kruise.io".into(), "Cluster".into(), "apps.kruise.io_sidecarsets.yaml".into()),
-                ("imagepulljobs.apps.kruise.io".into(), "Namespaced".into(), "apps.kruise.io_imagepulljobs.yaml".into()),
-                ("nodeimages.apps.kruise.io".into(), "Cluster".into(), "apps.kruise.io_nodeimages.yaml".into()),
+                (
+                    "sidecarsets.apps.kruise.io".into(),
+                    "Cluster".into(),
+                    "apps.kruise.io_sidecarsets.yaml".into()
+                ),
+                (
+                    "imagepulljobs.apps.kruise.io".into(),
+                    "Namespaced".into(),
+                    "apps.kruise.io_imagepulljobs.yaml".into()
+                ),
+                (
+                    "nodeimages.apps.kruise.io".into(),
+                    "Cluster".into(),
+                    "apps.kruise.io_nodeimages.yaml".into()
+                ),
             ] as [(String, String, String); 3]
         );
     }
@@ -217,7 +252,11 @@ mod tests {
             }
         }
         let mut extra: Vec<_> = std::fs::read_dir(&dir)
-            .map(|rd| rd.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
             .unwrap_or_default();
         extra.retain(|f| !crds().iter().any(|c| file_name(c) == *f));
         assert!(
@@ -232,7 +271,12 @@ mod tests {
         // `kubectl apply` (client side) stores the whole object in a 256 KiB annotation.
         for crd in crds() {
             let json = serde_json::to_vec(&crd).expect("serializes");
-            assert!(json.len() < 256 * 1024, "{} is {} bytes", crd.spec.names.kind, json.len());
+            assert!(
+                json.len() < 256 * 1024,
+                "{} is {} bytes",
+                crd.spec.names.kind,
+                json.len()
+            );
         }
     }
 }

@@ -4,7 +4,9 @@
 //! both. Defaults that upstream's mutating webhook sets are schema defaults here, so the
 //! apiserver applies them on every create and read, with or without our webhook.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, Time,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -24,11 +26,11 @@ pub use super::common::{ImagePullPolicy, SandboxConfig};
     derive = "Default",
     derive = "PartialEq",
     doc = "ImagePullJob pulls an image on a set of nodes.",
-    printcolumn(name = "TOTAL", type_ = "integer", json_path = ".status.desired", description = "Number of all nodes matched by this job."),
-    printcolumn(name = "ACTIVE", type_ = "integer", json_path = ".status.active", description = "Number of image pull tasks active."),
-    printcolumn(name = "SUCCEED", type_ = "integer", json_path = ".status.succeeded", description = "Number of image pull tasks succeeded."),
-    printcolumn(name = "FAILED", type_ = "integer", json_path = ".status.failed", description = "Number of image pull tasks failed."),
-    printcolumn(name = "AGE", type_ = "date", json_path = ".metadata.creationTimestamp", description = "Time since the job was created.")
+    printcolumn = r#"{"name": "TOTAL", "type": "integer", "jsonPath": ".status.desired", "description": "Number of all nodes matched by this job."}"#,
+    printcolumn = r#"{"name": "ACTIVE", "type": "integer", "jsonPath": ".status.active", "description": "Number of image pull tasks active."}"#,
+    printcolumn = r#"{"name": "SUCCEED", "type": "integer", "jsonPath": ".status.succeeded", "description": "Number of image pull tasks succeeded."}"#,
+    printcolumn = r#"{"name": "FAILED", "type": "integer", "jsonPath": ".status.failed", "description": "Number of image pull tasks failed."}"#,
+    printcolumn = r#"{"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp", "description": "Time since the job was created."}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ImagePullJobSpec {

@@ -26,11 +26,11 @@ pub use super::common::{ImagePullPolicy, SandboxConfig};
     derive = "Default",
     derive = "PartialEq",
     doc = "NodeImage lists the images one node should pull and reports their state.",
-    printcolumn(name = "DESIRED", type_ = "integer", json_path = ".status.desired", description = "Number of all images on this node."),
-    printcolumn(name = "PULLING", type_ = "integer", json_path = ".status.pulling", description = "Number of image pull tasks active."),
-    printcolumn(name = "SUCCEED", type_ = "integer", json_path = ".status.succeeded", description = "Number of image pull tasks succeeded."),
-    printcolumn(name = "FAILED", type_ = "integer", json_path = ".status.failed", description = "Number of image pull tasks failed."),
-    printcolumn(name = "AGE", type_ = "date", json_path = ".metadata.creationTimestamp", description = "Time since the NodeImage was created.")
+    printcolumn = r#"{"name": "DESIRED", "type": "integer", "jsonPath": ".status.desired", "description": "Number of all images on this node."}"#,
+    printcolumn = r#"{"name": "PULLING", "type": "integer", "jsonPath": ".status.pulling", "description": "Number of image pull tasks active."}"#,
+    printcolumn = r#"{"name": "SUCCEED", "type": "integer", "jsonPath": ".status.succeeded", "description": "Number of image pull tasks succeeded."}"#,
+    printcolumn = r#"{"name": "FAILED", "type": "integer", "jsonPath": ".status.failed", "description": "Number of image pull tasks failed."}"#,
+    printcolumn = r#"{"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp", "description": "Time since the NodeImage was created."}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeImageSpec {
@@ -225,12 +225,25 @@ mod tests {
         let nginx = &node.spec.images["nginx"];
         let sandbox = nginx.sandbox_config.as_ref().expect("sandboxConfig");
         assert_eq!(sandbox.labels["app"], "foo");
-        assert_eq!(sandbox.annotations["io.kubernetes.image.metrics.tags"], "app=foo");
+        assert_eq!(
+            sandbox.annotations["io.kubernetes.image.metrics.tags"],
+            "app=foo"
+        );
         let tag = &nginx.tags[0];
         assert_eq!(tag.tag, "latest");
-        assert_eq!(tag.owner_references[0].uid.as_deref(), Some("64f5b96a-8596-4688-8e15-c1e7adddd209"));
+        assert_eq!(
+            tag.owner_references[0].uid.as_deref(),
+            Some("64f5b96a-8596-4688-8e15-c1e7adddd209")
+        );
         let policy = tag.pull_policy.as_ref().expect("pullPolicy");
-        assert_eq!((policy.timeout_seconds, policy.backoff_limit, policy.ttl_seconds_after_finished), (Some(600), Some(3), Some(2246)));
+        assert_eq!(
+            (
+                policy.timeout_seconds,
+                policy.backoff_limit,
+                policy.ttl_seconds_after_finished
+            ),
+            (Some(600), Some(3), Some(2246))
+        );
     }
 
     #[test]
@@ -250,7 +263,10 @@ mod tests {
             json,
             json!({"tag": "v1", "phase": "Succeeded", "progress": 100, "version": 2, "imageID": "nginx@sha256:abc"})
         );
-        assert_eq!(serde_json::from_value::<ImageTagStatus>(json).expect("parses"), status);
+        assert_eq!(
+            serde_json::from_value::<ImageTagStatus>(json).expect("parses"),
+            status
+        );
     }
 
     #[test]

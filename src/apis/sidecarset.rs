@@ -27,10 +27,10 @@ use super::well_known::{NAMESPACE_NAME_LABEL, SIDECARSET_CUSTOM_VERSION_LABEL};
     derive = "Default",
     derive = "PartialEq",
     doc = "SidecarSet injects sidecar containers into matching pods and upgrades them in place.",
-    printcolumn(name = "MATCHED", type_ = "integer", json_path = ".status.matchedPods", description = "The number of pods matched."),
-    printcolumn(name = "UPDATED", type_ = "integer", json_path = ".status.updatedPods", description = "The number of pods matched and updated."),
-    printcolumn(name = "READY", type_ = "integer", json_path = ".status.readyPods", description = "The number of pods matched and ready."),
-    printcolumn(name = "AGE", type_ = "date", json_path = ".metadata.creationTimestamp", description = "Time since the SidecarSet was created.")
+    printcolumn = r#"{"name": "MATCHED", "type": "integer", "jsonPath": ".status.matchedPods", "description": "The number of pods matched."}"#,
+    printcolumn = r#"{"name": "UPDATED", "type": "integer", "jsonPath": ".status.updatedPods", "description": "The number of pods matched and updated."}"#,
+    printcolumn = r#"{"name": "READY", "type": "integer", "jsonPath": ".status.readyPods", "description": "The number of pods matched and ready."}"#,
+    printcolumn = r#"{"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp", "description": "Time since the SidecarSet was created."}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct SidecarSetSpec {
@@ -95,7 +95,10 @@ impl SidecarSetSpec {
     pub fn effective_namespace_selector(&self) -> Option<LabelSelector> {
         match self.namespace.as_deref() {
             Some(ns) if !ns.is_empty() => Some(LabelSelector {
-                match_labels: Some(BTreeMap::from([(NAMESPACE_NAME_LABEL.to_owned(), ns.to_owned())])),
+                match_labels: Some(BTreeMap::from([(
+                    NAMESPACE_NAME_LABEL.to_owned(),
+                    ns.to_owned(),
+                )])),
                 match_expressions: None,
             }),
             _ => self.namespace_selector.clone(),
@@ -425,7 +428,12 @@ mod tests {
 
     fn selector(labels: &[(&str, &str)]) -> LabelSelector {
         LabelSelector {
-            match_labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            match_labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
             match_expressions: None,
         }
     }
@@ -450,21 +458,33 @@ mod tests {
             namespace_selector: Some(selector(&[("team", "a")])),
             ..Default::default()
         };
-        assert_eq!(spec.effective_namespace_selector(), Some(selector(&[("team", "a")])));
-        assert_eq!(SidecarSetSpec::default().effective_namespace_selector(), None);
+        assert_eq!(
+            spec.effective_namespace_selector(),
+            Some(selector(&[("team", "a")]))
+        );
+        assert_eq!(
+            SidecarSetSpec::default().effective_namespace_selector(),
+            None
+        );
     }
 
     #[test]
     fn custom_version_comes_from_the_spec_or_else_the_v1alpha1_label() {
         let mut set = SidecarSet::new("s", SidecarSetSpec::default());
         assert_eq!(set.custom_version(), None);
-        set.metadata.labels =
-            Some(BTreeMap::from([(SIDECARSET_CUSTOM_VERSION_LABEL.to_owned(), "v1".to_owned())]));
+        set.metadata.labels = Some(BTreeMap::from([(
+            SIDECARSET_CUSTOM_VERSION_LABEL.to_owned(),
+            "v1".to_owned(),
+        )]));
         assert_eq!(set.custom_version(), Some("v1"));
         set.spec.custom_version = Some("v2".into());
         assert_eq!(set.custom_version(), Some("v2"));
         set.spec.custom_version = Some(String::new());
-        assert_eq!(set.custom_version(), Some("v1"), "an empty spec value does not hide the label");
+        assert_eq!(
+            set.custom_version(),
+            Some("v1"),
+            "an empty spec value does not hide the label"
+        );
     }
 
     #[test]
@@ -482,8 +502,14 @@ mod tests {
         });
         let container: SidecarContainer = serde_json::from_value(input.clone()).expect("parses");
         assert_eq!(container.container.name, "proxy");
-        assert_eq!(container.container.command.as_deref(), Some(&["/proxy".to_owned()][..]));
-        assert_eq!(container.pod_inject_policy, Some(PodInjectPolicy::AfterAppContainer));
+        assert_eq!(
+            container.container.command.as_deref(),
+            Some(&["/proxy".to_owned()][..])
+        );
+        assert_eq!(
+            container.pod_inject_policy,
+            Some(PodInjectPolicy::AfterAppContainer)
+        );
         assert_eq!(
             container.share_volume_policy.and_then(|p| p.type_),
             Some(ShareVolumePolicyType::Enabled)
@@ -505,7 +531,8 @@ mod tests {
     #[test]
     fn update_strategy_accepts_ints_and_percents() {
         let s: SidecarSetUpdateStrategy =
-            serde_json::from_value(json!({"partition": "20%", "maxUnavailable": 3})).expect("parses");
+            serde_json::from_value(json!({"partition": "20%", "maxUnavailable": 3}))
+                .expect("parses");
         assert_eq!(s.partition, Some(IntOrString::String("20%".into())));
         assert_eq!(s.max_unavailable, Some(IntOrString::Int(3)));
     }
