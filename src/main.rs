@@ -1,0 +1,237 @@
+//! `kruise-rs`: the controller-manager, the node daemon and the CRD printer in one binary.
+
+use std::{
+    future::Future,
+    io::{IsTerminal, Write},
+    net::SocketAddr,
+    path::PathBuf,
+    process::ExitCode,
+};
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use kruise_rs::manager::{self, ManagerOptions};
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::{error, info};
+use tracing_subscriber::{EnvFilter, filter::LevelFilter};
+
+/// Serves OpenKruise's SidecarSet, ImagePullJob and NodeImage APIs.
+#[derive(Debug, Parser)]
+#[command(name = "kruise-rs", version, about)]
+struct Cli {
+    /// Log format. Verbosity comes from RUST_LOG (default `info`), e.g. `RUST_LOG=kruise_rs=debug`.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "KRUISE_RS_LOG_FORMAT",
+        default_value_t = LogFormat::Text
+    )]
+    log_format: LogFormat,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the controller-manager (controllers, probes and metrics).
+    Manager(ManagerArgs),
+    /// Run the node daemon (not implemented yet).
+    Daemon,
+    /// Print every CustomResourceDefinition as YAML, for `kubectl apply --server-side -f -`.
+    Crds(CrdsArgs),
+}
+
+#[derive(Debug, Args)]
+struct CrdsArgs {
+    /// Write one file per CRD into this directory (created if needed) instead of printing them.
+    #[arg(long, value_name = "DIR")]
+    out_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct ManagerArgs {
+    /// Kubeconfig file to use; by default KUBECONFIG, then ~/.kube/config, then the in-cluster
+    /// service account.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+
+    /// Address of the /healthz, /readyz and /metrics server.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        env = "KRUISE_RS_PROBE_ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
+    probe_addr: SocketAddr,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(err) = init_logging(cli.log_format) {
+        eprintln!("kruise-rs: {}", error_chain(&err));
+        return ExitCode::FAILURE;
+    }
+    match run(cli.command).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            error!("{}", error_chain(&err));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Manager(args) => {
+            let shutdown =
+                shutdown_signal().context("cannot install the SIGTERM and SIGINT handlers")?;
+            let opts = ManagerOptions {
+                kubeconfig: args.kubeconfig,
+                probe_addr: args.probe_addr,
+            };
+            manager::run(opts, shutdown, None).await?;
+            Ok(())
+        }
+        Command::Daemon => anyhow::bail!(
+            "the node daemon is not implemented yet; only `kruise-rs manager` and `kruise-rs crds` \
+             work in this version"
+        ),
+        Command::Crds(CrdsArgs { out_dir: Some(dir) }) => kruise_rs::apis::crd::write_all(&dir)
+            .with_context(|| format!("cannot write the CRDs into {}", dir.display())),
+        Command::Crds(CrdsArgs { out_dir: None }) => {
+            let yaml = kruise_rs::apis::crds_yaml();
+            let mut stdout = std::io::stdout().lock();
+            match stdout
+                .write_all(yaml.as_bytes())
+                .and_then(|()| stdout.flush())
+            {
+                // The reader stopped early (`kruise-rs crds | head`): its choice, not our failure.
+                Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+                result => result.context("cannot write the CRDs to stdout"),
+            }
+        }
+    }
+}
+
+/// Logs go to stderr so that `kruise-rs crds` keeps stdout for the YAML; colours only on a terminal.
+fn init_logging(format: LogFormat) -> anyhow::Result<()> {
+    let filter = EnvFilter::builder()
+        .with_default_directive(LevelFilter::INFO.into())
+        .from_env()
+        .context("invalid RUST_LOG")?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    }
+    .map_err(|err| anyhow::anyhow!(err))
+    .context("cannot set up logging")
+}
+
+/// Resolves on the first SIGTERM or SIGINT. The handlers are installed now, so a signal that
+/// arrives during start-up is not lost.
+fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        let name = tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        };
+        info!(signal = name, "received a shutdown signal");
+    })
+}
+
+/// `outer: inner: …`, skipping a cause whose text its parent already printed (kube's errors
+/// repeat their source in their own message).
+fn error_chain(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn manager_defaults() {
+        let cli = Cli::try_parse_from(["kruise-rs", "manager"]).unwrap();
+        let Command::Manager(args) = cli.command else {
+            panic!("not the manager: {:?}", cli.command);
+        };
+        assert_eq!(args.probe_addr, "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(args.kubeconfig, None);
+    }
+
+    #[test]
+    fn log_format_after_the_subcommand() {
+        let cli = Cli::try_parse_from([
+            "kruise-rs",
+            "manager",
+            "--log-format",
+            "json",
+            "--kubeconfig",
+            "/tmp/k",
+            "--probe-addr",
+            "127.0.0.1:0",
+        ])
+        .unwrap();
+        assert_eq!(cli.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn crds_prints_or_writes_a_directory() {
+        let cli = Cli::try_parse_from(["kruise-rs", "crds"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Crds(CrdsArgs { out_dir: None })
+        ));
+        let cli = Cli::try_parse_from(["kruise-rs", "crds", "--out-dir", "crds"]).unwrap();
+        assert!(
+            matches!(cli.command, Command::Crds(CrdsArgs { out_dir: Some(dir) }) if dir == std::path::Path::new("crds"))
+        );
+    }
+
+    #[test]
+    fn error_chain_skips_repeated_causes() {
+        let inner = std::io::Error::other("disk on fire");
+        let err = anyhow::Error::new(inner)
+            .context("failed to read x: disk on fire")
+            .context("cannot start");
+        assert_eq!(
+            error_chain(&err),
+            "cannot start: failed to read x: disk on fire"
+        );
+    }
+}

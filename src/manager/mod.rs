@@ -1,0 +1,251 @@
+//! The controller-manager: connects to the cluster, checks the CRDs, serves the probe and metrics
+//! endpoints and (later) runs the controllers, until it is told to shut down.
+//!
+//! [`run`] is the whole lifecycle:
+//! 1. connect (`--kubeconfig`, else `KUBECONFIG` / `~/.kube/config`, else in-cluster);
+//! 2. check that [`crds::REQUIRED_CRDS`] are installed and Established, or refuse to start;
+//! 3. serve `/healthz`, `/readyz` and `/metrics` on [`ManagerOptions::probe_addr`];
+//! 4. become ready (`/readyz` answers 200) and wait for the shutdown future;
+//! 5. become unready (`/readyz` answers 503), drain the HTTP server and return.
+
+pub mod crds;
+mod http;
+mod metrics;
+
+use std::{
+    future::Future,
+    io,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    pin::pin,
+    sync::Arc,
+    time::Duration,
+};
+
+use kube::{
+    Client, Config,
+    config::{InferConfigError, KubeConfigOptions, Kubeconfig, KubeconfigError},
+};
+use tokio::{net::TcpListener, sync::oneshot};
+use tracing::{info, warn};
+
+pub use self::crds::{CrdState, MissingCrds, REQUIRED_CRDS, check_crds};
+use self::{http::ProbeState, metrics::Metrics};
+
+/// How long open probe/metrics connections may take to finish once shutdown has begun.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the manager needs to start.
+#[derive(Clone, Debug)]
+pub struct ManagerOptions {
+    /// A kubeconfig file to use instead of `KUBECONFIG`, `~/.kube/config` or the in-cluster
+    /// service account.
+    pub kubeconfig: Option<PathBuf>,
+    /// Where to serve `/healthz`, `/readyz` and `/metrics`; port 0 picks a free port.
+    pub probe_addr: SocketAddr,
+}
+
+/// Why the manager could not start, or stopped other than by request.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error("cannot load the kubeconfig {}", path.display())]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: KubeconfigError,
+    },
+    #[error(
+        "cannot find Kubernetes credentials: pass --kubeconfig, set KUBECONFIG, provide \
+         ~/.kube/config, or run inside a cluster with a service account"
+    )]
+    InferConfig(#[source] InferConfigError),
+    #[error("cannot create the Kubernetes client")]
+    Client(#[source] kube::Error),
+    #[error(
+        "cannot read the CustomResourceDefinition {name} from the API server (the manager needs \
+         `get` on customresourcedefinitions.apiextensions.k8s.io)"
+    )]
+    ReadCrd {
+        name: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    CrdsMissing(#[from] MissingCrds),
+    #[error(
+        "cannot listen on {addr} for the probe and metrics server; choose another --probe-addr \
+         or stop what is using it"
+    )]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the probe and metrics server stopped unexpectedly")]
+    ServerStopped {
+        #[source]
+        source: Option<io::Error>,
+    },
+}
+
+/// Builds a client the way `kube::Client::try_default` does, or from `kubeconfig` when given.
+/// Nothing is sent to the API server yet.
+pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client, ManagerError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig_error = |source| ManagerError::Kubeconfig {
+                path: path.to_owned(),
+                source,
+            };
+            let file = Kubeconfig::read_from(path).map_err(kubeconfig_error)?;
+            let mut config = Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                .await
+                .map_err(kubeconfig_error)?;
+            config.apply_debug_overrides();
+            config
+        }
+        None => Config::infer().await.map_err(ManagerError::InferConfig)?,
+    };
+    info!(server = %config.cluster_url, "using the Kubernetes API server");
+    Client::try_from(config).map_err(ManagerError::Client)
+}
+
+/// Runs the manager until `shutdown` resolves, then stops cleanly and returns `Ok(())`.
+///
+/// `on_ready`, when given, receives the bound probe address once the manager is ready: the CRDs
+/// passed the check, the probe server is serving and `/readyz` answers 200. If start-up fails,
+/// `on_ready` is dropped and `run` returns the error. A `shutdown` that resolves during start-up
+/// stops the manager before it becomes ready (also `Ok(())`).
+pub async fn run(
+    opts: ManagerOptions,
+    shutdown: impl Future<Output = ()>,
+    on_ready: Option<oneshot::Sender<SocketAddr>>,
+) -> Result<(), ManagerError> {
+    info!(version = env!("CARGO_PKG_VERSION"), "starting the manager");
+    let mut shutdown = pin!(shutdown);
+
+    let listener = tokio::select! {
+        biased;
+        () = &mut shutdown => {
+            info!("shutting down before the manager started");
+            info!("stopped");
+            return Ok(());
+        }
+        started = start(&opts) => started?,
+    };
+    let addr = listener.local_addr().map_err(|source| ManagerError::Bind {
+        addr: opts.probe_addr,
+        source,
+    })?;
+
+    let state = ProbeState::new(Arc::new(Metrics::new()));
+    let (stop_server, server_stopping) = oneshot::channel::<()>();
+    let mut server = pin!(http::serve(listener, state.clone(), async move {
+        // A dropped sender also stops the server.
+        let _ = server_stopping.await;
+    }));
+
+    // The controllers (SidecarSet, ImagePullJob, NodeImage) will be started here, with the client
+    // that `start` builds (it will return it then), and raced with the server and `shutdown`
+    // below; readiness will then also wait for their caches to sync.
+
+    state.set_ready(true);
+    info!(probe_addr = %addr, "manager running");
+    if let Some(on_ready) = on_ready {
+        // The caller may have stopped listening; that is not our problem.
+        let _ = on_ready.send(addr);
+    }
+
+    tokio::select! {
+        () = &mut shutdown => {}
+        result = &mut server => {
+            state.set_ready(false);
+            return Err(ManagerError::ServerStopped { source: result.err() });
+        }
+    }
+
+    info!("shutting down");
+    state.set_ready(false);
+    let _ = stop_server.send(());
+    match tokio::time::timeout(DRAIN_TIMEOUT, &mut server).await {
+        Ok(result) => result.map_err(|source| ManagerError::ServerStopped {
+            source: Some(source),
+        })?,
+        Err(_elapsed) => warn!(
+            timeout = ?DRAIN_TIMEOUT,
+            "probe and metrics connections still open after the drain timeout; closing them"
+        ),
+    }
+    info!("stopped");
+    Ok(())
+}
+
+/// Start-up before the manager can serve: client, CRD check, probe listener.
+async fn start(opts: &ManagerOptions) -> Result<TcpListener, ManagerError> {
+    let client = connect(opts.kubeconfig.as_deref()).await?;
+    crds::ensure_installed(&client).await?;
+    info!(crds = ?REQUIRED_CRDS, "required CustomResourceDefinitions are installed and Established");
+    TcpListener::bind(opts.probe_addr)
+        .await
+        .map_err(|source| ManagerError::Bind {
+            addr: opts.probe_addr,
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::pending;
+
+    use super::*;
+
+    fn opts(kubeconfig: &str) -> ManagerOptions {
+        ManagerOptions {
+            kubeconfig: Some(PathBuf::from(kubeconfig)),
+            probe_addr: "127.0.0.1:0".parse().unwrap(),
+        }
+    }
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    #[tokio::test]
+    async fn missing_kubeconfig_is_a_clear_error() {
+        let (tx, rx) = oneshot::channel();
+        let fut = run(opts("/nonexistent/kubeconfig"), pending(), Some(tx));
+        // Integration tests spawn `run` on the runtime.
+        assert_send(&fut);
+        let err = fut.await.unwrap_err();
+        assert!(
+            matches!(&err, ManagerError::Kubeconfig { path, .. } if path == Path::new("/nonexistent/kubeconfig")),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "cannot load the kubeconfig /nonexistent/kubeconfig"
+        );
+        // Start-up failed, so nobody is told the manager is ready.
+        assert!(rx.await.is_err());
+    }
+
+    #[tokio::test]
+    async fn shutdown_before_start_returns_ok() {
+        let result = run(
+            opts("/nonexistent/kubeconfig"),
+            std::future::ready(()),
+            None,
+        )
+        .await;
+        assert!(result.is_ok(), "{result:?}");
+    }
+
+    #[test]
+    fn crds_missing_message_is_the_check_message() {
+        let err = ManagerError::from(check_crds(&[]).unwrap_err());
+        assert!(
+            err.to_string()
+                .starts_with("required CustomResourceDefinitions are not installed: "),
+            "{err}"
+        );
+        assert!(std::error::Error::source(&err).is_none());
+    }
+}
