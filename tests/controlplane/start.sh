@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# Start a throw-away, loopback-only control plane (etcd + kube-apiserver) for the integration tests,
+# the way controller-runtime's envtest does: no kubelet, no controller-manager, admin client cert.
+#
+# Usage: tests/controlplane/start.sh [--owner-pid PID] STATE_DIR
+#   Prints exactly one line on stdout: the kubeconfig path (STATE_DIR/kubeconfig). Progress and
+#   errors go to stderr. STATE_DIR gets pki/, etcd/, etcd.log, apiserver.log, pids and bin (a link
+#   to the directory holding kube-apiserver, kubectl and etcd).
+#   With --owner-pid, a detached watchdog stops everything and removes STATE_DIR once PID is gone,
+#   so a test binary that crashes or is killed still leaves nothing running.
+# Stop explicitly with tests/controlplane/stop.sh STATE_DIR.
+# Env: KRUISE_RS_CP_TIMEOUT  seconds to wait for readiness (default 120)
+#      KRUISE_RS_CACHE       passed through to build.sh
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+
+die() { echo "start.sh: $*" >&2; exit 1; }
+
+# --- internal mode: the watchdog (started below by this very script, detached) -----------------
+if [[ ${1:-} == --watchdog ]]; then
+  owner=${2:?owner pid}; starter=${3:?starter pid}; state=${4:?state dir}
+  # Owner alive <=> kill -0 succeeds. Poll once a second: cheap, and teardown latency stays small.
+  while kill -0 "$owner" 2>/dev/null; do sleep 1; done
+  # If the owner died while start.sh was still starting things, let start.sh finish or give up
+  # first (it notices the owner is gone), so nothing is launched after the cleanup below.
+  while kill -0 "$starter" 2>/dev/null; do sleep 0.2; done
+  "$here/stop.sh" "$state" || true
+  rm -rf "$state"
+  exit 0
+fi
+
+owner_pid=""
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --owner-pid) owner_pid=${2:?--owner-pid needs a PID}; shift 2 ;;
+    -h|--help) sed -n '2,13p' "$0" >&2; exit 0 ;;
+    -*) die "unknown option $1" ;;
+    *) break ;;
+  esac
+done
+[[ $# -eq 1 ]] || die "usage: start.sh [--owner-pid PID] STATE_DIR"
+if [[ -n $owner_pid ]]; then
+  kill -0 "$owner_pid" 2>/dev/null || die "owner pid $owner_pid is not running"
+fi
+mkdir -p "$1"
+state=$(cd "$1" && pwd)
+timeout=${KRUISE_RS_CP_TIMEOUT:-120}
+t0=$(date +%s.%N)
+
+# build.sh prints the binary directory on stdout (instant when cached); its progress goes to stderr.
+bin=$("$here/build.sh")
+for b in etcd kube-apiserver kubectl; do [[ -x $bin/$b ]] || die "$bin/$b is missing"; done
+ln -sfn "$bin" "$state/bin"
+
+pids=$state/pids
+: >"$pids"
+ok=false
+owner_alive() { [[ -z $owner_pid ]] || kill -0 "$owner_pid" 2>/dev/null; }
+# Anything that makes this script fail after processes were started must not leave them running:
+# the caller only gets an error, never a handle to clean up with.
+cleanup_on_failure() {
+  if [[ $ok != true ]]; then
+    "$here/stop.sh" "$state" >&2 || true
+    # Keep the logs for whoever reads our error, unless nobody is left to read them.
+    if [[ -n $owner_pid ]] && ! owner_alive; then rm -rf "$state"; fi
+  fi
+}
+trap cleanup_on_failure EXIT
+# Make INT/TERM/HUP run the EXIT trap too (a caller's Ctrl-C or kill while we wait).
+trap 'exit 130' INT TERM HUP
+
+# --- watchdog ----------------------------------------------------------------------------------
+# Started before anything else, so even a SIGKILL to the caller's whole process group (this script
+# included) in the middle of startup leaves nothing behind. Detached: own session (group signals
+# do not reach it) and stdio on /dev/null (it must not hold the caller's pipes open).
+if [[ -n $owner_pid ]]; then
+  setsid "$here/start.sh" --watchdog "$owner_pid" "$$" "$state" </dev/null >/dev/null 2>&1 &
+  echo "watchdog $!" >>"$pids"
+fi
+
+# --- PKI ---------------------------------------------------------------------------------------
+# ECDSA P-256 keys are small and fast to generate; only the ServiceAccount signing key is RSA.
+pki=$state/pki
+mkdir -p "$pki"
+days=30
+ec_key() { openssl ecparam -name prime256v1 -genkey -noout -out "$1" 2>/dev/null; }
+# sign NAME SUBJECT EXTENSIONS: NAME.key/NAME.crt signed by the cluster CA
+sign() {
+  ec_key "$pki/$1.key"
+  openssl req -new -key "$pki/$1.key" -subj "$2" -out "$pki/$1.csr" 2>/dev/null
+  printf '%b' "$3" >"$pki/$1.ext"
+  openssl x509 -req -in "$pki/$1.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -CAserial "$pki/ca.srl" -days "$days" -sha256 -extfile "$pki/$1.ext" -out "$pki/$1.crt" 2>/dev/null
+  rm -f "$pki/$1.csr" "$pki/$1.ext"
+}
+{
+  ec_key "$pki/ca.key"
+  openssl req -x509 -new -key "$pki/ca.key" -sha256 -days "$days" -subj "/CN=kruise-rs-test-ca" \
+    -out "$pki/ca.crt"
+  # Serving cert: loopback plus the in-cluster names and the first IP of --service-cluster-ip-range,
+  # so the same cert is valid for anything that reaches the apiserver through the kubernetes Service.
+  sign apiserver "/CN=kube-apiserver" \
+    'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:10.0.0.1\n'
+  # O=system:masters makes the admin cluster-admin without any RBAC objects.
+  sign admin "/CN=admin/O=system:masters" \
+    'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n'
+  openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$pki/sa.key" 2>/dev/null
+  openssl pkey -in "$pki/sa.key" -pubout -out "$pki/sa.pub"
+} >&2 || die "generating the PKI with openssl failed"
+chmod 600 "$pki"/*.key
+
+# --- helpers -----------------------------------------------------------------------------------
+# free_ports N: N distinct free loopback ports. All sockets stay open until every port is chosen,
+# so the N ports differ; another process may still grab one before we bind it (see retries below).
+free_ports() {
+  python3 -c '
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+' "$1"
+}
+
+# launch NAME LOG CMD...: run CMD in its own session (setsid) so terminal signals aimed at the
+# caller's process group do not reach it and stop.sh can signal its whole process group. stdio
+# must not be the caller's pipes, or a caller reading our output to EOF would wait forever.
+# This script never enables job control, so the background child is not a process-group leader
+# and setsid execs in place (no fork): $! is the server's own pid.
+launch() {
+  local name=$1 log=$2
+  shift 2
+  setsid "$@" </dev/null >"$log" 2>&1 &
+  echo "$name $!" >>"$pids"
+  launched_pid=$!
+}
+
+deadline=$(( $(date +%s) + timeout ))
+fail() {  # fail WHAT LOG: report with the log tail; the EXIT trap stops what was started
+  echo "start.sh: $1" >&2
+  if [[ -f $2 ]]; then
+    echo "---- last lines of $2 ----" >&2
+    tail -n 40 "$2" >&2
+    echo "----" >&2
+  fi
+  exit 1
+}
+
+# wait_ready NAME PID LOG CHECK...: poll CHECK until it succeeds. Returns 0 when ready, 2 when the
+# process died because its port was taken (caller retries with new ports); otherwise fails.
+wait_ready() {
+  local name=$1 pid=$2 log=$3
+  shift 3
+  while :; do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      if grep -q 'address already in use' "$log" 2>/dev/null; then return 2; fi
+      fail "$name exited before becoming ready" "$log"
+    fi
+    owner_alive || fail "owner process $owner_pid is gone; giving up" ""
+    if (( $(date +%s) >= deadline )); then
+      fail "$name was not ready within ${timeout}s" "$log"
+    fi
+    sleep 0.2
+  done
+}
+
+forget_pid() {  # drop a dead process from the pid file before retrying
+  local tmp
+  tmp=$(grep -v " $1\$" "$pids" || true)
+  printf '%s\n' "$tmp" | sed '/^$/d' >"$pids"
+}
+
+# --- etcd --------------------------------------------------------------------------------------
+etcd_log=$state/etcd.log
+for attempt in 1 2 3; do
+  ports=$(free_ports 2)
+  read -r etcd_port peer_port <<<"$ports"
+  rm -rf "$state/etcd"
+  launch etcd "$etcd_log" "$bin/etcd" --name=test --data-dir="$state/etcd" \
+    --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls="http://127.0.0.1:$peer_port" --initial-advertise-peer-urls="http://127.0.0.1:$peer_port" \
+    --initial-cluster="test=http://127.0.0.1:$peer_port" \
+    --quota-backend-bytes=$((2 * 1024 * 1024 * 1024)) --log-level=warn \
+    --unsafe-no-fsync=true
+  etcd_pid=$launched_pid
+  rc=0
+  wait_ready etcd "$etcd_pid" "$etcd_log" curl -fsS --max-time 2 "http://127.0.0.1:$etcd_port/health" || rc=$?
+  [[ $rc -eq 0 ]] && break
+  forget_pid "$etcd_pid"
+  (( attempt < 3 )) || fail "etcd could not bind its ports after 3 attempts" "$etcd_log"
+  echo "start.sh: etcd port taken, retrying with other ports" >&2
+done
+
+# --- kube-apiserver ----------------------------------------------------------------------------
+api_log=$state/apiserver.log
+for attempt in 1 2 3; do
+  api_port=$(free_ports 1)
+  # Loopback only: bind and advertise 127.0.0.1 (the latter also avoids needing a default route).
+  # ServiceAccount admission is off because no controller-manager creates the default SA.
+  # Priority-and-fairness and profiling are off: less startup work and nothing tests need.
+  launch kube-apiserver "$api_log" "$bin/kube-apiserver" \
+    --etcd-servers="http://127.0.0.1:$etcd_port" \
+    --bind-address=127.0.0.1 \
+    --advertise-address=127.0.0.1 \
+    --secure-port="$api_port" \
+    --cert-dir="$state/apiserver-certs" \
+    --tls-cert-file="$pki/apiserver.crt" \
+    --tls-private-key-file="$pki/apiserver.key" \
+    --client-ca-file="$pki/ca.crt" \
+    --service-account-issuer="https://127.0.0.1:$api_port" \
+    --service-account-key-file="$pki/sa.pub" \
+    --service-account-signing-key-file="$pki/sa.key" \
+    --service-cluster-ip-range=10.0.0.0/24 \
+    --authorization-mode=RBAC \
+    --disable-admission-plugins=ServiceAccount \
+    --allow-privileged=true \
+    --enable-priority-and-fairness=false \
+    --profiling=false \
+    --v=1
+  api_pid=$launched_pid
+  rc=0
+  # /readyz with the admin cert: does not depend on anonymous auth being allowed.
+  wait_ready kube-apiserver "$api_pid" "$api_log" curl -fsS --max-time 5 --cacert "$pki/ca.crt" \
+    --cert "$pki/admin.crt" --key "$pki/admin.key" "https://127.0.0.1:$api_port/readyz" || rc=$?
+  [[ $rc -eq 0 ]] && break
+  forget_pid "$api_pid"
+  (( attempt < 3 )) || fail "kube-apiserver could not bind its port after 3 attempts" "$api_log"
+  echo "start.sh: apiserver port taken, retrying with another port" >&2
+done
+
+# --- kubeconfig --------------------------------------------------------------------------------
+# Embedded data, so the file alone is enough (kube-rs, kubectl, copies elsewhere).
+b64() { base64 -w0 <"$1"; }
+kubeconfig=$state/kubeconfig
+umask 077
+cat >"$kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: kruise-rs-test
+  cluster:
+    server: https://127.0.0.1:$api_port
+    certificate-authority-data: $(b64 "$pki/ca.crt")
+users:
+- name: admin
+  user:
+    client-certificate-data: $(b64 "$pki/admin.crt")
+    client-key-data: $(b64 "$pki/admin.key")
+contexts:
+- name: kruise-rs-test
+  context: {cluster: kruise-rs-test, user: admin, namespace: default}
+current-context: kruise-rs-test
+KC
+
+ok=true
+elapsed=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+echo "start.sh: control plane ready on https://127.0.0.1:$api_port (etcd 127.0.0.1:$etcd_port) in ${elapsed}s" >&2
+echo "$kubeconfig"

@@ -1,0 +1,4 @@
+mod api_objects;
+mod manager;
+mod smoke;
+mod support;

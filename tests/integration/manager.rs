@@ -1,0 +1,150 @@
+//! `kruise-rs manager` against a real apiserver: it becomes ready and serves its probes when the
+//! CRDs are installed, refuses to start (saying how to fix it) when they are not, and stops
+//! cleanly on SIGTERM.
+
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use kruise_rs::manager::{self, ManagerError, ManagerOptions};
+use tokio::sync::oneshot;
+
+use crate::support::{self, ExtraControlPlane, http_get, wait_for};
+
+fn options(kubeconfig: &std::path::Path) -> ManagerOptions {
+    ManagerOptions {
+        kubeconfig: Some(kubeconfig.to_owned()),
+        probe_addr: "127.0.0.1:0".parse().expect("addr"),
+    }
+}
+
+async fn get(addr: SocketAddr, path: &'static str) -> (u16, String) {
+    tokio::task::spawn_blocking(move || http_get(addr, path))
+        .await
+        .expect("join")
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+#[tokio::test]
+async fn manager_becomes_ready_serves_probes_and_stops_on_request() {
+    let cluster = support::cluster().await;
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let manager = tokio::spawn(manager::run(
+        options(cluster.kubeconfig_path()),
+        async move {
+            let _ = stop_rx.await;
+        },
+        Some(ready_tx),
+    ));
+    let addr = tokio::time::timeout(Duration::from_secs(30), ready_rx)
+        .await
+        .expect("the manager becomes ready within 30 s")
+        .expect("the manager reports its probe address");
+
+    assert_eq!(get(addr, "/healthz").await.0, 200);
+    assert_eq!(get(addr, "/readyz").await.0, 200);
+    let (status, metrics) = get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(metrics.contains("kruise_rs_build_info"), "{metrics}");
+
+    stop_tx.send(()).expect("manager still running");
+    let result = tokio::time::timeout(Duration::from_secs(10), manager)
+        .await
+        .expect("the manager stops within 10 s")
+        .expect("join");
+    assert!(result.is_ok(), "{result:?}");
+}
+
+#[tokio::test]
+async fn manager_refuses_to_start_without_crds_and_says_how_to_install_them() {
+    let empty = tokio::task::spawn_blocking(ExtraControlPlane::start)
+        .await
+        .expect("join");
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let result = manager::run(
+        options(empty.kubeconfig_path()),
+        std::future::pending(),
+        Some(ready_tx),
+    )
+    .await;
+    let err = result.expect_err("no CRDs, no manager");
+    assert!(matches!(err, ManagerError::CrdsMissing(_)), "{err:?}");
+    let message = err.to_string();
+    for needle in [
+        "sidecarsets.apps.kruise.io",
+        "imagepulljobs.apps.kruise.io",
+        "nodeimages.apps.kruise.io",
+        "kruise-rs crds | kubectl apply --server-side -f -",
+    ] {
+        assert!(
+            message.contains(needle),
+            "message lacks {needle:?}: {message}"
+        );
+    }
+    assert!(
+        ready_rx.await.is_err(),
+        "a manager that refused must never report ready"
+    );
+}
+
+fn free_loopback_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+}
+
+#[tokio::test]
+async fn the_manager_binary_stops_cleanly_on_sigterm() {
+    let cluster = support::cluster().await;
+    let addr = free_loopback_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
+        .args(["manager", "--probe-addr", &addr.to_string(), "--kubeconfig"])
+        .arg(cluster.kubeconfig_path())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kruise-rs starts");
+
+    wait_for(
+        "the manager binary to answer /readyz with 200",
+        Duration::from_secs(30),
+        || async move {
+            match tokio::task::spawn_blocking(move || http_get(addr, "/readyz"))
+                .await
+                .expect("join")
+            {
+                Ok((200, _)) => Some(()),
+                _ => None,
+            }
+        },
+    )
+    .await;
+
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(kill.success());
+    let output = tokio::task::spawn_blocking(move || {
+        // wait_with_output closes stdin and reads stderr to the end, i.e. until the process exits.
+        child.stdin.take();
+        child.wait_with_output()
+    });
+    let output = tokio::time::timeout(Duration::from_secs(15), output)
+        .await
+        .expect("the manager exits within 15 s of SIGTERM")
+        .expect("join")
+        .expect("wait");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "exit {:?}: {stderr}",
+        output.status
+    );
+    assert!(
+        stderr.contains("shutting down") && stderr.contains("stopped"),
+        "{stderr}"
+    );
+}

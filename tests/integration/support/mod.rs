@@ -1,0 +1,516 @@
+//! Harness for the integration tests: one real kube-apiserver + etcd per test process.
+//!
+//! * `KUBECONFIG` set: the tests use that cluster (a real one, kind, k3d, ...) and `kubectl` from
+//!   `PATH`.
+//! * Otherwise `tests/controlplane/start.sh` starts a loopback-only etcd + kube-apiserver built by
+//!   `tests/controlplane/build.sh`, with a watchdog that tears it down once this process is gone
+//!   (normal exit, panic or kill alike).
+//!
+//! Every `#[tokio::test]` has its own runtime, so the process-wide state holds only plain data
+//! (the kubeconfig); clients are built per call, on the caller's runtime.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use serde::Deserialize;
+
+/// Field manager of everything the harness applies.
+pub const FIELD_MANAGER: &str = "kruise-rs-tests";
+/// Label put on every namespace the harness creates (handy to clean up a shared cluster).
+pub const TEST_LABEL: &str = "kruise-rs-tests";
+
+/// How long CRDs may take to become `Established`.
+const CRD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The cluster the tests run against; see [`cluster`].
+pub struct TestCluster {
+    kubeconfig_path: PathBuf,
+    kubeconfig: Kubeconfig,
+    kubectl: PathBuf,
+    /// `Some(STATE_DIR)` when this process started the control plane itself.
+    state_dir: Option<PathBuf>,
+}
+
+static CLUSTER: OnceLock<Result<TestCluster, String>> = OnceLock::new();
+static CRDS: tokio::sync::OnceCell<Result<(), String>> = tokio::sync::OnceCell::const_new();
+
+/// The process-wide test cluster, started (and its CRDs installed) on first use.
+///
+/// Panics with the reason when the cluster cannot be started: tests fail, they never skip.
+pub async fn cluster() -> &'static TestCluster {
+    // Starting runs a short blocking script (seconds); other tests block on the same OnceLock
+    // meanwhile. Storing the error means later tests fail at once instead of retrying.
+    let cluster = match CLUSTER.get_or_init(start) {
+        Ok(cluster) => cluster,
+        Err(e) => panic!("{e}"),
+    };
+    cluster.install_crds().await;
+    cluster
+}
+
+fn start() -> Result<TestCluster, String> {
+    let kubectl_override = std::env::var_os("KUBECTL")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    match std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
+        Some(value) => external(&value, kubectl_override),
+        None => local(kubectl_override),
+    }
+}
+
+/// Use the cluster `KUBECONFIG` points at.
+fn external(value: &std::ffi::OsStr, kubectl: Option<PathBuf>) -> Result<TestCluster, String> {
+    let kubeconfig = Kubeconfig::from_env()
+        .map_err(|e| format!("reading KUBECONFIG={}: {e}", value.to_string_lossy()))?
+        .ok_or_else(|| format!("KUBECONFIG={} names no file", value.to_string_lossy()))?;
+    let paths: Vec<PathBuf> = std::env::split_paths(value)
+        .filter(|p| !p.as_os_str().is_empty())
+        .collect();
+    let kubeconfig_path = match paths.as_slice() {
+        [one] => one.clone(),
+        // kubectl --kubeconfig and child processes want a single file: write the merged view.
+        _ => {
+            let dir = tempfile::Builder::new()
+                .prefix("kruise-rs-kubeconfig-")
+                .tempdir()
+                .map_err(|e| format!("creating a temporary directory: {e}"))?
+                .keep();
+            let path = dir.join("kubeconfig");
+            let yaml = serde_yaml::to_string(&kubeconfig)
+                .map_err(|e| format!("serializing the merged KUBECONFIG: {e}"))?;
+            std::fs::write(&path, yaml).map_err(|e| format!("writing {}: {e}", path.display()))?;
+            path
+        }
+    };
+    Ok(TestCluster {
+        kubeconfig_path,
+        kubeconfig,
+        kubectl: kubectl.unwrap_or_else(|| PathBuf::from("kubectl")),
+        state_dir: None,
+    })
+}
+
+/// Start a private control plane with `tests/controlplane/start.sh`.
+fn local(kubectl: Option<PathBuf>) -> Result<TestCluster, String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/controlplane/start.sh");
+    // Kept, not dropped: the watchdog removes it when this process exits (a failed start leaves
+    // it behind on purpose, for its logs).
+    let state_dir = tempfile::Builder::new()
+        .prefix("kruise-rs-cp-")
+        .tempdir()
+        .map_err(|e| format!("creating a temporary directory: {e}"))?
+        .keep();
+    let output = Command::new(&script)
+        .arg("--owner-pid")
+        .arg(std::process::id().to_string())
+        .arg(&state_dir)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("running {}: {e}", script.display()))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        return Err(format!(
+            "starting the local control plane failed ({}): {} --owner-pid {} {}\n\
+             (set KUBECONFIG to use an existing cluster instead)\n{stderr}",
+            output.status,
+            script.display(),
+            std::process::id(),
+            state_dir.display(),
+        ));
+    }
+    eprint!("{stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let kubeconfig_path = PathBuf::from(stdout.trim());
+    let kubeconfig = Kubeconfig::read_from(&kubeconfig_path)
+        .map_err(|e| format!("reading {}: {e}", kubeconfig_path.display()))?;
+    Ok(TestCluster {
+        kubeconfig_path,
+        kubeconfig,
+        kubectl: kubectl.unwrap_or_else(|| state_dir.join("bin/kubectl")),
+        state_dir: Some(state_dir),
+    })
+}
+
+impl TestCluster {
+    /// Whether this process started the control plane (as opposed to using `KUBECONFIG`).
+    pub fn is_local(&self) -> bool {
+        self.state_dir.is_some()
+    }
+
+    /// The directory with the local control plane's logs and PKI, if this process started it.
+    pub fn state_dir(&self) -> Option<&Path> {
+        self.state_dir.as_deref()
+    }
+
+    /// A kubeconfig file for the cluster, e.g. for a controller run as a child process.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig_path
+    }
+
+    pub fn kubeconfig(&self) -> &Kubeconfig {
+        &self.kubeconfig
+    }
+
+    /// A client configuration for the kubeconfig's current context.
+    pub async fn config(&self) -> Config {
+        Config::from_custom_kubeconfig(self.kubeconfig.clone(), &KubeConfigOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("loading {}: {e}", self.kubeconfig_path.display()))
+    }
+
+    /// A fresh client bound to the calling test's runtime.
+    pub async fn client(&self) -> Client {
+        Client::try_from(self.config().await).unwrap_or_else(|e| {
+            panic!(
+                "building a client for {}: {e}",
+                self.kubeconfig_path.display()
+            )
+        })
+    }
+
+    /// `kubectl --kubeconfig <this cluster>`; the binary is `$KUBECTL` if set, else the one built
+    /// next to kube-apiserver (local) or `kubectl` from `PATH` (`KUBECONFIG`).
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = Command::new(&self.kubectl);
+        cmd.arg("--kubeconfig").arg(&self.kubeconfig_path);
+        cmd
+    }
+
+    /// Server-side apply every CustomResourceDefinition in `crds/*.yaml` and wait until all are
+    /// `Established`. Done once per process; later calls return at once.
+    pub async fn install_crds(&self) {
+        let result = CRDS.get_or_init(|| self.apply_crds()).await;
+        if let Err(e) = result {
+            panic!("{e}");
+        }
+    }
+
+    async fn apply_crds(&self) -> Result<(), String> {
+        let crds = repository_crds()?;
+        if crds.is_empty() {
+            return Ok(());
+        }
+        let api: Api<CustomResourceDefinition> = Api::all(self.client().await);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let mut names = Vec::with_capacity(crds.len());
+        for (file, crd) in &crds {
+            let name = crd.metadata.name.clone().ok_or_else(|| {
+                format!("{}: a CustomResourceDefinition has no name", file.display())
+            })?;
+            api.patch(&name, &params, &Patch::Apply(crd))
+                .await
+                .map_err(|e| format!("applying CRD {name} from {}: {e}", file.display()))?;
+            names.push(name);
+        }
+        let deadline = tokio::time::Instant::now() + CRD_TIMEOUT;
+        for name in &names {
+            loop {
+                let crd = api
+                    .get(name)
+                    .await
+                    .map_err(|e| format!("reading CRD {name}: {e}"))?;
+                let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
+                let condition = |type_: &str| conditions.iter().find(|c| c.type_ == type_);
+                if condition("Established").is_some_and(|c| c.status == "True") {
+                    break;
+                }
+                if let Some(c) = condition("NamesAccepted").filter(|c| c.status == "False") {
+                    return Err(format!(
+                        "CRD {name} was rejected: {}: {}",
+                        c.reason.as_deref().unwrap_or_default(),
+                        c.message.as_deref().unwrap_or_default()
+                    ));
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(format!(
+                        "CRD {name} not Established within {CRD_TIMEOUT:?}; conditions: {conditions:?}"
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Create a namespace named `prefix-<unique suffix>`.
+    ///
+    /// On a `KUBECONFIG` cluster it is deleted (in the background) when the guard drops; a local
+    /// control plane has no namespace controller to finish deletions and is thrown away anyway.
+    pub async fn namespace(&self, prefix: &str) -> TestNamespace {
+        let name = unique_name(prefix);
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(BTreeMap::from([(TEST_LABEL.to_owned(), "true".to_owned())])),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        Api::<Namespace>::all(self.client().await)
+            .create(&PostParams::default(), &namespace)
+            .await
+            .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+        let cleanup = (!self.is_local()).then(|| {
+            let mut cmd = self.kubectl();
+            cmd.args([
+                "delete",
+                "namespace",
+                &name,
+                "--wait=false",
+                "--ignore-not-found",
+            ]);
+            cmd
+        });
+        TestNamespace { name, cleanup }
+    }
+}
+
+/// A namespace created by [`TestCluster::namespace`].
+pub struct TestNamespace {
+    name: String,
+    cleanup: Option<Command>,
+}
+
+impl TestNamespace {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        // Best effort and non-blocking: the test's runtime is about to go away, so no async work;
+        // a detached thread waits for kubectl (the process outlives us if we exit first).
+        if let Some(mut cmd) = self.cleanup.take() {
+            std::thread::spawn(move || {
+                let _ = cmd
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+            });
+        }
+    }
+}
+
+/// The CustomResourceDefinitions in `crds/` at the repository root, with the file of each.
+pub fn repository_crds() -> Result<Vec<(PathBuf, CustomResourceDefinition)>, String> {
+    read_crds(&Path::new(env!("CARGO_MANIFEST_DIR")).join("crds"))
+}
+
+/// Every CustomResourceDefinition in the `*.yaml`/`*.yml` files of `dir` (missing dir: none).
+fn read_crds(dir: &Path) -> Result<Vec<(PathBuf, CustomResourceDefinition)>, String> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("reading {}: {e}", dir.display())),
+    };
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry
+            .map_err(|e| format!("reading {}: {e}", dir.display()))?
+            .path();
+        if path.is_file() && path.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    let mut crds = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| format!("reading {}: {e}", file.display()))?;
+        for document in serde_yaml::Deserializer::from_str(&text) {
+            let value = serde_json::Value::deserialize(document)
+                .map_err(|e| format!("parsing {}: {e}", file.display()))?;
+            if value.get("kind").and_then(|k| k.as_str()) != Some("CustomResourceDefinition") {
+                continue; // empty documents and other kinds
+            }
+            let crd = serde_json::from_value(value).map_err(|e| {
+                format!(
+                    "{}: not a valid CustomResourceDefinition: {e}",
+                    file.display()
+                )
+            })?;
+            crds.push((file.clone(), crd));
+        }
+    }
+    Ok(crds)
+}
+
+/// A name unique to this process run, `prefix-<suffix>`, valid as a DNS-1123 label (and so as
+/// a namespace or most cluster-scoped object names): lowercase alphanumerics and '-', at most
+/// 63 characters, starting and ending with an alphanumeric.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    // Random per process, so runs against a shared cluster do not collide with earlier ones.
+    static RUN_TAG: OnceLock<String> = OnceLock::new();
+    let tag = RUN_TAG.get_or_init(|| {
+        let seed = RandomState::new().hash_one((std::process::id(), SystemTime::now()));
+        base36(seed % 36u64.pow(5), 5)
+    });
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let suffix = format!("{tag}{}", base36(u64::from(n), 1));
+
+    let mut clean: String = prefix
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9') => c,
+            _ => '-',
+        })
+        .collect();
+    clean.truncate(63 - 1 - suffix.len());
+    let clean = clean.trim_matches('-');
+    if clean.is_empty() {
+        suffix
+    } else {
+        format!("{clean}-{suffix}")
+    }
+}
+
+fn base36(mut n: u64, min_len: usize) -> String {
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    while n > 0 || out.len() < min_len {
+        out.push(DIGITS[(n % 36) as usize]);
+        n /= 36;
+    }
+    out.reverse();
+    String::from_utf8(out).expect("ASCII")
+}
+
+/// Poll `f` until it returns `Some`, at short intervals; panics mentioning `what` once `timeout`
+/// has passed (a call still running at the deadline is abandoned).
+pub async fn wait_for<F, Fut, T>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut interval = Duration::from_millis(20);
+    loop {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(remaining, f()).await {
+            Ok(Some(value)) => return value,
+            Ok(None) if !remaining.is_zero() => {}
+            _ => panic!("timed out after {timeout:?} waiting for {what}"),
+        }
+        tokio::time::sleep(interval.min(remaining)).await;
+        interval = (interval * 2).min(Duration::from_millis(250));
+    }
+}
+
+/// Runs `cmd` with `input` on its standard input and returns its output.
+pub fn run_with_stdin(mut cmd: Command, input: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("command starts");
+    child
+        .stdin
+        .take()
+        .expect("stdin is piped")
+        .write_all(input.as_bytes())
+        .expect("stdin takes the input");
+    child.wait_with_output().expect("command finishes")
+}
+
+/// A second, empty control plane (no CRDs) for tests that need a cluster in another state than
+/// the shared one. Stopped when dropped; the start script's watchdog covers a crash.
+pub struct ExtraControlPlane {
+    state: tempfile::TempDir,
+    kubeconfig: PathBuf,
+}
+
+impl ExtraControlPlane {
+    pub fn start() -> Self {
+        let state = tempfile::Builder::new()
+            .prefix("kruise-rs-extra-cp-")
+            .tempdir()
+            .expect("temp dir");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/controlplane/start.sh");
+        let out = Command::new(&script)
+            .arg("--owner-pid")
+            .arg(std::process::id().to_string())
+            .arg(state.path())
+            .stdin(Stdio::null())
+            .output()
+            .expect("start.sh runs");
+        assert!(
+            out.status.success(),
+            "starting an extra control plane failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let kubeconfig = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        ExtraControlPlane { state, kubeconfig }
+    }
+
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+}
+
+impl Drop for ExtraControlPlane {
+    fn drop(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/controlplane/stop.sh");
+        let _ = Command::new(script).arg(self.state.path()).output();
+    }
+}
+
+/// A minimal HTTP/1.1 GET against a loopback server: status code and body.
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {response:?}")))?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unique_name;
+
+    #[test]
+    fn unique_names_are_dns_labels() {
+        let long = "X".repeat(100);
+        for prefix in ["sidecar-set", "Image_Pull.Job", "", "--", long.as_str()] {
+            let name = unique_name(prefix);
+            assert!(name.len() <= 63, "{name}");
+            assert!(
+                name.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            );
+            assert!(!name.starts_with('-') && !name.ends_with('-'), "{name}");
+        }
+        assert_ne!(unique_name("a"), unique_name("a"));
+        assert!(unique_name("image-pull").starts_with("image-pull-"));
+    }
+}
