@@ -1,0 +1,25 @@
+# The two commands a newcomer needs are `make run` and `make test`; see README.md.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+deps: ## Install what the tests and the local control plane need (apt packages, Go-built binaries)
+	tests/setup.sh
+
+run: deps ## Start a local control plane, install the CRDs, apply examples/ and run the manager
+	tests/controlplane/run-local.sh
+
+test: deps ## Everything CI runs: format, lints, unit and integration tests
+	cargo fmt --all -- --check
+	cargo clippy --all-targets --locked -- -D warnings
+	cargo test --locked --all-targets
+
+crds: ## Regenerate crds/ from the Rust types
+	cargo run --quiet -- crds --out-dir crds
+
+fmt: ## Format the code
+	cargo fmt --all
+
+.PHONY: help deps run test crds fmt

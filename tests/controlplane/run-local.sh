@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# `make run`: the whole system on its embedded default. Starts a loopback-only control plane
+# (the one the integration tests use), installs the CRDs, applies examples/ and runs the manager
+# in the foreground. Ctrl-C stops the manager; the control plane goes with it.
+#
+# Env: KRUISE_RS_PROBE_ADDR  where the manager serves /healthz, /readyz, /metrics (127.0.0.1:8080)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cd "$repo"
+
+cargo build --quiet
+state=$(mktemp -d "${TMPDIR:-/tmp}/kruise-rs-local.XXXXXX")
+# The control plane lives as long as this process, which becomes the manager below (exec keeps
+# the PID), so stopping the manager tears everything down.
+kubeconfig=$("$here/start.sh" --owner-pid $$ "$state")
+kubectl() { "$state/bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
+
+cargo run --quiet -- crds | kubectl apply --server-side -f - >&2
+kubectl wait --for=condition=Established crd --all --timeout=60s >&2
+kubectl create namespace payments >&2     # the namespace the v1alpha1 SidecarSet example names
+kubectl apply -f examples/ >&2
+
+cat >&2 <<MSG
+
+kruise-rs is running against a local control plane. In another shell:
+  export KUBECONFIG=$kubeconfig
+  $state/bin/kubectl get sidecarsets,imagepulljobs,nodeimages -A
+Probes and metrics: http://${KRUISE_RS_PROBE_ADDR:-127.0.0.1:8080}/readyz and /metrics
+Ctrl-C stops the manager and the control plane.
+
+MSG
+export KRUISE_RS_PROBE_ADDR=${KRUISE_RS_PROBE_ADDR:-127.0.0.1:8080}
+exec cargo run --quiet -- manager --kubeconfig "$kubeconfig"
