@@ -4,4 +4,5 @@
 //! subcommands; everything with a decision in it lives here so it can be unit tested.
 
 pub mod apis;
+pub mod controllers;
 pub mod manager;

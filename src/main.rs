@@ -6,10 +6,12 @@ use std::{
     net::SocketAddr,
     path::PathBuf,
     process::ExitCode,
+    time::Duration,
 };
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use kruise_rs::controllers::ControllerOptions;
 use kruise_rs::manager::{self, ManagerOptions};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info};
@@ -73,6 +75,49 @@ struct ManagerArgs {
         default_value = "0.0.0.0:8080"
     )]
     probe_addr: SocketAddr,
+
+    /// How long a Node must have been Ready before its NodeImage is created (`30s`, `0`, `2m`).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    nodeimage_creation_delay: Duration,
+
+    /// How long a node may leave a requested image unanswered before it is marked Failed.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+    nodeimage_response_timeout: Duration,
+
+    /// Extra seconds an `Always` job's finished tags stay on a node (upstream's flag name).
+    #[arg(long = "default-ttlseconds-for-always-nodeimage", value_name = "SECONDS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(0..=31 * 24 * 3600))]
+    default_ttl_for_always_nodeimage: u64,
+
+    /// Namespace whose Secrets the node daemons may read; job pull secrets are copied there.
+    #[arg(
+        long,
+        value_name = "NAMESPACE",
+        env = "KRUISE_DAEMON_CONFIG_NS",
+        default_value = "kruise-daemon-config"
+    )]
+    daemon_config_namespace: String,
+}
+
+/// Parses `90`, `90s`, `10m`, `1h` (a plain number is seconds).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (digits, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 30s, 10m or 1h"))?;
+    let seconds = match unit {
+        "" | "s" => Some(n),
+        "m" => n.checked_mul(60),
+        "h" => n.checked_mul(3600),
+        _ => return Err(format!("{text:?}: unknown unit {unit:?}; use s, m or h")),
+    };
+    seconds
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{text:?} is too long"))
 }
 
 #[tokio::main]
@@ -99,6 +144,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let opts = ManagerOptions {
                 kubeconfig: args.kubeconfig,
                 probe_addr: args.probe_addr,
+                controllers: ControllerOptions {
+                    nodeimage_creation_delay: args.nodeimage_creation_delay,
+                    nodeimage_response_timeout: args.nodeimage_response_timeout,
+                    default_ttl_for_always_nodeimage: Duration::from_secs(
+                        args.default_ttl_for_always_nodeimage,
+                    ),
+                    daemon_config_namespace: args.daemon_config_namespace,
+                },
             };
             manager::run(opts, shutdown, None).await?;
             Ok(())
@@ -221,6 +274,22 @@ mod tests {
         assert!(
             matches!(cli.command, Command::Crds(CrdsArgs { out_dir: Some(dir) }) if dir == std::path::Path::new("crds"))
         );
+    }
+
+    #[test]
+    fn durations_take_seconds_minutes_and_hours() {
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_duration("5d").unwrap_err().contains("unknown unit"));
+        assert!(
+            parse_duration("soon")
+                .unwrap_err()
+                .contains("not a duration")
+        );
+        assert!(parse_duration("").is_err());
     }
 
     #[test]

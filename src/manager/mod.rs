@@ -27,6 +27,8 @@ use kube::{
     config::{InferConfigError, KubeConfigOptions, Kubeconfig, KubeconfigError},
 };
 use tokio::{net::TcpListener, sync::oneshot};
+
+use crate::controllers::{self, ControllerOptions};
 use tracing::{info, warn};
 
 pub use self::crds::{CrdState, MissingCrds, REQUIRED_CRDS, check_crds};
@@ -43,6 +45,8 @@ pub struct ManagerOptions {
     pub kubeconfig: Option<PathBuf>,
     /// Where to serve `/healthz`, `/readyz` and `/metrics`; port 0 picks a free port.
     pub probe_addr: SocketAddr,
+    /// Settings of the controllers.
+    pub controllers: ControllerOptions,
 }
 
 /// Why the manager could not start, or stopped other than by request.
@@ -81,6 +85,8 @@ pub enum ManagerError {
         #[source]
         source: io::Error,
     },
+    #[error("the controllers stopped unexpectedly")]
+    ControllersStopped,
     #[error("the probe and metrics server stopped unexpectedly")]
     ServerStopped {
         #[source]
@@ -124,7 +130,7 @@ pub async fn run(
     info!(version = env!("CARGO_PKG_VERSION"), "starting the manager");
     let mut shutdown = pin!(shutdown);
 
-    let listener = tokio::select! {
+    let (client, listener) = tokio::select! {
         biased;
         () = &mut shutdown => {
             info!("shutting down before the manager started");
@@ -145,9 +151,14 @@ pub async fn run(
         let _ = server_stopping.await;
     }));
 
-    // The controllers (SidecarSet, ImagePullJob, NodeImage) will be started here, with the client
-    // that `start` builds (it will return it then), and raced with the server and `shutdown`
-    // below; readiness will then also wait for their caches to sync.
+    let (stop_controllers, controllers_stopping) = oneshot::channel::<()>();
+    let mut controllers = pin!(controllers::run(
+        client,
+        opts.controllers.clone(),
+        async move {
+            let _ = controllers_stopping.await;
+        }
+    ));
 
     state.set_ready(true);
     info!(probe_addr = %addr, "manager running");
@@ -162,10 +173,16 @@ pub async fn run(
             state.set_ready(false);
             return Err(ManagerError::ServerStopped { source: result.err() });
         }
+        () = &mut controllers => {
+            state.set_ready(false);
+            return Err(ManagerError::ControllersStopped);
+        }
     }
 
     info!("shutting down");
     state.set_ready(false);
+    let _ = stop_controllers.send(());
+    controllers.await;
     let _ = stop_server.send(());
     match tokio::time::timeout(DRAIN_TIMEOUT, &mut server).await {
         Ok(result) => result.map_err(|source| ManagerError::ServerStopped {
@@ -181,16 +198,18 @@ pub async fn run(
 }
 
 /// Start-up before the manager can serve: client, CRD check, probe listener.
-async fn start(opts: &ManagerOptions) -> Result<TcpListener, ManagerError> {
+async fn start(opts: &ManagerOptions) -> Result<(Client, TcpListener), ManagerError> {
     let client = connect(opts.kubeconfig.as_deref()).await?;
     crds::ensure_installed(&client).await?;
     info!(crds = ?REQUIRED_CRDS, "required CustomResourceDefinitions are installed and Established");
-    TcpListener::bind(opts.probe_addr)
-        .await
-        .map_err(|source| ManagerError::Bind {
-            addr: opts.probe_addr,
-            source,
-        })
+    let listener =
+        TcpListener::bind(opts.probe_addr)
+            .await
+            .map_err(|source| ManagerError::Bind {
+                addr: opts.probe_addr,
+                source,
+            })?;
+    Ok((client, listener))
 }
 
 #[cfg(test)]
@@ -203,6 +222,7 @@ mod tests {
         ManagerOptions {
             kubeconfig: Some(PathBuf::from(kubeconfig)),
             probe_addr: "127.0.0.1:0".parse().unwrap(),
+            controllers: ControllerOptions::default(),
         }
     }
 

@@ -15,6 +15,7 @@ fn options(kubeconfig: &std::path::Path) -> ManagerOptions {
     ManagerOptions {
         kubeconfig: Some(kubeconfig.to_owned()),
         probe_addr: "127.0.0.1:0".parse().expect("addr"),
+        controllers: Default::default(),
     }
 }
 

@@ -1,0 +1,66 @@
+//! The manager's controllers, one module per kind they reconcile.
+//!
+//! Each module has a small `Context`, a free `reconcile` and `error_policy`, and keeps its
+//! decisions in pure functions (`logic.rs` style) that carry the unit tests. [`run`] starts them
+//! all and returns when `shutdown` fires.
+
+pub mod backoff;
+pub mod imagepulljob;
+pub mod nodeimage;
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures::FutureExt;
+use kube::Client;
+use tokio::sync::watch;
+
+/// Settings shared by the controllers, from the command line.
+#[derive(Clone, Debug)]
+pub struct ControllerOptions {
+    /// How long a Node must have been Ready before its NodeImage is created.
+    pub nodeimage_creation_delay: Duration,
+    /// How long a node may leave a requested tag unanswered before the tag is marked Failed.
+    pub nodeimage_response_timeout: Duration,
+    /// Extra lifetime of an `Always` job's tags on a node after they finish.
+    pub default_ttl_for_always_nodeimage: Duration,
+    /// Namespace the node daemons may read pull secrets from; job secrets are copied there.
+    pub daemon_config_namespace: String,
+}
+
+impl Default for ControllerOptions {
+    /// Upstream's defaults.
+    fn default() -> Self {
+        Self {
+            nodeimage_creation_delay: Duration::from_secs(30),
+            nodeimage_response_timeout: Duration::from_secs(600),
+            default_ttl_for_always_nodeimage: Duration::from_secs(300),
+            daemon_config_namespace: "kruise-daemon-config".to_owned(),
+        }
+    }
+}
+
+/// Runs every controller until `shutdown` resolves; each one stops gracefully (in-flight
+/// reconciles finish) before this returns.
+pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<Output = ()>) {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+    let controllers = futures::future::join(
+        nodeimage::run(client.clone(), opts.clone(), stopped()),
+        imagepulljob::run(client, opts, stopped()),
+    );
+    tokio::pin!(controllers);
+    let shutdown = shutdown.fuse();
+    tokio::pin!(shutdown);
+    tokio::select! {
+        _ = &mut controllers => return,
+        () = &mut shutdown => {}
+    }
+    let _ = stop_tx.send(true);
+    controllers.await;
+}

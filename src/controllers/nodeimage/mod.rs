@@ -1,0 +1,12 @@
+//! Placeholder: the nodeimage controller is being written.
+
+use std::future::Future;
+
+use kube::Client;
+
+use super::ControllerOptions;
+
+/// Runs the nodeimage controller until `shutdown` resolves.
+pub async fn run(_client: Client, _opts: ControllerOptions, shutdown: impl Future<Output = ()>) {
+    shutdown.await;
+}
