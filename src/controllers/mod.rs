@@ -7,6 +7,7 @@
 pub mod backoff;
 pub mod imagepulljob;
 pub mod nodeimage;
+pub mod nodeimage_images;
 
 use std::future::Future;
 use std::time::Duration;

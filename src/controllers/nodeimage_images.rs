@@ -1,0 +1,276 @@
+//! Guarded writes of a NodeImage's `spec.images`, shared by everything that writes them (the
+//! ImagePullJob controller adds its tags, the NodeImage controller collects old ones).
+//!
+//! A write is a JSON Patch that touches only the images that changed, each preceded by a `test`
+//! of the exact value it replaces. If another writer changed that image meanwhile, the apiserver
+//! refuses the whole patch (nothing is lost, unlike upstream's read-modify-write, kruise#1517) and
+//! [`update_images`] re-reads the object and decides again. Status writes by the node daemon do
+//! not conflict with it: unlike a resourceVersion precondition, the tests look only at the data
+//! being replaced. A stale cache costs one refused patch and a GET, never a wait (kruise#1528).
+
+use std::collections::BTreeMap;
+
+use json_patch::{
+    AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation, TestOperation,
+};
+use jsonptr::PointerBuf;
+use kube::api::{Api, PatchParams};
+use serde_json::Value;
+
+use crate::apis::nodeimage::{ImageSpec, NodeImage};
+
+/// How often [`update_images`] re-reads and retries after a refused patch.
+const ATTEMPTS: usize = 5;
+
+/// Why `spec.images` could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum ImagesWriteError {
+    #[error("NodeImage {name} no longer exists")]
+    NotFound { name: String },
+    #[error("NodeImage {name} kept changing under us; gave up after {ATTEMPTS} attempts")]
+    TooManyConflicts { name: String },
+    #[error("writing NodeImage {name}")]
+    Kube {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+fn images_path(rest: &[&str]) -> PointerBuf {
+    PointerBuf::from_tokens(["spec", "images"].into_iter().chain(rest.iter().copied()))
+}
+
+fn to_value(spec: &ImageSpec) -> Value {
+    serde_json::to_value(spec).expect("an ImageSpec always serializes")
+}
+
+/// The guarded JSON Patch that turns `old` (what the writer last saw, with its
+/// `resource_version`) into `new`; `None` when they are equal.
+pub fn images_patch(
+    old: &BTreeMap<String, ImageSpec>,
+    resource_version: Option<&str>,
+    new: &BTreeMap<String, ImageSpec>,
+) -> Option<Patch> {
+    if old == new {
+        return None;
+    }
+    let mut ops = Vec::new();
+    if old.is_empty() {
+        // Nothing to test for: the absence of every image can only be guarded by the object's
+        // version. `spec` holds nothing but `images`, so writing it whole is exact.
+        if let Some(rv) = resource_version {
+            ops.push(PatchOperation::Test(TestOperation {
+                path: PointerBuf::from_tokens(["metadata", "resourceVersion"]),
+                value: Value::String(rv.to_owned()),
+            }));
+        }
+        let images: serde_json::Map<String, Value> =
+            new.iter().map(|(k, v)| (k.clone(), to_value(v))).collect();
+        ops.push(PatchOperation::Add(AddOperation {
+            path: PointerBuf::from_tokens(["spec"]),
+            value: serde_json::json!({ "images": images }),
+        }));
+        return Some(Patch(ops));
+    }
+    let adds_an_image = new.keys().any(|k| !old.contains_key(k));
+    if adds_an_image {
+        // A new key must still be absent: test the whole map as we saw it.
+        let images: serde_json::Map<String, Value> =
+            old.iter().map(|(k, v)| (k.clone(), to_value(v))).collect();
+        ops.push(PatchOperation::Test(TestOperation {
+            path: images_path(&[]),
+            value: Value::Object(images),
+        }));
+    }
+    for (name, before) in old {
+        match new.get(name) {
+            Some(after) if after == before => {}
+            after => {
+                ops.push(PatchOperation::Test(TestOperation {
+                    path: images_path(&[name]),
+                    value: to_value(before),
+                }));
+                ops.push(match after {
+                    Some(after) => PatchOperation::Replace(ReplaceOperation {
+                        path: images_path(&[name]),
+                        value: to_value(after),
+                    }),
+                    None => PatchOperation::Remove(RemoveOperation {
+                        path: images_path(&[name]),
+                    }),
+                });
+            }
+        }
+    }
+    for (name, after) in new.iter().filter(|(k, _)| !old.contains_key(*k)) {
+        ops.push(PatchOperation::Add(AddOperation {
+            path: images_path(&[name]),
+            value: to_value(after),
+        }));
+    }
+    Some(Patch(ops))
+}
+
+/// A refused guarded patch: a `test` failed (422) or the object changed (409).
+fn is_conflict(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 422 || status.code == 409)
+}
+
+fn is_not_found(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 404)
+}
+
+/// Writes `decide(current)` into `spec.images`, starting from `current` (usually from a cache)
+/// and re-reading the object after each refused patch. `decide` returns `None` when nothing
+/// needs to change. Returns the written object, or `None` when nothing was written.
+pub async fn update_images<F>(
+    api: &Api<NodeImage>,
+    field_manager: &str,
+    current: NodeImage,
+    mut decide: F,
+) -> Result<Option<NodeImage>, ImagesWriteError>
+where
+    F: FnMut(&NodeImage) -> Option<BTreeMap<String, ImageSpec>>,
+{
+    let name = current.metadata.name.clone().unwrap_or_default();
+    let kube_err = |source| ImagesWriteError::Kube {
+        name: name.clone(),
+        source,
+    };
+    let mut current = current;
+    for _ in 0..ATTEMPTS {
+        let Some(new) = decide(&current) else {
+            return Ok(None);
+        };
+        let Some(patch) = images_patch(
+            &current.spec.images,
+            current.metadata.resource_version.as_deref(),
+            &new,
+        ) else {
+            return Ok(None);
+        };
+        let params = PatchParams {
+            field_manager: Some(field_manager.to_owned()),
+            ..Default::default()
+        };
+        match api
+            .patch(&name, &params, &kube::api::Patch::<()>::Json(patch))
+            .await
+        {
+            Ok(written) => return Ok(Some(written)),
+            Err(err) if is_not_found(&err) => return Err(ImagesWriteError::NotFound { name }),
+            Err(err) if is_conflict(&err) => {
+                current = match api.get(&name).await {
+                    Ok(fresh) => fresh,
+                    Err(err) if is_not_found(&err) => {
+                        return Err(ImagesWriteError::NotFound { name });
+                    }
+                    Err(err) => return Err(kube_err(err)),
+                };
+            }
+            Err(err) => return Err(kube_err(err)),
+        }
+    }
+    Err(ImagesWriteError::TooManyConflicts { name })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apis::nodeimage::ImageTagSpec;
+    use serde_json::json;
+
+    fn image(tags: &[&str]) -> ImageSpec {
+        ImageSpec {
+            tags: tags
+                .iter()
+                .map(|t| ImageTagSpec {
+                    tag: (*t).into(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn apply(doc: &Value, patch: &Patch) -> Result<Value, json_patch::PatchError> {
+        let mut doc = doc.clone();
+        json_patch::patch(&mut doc, patch)?;
+        Ok(doc)
+    }
+
+    #[test]
+    fn no_change_no_patch() {
+        let images = BTreeMap::from([("nginx".to_owned(), image(&["1"]))]);
+        assert!(images_patch(&images, Some("5"), &images).is_none());
+    }
+
+    #[test]
+    fn the_first_image_is_guarded_by_the_resource_version() {
+        let new = BTreeMap::from([("nginx".to_owned(), image(&["1"]))]);
+        let patch = images_patch(&BTreeMap::new(), Some("7"), &new).expect("a patch");
+        let doc = json!({"metadata": {"resourceVersion": "7"}, "spec": {}});
+        let out = apply(&doc, &patch).expect("applies");
+        assert_eq!(out["spec"]["images"]["nginx"]["tags"][0]["tag"], "1");
+        let moved = json!({"metadata": {"resourceVersion": "8"}, "spec": {}});
+        assert!(
+            apply(&moved, &patch).is_err(),
+            "a newer object refuses the patch"
+        );
+    }
+
+    #[test]
+    fn changing_one_image_tests_only_that_image() {
+        let old = BTreeMap::from([
+            ("nginx".to_owned(), image(&["1"])),
+            ("ghcr.io/org/app".to_owned(), image(&["v1"])),
+        ]);
+        let mut new = old.clone();
+        new.insert("ghcr.io/org/app".into(), image(&["v1", "v2"]));
+        let patch = images_patch(&old, Some("1"), &new).expect("a patch");
+        let doc = json!({"spec": {"images": serde_json::to_value(&old).unwrap()}});
+        let out = apply(&doc, &patch).expect("applies");
+        assert_eq!(out["spec"]["images"], serde_json::to_value(&new).unwrap());
+
+        // Someone else changed nginx meanwhile: our patch does not care.
+        let mut other = doc.clone();
+        other["spec"]["images"]["nginx"]["tags"][0]["tag"] = json!("2");
+        let out = apply(&other, &patch).expect("still applies");
+        assert_eq!(
+            out["spec"]["images"]["nginx"]["tags"][0]["tag"], "2",
+            "their change survives"
+        );
+
+        // Someone else changed the app image meanwhile: refused, nothing lost.
+        let mut racing = doc.clone();
+        racing["spec"]["images"]["ghcr.io/org/app"]["tags"][0]["tag"] = json!("v9");
+        assert!(apply(&racing, &patch).is_err());
+    }
+
+    #[test]
+    fn adding_an_image_refuses_if_someone_else_added_it_first() {
+        let old = BTreeMap::from([("nginx".to_owned(), image(&["1"]))]);
+        let mut new = old.clone();
+        new.insert("redis".into(), image(&["7"]));
+        let patch = images_patch(&old, None, &new).expect("a patch");
+        let doc = json!({"spec": {"images": serde_json::to_value(&old).unwrap()}});
+        assert!(apply(&doc, &patch).is_ok());
+        let mut racing = doc.clone();
+        racing["spec"]["images"]["redis"] = json!({"tags": [{"tag": "6"}]});
+        assert!(apply(&racing, &patch).is_err());
+    }
+
+    #[test]
+    fn removing_an_image_and_names_with_slashes() {
+        let old = BTreeMap::from([
+            ("127.0.0.1:5000/team/app".to_owned(), image(&["1"])),
+            ("nginx".to_owned(), image(&["1"])),
+        ]);
+        let new = BTreeMap::from([("nginx".to_owned(), image(&["1"]))]);
+        let patch = images_patch(&old, None, &new).expect("a patch");
+        let doc = json!({"spec": {"images": serde_json::to_value(&old).unwrap()}});
+        let out = apply(&doc, &patch).expect("applies");
+        assert_eq!(out["spec"]["images"], serde_json::to_value(&new).unwrap());
+    }
+}
