@@ -5,4 +5,5 @@
 
 pub mod apis;
 pub mod controllers;
+pub mod image;
 pub mod manager;
