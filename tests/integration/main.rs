@@ -1,4 +1,5 @@
 mod api_objects;
+mod imagepulljob;
 mod manager;
 mod smoke;
 mod support;

@@ -1,6 +1,9 @@
 //! `kruise-rs manager` against a real apiserver: it becomes ready and serves its probes when the
 //! CRDs are installed, refuses to start (saying how to fix it) when they are not, and stops
 //! cleanly on SIGTERM.
+//!
+//! Each test gets a control plane of its own: a manager runs controllers, and the shared cluster
+//! already has the test controllers (`support::TestCluster::start_controllers`).
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Command, Stdio};
@@ -9,7 +12,17 @@ use std::time::Duration;
 use kruise_rs::manager::{self, ManagerError, ManagerOptions};
 use tokio::sync::oneshot;
 
-use crate::support::{self, ExtraControlPlane, http_get, wait_for};
+use crate::support::{ExtraControlPlane, http_get, wait_for};
+
+async fn control_plane_with_crds() -> ExtraControlPlane {
+    tokio::task::spawn_blocking(|| {
+        let plane = ExtraControlPlane::start();
+        plane.install_crds();
+        plane
+    })
+    .await
+    .expect("join")
+}
 
 fn options(kubeconfig: &std::path::Path) -> ManagerOptions {
     ManagerOptions {
@@ -28,7 +41,7 @@ async fn get(addr: SocketAddr, path: &'static str) -> (u16, String) {
 
 #[tokio::test]
 async fn manager_becomes_ready_serves_probes_and_stops_on_request() {
-    let cluster = support::cluster().await;
+    let cluster = control_plane_with_crds().await;
     let (ready_tx, ready_rx) = oneshot::channel();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let manager = tokio::spawn(manager::run(
@@ -97,7 +110,7 @@ fn free_loopback_port() -> SocketAddr {
 
 #[tokio::test]
 async fn the_manager_binary_stops_cleanly_on_sigterm() {
-    let cluster = support::cluster().await;
+    let cluster = control_plane_with_crds().await;
     let addr = free_loopback_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
         .args(["manager", "--probe-addr", &addr.to_string(), "--kubeconfig"])

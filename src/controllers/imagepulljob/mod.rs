@@ -1,12 +1,448 @@
-//! Placeholder: the imagepulljob controller is being written.
+//! The ImagePullJob controller: writes each target node's share of a job into its NodeImage, at
+//! most `parallelism` nodes at a time and in target order, and sums the nodes' reports into the
+//! job's status.
+//!
+//! - [`targets`]: which nodes, in which order, and where each stands;
+//! - [`entry`]: what a job writes into a NodeImage;
+//! - [`status`]: the job's status, which nodes start next, when the job next needs attention.
+//!
+//! Writes go through [`update_images`] (guarded JSON patches), so jobs sharing a node never lose
+//! each other's entries. The NodeImage store can lag behind our own writes; the objects our
+//! patches return are kept until the store catches up ([`Context::fresher`]), so a reconcile
+//! never counts a node it just started as not started, and `parallelism` holds exactly.
 
+pub mod entry;
+pub mod status;
+pub mod targets;
+
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use kube::Client;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use tracing::{info, warn};
 
+use self::entry::{JobRequest, with_job_entry};
+use self::status::{compute_status, next_deadline, nodes_to_start, parallelism};
+use self::targets::{NodeState, Target, node_state, select_nodes};
 use super::ControllerOptions;
+use super::backoff::Backoff;
+use super::nodeimage_images::{ImagesWriteError, update_images};
+use crate::apis::imagepulljob::{ImagePullJob, ImagePullJobStatus};
+use crate::apis::nodeimage::NodeImage;
+use crate::image::ImageRef;
 
-/// Runs the imagepulljob controller until `shutdown` resolves.
-pub async fn run(_client: Client, _opts: ControllerOptions, shutdown: impl Future<Output = ()>) {
-    shutdown.await;
+/// Field manager of everything this controller writes.
+pub const FIELD_MANAGER: &str = "kruise-rs-imagepulljob";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    WriteNodeImage(#[from] ImagesWriteError),
+    #[error("writing the status of ImagePullJob {name}")]
+    WriteStatus {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("deleting the finished ImagePullJob {name}")]
+    Delete {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    client: Client,
+    nodeimages: Store<NodeImage>,
+    pods: Store<Pod>,
+    /// NodeImages as our own patches returned them, until the store has caught up with them.
+    written: Mutex<HashMap<String, Arc<NodeImage>>>,
+    backoff: Backoff,
+    opts: ControllerOptions,
+    recorder: Recorder,
+}
+
+impl Context {
+    /// The newer of the stored NodeImage and the one our last patch returned. Spec writes bump
+    /// `generation`, and the store sees events in order, so a stored object with a lower
+    /// generation than our write is entirely older than it.
+    fn fresher(&self, stored: Arc<NodeImage>) -> Arc<NodeImage> {
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        let name = stored.name_any();
+        match written.get(&name) {
+            Some(ours) if ours.metadata.generation > stored.metadata.generation => ours.clone(),
+            Some(_) => {
+                written.remove(&name);
+                stored
+            }
+            None => stored,
+        }
+    }
+
+    fn remember(&self, written: NodeImage) {
+        let mut map = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        map.insert(written.name_any(), Arc::new(written));
+    }
+}
+
+/// Keeps only what node selection reads of a pod: a cluster's pods are the biggest set we watch.
+fn strip_pod(pod: &mut Pod) {
+    let meta = std::mem::take(&mut pod.metadata);
+    pod.metadata = ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        resource_version: meta.resource_version,
+        labels: meta.labels,
+        creation_timestamp: meta.creation_timestamp,
+        deletion_timestamp: meta.deletion_timestamp,
+        ..Default::default()
+    };
+    pod.spec = pod.spec.take().map(|s| PodSpec {
+        node_name: s.node_name,
+        ..Default::default()
+    });
+    pod.status = pod.status.take().map(|s| PodStatus {
+        phase: s.phase,
+        ..Default::default()
+    });
+}
+
+/// Jobs a NodeImage change may concern: running jobs whose selector could include the node,
+/// and any job the NodeImage names as an owner.
+fn jobs_for_nodeimage(
+    jobs: &Store<ImagePullJob>,
+    nodeimage: &NodeImage,
+) -> Vec<ObjectRef<ImagePullJob>> {
+    let node = nodeimage.name_any();
+    let owners: Vec<&str> = nodeimage
+        .spec
+        .images
+        .values()
+        .flat_map(|i| i.tags.iter())
+        .flat_map(|t| t.owner_references.iter())
+        .filter_map(|o| o.uid.as_deref())
+        .collect();
+    jobs.state()
+        .into_iter()
+        .filter(|job| {
+            let running = job
+                .status
+                .as_ref()
+                .is_none_or(|s| s.completion_time.is_none());
+            let owner = job
+                .metadata
+                .uid
+                .as_deref()
+                .is_some_and(|u| owners.contains(&u));
+            let may_target = match &job.spec.selector {
+                Some(sel) if !sel.names.is_empty() => sel.names.contains(&node),
+                _ => true,
+            };
+            owner || (running && may_target)
+        })
+        .map(|job| ObjectRef::from_obj(&*job))
+        .collect()
+}
+
+/// Running podSelector jobs in the pod's namespace.
+fn jobs_for_pod(jobs: &Store<ImagePullJob>, pod: &Pod) -> Vec<ObjectRef<ImagePullJob>> {
+    let namespace = pod.namespace();
+    jobs.state()
+        .into_iter()
+        .filter(|job| {
+            job.spec.pod_selector.is_some()
+                && job.namespace() == namespace
+                && job
+                    .status
+                    .as_ref()
+                    .is_none_or(|s| s.completion_time.is_none())
+        })
+        .map(|job| ObjectRef::from_obj(&*job))
+        .collect()
+}
+
+/// Runs the ImagePullJob controller until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    opts: ControllerOptions,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (nodeimages, nodeimage_writer) = reflector::store();
+    let nodeimage_events = watcher(
+        Api::<NodeImage>::all(client.clone()),
+        watcher::Config::default().any_semantic(),
+    )
+    .default_backoff()
+    .modify(|n: &mut NodeImage| n.managed_fields_mut().clear())
+    .reflect(nodeimage_writer)
+    .touched_objects();
+    let (pods, pod_writer) = reflector::store();
+    let pod_events = watcher(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().any_semantic(),
+    )
+    .default_backoff()
+    .modify(strip_pod)
+    .reflect(pod_writer)
+    .touched_objects();
+
+    let controller = Controller::new(
+        Api::<ImagePullJob>::all(client.clone()),
+        watcher::Config::default().any_semantic(),
+    );
+    let jobs = controller.store();
+    let jobs_for_pods = jobs.clone();
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "kruise-rs-manager".into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        ),
+        client,
+        nodeimages,
+        pods,
+        written: Mutex::default(),
+        backoff: Backoff::default(),
+        opts,
+    });
+    controller
+        .watches_stream(nodeimage_events, move |n| jobs_for_nodeimage(&jobs, &n))
+        .watches_stream(pod_events, move |p| jobs_for_pod(&jobs_for_pods, &p))
+        // Many NodeImage events arrive together while a job fans out; one reconcile serves them.
+        .with_config(controller::Config::default().debounce(Duration::from_millis(50)))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                warn!(error = %err, "imagepulljob controller");
+            }
+        })
+        .await;
+}
+
+fn key(job: &ImagePullJob) -> String {
+    format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any())
+}
+
+fn error_policy(job: Arc<ImagePullJob>, err: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx.backoff.failed(&key(&job));
+    warn!(job = %key(&job), error = %err, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+fn now() -> Time {
+    Time(Timestamp::now())
+}
+
+fn until(at: Timestamp) -> Duration {
+    let now = Timestamp::now();
+    let wait = at.duration_since(now);
+    Duration::try_from(wait)
+        .unwrap_or(Duration::ZERO)
+        .max(Duration::from_secs(1))
+}
+
+async fn reconcile(job: Arc<ImagePullJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // An empty store would read as "no nodes": an Always job would complete at once.
+    let _ = ctx.nodeimages.wait_until_ready().await;
+    let _ = ctx.pods.wait_until_ready().await;
+    let action = reconcile_job(&job, &ctx).await?;
+    ctx.backoff.succeeded(&key(&job));
+    Ok(action)
+}
+
+async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Error> {
+    if job.metadata.deletion_timestamp.is_some() {
+        // Its NodeImage entries are collected by the NodeImage controller once it is gone.
+        return Ok(Action::await_change());
+    }
+    let name = job.name_any();
+    let namespace = job.namespace().unwrap_or_default();
+    let jobs: Api<ImagePullJob> = Api::namespaced(ctx.client.clone(), &namespace);
+
+    if let Some(status) = job.status.as_ref().filter(|s| s.completion_time.is_some()) {
+        return match next_deadline(job, status) {
+            Some(expiry) if expiry <= Timestamp::now() => {
+                info!(job = %key(job), "deleting the finished job: ttlSecondsAfterFinished passed");
+                match jobs.delete(&name, &DeleteParams::background()).await {
+                    Ok(_) => Ok(Action::await_change()),
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::await_change()),
+                    Err(source) => Err(Error::Delete { name, source }),
+                }
+            }
+            Some(expiry) => Ok(Action::requeue(until(expiry))),
+            None => Ok(Action::await_change()),
+        };
+    }
+
+    let image = match ImageRef::parse(&job.spec.image) {
+        Ok(image) => image,
+        Err(err) => {
+            return refuse(
+                job,
+                ctx,
+                &jobs,
+                "InvalidImage",
+                format!("spec.image: {err}"),
+            )
+            .await;
+        }
+    };
+    let parallelism = match parallelism(job) {
+        Ok(p) => p,
+        Err(msg) => return refuse(job, ctx, &jobs, "InvalidParallelism", msg).await,
+    };
+
+    let all_nodeimages: Vec<Arc<NodeImage>> = ctx
+        .nodeimages
+        .state()
+        .into_iter()
+        .map(|n| ctx.fresher(n))
+        .collect();
+    let pods = ctx.pods.state();
+    let nodes = match select_nodes(
+        job,
+        all_nodeimages.iter().map(|n| &**n),
+        pods.iter().map(|p| &**p),
+    ) {
+        Ok(nodes) => nodes,
+        Err(err) => return refuse(job, ctx, &jobs, "InvalidSelector", err.to_string()).await,
+    };
+    let by_name: HashMap<String, Arc<NodeImage>> = all_nodeimages
+        .into_iter()
+        .map(|n| (n.name_any(), n))
+        .collect();
+    let req = JobRequest::new(
+        job,
+        image.familiar_name().to_owned(),
+        image.nodeimage_tag().to_owned(),
+        Vec::new(),
+    );
+    let job_uid = job.metadata.uid.clone().unwrap_or_default();
+    let mut targets: Vec<Target> = nodes
+        .into_iter()
+        .filter_map(|node| {
+            let state = node_state(by_name.get(&node)?, &req.name, &req.tag, &job_uid);
+            Some(Target { node, state })
+        })
+        .collect();
+
+    // Start the next nodes, within the parallelism budget.
+    let start: Vec<String> = nodes_to_start(&targets, parallelism)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let api: Api<NodeImage> = Api::all(ctx.client.clone());
+    let now_time = now();
+    // One node after the other, in target order: the order of the writes is the order in which
+    // nodes start pulling, which is the point of keeping the order at all.
+    let mut results = Vec::with_capacity(start.len());
+    for node in start {
+        let current = (*by_name[&node]).clone();
+        let extra_ttl = ctx.opts.default_ttl_for_always_nodeimage;
+        let result = update_images(&api, FIELD_MANAGER, current, |ni| {
+            with_job_entry(
+                &ni.spec.images,
+                ni.status.as_ref(),
+                &req,
+                &node,
+                &now_time,
+                extra_ttl,
+            )
+        })
+        .await;
+        results.push((node, result));
+    }
+    let mut first_error = None;
+    for (node, result) in results {
+        match result {
+            Ok(written) => {
+                if let Some(written) = written {
+                    ctx.remember(written);
+                }
+                if let Some(t) = targets.iter_mut().find(|t| t.node == node) {
+                    t.state = NodeState::Pulling;
+                }
+            }
+            // The node went away meanwhile: it is no target any more.
+            Err(ImagesWriteError::NotFound { .. }) => targets.retain(|t| t.node != node),
+            Err(err) => {
+                warn!(job = %key(job), node, error = %err, "cannot start the pull on a node");
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+
+    let status = compute_status(job, &targets, &now_time);
+    write_status(&jobs, job, &status).await?;
+    if let Some(err) = first_error {
+        return Err(err.into());
+    }
+    Ok(match next_deadline(job, &status) {
+        Some(at) => Action::requeue(until(at)),
+        None => Action::await_change(),
+    })
+}
+
+/// Writes `status` unless it is what the job already has.
+async fn write_status(
+    jobs: &Api<ImagePullJob>,
+    job: &ImagePullJob,
+    status: &ImagePullJobStatus,
+) -> Result<(), Error> {
+    if job.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    let name = job.name_any();
+    let patch = serde_json::json!({ "status": status });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    };
+    jobs.patch_status(&name, &params, &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+        .map_err(|source| Error::WriteStatus { name, source })
+}
+
+/// A job that cannot run as written: a Warning event and the reason in `status.message`, then
+/// nothing until the job changes.
+async fn refuse(
+    job: &ImagePullJob,
+    ctx: &Context,
+    jobs: &Api<ImagePullJob>,
+    reason: &str,
+    message: String,
+) -> Result<Action, Error> {
+    warn!(job = %key(job), reason, %message, "job cannot run");
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason.to_owned(),
+        note: Some(message.clone()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(err) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
+        warn!(job = %key(job), error = %err, "cannot publish an event");
+    }
+    let mut status = job.status.clone().unwrap_or_default();
+    status.message = Some(message);
+    write_status(jobs, job, &status).await?;
+    Ok(Action::await_change())
 }

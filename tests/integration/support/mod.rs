@@ -44,6 +44,20 @@ pub struct TestCluster {
 }
 
 static CLUSTER: OnceLock<Result<TestCluster, String>> = OnceLock::new();
+static CONTROLLERS: OnceLock<()> = OnceLock::new();
+
+/// How long the test controllers let a node leave a requested image unanswered. Tests that play
+/// the daemon answer within a second; the timeout test waits this long.
+pub const TEST_RESPONSE_TIMEOUT: Duration = Duration::from_secs(8);
+
+/// The controller settings every integration test runs with.
+pub fn test_controller_options() -> kruise_rs::controllers::ControllerOptions {
+    kruise_rs::controllers::ControllerOptions {
+        nodeimage_creation_delay: Duration::ZERO,
+        nodeimage_response_timeout: TEST_RESPONSE_TIMEOUT,
+        ..Default::default()
+    }
+}
 static CRDS: tokio::sync::OnceCell<Result<(), String>> = tokio::sync::OnceCell::const_new();
 
 /// The process-wide test cluster, started (and its CRDs installed) on first use.
@@ -242,6 +256,43 @@ impl TestCluster {
             }
         }
         Ok(())
+    }
+
+    /// Starts the manager's controllers against this cluster, once per test process, on a
+    /// runtime of their own (each test's runtime ends with the test). Tests play the node daemon
+    /// and the kubelet themselves. Only one set of controllers may run per cluster, or they
+    /// would compete for the same objects.
+    pub fn start_controllers(&self) {
+        CONTROLLERS.get_or_init(|| {
+            let kubeconfig = self.kubeconfig.clone();
+            let path = self.kubeconfig_path.display().to_string();
+            std::thread::Builder::new()
+                .name("controllers".into())
+                .spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(2)
+                        .enable_all()
+                        .build()
+                        .expect("a runtime for the controllers");
+                    runtime.block_on(async move {
+                        let config = Config::from_custom_kubeconfig(
+                            kubeconfig,
+                            &KubeConfigOptions::default(),
+                        )
+                        .await
+                        .unwrap_or_else(|e| panic!("loading {path}: {e}"));
+                        let client =
+                            Client::try_from(config).expect("a client for the controllers");
+                        kruise_rs::controllers::run(
+                            client,
+                            test_controller_options(),
+                            std::future::pending(),
+                        )
+                        .await;
+                    });
+                })
+                .expect("the controllers thread starts");
+        });
     }
 
     /// Create a namespace named `prefix-<unique suffix>`.
@@ -461,6 +512,39 @@ impl ExtraControlPlane {
 
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// Installs `crds/` and waits until they are Established.
+    pub fn install_crds(&self) {
+        let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+        let kubectl = self.state.path().join("bin/kubectl");
+        for args in [
+            vec![
+                "apply",
+                "--server-side",
+                "-f",
+                crds.to_str().expect("utf-8 path"),
+            ],
+            vec![
+                "wait",
+                "--for=condition=Established",
+                "crd",
+                "--all",
+                "--timeout=60s",
+            ],
+        ] {
+            let out = Command::new(&kubectl)
+                .arg("--kubeconfig")
+                .arg(&self.kubeconfig)
+                .args(&args)
+                .output()
+                .expect("kubectl runs");
+            assert!(
+                out.status.success(),
+                "kubectl {args:?} on the extra control plane: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 }
 

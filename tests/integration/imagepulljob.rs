@@ -1,0 +1,558 @@
+//! The ImagePullJob controller against a real apiserver. The tests make fake NodeImages (no
+//! kubelet, no daemon) and play the node daemon by writing NodeImage status.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use kruise_rs::apis::imagepulljob::{
+    CompletionPolicy, CompletionPolicyType, ImagePullJob, ImagePullJobNodeSelector,
+    ImagePullJobSpec,
+};
+use kruise_rs::apis::nodeimage::{ImageTagSpec, NodeImage};
+use kruise_rs::apis::well_known::FAKE_NODEIMAGE;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::support::{self, TestCluster, wait_for};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+struct Env {
+    client: Client,
+    ns: String,
+    /// A label value unique to the test; its nodes carry `kruise-rs-test: <run>`.
+    run: String,
+    _ns_guard: support::TestNamespace,
+}
+
+async fn env(prefix: &str) -> Env {
+    let cluster: &TestCluster = support::cluster().await;
+    cluster.start_controllers();
+    let ns = cluster.namespace(prefix).await;
+    Env {
+        client: cluster.client().await,
+        ns: ns.name().to_owned(),
+        run: support::unique_name(prefix),
+        _ns_guard: ns,
+    }
+}
+
+impl Env {
+    fn nodeimages(&self) -> Api<NodeImage> {
+        Api::all(self.client.clone())
+    }
+
+    fn jobs(&self) -> Api<ImagePullJob> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Makes `n` NodeImages for this test (fake: no Node behind them) and returns their names.
+    async fn nodes(&self, n: usize) -> Vec<String> {
+        let mut names = Vec::new();
+        for i in 0..n {
+            names.push(self.node(&format!("{}-n{i}", self.run)).await);
+        }
+        names
+    }
+
+    async fn node(&self, name: &str) -> String {
+        let mut ni = NodeImage::new(name, Default::default());
+        ni.metadata.labels = Some(BTreeMap::from([
+            (FAKE_NODEIMAGE.to_owned(), "true".to_owned()),
+            ("kruise-rs-test".to_owned(), self.run.clone()),
+        ]));
+        self.nodeimages()
+            .create(&PostParams::default(), &ni)
+            .await
+            .expect("create NodeImage");
+        name.to_owned()
+    }
+
+    fn selector(&self) -> Option<ImagePullJobNodeSelector> {
+        Some(ImagePullJobNodeSelector {
+            match_labels: Some(BTreeMap::from([(
+                "kruise-rs-test".to_owned(),
+                self.run.clone(),
+            )])),
+            ..Default::default()
+        })
+    }
+
+    async fn job(&self, name: &str, spec: ImagePullJobSpec) -> ImagePullJob {
+        self.jobs()
+            .create(&PostParams::default(), &ImagePullJob::new(name, spec))
+            .await
+            .expect("create job")
+    }
+
+    async fn wait_job(
+        &self,
+        name: &str,
+        what: &str,
+        done: impl Fn(&ImagePullJob) -> bool,
+    ) -> ImagePullJob {
+        let jobs = self.jobs();
+        wait_for(what, TIMEOUT, || {
+            let jobs = jobs.clone();
+            let done = &done;
+            async move { jobs.get(name).await.ok().filter(|j| done(j)) }
+        })
+        .await
+    }
+
+    /// The tag entry for `image`/`tag` on `node`, once it exists.
+    async fn wait_entry(&self, node: &str, image: &str, tag: &str) -> ImageTagSpec {
+        let api = self.nodeimages();
+        wait_for(&format!("{image}:{tag} on {node}"), TIMEOUT, || {
+            let api = api.clone();
+            async move { tag_entry(&api.get(node).await.ok()?, image, tag) }
+        })
+        .await
+    }
+
+    /// Plays the node daemon: reports `phase` for the current version of `image`/`tag`.
+    async fn report(&self, node: &str, image: &str, tag: &str, phase: &str) {
+        let entry = self.wait_entry(node, image, tag).await;
+        let status = json!({"status": {"imageStatuses": {image: {"tags": [{
+            "tag": tag, "phase": phase, "version": entry.version.unwrap_or(0),
+            "completionTime": "2026-01-01T00:00:00Z"
+        }]}}}});
+        self.nodeimages()
+            .patch_status(node, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .expect("write NodeImage status");
+    }
+}
+
+fn tag_entry(ni: &NodeImage, image: &str, tag: &str) -> Option<ImageTagSpec> {
+    ni.spec
+        .images
+        .get(image)?
+        .tags
+        .iter()
+        .find(|t| t.tag == tag)
+        .cloned()
+}
+
+fn spec(
+    image: &str,
+    selector: Option<ImagePullJobNodeSelector>,
+    parallelism: i32,
+) -> ImagePullJobSpec {
+    ImagePullJobSpec {
+        image: image.into(),
+        selector,
+        parallelism: Some(
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(parallelism),
+        ),
+        ..Default::default()
+    }
+}
+
+fn completed(j: &ImagePullJob) -> bool {
+    j.status
+        .as_ref()
+        .is_some_and(|s| s.completion_time.is_some())
+}
+
+#[tokio::test]
+async fn an_always_job_completes_when_every_node_reports_success() {
+    let env = env("ipj-always").await;
+    let nodes = env.nodes(3).await;
+    env.job("pull", spec("nginx:1.25", env.selector(), 3)).await;
+    for node in &nodes {
+        let entry = env.wait_entry(node, "nginx", "1.25").await;
+        assert_eq!(entry.owner_references.len(), 1);
+        assert!(entry.created_at.is_some() && entry.pull_policy.is_some());
+        env.report(node, "nginx", "1.25", "Succeeded").await;
+    }
+    let job = env.wait_job("pull", "the job to complete", completed).await;
+    let status = job.status.expect("status");
+    assert_eq!(
+        (
+            status.desired,
+            status.succeeded,
+            status.failed,
+            status.active
+        ),
+        (3, 3, 0, 0)
+    );
+    assert_eq!(status.message.as_deref(), Some("job has completed"));
+    assert!(status.start_time.is_some());
+}
+
+/// Watches the test's NodeImages and records, on every change, how many nodes are pulling the
+/// job's image (entry written, no final report), and the order in which nodes started.
+struct PullingWatch {
+    max_pulling: Arc<Mutex<usize>>,
+    started: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PullingWatch {
+    fn start(env: &Env, image: &'static str, tag: &'static str) -> Self {
+        let max_pulling = Arc::new(Mutex::new(0));
+        let started = Arc::new(Mutex::new(Vec::new()));
+        let (max, order) = (max_pulling.clone(), started.clone());
+        let config = watcher::Config::default().labels(&format!("kruise-rs-test={}", env.run));
+        let stream = watcher(env.nodeimages(), config).applied_objects();
+        let task = tokio::spawn(async move {
+            let mut pulling: HashMap<String, bool> = HashMap::new();
+            let mut stream = std::pin::pin!(stream);
+            while let Some(Ok(ni)) = stream.next().await {
+                let node = ni.name_any();
+                if let Some(entry) = tag_entry(&ni, image, tag) {
+                    let finished = ni
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.image_statuses.get(image))
+                        .and_then(|i| i.tags.iter().find(|t| t.tag == tag))
+                        .is_some_and(|t| t.version == entry.version && t.completion_time.is_some());
+                    if !pulling.contains_key(&node) {
+                        order.lock().unwrap().push(node.clone());
+                    }
+                    pulling.insert(node, !finished);
+                }
+                let now = pulling.values().filter(|p| **p).count();
+                let mut max = max.lock().unwrap();
+                *max = (*max).max(now);
+            }
+        });
+        Self {
+            max_pulling,
+            started,
+            task,
+        }
+    }
+}
+
+#[tokio::test]
+async fn parallelism_two_over_six_nodes_never_has_more_than_two_pulling() {
+    let env = env("ipj-par").await;
+    let nodes = env.nodes(6).await;
+    let watch = PullingWatch::start(&env, "nginx", "par");
+    env.job("pull", spec("nginx:par", env.selector(), 2)).await;
+    let mut answered = HashSet::new();
+    while answered.len() < nodes.len() {
+        // Answer whichever node has been started, one at a time.
+        let api = env.nodeimages();
+        let next = wait_for("a started node", TIMEOUT, || {
+            let (api, answered, nodes) = (api.clone(), &answered, &nodes);
+            async move {
+                for node in nodes.iter().filter(|n| !answered.contains(*n)) {
+                    if tag_entry(&api.get(node).await.ok()?, "nginx", "par").is_some() {
+                        return Some(node.clone());
+                    }
+                }
+                None
+            }
+        })
+        .await;
+        env.report(&next, "nginx", "par", "Succeeded").await;
+        answered.insert(next);
+    }
+    env.wait_job("pull", "the job to complete", completed).await;
+    watch.task.abort();
+    let max = *watch.max_pulling.lock().unwrap();
+    assert!(max <= 2, "{max} nodes were pulling at once");
+    assert_eq!(max, 2, "parallelism 2 should be used");
+    let mut sorted = nodes.clone();
+    sorted.sort();
+    assert_eq!(
+        *watch.started.lock().unwrap(),
+        sorted,
+        "label-selected nodes start in name order"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_node_lands_in_failed_nodes() {
+    let env = env("ipj-fail").await;
+    let nodes = env.nodes(2).await;
+    env.job("pull", spec("nginx:f", env.selector(), 2)).await;
+    env.report(&nodes[0], "nginx", "f", "Succeeded").await;
+    env.report(&nodes[1], "nginx", "f", "Failed").await;
+    let job = env.wait_job("pull", "the job to complete", completed).await;
+    let status = job.status.expect("status");
+    assert_eq!((status.succeeded, status.failed), (1, 1));
+    assert_eq!(status.failed_nodes, [nodes[1].clone()]);
+}
+
+#[tokio::test]
+async fn the_active_deadline_ends_a_job_whose_nodes_do_not_answer() {
+    let env = env("ipj-deadline").await;
+    env.nodes(2).await;
+    let mut s = spec("nginx:d", env.selector(), 2);
+    s.completion_policy = CompletionPolicy {
+        active_deadline_seconds: Some(2),
+        ..Default::default()
+    };
+    env.job("pull", s).await;
+    let job = env
+        .wait_job("pull", "the deadline to end the job", completed)
+        .await;
+    let status = job.status.expect("status");
+    assert_eq!(
+        status.message.as_deref(),
+        Some("job exceeds activeDeadlineSeconds")
+    );
+    assert_eq!((status.failed, status.succeeded, status.active), (2, 0, 0));
+}
+
+#[tokio::test]
+async fn ttl_deletes_a_finished_job_and_its_tags_are_collected() {
+    let env = env("ipj-ttl").await;
+    let nodes = env.nodes(1).await;
+    let mut s = spec("nginx:ttl", env.selector(), 1);
+    s.completion_policy = CompletionPolicy {
+        ttl_seconds_after_finished: Some(1),
+        ..Default::default()
+    };
+    env.job("pull", s).await;
+    env.report(&nodes[0], "nginx", "ttl", "Succeeded").await;
+    let jobs = env.jobs();
+    wait_for("the finished job to be deleted", TIMEOUT, || {
+        let jobs = jobs.clone();
+        async move {
+            matches!(jobs.get("pull").await, Err(kube::Error::Api(s)) if s.code == 404)
+                .then_some(())
+        }
+    })
+    .await;
+    let api = env.nodeimages();
+    let node = nodes[0].clone();
+    wait_for("the deleted job's tag to be collected", TIMEOUT, || {
+        let (api, node) = (api.clone(), node.clone());
+        async move {
+            api.get(&node)
+                .await
+                .ok()
+                .filter(|ni| !ni.spec.images.contains_key("nginx"))
+                .map(|_| ())
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_never_job_picks_up_a_node_added_later() {
+    let env = env("ipj-never").await;
+    let nodes = env.nodes(1).await;
+    let mut s = spec("nginx:nv", env.selector(), 5);
+    s.completion_policy = CompletionPolicy {
+        type_: Some(CompletionPolicyType::Never),
+        ..Default::default()
+    };
+    env.job("pull", s).await;
+    env.report(&nodes[0], "nginx", "nv", "Succeeded").await;
+    env.wait_job("pull", "one node done", |j| {
+        j.status.as_ref().is_some_and(|s| s.succeeded == 1)
+    })
+    .await;
+    let late = env.node(&format!("{}-late", env.run)).await;
+    let entry = env.wait_entry(&late, "nginx", "nv").await;
+    assert_eq!(
+        entry.pull_policy.and_then(|p| p.active_deadline_seconds),
+        Some(1800)
+    );
+    let job = env
+        .wait_job("pull", "desired to include the new node", |j| {
+            j.status.as_ref().is_some_and(|s| s.desired == 2)
+        })
+        .await;
+    assert!(!completed(&job), "a Never job never completes");
+}
+
+#[tokio::test]
+async fn jobs_sharing_a_node_and_an_image_lose_nothing() {
+    let env = env("ipj-share").await;
+    let nodes = env.nodes(3).await;
+    let sandbox = kruise_rs::apis::common::SandboxConfig {
+        labels: BTreeMap::from([("app".to_owned(), "foo".to_owned())]),
+        annotations: BTreeMap::from([(
+            "io.kubernetes.image.metrics.tags".to_owned(),
+            "app=foo".to_owned(),
+        )]),
+    };
+    // Four jobs at once, on the same nodes: two tags of one image, one tag asked twice.
+    let mut with_sandbox = spec("nginx:a", env.selector(), 10);
+    with_sandbox.sandbox_config = Some(sandbox.clone());
+    let (a, b, c, d) = tokio::join!(
+        env.job("a", with_sandbox),
+        env.job("b", spec("nginx:b", env.selector(), 10)),
+        env.job("c", spec("docker.io/library/nginx:a", env.selector(), 10)),
+        env.job("d", spec("redis:7", env.selector(), 10)),
+    );
+    let uid = |j: &ImagePullJob| j.metadata.uid.clone().unwrap();
+    for node in &nodes {
+        let api = env.nodeimages();
+        let ni = wait_for(&format!("all four jobs on {node}"), TIMEOUT, || {
+            let api = api.clone();
+            let want = [uid(&a), uid(&b), uid(&c), uid(&d)];
+            async move {
+                let ni = api.get(node).await.ok()?;
+                let owners: HashSet<String> = ni
+                    .spec
+                    .images
+                    .values()
+                    .flat_map(|i| &i.tags)
+                    .flat_map(|t| &t.owner_references)
+                    .filter_map(|o| o.uid.clone())
+                    .collect();
+                want.iter().all(|u| owners.contains(u)).then_some(ni)
+            }
+        })
+        .await;
+        let nginx = &ni.spec.images["nginx"];
+        let tags: Vec<&str> = nginx.tags.iter().map(|t| t.tag.as_str()).collect();
+        assert_eq!(tags, ["a", "b"]);
+        assert_eq!(
+            nginx.tags[0].owner_references.len(),
+            2,
+            "jobs a and c share nginx:a"
+        );
+        assert_eq!(
+            nginx.sandbox_config.as_ref(),
+            Some(&sandbox),
+            "job b's missing sandboxConfig wipes nothing"
+        );
+        assert!(ni.spec.images.contains_key("redis"));
+    }
+}
+
+#[tokio::test]
+async fn a_pod_selector_job_follows_the_pods_nodes_in_order() {
+    let env = env("ipj-pods").await;
+    let nodes = env.nodes(3).await;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    // Created in this order, so oldest first (the name breaks same-second ties): n2, n0, n1.
+    for (i, node) in [&nodes[2], &nodes[0], &nodes[1]].into_iter().enumerate() {
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(format!("web-{i}")),
+                labels: Some(BTreeMap::from([("app".to_owned(), "web".to_owned())])),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(node.clone()),
+                containers: vec![Container {
+                    name: "web".into(),
+                    image: Some("nginx".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .expect("create pod");
+    }
+    let watch = PullingWatch::start(&env, "nginx", "pods");
+    let mut s = spec("nginx:pods", None, 1);
+    s.pod_selector = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+            match_labels: Some(BTreeMap::from([("app".to_owned(), "web".to_owned())])),
+            ..Default::default()
+        },
+    );
+    env.job("pull", s).await;
+    for node in [&nodes[2], &nodes[0], &nodes[1]] {
+        env.report(node, "nginx", "pods", "Succeeded").await;
+    }
+    env.wait_job("pull", "the job to complete", completed).await;
+    watch.task.abort();
+    assert_eq!(
+        *watch.started.lock().unwrap(),
+        [nodes[2].clone(), nodes[0].clone(), nodes[1].clone()]
+    );
+}
+
+#[tokio::test]
+async fn the_seed_job_puts_its_sandbox_config_on_every_target_nodeimage() {
+    let env = env("ipj-seed").await;
+    let nodes = env.nodes(2).await;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/seed-003-imagepulljob.yaml");
+    let mut seed: ImagePullJob =
+        serde_yaml::from_str(&std::fs::read_to_string(path).expect("seed")).expect("parses");
+    // The seed targets every node in the cluster; keep it to this test's nodes.
+    seed.spec.selector = env.selector();
+    seed.metadata.namespace = None;
+    env.jobs()
+        .create(&PostParams::default(), &seed)
+        .await
+        .expect("create seed job");
+    for node in &nodes {
+        env.wait_entry(node, "nginx", "latest").await;
+        let ni = env.nodeimages().get(node).await.expect("nodeimage");
+        let sandbox = ni.spec.images["nginx"]
+            .sandbox_config
+            .clone()
+            .expect("sandboxConfig on the NodeImage");
+        assert_eq!(sandbox.labels["app"], "foo");
+        assert_eq!(
+            sandbox.annotations["io.kubernetes.image.metrics.tags"],
+            "app=foo"
+        );
+    }
+}
+
+#[tokio::test]
+async fn digest_and_registry_with_port_images_get_upstreams_keys() {
+    let env = env("ipj-refs").await;
+    let nodes = env.nodes(1).await;
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    env.job(
+        "by-digest",
+        spec(
+            &format!("127.0.0.1:5000/team/app@{digest}"),
+            env.selector(),
+            1,
+        ),
+    )
+    .await;
+    env.job(
+        "by-tag",
+        spec("127.0.0.1:5000/team/app:1", env.selector(), 1),
+    )
+    .await;
+    env.wait_entry(&nodes[0], "127.0.0.1:5000/team/app", &digest)
+        .await;
+    env.wait_entry(&nodes[0], "127.0.0.1:5000/team/app", "1")
+        .await;
+}
+
+#[tokio::test]
+async fn an_invalid_image_is_reported_on_the_job() {
+    let env = env("ipj-bad").await;
+    env.nodes(1).await;
+    env.job("bad", spec("Not A/Valid::Image", env.selector(), 1))
+        .await;
+    let job = env
+        .wait_job("bad", "a message about the image", |j| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.message.as_deref())
+                .is_some_and(|m| m.starts_with("spec.image"))
+        })
+        .await;
+    assert!(!completed(&job));
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(env.client.clone(), &env.ns);
+    wait_for("a Warning event InvalidImage", TIMEOUT, || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("InvalidImage") && e.type_.as_deref() == Some("Warning")
+            })
+        }
+    })
+    .await;
+}
