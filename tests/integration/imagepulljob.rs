@@ -556,3 +556,132 @@ async fn an_invalid_image_is_reported_on_the_job() {
     })
     .await;
 }
+
+async fn registry_secret(env: &Env, name: &str) {
+    let secret = k8s_openapi::api::core::v1::Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/dockerconfigjson".into()),
+        string_data: Some(BTreeMap::from([(
+            ".dockerconfigjson".to_owned(),
+            r#"{"auths":{"127.0.0.1:5000":{"auth":"dXNlcjpwYXNz"}}}"#.to_owned(),
+        )])),
+        ..Default::default()
+    };
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(env.client.clone(), &env.ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create secret");
+}
+
+#[tokio::test]
+async fn pull_secrets_are_copied_for_the_daemons_and_released_when_the_job_finishes() {
+    use kruise_rs::controllers::imagepulljob::secrets::copy_name;
+    let env = env("ipj-secret").await;
+    let nodes = env.nodes(1).await;
+    registry_secret(&env, "reg").await;
+    let mut s = spec("127.0.0.1:5000/private/app:1", env.selector(), 1);
+    s.pull_secrets = vec!["reg".into()];
+    env.job("pull", s).await;
+
+    let daemon_ns = support::test_controller_options().daemon_config_namespace;
+    let copies: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(env.client.clone(), &daemon_ns);
+    let copy = copy_name(&env.ns, "reg");
+    let secret = wait_for("the secret copy", TIMEOUT, || {
+        let (copies, copy) = (copies.clone(), copy.clone());
+        async move { copies.get_opt(&copy).await.ok().flatten() }
+    })
+    .await;
+    let annotations = secret.annotations();
+    assert_eq!(
+        annotations["imagepulljobs.kruise.io/source-key"],
+        format!("{}/reg", env.ns)
+    );
+    assert_eq!(
+        annotations["imagepulljobs.kruise.io/references"],
+        format!("{}/pull", env.ns)
+    );
+    assert!(
+        secret
+            .data
+            .is_some_and(|d| d.contains_key(".dockerconfigjson"))
+    );
+
+    env.wait_entry(&nodes[0], "127.0.0.1:5000/private/app", "1")
+        .await;
+    let ni = env.nodeimages().get(&nodes[0]).await.expect("nodeimage");
+    let refs = &ni.spec.images["127.0.0.1:5000/private/app"].pull_secrets;
+    assert_eq!(refs.len(), 1);
+    assert_eq!(
+        (refs[0].namespace.as_deref(), refs[0].name.as_deref()),
+        (Some(daemon_ns.as_str()), Some(copy.as_str()))
+    );
+    let job = env.jobs().get("pull").await.expect("job");
+    assert!(
+        job.finalizers()
+            .iter()
+            .any(|f| f == "apps.kruise.io/deletion-protection")
+    );
+
+    env.report(&nodes[0], "127.0.0.1:5000/private/app", "1", "Succeeded")
+        .await;
+    env.wait_job("pull", "the job to complete and drop its finalizer", |j| {
+        completed(j) && j.finalizers().is_empty()
+    })
+    .await;
+    wait_for("the unused copy to be deleted", TIMEOUT, || {
+        let (copies, copy) = (copies.clone(), copy.clone());
+        async move {
+            copies
+                .get_opt(&copy)
+                .await
+                .ok()
+                .filter(Option::is_none)
+                .map(|_| ())
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deleting_a_running_job_releases_its_secret_copies() {
+    use kruise_rs::controllers::imagepulljob::secrets::copy_name;
+    let env = env("ipj-secdel").await;
+    env.nodes(1).await;
+    registry_secret(&env, "reg").await;
+    let mut s = spec("127.0.0.1:5000/private/app:2", env.selector(), 1);
+    s.pull_secrets = vec!["reg".into()];
+    env.job("pull", s).await;
+    let daemon_ns = support::test_controller_options().daemon_config_namespace;
+    let copies: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(env.client.clone(), &daemon_ns);
+    let copy = copy_name(&env.ns, "reg");
+    wait_for("the secret copy", TIMEOUT, || {
+        let (copies, copy) = (copies.clone(), copy.clone());
+        async move { copies.get_opt(&copy).await.ok().flatten() }
+    })
+    .await;
+    env.jobs()
+        .delete("pull", &Default::default())
+        .await
+        .expect("delete job");
+    let jobs = env.jobs();
+    wait_for("the job to be gone", TIMEOUT, || {
+        let jobs = jobs.clone();
+        async move {
+            jobs.get_opt("pull")
+                .await
+                .ok()
+                .filter(Option::is_none)
+                .map(|_| ())
+        }
+    })
+    .await;
+    assert!(
+        copies.get_opt(&copy).await.expect("read").is_none(),
+        "the copy is released before the job goes"
+    );
+}

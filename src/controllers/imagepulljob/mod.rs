@@ -12,6 +12,7 @@
 //! never counts a node it just started as not started, and `parallelism` holds exactly.
 
 pub mod entry;
+pub mod secrets;
 pub mod status;
 pub mod targets;
 
@@ -33,6 +34,7 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::{info, warn};
 
 use self::entry::{JobRequest, with_job_entry};
+use self::secrets::SecretsError;
 use self::status::{compute_status, next_deadline, nodes_to_start, parallelism};
 use self::targets::{NodeState, Target, node_state, select_nodes};
 use super::ControllerOptions;
@@ -40,6 +42,7 @@ use super::backoff::Backoff;
 use super::nodeimage_images::{ImagesWriteError, update_images};
 use crate::apis::imagepulljob::{ImagePullJob, ImagePullJobStatus};
 use crate::apis::nodeimage::NodeImage;
+use crate::apis::well_known::DELETION_PROTECTION_FINALIZER;
 use crate::image::ImageRef;
 
 /// Field manager of everything this controller writes.
@@ -51,6 +54,14 @@ pub enum Error {
     WriteNodeImage(#[from] ImagesWriteError),
     #[error("writing the status of ImagePullJob {name}")]
     WriteStatus {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Secrets(#[from] SecretsError),
+    #[error("updating the finalizers of ImagePullJob {name}")]
+    Finalizer {
         name: String,
         #[source]
         source: kube::Error,
@@ -268,15 +279,36 @@ async fn reconcile(job: Arc<ImagePullJob>, ctx: Arc<Context>) -> Result<Action, 
 }
 
 async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Error> {
-    if job.metadata.deletion_timestamp.is_some() {
-        // Its NodeImage entries are collected by the NodeImage controller once it is gone.
-        return Ok(Action::await_change());
-    }
     let name = job.name_any();
     let namespace = job.namespace().unwrap_or_default();
     let jobs: Api<ImagePullJob> = Api::namespaced(ctx.client.clone(), &namespace);
+    let daemon_ns = ctx.opts.daemon_config_namespace.as_str();
+
+    if job.metadata.deletion_timestamp.is_some() {
+        // Its NodeImage entries are collected by the NodeImage controller once it is gone; the
+        // secret copies are ours to release.
+        secrets::release(
+            &ctx.client,
+            daemon_ns,
+            &namespace,
+            &name,
+            &job.spec.pull_secrets,
+        )
+        .await?;
+        set_finalizer(&jobs, job, false).await?;
+        return Ok(Action::await_change());
+    }
 
     if let Some(status) = job.status.as_ref().filter(|s| s.completion_time.is_some()) {
+        secrets::release(
+            &ctx.client,
+            daemon_ns,
+            &namespace,
+            &name,
+            &job.spec.pull_secrets,
+        )
+        .await?;
+        set_finalizer(&jobs, job, false).await?;
         return match next_deadline(job, status) {
             Some(expiry) if expiry <= Timestamp::now() => {
                 info!(job = %key(job), "deleting the finished job: ttlSecondsAfterFinished passed");
@@ -309,6 +341,30 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
         Err(msg) => return refuse(job, ctx, &jobs, "InvalidParallelism", msg).await,
     };
 
+    // The daemons may read secrets only in their own namespace: copy the job's there, and keep
+    // the job from vanishing before the copies are released.
+    let pull_secrets = if job.spec.pull_secrets.is_empty() {
+        Vec::new()
+    } else {
+        set_finalizer(&jobs, job, true).await?;
+        let (refs, missing) = secrets::claim(
+            &ctx.client,
+            daemon_ns,
+            &namespace,
+            &name,
+            &job.spec.pull_secrets,
+        )
+        .await?;
+        if !missing.is_empty() {
+            let note = format!(
+                "spec.pullSecrets: Secret {} not found in namespace {namespace}; pulling without it",
+                missing.join(", ")
+            );
+            publish(ctx, job, EventType::Warning, "PullSecretNotFound", note).await;
+        }
+        refs
+    };
+
     let all_nodeimages: Vec<Arc<NodeImage>> = ctx
         .nodeimages
         .state()
@@ -332,13 +388,19 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
         job,
         image.familiar_name().to_owned(),
         image.nodeimage_tag().to_owned(),
-        Vec::new(),
+        pull_secrets,
     );
     let job_uid = job.metadata.uid.clone().unwrap_or_default();
     let mut targets: Vec<Target> = nodes
         .into_iter()
         .filter_map(|node| {
-            let state = node_state(by_name.get(&node)?, &req.name, &req.tag, &job_uid);
+            let state = node_state(
+                by_name.get(&node)?,
+                &req.name,
+                &req.tag,
+                &job_uid,
+                &req.pull_secrets,
+            );
             Some(Target { node, state })
         })
         .collect();
@@ -431,18 +493,63 @@ async fn refuse(
     message: String,
 ) -> Result<Action, Error> {
     warn!(job = %key(job), reason, %message, "job cannot run");
+    publish(ctx, job, EventType::Warning, reason, message.clone()).await;
+    let mut status = job.status.clone().unwrap_or_default();
+    status.message = Some(message);
+    write_status(jobs, job, &status).await?;
+    Ok(Action::await_change())
+}
+
+/// Publishes an event on the job; failing to is logged, never fatal.
+async fn publish(ctx: &Context, job: &ImagePullJob, type_: EventType, reason: &str, note: String) {
     let event = Event {
-        type_: EventType::Warning,
+        type_,
         reason: reason.to_owned(),
-        note: Some(message.clone()),
+        note: Some(note),
         action: "Reconcile".into(),
         secondary: None,
     };
     if let Err(err) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
         warn!(job = %key(job), error = %err, "cannot publish an event");
     }
-    let mut status = job.status.clone().unwrap_or_default();
-    status.message = Some(message);
-    write_status(jobs, job, &status).await?;
-    Ok(Action::await_change())
+}
+
+/// Adds or removes upstream's `apps.kruise.io/deletion-protection` finalizer, guarded by the
+/// job's resourceVersion so a concurrent change to the list is never overwritten.
+async fn set_finalizer(
+    jobs: &Api<ImagePullJob>,
+    job: &ImagePullJob,
+    present: bool,
+) -> Result<(), Error> {
+    let mut finalizers = job.finalizers().to_vec();
+    let has = finalizers
+        .iter()
+        .any(|f| f == DELETION_PROTECTION_FINALIZER);
+    if has == present {
+        return Ok(());
+    }
+    if present {
+        finalizers.push(DELETION_PROTECTION_FINALIZER.to_owned());
+    } else {
+        finalizers.retain(|f| f != DELETION_PROTECTION_FINALIZER);
+    }
+    let patch = serde_json::json!({
+        "metadata": { "finalizers": finalizers, "resourceVersion": job.resource_version() }
+    });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    };
+    match jobs
+        .patch(&job.name_any(), &params, &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Gone already: nothing to protect.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(Error::Finalizer {
+            name: job.name_any(),
+            source,
+        }),
+    }
 }

@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use kube::core::{Selector, SelectorExt};
 
 use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::nodeimage::{ImagePullPhase, NodeImage};
+use crate::apis::nodeimage::{ImagePullPhase, NodeImage, ReferenceObject};
 
 /// Where one target node stands for one job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,14 +124,30 @@ pub fn select_nodes<'a>(
     Ok(names)
 }
 
-/// Where `node` stands for the job `job_uid` pulling `tag` of image `name`: synced means the tag
-/// entry lists the job; finished means the node reported a final phase for the entry's version.
-pub fn node_state(nodeimage: &NodeImage, name: &str, tag: &str, job_uid: &str) -> NodeState {
-    let Some(entry) = nodeimage
-        .spec
-        .images
-        .get(name)
-        .and_then(|image| image.tags.iter().find(|t| t.tag == tag))
+/// Where `node` stands for the job `job_uid` pulling `tag` of image `name` with `secrets`:
+/// synced means the tag entry lists the job and the image lists the secrets; finished means the
+/// node reported a final phase for the entry's version.
+pub fn node_state(
+    nodeimage: &NodeImage,
+    name: &str,
+    tag: &str,
+    job_uid: &str,
+    secrets: &[ReferenceObject],
+) -> NodeState {
+    let Some(image) = nodeimage.spec.images.get(name) else {
+        return NodeState::NotSynced;
+    };
+    let has_secrets = secrets.iter().all(|s| {
+        image
+            .pull_secrets
+            .iter()
+            .any(|p| p.namespace == s.namespace && p.name == s.name)
+    });
+    let Some(entry) = image
+        .tags
+        .iter()
+        .find(|t| t.tag == tag)
+        .filter(|_| has_secrets)
     else {
         return NodeState::NotSynced;
     };
@@ -338,7 +354,7 @@ mod tests {
 
     #[test]
     fn node_state_needs_our_owner_reference_and_a_report_for_the_current_version() {
-        let state = |n: &NodeImage| node_state(n, "nginx", "1", "me");
+        let state = |n: &NodeImage| node_state(n, "nginx", "1", "me", &[]);
         assert_eq!(state(&nodeimage("n", &[])), NodeState::NotSynced);
         assert_eq!(
             state(&with_tag("someone-else", 1, None)),
@@ -362,8 +378,18 @@ mod tests {
             state(&with_tag("me", 2, Some((2, ImagePullPhase::Waiting)))),
             NodeState::Pulling
         );
+        let secret = ReferenceObject {
+            namespace: Some("d".into()),
+            name: Some("s".into()),
+            mode: None,
+        };
         assert_eq!(
-            node_state(&with_tag("me", 1, None), "nginx", "2", "me"),
+            node_state(&with_tag("me", 1, None), "nginx", "1", "me", &[secret]),
+            NodeState::NotSynced,
+            "a secret is missing"
+        );
+        assert_eq!(
+            node_state(&with_tag("me", 1, None), "nginx", "2", "me", &[]),
             NodeState::NotSynced,
             "another tag"
         );
