@@ -7,6 +7,10 @@
 //! [`update_images`] re-reads the object and decides again. Status writes by the node daemon do
 //! not conflict with it: unlike a resourceVersion precondition, the tests look only at the data
 //! being replaced. A stale cache costs one refused patch and a GET, never a wait (kruise#1528).
+//!
+//! The tested values must be the stored JSON exactly. Our types re-serialize some values
+//! differently from how other writers stored them (a `createdAt` with fractions of a second comes
+//! back without them), so after a refusal the object is read raw and the tests quote it.
 
 use std::collections::BTreeMap;
 
@@ -14,7 +18,7 @@ use json_patch::{
     AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation, TestOperation,
 };
 use jsonptr::PointerBuf;
-use kube::api::{Api, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, PatchParams};
 use serde_json::Value;
 
 use crate::apis::nodeimage::{ImageSpec, NodeImage};
@@ -29,6 +33,12 @@ pub enum ImagesWriteError {
     NotFound { name: String },
     #[error("NodeImage {name} kept changing under us; gave up after {ATTEMPTS} attempts")]
     TooManyConflicts { name: String },
+    #[error("NodeImage {name} does not match its schema")]
+    Unreadable {
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("writing NodeImage {name}")]
     Kube {
         name: String,
@@ -46,12 +56,19 @@ fn to_value(spec: &ImageSpec) -> Value {
 }
 
 /// The guarded JSON Patch that turns `old` (what the writer last saw, with its
-/// `resource_version`) into `new`; `None` when they are equal.
+/// `resource_version`, and as stored: `old_raw`, when known) into `new`; `None` when equal.
 pub fn images_patch(
     old: &BTreeMap<String, ImageSpec>,
+    old_raw: Option<&serde_json::Map<String, Value>>,
     resource_version: Option<&str>,
     new: &BTreeMap<String, ImageSpec>,
 ) -> Option<Patch> {
+    let stored = |name: &str, typed: &ImageSpec| {
+        old_raw
+            .and_then(|raw| raw.get(name))
+            .cloned()
+            .unwrap_or_else(|| to_value(typed))
+    };
     if old == new {
         return None;
     }
@@ -76,8 +93,10 @@ pub fn images_patch(
     let adds_an_image = new.keys().any(|k| !old.contains_key(k));
     if adds_an_image {
         // A new key must still be absent: test the whole map as we saw it.
-        let images: serde_json::Map<String, Value> =
-            old.iter().map(|(k, v)| (k.clone(), to_value(v))).collect();
+        let images: serde_json::Map<String, Value> = match old_raw {
+            Some(raw) => raw.clone(),
+            None => old.iter().map(|(k, v)| (k.clone(), to_value(v))).collect(),
+        };
         ops.push(PatchOperation::Test(TestOperation {
             path: images_path(&[]),
             value: Value::Object(images),
@@ -89,7 +108,7 @@ pub fn images_patch(
             after => {
                 ops.push(PatchOperation::Test(TestOperation {
                     path: images_path(&[name]),
-                    value: to_value(before),
+                    value: stored(name, before),
                 }));
                 ops.push(match after {
                     Some(after) => PatchOperation::Replace(ReplaceOperation {
@@ -138,13 +157,19 @@ where
         name: name.clone(),
         source,
     };
+    let raw_api: Api<DynamicObject> = Api::all_with(
+        api.clone().into_client(),
+        &ApiResource::erase::<NodeImage>(&()),
+    );
     let mut current = current;
+    let mut current_raw: Option<serde_json::Map<String, Value>> = None;
     for _ in 0..ATTEMPTS {
         let Some(new) = decide(&current) else {
             return Ok(None);
         };
         let Some(patch) = images_patch(
             &current.spec.images,
+            current_raw.as_ref(),
             current.metadata.resource_version.as_deref(),
             &new,
         ) else {
@@ -161,13 +186,24 @@ where
             Ok(written) => return Ok(Some(written)),
             Err(err) if is_not_found(&err) => return Err(ImagesWriteError::NotFound { name }),
             Err(err) if is_conflict(&err) => {
-                current = match api.get(&name).await {
+                let raw = match raw_api.get(&name).await {
                     Ok(fresh) => fresh,
                     Err(err) if is_not_found(&err) => {
                         return Err(ImagesWriteError::NotFound { name });
                     }
                     Err(err) => return Err(kube_err(err)),
                 };
+                let value = serde_json::to_value(&raw).expect("an object always serializes");
+                current_raw = value
+                    .pointer("/spec/images")
+                    .and_then(Value::as_object)
+                    .cloned();
+                current = serde_json::from_value(value).map_err(|source| {
+                    ImagesWriteError::Unreadable {
+                        name: name.clone(),
+                        source,
+                    }
+                })?;
             }
             Err(err) => return Err(kube_err(err)),
         }
@@ -203,13 +239,13 @@ mod tests {
     #[test]
     fn no_change_no_patch() {
         let images = BTreeMap::from([("nginx".to_owned(), image(&["1"]))]);
-        assert!(images_patch(&images, Some("5"), &images).is_none());
+        assert!(images_patch(&images, None, Some("5"), &images).is_none());
     }
 
     #[test]
     fn the_first_image_is_guarded_by_the_resource_version() {
         let new = BTreeMap::from([("nginx".to_owned(), image(&["1"]))]);
-        let patch = images_patch(&BTreeMap::new(), Some("7"), &new).expect("a patch");
+        let patch = images_patch(&BTreeMap::new(), None, Some("7"), &new).expect("a patch");
         let doc = json!({"metadata": {"resourceVersion": "7"}, "spec": {}});
         let out = apply(&doc, &patch).expect("applies");
         assert_eq!(out["spec"]["images"]["nginx"]["tags"][0]["tag"], "1");
@@ -228,7 +264,7 @@ mod tests {
         ]);
         let mut new = old.clone();
         new.insert("ghcr.io/org/app".into(), image(&["v1", "v2"]));
-        let patch = images_patch(&old, Some("1"), &new).expect("a patch");
+        let patch = images_patch(&old, None, Some("1"), &new).expect("a patch");
         let doc = json!({"spec": {"images": serde_json::to_value(&old).unwrap()}});
         let out = apply(&doc, &patch).expect("applies");
         assert_eq!(out["spec"]["images"], serde_json::to_value(&new).unwrap());
@@ -253,12 +289,31 @@ mod tests {
         let old = BTreeMap::from([("nginx".to_owned(), image(&["1"]))]);
         let mut new = old.clone();
         new.insert("redis".into(), image(&["7"]));
-        let patch = images_patch(&old, None, &new).expect("a patch");
+        let patch = images_patch(&old, None, None, &new).expect("a patch");
         let doc = json!({"spec": {"images": serde_json::to_value(&old).unwrap()}});
         assert!(apply(&doc, &patch).is_ok());
         let mut racing = doc.clone();
         racing["spec"]["images"]["redis"] = json!({"tags": [{"tag": "6"}]});
         assert!(apply(&racing, &patch).is_err());
+    }
+
+    #[test]
+    fn tests_quote_the_stored_json_when_known() {
+        // Stored with fractions of a second, which our types would not write back.
+        let stored =
+            json!({"nginx": {"tags": [{"tag": "1", "createdAt": "2026-01-01T00:00:00.123456Z"}]}});
+        let old: BTreeMap<String, ImageSpec> = serde_json::from_value(stored.clone()).unwrap();
+        let new = BTreeMap::from([("nginx".to_owned(), image(&["2"]))]);
+        let doc = json!({"spec": {"images": stored}});
+        let typed_only = images_patch(&old, None, None, &new).expect("a patch");
+        assert!(
+            apply(&doc, &typed_only).is_err(),
+            "re-serialized values miss the fractions"
+        );
+        let raw = doc["spec"]["images"].as_object().unwrap();
+        let quoted = images_patch(&old, Some(raw), None, &new).expect("a patch");
+        let out = apply(&doc, &quoted).expect("applies");
+        assert_eq!(out["spec"]["images"]["nginx"]["tags"][0]["tag"], "2");
     }
 
     #[test]
@@ -268,7 +323,7 @@ mod tests {
             ("nginx".to_owned(), image(&["1"])),
         ]);
         let new = BTreeMap::from([("nginx".to_owned(), image(&["1"]))]);
-        let patch = images_patch(&old, None, &new).expect("a patch");
+        let patch = images_patch(&old, None, None, &new).expect("a patch");
         let doc = json!({"spec": {"images": serde_json::to_value(&old).unwrap()}});
         let out = apply(&doc, &patch).expect("applies");
         assert_eq!(out["spec"]["images"], serde_json::to_value(&new).unwrap());

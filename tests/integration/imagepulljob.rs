@@ -118,9 +118,13 @@ impl Env {
     /// Plays the node daemon: reports `phase` for the current version of `image`/`tag`.
     async fn report(&self, node: &str, image: &str, tag: &str, phase: &str) {
         let entry = self.wait_entry(node, image, tag).await;
+        // Finished now: an old completion time would let the tag's TTL collect it at once.
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
         let status = json!({"status": {"imageStatuses": {image: {"tags": [{
             "tag": tag, "phase": phase, "version": entry.version.unwrap_or(0),
-            "completionTime": "2026-01-01T00:00:00Z"
+            "completionTime": now
         }]}}}});
         self.nodeimages()
             .patch_status(node, &PatchParams::default(), &Patch::Merge(&status))

@@ -1,0 +1,420 @@
+//! ImagePullJob fan-out at scale, against a real kube-apiserver on loopback.
+//!
+//! `cargo bench --bench imagepulljob_fanout` (env `NODES`, default 5000):
+//! 1. starts a local control plane (tests/controlplane/start.sh) and `kruise-rs manager` as a
+//!    child process (release build);
+//! 2. creates NODES Ready Node objects and waits for the manager to create their NodeImages;
+//! 3. baseline: a plain client merge-patches one tag entry into every NodeImage, one after the
+//!    other, and is timed;
+//! 4. an ImagePullJob over every node at parallelism NODES: time until every NodeImage carries
+//!    the tag, and NodeImage PATCH requests per node (from the apiserver's own metrics);
+//! 5. the same at parallelism 50, with this program playing the node daemons (each node reports
+//!    Succeeded as soon as its entry appears);
+//! 6. the manager's peak RSS (VmHWM).
+//!
+//! Figures are printed with their ratio to the baseline; nothing is asserted.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus};
+use kruise_rs::apis::imagepulljob::{ImagePullJob, ImagePullJobSpec};
+use kruise_rs::apis::nodeimage::NodeImage;
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Config, ResourceExt};
+use serde_json::json;
+
+const NAMESPACE: &str = "default";
+const LABEL: &str = "kruise-rs-bench";
+
+type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
+
+fn main() -> Result<()> {
+    let nodes: usize = std::env::var("NODES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(5000);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(bench(nodes))
+}
+
+struct ControlPlane {
+    state: tempfile::TempDir,
+    kubeconfig: String,
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let stop = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/controlplane/stop.sh");
+        let _ = Command::new(stop).arg(self.state.path()).status();
+    }
+}
+
+fn start_control_plane() -> Result<ControlPlane> {
+    let state = tempfile::Builder::new()
+        .prefix("kruise-rs-bench-")
+        .tempdir()?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/controlplane/start.sh");
+    let out = Command::new(script)
+        .arg("--owner-pid")
+        .arg(std::process::id().to_string())
+        .arg(state.path())
+        .stdin(Stdio::null())
+        .output()?;
+    if !out.status.success() {
+        return Err(format!("start.sh failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    let kubeconfig = String::from_utf8(out.stdout)?.trim().to_owned();
+    Ok(ControlPlane { state, kubeconfig })
+}
+
+async fn client(kubeconfig: &str) -> Result<Client> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let mut config = Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    // The bench measures the manager, not client-side throttling of its own driver.
+    config.read_timeout = Some(Duration::from_secs(120));
+    Ok(Client::try_from(config)?)
+}
+
+/// Sum of the apiserver's `apiserver_request_total` for PATCHes of nodeimages, by status code.
+async fn nodeimage_patches(client: &Client) -> Result<BTreeMap<String, f64>> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(req).await?;
+    let mut by_code = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        if !(line.contains("resource=\"nodeimages\"") && line.contains("verb=\"PATCH\"")) {
+            continue;
+        }
+        let code = line
+            .split("code=\"")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+            .unwrap_or("?");
+        let value: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        *by_code.entry(code.to_owned()).or_insert(0.0) += value;
+    }
+    Ok(by_code)
+}
+
+fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .collect()
+}
+
+async fn create_nodes(client: &Client, n: usize) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let nodes = nodes.clone();
+            async move {
+                let name = format!("bench-node-{i:05}");
+                let node = Node {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        labels: Some(BTreeMap::from([
+                            (LABEL.to_owned(), "true".to_owned()),
+                            ("kubernetes.io/hostname".to_owned(), name.clone()),
+                        ])),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                nodes.create(&PostParams::default(), &node).await?;
+                let status = NodeStatus {
+                    conditions: Some(vec![NodeCondition {
+                        type_: "Ready".into(),
+                        status: "True".into(),
+                        last_transition_time: Some(
+                            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                                k8s_openapi::jiff::Timestamp::now(),
+                            ),
+                        ),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                };
+                nodes
+                    .patch_status(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({ "status": status })),
+                    )
+                    .await?;
+                Ok::<_, kube::Error>(())
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(())
+}
+
+/// Waits until `count(nodeimages)` reaches `want`, watching rather than re-listing.
+async fn wait_until(
+    client: &Client,
+    what: &str,
+    want: usize,
+    count: impl Fn(&NodeImage) -> bool,
+) -> Result<Duration> {
+    let start = Instant::now();
+    let api: Api<NodeImage> = Api::all(client.clone());
+    let stream = watcher(api, watcher::Config::default()).applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    let mut done = HashSet::new();
+    while done.len() < want {
+        let ni = tokio::time::timeout(Duration::from_secs(300), stream.try_next())
+            .await
+            .map_err(|_| format!("{what}: stalled at {}/{want}", done.len()))??
+            .ok_or("watch ended")?;
+        if count(&ni) {
+            done.insert(ni.name_any());
+        }
+    }
+    Ok(start.elapsed())
+}
+
+fn has_tag(ni: &NodeImage, image: &str, tag: &str) -> bool {
+    ni.spec
+        .images
+        .get(image)
+        .is_some_and(|i| i.tags.iter().any(|t| t.tag == tag))
+}
+
+/// Plays every node's daemon: reports Succeeded for `image:tag` as soon as it appears.
+fn spawn_daemons(
+    client: Client,
+    image: &'static str,
+    tag: &'static str,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let api: Api<NodeImage> = Api::all(client);
+        let stream = watcher(api.clone(), watcher::Config::default()).applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        let mut answered = HashSet::new();
+        while let Ok(Some(ni)) = stream.try_next().await {
+            let Some(entry) = ni
+                .spec
+                .images
+                .get(image)
+                .and_then(|i| i.tags.iter().find(|t| t.tag == tag))
+            else {
+                continue;
+            };
+            if !answered.insert((ni.name_any(), entry.version)) {
+                continue;
+            }
+            let now = k8s_openapi::jiff::fmt::strtime::format(
+                "%Y-%m-%dT%H:%M:%SZ",
+                k8s_openapi::jiff::Timestamp::now(),
+            )
+            .unwrap_or_default();
+            let status = json!({"status": {"imageStatuses": {image: {"tags": [{
+                "tag": tag, "phase": "Succeeded", "version": entry.version.unwrap_or(0),
+                "completionTime": now
+            }]}}}});
+            let _ = api
+                .patch_status(
+                    &ni.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&status),
+                )
+                .await;
+        }
+    })
+}
+
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
+async fn bench(n: usize) -> Result<()> {
+    println!("imagepulljob fan-out over {n} nodes");
+    let cp = start_control_plane()?;
+    let client = client(&cp.kubeconfig).await?;
+    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+    let kubectl = cp.state.path().join("bin/kubectl");
+    let status = Command::new(&kubectl)
+        .args([
+            "--kubeconfig",
+            &cp.kubeconfig,
+            "apply",
+            "--server-side",
+            "-f",
+        ])
+        .arg(&crds)
+        .stdout(Stdio::null())
+        .status()?;
+    if !status.success() {
+        return Err("installing the CRDs failed".into());
+    }
+    Command::new(&kubectl)
+        .args([
+            "--kubeconfig",
+            &cp.kubeconfig,
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+        ])
+        .stdout(Stdio::null())
+        .status()?;
+
+    let manager = ChildGuard(
+        Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
+            .args([
+                "manager",
+                "--kubeconfig",
+                &cp.kubeconfig,
+                "--probe-addr",
+                "127.0.0.1:0",
+                "--nodeimage-creation-delay",
+                "0",
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()?,
+    );
+
+    let t = Instant::now();
+    create_nodes(&client, n).await?;
+    println!(
+        "  {n} Ready nodes created in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let d = wait_until(&client, "NodeImages created", n, |_| true).await?;
+    println!(
+        "  {n} NodeImages created by the manager {:.1} s after the last node",
+        d.as_secs_f64()
+    );
+
+    // Baseline: a plain client writing one tag entry into every NodeImage, one after the other.
+    // Its entries name a real job (one that targets no node), so the NodeImage controller keeps
+    // them, and carry the same fields a job's entry does.
+    let jobs: Api<ImagePullJob> = Api::namespaced(client.clone(), NAMESPACE);
+    let idle = ImagePullJobSpec {
+        image: "baseline:1".into(),
+        selector: Some(kruise_rs::apis::imagepulljob::ImagePullJobNodeSelector {
+            names: vec!["no-such-node".into()],
+            ..Default::default()
+        }),
+        completion_policy: kruise_rs::apis::imagepulljob::CompletionPolicy {
+            type_: Some(kruise_rs::apis::imagepulljob::CompletionPolicyType::Never),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let owner = jobs
+        .create(&PostParams::default(), &ImagePullJob::new("baseline", idle))
+        .await?;
+    let owner_uid = owner.metadata.uid.clone().unwrap_or_default();
+    let api: Api<NodeImage> = Api::all(client.clone());
+    let names: Vec<String> = api
+        .list(&ListParams::default().labels(LABEL))
+        .await?
+        .items
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    let now = k8s_openapi::jiff::fmt::strtime::format(
+        "%Y-%m-%dT%H:%M:%SZ",
+        k8s_openapi::jiff::Timestamp::now(),
+    )?;
+    let t = Instant::now();
+    for name in &names {
+        let entry = json!({"spec": {"images": {"baseline": {"tags": [{
+            "tag": "1", "createdAt": now, "version": 0,
+            "ownerReferences": [{"apiVersion": "apps.kruise.io/v1beta1", "kind": "ImagePullJob", "name": "baseline", "namespace": NAMESPACE, "uid": owner_uid}],
+            "pullPolicy": {"timeoutSeconds": 600, "backoffLimit": 3, "ttlSecondsAfterFinished": 2100}
+        }]}}}});
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&entry))
+            .await?;
+    }
+    let baseline = t.elapsed();
+    println!(
+        "  baseline: a plain client wrote {} NodeImages in {:.2} s",
+        names.len(),
+        baseline.as_secs_f64()
+    );
+
+    for (parallelism, image, tag) in [(n as i32, "bench-wide", "1"), (50, "bench-narrow", "1")] {
+        let daemons = (parallelism < n as i32).then(|| spawn_daemons(client.clone(), image, tag));
+        let before = nodeimage_patches(&client).await?;
+        let spec = ImagePullJobSpec {
+            image: format!("{image}:{tag}"),
+            parallelism: Some(
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(parallelism),
+            ),
+            selector: Some(kruise_rs::apis::imagepulljob::ImagePullJobNodeSelector {
+                match_labels: Some(BTreeMap::from([(LABEL.to_owned(), "true".to_owned())])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let t = Instant::now();
+        jobs.create(
+            &PostParams::default(),
+            &ImagePullJob::new(&format!("{image}-job"), spec),
+        )
+        .await?;
+        wait_until(&client, "tags written", n, |ni| has_tag(ni, image, tag)).await?;
+        let took = t.elapsed();
+        // Let in-flight reconciles finish before reading the counters.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let patches = diff(&nodeimage_patches(&client).await?, &before);
+        if let Some(d) = daemons {
+            d.abort();
+        }
+        let ok = patches.get("200").copied().unwrap_or(0.0);
+        let refused: f64 = patches
+            .iter()
+            .filter(|(c, _)| c.as_str() != "200")
+            .map(|(_, v)| v)
+            .sum();
+        println!(
+            "  job at parallelism {parallelism}: every NodeImage carries the tag after {:.2} s ({:.2}x baseline); \
+             NodeImage writes per node: {:.3} (refused patches: {refused})",
+            took.as_secs_f64(),
+            took.as_secs_f64() / baseline.as_secs_f64(),
+            ok / n as f64,
+        );
+    }
+    let rss = peak_rss_mib(manager.0.id());
+    println!(
+        "  manager peak RSS: {}",
+        rss.map_or("unknown".into(), |r| format!("{r:.1} MiB"))
+    );
+    Ok(())
+}
+
+/// The manager process, killed however the bench ends.
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
