@@ -97,6 +97,11 @@ struct ManagerArgs {
         default_value = "kruise-daemon-config"
     )]
     daemon_config_namespace: String,
+
+    /// Manage only the Nodes, NodeImages and ImagePullJobs with these labels (`kubectl -l`
+    /// syntax), e.g. to shard nodes between managers. Default: all.
+    #[arg(long, value_name = "SELECTOR")]
+    label_selector: Option<String>,
 }
 
 /// Parses `90`, `90s`, `10m`, `1h` (a plain number is seconds).
@@ -151,6 +156,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                         args.default_ttl_for_always_nodeimage,
                     ),
                     daemon_config_namespace: args.daemon_config_namespace,
+                    label_selector: args.label_selector,
                 },
             };
             manager::run(opts, shutdown, None).await?;

@@ -27,6 +27,10 @@ pub struct ControllerOptions {
     pub default_ttl_for_always_nodeimage: Duration,
     /// Namespace the node daemons may read pull secrets from; job secrets are copied there.
     pub daemon_config_namespace: String,
+    /// Manage only the Nodes, NodeImages and ImagePullJobs carrying these labels (a label
+    /// selector as `kubectl -l` takes it); `None`: all. For sharding, and for test clusters
+    /// where other tests' objects must be left alone.
+    pub label_selector: Option<String>,
 }
 
 impl Default for ControllerOptions {
@@ -37,6 +41,7 @@ impl Default for ControllerOptions {
             nodeimage_response_timeout: Duration::from_secs(600),
             default_ttl_for_always_nodeimage: Duration::from_secs(300),
             daemon_config_namespace: "kruise-daemon-config".to_owned(),
+            label_selector: None,
         }
     }
 }

@@ -1,5 +1,6 @@
 mod api_objects;
 mod imagepulljob;
 mod manager;
+mod nodeimage;
 mod smoke;
 mod support;

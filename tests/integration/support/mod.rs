@@ -50,11 +50,17 @@ static CONTROLLERS: OnceLock<()> = OnceLock::new();
 /// the daemon answer within a second; the timeout test waits this long.
 pub const TEST_RESPONSE_TIMEOUT: Duration = Duration::from_secs(8);
 
+/// The label the test controllers are confined to: Nodes, NodeImages and ImagePullJobs meant
+/// for them carry it (any value; tests use a unique one). Objects other tests make for other
+/// purposes (a NodeImage read back field by field, a job with no selector) are left alone.
+pub const CONTROLLED_LABEL: &str = "kruise-rs-test";
+
 /// The controller settings every integration test runs with.
 pub fn test_controller_options() -> kruise_rs::controllers::ControllerOptions {
     kruise_rs::controllers::ControllerOptions {
         nodeimage_creation_delay: Duration::ZERO,
         nodeimage_response_timeout: TEST_RESPONSE_TIMEOUT,
+        label_selector: Some(CONTROLLED_LABEL.to_owned()),
         ..Default::default()
     }
 }

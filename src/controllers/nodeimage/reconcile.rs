@@ -1,0 +1,437 @@
+//! The two reconcilers: fetch from the stores, decide with [`logic`], write the result.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use tracing::{debug, info, warn};
+
+use super::logic::{self, FailedTag, Lifecycle};
+use super::{Context, FIELD_MANAGER, patches};
+use crate::apis::imagepulljob::ImagePullJob;
+use crate::apis::nodeimage::{NodeImage, NodeImageSpec};
+use crate::controllers::nodeimage_images::{ImagesWriteError, update_images};
+
+/// How often a refused status patch is re-read and retried within one reconcile.
+const STATUS_ATTEMPTS: usize = 5;
+
+/// Why a reconcile failed; the error policy retries it with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("creating NodeImage {name}")]
+    Create {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("deleting NodeImage {name}")]
+    Delete {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("checking whether Node {name} still exists")]
+    GetNode {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("setting the labels of NodeImage {name}")]
+    Labels {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("collecting the images of NodeImage {name}")]
+    Images {
+        name: String,
+        #[source]
+        source: ImagesWriteError,
+    },
+    #[error("writing the status of NodeImage {name}")]
+    Status {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(
+        "NodeImage {name}'s status kept changing under us; gave up after {STATUS_ATTEMPTS} attempts"
+    )]
+    StatusConflicts { name: String },
+}
+
+fn api_code(err: &kube::Error) -> Option<u16> {
+    match err {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+/// The error with its sources, for one log line.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+fn params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    }
+}
+
+// --- Node applier -------------------------------------------------------------------------------
+
+/// Creates the Node's NodeImage once it is wanted, or requeues at the instant it will be.
+pub(super) async fn node(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.stores_ready().await;
+    let name = node.name_any();
+    let now = Timestamp::now();
+    let existing = ctx.nodeimage_store.get(&ObjectRef::new(&name));
+    let action = match logic::lifecycle(Some(&node), existing.as_deref(), ctx.creation_delay, now) {
+        Lifecycle::CreateAt(at) => {
+            let wait = Duration::try_from(now.duration_until(at)).unwrap_or(Duration::ZERO);
+            debug!(node = %name, ?wait, "NodeImage wanted once the node has been Ready long enough");
+            Action::requeue(wait.clamp(Duration::from_millis(10), logic::MAX_REQUEUE))
+        }
+        Lifecycle::Create(labels) => {
+            create(&ctx, &name, labels).await?;
+            Action::await_change()
+        }
+        // The rest is the NodeImage applier's.
+        _ => Action::await_change(),
+    };
+    ctx.backoff.succeeded(&format!("node/{name}"));
+    Ok(action)
+}
+
+async fn create(
+    ctx: &Context,
+    name: &str,
+    labels: std::collections::BTreeMap<String, String>,
+) -> Result<(), Error> {
+    let nodeimage = NodeImage {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        spec: NodeImageSpec::default(),
+        status: None,
+    };
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PostParams::default()
+    };
+    match ctx.nodeimages.create(&params, &nodeimage).await {
+        Ok(_) => info!(nodeimage = %name, "created NodeImage"),
+        // Created meanwhile (our store lagged, or another manager was first): just as good.
+        Err(err) if api_code(&err) == Some(409) => {
+            debug!(nodeimage = %name, "NodeImage exists already")
+        }
+        Err(source) => {
+            return Err(Error::Create {
+                name: name.to_owned(),
+                source,
+            });
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn node_error_policy(node: Arc<Node>, err: &Error, ctx: Arc<Context>) -> Action {
+    let name = node.name_any();
+    let wait = ctx.backoff.failed(&format!("node/{name}"));
+    warn!(node = %name, error = %chain(err), ?wait, "reconcile failed; retrying");
+    Action::requeue(wait)
+}
+
+// --- NodeImage applier --------------------------------------------------------------------------
+
+/// Deletes a NodeImage without a Node, syncs its labels, collects its images and times out its
+/// unanswered tags; requeues at the next instant one of those would change.
+pub(super) async fn nodeimage(
+    nodeimage: Arc<NodeImage>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    ctx.stores_ready().await;
+    let name = nodeimage.name_any();
+    let now = Timestamp::now();
+    let node = ctx.nodes.get(&ObjectRef::new(&name));
+    let action = match logic::lifecycle(node.as_deref(), Some(&nodeimage), ctx.creation_delay, now)
+    {
+        Lifecycle::Deleting => Action::await_change(),
+        Lifecycle::Delete => {
+            delete(&ctx, &nodeimage, node.is_some()).await?;
+            Action::await_change()
+        }
+        Lifecycle::Keep { labels } => {
+            if let Some(labels) = labels {
+                sync_labels(&ctx, &nodeimage, &labels).await?;
+            }
+            match maintain(&ctx, (*nodeimage).clone(), now).await? {
+                Some(current) => {
+                    let wake = logic::next_wake(&current, now, ctx.response_timeout);
+                    Action::requeue(logic::requeue_after(wake, now))
+                }
+                None => Action::await_change(),
+            }
+        }
+        // Not reachable with a NodeImage in hand; nothing to do either way.
+        Lifecycle::Absent | Lifecycle::CreateAt(_) | Lifecycle::Create(_) => Action::await_change(),
+    };
+    ctx.backoff.succeeded(&format!("nodeimage/{name}"));
+    Ok(action)
+}
+
+pub(super) fn nodeimage_error_policy(
+    nodeimage: Arc<NodeImage>,
+    err: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    let name = nodeimage.name_any();
+    let wait = ctx.backoff.failed(&format!("nodeimage/{name}"));
+    warn!(nodeimage = %name, error = %chain(err), ?wait, "reconcile failed; retrying");
+    Action::requeue(wait)
+}
+
+/// Deletes a NodeImage whose Node is gone or going. When the Node store has no such Node, a GET
+/// confirms it first: the store may not have seen a Node created a moment ago.
+async fn delete(ctx: &Context, nodeimage: &NodeImage, node_in_store: bool) -> Result<(), Error> {
+    let name = nodeimage.name_any();
+    if !node_in_store {
+        let nodes: Api<PartialObjectMeta<Node>> = Api::all(ctx.client.clone());
+        match nodes.get_opt(&name).await {
+            Ok(Some(node)) if node.metadata.deletion_timestamp.is_none() => {
+                debug!(nodeimage = %name, "its Node exists after all (not in our store yet, or out of scope)");
+                return Ok(());
+            }
+            Ok(_) => {}
+            Err(source) => return Err(Error::GetNode { name, source }),
+        }
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: nodeimage.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match ctx.nodeimages.delete(&name, &params).await {
+        Ok(_) => info!(nodeimage = %name, "deleted NodeImage: its Node is gone"),
+        // Gone already, or replaced by a new one (uid precondition): not ours to delete.
+        Err(err) if matches!(api_code(&err), Some(404 | 409)) => {}
+        Err(source) => return Err(Error::Delete { name, source }),
+    }
+    Ok(())
+}
+
+async fn sync_labels(
+    ctx: &Context,
+    nodeimage: &NodeImage,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Result<(), Error> {
+    let name = nodeimage.name_any();
+    let Some(patch) = patches::labels_patch(nodeimage.metadata.labels.as_ref(), labels) else {
+        return Ok(());
+    };
+    match ctx
+        .nodeimages
+        .patch(&name, &params(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            info!(nodeimage = %name, "labels set to the Node's");
+            Ok(())
+        }
+        Err(err) if api_code(&err) == Some(404) => Ok(()),
+        Err(source) => Err(Error::Labels { name, source }),
+    }
+}
+
+/// Garbage-collects the spec, then times out the status; returns the object as last written or
+/// read, or `None` when it vanished meanwhile.
+async fn maintain(
+    ctx: &Context,
+    current: NodeImage,
+    now: Timestamp,
+) -> Result<Option<NodeImage>, Error> {
+    let Some(current) = collect_garbage(ctx, current, now).await? else {
+        return Ok(None);
+    };
+    time_out(ctx, current, now).await
+}
+
+/// The uids of the ImagePullJobs owning tags in `spec` that are known to be gone: missing from
+/// the job store (or there with another uid) and confirmed by a GET answering 404 or another
+/// uid. A job that cannot be checked is not listed, so its tags stay.
+async fn gone_jobs(ctx: &Context, spec: &NodeImageSpec) -> BTreeSet<String> {
+    let mut gone = BTreeSet::new();
+    for owner in logic::job_owners(spec) {
+        let (Some(uid), Some(name), Some(namespace)) = (
+            owner.uid.as_deref(),
+            owner.name.as_deref(),
+            owner.namespace.as_deref(),
+        ) else {
+            continue;
+        };
+        let cached = ctx.jobs.get(&ObjectRef::new(name).within(namespace));
+        if cached.is_some_and(|job| job.uid().as_deref() == Some(uid)) {
+            continue;
+        }
+        let jobs: Api<PartialObjectMeta<ImagePullJob>> =
+            Api::namespaced(ctx.client.clone(), namespace);
+        match jobs.get_opt(name).await {
+            Ok(Some(job)) if job.uid().as_deref() == Some(uid) => {}
+            Ok(_) => {
+                gone.insert(uid.to_owned());
+            }
+            Err(err) => warn!(
+                job = %format!("{namespace}/{name}"), error = %chain(&err),
+                "cannot check whether an owner job exists; keeping its tags for now"
+            ),
+        }
+    }
+    gone
+}
+
+async fn collect_garbage(
+    ctx: &Context,
+    current: NodeImage,
+    now: Timestamp,
+) -> Result<Option<NodeImage>, Error> {
+    let name = current.name_any();
+    let gone = gone_jobs(ctx, &current.spec).await;
+    let decide = |ni: &NodeImage| {
+        let status = ni.status.clone().unwrap_or_default();
+        let collected = logic::collect(&ni.spec, &status, &gone, now);
+        (collected.images != ni.spec.images).then_some(collected.images)
+    };
+    if decide(&current).is_none() {
+        return Ok(Some(current));
+    }
+    let before = tag_names(&current.spec);
+    match update_images(&ctx.nodeimages, FIELD_MANAGER, current.clone(), decide).await {
+        Ok(Some(written)) => {
+            let after = tag_names(&written.spec);
+            let removed: Vec<_> = before.difference(&after).collect();
+            info!(nodeimage = %name, ?removed, gone_jobs = ?gone, "collected tags");
+            Ok(Some(written))
+        }
+        Ok(None) => Ok(Some(current)),
+        Err(ImagesWriteError::NotFound { .. }) => Ok(None),
+        Err(source) => Err(Error::Images { name, source }),
+    }
+}
+
+fn tag_names(spec: &NodeImageSpec) -> BTreeSet<String> {
+    spec.images
+        .iter()
+        .flat_map(|(image, s)| s.tags.iter().map(move |t| format!("{image}:{}", t.tag)))
+        .collect()
+}
+
+/// Marks timed-out tags Failed with a guarded status patch, re-reading and deciding again when
+/// the daemon wrote meanwhile; then publishes the events.
+async fn time_out(
+    ctx: &Context,
+    mut current: NodeImage,
+    now: Timestamp,
+) -> Result<Option<NodeImage>, Error> {
+    let name = current.name_any();
+    let status_err = |source| Error::Status {
+        name: name.clone(),
+        source,
+    };
+    let mut whole = false;
+    for _ in 0..STATUS_ATTEMPTS {
+        let old = current.status.clone().unwrap_or_default();
+        let decision = logic::timeouts(&current.spec, &old, now, ctx.response_timeout);
+        let Some(new) = decision.status else {
+            return Ok(Some(current));
+        };
+        let rv = current.resource_version();
+        let Some(patch) = patches::status_patch(&old, rv.as_deref(), &new, whole) else {
+            return Ok(Some(current));
+        };
+        let refused = match ctx
+            .nodeimages
+            .patch_status(&name, &params(), &Patch::Json::<()>(patch))
+            .await
+        {
+            Ok(written) => {
+                for failed in &decision.failed {
+                    warn!(nodeimage = %name, image = %failed.image, tag = %failed.tag, message = %failed.message, "marked tag Failed");
+                }
+                publish(ctx, &written, &decision.failed).await;
+                return Ok(Some(written));
+            }
+            Err(err) => err,
+        };
+        let code = api_code(&refused);
+        match code {
+            Some(404) => return Ok(None),
+            Some(409 | 422) => {}
+            _ => return Err(status_err(refused)),
+        }
+        let fresh = match ctx.nodeimages.get_opt(&name).await {
+            Ok(Some(fresh)) => fresh,
+            Ok(None) => return Ok(None),
+            Err(source) => return Err(status_err(source)),
+        };
+        // Refused although nothing changed: the stored JSON differs from ours in form only.
+        whole = code == Some(422) && fresh.resource_version() == rv;
+        debug!(nodeimage = %name, whole, "status patch refused; deciding again");
+        current = super::watch::strip_nodeimage(fresh);
+    }
+    Err(Error::StatusConflicts { name })
+}
+
+/// A Warning `PullImageFailed` for each failed tag, on each of its owners and on the NodeImage.
+/// Failures to publish are logged: the status, which matters, is written already.
+async fn publish(ctx: &Context, nodeimage: &NodeImage, failed: &[FailedTag]) {
+    let node = nodeimage.name_any();
+    let this = nodeimage.object_ref(&());
+    for tag in failed {
+        let note = tag.note(&node);
+        let event = |secondary: Option<ObjectReference>| Event {
+            type_: EventType::Warning,
+            reason: "PullImageFailed".into(),
+            note: Some(note.clone()),
+            action: "PullImage".into(),
+            secondary,
+        };
+        // The related object tells events for different nodes (or jobs) apart: the recorder
+        // folds events with the same regarding/related/reason into one series.
+        for owner in &tag.owners {
+            if let Err(err) = ctx
+                .recorder
+                .publish(&event(Some(this.clone())), owner)
+                .await
+            {
+                warn!(nodeimage = %node, owner = ?owner.name, error = %chain(&err), "cannot publish event");
+            }
+        }
+        if let Err(err) = ctx
+            .recorder
+            .publish(&event(tag.owners.first().cloned()), &this)
+            .await
+        {
+            warn!(nodeimage = %node, error = %chain(&err), "cannot publish event");
+        }
+    }
+}
