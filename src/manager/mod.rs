@@ -34,6 +34,9 @@ use tracing::{info, warn};
 pub use self::crds::{CrdState, MissingCrds, REQUIRED_CRDS, check_crds};
 use self::{http::ProbeState, metrics::Metrics};
 
+/// How long in-flight reconciles may take to finish once shutdown has begun.
+const CONTROLLERS_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How long open probe/metrics connections may take to finish once shutdown has begun.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -182,7 +185,12 @@ pub async fn run(
     info!("shutting down");
     state.set_ready(false);
     let _ = stop_controllers.send(());
-    controllers.await;
+    if tokio::time::timeout(CONTROLLERS_STOP_TIMEOUT, &mut controllers)
+        .await
+        .is_err()
+    {
+        warn!(timeout = ?CONTROLLERS_STOP_TIMEOUT, "controllers still busy after the stop timeout; leaving them");
+    }
     let _ = stop_server.send(());
     match tokio::time::timeout(DRAIN_TIMEOUT, &mut server).await {
         Ok(result) => result.map_err(|source| ManagerError::ServerStopped {

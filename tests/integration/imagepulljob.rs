@@ -83,11 +83,20 @@ impl Env {
         })
     }
 
+    /// Creates a job the test controllers manage (it carries their label).
     async fn job(&self, name: &str, spec: ImagePullJobSpec) -> ImagePullJob {
+        let mut job = ImagePullJob::new(name, spec);
+        self.label(&mut job.metadata);
         self.jobs()
-            .create(&PostParams::default(), &ImagePullJob::new(name, spec))
+            .create(&PostParams::default(), &job)
             .await
             .expect("create job")
+    }
+
+    fn label(&self, meta: &mut ObjectMeta) {
+        meta.labels
+            .get_or_insert_with(Default::default)
+            .insert(support::CONTROLLED_LABEL.to_owned(), self.run.clone());
     }
 
     async fn wait_job(
@@ -488,6 +497,7 @@ async fn the_seed_job_puts_its_sandbox_config_on_every_target_nodeimage() {
     // The seed targets every node in the cluster; keep it to this test's nodes.
     seed.spec.selector = env.selector();
     seed.metadata.namespace = None;
+    env.label(&mut seed.metadata);
     env.jobs()
         .create(&PostParams::default(), &seed)
         .await

@@ -120,6 +120,7 @@ async fn the_manager_binary_stops_cleanly_on_sigterm() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("kruise-rs starts");
+    let _kill_if_the_test_fails = KillOnDrop(child.id());
 
     wait_for(
         "the manager binary to answer /readyz with 200",
@@ -161,4 +162,16 @@ async fn the_manager_binary_stops_cleanly_on_sigterm() {
         stderr.contains("shutting down") && stderr.contains("stopped"),
         "{stderr}"
     );
+}
+
+/// Kills a child process when a failing test unwinds, so no manager outlives its test.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &self.0.to_string()])
+            .stderr(Stdio::null())
+            .status();
+    }
 }

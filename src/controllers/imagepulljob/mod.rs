@@ -31,6 +31,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
+use tokio::sync::watch;
 use tracing::{info, warn};
 
 use self::entry::{JobRequest, with_job_entry};
@@ -48,8 +49,13 @@ use crate::image::ImageRef;
 /// Field manager of everything this controller writes.
 pub const FIELD_MANAGER: &str = "kruise-rs-imagepulljob";
 
+/// How long a reconcile waits for the first lists of NodeImages and Pods.
+const CACHE_WAIT: Duration = Duration::from_secs(10);
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("the NodeImage and Pod caches are not filled yet")]
+    CachesNotReady,
     #[error(transparent)]
     WriteNodeImage(#[from] ImagesWriteError),
     #[error("writing the status of ImagePullJob {name}")]
@@ -77,6 +83,8 @@ pub enum Error {
 /// What every reconcile shares.
 pub struct Context {
     client: Client,
+    /// True once the NodeImage and Pod stores hold a first full list.
+    caches_ready: watch::Receiver<bool>,
     nodeimages: Store<NodeImage>,
     pods: Store<Pod>,
     /// NodeImages as our own patches returned them, until the store has caught up with them.
@@ -192,15 +200,16 @@ pub async fn run(
     opts: ControllerOptions,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
+    let scoped = match &opts.label_selector {
+        Some(selector) => watcher::Config::default().any_semantic().labels(selector),
+        None => watcher::Config::default().any_semantic(),
+    };
     let (nodeimages, nodeimage_writer) = reflector::store();
-    let nodeimage_events = watcher(
-        Api::<NodeImage>::all(client.clone()),
-        watcher::Config::default().any_semantic(),
-    )
-    .default_backoff()
-    .modify(|n: &mut NodeImage| n.managed_fields_mut().clear())
-    .reflect(nodeimage_writer)
-    .touched_objects();
+    let nodeimage_events = watcher(Api::<NodeImage>::all(client.clone()), scoped.clone())
+        .default_backoff()
+        .modify(|n: &mut NodeImage| n.managed_fields_mut().clear())
+        .reflect(nodeimage_writer)
+        .touched_objects();
     let (pods, pod_writer) = reflector::store();
     let pod_events = watcher(
         Api::<Pod>::all(client.clone()),
@@ -211,13 +220,19 @@ pub async fn run(
     .reflect(pod_writer)
     .touched_objects();
 
-    let controller = Controller::new(
-        Api::<ImagePullJob>::all(client.clone()),
-        watcher::Config::default().any_semantic(),
-    );
+    let controller = Controller::new(Api::<ImagePullJob>::all(client.clone()), scoped);
     let jobs = controller.store();
     let jobs_for_pods = jobs.clone();
+    // `Store::wait_until_ready` wakes only one of several waiters; one task waits and tells all.
+    let (caches_ready, caches_ready_rx) = watch::channel(false);
+    let (ni_store, pod_store) = (nodeimages.clone(), pods.clone());
+    tokio::spawn(async move {
+        if ni_store.wait_until_ready().await.is_ok() && pod_store.wait_until_ready().await.is_ok() {
+            let _ = caches_ready.send(true);
+        }
+    });
     let ctx = Arc::new(Context {
+        caches_ready: caches_ready_rx,
         recorder: Recorder::new(
             client.clone(),
             Reporter {
@@ -270,9 +285,13 @@ fn until(at: Timestamp) -> Duration {
 }
 
 async fn reconcile(job: Arc<ImagePullJob>, ctx: Arc<Context>) -> Result<Action, Error> {
-    // An empty store would read as "no nodes": an Always job would complete at once.
-    let _ = ctx.nodeimages.wait_until_ready().await;
-    let _ = ctx.pods.wait_until_ready().await;
+    // An empty store would read as "no nodes": an Always job would complete at once. Bounded,
+    // so a shutdown never waits on a cache that will not fill.
+    let mut ready = ctx.caches_ready.clone();
+    match tokio::time::timeout(CACHE_WAIT, ready.wait_for(|r| *r)).await {
+        Ok(Ok(_)) => {}
+        _ => return Err(Error::CachesNotReady),
+    }
     let action = reconcile_job(&job, &ctx).await?;
     ctx.backoff.succeeded(&key(&job));
     Ok(action)
