@@ -82,7 +82,8 @@ async fn client(kubeconfig: &str) -> Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
-/// Sum of the apiserver's `apiserver_request_total` for PATCHes of nodeimages, by status code.
+/// Sum of the apiserver's `apiserver_request_total` for PATCHes of NodeImage objects (not their
+/// status, which the played daemons write), by status code.
 async fn nodeimage_patches(client: &Client) -> Result<BTreeMap<String, f64>> {
     let req = http::Request::get("/metrics").body(Vec::new())?;
     let text = client.request_text(req).await?;
@@ -91,7 +92,10 @@ async fn nodeimage_patches(client: &Client) -> Result<BTreeMap<String, f64>> {
         .lines()
         .filter(|l| l.starts_with("apiserver_request_total{"))
     {
-        if !(line.contains("resource=\"nodeimages\"") && line.contains("verb=\"PATCH\"")) {
+        if !(line.contains("resource=\"nodeimages\"")
+            && line.contains("verb=\"PATCH\"")
+            && line.contains("subresource=\"\""))
+        {
             continue;
         }
         let code = line
@@ -238,11 +242,12 @@ fn spawn_daemons(
     })
 }
 
-fn peak_rss_mib(pid: u32) -> Option<f64> {
+/// A `/proc/<pid>/status` memory figure (`VmHWM`: peak RSS, `VmRSS`: current) in MiB.
+fn rss_mib(pid: u32, field: &str) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: f64 = status
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))?
+        .find(|l| l.starts_with(field))?
         .split_whitespace()
         .nth(1)?
         .parse()
@@ -395,16 +400,19 @@ async fn bench(n: usize) -> Result<()> {
             .sum();
         println!(
             "  job at parallelism {parallelism}: every NodeImage carries the tag after {:.2} s ({:.2}x baseline); \
-             NodeImage writes per node: {:.3} (refused patches: {refused})",
+             NodeImage writes per node: {:.3} (refused patches: {:.0})",
             took.as_secs_f64(),
             took.as_secs_f64() / baseline.as_secs_f64(),
             ok / n as f64,
+            refused.max(0.0),
         );
     }
-    let rss = peak_rss_mib(manager.0.id());
+    let mib =
+        |field| rss_mib(manager.0.id(), field).map_or("unknown".into(), |r| format!("{r:.1} MiB"));
     println!(
-        "  manager peak RSS: {}",
-        rss.map_or("unknown".into(), |r| format!("{r:.1} MiB"))
+        "  manager RSS: peak {}, at the end {}",
+        mib("VmHWM:"),
+        mib("VmRSS:")
     );
     Ok(())
 }
