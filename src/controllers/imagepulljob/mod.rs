@@ -21,7 +21,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -48,6 +48,9 @@ use crate::image::ImageRef;
 
 /// Field manager of everything this controller writes.
 pub const FIELD_MANAGER: &str = "kruise-rs-imagepulljob";
+
+/// How long in-flight reconciles may take to finish once the controller is told to stop.
+const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// How long a reconcile waits for the first lists of NodeImages and Pods.
 const CACHE_WAIT: Duration = Duration::from_secs(10);
@@ -247,19 +250,33 @@ pub async fn run(
         backoff: Backoff::default(),
         opts,
     });
-    controller
+    let job_store = controller.store();
+    let shutdown = shutdown.shared();
+    let running = controller
         .watches_stream(nodeimage_events, move |n| jobs_for_nodeimage(&jobs, &n))
         .watches_stream(pod_events, move |p| jobs_for_pod(&jobs_for_pods, &p))
         // Many NodeImage events arrive together while a job fans out; one reconcile serves them.
         .with_config(controller::Config::default().debounce(Duration::from_millis(50)))
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(shutdown.clone())
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(err) = result {
                 warn!(error = %err, "imagepulljob controller");
             }
-        })
-        .await;
+        });
+    tokio::pin!(running);
+    tokio::select! {
+        () = &mut running => return,
+        () = shutdown => {}
+    }
+    // A Controller told to stop before its job cache's first list waits for that list forever
+    // (the stopped watch never delivers it): nothing can be in flight then, so just drop it.
+    if job_store.wait_until_ready().now_or_never().is_none() {
+        return;
+    }
+    // Otherwise let the reconciles in flight finish; they are idempotent, so cutting a slow one
+    // off costs nothing but a repeat after the restart.
+    let _ = tokio::time::timeout(STOP_GRACE, running).await;
 }
 
 fn key(job: &ImagePullJob) -> String {
