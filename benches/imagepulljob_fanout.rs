@@ -314,6 +314,12 @@ async fn bench(n: usize) -> Result<()> {
         "  {n} NodeImages created by the manager {:.1} s after the last node",
         d.as_secs_f64()
     );
+    let mib =
+        |field| rss_mib(manager.0.id(), field).map_or("unknown".into(), |r| format!("{r:.1} MiB"));
+    println!(
+        "  manager RSS with {n} Nodes and NodeImages watched: {}",
+        mib("VmRSS:")
+    );
 
     // Baseline: a plain client writing one tag entry into every NodeImage, one after the other.
     // Its entries name a real job (one that targets no node), so the NodeImage controller keeps
@@ -406,9 +412,8 @@ async fn bench(n: usize) -> Result<()> {
             ok / n as f64,
             refused.max(0.0),
         );
+        println!("    manager RSS now: {}", mib("VmRSS:"));
     }
-    let mib =
-        |field| rss_mib(manager.0.id(), field).map_or("unknown".into(), |r| format!("{r:.1} MiB"));
     println!(
         "  manager RSS: peak {}, at the end {}",
         mib("VmHWM:"),

@@ -699,3 +699,31 @@ async fn deleting_a_running_job_releases_its_secret_copies() {
         "the copy is released before the job goes"
     );
 }
+
+#[tokio::test]
+async fn parallelism_zero_pauses_and_raising_it_on_a_running_job_takes_effect() {
+    let env = env("ipj-pause").await;
+    let nodes = env.nodes(2).await;
+    env.job("pull", spec("nginx:pause", env.selector(), 0))
+        .await;
+    // The controller has looked at the job (it counts its nodes) and started none of them.
+    env.wait_job("pull", "the paused job to count its nodes", |j| {
+        j.status.as_ref().is_some_and(|s| s.desired == 2)
+    })
+    .await;
+    for node in &nodes {
+        let ni = env.nodeimages().get(node).await.expect("nodeimage");
+        assert!(
+            tag_entry(&ni, "nginx", "pause").is_none(),
+            "{node} started while paused"
+        );
+    }
+    let raise = json!({"spec": {"parallelism": 2}});
+    env.jobs()
+        .patch("pull", &PatchParams::default(), &Patch::Merge(&raise))
+        .await
+        .expect("raise parallelism");
+    for node in &nodes {
+        env.wait_entry(node, "nginx", "pause").await;
+    }
+}

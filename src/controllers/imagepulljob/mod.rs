@@ -114,6 +114,17 @@ impl Context {
         }
     }
 
+    /// Forgets the written objects the store has caught up with (or that are gone), so the
+    /// overlay holds only writes still in flight, whatever the jobs do next.
+    fn forget_caught_up(&self) {
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        written.retain(|name, ours| {
+            self.nodeimages
+                .get(&ObjectRef::new(name))
+                .is_some_and(|stored| stored.metadata.generation < ours.metadata.generation)
+        });
+    }
+
     fn remember(&self, written: NodeImage) {
         let mut map = self.written.lock().unwrap_or_else(|e| e.into_inner());
         map.insert(written.name_any(), Arc::new(written));
@@ -309,7 +320,9 @@ async fn reconcile(job: Arc<ImagePullJob>, ctx: Arc<Context>) -> Result<Action, 
         Ok(Ok(_)) => {}
         _ => return Err(Error::CachesNotReady),
     }
-    let action = reconcile_job(&job, &ctx).await?;
+    let action = reconcile_job(&job, &ctx).await;
+    ctx.forget_caught_up();
+    let action = action?;
     ctx.backoff.succeeded(&key(&job));
     Ok(action)
 }
