@@ -188,6 +188,22 @@ pub struct ImageTagStatus {
     pub message: Option<String>,
 }
 
+impl ImageTagStatus {
+    /// A tag in `phase`, with nothing else known yet.
+    pub fn new(tag: impl Into<String>, phase: ImagePullPhase) -> Self {
+        Self {
+            tag: tag.into(),
+            phase,
+            progress: None,
+            start_time: None,
+            completion_time: None,
+            version: None,
+            image_id: None,
+            message: None,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum ImagePullPhase {
     Waiting,

@@ -590,9 +590,28 @@ async fn registry_secret(env: &Env, name: &str) {
         .expect("create secret");
 }
 
+/// The daemon-namespace copy of the test's Secret `reg`, once the controller made it.
+async fn wait_secret_copy(
+    env: &Env,
+) -> (
+    Api<k8s_openapi::api::core::v1::Secret>,
+    String,
+    k8s_openapi::api::core::v1::Secret,
+) {
+    let daemon_ns = support::test_controller_options().daemon_config_namespace;
+    let copies: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(env.client.clone(), &daemon_ns);
+    let copy = kruise_rs::controllers::imagepulljob::secrets::copy_name(&env.ns, "reg");
+    let secret = wait_for("the secret copy", TIMEOUT, || {
+        let (copies, copy) = (copies.clone(), copy.clone());
+        async move { copies.get_opt(&copy).await.ok().flatten() }
+    })
+    .await;
+    (copies, copy, secret)
+}
+
 #[tokio::test]
 async fn pull_secrets_are_copied_for_the_daemons_and_released_when_the_job_finishes() {
-    use kruise_rs::controllers::imagepulljob::secrets::copy_name;
     let env = env("ipj-secret").await;
     let nodes = env.nodes(1).await;
     registry_secret(&env, "reg").await;
@@ -601,14 +620,7 @@ async fn pull_secrets_are_copied_for_the_daemons_and_released_when_the_job_finis
     env.job("pull", s).await;
 
     let daemon_ns = support::test_controller_options().daemon_config_namespace;
-    let copies: Api<k8s_openapi::api::core::v1::Secret> =
-        Api::namespaced(env.client.clone(), &daemon_ns);
-    let copy = copy_name(&env.ns, "reg");
-    let secret = wait_for("the secret copy", TIMEOUT, || {
-        let (copies, copy) = (copies.clone(), copy.clone());
-        async move { copies.get_opt(&copy).await.ok().flatten() }
-    })
-    .await;
+    let (copies, copy, secret) = wait_secret_copy(&env).await;
     let annotations = secret.annotations();
     assert_eq!(
         annotations["imagepulljobs.kruise.io/source-key"],
@@ -662,22 +674,13 @@ async fn pull_secrets_are_copied_for_the_daemons_and_released_when_the_job_finis
 
 #[tokio::test]
 async fn deleting_a_running_job_releases_its_secret_copies() {
-    use kruise_rs::controllers::imagepulljob::secrets::copy_name;
     let env = env("ipj-secdel").await;
     env.nodes(1).await;
     registry_secret(&env, "reg").await;
     let mut s = spec("127.0.0.1:5000/private/app:2", env.selector(), 1);
     s.pull_secrets = vec!["reg".into()];
     env.job("pull", s).await;
-    let daemon_ns = support::test_controller_options().daemon_config_namespace;
-    let copies: Api<k8s_openapi::api::core::v1::Secret> =
-        Api::namespaced(env.client.clone(), &daemon_ns);
-    let copy = copy_name(&env.ns, "reg");
-    wait_for("the secret copy", TIMEOUT, || {
-        let (copies, copy) = (copies.clone(), copy.clone());
-        async move { copies.get_opt(&copy).await.ok().flatten() }
-    })
-    .await;
+    let (copies, copy, _) = wait_secret_copy(&env).await;
     env.jobs()
         .delete("pull", &Default::default())
         .await

@@ -301,14 +301,8 @@ mod tests {
                 "nginx".to_owned(),
                 ImageStatus {
                     tags: vec![ImageTagStatus {
-                        tag: "1".into(),
-                        phase: ImagePullPhase::Succeeded,
                         version: Some(4),
-                        progress: None,
-                        start_time: None,
-                        completion_time: None,
-                        image_id: None,
-                        message: None,
+                        ..ImageTagStatus::new("1", ImagePullPhase::Succeeded)
                     }],
                 },
             )]),

@@ -336,28 +336,12 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
     if job.metadata.deletion_timestamp.is_some() {
         // Its NodeImage entries are collected by the NodeImage controller once it is gone; the
         // secret copies are ours to release.
-        secrets::release(
-            &ctx.client,
-            daemon_ns,
-            &namespace,
-            &name,
-            &job.spec.pull_secrets,
-        )
-        .await?;
-        set_finalizer(&jobs, job, false).await?;
+        let_go(ctx, &jobs, job).await?;
         return Ok(Action::await_change());
     }
 
     if let Some(status) = job.status.as_ref().filter(|s| s.completion_time.is_some()) {
-        secrets::release(
-            &ctx.client,
-            daemon_ns,
-            &namespace,
-            &name,
-            &job.spec.pull_secrets,
-        )
-        .await?;
-        set_finalizer(&jobs, job, false).await?;
+        let_go(ctx, &jobs, job).await?;
         return match next_deadline(job, status) {
             Some(expiry) if expiry <= Timestamp::now() => {
                 info!(job = %key(job), "deleting the finished job: ttlSecondsAfterFinished passed");
@@ -547,6 +531,21 @@ async fn refuse(
     status.message = Some(message);
     write_status(jobs, job, &status).await?;
     Ok(Action::await_change())
+}
+
+/// A job done pulling (finished or being deleted) releases its secret copies, then its finalizer.
+async fn let_go(ctx: &Context, jobs: &Api<ImagePullJob>, job: &ImagePullJob) -> Result<(), Error> {
+    let namespace = job.namespace().unwrap_or_default();
+    let daemon_ns = &ctx.opts.daemon_config_namespace;
+    secrets::release(
+        &ctx.client,
+        daemon_ns,
+        &namespace,
+        &job.name_any(),
+        &job.spec.pull_secrets,
+    )
+    .await?;
+    set_finalizer(jobs, job, false).await
 }
 
 /// Publishes an event on the job; failing to is logged, never fatal.
