@@ -14,7 +14,7 @@ run: deps ## Start a local control plane, install the CRDs, apply examples/ and 
 test: deps ## Everything CI runs: format, lints, unit and integration tests
 	cargo fmt --all -- --check
 	cargo clippy --all-targets --locked -- -D warnings
-	cargo test --locked --all-targets
+	cargo test --locked --lib --bins --tests
 
 crds: ## Regenerate crds/ from the Rust types
 	cargo run --quiet -- crds --out-dir crds

@@ -34,6 +34,12 @@ const LABEL: &str = "kruise-rs-bench";
 type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
 
 fn main() -> Result<()> {
+    // `cargo test --all-targets` runs bench targets too, without `--bench`: a 5,000-node run
+    // is not something to start by accident.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("imagepulljob_fanout: run it with `cargo bench --bench imagepulljob_fanout`");
+        return Ok(());
+    }
     let nodes: usize = std::env::var("NODES")
         .ok()
         .and_then(|n| n.parse().ok())
