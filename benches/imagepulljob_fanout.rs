@@ -293,8 +293,18 @@ async fn bench(n: usize) -> Result<()> {
         .stdout(Stdio::null())
         .status()?;
 
+    // `MANAGER_WRAPPER=heaptrack` (any command taking the program as its first argument) runs the
+    // manager under a profiler; the RSS figures are then the wrapper's.
+    let mut command = match std::env::var("MANAGER_WRAPPER") {
+        Ok(wrapper) if !wrapper.is_empty() => {
+            let mut c = Command::new(wrapper);
+            c.arg(env!("CARGO_BIN_EXE_kruise-rs"));
+            c
+        }
+        _ => Command::new(env!("CARGO_BIN_EXE_kruise-rs")),
+    };
     let manager = ChildGuard(
-        Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
+        command
             .args([
                 "manager",
                 "--kubeconfig",

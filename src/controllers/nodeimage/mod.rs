@@ -91,7 +91,7 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
     let node_api: Api<Node> = Api::all(client.clone());
     let nodeimage_api: Api<NodeImage> = Api::all(client.clone());
     let job_api: Api<PartialObjectMeta<ImagePullJob>> = Api::all(client.clone());
-    let unscoped = watcher::Config::default().any_semantic();
+    let unscoped = watcher::Config::default().streaming_lists();
     let scoped = match &label_selector {
         Some(selector) => unscoped.clone().labels(selector),
         None => unscoped.clone(),
