@@ -730,3 +730,31 @@ async fn parallelism_zero_pauses_and_raising_it_on_a_running_job_takes_effect() 
         env.wait_entry(node, "nginx", "pause").await;
     }
 }
+
+#[tokio::test]
+async fn a_node_that_recovers_leaves_failed_nodes() {
+    let env = env("ipj-recover").await;
+    let nodes = env.nodes(1).await;
+    let mut s = spec("nginx:rec", env.selector(), 1);
+    s.completion_policy = CompletionPolicy {
+        type_: Some(CompletionPolicyType::Never),
+        ..Default::default()
+    };
+    env.job("pull", s).await;
+    env.report(&nodes[0], "nginx", "rec", "Failed").await;
+    env.wait_job("pull", "the failure to show", |j| {
+        j.status
+            .as_ref()
+            .is_some_and(|s| s.failed_nodes == [nodes[0].clone()])
+    })
+    .await;
+    env.report(&nodes[0], "nginx", "rec", "Succeeded").await;
+    let job = env
+        .wait_job("pull", "the recovery to show", |j| {
+            j.status.as_ref().is_some_and(|s| s.succeeded == 1)
+        })
+        .await;
+    let status = job.status.expect("status");
+    assert_eq!(status.failed, 0);
+    assert!(status.failed_nodes.is_empty(), "{:?}", status.failed_nodes);
+}

@@ -512,7 +512,15 @@ async fn write_status(
         return Ok(());
     }
     let name = job.name_any();
-    let patch = serde_json::json!({ "status": status });
+    // A merge patch leaves out what it does not mention: name every field, null for the empty
+    // ones, so a node that left `failedNodes` or a cleared message really goes.
+    let mut fields = serde_json::to_value(status).expect("a status always serializes");
+    if let Some(map) = fields.as_object_mut() {
+        for key in ["startTime", "completionTime", "message", "failedNodes"] {
+            map.entry(key).or_insert(serde_json::Value::Null);
+        }
+    }
+    let patch = serde_json::json!({ "status": fields });
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..Default::default()
