@@ -427,16 +427,9 @@ fn mark_failed(
         completion_time: Some(Time(now)),
         version: tag.version,
         message: Some(message.to_owned()),
-        ..old.cloned().unwrap_or_else(|| ImageTagStatus {
-            tag: tag.tag.clone(),
-            phase: ImagePullPhase::Failed,
-            progress: None,
-            start_time: None,
-            completion_time: None,
-            version: None,
-            image_id: None,
-            message: None,
-        })
+        ..old
+            .cloned()
+            .unwrap_or_else(|| ImageTagStatus::new(tag.tag.clone(), ImagePullPhase::Failed))
     };
     match tags.iter().position(|s| s.tag == tag.tag) {
         Some(i) => tags[i] = failed(Some(&tags[i])),
