@@ -294,7 +294,8 @@ async fn bench(n: usize) -> Result<()> {
         .status()?;
 
     // `MANAGER_WRAPPER=heaptrack` (any command taking the program as its first argument) runs the
-    // manager under a profiler; the RSS figures are then the wrapper's.
+    // manager under a profiler; the RSS figures are then the wrapper's, and the manager may
+    // outlive the killed wrapper: `pkill -f "kruise-rs manager"` afterwards.
     let mut command = match std::env::var("MANAGER_WRAPPER") {
         Ok(wrapper) if !wrapper.is_empty() => {
             let mut c = Command::new(wrapper);
