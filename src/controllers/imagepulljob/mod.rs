@@ -550,6 +550,16 @@ async fn refuse(
 
 /// A job done pulling (finished or being deleted) releases its secret copies, then its finalizer.
 async fn let_go(ctx: &Context, jobs: &Api<ImagePullJob>, job: &ImagePullJob) -> Result<(), Error> {
+    // The finalizer goes on before any copy is made and comes off only after the copies are
+    // released: without it there is nothing to release. A finished job is reconciled on every
+    // change of the NodeImages it owns; this spares each of those reconciles a GET per secret.
+    if !job
+        .finalizers()
+        .iter()
+        .any(|f| f == DELETION_PROTECTION_FINALIZER)
+    {
+        return Ok(());
+    }
     let namespace = job.namespace().unwrap_or_default();
     let daemon_ns = &ctx.opts.daemon_config_namespace;
     secrets::release(
