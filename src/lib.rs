@@ -5,5 +5,7 @@
 
 pub mod apis;
 pub mod controllers;
+pub mod daemon;
 pub mod image;
 pub mod manager;
+pub mod probe;

@@ -12,6 +12,7 @@ use std::{
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kruise_rs::controllers::ControllerOptions;
+use kruise_rs::daemon::{self, DaemonOptions};
 use kruise_rs::manager::{self, ManagerOptions};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info};
@@ -47,8 +48,8 @@ enum LogFormat {
 enum Command {
     /// Run the controller-manager (controllers, probes and metrics).
     Manager(ManagerArgs),
-    /// Run the node daemon (not implemented yet).
-    Daemon,
+    /// Run the node daemon: pull what this node's NodeImage asks for through CRI.
+    Daemon(DaemonArgs),
     /// Print every CustomResourceDefinition as YAML, for `kubectl apply --server-side -f -`.
     Crds(CrdsArgs),
 }
@@ -102,6 +103,42 @@ struct ManagerArgs {
     /// syntax), e.g. to shard nodes between managers. Default: all.
     #[arg(long, value_name = "SELECTOR")]
     label_selector: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct DaemonArgs {
+    /// The node this daemon runs on (set NODE_NAME from the downward API's spec.nodeName).
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    node_name: String,
+
+    /// Kubeconfig file to use; by default KUBECONFIG, then ~/.kube/config, then the in-cluster
+    /// service account.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+
+    /// The CRI socket. Default: the first of containerd/containerd.sock, containerd.sock,
+    /// crio/crio.sock, crio.sock, cri-dockerd.sock, cri-dockerd/cri-dockerd.sock under
+    /// --host-run-dir that answers.
+    #[arg(long, value_name = "PATH", env = "KRUISE_RS_CRI_SOCKET")]
+    cri_socket: Option<PathBuf>,
+
+    /// Where the host's /var/run is mounted, for socket detection.
+    #[arg(long, value_name = "DIR", default_value = "/var/run")]
+    host_run_dir: PathBuf,
+
+    /// Address of the /healthz, /readyz and /metrics server.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        env = "KRUISE_RS_PROBE_ADDR",
+        default_value = "0.0.0.0:10221"
+    )]
+    probe_addr: SocketAddr,
+
+    /// Image pulls in flight at once on this node.
+    #[arg(long, value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    max_concurrent_pulls: u16,
 }
 
 /// Parses `90`, `90s`, `10m`, `1h` (a plain number is seconds).
@@ -162,10 +199,20 @@ async fn run(command: Command) -> anyhow::Result<()> {
             manager::run(opts, shutdown, None).await?;
             Ok(())
         }
-        Command::Daemon => anyhow::bail!(
-            "the node daemon is not implemented yet; only `kruise-rs manager` and `kruise-rs crds` \
-             work in this version"
-        ),
+        Command::Daemon(args) => {
+            let shutdown =
+                shutdown_signal().context("cannot install the SIGTERM and SIGINT handlers")?;
+            let opts = DaemonOptions {
+                node_name: args.node_name,
+                kubeconfig: args.kubeconfig,
+                cri_socket: args.cri_socket,
+                host_run_dir: args.host_run_dir,
+                probe_addr: args.probe_addr,
+                max_concurrent_pulls: usize::from(args.max_concurrent_pulls),
+            };
+            daemon::run(opts, shutdown, None).await?;
+            Ok(())
+        }
         Command::Crds(CrdsArgs { out_dir: Some(dir) }) => kruise_rs::apis::crd::write_all(&dir)
             .with_context(|| format!("cannot write the CRDs into {}", dir.display())),
         Command::Crds(CrdsArgs { out_dir: None }) => {
@@ -251,6 +298,27 @@ mod tests {
         };
         assert_eq!(args.probe_addr, "0.0.0.0:8080".parse().unwrap());
         assert_eq!(args.kubeconfig, None);
+    }
+
+    #[test]
+    fn daemon_flags_and_defaults() {
+        let cli = Cli::try_parse_from(["kruise-rs", "daemon", "--node-name", "n1"]).unwrap();
+        let Command::Daemon(args) = cli.command else {
+            panic!("not the daemon: {:?}", cli.command);
+        };
+        assert_eq!(args.node_name, "n1");
+        assert_eq!(args.max_concurrent_pulls, 2);
+        assert_eq!(args.host_run_dir, PathBuf::from("/var/run"));
+        assert_eq!(args.cri_socket, None);
+        let zero = [
+            "kruise-rs",
+            "daemon",
+            "--node-name",
+            "n1",
+            "--max-concurrent-pulls",
+            "0",
+        ];
+        assert!(Cli::try_parse_from(zero).is_err());
     }
 
     #[test]

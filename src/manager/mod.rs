@@ -9,30 +9,19 @@
 //! 5. become unready (`/readyz` answers 503), drain the HTTP server and return.
 
 pub mod crds;
-mod http;
-mod metrics;
 
 use std::{
-    future::Future,
-    io,
-    net::SocketAddr,
-    path::{Path, PathBuf},
-    pin::pin,
-    sync::Arc,
-    time::Duration,
+    future::Future, io, net::SocketAddr, path::PathBuf, pin::pin, sync::Arc, time::Duration,
 };
 
-use kube::{
-    Client, Config,
-    config::{InferConfigError, KubeConfigOptions, Kubeconfig, KubeconfigError},
-};
+use kube::Client;
 use tokio::{net::TcpListener, sync::oneshot};
 
 use crate::controllers::{self, ControllerOptions};
 use tracing::{info, warn};
 
 pub use self::crds::{CrdState, MissingCrds, REQUIRED_CRDS, check_crds};
-use self::{http::ProbeState, metrics::Metrics};
+use crate::probe::{self, ConnectError, Metrics, ProbeState, connect};
 
 /// How long in-flight reconciles may take to finish once shutdown has begun.
 const CONTROLLERS_STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -55,19 +44,8 @@ pub struct ManagerOptions {
 /// Why the manager could not start, or stopped other than by request.
 #[derive(Debug, thiserror::Error)]
 pub enum ManagerError {
-    #[error("cannot load the kubeconfig {}", path.display())]
-    Kubeconfig {
-        path: PathBuf,
-        #[source]
-        source: KubeconfigError,
-    },
-    #[error(
-        "cannot find Kubernetes credentials: pass --kubeconfig, set KUBECONFIG, provide \
-         ~/.kube/config, or run inside a cluster with a service account"
-    )]
-    InferConfig(#[source] InferConfigError),
-    #[error("cannot create the Kubernetes client")]
-    Client(#[source] kube::Error),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     #[error(
         "cannot read the CustomResourceDefinition {name} from the API server (the manager needs \
          `get` on customresourcedefinitions.apiextensions.k8s.io)"
@@ -95,28 +73,6 @@ pub enum ManagerError {
         #[source]
         source: Option<io::Error>,
     },
-}
-
-/// Builds a client the way `kube::Client::try_default` does, or from `kubeconfig` when given.
-/// Nothing is sent to the API server yet.
-pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client, ManagerError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kubeconfig_error = |source| ManagerError::Kubeconfig {
-                path: path.to_owned(),
-                source,
-            };
-            let file = Kubeconfig::read_from(path).map_err(kubeconfig_error)?;
-            let mut config = Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
-                .await
-                .map_err(kubeconfig_error)?;
-            config.apply_debug_overrides();
-            config
-        }
-        None => Config::infer().await.map_err(ManagerError::InferConfig)?,
-    };
-    info!(server = %config.cluster_url, "using the Kubernetes API server");
-    Client::try_from(config).map_err(ManagerError::Client)
 }
 
 /// Runs the manager until `shutdown` resolves, then stops cleanly and returns `Ok(())`.
@@ -149,7 +105,7 @@ pub async fn run(
 
     let state = ProbeState::new(Arc::new(Metrics::new()));
     let (stop_server, server_stopping) = oneshot::channel::<()>();
-    let mut server = pin!(http::serve(listener, state.clone(), async move {
+    let mut server = pin!(probe::serve(listener, state.clone(), async move {
         // A dropped sender also stops the server.
         let _ = server_stopping.await;
     }));
@@ -222,7 +178,7 @@ async fn start(opts: &ManagerOptions) -> Result<(Client, TcpListener), ManagerEr
 
 #[cfg(test)]
 mod tests {
-    use std::future::pending;
+    use std::{future::pending, path::Path};
 
     use super::*;
 
@@ -244,7 +200,7 @@ mod tests {
         assert_send(&fut);
         let err = fut.await.unwrap_err();
         assert!(
-            matches!(&err, ManagerError::Kubeconfig { path, .. } if path == Path::new("/nonexistent/kubeconfig")),
+            matches!(&err, ManagerError::Connect(ConnectError::Kubeconfig { path, .. }) if path == Path::new("/nonexistent/kubeconfig")),
             "{err:?}"
         );
         assert_eq!(

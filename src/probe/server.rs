@@ -22,14 +22,14 @@ use super::metrics::{self, Metrics};
 
 /// What the probe handlers read: readiness and the metrics. Cheap to clone.
 #[derive(Clone, Debug)]
-pub(crate) struct ProbeState {
+pub struct ProbeState {
     ready: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
 }
 
 impl ProbeState {
     /// Starts not ready.
-    pub(crate) fn new(metrics: Arc<Metrics>) -> Self {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
         metrics.set_ready(false);
         Self {
             ready: Arc::new(AtomicBool::new(false)),
@@ -38,7 +38,7 @@ impl ProbeState {
     }
 
     /// Flips `/readyz` and the `kruise_rs_ready` gauge together.
-    pub(crate) fn set_ready(&self, ready: bool) {
+    pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
         self.metrics.set_ready(ready);
     }
@@ -48,7 +48,7 @@ impl ProbeState {
     }
 }
 
-pub(crate) fn router(state: ProbeState) -> Router {
+pub fn router(state: ProbeState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -58,7 +58,7 @@ pub(crate) fn router(state: ProbeState) -> Router {
 
 /// Serves [`router`] on `listener` until `stop` resolves, then stops accepting and waits for the
 /// open connections to finish.
-pub(crate) async fn serve(
+pub async fn serve(
     listener: TcpListener,
     state: ProbeState,
     stop: impl Future<Output = ()> + Send + 'static,

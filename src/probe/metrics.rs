@@ -1,4 +1,5 @@
-//! The manager's Prometheus metrics, served on `/metrics` in the Prometheus text format.
+//! Prometheus metrics of one component (manager or daemon), served on `/metrics` in the
+//! Prometheus text format.
 //!
 //! Counters are registered without a `_total` suffix: prometheus-client adds it when encoding and
 //! panics in debug builds when the registered name already ends with it.
@@ -12,17 +13,24 @@ use prometheus_client::{
 };
 
 /// The `Content-Type` of what [`Metrics::encode`] returns.
-pub(crate) const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
-/// Every metric the manager exports, in one registry prefixed `kruise_rs_`.
+/// Every metric a component exports, in one registry prefixed `kruise_rs_`.
 #[derive(Debug)]
-pub(crate) struct Metrics {
+pub struct Metrics {
     registry: Registry,
     ready: Gauge,
 }
 
 impl Metrics {
-    pub(crate) fn new() -> Self {
+    /// Build info and readiness only.
+    pub fn new() -> Self {
+        Self::with(|_| {})
+    }
+
+    /// Build info, readiness, and what `register` adds (each component under its own prefix,
+    /// e.g. `registry.sub_registry_with_prefix("daemon")`).
+    pub fn with(register: impl FnOnce(&mut Registry)) -> Self {
         let mut registry = Registry::with_prefix("kruise_rs");
         registry.register(
             "build",
@@ -32,23 +40,28 @@ impl Metrics {
         let ready = Gauge::default();
         registry.register(
             "ready",
-            "1 while the manager is ready (CRDs checked, controllers running), 0 otherwise",
+            "1 while the component is ready (/readyz answers 200), 0 otherwise",
             ready.clone(),
         );
-        // Controllers register their own metrics here, each under
-        // `registry.sub_registry_with_prefix(<controller>)`, once they exist.
+        register(&mut registry);
         Self { registry, ready }
     }
 
-    pub(crate) fn set_ready(&self, ready: bool) {
+    pub fn set_ready(&self, ready: bool) {
         self.ready.set(i64::from(ready));
     }
 
     /// The current values in the Prometheus text exposition format (version 0.0.4).
-    pub(crate) fn encode(&self) -> Result<String, fmt::Error> {
+    pub fn encode(&self) -> Result<String, fmt::Error> {
         let mut out = String::new();
         prometheus_text::encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

@@ -1,0 +1,10 @@
+//! What the manager and the daemon both serve over plain HTTP: `/healthz`, `/readyz` and
+//! `/metrics`, and the Kubernetes client they both connect with.
+
+mod client;
+mod metrics;
+mod server;
+
+pub use self::client::{ConnectError, connect};
+pub use self::metrics::{CONTENT_TYPE, Metrics};
+pub use self::server::{ProbeState, router, serve};
