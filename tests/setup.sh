@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Installs what `make test` and `make run` need on a fresh Debian machine that already has Rust
 # and Go: missing apt packages, then the Go-built control-plane binaries (cached by version
-# under ~/.cache/kruise-rs, so only the first run pays the ~5-20 min build).
+# under ~/.cache/kruise-rs, so only the first run pays the ~5-20 min build) and the node tests'
+# images (cached by content, built offline in well under a second).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
 missing=()
 for tool in openssl:openssl curl:curl python3:python3 setsid:util-linux; do
   command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
+done
+# The node tests (tests/node): containerd + runc pulling through CRI from docker registries,
+# test images built with umoci from static busybox and pushed with skopeo, htpasswd for the
+# auth registry; protoc builds the CRI bindings (k8s-cri). None of them starts a daemon.
+for pkg in containerd runc docker-registry skopeo umoci busybox-static protobuf-compiler apache2-utils; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}" >&2
@@ -18,3 +25,4 @@ for tool in cargo go; do
   command -v "$tool" >/dev/null || { echo "setup: $tool is required (Rust stable, Go >= 1.26)" >&2; exit 1; }
 done
 "$here/controlplane/build.sh" >/dev/null
+"$here/node/images.sh" >/dev/null

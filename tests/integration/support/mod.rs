@@ -26,6 +26,9 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use serde::Deserialize;
 
+pub mod cri_proxy;
+pub mod node;
+
 /// Field manager of everything the harness applies.
 pub const FIELD_MANAGER: &str = "kruise-rs-tests";
 /// Label put on every namespace the harness creates (handy to clean up a shared cluster).
