@@ -231,7 +231,10 @@ fn auth_config(credential: &Credential) -> AuthConfig {
         username: credential.username.clone(),
         password: credential.password.clone(),
         auth: String::new(),
-        server_address: credential.server_address.clone(),
+        // Left empty as the kubelet does: containerd parses a non-empty one as a URL and refuses
+        // the plain `host:port` keys docker configs use ("first path segment in URL cannot
+        // contain colon"). The image reference already names the registry.
+        server_address: String::new(),
         identity_token: credential.identity_token.clone(),
         registry_token: credential.registry_token.clone(),
     }
@@ -544,6 +547,16 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn credentials_reach_cri_without_a_server_address() {
+        let auth = auth_config(&credential("alice"));
+        assert_eq!(
+            (auth.username.as_str(), auth.password.as_str()),
+            ("alice", "pw")
+        );
+        assert!(auth.server_address.is_empty());
     }
 
     #[test]

@@ -1,0 +1,995 @@
+//! The node daemon against real components: the test control plane for the NodeImage, a real
+//! containerd pulling from real registries on loopback, and the recording CRI proxy in between
+//! where a test must see what reached the runtime.
+//!
+//! Each test has its own node name (so its own NodeImage and daemon) and its own repositories,
+//! so tests run in parallel on the shared containerd without seeing each other's images.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Event, Secret};
+use kruise_rs::apis::nodeimage::{ImagePullPhase, ImageTagStatus, NodeImage};
+use kruise_rs::daemon::{self, DaemonError, DaemonOptions};
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::support::cri_proxy::CriProxy;
+use crate::support::node::{NodeEnv, Variant, node_env};
+use crate::support::{cluster, http_get, unique_name, wait_for};
+
+/// Long enough for a pull on a loaded 2-core CI machine; a passing test takes far less.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A daemon running in this process for one node.
+struct Daemon {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), DaemonError>>,
+    addr: SocketAddr,
+}
+
+impl Daemon {
+    async fn start(node: &str, socket: &Path) -> Daemon {
+        let cluster = cluster().await;
+        let opts = DaemonOptions {
+            node_name: node.to_owned(),
+            kubeconfig: Some(cluster.kubeconfig_path().to_owned()),
+            cri_socket: Some(socket.to_owned()),
+            host_run_dir: PathBuf::from("/nonexistent"),
+            probe_addr: "127.0.0.1:0".parse().expect("address"),
+            max_concurrent_pulls: 4,
+        };
+        let (serving_tx, serving) = oneshot::channel();
+        let (stop, stopping) = oneshot::channel::<()>();
+        let task = tokio::spawn(daemon::run(
+            opts,
+            async move {
+                let _ = stopping.await;
+            },
+            Some(serving_tx),
+        ));
+        let addr = match serving.await {
+            Ok(addr) => addr,
+            Err(_) => panic!("the daemon did not start: {:?}", task.await),
+        };
+        Daemon {
+            stop: Some(stop),
+            task,
+            addr,
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let result = tokio::time::timeout(Duration::from_secs(15), &mut self.task)
+            .await
+            .expect("the daemon stops within 15 s")
+            .expect("join");
+        result.expect("the daemon stops cleanly");
+    }
+
+    async fn get(&self, path: &'static str) -> (u16, String) {
+        let addr = self.addr;
+        tokio::task::spawn_blocking(move || http_get(addr, path))
+            .await
+            .expect("join")
+            .expect("the probe server answers")
+    }
+
+    /// The value of a metric line `name value` (labels included in `name`).
+    async fn metric(&self, name: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics").await;
+        body.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    async fn wait_ready(&self, ready: bool) {
+        let want = if ready { 200 } else { 503 };
+        wait_for(&format!("/readyz to answer {want}"), WAIT, || async {
+            (self.get("/readyz").await.0 == want).then_some(())
+        })
+        .await;
+    }
+}
+
+async fn nodeimages() -> Api<NodeImage> {
+    Api::all(cluster().await.client().await)
+}
+
+/// Creates the NodeImage `node` with `images` as its `spec.images`. Not labelled for the
+/// in-process manager, which leaves it alone (it has no Node).
+async fn create_nodeimage(node: &str, images: Value) -> NodeImage {
+    let object: NodeImage = serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1",
+        "kind": "NodeImage",
+        "metadata": {"name": node},
+        "spec": {"images": images},
+    }))
+    .expect("a valid NodeImage");
+    nodeimages()
+        .await
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("creating NodeImage {node}: {e}"))
+}
+
+async fn patch_spec(node: &str, patch: Value) {
+    nodeimages()
+        .await
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": patch})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("patching NodeImage {node}: {e}"));
+}
+
+/// The reported state of one tag, once `done` holds for it.
+async fn wait_tag(
+    node: &str,
+    image: &str,
+    tag: &str,
+    what: &str,
+    done: impl Fn(&ImageTagStatus) -> bool,
+) -> ImageTagStatus {
+    let api = nodeimages().await;
+    wait_for(&format!("{node}: {image}:{tag} {what}"), WAIT, || async {
+        let object = api.get(node).await.ok()?;
+        let status = object.status?;
+        status
+            .image_statuses
+            .get(image)?
+            .tags
+            .iter()
+            .find(|t| t.tag == tag && done(t))
+            .cloned()
+    })
+    .await
+}
+
+fn finished_at(phase: ImagePullPhase, version: i64) -> impl Fn(&ImageTagStatus) -> bool {
+    move |t| t.phase == phase && t.version == Some(version) && t.completion_time.is_some()
+}
+
+/// PullImage requests the proxy saw for `image`.
+fn pulls_of(proxy: &CriProxy, image: &str) -> usize {
+    proxy
+        .pull_requests()
+        .iter()
+        .filter(|r| r.image.as_ref().is_some_and(|i| i.image == image))
+        .count()
+}
+
+/// Manifest requests (HEAD or GET) the registry logged for `repo:reference`.
+fn manifest_requests(env: &NodeEnv, registry: &str, repo: &str, reference: &str) -> usize {
+    env.registry_log_lines(registry, &format!("/v2/{repo}/manifests/{reference} "))
+        .len()
+}
+
+/// A TCP listener that accepts connections and never answers: a registry that hangs.
+struct BlackHole {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl BlackHole {
+    async fn start() -> BlackHole {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        BlackHole { addr, task }
+    }
+}
+
+impl Drop for BlackHole {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn events_for(client: &Client, node: &str) -> Vec<Event> {
+    let params = ListParams::default().fields(&format!("involvedObject.name={node}"));
+    Api::<Event>::namespaced(client.clone(), "default")
+        .list(&params)
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn pulls_by_tag_and_passes_the_sandbox_config_to_the_runtime() {
+    let env = node_env().await;
+    let node = unique_name("daemon-tag");
+    let repo = unique_name("tag");
+    let image = format!("{}/{repo}", env.registry());
+    let digest = env.push(Variant::V1, &format!("{image}:v1"));
+    let proxy = CriProxy::start(env.containerd_socket());
+    create_nodeimage(
+        &node,
+        json!({&image: {
+            "sandboxConfig": {
+                "labels": {"app": "foo"},
+                "annotations": {"io.kubernetes.image.metrics.tags": "app=foo"}
+            },
+            "tags": [{"tag": "v1", "version": 1, "imagePullPolicy": "Always"}]
+        }}),
+    )
+    .await;
+    let daemon = Daemon::start(&node, proxy.socket()).await;
+
+    let tag = wait_tag(
+        &node,
+        &image,
+        "v1",
+        "succeeded",
+        finished_at(ImagePullPhase::Succeeded, 1),
+    )
+    .await;
+    assert_eq!(tag.image_id.as_deref(), Some(&*format!("{image}@{digest}")));
+    assert!(tag.start_time.is_some() && tag.message.is_none(), "{tag:?}");
+    let object = nodeimages().await.get(&node).await.expect("NodeImage");
+    let status = object.status.clone().expect("status");
+    assert_eq!(
+        (
+            status.desired,
+            status.succeeded,
+            status.failed,
+            status.pulling,
+            status.waiting
+        ),
+        (1, 1, 0, 0, 0)
+    );
+
+    // What reached containerd: the fully qualified image, the NodeImage's sandbox labels and
+    // annotations, and the daemon's mark.
+    let requests = proxy.pull_requests();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    let request = &requests[0];
+    assert_eq!(
+        request.image.as_ref().map(|i| i.image.as_str()),
+        Some(&*format!("{image}:v1"))
+    );
+    let sandbox = request.sandbox_config.as_ref().expect("sandbox_config");
+    assert_eq!(sandbox.labels.get("app").map(String::as_str), Some("foo"));
+    assert_eq!(
+        sandbox
+            .annotations
+            .get("io.kubernetes.image.metrics.tags")
+            .map(String::as_str),
+        Some("app=foo")
+    );
+    assert_eq!(
+        sandbox
+            .annotations
+            .get("apps.kruise.io/pulling-image-by")
+            .map(String::as_str),
+        Some("kruise-daemon")
+    );
+    assert!(request.auth.is_none(), "no secret, no credentials");
+
+    // The status was written through the status subresource under the daemon's own manager.
+    let managers: Vec<(String, Option<String>)> = object
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| (m.manager.unwrap_or_default(), m.subresource))
+        .collect();
+    assert!(
+        managers.contains(&(daemon::FIELD_MANAGER.to_owned(), Some("status".to_owned()))),
+        "{managers:?}"
+    );
+
+    let client = cluster().await.client().await;
+    let event = wait_for("a PullImageSucceed event", WAIT, || async {
+        events_for(&client, &node)
+            .await
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("PullImageSucceed"))
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Normal"));
+    assert!(
+        event
+            .message
+            .unwrap_or_default()
+            .contains(&format!("{image}:v1"))
+    );
+    assert_eq!(
+        daemon
+            .metric("kruise_rs_daemon_pulls_total{result=\"succeeded\"}")
+            .await,
+        Some(1.0)
+    );
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn pulls_by_digest() {
+    let env = node_env().await;
+    let node = unique_name("daemon-digest");
+    let repo = unique_name("digest");
+    let image = format!("{}/{repo}", env.registry());
+    let digest = env.push(Variant::V2, &format!("{image}:v2"));
+    let proxy = CriProxy::start(env.containerd_socket());
+    create_nodeimage(
+        &node,
+        json!({&image: {"tags": [{"tag": &digest, "version": 1}]}}),
+    )
+    .await;
+    let daemon = Daemon::start(&node, proxy.socket()).await;
+
+    let tag = wait_tag(
+        &node,
+        &image,
+        &digest,
+        "succeeded",
+        finished_at(ImagePullPhase::Succeeded, 1),
+    )
+    .await;
+    assert_eq!(tag.image_id.as_deref(), Some(&*format!("{image}@{digest}")));
+    // Upstream asked for `name:sha256:…` (kruise#2534); this is the reference CRI can pull.
+    assert_eq!(pulls_of(&proxy, &format!("{image}@{digest}")), 1);
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn if_not_present_does_not_pull_an_image_the_node_has() {
+    let env = node_env().await;
+    let node = unique_name("daemon-ifnp");
+    let repo = unique_name("ifnp");
+    let image = format!("{}/{repo}", env.registry());
+    env.push(Variant::V1, &format!("{image}:v1"));
+    let proxy = CriProxy::start(env.containerd_socket());
+    create_nodeimage(
+        &node,
+        json!({&image: {"tags": [{"tag": "v1", "version": 1, "imagePullPolicy": "IfNotPresent"}]}}),
+    )
+    .await;
+    let daemon = Daemon::start(&node, proxy.socket()).await;
+    wait_tag(
+        &node,
+        &image,
+        "v1",
+        "pulled",
+        finished_at(ImagePullPhase::Succeeded, 1),
+    )
+    .await;
+    let asked = wait_for("the registry to log the first pull", WAIT, || async {
+        let n = manifest_requests(env, env.registry(), &repo, "v1");
+        (n > 0).then_some(n)
+    })
+    .await;
+    assert_eq!(pulls_of(&proxy, &format!("{image}:v1")), 1);
+
+    // Asked again: the runtime has it, so no PullImage and no request to the registry.
+    patch_spec(
+        &node,
+        json!({"images": {&image: {"tags": [{"tag": "v1", "version": 2, "imagePullPolicy": "IfNotPresent"}]}}}),
+    )
+    .await;
+    let tag = wait_tag(
+        &node,
+        &image,
+        "v1",
+        "done again",
+        finished_at(ImagePullPhase::Succeeded, 2),
+    )
+    .await;
+    assert!(
+        tag.image_id
+            .is_some_and(|id| id.starts_with(&format!("{image}@sha256:")))
+    );
+    assert_eq!(
+        pulls_of(&proxy, &format!("{image}:v1")),
+        1,
+        "no second PullImage"
+    );
+    assert_eq!(
+        manifest_requests(env, env.registry(), &repo, "v1"),
+        asked,
+        "no registry request"
+    );
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn always_pulls_again_on_a_version_bump() {
+    let env = node_env().await;
+    let node = unique_name("daemon-always");
+    let repo = unique_name("always");
+    let image = format!("{}/{repo}", env.registry());
+    env.push(Variant::V1, &format!("{image}:v1"));
+    let proxy = CriProxy::start(env.containerd_socket());
+    let tags =
+        |version: i64| json!([{"tag": "v1", "version": version, "imagePullPolicy": "Always"}]);
+    create_nodeimage(&node, json!({&image: {"tags": tags(1)}})).await;
+    let daemon = Daemon::start(&node, proxy.socket()).await;
+    wait_tag(
+        &node,
+        &image,
+        "v1",
+        "pulled",
+        finished_at(ImagePullPhase::Succeeded, 1),
+    )
+    .await;
+    let asked = wait_for("the registry to log the first pull", WAIT, || async {
+        let n = manifest_requests(env, env.registry(), &repo, "v1");
+        (n > 0).then_some(n)
+    })
+    .await;
+
+    patch_spec(&node, json!({"images": {&image: {"tags": tags(2)}}})).await;
+    wait_tag(
+        &node,
+        &image,
+        "v1",
+        "pulled again",
+        finished_at(ImagePullPhase::Succeeded, 2),
+    )
+    .await;
+    assert_eq!(pulls_of(&proxy, &format!("{image}:v1")), 2);
+    wait_for("the registry to log the second pull", WAIT, || async {
+        (manifest_requests(env, env.registry(), &repo, "v1") > asked).then_some(())
+    })
+    .await;
+    daemon.stop().await;
+}
+
+fn docker_config_secret(
+    namespace: &str,
+    name: &str,
+    registry: &str,
+    user: &str,
+    password: &str,
+) -> Secret {
+    let config = json!({"auths": {registry: {"username": user, "password": password}}});
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            ..ObjectMeta::default()
+        },
+        type_: Some("kubernetes.io/dockerconfigjson".to_owned()),
+        data: Some(BTreeMap::from([(
+            ".dockerconfigjson".to_owned(),
+            ByteString(config.to_string().into_bytes()),
+        )])),
+        ..Secret::default()
+    }
+}
+
+#[tokio::test]
+async fn a_private_registry_needs_the_right_secret() {
+    let env = node_env().await;
+    let cluster = cluster().await;
+    let namespace = cluster.namespace("daemon-auth").await;
+    let ns = namespace.name();
+    let secrets = Api::<Secret>::namespaced(cluster.client().await, ns);
+    let registry = env.auth_registry();
+    for secret in [
+        docker_config_secret(ns, "right", registry, env.auth_user(), env.auth_password()),
+        docker_config_secret(ns, "wrong", registry, env.auth_user(), "not-the-password"),
+    ] {
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("secret");
+    }
+    let node = unique_name("daemon-auth");
+    let repo = unique_name("private");
+    let (right, wrong, none) = (
+        format!("{registry}/{repo}-right"),
+        format!("{registry}/{repo}-wrong"),
+        format!("{registry}/{repo}-none"),
+    );
+    for image in [&right, &wrong, &none] {
+        env.push(Variant::V1, &format!("{image}:v1"));
+    }
+    let entry = |secret: Option<&str>| {
+        let mut entry =
+            json!({"tags": [{"tag": "v1", "version": 1, "pullPolicy": {"backoffLimit": 0}}]});
+        if let Some(secret) = secret {
+            entry["pullSecrets"] = json!([{"namespace": ns, "name": secret}]);
+        }
+        entry
+    };
+    create_nodeimage(
+        &node,
+        json!({&right: entry(Some("right")), &wrong: entry(Some("wrong")), &none: entry(None)}),
+    )
+    .await;
+    let proxy = CriProxy::start(env.containerd_socket());
+    let daemon = Daemon::start(&node, proxy.socket()).await;
+
+    wait_tag(
+        &node,
+        &right,
+        "v1",
+        "pulled with the secret",
+        finished_at(ImagePullPhase::Succeeded, 1),
+    )
+    .await;
+    let refused = wait_tag(
+        &node,
+        &wrong,
+        "v1",
+        "refused",
+        finished_at(ImagePullPhase::Failed, 1),
+    )
+    .await;
+    let message = refused.message.unwrap_or_default();
+    assert!(
+        message.contains(&format!(
+            "with the credentials of {ns}/wrong for {registry}"
+        )) && message.contains("401 Unauthorized"),
+        "{message}"
+    );
+    let anonymous = wait_tag(
+        &node,
+        &none,
+        "v1",
+        "refused",
+        finished_at(ImagePullPhase::Failed, 1),
+    )
+    .await;
+    let message = anonymous.message.unwrap_or_default();
+    assert!(message.contains("401 Unauthorized"), "{message}");
+
+    // The credential went to the runtime as CRI auth; the anonymous pull carried none.
+    let auth_of = |image: &str| {
+        proxy
+            .pull_requests()
+            .into_iter()
+            .find(|r| {
+                r.image
+                    .as_ref()
+                    .is_some_and(|i| i.image == format!("{image}:v1"))
+            })
+            .map(|r| r.auth.map(|a| (a.username, a.password)))
+    };
+    assert_eq!(
+        auth_of(&right),
+        Some(Some((
+            env.auth_user().to_owned(),
+            env.auth_password().to_owned()
+        )))
+    );
+    assert_eq!(auth_of(&none), Some(None));
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn a_missing_image_fails_after_exactly_backoff_limit_plus_one_attempts() {
+    let env = node_env().await;
+    let node = unique_name("daemon-missing");
+    let image = format!("{}/{}", env.registry(), unique_name("missing"));
+    let proxy = CriProxy::start(env.containerd_socket());
+    create_nodeimage(
+        &node,
+        json!({&image: {"tags": [{"tag": "nope", "version": 1, "pullPolicy": {"backoffLimit": 2}}]}}),
+    )
+    .await;
+    let daemon = Daemon::start(&node, proxy.socket()).await;
+    let tag = wait_tag(
+        &node,
+        &image,
+        "nope",
+        "failed",
+        finished_at(ImagePullPhase::Failed, 1),
+    )
+    .await;
+    let message = tag.message.unwrap_or_default();
+    assert!(
+        message.starts_with(&format!("pulling {image}:nope failed after 3 attempts: "))
+            && message.ends_with("not found"),
+        "{message}"
+    );
+    assert_eq!(pulls_of(&proxy, &format!("{image}:nope")), 3);
+    let client = cluster().await.client().await;
+    let event = wait_for("a PullImageFailed event", WAIT, || async {
+        events_for(&client, &node)
+            .await
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("PullImageFailed"))
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn a_pull_that_hangs_times_out() {
+    let env = node_env().await;
+    let hole = BlackHole::start().await;
+    let node = unique_name("daemon-timeout");
+    let image = format!("{}/hang/{}", hole.addr, unique_name("x"));
+    create_nodeimage(
+        &node,
+        json!({&image: {"tags": [{"tag": "v1", "version": 1,
+            "pullPolicy": {"backoffLimit": 0, "timeoutSeconds": 1}}]}}),
+    )
+    .await;
+    let daemon = Daemon::start(&node, env.containerd_socket()).await;
+    let tag = wait_tag(
+        &node,
+        &image,
+        "v1",
+        "timed out",
+        finished_at(ImagePullPhase::Failed, 1),
+    )
+    .await;
+    assert_eq!(
+        tag.message.as_deref(),
+        Some(&*format!(
+            "pulling {image}:v1 failed after 1 attempt: pull attempt timed out after 1s"
+        ))
+    );
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn a_stopped_runtime_fails_the_pull_and_a_later_one_succeeds() {
+    let env = node_env().await;
+    let dir = tempfile::Builder::new()
+        .prefix("ctrd")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let containerd = env.start_containerd(dir.path());
+    let node = unique_name("daemon-restart-ctrd");
+    let image = format!("{}/{}", env.registry(), unique_name("ctrd"));
+    env.push(Variant::V1, &format!("{image}:v1"));
+    create_nodeimage(&node, json!({})).await;
+    let daemon = Daemon::start(&node, containerd.socket()).await;
+    daemon.wait_ready(true).await;
+
+    containerd.stop();
+    let tags = |version: i64| json!([{"tag": "v1", "version": version, "imagePullPolicy": "Always", "pullPolicy": {"backoffLimit": 0}}]);
+    patch_spec(&node, json!({"images": {&image: {"tags": tags(1)}}})).await;
+    let failed = wait_tag(
+        &node,
+        &image,
+        "v1",
+        "failed",
+        finished_at(ImagePullPhase::Failed, 1),
+    )
+    .await;
+    assert!(
+        failed
+            .message
+            .as_deref()
+            .is_some_and(|m| m.starts_with(&format!("pulling {image}:v1 failed after 1 attempt: "))),
+        "{failed:?}"
+    );
+    daemon.wait_ready(false).await;
+
+    containerd.start();
+    daemon.wait_ready(true).await;
+    patch_spec(&node, json!({"images": {&image: {"tags": tags(2)}}})).await;
+    wait_tag(
+        &node,
+        &image,
+        "v1",
+        "pulled",
+        finished_at(ImagePullPhase::Succeeded, 2),
+    )
+    .await;
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn a_restarted_daemon_resumes_unfinished_pulls_and_keeps_finished_ones() {
+    let env = node_env().await;
+    let hole = BlackHole::start().await;
+    let node = unique_name("daemon-resume");
+    let done = format!("{}/{}", env.registry(), unique_name("done"));
+    env.push(Variant::V1, &format!("{done}:v1"));
+    let hanging = format!("{}/hang/{}", hole.addr, unique_name("slow"));
+    create_nodeimage(
+        &node,
+        json!({
+            &done: {"tags": [{"tag": "v1", "version": 1}]},
+            &hanging: {"tags": [{"tag": "v1", "version": 1, "pullPolicy": {"timeoutSeconds": 300}}]}
+        }),
+    )
+    .await;
+    let proxy = CriProxy::start(env.containerd_socket());
+    let first = Daemon::start(&node, proxy.socket()).await;
+    wait_tag(
+        &node,
+        &done,
+        "v1",
+        "pulled",
+        finished_at(ImagePullPhase::Succeeded, 1),
+    )
+    .await;
+    let pulling = wait_tag(&node, &hanging, "v1", "pulling", |t| {
+        t.phase == ImagePullPhase::Pulling
+    })
+    .await;
+    wait_for("the hanging pull to reach the runtime", WAIT, || async {
+        (pulls_of(&proxy, &format!("{hanging}:v1")) == 1).then_some(())
+    })
+    .await;
+    first.stop().await;
+
+    let second = Daemon::start(&node, proxy.socket()).await;
+    wait_for("the unfinished pull to be resumed", WAIT, || async {
+        (pulls_of(&proxy, &format!("{hanging}:v1")) == 2).then_some(())
+    })
+    .await;
+    let resumed = wait_tag(&node, &hanging, "v1", "still pulling", |t| {
+        t.phase == ImagePullPhase::Pulling
+    })
+    .await;
+    assert_eq!(
+        resumed.start_time, pulling.start_time,
+        "the deadline counts from the first start"
+    );
+    assert_eq!(
+        pulls_of(&proxy, &format!("{done}:v1")),
+        1,
+        "a finished pull is not repeated"
+    );
+    assert_eq!(
+        second.metric("kruise_rs_daemon_active_workers").await,
+        Some(1.0)
+    );
+
+    // A removed tag stops its worker and leaves the status.
+    patch_spec(&node, json!({"images": {&hanging: null}})).await;
+    wait_for("the removed tag to leave the status", WAIT, || async {
+        let status = nodeimages().await.get(&node).await.ok()?.status?;
+        (!status.image_statuses.contains_key(&hanging) && status.desired == 1).then_some(())
+    })
+    .await;
+    wait_for("the worker to stop", WAIT, || async {
+        (second.metric("kruise_rs_daemon_active_workers").await == Some(0.0)).then_some(())
+    })
+    .await;
+    second.stop().await;
+}
+
+#[tokio::test]
+async fn a_deleted_nodeimage_stops_its_workers() {
+    let env = node_env().await;
+    let hole = BlackHole::start().await;
+    let node = unique_name("daemon-delete");
+    let hanging = format!("{}/hang/{}", hole.addr, unique_name("slow"));
+    create_nodeimage(
+        &node,
+        json!({&hanging: {"tags": [{"tag": "v1"}, {"tag": "v2"}]}}),
+    )
+    .await;
+    let daemon = Daemon::start(&node, env.containerd_socket()).await;
+    wait_tag(&node, &hanging, "v2", "pulling", |t| {
+        t.phase == ImagePullPhase::Pulling
+    })
+    .await;
+    assert_eq!(
+        daemon.metric("kruise_rs_daemon_active_workers").await,
+        Some(2.0)
+    );
+    nodeimages()
+        .await
+        .delete(&node, &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_for("the workers to stop", WAIT, || async {
+        (daemon.metric("kruise_rs_daemon_active_workers").await == Some(0.0)).then_some(())
+    })
+    .await;
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn a_verdict_already_in_the_status_is_kept() {
+    let env = node_env().await;
+    let node = unique_name("daemon-verdict");
+    let image = format!("{}/{}", env.registry(), unique_name("verdict"));
+    env.push(Variant::V1, &format!("{image}:v1"));
+    env.push(Variant::V2, &format!("{image}:v2"));
+    create_nodeimage(
+        &node,
+        json!({&image: {"tags": [{"tag": "v1", "version": 1}, {"tag": "v2", "version": 1}]}}),
+    )
+    .await;
+    // What the manager writes for a tag the node did not answer in time.
+    let verdict = json!({"status": {"desired": 2, "failed": 1, "imageStatuses": {&image: {"tags": [
+        {"tag": "v1", "phase": "Failed", "version": 1, "completionTime": "2026-11-29T10:00:00Z",
+         "message": "node did not respond"}
+    ]}}}});
+    nodeimages()
+        .await
+        .patch_status(&node, &PatchParams::default(), &Patch::Merge(&verdict))
+        .await
+        .expect("status");
+    let proxy = CriProxy::start(env.containerd_socket());
+    let daemon = Daemon::start(&node, proxy.socket()).await;
+    wait_tag(
+        &node,
+        &image,
+        "v2",
+        "pulled",
+        finished_at(ImagePullPhase::Succeeded, 1),
+    )
+    .await;
+    let kept = wait_tag(
+        &node,
+        &image,
+        "v1",
+        "kept",
+        finished_at(ImagePullPhase::Failed, 1),
+    )
+    .await;
+    assert_eq!(kept.message.as_deref(), Some("node did not respond"));
+    assert_eq!(pulls_of(&proxy, &format!("{image}:v1")), 0);
+    let status = nodeimages()
+        .await
+        .get(&node)
+        .await
+        .expect("get")
+        .status
+        .expect("status");
+    assert_eq!((status.desired, status.succeeded, status.failed), (2, 1, 1));
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn status_writes_are_coalesced() {
+    let env = node_env().await;
+    let node = unique_name("daemon-coalesce");
+    let image = format!("{}/{}", env.registry(), unique_name("many"));
+    // 40 missing tags fail fast: 120 state changes (Waiting, Pulling, Failed) within a second or
+    // two, which one write per change would turn into 120 writes.
+    let tags: Vec<Value> = (0..40)
+        .map(|i| json!({"tag": format!("t{i}"), "version": 1, "pullPolicy": {"backoffLimit": 0}}))
+        .collect();
+    create_nodeimage(&node, json!({&image: {"tags": tags}})).await;
+    let started = tokio::time::Instant::now();
+    let daemon = Daemon::start(&node, env.containerd_socket()).await;
+    wait_for("every tag to fail", WAIT, || async {
+        let status = nodeimages().await.get(&node).await.ok()?.status?;
+        (status.failed == 40).then_some(())
+    })
+    .await;
+    let elapsed = started.elapsed();
+    let writes = daemon
+        .metric("kruise_rs_daemon_status_writes_total{result=\"written\"}")
+        .await
+        .unwrap_or_default()
+        + daemon
+            .metric("kruise_rs_daemon_status_writes_total{result=\"conflict\"}")
+            .await
+            .unwrap_or_default();
+    // At most one write per 500 ms, plus the first.
+    let bound = 1.0 + (elapsed.as_secs_f64() / 0.5).floor();
+    assert!(
+        writes >= 1.0 && writes <= bound,
+        "{writes} writes in {elapsed:?}"
+    );
+    assert!(writes < 120.0);
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn the_daemon_binary_waits_for_a_runtime_and_lists_the_sockets_it_tried() {
+    let env = node_env().await;
+    let cluster = cluster().await;
+    let run_dir = tempfile::Builder::new()
+        .prefix("run")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let node = unique_name("daemon-binary");
+    create_nodeimage(&node, json!({})).await;
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
+        .args([
+            "daemon",
+            "--probe-addr",
+            &addr.to_string(),
+            "--host-run-dir",
+        ])
+        .arg(run_dir.path())
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig_path())
+        .env("NODE_NAME", &node)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kruise-rs starts");
+    let _kill = KillOnDrop(child.id());
+    let get = |path: &'static str| async move {
+        tokio::task::spawn_blocking(move || http_get(addr, path))
+            .await
+            .expect("join")
+            .ok()
+    };
+    wait_for("/healthz", WAIT, || async {
+        (get("/healthz").await?.0 == 200).then_some(())
+    })
+    .await;
+    assert_eq!(
+        get("/readyz").await.map(|r| r.0),
+        Some(503),
+        "no runtime, not ready"
+    );
+    let metrics = get("/metrics").await.expect("metrics").1;
+    assert!(
+        metrics.contains("kruise_rs_daemon_runtime_up 0"),
+        "{metrics}"
+    );
+
+    // containerd appears at one of the usual paths: the daemon finds it and becomes ready.
+    let containerd = env.start_containerd(&run_dir.path().join("containerd"));
+    assert_eq!(
+        containerd.socket(),
+        run_dir.path().join("containerd/containerd.sock")
+    );
+    wait_for("/readyz to answer 200", WAIT, || async {
+        (get("/readyz").await?.0 == 200).then_some(())
+    })
+    .await;
+
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(kill.success());
+    let output = tokio::task::spawn_blocking(move || {
+        child.stdin.take();
+        child.wait_with_output()
+    });
+    let output = tokio::time::timeout(Duration::from_secs(15), output)
+        .await
+        .expect("the daemon exits within 15 s of SIGTERM")
+        .expect("join")
+        .expect("wait");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "exit {:?}: {stderr}",
+        output.status
+    );
+    for candidate in kruise_rs::daemon::CANDIDATE_SOCKETS {
+        let path = run_dir.path().join(candidate);
+        assert!(
+            stderr.contains(&*path.to_string_lossy()),
+            "{candidate} not listed: {stderr}"
+        );
+    }
+    assert!(stderr.contains("CRI image service found"), "{stderr}");
+    drop(containerd);
+}
+
+/// Kills a child process when a failing test unwinds.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &self.0.to_string()])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
