@@ -207,11 +207,12 @@ async fn find_runtime(opts: &DaemonOptions, metrics: &DaemonMetrics) -> Option<C
 /// Keeps `/readyz` true exactly while the runtime answers and the watch has synced.
 async fn readiness(shared: &Shared, mut synced: watch::Receiver<bool>, probe: &ProbeState) {
     let mut runtime_ok = true;
+    let mut watching = true;
     loop {
         let ready = runtime_ok && *synced.borrow_and_update();
         probe.set_ready(ready);
         tokio::select! {
-            _ = synced.changed() => {}
+            changed = synced.changed(), if watching => watching = changed.is_ok(),
             () = tokio::time::sleep(RUNTIME_CHECK_INTERVAL) => {
                 let now_ok = shared.cri.check().await;
                 match (&now_ok, runtime_ok) {

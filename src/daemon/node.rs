@@ -301,7 +301,7 @@ async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: O
         }
         Err(message) => {
             warn!(%image, %message, "image pull failed");
-            let note = format!("Image {image} failed: {message}");
+            let note = format!("Image {image} failed on node {}: {message}", shared.node);
             for owner in &task.owners {
                 publish(
                     &shared,
@@ -350,7 +350,9 @@ async fn load_keyring(client: &Client, secrets: &[ReferenceObject]) -> (Keyring,
     for reference in secrets {
         let (Some(namespace), Some(name)) = (&reference.namespace, &reference.name) else {
             problems.push(format!(
-                "pull secret {reference:?} has no namespace or name"
+                "a pull secret lacks its namespace or name (namespace {:?}, name {:?})",
+                reference.namespace.as_deref().unwrap_or(""),
+                reference.name.as_deref().unwrap_or("")
             ));
             continue;
         };

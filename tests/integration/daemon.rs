@@ -579,12 +579,21 @@ async fn a_private_registry_needs_the_right_secret() {
 #[tokio::test]
 async fn a_missing_image_fails_after_exactly_backoff_limit_plus_one_attempts() {
     let env = node_env().await;
+    let cluster = cluster().await;
+    let namespace = cluster.namespace("daemon-missing").await;
     let node = unique_name("daemon-missing");
     let image = format!("{}/{}", env.registry(), unique_name("missing"));
+    let invalid = "127.0.0.1:5000/Upper/Case";
+    let owner = json!({"apiVersion": "apps.kruise.io/v1beta1", "kind": "ImagePullJob",
+        "namespace": namespace.name(), "name": "the-job", "uid": "5e1f6a0c-0000-4000-8000-000000000001"});
     let proxy = CriProxy::start(env.containerd_socket());
     create_nodeimage(
         &node,
-        json!({&image: {"tags": [{"tag": "nope", "version": 1, "pullPolicy": {"backoffLimit": 2}}]}}),
+        json!({
+            &image: {"tags": [{"tag": "nope", "version": 1, "pullPolicy": {"backoffLimit": 2},
+                               "ownerReferences": [owner]}]},
+            invalid: {"tags": [{"tag": "v1", "version": 1}]}
+        }),
     )
     .await;
     let daemon = Daemon::start(&node, proxy.socket()).await;
@@ -603,8 +612,31 @@ async fn a_missing_image_fails_after_exactly_backoff_limit_plus_one_attempts() {
         "{message}"
     );
     assert_eq!(pulls_of(&proxy, &format!("{image}:nope")), 3);
-    let client = cluster().await.client().await;
-    let event = wait_for("a PullImageFailed event", WAIT, || async {
+
+    // A name no runtime can pull fails at once, saying why, without reaching the runtime.
+    let bad = wait_tag(
+        &node,
+        invalid,
+        "v1",
+        "refused",
+        finished_at(ImagePullPhase::Failed, 1),
+    )
+    .await;
+    let message = bad.message.unwrap_or_default();
+    assert!(
+        message.starts_with("cannot pull: ") && message.contains("Upper/Case"),
+        "{message}"
+    );
+    assert!(
+        proxy
+            .pull_requests()
+            .iter()
+            .all(|r| { r.image.as_ref().is_none_or(|i| !i.image.contains("Upper")) })
+    );
+
+    // The failure is told to the NodeImage and to the job that asked.
+    let client = cluster.client().await;
+    let event = wait_for("a PullImageFailed event on the NodeImage", WAIT, || async {
         events_for(&client, &node)
             .await
             .into_iter()
@@ -612,6 +644,22 @@ async fn a_missing_image_fails_after_exactly_backoff_limit_plus_one_attempts() {
     })
     .await;
     assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let job_events = Api::<Event>::namespaced(client.clone(), namespace.name());
+    let params = ListParams::default().fields("involvedObject.name=the-job");
+    let on_job = wait_for("a PullImageFailed event on the job", WAIT, || async {
+        job_events
+            .list(&params)
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("PullImageFailed"))
+    })
+    .await;
+    assert!(
+        on_job.message.unwrap_or_default().contains(&node),
+        "the note names the node"
+    );
     daemon.stop().await;
 }
 
