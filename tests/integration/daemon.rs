@@ -1041,3 +1041,102 @@ impl Drop for KillOnDrop {
             .status();
     }
 }
+
+/// The whole path of the seed's feature: an ImagePullJob with a sandboxConfig and a private
+/// image, the manager writing the node's NodeImage (and copying the pull secret for the
+/// daemons), the daemon pulling through CRI with the job's sandbox labels and the secret's
+/// credentials, and the job completing from the status the daemon reported.
+#[tokio::test]
+async fn the_seed_job_pulls_through_the_manager_and_the_daemon() {
+    let env = node_env().await;
+    let cluster = cluster().await;
+    cluster.start_controllers();
+    let namespace = cluster.namespace("daemon-e2e").await;
+    let ns = namespace.name();
+    let client = cluster.client().await;
+    let registry = env.auth_registry();
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &docker_config_secret(ns, "reg", registry, env.auth_user(), env.auth_password()),
+        )
+        .await
+        .expect("secret");
+    let image = format!("{registry}/{}", unique_name("seed"));
+    env.push(Variant::V3, &format!("{image}:v1"));
+
+    // A NodeImage the manager serves without a Node behind it.
+    let node = unique_name("daemon-e2e");
+    let run = unique_name("run");
+    let nodeimage: NodeImage = serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1", "kind": "NodeImage",
+        "metadata": {"name": &node, "labels": {
+            "apps.kruise.io/fake-nodeimage": "true", "kruise-rs-test": &run}},
+        "spec": {}
+    }))
+    .expect("NodeImage");
+    nodeimages()
+        .await
+        .create(&PostParams::default(), &nodeimage)
+        .await
+        .expect("create NodeImage");
+    let proxy = CriProxy::start(env.containerd_socket());
+    let daemon = Daemon::start(&node, proxy.socket()).await;
+
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seed-003-imagepulljob.yaml");
+    let mut job: kruise_rs::apis::imagepulljob::ImagePullJob =
+        serde_yaml::from_str(&std::fs::read_to_string(path).expect("seed")).expect("parses");
+    job.metadata.namespace = None;
+    job.metadata.labels = Some(BTreeMap::from([("kruise-rs-test".to_owned(), run.clone())]));
+    job.spec.image = format!("{image}:v1");
+    job.spec.pull_secrets = vec!["reg".to_owned()];
+    job.spec.selector = Some(kruise_rs::apis::imagepulljob::ImagePullJobNodeSelector {
+        names: vec![node.clone()],
+        ..Default::default()
+    });
+    let jobs = Api::<kruise_rs::apis::imagepulljob::ImagePullJob>::namespaced(client.clone(), ns);
+    let name = job.metadata.name.clone().expect("the seed job has a name");
+    jobs.create(&PostParams::default(), &job)
+        .await
+        .expect("create job");
+
+    let done = wait_for("the job to complete", WAIT, || async {
+        jobs.get(&name)
+            .await
+            .ok()
+            .and_then(|j| j.status)
+            .filter(|s| s.completion_time.is_some())
+    })
+    .await;
+    assert_eq!(
+        (done.desired, done.succeeded, done.failed),
+        (1, 1, 0),
+        "{done:?}"
+    );
+
+    let request = proxy
+        .pull_requests()
+        .into_iter()
+        .find(|r| {
+            r.image
+                .as_ref()
+                .is_some_and(|i| i.image == format!("{image}:v1"))
+        })
+        .expect("the daemon pulled the job's image");
+    let sandbox = request.sandbox_config.expect("sandbox_config");
+    assert_eq!(sandbox.labels.get("app").map(String::as_str), Some("foo"));
+    assert_eq!(
+        sandbox
+            .annotations
+            .get("io.kubernetes.image.metrics.tags")
+            .map(String::as_str),
+        Some("app=foo")
+    );
+    assert_eq!(
+        request.auth.map(|a| a.username),
+        Some(env.auth_user().to_owned()),
+        "the credentials came from the job's secret, through the manager's copy"
+    );
+    daemon.stop().await;
+}
