@@ -9,3 +9,4 @@ pub mod daemon;
 pub mod image;
 pub mod manager;
 pub mod probe;
+pub mod webhook;
