@@ -4,9 +4,11 @@
 
 pub mod common;
 pub mod crd;
+pub mod defaults;
 pub mod imagepulljob;
 pub mod nodeimage;
 pub mod sidecarset;
+pub mod validation;
 pub mod well_known;
 
 pub use crd::{crds, crds_yaml};

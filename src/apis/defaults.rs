@@ -1,0 +1,598 @@
+//! Admission defaulting of the `apps.kruise.io` kinds, as pure functions (upstream:
+//! `apis/apps/defaults/v1beta1.go` and the mutating webhooks under `pkg/webhook/*/mutating`).
+//!
+//! The webhook calls these, then [`crate::apis::validation`] on the result (upstream's order:
+//! mutating webhooks run before validating ones). Each function is idempotent.
+//!
+//! What the CRD schema already guarantees: the apiserver applies OpenAPI defaults before any
+//! webhook runs, so `updateStrategy` (`type: RollingUpdate`, `partition: 0`, `maxUnavailable: 1`),
+//! `revisionHistoryLimit: 10`, each `patchPodMetadata[].patchPolicy: Retain` and
+//! `injectionStrategy.revision.policy: Always` on a SidecarSet; `completionPolicy.type: Always`,
+//! `pullPolicy {timeoutSeconds: 600, backoffLimit: 3}` and `imagePullPolicy: IfNotPresent` on an
+//! ImagePullJob; and `pullPolicy {600, 3}` on a NodeImage tag arrive already set. The functions
+//! set them anyway (a no-op then), so they also hold for objects built in code and in tests.
+//!
+//! What only the webhook can do, and these functions are for: a SidecarSet's per-container
+//! defaults (`podInjectPolicy` differs between containers and init containers, and the
+//! containers are schemaless like upstream's), the Kubernetes container and volume defaults
+//! upstream applies to sidecars, and a NodeImage tag's `createdAt` (the admission time) and tag
+//! order. The SidecarSet hash annotations are computed elsewhere (`src/sidecar/hash.rs`), after
+//! these defaults.
+
+use k8s_openapi::api::core::v1::{
+    Container, EmptyDirVolumeSource, HTTPGetAction, ObjectFieldSelector, Probe, Volume,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::imagepulljob::{CompletionPolicyType, ImagePullJob, ImagePullPolicy, PullPolicy};
+use super::nodeimage::{ImageTagPullPolicy, NodeImage};
+use super::sidecarset::{
+    PodInjectPolicy, ShareVolumePolicy, ShareVolumePolicyType, SidecarContainer,
+    SidecarContainerUpgradeStrategy, SidecarContainerUpgradeType, SidecarSet,
+    SidecarSetInjectRevisionPolicy, SidecarSetPatchPolicy, SidecarSetUpdateStrategyType,
+};
+use crate::image::ImageRef;
+
+/// Upstream's (and Kubernetes') defaults.
+pub const DEFAULT_REVISION_HISTORY_LIMIT: i32 = 10;
+pub const DEFAULT_PULL_TIMEOUT_SECONDS: i32 = 600;
+pub const DEFAULT_PULL_BACKOFF_LIMIT: i32 = 3;
+/// `0644`, Kubernetes' default mode of secret, configMap, downwardAPI and projected files.
+pub const DEFAULT_VOLUME_FILE_MODE: i32 = 0o644;
+/// Kubernetes' default projected service-account token lifetime (one hour).
+pub const DEFAULT_TOKEN_EXPIRATION_SECONDS: i64 = 3600;
+pub const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
+
+// --- SidecarSet ---------------------------------------------------------------------------------
+
+/// Upstream's `SetDefaultsSidecarSetV1beta1`.
+pub fn default_sidecarset(set: &mut SidecarSet) {
+    let spec = &mut set.spec;
+    let strategy = &mut spec.update_strategy;
+    strategy
+        .type_
+        .get_or_insert(SidecarSetUpdateStrategyType::RollingUpdate);
+    strategy.max_unavailable.get_or_insert(IntOrString::Int(1));
+    strategy.partition.get_or_insert(IntOrString::Int(0));
+
+    for c in &mut spec.init_containers {
+        default_sidecar_container(c, PodInjectPolicy::AfterAppContainer);
+    }
+    for c in &mut spec.containers {
+        default_sidecar_container(c, PodInjectPolicy::BeforeAppContainer);
+    }
+    for v in &mut spec.volumes {
+        default_volume(v);
+    }
+    spec.revision_history_limit
+        .get_or_insert(DEFAULT_REVISION_HISTORY_LIMIT);
+    for patch in &mut spec.patch_pod_metadata {
+        patch
+            .patch_policy
+            .get_or_insert(SidecarSetPatchPolicy::Retain);
+    }
+    if let Some(revision) = &mut spec.injection_strategy.revision {
+        revision
+            .policy
+            .get_or_insert(SidecarSetInjectRevisionPolicy::Always);
+    }
+}
+
+/// Upstream's `setDefaultSidecarContainerV1beta1`. `shareVolumeDevicePolicy` stays unset, as
+/// upstream leaves it, so that SidecarSets written before it existed keep their hashes.
+fn default_sidecar_container(c: &mut SidecarContainer, inject: PodInjectPolicy) {
+    c.pod_inject_policy.get_or_insert(inject);
+    c.upgrade_strategy
+        .get_or_insert_with(SidecarContainerUpgradeStrategy::default)
+        .upgrade_type
+        .get_or_insert(SidecarContainerUpgradeType::ColdUpgrade);
+    c.share_volume_policy
+        .get_or_insert_with(ShareVolumePolicy::default)
+        .type_
+        .get_or_insert(ShareVolumePolicyType::Disabled);
+    for env in &mut c.transfer_env {
+        if let Some(field_ref) = env
+            .source_container_name_from
+            .as_mut()
+            .and_then(|f| f.field_ref.as_mut())
+        {
+            default_field_ref(field_ref);
+        }
+    }
+    default_container(&mut c.container);
+}
+
+/// The Kubernetes container defaults upstream applies to a sidecar (`SetDefaults_Container` and
+/// the per-field defaults of `setDefaultContainerV1beta1`). Like upstream, the startup probe is
+/// left alone (the apiserver defaults it on the pod), so the SidecarSet hash matches upstream's;
+/// resource quantities are not re-rounded to milli-units.
+pub fn default_container(c: &mut Container) {
+    if c.image_pull_policy.as_deref().is_none_or(str::is_empty) {
+        c.image_pull_policy = Some(default_image_pull_policy(c.image.as_deref()).to_owned());
+    }
+    if c.termination_message_path
+        .as_deref()
+        .is_none_or(str::is_empty)
+    {
+        c.termination_message_path = Some(DEFAULT_TERMINATION_MESSAGE_PATH.to_owned());
+    }
+    if c.termination_message_policy
+        .as_deref()
+        .is_none_or(str::is_empty)
+    {
+        c.termination_message_policy = Some("File".to_owned());
+    }
+    for port in c.ports.iter_mut().flatten() {
+        if port.protocol.as_deref().is_none_or(str::is_empty) {
+            port.protocol = Some("TCP".to_owned());
+        }
+    }
+    for env in c.env.iter_mut().flatten() {
+        if let Some(field_ref) = env.value_from.as_mut().and_then(|f| f.field_ref.as_mut()) {
+            default_field_ref(field_ref);
+        }
+    }
+    for probe in [c.liveness_probe.as_mut(), c.readiness_probe.as_mut()]
+        .into_iter()
+        .flatten()
+    {
+        default_probe(probe);
+    }
+    if let Some(lifecycle) = &mut c.lifecycle {
+        for handler in [lifecycle.post_start.as_mut(), lifecycle.pre_stop.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(http) = &mut handler.http_get {
+                default_http_get(http);
+            }
+        }
+    }
+}
+
+/// Kubernetes' rule: `Always` for an image whose tag is `latest` or that has neither tag nor
+/// digest, else `IfNotPresent` (also for a reference that does not parse, as Kubernetes does).
+pub fn default_image_pull_policy(image: Option<&str>) -> &'static str {
+    let latest = image
+        .and_then(|i| ImageRef::parse(i).ok())
+        .is_some_and(|r| match (r.tag(), r.digest()) {
+            (Some(tag), _) => tag == "latest",
+            (None, digest) => digest.is_none(),
+        });
+    if latest { "Always" } else { "IfNotPresent" }
+}
+
+/// Kubernetes' `SetDefaults_Probe`; zero counts as unset, as in Go.
+fn default_probe(probe: &mut Probe) {
+    let fill = |field: &mut Option<i32>, value: i32| {
+        if field.is_none_or(|v| v == 0) {
+            *field = Some(value);
+        }
+    };
+    fill(&mut probe.timeout_seconds, 1);
+    fill(&mut probe.period_seconds, 10);
+    fill(&mut probe.success_threshold, 1);
+    fill(&mut probe.failure_threshold, 3);
+    if let Some(http) = &mut probe.http_get {
+        default_http_get(http);
+    }
+}
+
+/// Kubernetes' `SetDefaults_HTTPGetAction`.
+fn default_http_get(http: &mut HTTPGetAction) {
+    if http.path.as_deref().is_none_or(str::is_empty) {
+        http.path = Some("/".to_owned());
+    }
+    if http.scheme.as_deref().is_none_or(str::is_empty) {
+        http.scheme = Some("HTTP".to_owned());
+    }
+}
+
+/// Kubernetes' `SetDefaults_ObjectFieldSelector`.
+fn default_field_ref(field_ref: &mut ObjectFieldSelector) {
+    if field_ref.api_version.as_deref().is_none_or(str::is_empty) {
+        field_ref.api_version = Some("v1".to_owned());
+    }
+}
+
+/// The Kubernetes volume defaults upstream applies (`SetDefaultPodVolumes`): a volume without a
+/// source is an `emptyDir`; hostPath `type` `""`; file modes `0644`; downward API field
+/// references `v1`; projected token lifetime one hour.
+pub fn default_volume(v: &mut Volume) {
+    if super::validation::pod_spec::volume_sources(v).is_empty() {
+        v.empty_dir = Some(EmptyDirVolumeSource::default());
+    }
+    if let Some(host_path) = &mut v.host_path {
+        host_path.type_.get_or_insert_with(String::new);
+    }
+    if let Some(secret) = &mut v.secret {
+        secret.default_mode.get_or_insert(DEFAULT_VOLUME_FILE_MODE);
+    }
+    if let Some(config_map) = &mut v.config_map {
+        config_map
+            .default_mode
+            .get_or_insert(DEFAULT_VOLUME_FILE_MODE);
+    }
+    if let Some(downward) = &mut v.downward_api {
+        downward
+            .default_mode
+            .get_or_insert(DEFAULT_VOLUME_FILE_MODE);
+        for item in downward.items.iter_mut().flatten() {
+            if let Some(field_ref) = &mut item.field_ref {
+                default_field_ref(field_ref);
+            }
+        }
+    }
+    if let Some(projected) = &mut v.projected {
+        projected
+            .default_mode
+            .get_or_insert(DEFAULT_VOLUME_FILE_MODE);
+        for source in projected.sources.iter_mut().flatten() {
+            if let Some(downward) = &mut source.downward_api {
+                for item in downward.items.iter_mut().flatten() {
+                    if let Some(field_ref) = &mut item.field_ref {
+                        default_field_ref(field_ref);
+                    }
+                }
+            }
+            if let Some(token) = &mut source.service_account_token {
+                token
+                    .expiration_seconds
+                    .get_or_insert(DEFAULT_TOKEN_EXPIRATION_SECONDS);
+            }
+        }
+    }
+}
+
+// --- ImagePullJob -------------------------------------------------------------------------------
+
+/// Upstream's `SetDefaultsImagePullJobV1beta1`. Like upstream's v1beta1 path, no finalizer is
+/// added here: the controller adds it when the job holds secret copies.
+pub fn default_imagepulljob(job: &mut ImagePullJob) {
+    let spec = &mut job.spec;
+    spec.completion_policy
+        .type_
+        .get_or_insert(CompletionPolicyType::Always);
+    let pull = spec.pull_policy.get_or_insert_with(PullPolicy::default);
+    pull.timeout_seconds
+        .get_or_insert(DEFAULT_PULL_TIMEOUT_SECONDS);
+    pull.backoff_limit.get_or_insert(DEFAULT_PULL_BACKOFF_LIMIT);
+    spec.image_pull_policy
+        .get_or_insert(ImagePullPolicy::IfNotPresent);
+}
+
+// --- NodeImage ----------------------------------------------------------------------------------
+
+/// Upstream's `SetDefaultsNodeImageV1beta1` plus its webhook's tag sorting: every tag gets
+/// `createdAt` (`now`, the admission time) and a `pullPolicy` with timeout 600 and backoff 3
+/// (the TTL is not defaulted; validation requires it). Tags in the spec and in the status are
+/// sorted by tag string (a total order; upstream's comparator is not strict).
+pub fn default_nodeimage(node: &mut NodeImage, now: &Time) {
+    for image in node.spec.images.values_mut() {
+        for tag in &mut image.tags {
+            tag.created_at.get_or_insert_with(|| now.clone());
+            let policy = tag
+                .pull_policy
+                .get_or_insert_with(ImageTagPullPolicy::default);
+            policy
+                .timeout_seconds
+                .get_or_insert(DEFAULT_PULL_TIMEOUT_SECONDS);
+            policy
+                .backoff_limit
+                .get_or_insert(DEFAULT_PULL_BACKOFF_LIMIT);
+        }
+        image.tags.sort_by(|a, b| a.tag.cmp(&b.tag));
+    }
+    if let Some(status) = &mut node.status {
+        for image in status.image_statuses.values_mut() {
+            image.tags.sort_by(|a, b| a.tag.cmp(&b.tag));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apis::imagepulljob::ImagePullJobSpec;
+    use crate::apis::nodeimage::{ImagePullPhase, ImageStatus, ImageTagStatus, NodeImageStatus};
+    use crate::apis::sidecarset::SidecarSetSpec;
+    use serde_json::{Value, json};
+
+    fn sidecarset(spec: Value) -> SidecarSet {
+        SidecarSet::new(
+            "s",
+            serde_json::from_value::<SidecarSetSpec>(spec).expect("test spec"),
+        )
+    }
+
+    fn defaulted_json(spec: Value) -> Value {
+        let mut s = sidecarset(spec);
+        default_sidecarset(&mut s);
+        serde_json::to_value(&s.spec).expect("serializes")
+    }
+
+    fn time(s: &str) -> Time {
+        Time(s.parse().expect("timestamp"))
+    }
+
+    #[test]
+    fn sidecarset_top_level_defaults() {
+        let spec = defaulted_json(
+            json!({"injectionStrategy": {"revision": {"revisionName": "r"}},
+            "patchPodMetadata": [{"annotations": {"a": "b"}}, {"annotations": {"c": "d"}, "patchPolicy": "Overwrite"}]}),
+        );
+        assert_eq!(
+            spec["updateStrategy"],
+            json!({"type": "RollingUpdate", "partition": 0, "maxUnavailable": 1})
+        );
+        assert_eq!(spec["revisionHistoryLimit"], json!(10));
+        assert_eq!(
+            spec["injectionStrategy"]["revision"]["policy"],
+            json!("Always")
+        );
+        assert_eq!(spec["patchPodMetadata"][0]["patchPolicy"], json!("Retain"));
+        assert_eq!(
+            spec["patchPodMetadata"][1]["patchPolicy"],
+            json!("Overwrite")
+        );
+        // Set values are kept.
+        let spec = defaulted_json(
+            json!({"updateStrategy": {"type": "NotUpdate", "partition": "10%", "maxUnavailable": 0},
+            "revisionHistoryLimit": 3}),
+        );
+        assert_eq!(
+            spec["updateStrategy"],
+            json!({"type": "NotUpdate", "partition": "10%", "maxUnavailable": 0})
+        );
+        assert_eq!(spec["revisionHistoryLimit"], json!(3));
+        // No revision, no revision policy.
+        assert_eq!(defaulted_json(json!({}))["injectionStrategy"], json!({}));
+    }
+
+    #[test]
+    fn sidecar_container_defaults() {
+        let spec = defaulted_json(json!({
+            "containers": [{"name": "c", "image": "envoy:1.30",
+                "ports": [{"containerPort": 80}, {"containerPort": 81, "protocol": "UDP"}],
+                "env": [{"name": "N", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                "livenessProbe": {"httpGet": {"port": 80}},
+                "readinessProbe": {"tcpSocket": {"port": 80}, "timeoutSeconds": 5, "periodSeconds": 0},
+                "startupProbe": {"exec": {"command": ["true"]}},
+                "lifecycle": {"preStop": {"httpGet": {"port": 80, "path": "/quit"}}},
+                "transferEnv": [{"sourceContainerNameFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}, "envName": "X"}]
+            }],
+            "initContainers": [{"name": "i", "image": "busybox"}]
+        }));
+        let c = &spec["containers"][0];
+        assert_eq!(c["podInjectPolicy"], json!("BeforeAppContainer"));
+        assert_eq!(c["upgradeStrategy"], json!({"upgradeType": "ColdUpgrade"}));
+        assert_eq!(c["shareVolumePolicy"], json!({"type": "disabled"}));
+        assert_eq!(
+            c.get("shareVolumeDevicePolicy"),
+            None,
+            "left unset, as upstream"
+        );
+        assert_eq!(c["imagePullPolicy"], json!("IfNotPresent"));
+        assert_eq!(c["terminationMessagePath"], json!("/dev/termination-log"));
+        assert_eq!(c["terminationMessagePolicy"], json!("File"));
+        assert_eq!(
+            c["ports"],
+            json!([{"containerPort": 80, "protocol": "TCP"}, {"containerPort": 81, "protocol": "UDP"}])
+        );
+        assert_eq!(
+            c["env"][0]["valueFrom"]["fieldRef"]["apiVersion"],
+            json!("v1")
+        );
+        assert_eq!(
+            c["livenessProbe"],
+            json!({"httpGet": {"port": 80, "path": "/", "scheme": "HTTP"}, "timeoutSeconds": 1, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3})
+        );
+        assert_eq!(
+            c["readinessProbe"],
+            json!({"tcpSocket": {"port": 80}, "timeoutSeconds": 5, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3})
+        );
+        assert_eq!(
+            c["startupProbe"],
+            json!({"exec": {"command": ["true"]}}),
+            "as upstream, startup probes are left to the apiserver"
+        );
+        assert_eq!(
+            c["lifecycle"]["preStop"]["httpGet"],
+            json!({"port": 80, "path": "/quit", "scheme": "HTTP"})
+        );
+        assert_eq!(
+            c["transferEnv"][0]["sourceContainerNameFrom"]["fieldRef"]["apiVersion"],
+            json!("v1")
+        );
+        let i = &spec["initContainers"][0];
+        assert_eq!(i["podInjectPolicy"], json!("AfterAppContainer"));
+        assert_eq!(i["imagePullPolicy"], json!("Always"));
+    }
+
+    #[test]
+    fn image_pull_policy_follows_the_tag() {
+        let cases = [
+            (Some("nginx"), "Always"),
+            (Some("nginx:latest"), "Always"),
+            (Some("registry:5000/nginx:latest"), "Always"),
+            (Some("nginx:1.25"), "IfNotPresent"),
+            (
+                Some(
+                    "nginx@sha256:0000000000000000000000000000000000000000000000000000000000000000",
+                ),
+                "IfNotPresent",
+            ),
+            (
+                Some(
+                    "nginx:latest@sha256:0000000000000000000000000000000000000000000000000000000000000000",
+                ),
+                "Always",
+            ),
+            (Some("Not A Reference"), "IfNotPresent"),
+            (Some(""), "IfNotPresent"),
+            (None, "IfNotPresent"),
+        ];
+        for (image, want) in cases {
+            assert_eq!(default_image_pull_policy(image), want, "{image:?}");
+        }
+        let spec = defaulted_json(
+            json!({"containers": [{"name": "c", "image": "nginx", "imagePullPolicy": "Never"}]}),
+        );
+        assert_eq!(
+            spec["containers"][0]["imagePullPolicy"],
+            json!("Never"),
+            "a set policy is kept"
+        );
+    }
+
+    #[test]
+    fn volume_defaults() {
+        let spec = defaulted_json(json!({"volumes": [
+            {"name": "none"},
+            {"name": "hp", "hostPath": {"path": "/x"}},
+            {"name": "sec", "secret": {"secretName": "s"}},
+            {"name": "cm", "configMap": {"name": "c", "defaultMode": 256}},
+            {"name": "dapi", "downwardAPI": {"items": [{"path": "l", "fieldRef": {"fieldPath": "metadata.labels"}}]}},
+            {"name": "proj", "projected": {"sources": [
+                {"serviceAccountToken": {"path": "t"}},
+                {"downwardAPI": {"items": [{"path": "n", "fieldRef": {"fieldPath": "metadata.name"}}]}}
+            ]}}
+        ]}));
+        let v = &spec["volumes"];
+        assert_eq!(v[0], json!({"name": "none", "emptyDir": {}}));
+        assert_eq!(v[1]["hostPath"], json!({"path": "/x", "type": ""}));
+        assert_eq!(v[2]["secret"]["defaultMode"], json!(420));
+        assert_eq!(v[3]["configMap"]["defaultMode"], json!(256));
+        assert_eq!(v[4]["downwardAPI"]["defaultMode"], json!(420));
+        assert_eq!(
+            v[4]["downwardAPI"]["items"][0]["fieldRef"]["apiVersion"],
+            json!("v1")
+        );
+        assert_eq!(v[5]["projected"]["defaultMode"], json!(420));
+        assert_eq!(
+            v[5]["projected"]["sources"][0]["serviceAccountToken"]["expirationSeconds"],
+            json!(3600)
+        );
+        assert_eq!(
+            v[5]["projected"]["sources"][1]["downwardAPI"]["items"][0]["fieldRef"]["apiVersion"],
+            json!("v1")
+        );
+    }
+
+    #[test]
+    fn sidecarset_defaulting_is_idempotent() {
+        let mut s = sidecarset(json!({
+            "selector": {"matchLabels": {"a": "b"}},
+            "containers": [{"name": "c", "image": "x", "livenessProbe": {"httpGet": {"port": 1}}, "ports": [{"containerPort": 1}]}],
+            "initContainers": [{"name": "i", "image": "y", "restartPolicy": "Always"}],
+            "volumes": [{"name": "v"}, {"name": "p", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}],
+            "patchPodMetadata": [{"annotations": {"a": "b"}}],
+            "injectionStrategy": {"revision": {"customVersion": "v1"}}
+        }));
+        default_sidecarset(&mut s);
+        let once = s.clone();
+        default_sidecarset(&mut s);
+        assert_eq!(s, once);
+    }
+
+    #[test]
+    fn imagepulljob_defaults_and_idempotency() {
+        let mut job = ImagePullJob::new(
+            "j",
+            ImagePullJobSpec {
+                image: "nginx".into(),
+                ..Default::default()
+            },
+        );
+        default_imagepulljob(&mut job);
+        let spec = serde_json::to_value(&job.spec).expect("serializes");
+        assert_eq!(spec["completionPolicy"], json!({"type": "Always"}));
+        assert_eq!(
+            spec["pullPolicy"],
+            json!({"timeoutSeconds": 600, "backoffLimit": 3})
+        );
+        assert_eq!(spec["imagePullPolicy"], json!("IfNotPresent"));
+        assert_eq!(spec.get("parallelism"), None, "not defaulted, as upstream");
+        assert_eq!(job.metadata.finalizers, None);
+        let once = job.clone();
+        default_imagepulljob(&mut job);
+        assert_eq!(job, once);
+        // Set values are kept.
+        let mut job = ImagePullJob::new("j", serde_json::from_value(json!({"image": "x",
+            "pullPolicy": {"timeoutSeconds": 30}, "completionPolicy": {"type": "Never"}, "imagePullPolicy": "Always"})).expect("spec"));
+        default_imagepulljob(&mut job);
+        let spec = serde_json::to_value(&job.spec).expect("serializes");
+        assert_eq!(
+            spec["pullPolicy"],
+            json!({"timeoutSeconds": 30, "backoffLimit": 3})
+        );
+        assert_eq!(spec["completionPolicy"], json!({"type": "Never"}));
+        assert_eq!(spec["imagePullPolicy"], json!("Always"));
+    }
+
+    #[test]
+    fn nodeimage_defaults_created_at_and_pull_policy_and_sorts_tags() {
+        let mut node = NodeImage::new("n", serde_json::from_value(json!({"images": {"nginx": {"tags": [
+            {"tag": "b"},
+            {"tag": "a", "createdAt": "2025-01-01T00:00:00Z", "pullPolicy": {"timeoutSeconds": 5, "ttlSecondsAfterFinished": 9}},
+            {"tag": "1.0"}
+        ]}}})).expect("spec"));
+        node.status = Some(NodeImageStatus {
+            image_statuses: [(
+                "nginx".to_owned(),
+                ImageStatus {
+                    tags: vec![
+                        ImageTagStatus::new("b", ImagePullPhase::Pulling),
+                        ImageTagStatus::new("a", ImagePullPhase::Succeeded),
+                    ],
+                },
+            )]
+            .into(),
+            ..Default::default()
+        });
+        let now = time("2026-06-01T12:00:00Z");
+        default_nodeimage(&mut node, &now);
+        let tags = &node.spec.images["nginx"].tags;
+        assert_eq!(
+            tags.iter().map(|t| t.tag.as_str()).collect::<Vec<_>>(),
+            ["1.0", "a", "b"]
+        );
+        assert_eq!(tags[0].created_at, Some(now.clone()));
+        assert_eq!(
+            tags[1].created_at,
+            Some(time("2025-01-01T00:00:00Z")),
+            "kept"
+        );
+        assert_eq!(
+            tags[0].pull_policy,
+            Some(ImageTagPullPolicy {
+                timeout_seconds: Some(600),
+                backoff_limit: Some(3),
+                ..Default::default()
+            })
+        );
+        assert_eq!(
+            tags[1].pull_policy,
+            Some(ImageTagPullPolicy {
+                timeout_seconds: Some(5),
+                backoff_limit: Some(3),
+                ttl_seconds_after_finished: Some(9),
+                active_deadline_seconds: None
+            })
+        );
+        let status_tags = &node.status.as_ref().expect("status").image_statuses["nginx"].tags;
+        assert_eq!(
+            status_tags
+                .iter()
+                .map(|t| t.tag.as_str())
+                .collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+
+        // Idempotent, even at a later time.
+        let once = node.clone();
+        default_nodeimage(&mut node, &time("2027-01-01T00:00:00Z"));
+        assert_eq!(node, once);
+    }
+}
