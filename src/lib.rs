@@ -9,4 +9,5 @@ pub mod daemon;
 pub mod image;
 pub mod manager;
 pub mod probe;
+pub mod sidecar;
 pub mod webhook;

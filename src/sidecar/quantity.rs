@@ -1,0 +1,508 @@
+//! The text Go's `resource.Quantity` writes back after decoding a quantity string.
+//!
+//! The SidecarSet hash covers container resources, and upstream hashes the JSON of its *decoded*
+//! Go structs: `"0.5"` is hashed as `"500m"`, `"1024Mi"` as `"1Gi"`. To reproduce the hash we
+//! reproduce that rendering: parse as `resource.ParseQuantity` does (keeping its rule that some
+//! inputs already in canonical form are written back verbatim, even `"1.500"` or `"+1"`), round
+//! to nano precision upwards, cap binary-suffixed values at the int64 maximum, and render in
+//! canonical form. Upstream quirks are kept on purpose, because the bytes are what must match:
+//! a decimal exponent with no SI suffix loses its suffix (`"1000E"` renders as `"1"`).
+//! The expected values in the tests were produced by `k8s.io/apimachinery` v0.36.
+
+/// How Go would render the quantity `s`, or `None` where Go rejects it.
+pub(crate) fn go_quantity_text(s: &str) -> Option<String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return None;
+    }
+    if s == "0" {
+        return Some("0".to_owned());
+    }
+    let parsed = parse(s)?;
+    let (base, exponent, format) = interpret_suffix(parsed.suffix)?;
+
+    // Go's fast path: small enough to be an int64 times a power of ten.
+    let num_len = parsed.num.len() as i64;
+    let denom_len = parsed.denom.len() as i64;
+    let (mut scale, precision, multiplier): (i64, i64, i64) = match format {
+        Format::DecimalSi | Format::DecimalExponent => (exponent, 18 - (num_len + denom_len), 1),
+        Format::BinarySi if exponent >= 0 && parsed.denom.is_empty() => {
+            // Go computes this in float32; for exponents 10..=60 the product is exact.
+            let digits_of_suffix = exponent * 3 / 10;
+            (
+                0,
+                15 - num_len - digits_of_suffix - 1,
+                1i64 << exponent.min(62),
+            )
+        }
+        Format::BinarySi => (0, -1, 1),
+    };
+    if precision >= 0 {
+        scale -= denom_len;
+        if scale >= -9 {
+            let shifted = format!("{}{}", parsed.num, parsed.denom);
+            let value: i64 = shifted.parse().ok()?;
+            if let Some(result) = value.checked_mul(multiplier) {
+                let canonical_input = match format {
+                    Format::BinarySi => exponent % 10 == 0 && value & 0x07 != 0,
+                    _ => scale % 3 == 0 && !shifted.ends_with("000") && !shifted.starts_with('0'),
+                };
+                if canonical_input {
+                    return Some(s.to_owned());
+                }
+                let amount = Amount {
+                    negative: !parsed.positive && result != 0,
+                    digits: result.unsigned_abs().to_string().into_bytes(),
+                    exp10: scale,
+                };
+                return Some(render(amount, format));
+            }
+        }
+    }
+
+    // Go's arbitrary-precision path, which needs at least one digit.
+    if !parsed.has_digits {
+        return None;
+    }
+    let mut digits: Vec<u8> = format!("{}{}", parsed.num, parsed.denom).into_bytes();
+    let mut exp10 = -denom_len;
+    match base {
+        10 => exp10 += exponent,
+        _ => {
+            for _ in 0..exponent {
+                digits = double(&digits);
+            }
+        }
+    }
+    let mut amount = Amount {
+        negative: !parsed.positive,
+        digits: strip_leading_zeros(digits),
+        exp10,
+    };
+    if amount.is_zero() {
+        return Some("0".to_owned());
+    }
+    // Round up (away from zero) to nano precision: asking for a little always gets something.
+    if amount.exp10 < -9 {
+        amount.round_up_to(-9);
+    }
+    let mut format = format;
+    if format == Format::BinarySi {
+        const MAX_INT64: &[u8] = b"9223372036854775807";
+        if amount.int_part_cmp(MAX_INT64).is_gt()
+            || (amount.int_part_cmp(MAX_INT64).is_eq() && amount.has_fraction())
+        {
+            amount.digits = MAX_INT64.to_vec();
+            amount.exp10 = 0;
+        }
+        if amount.int_part_cmp(b"1").is_lt() {
+            format = Format::DecimalSi;
+        }
+    }
+    Some(render(amount, format))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    DecimalExponent,
+    BinarySi,
+    DecimalSi,
+}
+
+struct Parsed<'a> {
+    positive: bool,
+    /// Whether the number part has a digit; Go's slow path cannot read one without.
+    has_digits: bool,
+    num: &'a str,
+    denom: &'a str,
+    suffix: &'a str,
+}
+
+/// Splits `[+-]digits[.digits][suffix]` the way Go's `parseQuantityString` does (leading zeros
+/// of the integer part dropped, an empty integer part read as `0`).
+fn parse(s: &str) -> Option<Parsed<'_>> {
+    let bytes = s.as_bytes();
+    let end = bytes.len();
+    let mut pos = 0;
+    let mut positive = true;
+    match bytes.first() {
+        Some(b'-') => {
+            positive = false;
+            pos = 1;
+        }
+        Some(b'+') => pos = 1,
+        _ => {}
+    }
+    while pos < end && bytes[pos] == b'0' {
+        pos += 1;
+    }
+    let zero = Parsed {
+        positive,
+        has_digits: true,
+        num: "0",
+        denom: "",
+        suffix: "",
+    };
+    if pos >= end {
+        return Some(zero);
+    }
+    let num_start = pos;
+    while pos < end && bytes[pos].is_ascii_digit() {
+        pos += 1;
+    }
+    let num = match s.get(num_start..pos)? {
+        "" => "0",
+        n => n,
+    };
+    let mut denom = "";
+    if pos < end && bytes[pos] == b'.' {
+        pos += 1;
+        let start = pos;
+        while pos < end && bytes[pos].is_ascii_digit() {
+            pos += 1;
+        }
+        denom = s.get(start..pos)?;
+    }
+    let has_digits = bytes[..pos].iter().any(u8::is_ascii_digit);
+    let suffix_start = pos;
+    while pos < end && b"eEinumkKMGTP".contains(&bytes[pos]) {
+        pos += 1;
+    }
+    if pos < end && matches!(bytes[pos], b'-' | b'+') {
+        pos += 1;
+    }
+    while pos < end && bytes[pos].is_ascii_digit() {
+        pos += 1;
+    }
+    if pos < end {
+        return None;
+    }
+    Some(Parsed {
+        positive,
+        has_digits,
+        num,
+        denom,
+        suffix: s.get(suffix_start..)?,
+    })
+}
+
+/// `(base, exponent, format)` of a suffix.
+fn interpret_suffix(suffix: &str) -> Option<(u32, i64, Format)> {
+    let decimal = |e| Some((10, e, Format::DecimalSi));
+    let binary = |e| Some((2, e, Format::BinarySi));
+    match suffix {
+        "" => decimal(0),
+        "n" => decimal(-9),
+        "u" => decimal(-6),
+        "m" => decimal(-3),
+        "k" => decimal(3),
+        "M" => decimal(6),
+        "G" => decimal(9),
+        "T" => decimal(12),
+        "P" => decimal(15),
+        "E" => decimal(18),
+        "Ki" => binary(10),
+        "Mi" => binary(20),
+        "Gi" => binary(30),
+        "Ti" => binary(40),
+        "Pi" => binary(50),
+        "Ei" => binary(60),
+        _ => {
+            let rest = suffix
+                .strip_prefix('e')
+                .or_else(|| suffix.strip_prefix('E'))?;
+            if rest.is_empty() {
+                return None;
+            }
+            let parsed: i64 = rest.parse().ok()?;
+            // Go keeps the low 32 bits of the exponent.
+            Some((10, i64::from(parsed as i32), Format::DecimalExponent))
+        }
+    }
+}
+
+/// `digits × 10^exp10`, digits most significant first, no leading zeros (zero is empty).
+struct Amount {
+    negative: bool,
+    digits: Vec<u8>,
+    exp10: i64,
+}
+
+impl Amount {
+    fn is_zero(&self) -> bool {
+        self.digits.iter().all(|d| *d == b'0')
+    }
+
+    /// The integer part's digits (no leading zeros; empty for zero).
+    fn int_part(&self) -> Vec<u8> {
+        if self.exp10 >= 0 {
+            let mut d = self.digits.clone();
+            d.extend(std::iter::repeat_n(b'0', self.exp10 as usize));
+            strip_leading_zeros(d)
+        } else {
+            let frac = (-self.exp10) as usize;
+            let keep = self.digits.len().saturating_sub(frac);
+            strip_leading_zeros(self.digits[..keep].to_vec())
+        }
+    }
+
+    fn has_fraction(&self) -> bool {
+        if self.exp10 >= 0 {
+            return false;
+        }
+        let frac = (-self.exp10) as usize;
+        let start = self.digits.len().saturating_sub(frac);
+        self.digits[start..].iter().any(|d| *d != b'0')
+    }
+
+    fn int_part_cmp(&self, other: &[u8]) -> std::cmp::Ordering {
+        let mine = self.int_part();
+        mine.len()
+            .cmp(&other.len())
+            .then_with(|| mine.as_slice().cmp(other))
+    }
+
+    /// Drops digits below `10^target` and adds one unit if any dropped digit was non-zero.
+    fn round_up_to(&mut self, target: i64) {
+        let drop = (target - self.exp10) as usize;
+        let keep = self.digits.len().saturating_sub(drop);
+        let dropped_nonzero = self.digits[keep..].iter().any(|d| *d != b'0');
+        self.digits.truncate(keep);
+        if dropped_nonzero {
+            self.digits = increment(&self.digits);
+        }
+        self.digits = strip_leading_zeros(std::mem::take(&mut self.digits));
+        self.exp10 = target;
+    }
+}
+
+/// Canonical rendering (Go's `CanonicalizeBytes`).
+fn render(mut amount: Amount, mut format: Format) -> String {
+    if amount.is_zero() {
+        return "0".to_owned();
+    }
+    let sign = if amount.negative { "-" } else { "" };
+    if format == Format::BinarySi {
+        if amount.int_part_cmp(b"1024").is_lt() || amount.has_fraction() {
+            format = Format::DecimalSi;
+        } else if let Ok(mut n) = String::from_utf8_lossy(&amount.int_part()).parse::<u128>() {
+            let mut times = 0;
+            while n >= 1024 && n % 1024 == 0 {
+                n /= 1024;
+                times += 1;
+            }
+            let suffix = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+                .get(times)
+                .copied()
+                .unwrap_or("");
+            return format!("{sign}{n}{suffix}");
+        } else {
+            format = Format::DecimalSi;
+        }
+    }
+    // Move factors of ten into the exponent, then lower the exponent to a multiple of three.
+    while amount.digits.len() > 1 && amount.digits.last() == Some(&b'0') {
+        amount.digits.pop();
+        amount.exp10 += 1;
+    }
+    let adjust = amount.exp10.rem_euclid(3);
+    amount
+        .digits
+        .extend(std::iter::repeat_n(b'0', adjust as usize));
+    let exponent = amount.exp10 - adjust;
+    let mantissa = String::from_utf8_lossy(&amount.digits);
+    let suffix = match format {
+        Format::DecimalExponent if exponent == 0 => String::new(),
+        Format::DecimalExponent => format!("e{exponent}"),
+        _ => match exponent {
+            -9 => "n",
+            -6 => "u",
+            -3 => "m",
+            3 => "k",
+            6 => "M",
+            9 => "G",
+            12 => "T",
+            15 => "P",
+            18 => "E",
+            // Go has no suffix for other exponents and writes none (its bug, kept).
+            _ => "",
+        }
+        .to_owned(),
+    };
+    format!("{sign}{mantissa}{suffix}")
+}
+
+fn strip_leading_zeros(mut digits: Vec<u8>) -> Vec<u8> {
+    let zeros = digits.iter().take_while(|d| **d == b'0').count();
+    digits.drain(..zeros);
+    digits
+}
+
+fn double(digits: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(digits.len() + 1);
+    let mut carry = 0;
+    for d in digits.iter().rev() {
+        let v = (d - b'0') * 2 + carry;
+        out.push(b'0' + v % 10);
+        carry = v / 10;
+    }
+    if carry > 0 {
+        out.push(b'0' + carry);
+    }
+    out.reverse();
+    out
+}
+
+fn increment(digits: &[u8]) -> Vec<u8> {
+    let mut out = digits.to_vec();
+    for d in out.iter_mut().rev() {
+        if *d == b'9' {
+            *d = b'0';
+        } else {
+            *d += 1;
+            return out;
+        }
+    }
+    out.insert(0, b'1');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::go_quantity_text;
+
+    /// Produced by `json.Marshal` of a `resource.Quantity` decoded from each input
+    /// (k8s.io/apimachinery v0.36.3).
+    const GO: &[(&str, &str)] = &[
+        ("0", "0"),
+        ("00", "0"),
+        ("0.0", "0"),
+        ("0.1", "100m"),
+        ("100m", "100m"),
+        ("1000m", "1"),
+        ("1", "1"),
+        ("1000", "1k"),
+        ("1k", "1k"),
+        ("1.5", "1500m"),
+        ("1.500", "1.500"),
+        ("012", "012"),
+        ("+1", "+1"),
+        ("-1", "-1"),
+        ("-0.5", "-500m"),
+        ("1e3", "1e3"),
+        ("1E3", "1E3"),
+        ("1.5e3", "1500"),
+        ("1e-3", "1e-3"),
+        ("1e-12", "1e-9"),
+        ("0.0000000001", "1n"),
+        ("1.0000000001", "1000000001n"),
+        ("1Ki", "1Ki"),
+        ("1024", "1024"),
+        ("1024Mi", "1Gi"),
+        ("1000Mi", "1000Mi"),
+        ("8Mi", "8Mi"),
+        ("3Ki", "3Ki"),
+        ("1.5Ki", "1536"),
+        ("1.5Gi", "1536Mi"),
+        ("0.5Ki", "512"),
+        ("0.5Mi", "512Ki"),
+        ("1025Ki", "1025Ki"),
+        ("128974848", "128974848"),
+        ("129e6", "129e6"),
+        ("129M", "129M"),
+        ("123Mi", "123Mi"),
+        ("1G", "1G"),
+        ("1Gi", "1Gi"),
+        ("1.1Gi", "1181116006400m"),
+        ("1000000000000000000000", "1"),
+        ("1000E", "1"),
+        ("12345678901234567890123", "12345678901234567890123"),
+        ("1e100", "10e99"),
+        ("8Ei", "9223372036854775807"),
+        ("16Ei", "9223372036854775807"),
+        ("100000Ei", "9223372036854775807"),
+        ("1.5M", "1500k"),
+        ("2.5", "2500m"),
+        ("250m", "250m"),
+        ("0.25", "250m"),
+        (" 100m ", "100m"),
+        ("1.", "1."),
+        (".5", "500m"),
+        ("1.G", "1.G"),
+        ("5e0", "5e0"),
+        ("5e+3", "5e+3"),
+        ("5E-3", "5E-3"),
+        ("999999999999999999", "999999999999999999"),
+        ("9999999999999999999", "9999999999999999999"),
+        ("-1Ki", "-1Ki"),
+        ("-1023Ki", "-1023Ki"),
+        ("1n", "1n"),
+        ("0.5n", "1n"),
+        ("1u", "1u"),
+        ("1.23456789", "1234567890n"),
+        ("1.234567891", "1.234567891"),
+        ("123456789012345678", "123456789012345678"),
+        ("1234567890123456789", "1234567890123456789"),
+        ("10e2", "1e3"),
+        ("2e1", "20"),
+        ("0.001", "1m"),
+        ("0.010", "10m"),
+        ("50.0", "50"),
+        ("1Mi", "1Mi"),
+        ("1048576", "1048576"),
+        ("1048577", "1048577"),
+    ];
+
+    #[test]
+    fn renders_every_quantity_exactly_as_go_does() {
+        for (input, expected) in GO {
+            assert_eq!(
+                go_quantity_text(input).as_deref(),
+                Some(*expected),
+                "input {input:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_what_go_rejects_without_panicking() {
+        for input in [
+            "", "  ", "1e", "1Q", "abc", "1m1", "--1", "1.2.3", "é", "1é", "Pi", "-Ei", "e-11",
+        ] {
+            assert_eq!(go_quantity_text(input), None, "input {input:?}");
+        }
+    }
+
+    #[test]
+    fn random_inputs_never_panic_and_rendering_is_stable() {
+        // Go's canonical text decodes to itself, so rendering twice changes nothing.
+        const ALPHABET: &[u8] = b"0123456789.+-eEinumkKMGTP ";
+        let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..20_000 {
+            let len = (next() % 14) as usize;
+            let input: String = (0..len)
+                .map(|_| char::from(ALPHABET[(next() % ALPHABET.len() as u64) as usize]))
+                .collect();
+            if let Some(out) = go_quantity_text(&input) {
+                assert_eq!(
+                    go_quantity_text(&out).as_deref(),
+                    Some(out.as_str()),
+                    "input {input:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn absurd_exponents_do_not_blow_up() {
+        assert!(go_quantity_text("1e2147483647").is_some());
+        assert!(go_quantity_text("1.5e-2147483648").is_some());
+        assert!(go_quantity_text("99999999999999999999999999999999Ei").is_some());
+    }
+}
