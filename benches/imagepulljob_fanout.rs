@@ -314,6 +314,8 @@ async fn bench(n: usize) -> Result<()> {
                 "127.0.0.1:0",
                 "--nodeimage-creation-delay",
                 "0",
+                // The fan-out is about the controllers; no webhooks in front of them.
+                "--disable-webhooks",
             ])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())

@@ -14,6 +14,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use kruise_rs::controllers::ControllerOptions;
 use kruise_rs::daemon::{self, DaemonOptions};
 use kruise_rs::manager::{self, ManagerOptions};
+use kruise_rs::webhook::{CertSource, Endpoint, FailurePolicy, WebhookOptions};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info};
 use tracing_subscriber::{EnvFilter, filter::LevelFilter};
@@ -103,6 +104,94 @@ struct ManagerArgs {
     /// syntax), e.g. to shard nodes between managers. Default: all.
     #[arg(long, value_name = "SELECTOR")]
     label_selector: Option<String>,
+
+    #[command(flatten)]
+    webhook: WebhookArgs,
+}
+
+#[derive(Debug, Args)]
+struct WebhookArgs {
+    /// Run without the admission webhooks (no sidecar injection, no defaulting or validation).
+    #[arg(long)]
+    disable_webhooks: bool,
+
+    /// Address of the webhooks' HTTPS server.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9443")]
+    webhook_addr: SocketAddr,
+
+    /// The manager's namespace: holds the certificate Secret and SidecarSet revisions, and is
+    /// never sent to the webhooks (nor is kube-system).
+    #[arg(
+        long,
+        value_name = "NAMESPACE",
+        env = "POD_NAMESPACE",
+        default_value = "kruise-system"
+    )]
+    namespace: String,
+
+    /// The Service in front of the webhook server, in --namespace.
+    #[arg(long, value_name = "NAME", default_value = "kruise-rs-webhook")]
+    webhook_service: String,
+
+    /// The Service's port.
+    #[arg(long, value_name = "PORT", default_value_t = 443)]
+    webhook_service_port: i32,
+
+    /// Reach the webhooks at this base URL instead of through the Service (local runs:
+    /// `https://127.0.0.1:9443`).
+    #[arg(long, value_name = "URL")]
+    webhook_url: Option<String>,
+
+    /// Serve tls.crt/tls.key from this directory (cert-manager) instead of self-managed
+    /// certificates; its ca.crt, if any, becomes the caBundle.
+    #[arg(long, value_name = "DIR")]
+    webhook_cert_dir: Option<PathBuf>,
+
+    /// The Secret in --namespace holding self-managed certificates.
+    #[arg(long, value_name = "NAME", default_value = "kruise-rs-webhook-certs")]
+    webhook_secret: String,
+
+    /// What the apiserver does when the webhooks cannot answer: Fail refuses the request (pods
+    /// are not created without their sidecars), Ignore admits it unchanged.
+    #[arg(long, value_enum, default_value_t = FailurePolicy::Fail)]
+    webhook_failure_policy: FailurePolicy,
+
+    /// How long the apiserver waits for a webhook answer (1 to 30 seconds).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(i32).range(1..=30))]
+    webhook_timeout_seconds: i32,
+}
+
+impl WebhookArgs {
+    fn options(self) -> Option<WebhookOptions> {
+        if self.disable_webhooks {
+            return None;
+        }
+        let endpoint = match self.webhook_url {
+            Some(url) => Endpoint::Url(url),
+            None => Endpoint::Service {
+                namespace: self.namespace.clone(),
+                name: self.webhook_service,
+                port: self.webhook_service_port,
+            },
+        };
+        let certs = match self.webhook_cert_dir {
+            Some(dir) => CertSource::Directory(dir),
+            None => CertSource::SelfManaged {
+                secret: self.webhook_secret,
+            },
+        };
+        Some(WebhookOptions {
+            addr: self.webhook_addr,
+            namespace: self.namespace,
+            certs,
+            endpoint,
+            failure_policy: self.webhook_failure_policy,
+            timeout_seconds: self.webhook_timeout_seconds,
+            configuration_prefix: "kruise-rs".to_owned(),
+            namespace_selector: None,
+        })
+    }
 }
 
 #[derive(Debug, Args)]
@@ -195,6 +284,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     daemon_config_namespace: args.daemon_config_namespace,
                     label_selector: args.label_selector,
                 },
+                webhook: args.webhook.options(),
             };
             manager::run(opts, shutdown, None).await?;
             Ok(())

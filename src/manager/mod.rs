@@ -18,6 +18,7 @@ use kube::Client;
 use tokio::{net::TcpListener, sync::oneshot};
 
 use crate::controllers::{self, ControllerOptions};
+use crate::webhook::{self, WebhookError, WebhookOptions, handlers::Handlers};
 use tracing::{info, warn};
 
 pub use self::crds::{CrdState, MissingCrds, REQUIRED_CRDS, check_crds};
@@ -39,6 +40,8 @@ pub struct ManagerOptions {
     pub probe_addr: SocketAddr,
     /// Settings of the controllers.
     pub controllers: ControllerOptions,
+    /// The admission webhooks; `None` runs the manager without them.
+    pub webhook: Option<WebhookOptions>,
 }
 
 /// Why the manager could not start, or stopped other than by request.
@@ -66,6 +69,10 @@ pub enum ManagerError {
         #[source]
         source: io::Error,
     },
+    #[error(transparent)]
+    Webhook(#[from] WebhookError),
+    #[error("the webhooks stopped unexpectedly")]
+    WebhookStopped,
     #[error("the controllers stopped unexpectedly")]
     ControllersStopped,
     #[error("the probe and metrics server stopped unexpectedly")]
@@ -111,6 +118,7 @@ pub async fn run(
     }));
 
     let (stop_controllers, controllers_stopping) = oneshot::channel::<()>();
+    let webhook_client = client.clone();
     let mut controllers = pin!(controllers::run(
         client,
         opts.controllers.clone(),
@@ -118,6 +126,47 @@ pub async fn run(
             let _ = controllers_stopping.await;
         }
     ));
+
+    let (stop_webhook, webhook_stopping) = oneshot::channel::<()>();
+    let (webhook_ready, webhook_serving) = oneshot::channel();
+    let mut webhooks = pin!(async {
+        let Some(webhook_opts) = opts.webhook.clone() else {
+            drop(webhook_ready);
+            // Without webhooks this branch only ends when told to stop.
+            let _ = webhook_stopping.await;
+            return Ok(());
+        };
+        let (handlers, caches) = Handlers::new(webhook_client.clone(), &webhook_opts.namespace);
+        let serve = webhook::run(
+            webhook_client,
+            webhook_opts,
+            handlers,
+            async move {
+                let _ = webhook_stopping.await;
+            },
+            Some(webhook_ready),
+        );
+        tokio::select! {
+            result = serve => result,
+            () = caches => Err(WebhookError::CachesStopped),
+        }
+    });
+    tokio::select! {
+        biased;
+        () = &mut shutdown => {
+            info!("shutting down before the webhooks were ready");
+            return Ok(());
+        }
+        result = &mut webhooks => {
+            return Err(result.err().map(ManagerError::Webhook).unwrap_or(ManagerError::WebhookStopped));
+        }
+        serving = webhook_serving => {
+            // An error here means "no webhooks": a failed start ends `webhooks` first.
+            if let Ok(addr) = serving {
+                info!(webhook_addr = %addr, "webhooks ready");
+            }
+        }
+    }
 
     state.set_ready(true);
     info!(probe_addr = %addr, "manager running");
@@ -136,11 +185,17 @@ pub async fn run(
             state.set_ready(false);
             return Err(ManagerError::ControllersStopped);
         }
+        result = &mut webhooks => {
+            state.set_ready(false);
+            return Err(result.err().map(ManagerError::Webhook).unwrap_or(ManagerError::WebhookStopped));
+        }
     }
 
     info!("shutting down");
     state.set_ready(false);
     let _ = stop_controllers.send(());
+    let _ = stop_webhook.send(());
+    let _ = tokio::time::timeout(CONTROLLERS_STOP_TIMEOUT, &mut webhooks).await;
     if tokio::time::timeout(CONTROLLERS_STOP_TIMEOUT, &mut controllers)
         .await
         .is_err()
@@ -187,6 +242,7 @@ mod tests {
             kubeconfig: Some(PathBuf::from(kubeconfig)),
             probe_addr: "127.0.0.1:0".parse().unwrap(),
             controllers: ControllerOptions::default(),
+            webhook: None,
         }
     }
 

@@ -3,7 +3,9 @@
 # (the one the integration tests use), installs the CRDs, applies examples/ and runs the manager
 # in the foreground. Ctrl-C stops the manager; the control plane goes with it.
 #
-# Env: KRUISE_RS_PROBE_ADDR  where the manager serves /healthz, /readyz, /metrics (127.0.0.1:8080)
+# Env: KRUISE_RS_PROBE_ADDR    where the manager serves /healthz, /readyz, /metrics (127.0.0.1:8080)
+#      KRUISE_RS_WEBHOOK_ADDR  where it serves the admission webhooks, which the apiserver calls
+#                              at https://<that address> (127.0.0.1:9443)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -27,8 +29,11 @@ kruise-rs is running against a local control plane. In another shell:
   export KUBECONFIG=$kubeconfig
   $state/bin/kubectl get sidecarsets,imagepulljobs,nodeimages -A
 Probes and metrics: http://${KRUISE_RS_PROBE_ADDR:-127.0.0.1:8080}/readyz and /metrics
+Webhooks (sidecar injection, defaulting, validation): https://${KRUISE_RS_WEBHOOK_ADDR:-127.0.0.1:9443}
 Ctrl-C stops the manager and the control plane.
 
 MSG
 export KRUISE_RS_PROBE_ADDR=${KRUISE_RS_PROBE_ADDR:-127.0.0.1:8080}
-exec cargo run --quiet -- manager --kubeconfig "$kubeconfig"
+webhook_addr=${KRUISE_RS_WEBHOOK_ADDR:-127.0.0.1:9443}
+exec cargo run --quiet -- manager --kubeconfig "$kubeconfig" \
+  --webhook-addr "$webhook_addr" --webhook-url "https://$webhook_addr"

@@ -6,3 +6,4 @@ mod node_infra;
 mod nodeimage;
 mod smoke;
 mod support;
+mod webhook;

@@ -29,6 +29,7 @@ fn options(kubeconfig: &std::path::Path) -> ManagerOptions {
         kubeconfig: Some(kubeconfig.to_owned()),
         probe_addr: "127.0.0.1:0".parse().expect("addr"),
         controllers: Default::default(),
+        webhook: None,
     }
 }
 
@@ -113,7 +114,16 @@ async fn the_manager_binary_stops_cleanly_on_sigterm() {
     let cluster = control_plane_with_crds().await;
     let addr = free_loopback_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
-        .args(["manager", "--probe-addr", &addr.to_string(), "--kubeconfig"])
+        .args([
+            "manager",
+            "--probe-addr",
+            &addr.to_string(),
+            "--webhook-addr",
+            "127.0.0.1:0",
+        ])
+        .arg("--webhook-url")
+        .arg("https://127.0.0.1:1")
+        .arg("--kubeconfig")
         .arg(cluster.kubeconfig_path())
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())

@@ -28,6 +28,7 @@ use serde::Deserialize;
 
 pub mod cri_proxy;
 pub mod node;
+pub mod webhook;
 
 /// Field manager of everything the harness applies.
 pub const FIELD_MANAGER: &str = "kruise-rs-tests";

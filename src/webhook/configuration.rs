@@ -1,0 +1,397 @@
+//! The Mutating- and ValidatingWebhookConfigurations that route admission requests to the
+//! manager, built as plain values.
+//!
+//! Every namespaced rule skips `kube-system` and the manager's own namespace, so the system can
+//! always restart itself even while the webhook is down (upstream #1521 could lock a cluster out
+//! of its own kruise-manager). `failurePolicy` decides what a request does while the webhook is
+//! unreachable: `Fail` refuses it (pods are not created without their sidecars), `Ignore` lets it
+//! through unchanged (pods start without their sidecars, objects go unvalidated).
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use kube::api::ObjectMeta;
+
+use crate::apis::well_known::{GROUP, LEGACY_VERSION, NAMESPACE_NAME_LABEL, STORAGE_VERSION};
+
+/// What the apiserver does with a request it cannot get an answer for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailurePolicy {
+    /// Refuse the request.
+    Fail,
+    /// Let the request through unchanged.
+    Ignore,
+}
+
+impl FailurePolicy {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Fail => "Fail",
+            Self::Ignore => "Ignore",
+        }
+    }
+}
+
+/// Where the apiserver reaches the webhook server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A Service in front of the manager (in-cluster).
+    Service {
+        namespace: String,
+        name: String,
+        port: i32,
+    },
+    /// A base URL such as `https://127.0.0.1:9443` (local runs and tests).
+    Url(String),
+}
+
+/// Everything the configurations depend on.
+#[derive(Clone, Debug)]
+pub struct ConfigurationParams {
+    /// Prefix of both configuration names (`<prefix>-mutating-webhook-configuration`, …).
+    pub name_prefix: String,
+    pub endpoint: Endpoint,
+    /// PEM of the CA that signed the serving certificate; `None` leaves `caBundle` unset (for
+    /// cert-manager's CA injector to fill).
+    pub ca_bundle: Option<String>,
+    pub failure_policy: FailurePolicy,
+    pub timeout_seconds: i32,
+    /// Namespaces never sent to the webhook, besides `kube-system`.
+    pub excluded_namespaces: Vec<String>,
+    /// Extra requirements on the namespaces of pods and jobs (used by tests to confine the
+    /// webhook to their own namespaces).
+    pub namespace_selector: Option<LabelSelector>,
+}
+
+/// One webhook: its path on the server, and what it is for.
+struct Route {
+    name: &'static str,
+    path: &'static str,
+    group: &'static str,
+    versions: &'static [&'static str],
+    resource: &'static str,
+    operations: &'static [&'static str],
+    namespaced: bool,
+}
+
+const KRUISE_VERSIONS: &[&str] = &[STORAGE_VERSION, LEGACY_VERSION];
+const CREATE_UPDATE: &[&str] = &["CREATE", "UPDATE"];
+
+pub const MUTATE_POD: &str = "/mutate-pod";
+pub const MUTATE_SIDECARSET: &str = "/mutate-sidecarset";
+pub const VALIDATE_SIDECARSET: &str = "/validate-sidecarset";
+pub const MUTATE_IMAGEPULLJOB: &str = "/mutate-imagepulljob";
+pub const VALIDATE_IMAGEPULLJOB: &str = "/validate-imagepulljob";
+pub const MUTATE_NODEIMAGE: &str = "/mutate-nodeimage";
+pub const VALIDATE_NODEIMAGE: &str = "/validate-nodeimage";
+
+const MUTATING: &[Route] = &[
+    Route {
+        name: "mutate-pods.kruise-rs.io",
+        path: MUTATE_POD,
+        group: "",
+        versions: &["v1"],
+        resource: "pods",
+        operations: &["CREATE"],
+        namespaced: true,
+    },
+    Route {
+        name: "mutate-sidecarsets.kruise-rs.io",
+        path: MUTATE_SIDECARSET,
+        group: GROUP,
+        versions: KRUISE_VERSIONS,
+        resource: "sidecarsets",
+        operations: CREATE_UPDATE,
+        namespaced: false,
+    },
+    Route {
+        name: "mutate-imagepulljobs.kruise-rs.io",
+        path: MUTATE_IMAGEPULLJOB,
+        group: GROUP,
+        versions: KRUISE_VERSIONS,
+        resource: "imagepulljobs",
+        operations: CREATE_UPDATE,
+        namespaced: true,
+    },
+    Route {
+        name: "mutate-nodeimages.kruise-rs.io",
+        path: MUTATE_NODEIMAGE,
+        group: GROUP,
+        versions: KRUISE_VERSIONS,
+        resource: "nodeimages",
+        operations: CREATE_UPDATE,
+        namespaced: false,
+    },
+];
+
+const VALIDATING: &[Route] = &[
+    Route {
+        name: "validate-sidecarsets.kruise-rs.io",
+        path: VALIDATE_SIDECARSET,
+        group: GROUP,
+        versions: KRUISE_VERSIONS,
+        resource: "sidecarsets",
+        operations: CREATE_UPDATE,
+        namespaced: false,
+    },
+    Route {
+        name: "validate-imagepulljobs.kruise-rs.io",
+        path: VALIDATE_IMAGEPULLJOB,
+        group: GROUP,
+        versions: KRUISE_VERSIONS,
+        resource: "imagepulljobs",
+        operations: CREATE_UPDATE,
+        namespaced: true,
+    },
+    Route {
+        name: "validate-nodeimages.kruise-rs.io",
+        path: VALIDATE_NODEIMAGE,
+        group: GROUP,
+        versions: KRUISE_VERSIONS,
+        resource: "nodeimages",
+        operations: CREATE_UPDATE,
+        namespaced: false,
+    },
+];
+
+impl ConfigurationParams {
+    pub fn mutating_name(&self) -> String {
+        format!("{}-mutating-webhook-configuration", self.name_prefix)
+    }
+
+    pub fn validating_name(&self) -> String {
+        format!("{}-validating-webhook-configuration", self.name_prefix)
+    }
+
+    fn client_config(&self, path: &str) -> WebhookClientConfig {
+        let ca_bundle = self
+            .ca_bundle
+            .as_ref()
+            .map(|pem| ByteString(pem.as_bytes().to_vec()));
+        match &self.endpoint {
+            Endpoint::Service {
+                namespace,
+                name,
+                port,
+            } => WebhookClientConfig {
+                ca_bundle,
+                service: Some(ServiceReference {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    path: Some(path.to_owned()),
+                    port: Some(*port),
+                }),
+                url: None,
+            },
+            Endpoint::Url(base) => WebhookClientConfig {
+                ca_bundle,
+                service: None,
+                url: Some(format!("{}{path}", base.trim_end_matches('/'))),
+            },
+        }
+    }
+
+    fn namespace_selector(&self) -> LabelSelector {
+        let mut excluded = vec!["kube-system".to_owned()];
+        for ns in &self.excluded_namespaces {
+            if !excluded.contains(ns) {
+                excluded.push(ns.clone());
+            }
+        }
+        let mut selector = self.namespace_selector.clone().unwrap_or_default();
+        selector
+            .match_expressions
+            .get_or_insert_with(Vec::new)
+            .push(LabelSelectorRequirement {
+                key: NAMESPACE_NAME_LABEL.to_owned(),
+                operator: "NotIn".to_owned(),
+                values: Some(excluded),
+            });
+        selector
+    }
+
+    fn rules(route: &Route) -> Vec<RuleWithOperations> {
+        vec![RuleWithOperations {
+            api_groups: Some(vec![route.group.to_owned()]),
+            api_versions: Some(route.versions.iter().map(|v| (*v).to_owned()).collect()),
+            operations: Some(route.operations.iter().map(|o| (*o).to_owned()).collect()),
+            resources: Some(vec![route.resource.to_owned()]),
+            scope: Some(
+                if route.namespaced {
+                    "Namespaced"
+                } else {
+                    "Cluster"
+                }
+                .to_owned(),
+            ),
+        }]
+    }
+
+    pub fn mutating(&self) -> MutatingWebhookConfiguration {
+        MutatingWebhookConfiguration {
+            metadata: ObjectMeta {
+                name: Some(self.mutating_name()),
+                ..ObjectMeta::default()
+            },
+            webhooks: Some(
+                MUTATING
+                    .iter()
+                    .map(|route| MutatingWebhook {
+                        name: route.name.to_owned(),
+                        admission_review_versions: vec!["v1".to_owned()],
+                        client_config: self.client_config(route.path),
+                        failure_policy: Some(self.failure_policy.as_str().to_owned()),
+                        match_policy: Some("Equivalent".to_owned()),
+                        namespace_selector: route.namespaced.then(|| self.namespace_selector()),
+                        reinvocation_policy: Some("Never".to_owned()),
+                        rules: Some(Self::rules(route)),
+                        side_effects: "None".to_owned(),
+                        timeout_seconds: Some(self.timeout_seconds),
+                        ..MutatingWebhook::default()
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    pub fn validating(&self) -> ValidatingWebhookConfiguration {
+        ValidatingWebhookConfiguration {
+            metadata: ObjectMeta {
+                name: Some(self.validating_name()),
+                ..ObjectMeta::default()
+            },
+            webhooks: Some(
+                VALIDATING
+                    .iter()
+                    .map(|route| ValidatingWebhook {
+                        name: route.name.to_owned(),
+                        admission_review_versions: vec!["v1".to_owned()],
+                        client_config: self.client_config(route.path),
+                        failure_policy: Some(self.failure_policy.as_str().to_owned()),
+                        match_policy: Some("Equivalent".to_owned()),
+                        namespace_selector: route.namespaced.then(|| self.namespace_selector()),
+                        rules: Some(Self::rules(route)),
+                        side_effects: "None".to_owned(),
+                        timeout_seconds: Some(self.timeout_seconds),
+                        ..ValidatingWebhook::default()
+                    })
+                    .collect(),
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(endpoint: Endpoint) -> ConfigurationParams {
+        ConfigurationParams {
+            name_prefix: "kruise-rs".into(),
+            endpoint,
+            ca_bundle: Some("PEM".into()),
+            failure_policy: FailurePolicy::Fail,
+            timeout_seconds: 10,
+            excluded_namespaces: vec!["kruise-system".into()],
+            namespace_selector: None,
+        }
+    }
+
+    #[test]
+    fn pods_are_mutated_on_create_outside_kube_system_and_the_managers_namespace() {
+        let config = params(Endpoint::Url("https://127.0.0.1:9443/".into())).mutating();
+        let webhooks = config.webhooks.unwrap();
+        let pods = webhooks
+            .iter()
+            .find(|w| w.name == "mutate-pods.kruise-rs.io")
+            .unwrap();
+        assert_eq!(
+            pods.client_config.url.as_deref(),
+            Some("https://127.0.0.1:9443/mutate-pod")
+        );
+        let rule = &pods.rules.as_ref().unwrap()[0];
+        assert_eq!(rule.operations.as_deref(), Some(&["CREATE".to_owned()][..]));
+        assert_eq!(rule.resources.as_deref(), Some(&["pods".to_owned()][..]));
+        let selector = pods.namespace_selector.as_ref().unwrap();
+        let requirement = &selector.match_expressions.as_ref().unwrap()[0];
+        assert_eq!(requirement.operator, "NotIn");
+        assert_eq!(
+            requirement.values.as_deref(),
+            Some(&["kube-system".to_owned(), "kruise-system".to_owned()][..])
+        );
+        assert_eq!(pods.failure_policy.as_deref(), Some("Fail"));
+        assert_eq!(pods.side_effects, "None");
+        assert_eq!(
+            pods.client_config
+                .ca_bundle
+                .as_ref()
+                .map(|b| b.0.as_slice()),
+            Some(&b"PEM"[..])
+        );
+    }
+
+    #[test]
+    fn cluster_scoped_kinds_have_no_namespace_selector() {
+        let config = params(Endpoint::Url("https://x".into())).validating();
+        for webhook in config.webhooks.unwrap() {
+            let scope = webhook.rules.as_ref().unwrap()[0].scope.clone().unwrap();
+            assert_eq!(
+                webhook.namespace_selector.is_some(),
+                scope == "Namespaced",
+                "{}",
+                webhook.name
+            );
+        }
+    }
+
+    #[test]
+    fn a_service_endpoint_names_the_service_and_path() {
+        let config = params(Endpoint::Service {
+            namespace: "kruise-system".into(),
+            name: "kruise-rs-webhook".into(),
+            port: 443,
+        })
+        .validating();
+        let webhook = &config.webhooks.unwrap()[0];
+        let service = webhook.client_config.service.as_ref().unwrap();
+        assert_eq!(
+            (service.name.as_str(), service.path.as_deref(), service.port),
+            ("kruise-rs-webhook", Some(VALIDATE_SIDECARSET), Some(443))
+        );
+        assert!(webhook.client_config.url.is_none());
+    }
+
+    #[test]
+    fn both_kruise_versions_are_routed() {
+        let config = params(Endpoint::Url("https://x".into())).validating();
+        for webhook in config.webhooks.unwrap() {
+            let versions = webhook.rules.as_ref().unwrap()[0]
+                .api_versions
+                .clone()
+                .unwrap();
+            assert_eq!(versions, ["v1beta1", "v1alpha1"], "{}", webhook.name);
+        }
+    }
+
+    #[test]
+    fn an_extra_namespace_selector_is_kept_beside_the_exclusions() {
+        let mut p = params(Endpoint::Url("https://x".into()));
+        p.namespace_selector = Some(LabelSelector {
+            match_labels: Some([("webhook-test".to_owned(), "true".to_owned())].into()),
+            ..LabelSelector::default()
+        });
+        p.failure_policy = FailurePolicy::Ignore;
+        let config = p.mutating();
+        let pods = &config.webhooks.unwrap()[0];
+        let selector = pods.namespace_selector.as_ref().unwrap();
+        assert_eq!(
+            selector.match_labels.as_ref().unwrap()["webhook-test"],
+            "true"
+        );
+        assert_eq!(selector.match_expressions.as_ref().unwrap().len(), 1);
+        assert_eq!(pods.failure_policy.as_deref(), Some("Ignore"));
+    }
+}

@@ -1,0 +1,469 @@
+//! Adapts admission requests to the pure decisions: decode the object, call the function, turn
+//! its answer into a [`Verdict`].
+//!
+//! The pod webhook reads SidecarSets and Namespaces from caches (reflectors started by
+//! [`Handlers::new`]) so an admission costs no apiserver round trip; until both caches have
+//! listed once, pod requests wait a moment and are then refused rather than admitted without
+//! their sidecars.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, future};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::core::admission::{AdmissionRequest, Operation};
+use kube::core::{DynamicObject, PartialObjectMeta};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+use super::configuration::{
+    MUTATE_IMAGEPULLJOB, MUTATE_NODEIMAGE, MUTATE_POD, MUTATE_SIDECARSET, VALIDATE_IMAGEPULLJOB,
+    VALIDATE_NODEIMAGE, VALIDATE_SIDECARSET,
+};
+use super::server::{Admit, AdmitFuture, Verdict};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
+use kube::runtime::reflector::ObjectRef;
+
+use crate::apis::defaults;
+use crate::apis::imagepulljob::ImagePullJob;
+use crate::apis::nodeimage::NodeImage;
+use crate::apis::sidecarset::SidecarSet;
+use crate::apis::validation::sidecarset::{
+    KnownRevision, PatchPodMetadataPolicy, SidecarSetContext, WHITELIST_CONFIGMAP,
+    WHITELIST_CONFIGMAP_KEY,
+};
+use crate::apis::validation::{self, ValidationErrors};
+use crate::apis::well_known::{
+    SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_NAME_LABEL,
+};
+use crate::sidecar::{self, hash};
+
+/// How long a pod request waits for the caches before it is refused.
+const CACHE_WAIT: Duration = Duration::from_secs(5);
+
+/// The webhooks' state: a client for the rare reads and the caches for the common ones.
+pub struct Handlers {
+    pub(super) client: Client,
+    /// The manager's namespace: SidecarSet ControllerRevisions and the configuration ConfigMap.
+    pub(super) namespace: String,
+    pub(super) sidecarsets: Store<SidecarSet>,
+    pub(super) namespaces: Store<PartialObjectMeta<Namespace>>,
+    synced: watch::Receiver<bool>,
+}
+
+impl Handlers {
+    /// The handlers, and the future that keeps their caches filled (run it beside the server).
+    pub fn new(
+        client: Client,
+        namespace: &str,
+    ) -> (Arc<Self>, impl Future<Output = ()> + Send + 'static) {
+        let (sidecarsets, sidecarset_writer) = reflector::store();
+        let (namespaces, namespace_writer) = reflector::store();
+        let (synced_tx, synced) = watch::channel(false);
+        let sidecarset_stream = reflector::reflector(
+            sidecarset_writer,
+            watcher(
+                Api::<SidecarSet>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff(),
+        )
+        .for_each(|_| future::ready(()));
+        let namespace_stream = reflector::reflector(
+            namespace_writer,
+            watcher(
+                Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff(),
+        )
+        .for_each(|_| future::ready(()));
+        let (s, n) = (sidecarsets.clone(), namespaces.clone());
+        let caches = async move {
+            let ready = async move {
+                let _ = s.wait_until_ready().await;
+                let _ = n.wait_until_ready().await;
+                synced_tx.send_replace(true);
+                // Keep the sender alive: a dropped one would read as "caches gone".
+                std::future::pending::<()>().await;
+            };
+            tokio::select! {
+                () = sidecarset_stream => {}
+                () = namespace_stream => {}
+                () = ready => {}
+            }
+        };
+        let handlers = Arc::new(Self {
+            client,
+            namespace: namespace.to_owned(),
+            sidecarsets,
+            namespaces,
+            synced,
+        });
+        (handlers, caches)
+    }
+
+    /// Waits (up to [`CACHE_WAIT`]) until the caches have listed once.
+    pub(super) async fn caches_ready(&self) -> bool {
+        let mut synced = self.synced.clone();
+        tokio::time::timeout(CACHE_WAIT, synced.wait_for(|ready| *ready))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+}
+
+impl Admit for Handlers {
+    fn admit<'a>(
+        &'a self,
+        path: &'static str,
+        request: &'a AdmissionRequest<DynamicObject>,
+    ) -> AdmitFuture<'a> {
+        Box::pin(async move {
+            match path {
+                MUTATE_POD => self.mutate_pod(request).await,
+                MUTATE_SIDECARSET => self.mutate_sidecarset(request),
+                VALIDATE_SIDECARSET => self.validate_sidecarset(request).await,
+                MUTATE_IMAGEPULLJOB => self.mutate_imagepulljob(request),
+                VALIDATE_IMAGEPULLJOB => self.validate_imagepulljob(request),
+                MUTATE_NODEIMAGE => self.mutate_nodeimage(request),
+                VALIDATE_NODEIMAGE => self.validate_nodeimage(request),
+                other => Verdict::Deny(format!("kruise-rs has no webhook at {other}")),
+            }
+        })
+    }
+}
+
+/// The request's object (and old object) as `T`; a Verdict to return at once when absent or
+/// undecodable.
+pub(super) fn decode<T: DeserializeOwned>(
+    request: &AdmissionRequest<DynamicObject>,
+) -> Result<(T, Option<T>), Verdict> {
+    let kind = &request.kind.kind;
+    let convert = |object: &DynamicObject| -> Result<T, Verdict> {
+        let value = serde_json::to_value(object)
+            .map_err(|e| Verdict::Deny(format!("cannot read the {kind}: {e}")))?;
+        serde_json::from_value(value)
+            .map_err(|e| Verdict::Deny(format!("cannot read the {kind}: {e}")))
+    };
+    let Some(object) = &request.object else {
+        return Err(Verdict::Allow);
+    };
+    let old = match (&request.operation, &request.old_object) {
+        (Operation::Update, Some(old)) => Some(convert(old)?),
+        _ => None,
+    };
+    Ok((convert(object)?, old))
+}
+
+/// The JSON Patch turning `before` into `after` (both serialized), or Allow when equal.
+pub(super) fn patch_between<T: serde::Serialize>(before: &T, after: &T) -> Verdict {
+    match (serde_json::to_value(before), serde_json::to_value(after)) {
+        (Ok(before), Ok(after)) => {
+            let patch = json_patch::diff(&before, &after);
+            if patch.0.is_empty() {
+                Verdict::Allow
+            } else {
+                Verdict::Patch(patch, Vec::new())
+            }
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            Verdict::Deny(format!("cannot encode the defaulted object: {e}"))
+        }
+    }
+}
+
+/// A denial naming every field that is wrong.
+fn deny(kind: &str, name: &str, errors: &ValidationErrors) -> Verdict {
+    Verdict::Deny(format!("{kind} {name:?} is invalid: {errors}"))
+}
+
+/// Decodes the request's object as `T`, turning a serde failure into Kubernetes-style enum
+/// errors where `raw_enums` recognizes them.
+fn decode_checked<T: DeserializeOwned>(
+    request: &AdmissionRequest<DynamicObject>,
+    raw_enums: fn(&serde_json::Value) -> Result<(), ValidationErrors>,
+) -> Result<(T, Option<T>), Verdict> {
+    decode(request).map_err(|verdict| {
+        if let Some(object) = &request.object
+            && let Ok(raw) = serde_json::to_value(object)
+            && let Err(errors) = raw_enums(&raw)
+        {
+            return deny(&request.kind.kind, &request.name, &errors);
+        }
+        verdict
+    })
+}
+
+impl Handlers {
+    fn mutate_sidecarset(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+        let (set, _) =
+            match decode_checked::<SidecarSet>(request, validation::sidecarset::validate_raw_enums)
+            {
+                Ok(decoded) => decoded,
+                Err(verdict) => return verdict,
+            };
+        let mut defaulted = set.clone();
+        defaults::default_sidecarset(&mut defaulted);
+        let annotations = defaulted
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
+        annotations.insert(
+            SIDECARSET_HASH.to_owned(),
+            hash::sidecarset_hash(&defaulted.spec),
+        );
+        annotations.insert(
+            SIDECARSET_HASH_WITHOUT_IMAGE.to_owned(),
+            hash::sidecarset_hash_without_image(&defaulted.spec),
+        );
+        patch_between(&set, &defaulted)
+    }
+
+    async fn validate_sidecarset(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+        let (set, old) =
+            match decode_checked::<SidecarSet>(request, validation::sidecarset::validate_raw_enums)
+            {
+                Ok(decoded) => decoded,
+                Err(verdict) => return verdict,
+            };
+        if !self.caches_ready().await {
+            return Verdict::Deny(
+                "the kruise-rs webhook is starting (SidecarSet cache not synced); retry".into(),
+            );
+        }
+        let others: Vec<SidecarSet> = self
+            .sidecarsets
+            .state()
+            .iter()
+            .map(|s| (**s).clone())
+            .collect();
+        let name = set.metadata.name.clone().unwrap_or_default();
+        let revisions = match self.revisions(&name).await {
+            Ok(revisions) => revisions,
+            Err(message) => return Verdict::Deny(message),
+        };
+        let known: Vec<KnownRevision> = revisions
+            .iter()
+            .map(KnownRevision::from_controller_revision)
+            .collect();
+        let policy = match self.patch_pod_metadata_policy().await {
+            Ok(policy) => policy,
+            Err(message) => return Verdict::Deny(message),
+        };
+        let ctx = SidecarSetContext {
+            revisions: &known,
+            patch_pod_metadata: &policy,
+        };
+        let result = match &old {
+            Some(old) => validation::sidecarset::validate_update(old, &set, &others, &ctx),
+            None => validation::sidecarset::validate_create(&set, &others, &ctx),
+        };
+        match result {
+            Ok(()) => Verdict::Allow,
+            Err(errors) => deny("SidecarSet", &name, &errors),
+        }
+    }
+
+    /// The ControllerRevisions of SidecarSet `name`.
+    async fn revisions(&self, name: &str) -> Result<Vec<ControllerRevision>, String> {
+        if name.is_empty() {
+            return Ok(Vec::new());
+        }
+        let params = ListParams::default().labels(&format!("{SIDECARSET_NAME_LABEL}={name}"));
+        Api::<ControllerRevision>::namespaced(self.client.clone(), &self.namespace)
+            .list(&params)
+            .await
+            .map(|list| list.items)
+            .map_err(|e| format!("cannot list the ControllerRevisions of SidecarSet {name}: {e}"))
+    }
+
+    /// Which annotations `patchPodMetadata` may write, from the ConfigMap upstream uses.
+    async fn patch_pod_metadata_policy(&self) -> Result<PatchPodMetadataPolicy, String> {
+        let configmaps = Api::<ConfigMap>::namespaced(self.client.clone(), &self.namespace);
+        let found = configmaps.get_opt(WHITELIST_CONFIGMAP).await.map_err(|e| {
+            format!(
+                "cannot read the ConfigMap {}/{WHITELIST_CONFIGMAP}: {e}",
+                self.namespace
+            )
+        })?;
+        let Some(json) = found
+            .and_then(|c| c.data)
+            .and_then(|mut d| d.remove(WHITELIST_CONFIGMAP_KEY))
+        else {
+            return Ok(PatchPodMetadataPolicy::NotConfigured);
+        };
+        PatchPodMetadataPolicy::from_whitelist_json(&json, |expression| {
+            let regex = regex::Regex::new(expression).map_err(|e| e.to_string())?;
+            Ok(move |key: &str| regex.is_match(key))
+        })
+        .map_err(|e| {
+            format!(
+                "the ConfigMap {}/{WHITELIST_CONFIGMAP} is invalid: {e}",
+                self.namespace
+            )
+        })
+    }
+
+    fn mutate_imagepulljob(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+        let (job, _) = match decode_checked::<ImagePullJob>(
+            request,
+            validation::imagepulljob::validate_raw_enums,
+        ) {
+            Ok(decoded) => decoded,
+            Err(verdict) => return verdict,
+        };
+        let mut defaulted = job.clone();
+        defaults::default_imagepulljob(&mut defaulted);
+        patch_between(&job, &defaulted)
+    }
+
+    fn validate_imagepulljob(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+        let (job, old) = match decode_checked::<ImagePullJob>(
+            request,
+            validation::imagepulljob::validate_raw_enums,
+        ) {
+            Ok(decoded) => decoded,
+            Err(verdict) => return verdict,
+        };
+        let result = match &old {
+            Some(old) => validation::imagepulljob::validate_update(old, &job),
+            None => validation::imagepulljob::validate_create(&job),
+        };
+        match result {
+            Ok(()) => Verdict::Allow,
+            Err(errors) => deny("ImagePullJob", &request.name, &errors),
+        }
+    }
+
+    fn mutate_nodeimage(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+        let (node, _) =
+            match decode_checked::<NodeImage>(request, validation::nodeimage::validate_raw_enums) {
+                Ok(decoded) => decoded,
+                Err(verdict) => return verdict,
+            };
+        let mut defaulted = node.clone();
+        defaults::default_nodeimage(&mut defaulted, &Time(Timestamp::now()));
+        patch_between(&node, &defaulted)
+    }
+
+    fn validate_nodeimage(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+        let (node, old) =
+            match decode_checked::<NodeImage>(request, validation::nodeimage::validate_raw_enums) {
+                Ok(decoded) => decoded,
+                Err(verdict) => return verdict,
+            };
+        let result = match &old {
+            Some(old) => validation::nodeimage::validate_update(old, &node),
+            None => validation::nodeimage::validate_create(&node),
+        };
+        match result {
+            Ok(()) => Verdict::Allow,
+            Err(errors) => deny("NodeImage", &request.name, &errors),
+        }
+    }
+
+    async fn mutate_pod(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+        if request.sub_resource.is_some() || request.operation != Operation::Create {
+            return Verdict::Allow;
+        }
+        let (mut pod, _) = match decode::<Pod>(request) {
+            Ok(decoded) => decoded,
+            Err(verdict) => return verdict,
+        };
+        if pod
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty()
+        {
+            pod.metadata.namespace = request.namespace.clone();
+        }
+        if !self.caches_ready().await {
+            return Verdict::Deny(
+                "the kruise-rs webhook is starting (SidecarSet cache not synced); retry".into(),
+            );
+        }
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let namespace_labels = match self.namespace_labels(&namespace).await {
+            Ok(labels) => labels,
+            Err(message) => return Verdict::Deny(message),
+        };
+        let candidates: Vec<SidecarSet> = self
+            .sidecarsets
+            .state()
+            .iter()
+            .map(|s| (**s).clone())
+            .collect();
+        // History only for SidecarSets that pin a revision (rare): fetched before planning.
+        let mut histories: BTreeMap<String, Vec<ControllerRevision>> = BTreeMap::new();
+        for set in &candidates {
+            let pins = set
+                .spec
+                .injection_strategy
+                .revision
+                .as_ref()
+                .is_some_and(|r| r.revision_name.is_some() || r.custom_version.is_some());
+            if pins && let Some(name) = &set.metadata.name {
+                match self.revisions(name).await {
+                    Ok(revisions) => {
+                        histories.insert(name.clone(), revisions);
+                    }
+                    Err(message) => return Verdict::Deny(message),
+                }
+            }
+        }
+        let plan = sidecar::plan_for_new_pod(
+            &candidates,
+            &pod,
+            &namespace_labels,
+            |name| histories.get(name).map(Vec::as_slice).unwrap_or(&[]),
+            random_unit,
+        );
+        let selected = match plan {
+            Ok(selected) if selected.is_empty() => return Verdict::Allow,
+            Ok(selected) => selected,
+            Err(err) => return Verdict::Deny(format!("cannot inject sidecars: {err}")),
+        };
+        let injection = match sidecar::inject(&pod, &selected, Time(Timestamp::now())) {
+            Ok(injection) => injection,
+            Err(err) => return Verdict::Deny(format!("cannot inject sidecars: {err}")),
+        };
+        match sidecar::pod_patch(&pod, &injection.pod) {
+            Ok(patch) => Verdict::Patch(patch, injection.warnings),
+            Err(err) => Verdict::Deny(format!("cannot encode the injected pod: {err}")),
+        }
+    }
+
+    /// The labels of namespace `name`, from the cache or (for a namespace created a moment ago)
+    /// from the apiserver.
+    async fn namespace_labels(&self, name: &str) -> Result<BTreeMap<String, String>, String> {
+        if let Some(namespace) = self.namespaces.get(&ObjectRef::new(name)) {
+            return Ok(namespace.metadata.labels.clone().unwrap_or_default());
+        }
+        Api::<Namespace>::all(self.client.clone())
+            .get_metadata(name)
+            .await
+            .map(|n| n.metadata.labels.unwrap_or_default())
+            .map_err(|e| format!("cannot read the labels of namespace {name}: {e}"))
+    }
+}
+
+/// A number drawn uniformly from `[0, 1)`, for the `Partial` injection policy. It only splits
+/// pods between two revisions, so the clock's nanoseconds mixed through a hash are random
+/// enough, and no RNG dependency is needed.
+fn random_unit() -> f64 {
+    use std::hash::{BuildHasher, RandomState};
+    let bits = RandomState::new().hash_one(std::time::SystemTime::now());
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}

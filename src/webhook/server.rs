@@ -1,0 +1,214 @@
+//! The HTTPS server the apiserver sends AdmissionReviews to: one route per webhook path, each
+//! handing the decoded request to [`Admit`] and encoding its [`Verdict`].
+//!
+//! The response is written here rather than with kube's `AdmissionResponse`, which serializes
+//! the patch as an array of numbers; the API documents a base64 string, which is what Go writes
+//! and what every apiserver version reads.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum_server::Handle;
+use axum_server::tls_rustls::RustlsConfig;
+use base64::Engine as _;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionReview};
+use serde_json::{Value, json};
+
+use super::configuration::{
+    MUTATE_IMAGEPULLJOB, MUTATE_NODEIMAGE, MUTATE_POD, MUTATE_SIDECARSET, VALIDATE_IMAGEPULLJOB,
+    VALIDATE_NODEIMAGE, VALIDATE_SIDECARSET,
+};
+
+/// What a webhook decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    Allow,
+    /// Allow, changed by this JSON Patch (mutating webhooks only), with warnings for the user.
+    Patch(json_patch::Patch, Vec<String>),
+    /// Refuse, with the reason the user sees.
+    Deny(String),
+}
+
+/// Every webhook path this server answers.
+pub const PATHS: &[&str] = &[
+    MUTATE_POD,
+    MUTATE_SIDECARSET,
+    VALIDATE_SIDECARSET,
+    MUTATE_IMAGEPULLJOB,
+    VALIDATE_IMAGEPULLJOB,
+    MUTATE_NODEIMAGE,
+    VALIDATE_NODEIMAGE,
+];
+
+pub type AdmitFuture<'a> = Pin<Box<dyn Future<Output = Verdict> + Send + 'a>>;
+
+/// Decides admission requests, by webhook path.
+pub trait Admit: Send + Sync + 'static {
+    fn admit<'a>(
+        &'a self,
+        path: &'static str,
+        request: &'a AdmissionRequest<DynamicObject>,
+    ) -> AdmitFuture<'a>;
+}
+
+/// The router: `POST <path>` for every path in [`PATHS`].
+pub fn router(admit: Arc<dyn Admit>) -> Router {
+    let mut router = Router::new();
+    for path in PATHS {
+        router = router.route(
+            path,
+            post(
+                move |State(admit): State<Arc<dyn Admit>>, body: Bytes| async move {
+                    review(admit.as_ref(), path, &body).await
+                },
+            ),
+        );
+    }
+    router.with_state(admit)
+}
+
+/// Decodes one AdmissionReview, decides, encodes the answer.
+pub async fn review(admit: &dyn Admit, path: &'static str, body: &[u8]) -> Response {
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+        Ok(review) => review,
+        Err(err) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("not an AdmissionReview: {err}"),
+            )
+                .into_response();
+        }
+    };
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(request) => request,
+        Err(err) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("no request in the AdmissionReview: {err}"),
+            )
+                .into_response();
+        }
+    };
+    let verdict = admit.admit(path, &request).await;
+    axum::Json(response(&request.uid, &verdict)).into_response()
+}
+
+/// The AdmissionReview answering request `uid` with `verdict`.
+pub fn response(uid: &str, verdict: &Verdict) -> Value {
+    let mut answer = json!({"uid": uid, "allowed": true});
+    match verdict {
+        Verdict::Allow => {}
+        Verdict::Patch(patch, warnings) => {
+            if !patch.0.is_empty() {
+                let bytes = serde_json::to_vec(patch).unwrap_or_default();
+                answer["patchType"] = json!("JSONPatch");
+                answer["patch"] = json!(base64::engine::general_purpose::STANDARD.encode(bytes));
+            }
+            if !warnings.is_empty() {
+                answer["warnings"] = json!(warnings);
+            }
+        }
+        Verdict::Deny(message) => {
+            answer["allowed"] = json!(false);
+            answer["status"] = json!({"code": 403, "reason": "Forbidden", "message": message});
+        }
+    }
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": answer})
+}
+
+/// A running HTTPS server.
+pub struct Server {
+    handle: Handle<SocketAddr>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    pub addr: SocketAddr,
+}
+
+impl Server {
+    /// Serves `router` on `addr` with the PEM certificate and key in `tls`.
+    pub async fn start(
+        addr: SocketAddr,
+        tls: RustlsConfig,
+        router: Router,
+    ) -> std::io::Result<Self> {
+        let handle = Handle::new();
+        let server = axum_server::bind_rustls(addr, tls)
+            .handle(handle.clone())
+            .serve(router.into_make_service());
+        let task = tokio::spawn(server);
+        let Some(addr) = handle.listening().await else {
+            return Err(match task.await {
+                Ok(Err(err)) => err,
+                _ => std::io::Error::other("the webhook server stopped before listening"),
+            });
+        };
+        Ok(Self { handle, task, addr })
+    }
+
+    /// Stops accepting, lets requests in flight finish for up to `grace`.
+    pub async fn stop(self, grace: Duration) {
+        self.handle.graceful_shutdown(Some(grace));
+        let _ = self.task.await;
+    }
+}
+
+/// The TLS configuration from PEM text, with the ring provider installed first (the process
+/// has a single default provider; kube's client uses ring too).
+pub async fn tls_config(cert: &str, key: &str) -> std::io::Result<RustlsConfig> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    RustlsConfig::from_pem(cert.as_bytes().to_vec(), key.as_bytes().to_vec()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use json_patch::{AddOperation, PatchOperation};
+
+    #[test]
+    fn a_patch_goes_out_base64_encoded() {
+        let patch = json_patch::Patch(vec![PatchOperation::Add(AddOperation {
+            path: jsonptr::PointerBuf::parse("/metadata/labels/a").unwrap(),
+            value: json!("b"),
+        })]);
+        let out = response("u1", &Verdict::Patch(patch.clone(), vec!["w".into()]));
+        let response = &out["response"];
+        assert_eq!(response["uid"], "u1");
+        assert_eq!(response["allowed"], true);
+        assert_eq!(response["patchType"], "JSONPatch");
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(response["patch"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(
+            serde_json::from_slice::<json_patch::Patch>(&decoded).unwrap(),
+            patch
+        );
+        assert_eq!(response["warnings"], json!(["w"]));
+    }
+
+    #[test]
+    fn a_denial_carries_the_message_and_403() {
+        let out = response("u2", &Verdict::Deny("spec.x: Required value".into()));
+        assert_eq!(out["response"]["allowed"], false);
+        assert_eq!(out["response"]["status"]["code"], 403);
+        assert_eq!(
+            out["response"]["status"]["message"],
+            "spec.x: Required value"
+        );
+    }
+
+    #[test]
+    fn an_empty_patch_is_a_plain_allow() {
+        let out = response("u3", &Verdict::Patch(json_patch::Patch(vec![]), vec![]));
+        assert!(out["response"].get("patch").is_none());
+        assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
+    }
+}

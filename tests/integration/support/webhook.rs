@@ -1,0 +1,153 @@
+//! A control plane of its own with the manager's admission webhooks registered at
+//! `https://127.0.0.1:<port>`, the way envtest runs webhooks: the apiserver calls the manager
+//! running in this process. Separate from the shared cluster so that no other test's pods,
+//! jobs or NodeImages go through these webhooks.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kruise_rs::manager::{self, ManagerOptions};
+use kruise_rs::webhook::{CertSource, Endpoint, FailurePolicy, WebhookOptions};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use super::{ExtraControlPlane, test_controller_options};
+
+/// Label a namespace needs for its pods and ImagePullJobs to go through the webhooks.
+pub const WEBHOOK_NAMESPACE_LABEL: &str = "kruise-rs-webhook-test";
+/// The manager's own namespace on this control plane.
+pub const MANAGER_NAMESPACE: &str = "kruise-rs-system";
+
+pub struct WebhookCluster {
+    plane: ExtraControlPlane,
+    pub webhook_addr: std::net::SocketAddr,
+}
+
+static WEBHOOK_CLUSTER: OnceLock<Result<WebhookCluster, String>> = OnceLock::new();
+
+/// The webhook test cluster, started on first use with the manager (controllers and webhooks)
+/// running on a runtime of its own. Panics with the reason when it cannot start.
+pub fn webhook_cluster() -> &'static WebhookCluster {
+    match WEBHOOK_CLUSTER.get_or_init(start) {
+        Ok(cluster) => cluster,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The options the test manager's webhooks run with, on `addr`.
+pub fn webhook_options(
+    addr: std::net::SocketAddr,
+    failure_policy: FailurePolicy,
+) -> WebhookOptions {
+    WebhookOptions {
+        addr,
+        namespace: MANAGER_NAMESPACE.to_owned(),
+        certs: CertSource::SelfManaged {
+            secret: "kruise-rs-webhook-certs".to_owned(),
+        },
+        endpoint: Endpoint::Url(format!("https://{addr}")),
+        failure_policy,
+        timeout_seconds: 10,
+        configuration_prefix: "kruise-rs".to_owned(),
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some([(WEBHOOK_NAMESPACE_LABEL.to_owned(), "true".to_owned())].into()),
+            ..LabelSelector::default()
+        }),
+    }
+}
+
+fn free_port() -> Result<std::net::SocketAddr, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("no free loopback port: {e}"))
+}
+
+fn start() -> Result<WebhookCluster, String> {
+    let plane = ExtraControlPlane::start();
+    plane.install_crds();
+    let addr = free_port()?;
+    let kubeconfig: PathBuf = plane.kubeconfig_path().to_owned();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    std::thread::Builder::new()
+        .name("webhook-manager".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(format!("a runtime for the manager: {e}")));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let (on_ready, ready) = tokio::sync::oneshot::channel();
+                let opts = ManagerOptions {
+                    kubeconfig: Some(kubeconfig),
+                    probe_addr: "127.0.0.1:0".parse().expect("address"),
+                    controllers: test_controller_options(),
+                    webhook: Some(webhook_options(addr, FailurePolicy::Fail)),
+                };
+                let run = manager::run(opts, std::future::pending(), Some(on_ready));
+                tokio::pin!(run);
+                tokio::select! {
+                    result = &mut run => {
+                        let _ = ready_tx.send(Err(format!("the manager with webhooks stopped: {result:?}")));
+                        return;
+                    }
+                    ready = ready => {
+                        let _ = ready_tx.send(ready.map(|_| ()).map_err(|_| "the manager never became ready".to_owned()));
+                    }
+                }
+                if let Err(e) = run.await {
+                    eprintln!("the manager with webhooks stopped: {e}");
+                }
+            });
+        })
+        .map_err(|e| format!("the manager thread: {e}"))?;
+    ready_rx
+        .recv_timeout(Duration::from_secs(60))
+        .map_err(|e| format!("the manager with webhooks did not start within 60 s: {e}"))??;
+    Ok(WebhookCluster {
+        plane,
+        webhook_addr: addr,
+    })
+}
+
+impl WebhookCluster {
+    pub fn kubeconfig_path(&self) -> &std::path::Path {
+        self.plane.kubeconfig_path()
+    }
+
+    pub async fn client(&self) -> Client {
+        let kubeconfig = Kubeconfig::read_from(self.plane.kubeconfig_path()).expect("kubeconfig");
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("config");
+        Client::try_from(config).expect("client")
+    }
+
+    /// A namespace whose pods and jobs go through the webhooks.
+    pub async fn namespace(&self, prefix: &str) -> String {
+        use k8s_openapi::api::core::v1::Namespace;
+        use kube::api::{Api, ObjectMeta, PostParams};
+        let name = super::unique_name(prefix);
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([(WEBHOOK_NAMESPACE_LABEL.to_owned(), "true".to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        Api::<Namespace>::all(self.client().await)
+            .create(&PostParams::default(), &namespace)
+            .await
+            .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+        name
+    }
+}

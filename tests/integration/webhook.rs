@@ -1,0 +1,374 @@
+//! The admission webhooks through a real kube-apiserver: the manager serves them on
+//! `https://127.0.0.1:<port>` with its self-managed certificates, and the apiserver calls it for
+//! every pod, SidecarSet, ImagePullJob and NodeImage written here (see `support::webhook`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kruise_rs::apis::imagepulljob::ImagePullJob;
+use kruise_rs::apis::nodeimage::NodeImage;
+use kruise_rs::apis::sidecarset::SidecarSet;
+use kruise_rs::webhook::{ConfigurationParams, Endpoint, FailurePolicy};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::support::unique_name;
+use crate::support::webhook::webhook_cluster;
+
+async fn client() -> Client {
+    webhook_cluster().client().await
+}
+
+fn sidecarset(name: &str, selector: Value, containers: Value) -> SidecarSet {
+    serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1",
+        "kind": "SidecarSet",
+        "metadata": {"name": name},
+        "spec": {"selector": selector, "containers": containers}
+    }))
+    .expect("a SidecarSet")
+}
+
+fn pod(name: &str, labels: Value, containers: Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": containers}
+    }))
+    .expect("a pod")
+}
+
+/// The message of an API error, or a panic naming what was expected to fail.
+fn denial<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) -> String {
+    match result {
+        Err(kube::Error::Api(status)) => status.message,
+        other => panic!("{what} should have been denied, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_pod_gets_its_sidecar_and_the_annotations_upstream_writes() {
+    let cluster = webhook_cluster();
+    let client = client().await;
+    let ns = cluster.namespace("wh-inject").await;
+    let app = unique_name("app");
+    let name = unique_name("logger");
+    let created = Api::<SidecarSet>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &sidecarset(
+                &name,
+                json!({"matchLabels": {"app": &app}}),
+                json!([{"name": "logger", "image": "busybox:1.36", "command": ["sleep", "999"]}]),
+            ),
+        )
+        .await
+        .expect("the SidecarSet is admitted");
+    // Defaulted and hashed by the mutating webhook.
+    let annotations = created.annotations();
+    assert!(
+        annotations.contains_key("kruise.io/sidecarset-hash"),
+        "{annotations:?}"
+    );
+    assert!(annotations.contains_key("kruise.io/sidecarset-hash-without-image"));
+    let container = &created.spec.containers[0];
+    assert_eq!(
+        container.container.image_pull_policy.as_deref(),
+        Some("IfNotPresent")
+    );
+
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    let admitted = pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                "web",
+                json!({"app": &app}),
+                json!([{"name": "main", "image": "nginx:1.25"}]),
+            ),
+        )
+        .await
+        .expect("the pod is admitted");
+    let names: Vec<&str> = admitted
+        .spec
+        .as_ref()
+        .expect("spec")
+        .containers
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["logger", "main"],
+        "BeforeAppContainer puts the sidecar first"
+    );
+    let logger = &admitted.spec.as_ref().unwrap().containers[0];
+    assert!(
+        logger.env.as_ref().is_some_and(|env| env
+            .iter()
+            .any(|e| e.name == "IS_INJECTED" && e.value.as_deref() == Some("true"))),
+        "{logger:?}"
+    );
+    let annotations = admitted.annotations();
+    let hashes: Value =
+        serde_json::from_str(&annotations["kruise.io/sidecarset-hash"]).expect("JSON");
+    assert_eq!(hashes[&name]["sidecarSetName"], name.as_str());
+    assert_eq!(hashes[&name]["sidecarList"], json!(["logger"]));
+    assert_eq!(
+        hashes[&name]["hash"].as_str(),
+        created
+            .annotations()
+            .get("kruise.io/sidecarset-hash")
+            .map(String::as_str)
+    );
+    assert_eq!(annotations["kruise.io/sidecarset-injected-list"], name);
+
+    // A pod the SidecarSet does not select is left alone.
+    let plain = pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                "other",
+                json!({"app": "other"}),
+                json!([{"name": "main", "image": "nginx:1.25"}]),
+            ),
+        )
+        .await
+        .expect("admitted");
+    assert_eq!(plain.spec.as_ref().unwrap().containers.len(), 1);
+    assert!(
+        !plain
+            .annotations()
+            .contains_key("kruise.io/sidecarset-hash")
+    );
+}
+
+#[tokio::test]
+async fn invalid_sidecarsets_are_denied_with_the_field_named() {
+    let client = client().await;
+    let sets = Api::<SidecarSet>::all(client.clone());
+    let name = unique_name("bad");
+    let mount_without_volume = sidecarset(
+        &name,
+        json!({"matchLabels": {"app": "x"}}),
+        json!([{"name": "c", "image": "busybox", "volumeMounts": [{"name": "missing", "mountPath": "/m"}]}]),
+    );
+    let message = denial(
+        sets.create(&PostParams::default(), &mount_without_volume)
+            .await,
+        "a mount of a missing volume",
+    );
+    assert!(
+        message.contains("spec.containers[0].volumeMounts[0].name"),
+        "{message}"
+    );
+
+    let hot = sidecarset(
+        &unique_name("hot"),
+        json!({"matchLabels": {"app": "x"}}),
+        json!([{"name": "c", "image": "busybox", "upgradeStrategy": {"upgradeType": "HotUpgrade"}}]),
+    );
+    let message = denial(
+        sets.create(&PostParams::default(), &hot).await,
+        "HotUpgrade",
+    );
+    assert!(
+        message.contains("HotUpgrade") && message.contains("not supported"),
+        "{message}"
+    );
+
+    let empty_selector = sidecarset(
+        &unique_name("empty"),
+        json!({}),
+        json!([{"name": "c", "image": "busybox"}]),
+    );
+    let message = denial(
+        sets.create(&PostParams::default(), &empty_selector).await,
+        "an empty selector",
+    );
+    assert!(message.contains("spec.selector"), "{message}");
+}
+
+#[tokio::test]
+async fn a_sidecarset_update_cannot_add_containers() {
+    let client = client().await;
+    let sets = Api::<SidecarSet>::all(client.clone());
+    let name = unique_name("grow");
+    sets.create(
+        &PostParams::default(),
+        &sidecarset(
+            &name,
+            json!({"matchLabels": {"app": &name}}),
+            json!([{"name": "a", "image": "busybox"}]),
+        ),
+    )
+    .await
+    .expect("created");
+    let patch = json!({"spec": {"containers": [
+        {"name": "a", "image": "busybox"}, {"name": "b", "image": "busybox"}
+    ]}});
+    let message = denial(
+        sets.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await,
+        "adding a container",
+    );
+    assert!(
+        message.contains("spec.containers[1].name") || message.contains("\"b\""),
+        "{message}"
+    );
+    // Changing an image is fine.
+    let patch = json!({"spec": {"containers": [{"name": "a", "image": "busybox:1.36"}]}});
+    let updated = sets
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("an image change is admitted");
+    assert_eq!(
+        updated.spec.containers[0].container.image.as_deref(),
+        Some("busybox:1.36")
+    );
+}
+
+#[tokio::test]
+async fn imagepulljobs_and_nodeimages_are_defaulted_and_validated() {
+    let cluster = webhook_cluster();
+    let client = client().await;
+    let ns = cluster.namespace("wh-jobs").await;
+    let jobs = Api::<ImagePullJob>::namespaced(client.clone(), &ns);
+    let both: ImagePullJob = serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1", "kind": "ImagePullJob",
+        "metadata": {"name": "both"},
+        "spec": {"image": "nginx:1.25", "selector": {"names": ["n1"], "matchLabels": {"a": "b"}}}
+    }))
+    .expect("job");
+    let message = denial(
+        jobs.create(&PostParams::default(), &both).await,
+        "names with matchLabels",
+    );
+    assert!(message.contains("spec.selector"), "{message}");
+
+    let never_with_deadline: ImagePullJob = serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1", "kind": "ImagePullJob",
+        "metadata": {"name": "never"},
+        "spec": {"image": "nginx:1.25", "completionPolicy": {"type": "Never", "activeDeadlineSeconds": 60}}
+    }))
+    .expect("job");
+    let message = denial(
+        jobs.create(&PostParams::default(), &never_with_deadline)
+            .await,
+        "Never with a deadline",
+    );
+    assert!(
+        message.contains("spec.completionPolicy.activeDeadlineSeconds"),
+        "{message}"
+    );
+
+    let node = unique_name("wh-node");
+    let nodeimage: NodeImage = serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1", "kind": "NodeImage",
+        "metadata": {"name": &node},
+        "spec": {"images": {"nginx": {"tags": [{"tag": "1.25", "pullPolicy": {"ttlSecondsAfterFinished": 300}}]}}}
+    }))
+    .expect("NodeImage");
+    let created = Api::<NodeImage>::all(client.clone())
+        .create(&PostParams::default(), &nodeimage)
+        .await
+        .expect("admitted");
+    let tag = &created.spec.images["nginx"].tags[0];
+    assert!(tag.created_at.is_some(), "createdAt defaulted: {tag:?}");
+    // Upstream requires a TTL on every tag (its controller always writes one).
+    let mut without_ttl = nodeimage.clone();
+    without_ttl.metadata.name = Some(unique_name("wh-node"));
+    without_ttl.spec.images.get_mut("nginx").unwrap().tags[0].pull_policy = None;
+    let message = denial(
+        Api::<NodeImage>::all(client.clone())
+            .create(&PostParams::default(), &without_ttl)
+            .await,
+        "a tag without a TTL",
+    );
+    assert!(
+        message.contains("spec.images[nginx].tags[0].pullPolicy.ttlSecondsAfterFinished"),
+        "{message}"
+    );
+    let policy = tag.pull_policy.clone().expect("pullPolicy defaulted");
+    assert_eq!(
+        (policy.timeout_seconds, policy.backoff_limit),
+        (Some(600), Some(3))
+    );
+}
+
+/// What the apiserver does while a webhook cannot be reached, under each failurePolicy: a
+/// configuration built like the manager's, pointing at a port nothing listens on, for one
+/// namespace only.
+#[tokio::test]
+async fn a_webhook_that_is_down_blocks_pods_under_fail_and_not_under_ignore() {
+    let cluster = webhook_cluster();
+    let client = client().await;
+    for policy in [FailurePolicy::Fail, FailurePolicy::Ignore] {
+        let label = unique_name("down");
+        let ns = cluster.namespace("wh-down").await;
+        Api::<Namespace>::all(client.clone())
+            .patch(
+                &ns,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"webhook-down": &label}}})),
+            )
+            .await
+            .expect("label the namespace");
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a port");
+        let params = ConfigurationParams {
+            name_prefix: label.clone(),
+            endpoint: Endpoint::Url(format!("https://{closed}")),
+            ca_bundle: None,
+            failure_policy: policy,
+            timeout_seconds: 2,
+            excluded_namespaces: vec![],
+            namespace_selector: Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                    match_labels: Some(BTreeMap::from([(
+                        "webhook-down".to_owned(),
+                        label.clone(),
+                    )])),
+                    ..Default::default()
+                },
+            ),
+        };
+        let configs = Api::<MutatingWebhookConfiguration>::all(client.clone());
+        // Only the pod webhook: the cluster-scoped kinds' webhooks have no namespace selector
+        // and would stop the other tests' SidecarSets too.
+        let mut config = params.mutating();
+        if let Some(webhooks) = config.webhooks.as_mut() {
+            webhooks.retain(|w| w.name == "mutate-pods.kruise-rs.io");
+        }
+        configs
+            .create(&PostParams::default(), &config)
+            .await
+            .expect("a configuration pointing nowhere");
+        let result = Api::<Pod>::namespaced(client.clone(), &ns)
+            .create(
+                &PostParams::default(),
+                &pod(
+                    "p",
+                    json!({"app": "x"}),
+                    json!([{"name": "main", "image": "nginx:1.25"}]),
+                ),
+            )
+            .await;
+        configs
+            .delete(&params.mutating_name(), &DeleteParams::default())
+            .await
+            .expect("cleanup");
+        match policy {
+            FailurePolicy::Fail => {
+                let message = denial(result, "a pod while the webhook is down under Fail");
+                assert!(message.contains("failed calling webhook"), "{message}");
+            }
+            FailurePolicy::Ignore => {
+                let pod = result.expect("admitted unchanged under Ignore");
+                assert_eq!(pod.spec.unwrap().containers.len(), 1);
+            }
+        }
+    }
+}
