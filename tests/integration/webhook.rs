@@ -372,3 +372,138 @@ async fn a_webhook_that_is_down_blocks_pods_under_fail_and_not_under_ignore() {
         }
     }
 }
+
+/// The self-managed certificates live in a Secret; the configurations carry its CA; a second
+/// manager (another replica, or a restart) serves the same certificates instead of new ones.
+#[tokio::test]
+async fn replicas_share_the_certificates_in_the_secret_and_its_ca_is_the_ca_bundle() {
+    use crate::support::webhook::{MANAGER_NAMESPACE, webhook_options};
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::Secret;
+    use kruise_rs::webhook::handlers::Handlers;
+
+    let client = client().await;
+    let secret = Api::<Secret>::namespaced(client.clone(), MANAGER_NAMESPACE)
+        .get("kruise-rs-webhook-certs")
+        .await
+        .expect("the certificate Secret");
+    let ca = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("ca.crt"))
+        .expect("ca.crt")
+        .0
+        .clone();
+    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get("kruise-rs-mutating-webhook-configuration")
+        .await
+        .expect("mutating configuration");
+    let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .get("kruise-rs-validating-webhook-configuration")
+        .await
+        .expect("validating configuration");
+    for config in mutating
+        .webhooks
+        .iter()
+        .flatten()
+        .map(|w| &w.client_config)
+        .chain(
+            validating
+                .webhooks
+                .iter()
+                .flatten()
+                .map(|w| &w.client_config),
+        )
+    {
+        assert_eq!(config.ca_bundle.as_ref().map(|b| &b.0), Some(&ca));
+    }
+    let pods = mutating
+        .webhooks
+        .iter()
+        .flatten()
+        .find(|w| w.name == "mutate-pods.kruise-rs.io")
+        .expect("pod webhook");
+    let excluded = pods
+        .namespace_selector
+        .as_ref()
+        .and_then(|s| s.match_expressions.as_ref())
+        .and_then(|e| e.iter().find(|r| r.operator == "NotIn"))
+        .and_then(|r| r.values.clone())
+        .unwrap_or_default();
+    assert!(
+        excluded.contains(&"kube-system".to_owned())
+            && excluded.contains(&MANAGER_NAMESPACE.to_owned()),
+        "{excluded:?}"
+    );
+
+    // A second webhook server on the same Secret, under other configuration names.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a port");
+    let mut opts = webhook_options(addr, FailurePolicy::Ignore);
+    opts.configuration_prefix = unique_name("replica");
+    opts.namespace_selector = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                "nothing".to_owned(),
+                "matches".to_owned(),
+            )])),
+            ..Default::default()
+        },
+    );
+    let (handlers, caches) = Handlers::new(client.clone(), MANAGER_NAMESPACE);
+    let caches = tokio::spawn(caches);
+    let (ready_tx, ready) = tokio::sync::oneshot::channel();
+    let (stop, stopping) = tokio::sync::oneshot::channel::<()>();
+    let prefix = opts.configuration_prefix.clone();
+    let replica = tokio::spawn(kruise_rs::webhook::run(
+        client.clone(),
+        opts,
+        handlers,
+        async move {
+            let _ = stopping.await;
+        },
+        Some(ready_tx),
+    ));
+    ready.await.expect("the second server starts");
+    let second = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get(&format!("{prefix}-mutating-webhook-configuration"))
+        .await
+        .expect("the replica's configuration");
+    let bundle = second
+        .webhooks
+        .as_ref()
+        .and_then(|w| w.first())
+        .and_then(|w| w.client_config.ca_bundle.clone());
+    assert_eq!(
+        bundle.map(|b| b.0),
+        Some(ca.clone()),
+        "the same CA, not a new one"
+    );
+    let after = Api::<Secret>::namespaced(client.clone(), MANAGER_NAMESPACE)
+        .get("kruise-rs-webhook-certs")
+        .await
+        .expect("the Secret");
+    assert_eq!(
+        after.metadata.resource_version, secret.metadata.resource_version,
+        "not rewritten"
+    );
+    let _ = stop.send(());
+    replica
+        .await
+        .expect("join")
+        .expect("the replica stops cleanly");
+    caches.abort();
+    let _ = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .delete(
+            &format!("{prefix}-mutating-webhook-configuration"),
+            &DeleteParams::default(),
+        )
+        .await;
+    let _ = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .delete(
+            &format!("{prefix}-validating-webhook-configuration"),
+            &DeleteParams::default(),
+        )
+        .await;
+}
