@@ -439,9 +439,14 @@ impl Handlers {
             Ok(injection) => injection,
             Err(err) => return Verdict::Deny(format!("cannot inject sidecars: {err}")),
         };
-        match sidecar::pod_patch(&pod, &injection.pod) {
-            Ok(patch) => Verdict::Patch(patch, injection.warnings),
-            Err(err) => Verdict::Deny(format!("cannot encode the injected pod: {err}")),
+        let raw = request
+            .object
+            .as_ref()
+            .and_then(|o| serde_json::to_value(o).ok());
+        match raw.map(|raw| patch_preserving(&raw, &pod, &injection.pod)) {
+            Some(Ok(patch)) => Verdict::Patch(patch, injection.warnings),
+            Some(Err(err)) => Verdict::Deny(format!("cannot encode the injected pod: {err}")),
+            None => Verdict::Deny("cannot encode the injected pod".into()),
         }
     }
 
@@ -459,6 +464,75 @@ impl Handlers {
     }
 }
 
+/// The patch from the pod as the apiserver sent it (`raw`) to the injected pod, keeping every
+/// field of `raw` the typed `Pod` does not know (fields newer than the API version this crate is
+/// built against): list items the injection left alone are taken from `raw` as they were, and
+/// only the lists and annotations injection touches are rewritten.
+pub(super) fn patch_preserving(
+    raw: &serde_json::Value,
+    before: &Pod,
+    after: &Pod,
+) -> Result<json_patch::Patch, serde_json::Error> {
+    let typed_before = serde_json::to_value(before)?;
+    let typed_after = serde_json::to_value(after)?;
+    let mut out = raw.clone();
+    for (section, field) in [("metadata", "annotations"), ("metadata", "labels")] {
+        let (b, a) = (&typed_before[section][field], &typed_after[section][field]);
+        if b != a {
+            out[section][field] = a.clone();
+        }
+    }
+    for field in [
+        "containers",
+        "initContainers",
+        "volumes",
+        "imagePullSecrets",
+    ] {
+        let (b, a) = (&typed_before["spec"][field], &typed_after["spec"][field]);
+        if b == a {
+            continue;
+        }
+        let raw_items = raw["spec"][field].as_array().cloned().unwrap_or_default();
+        let before_items = b.as_array().cloned().unwrap_or_default();
+        let merged: Vec<serde_json::Value> = a
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|item| {
+                let name = &item["name"];
+                let unchanged = before_items
+                    .iter()
+                    .any(|old| &old["name"] == name && *old == item);
+                match raw_items.iter().find(|r| &r["name"] == name) {
+                    Some(original) if unchanged => original.clone(),
+                    _ => item,
+                }
+            })
+            .collect();
+        out["spec"][field] = serde_json::Value::Array(merged);
+    }
+    // Anything else the injection changed (nothing today) goes through the typed diff.
+    let mut rest_before = typed_before.clone();
+    let mut rest_after = typed_after.clone();
+    for v in [&mut rest_before, &mut rest_after] {
+        for field in [
+            "containers",
+            "initContainers",
+            "volumes",
+            "imagePullSecrets",
+        ] {
+            v["spec"][field] = serde_json::Value::Null;
+        }
+        v["metadata"]["annotations"] = serde_json::Value::Null;
+        v["metadata"]["labels"] = serde_json::Value::Null;
+    }
+    if rest_before != rest_after {
+        return sidecar::pod_patch(before, after);
+    }
+    Ok(json_patch::diff(raw, &out))
+}
+
 /// A number drawn uniformly from `[0, 1)`, for the `Partial` injection policy. It only splits
 /// pods between two revisions, so the clock's nanoseconds mixed through a hash are random
 /// enough, and no RNG dependency is needed.
@@ -466,4 +540,58 @@ fn random_unit() -> f64 {
     use std::hash::{BuildHasher, RandomState};
     let bits = RandomState::new().hash_one(std::time::SystemTime::now());
     (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn fields_the_typed_pod_does_not_know_survive_injection() {
+        let raw = json!({
+            "metadata": {"name": "p", "labels": {"app": "web"}},
+            "spec": {
+                "containers": [{"name": "main", "image": "nginx", "futureField": {"x": 1}}],
+                "futureSpecField": true
+            }
+        });
+        let before: Pod = serde_json::from_value(raw.clone()).unwrap();
+        let mut after = before.clone();
+        let spec = after.spec.as_mut().unwrap();
+        spec.containers.insert(
+            0,
+            serde_json::from_value(json!({"name": "sidecar", "image": "busybox"})).unwrap(),
+        );
+        after
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert("a".into(), "b".into());
+        let patch = patch_preserving(&raw, &before, &after).unwrap();
+        let mut patched = raw.clone();
+        json_patch::patch(&mut patched, &patch).unwrap();
+        assert_eq!(patched["spec"]["containers"][0]["name"], "sidecar");
+        assert_eq!(
+            patched["spec"]["containers"][1]["futureField"],
+            json!({"x": 1})
+        );
+        assert_eq!(patched["spec"]["futureSpecField"], true);
+        assert_eq!(patched["metadata"]["annotations"]["a"], "b");
+    }
+
+    #[test]
+    fn an_untouched_pod_gives_an_empty_patch() {
+        let raw = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "m", "image": "i", "new": 1}]}});
+        let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
+        assert!(patch_preserving(&raw, &pod, &pod).unwrap().0.is_empty());
+    }
+
+    #[test]
+    fn random_draws_stay_in_the_unit_interval() {
+        for _ in 0..1000 {
+            let r = random_unit();
+            assert!((0.0..1.0).contains(&r), "{r}");
+        }
+    }
 }
