@@ -507,3 +507,70 @@ async fn replicas_share_the_certificates_in_the_secret_and_its_ca_is_the_ca_bund
         )
         .await;
 }
+
+/// v1alpha1 SidecarSets go through the same webhooks: `spec.namespace` scopes injection to one
+/// namespace, and the object is defaulted and hashed like a v1beta1 one.
+#[tokio::test]
+async fn a_v1alpha1_sidecarset_is_defaulted_and_injects_only_in_its_namespace() {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let cluster = webhook_cluster();
+    let client = client().await;
+    let ns = cluster.namespace("wh-alpha").await;
+    let elsewhere = cluster.namespace("wh-alpha-other").await;
+    let app = unique_name("alpha");
+    let name = unique_name("alpha-set");
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("apps.kruise.io", "v1alpha1", "SidecarSet"),
+        "sidecarsets",
+    );
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1alpha1", "kind": "SidecarSet",
+        "metadata": {"name": &name},
+        "spec": {"namespace": &ns, "selector": {"matchLabels": {"app": &app}},
+                 "containers": [{"name": "side", "image": "busybox:1.36"}]}
+    }))
+    .expect("object");
+    let created = Api::<DynamicObject>::all_with(client.clone(), &resource)
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("admitted");
+    assert!(
+        created
+            .annotations()
+            .contains_key("kruise.io/sidecarset-hash")
+    );
+    assert_eq!(
+        created.data["spec"]["containers"][0]["podInjectPolicy"],
+        "BeforeAppContainer"
+    );
+
+    // Containers of a new pod labelled for the SidecarSet in `namespace`.
+    let containers_in = |namespace: String| {
+        let pods = Api::<Pod>::namespaced(client.clone(), &namespace);
+        let labels = json!({"app": &app});
+        async move {
+            let body = pod(
+                &unique_name("p"),
+                labels,
+                json!([{"name": "main", "image": "nginx"}]),
+            );
+            let created = pods.create(&PostParams::default(), &body).await.ok()?;
+            created.spec.map(|s| s.containers.len())
+        }
+    };
+    // The webhook's cache sees the new SidecarSet a moment later: retry until it injects.
+    crate::support::wait_for(
+        "a pod in the SidecarSet's namespace to get the sidecar",
+        std::time::Duration::from_secs(30),
+        || {
+            let created = containers_in(ns.clone());
+            async move { (created.await == Some(2)).then_some(()) }
+        },
+    )
+    .await;
+    assert_eq!(
+        containers_in(elsewhere.clone()).await,
+        Some(1),
+        "no sidecar outside spec.namespace"
+    );
+}
