@@ -22,6 +22,10 @@ cargo run --quiet -- crds | kubectl apply --server-side -f - >&2
 kubectl wait --for=condition=Established crd --all --timeout=60s >&2
 kubectl create namespace payments >&2     # the namespace the v1alpha1 SidecarSet example names
 kubectl apply -f examples/ >&2
+# The example SidecarSet patches a pod annotation: allow it, as upstream's whitelist does.
+kubectl create namespace kruise-system >&2
+kubectl -n kruise-system create configmap kruise-configuration >&2 \
+  --from-literal=SidecarSet_PatchPodMetadata_WhiteList='{"rules":[{"allowedAnnotationKeyExprs":["^log-agent\\.example\\.com/"]}]}'
 
 cat >&2 <<MSG
 
