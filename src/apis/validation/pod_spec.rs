@@ -30,7 +30,9 @@
 //! - **Volumes**: names required, RFC 1123 labels, unique; exactly one volume source; `hostPath`
 //!   path required and type known; `secret.secretName`, `configMap.name`,
 //!   `persistentVolumeClaim.claimName` required; `defaultMode` 0–0777 for secret, configMap,
-//!   downwardAPI and projected; projected service-account tokens need a path and an expiry
+//!   downwardAPI and projected; downwardAPI items: relative paths without `..`, `fieldRef` to
+//!   what a volume can expose, `resourceFieldRef` with its container; projected
+//!   service-account tokens need a path and an expiry
 //!   between 10 minutes and 2³² seconds.
 //!
 //! Not covered (Kubernetes still checks them on every pod the sidecars are injected into, so a
@@ -425,6 +427,83 @@ fn config_map_key_errors(key: &str) -> Vec<String> {
         errs.push("must not be '..'".to_owned());
     } else if key.starts_with("..") {
         errs.push("must not start with '..'".to_owned());
+    }
+    errs
+}
+
+/// Fields a downwardAPI volume can expose (fewer than env vars can: no spec or status fields).
+const DOWNWARD_VOLUME_FIELDS: &[&str] = &[
+    "metadata.annotations",
+    "metadata.labels",
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.uid",
+];
+
+/// downwardAPI volume items as Kubernetes checks them: a relative path without `..`, and a
+/// `fieldRef` to a field a volume can expose, or a `resourceFieldRef` naming its container. A
+/// SidecarSet with anything else would be admitted and then fail every pod it selects.
+fn validate_downward_items(
+    items: &[k8s_openapi::api::core::v1::DownwardAPIVolumeFile],
+    path: &str,
+) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let ip = index(path, i);
+        let file = &item.path;
+        if file.is_empty() {
+            errs.push(FieldError::required(child(&ip, "path"), ""));
+        } else if file.starts_with('/') {
+            errs.push(FieldError::invalid(
+                child(&ip, "path"),
+                file,
+                "must be a relative path",
+            ));
+        } else if file.split('/').any(|part| part == "..") {
+            errs.push(FieldError::invalid(
+                child(&ip, "path"),
+                file,
+                "must not contain '..'",
+            ));
+        }
+        match (&item.field_ref, &item.resource_field_ref) {
+            (Some(field), None) => {
+                let fp = &field.field_path;
+                let base = split_subscripted_path(fp).map_or(fp.as_str(), |(base, _)| base);
+                let subscript_ok = split_subscripted_path(fp).is_none_or(|(base, _)| {
+                    base == "metadata.labels" || base == "metadata.annotations"
+                });
+                if !DOWNWARD_VOLUME_FIELDS.contains(&base) || !subscript_ok {
+                    errs.push(FieldError::not_supported(
+                        child(&child(&ip, "fieldRef"), "fieldPath"),
+                        fp,
+                        DOWNWARD_VOLUME_FIELDS,
+                    ));
+                }
+            }
+            (None, Some(resource)) => {
+                if resource
+                    .container_name
+                    .as_deref()
+                    .unwrap_or_default()
+                    .is_empty()
+                {
+                    errs.push(FieldError::required(
+                        child(&child(&ip, "resourceFieldRef"), "containerName"),
+                        "a downwardAPI volume's resourceFieldRef must name its container",
+                    ));
+                }
+            }
+            (Some(_), Some(_)) => errs.push(FieldError::invalid(
+                ip.clone(),
+                "",
+                "fieldRef and resourceFieldRef can not be specified simultaneously",
+            )),
+            (None, None) => errs.push(FieldError::required(
+                child(&ip, "fieldRef"),
+                "one of fieldRef and resourceFieldRef is required",
+            )),
+        }
     }
     errs
 }
@@ -843,9 +922,14 @@ fn validate_volume_source(v: &Volume, path: &str) -> Vec<FieldError> {
         ));
     }
     if let Some(downward) = &v.downward_api {
+        let dp = child(path, "downwardAPI");
         errs.extend(validate_default_mode(
             downward.default_mode,
-            &child(&child(path, "downwardAPI"), "defaultMode"),
+            &child(&dp, "defaultMode"),
+        ));
+        errs.extend(validate_downward_items(
+            downward.items.as_deref().unwrap_or_default(),
+            &child(&dp, "items"),
         ));
     }
     if let Some(pvc) = &v.persistent_volume_claim
@@ -918,6 +1002,33 @@ mod tests {
 
     fn paths(errs: &[FieldError]) -> Vec<&str> {
         errs.iter().map(|e| e.path.as_str()).collect()
+    }
+
+    #[test]
+    fn downward_api_volume_items_are_checked_like_kubernetes() {
+        let volumes = vec![volume(json!({"name": "d", "downwardAPI": {"items": [
+            {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
+            {"path": "app", "fieldRef": {"fieldPath": "metadata.labels['app']"}},
+            {"path": "node", "fieldRef": {"fieldPath": "spec.nodeName"}},
+            {"path": "../x", "fieldRef": {"fieldPath": "metadata.name"}},
+            {"path": "/abs", "fieldRef": {"fieldPath": "metadata.uid"}},
+            {"path": "cpu", "resourceFieldRef": {"resource": "limits.cpu"}},
+            {"path": "none"}
+        ]}}))];
+        let paths: Vec<String> = validate_volumes(&volumes, "spec.volumes")
+            .into_iter()
+            .map(|e| e.path)
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.volumes[0].downwardAPI.items[2].fieldRef.fieldPath",
+                "spec.volumes[0].downwardAPI.items[3].path",
+                "spec.volumes[0].downwardAPI.items[4].path",
+                "spec.volumes[0].downwardAPI.items[5].resourceFieldRef.containerName",
+                "spec.volumes[0].downwardAPI.items[6].fieldRef",
+            ]
+        );
     }
 
     #[test]
