@@ -7,3 +7,5 @@ mod nodeimage;
 mod smoke;
 mod support;
 mod webhook;
+mod webhook_fuzz;
+mod webhook_scenarios;
