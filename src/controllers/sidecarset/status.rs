@@ -1,0 +1,517 @@
+//! A SidecarSet's status, and why its rollout cannot move, from its matched pods.
+//!
+//! The counts are upstream's (`calculateStatus`), over the *active* matched pods (pods being
+//! deleted or finished are not counted, as upstream drops them while listing):
+//! - `matchedPods`: the active pods;
+//! - `updatedPods`: those whose hash entry for this SidecarSet is the current hash;
+//! - `readyPods`: those that are ready *and* run every sidecar's spec image (a pod whose
+//!   in-place restart kubelet has not performed yet is not counted, even if still Ready);
+//! - `updatedReadyPods`: both;
+//! - `observedGeneration`: the SidecarSet's `metadata.generation`;
+//! - `latestRevision`, `collisionCount`: as the revision registration found them.
+//!
+//! [`Stall`]s say why pods that should be upgraded are not: they are for events, logs and (once
+//! the API has a place for them) status conditions. `SidecarSetStatus` has no `conditions`
+//! field, upstream's neither, so they are returned beside the status rather than inside it.
+//! A stall tied to the strategy (`NotUpdate`, paused, partition, maxUnavailable) is reported
+//! only when the next batch is empty while pods still wait for the upgrade; an invalid strategy
+//! and pods that cannot be upgraded in place are reported whenever there are any.
+
+use std::fmt;
+
+use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
+
+use super::strategy::{
+    CurrentHashes, Hold, PodState, PodView, StrategyError, classify, next_batch,
+};
+
+/// How many pod names a stall's message lists.
+const EXAMPLES: usize = 5;
+
+/// Why (part of) a rollout does not move.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stall {
+    /// `updateStrategy.type: NotUpdate`; `waiting` pods keep their old sidecars.
+    NotUpdate { waiting: usize },
+    /// `updateStrategy.paused`; `waiting` pods wait.
+    Paused { waiting: usize },
+    /// The strategy cannot be evaluated.
+    InvalidStrategy(StrategyError),
+    /// Pods whose sidecars changed in more than their images: an in-place patch cannot update
+    /// them, only recreating them can. `examples` are the first few by namespace/name.
+    NotUpgradable { pods: usize, examples: Vec<String> },
+    /// Every remaining pod is held back by the partition.
+    PartitionReached { partition: usize },
+    /// `unavailable` updated pods are not available yet, at least `max_unavailable`: the next
+    /// pod waits for them. `examples` are the first few by namespace/name.
+    MaxUnavailableReached {
+        unavailable: usize,
+        max_unavailable: usize,
+        examples: Vec<String>,
+    },
+}
+
+impl Stall {
+    /// A CamelCase reason, for an event or a condition.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Stall::NotUpdate { .. } => "NotUpdateStrategy",
+            Stall::Paused { .. } => "Paused",
+            Stall::InvalidStrategy(_) => "InvalidUpdateStrategy",
+            // Upstream's event reason for the same finding.
+            Stall::NotUpgradable { .. } => "NotUpgradablePods",
+            Stall::PartitionReached { .. } => "PartitionReached",
+            Stall::MaxUnavailableReached { .. } => "MaxUnavailableReached",
+        }
+    }
+}
+
+fn names(examples: &[String], total: usize) -> String {
+    let more = total.saturating_sub(examples.len());
+    let mut out = examples.join(", ");
+    if more > 0 {
+        out.push_str(&format!(" and {more} more"));
+    }
+    out
+}
+
+impl fmt::Display for Stall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stall::NotUpdate { waiting } => write!(
+                f,
+                "updateStrategy.type is NotUpdate: {waiting} pod(s) keep their old sidecars until they are recreated"
+            ),
+            Stall::Paused { waiting } => write!(
+                f,
+                "updateStrategy.paused is set: {waiting} pod(s) wait for the sidecar upgrade"
+            ),
+            Stall::InvalidStrategy(e) => write!(f, "{e}; no pod is upgraded until it is fixed"),
+            Stall::NotUpgradable { pods, examples } => write!(
+                f,
+                "{pods} pod(s) cannot be upgraded in place because more than the sidecar images changed; \
+                 recreate them to get the new sidecars: {}",
+                names(examples, *pods)
+            ),
+            Stall::PartitionReached { partition } => write!(
+                f,
+                "updateStrategy.partition keeps {partition} pod(s) on the old version"
+            ),
+            Stall::MaxUnavailableReached {
+                unavailable: 0,
+                max_unavailable: 0,
+                ..
+            } => write!(
+                f,
+                "updateStrategy.maxUnavailable is 0: only pods that are not ready are upgraded"
+            ),
+            Stall::MaxUnavailableReached {
+                unavailable,
+                max_unavailable,
+                examples,
+            } => write!(
+                f,
+                "{unavailable} updated pod(s) are not available yet (maxUnavailable is {max_unavailable}): {}; \
+                 the upgrade continues as they become ready",
+                names(examples, *unavailable)
+            ),
+        }
+    }
+}
+
+/// The status to write, and what keeps the rollout from moving.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatusReport {
+    pub status: SidecarSetStatus,
+    /// Empty when the rollout is complete or moving.
+    pub stalls: Vec<Stall>,
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// `set`'s status given its matched `pods` and its latest ControllerRevision.
+pub fn compute_status(
+    set: &SidecarSet,
+    pods: &[PodView],
+    latest_revision: &str,
+    collision_count: i32,
+) -> StatusReport {
+    let current = CurrentHashes::of(set);
+    let (mut matched, mut updated, mut ready, mut updated_ready) = (0, 0, 0, 0);
+    for pod in pods {
+        // Selection does not matter for counting: an updated pod is updated either way.
+        let state = classify(pod, &current, true);
+        if state == PodState::Inactive {
+            continue;
+        }
+        let is_updated = matches!(state, PodState::Updated { .. });
+        matched += 1;
+        updated += usize::from(is_updated);
+        if pod.is_available() {
+            ready += 1;
+            updated_ready += usize::from(is_updated);
+        }
+    }
+    let status = SidecarSetStatus {
+        observed_generation: set.metadata.generation,
+        matched_pods: count(matched),
+        updated_pods: count(updated),
+        ready_pods: count(ready),
+        updated_ready_pods: count(updated_ready),
+        latest_revision: Some(latest_revision.to_owned()).filter(|r| !r.is_empty()),
+        collision_count: Some(collision_count),
+    };
+    StatusReport {
+        status,
+        stalls: stalls(set, pods),
+    }
+}
+
+/// Why `set`'s rollout over `pods` does not move; see the module documentation.
+pub fn stalls(set: &SidecarSet, pods: &[PodView]) -> Vec<Stall> {
+    let batch = next_batch(set, pods);
+    let keys = |positions: &[usize]| -> Vec<String> {
+        positions
+            .iter()
+            .take(EXAMPLES)
+            .map(|&i| pods[i].key())
+            .collect()
+    };
+    let mut out = Vec::new();
+    // Nothing moving is only a stall while pods wait; a broken strategy always is (with a bad
+    // selector no pod even counts as waiting).
+    let stuck = batch.upgrade.is_empty() && batch.waiting > 0;
+    let stall = match batch.hold.clone() {
+        Some(Hold::Invalid(e)) => Some(Stall::InvalidStrategy(e)),
+        _ if !stuck => None,
+        Some(Hold::NotUpdate) => Some(Stall::NotUpdate {
+            waiting: batch.waiting,
+        }),
+        Some(Hold::Paused) => Some(Stall::Paused {
+            waiting: batch.waiting,
+        }),
+        Some(Hold::Partition { partition }) => Some(Stall::PartitionReached { partition }),
+        Some(Hold::MaxUnavailable {
+            unavailable,
+            max_unavailable,
+        }) => Some(Stall::MaxUnavailableReached {
+            unavailable,
+            max_unavailable,
+            examples: keys(&batch.in_flight),
+        }),
+        None => None,
+    };
+    out.extend(stall);
+    if !batch.not_upgradable.is_empty() {
+        out.push(Stall::NotUpgradable {
+            pods: batch.not_upgradable.len(),
+            examples: keys(&batch.not_upgradable),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::apis::sidecarset::SidecarSetSpec;
+    use crate::apis::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
+    use crate::controllers::sidecarset::strategy::{PodPhase, SidecarView};
+
+    fn set(strategy: serde_json::Value) -> SidecarSet {
+        let spec: SidecarSetSpec = serde_json::from_value(json!({
+            "selector": {"matchLabels": {"app": "web"}},
+            "containers": [{"name": "proxy", "image": "proxy:2"}],
+            "updateStrategy": strategy,
+        }))
+        .expect("spec");
+        let mut set = SidecarSet::new("proxy", spec);
+        set.metadata.generation = Some(7);
+        set.metadata.annotations = Some(BTreeMap::from([
+            (SIDECARSET_HASH.to_owned(), "new".to_owned()),
+            (SIDECARSET_HASH_WITHOUT_IMAGE.to_owned(), "shape".to_owned()),
+        ]));
+        set
+    }
+
+    /// A running, ready pod on the old version.
+    fn pod(name: &str) -> PodView {
+        PodView {
+            namespace: "ns".into(),
+            name: name.into(),
+            phase: PodPhase::Running,
+            node_name: Some("n".into()),
+            ready: true,
+            hash: Some("old".into()),
+            hash_without_image: Some("shape".into()),
+            sidecars: vec![SidecarView {
+                name: "proxy".into(),
+                ready: true,
+                image_running: true,
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn updated(name: &str) -> PodView {
+        PodView {
+            hash: Some("new".into()),
+            ..pod(name)
+        }
+    }
+
+    fn in_flight(name: &str) -> PodView {
+        let mut p = updated(name);
+        p.sidecars[0].image_running = false;
+        p
+    }
+
+    fn not_upgradable(name: &str) -> PodView {
+        PodView {
+            hash_without_image: Some("other-shape".into()),
+            ..pod(name)
+        }
+    }
+
+    fn report(set: &SidecarSet, pods: &[PodView]) -> StatusReport {
+        compute_status(set, pods, "proxy-5f7c9", 2)
+    }
+
+    #[test]
+    fn counts_follow_upstream() {
+        let mut not_ready = updated("d");
+        not_ready.ready = false;
+        let mut old_not_ready = pod("e");
+        old_not_ready.ready = false;
+        let pods = [
+            pod("a"),            // matched, ready
+            updated("b"),        // matched, updated, ready
+            in_flight("c"),      // matched, updated; Ready, but the new image is not running
+            not_ready,           // matched, updated
+            old_not_ready,       // matched
+            not_upgradable("f"), // matched, ready
+        ];
+        let got = report(&set(json!({})), &pods).status;
+        assert_eq!(
+            got,
+            SidecarSetStatus {
+                observed_generation: Some(7),
+                matched_pods: 6,
+                updated_pods: 3,
+                ready_pods: 3,
+                updated_ready_pods: 1,
+                latest_revision: Some("proxy-5f7c9".into()),
+                collision_count: Some(2),
+            }
+        );
+    }
+
+    #[test]
+    fn pods_going_away_are_not_counted() {
+        let mut deleting = updated("a");
+        deleting.deleting = true;
+        let mut done = pod("b");
+        done.phase = PodPhase::Succeeded;
+        let mut failed = pod("c");
+        failed.phase = PodPhase::Failed;
+        let got = report(&set(json!({})), &[deleting, done, failed, pod("d")]).status;
+        assert_eq!(
+            (got.matched_pods, got.updated_pods, got.ready_pods),
+            (1, 0, 1)
+        );
+    }
+
+    #[test]
+    fn the_update_selector_does_not_change_the_counts() {
+        let s = set(json!({"selector": {"matchLabels": {"canary": "yes"}}}));
+        let got = report(&s, &[updated("a"), pod("b")]).status;
+        assert_eq!((got.matched_pods, got.updated_pods), (2, 1));
+    }
+
+    #[test]
+    fn empty_and_missing_values() {
+        let got = compute_status(&set(json!({})), &[], "", 0).status;
+        assert_eq!(got.matched_pods, 0);
+        assert_eq!(got.latest_revision, None);
+        assert_eq!(got.collision_count, Some(0));
+        let mut s = set(json!({}));
+        s.metadata.generation = None;
+        assert_eq!(report(&s, &[]).status.observed_generation, None);
+    }
+
+    #[test]
+    fn a_finished_or_moving_rollout_has_no_stalls() {
+        assert!(
+            report(&set(json!({})), &[updated("a"), updated("b")])
+                .stalls
+                .is_empty()
+        );
+        assert!(
+            report(&set(json!({})), &[pod("a"), pod("b")])
+                .stalls
+                .is_empty()
+        );
+        // Paused with nothing left to do is not a stall either.
+        assert!(
+            report(&set(json!({"paused": true})), &[updated("a")])
+                .stalls
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn paused_and_not_update_say_how_many_pods_wait() {
+        let pods = [pod("a"), pod("b"), updated("c")];
+        let stalls = report(&set(json!({"paused": true})), &pods).stalls;
+        assert_eq!(stalls, [Stall::Paused { waiting: 2 }]);
+        assert_eq!(stalls[0].reason(), "Paused");
+        assert!(
+            stalls[0].to_string().contains("2 pod(s) wait"),
+            "{}",
+            stalls[0]
+        );
+
+        let stalls = report(&set(json!({"type": "NotUpdate"})), &pods).stalls;
+        assert_eq!(stalls, [Stall::NotUpdate { waiting: 2 }]);
+        assert_eq!(stalls[0].reason(), "NotUpdateStrategy");
+    }
+
+    #[test]
+    fn a_malformed_strategy_is_a_stall_naming_the_field() {
+        let stalls = report(&set(json!({"maxUnavailable": "lots"})), &[pod("a")]).stalls;
+        assert_eq!(stalls.len(), 1);
+        assert_eq!(stalls[0].reason(), "InvalidUpdateStrategy");
+        let message = stalls[0].to_string();
+        assert!(
+            message.contains("spec.updateStrategy.maxUnavailable"),
+            "{message}"
+        );
+        assert!(message.contains("\"lots\""), "{message}");
+    }
+
+    #[test]
+    fn an_invalid_update_selector_is_reported_though_no_pod_counts_as_waiting() {
+        let bad = json!({"selector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}});
+        let stalls = report(&set(bad), &[pod("a")]).stalls;
+        assert_eq!(stalls.len(), 1, "{stalls:?}");
+        assert_eq!(stalls[0].reason(), "InvalidUpdateStrategy");
+        assert!(stalls[0].to_string().contains("selector"), "{}", stalls[0]);
+    }
+
+    #[test]
+    fn pods_that_changed_more_than_images_are_named() {
+        let mut pods: Vec<PodView> = (0..7).map(|i| not_upgradable(&format!("p{i}"))).collect();
+        pods.push(pod("ok"));
+        let stalls = report(&set(json!({})), &pods).stalls;
+        assert_eq!(stalls.len(), 1, "the other pod moves: {stalls:?}");
+        let Stall::NotUpgradable { pods: n, examples } = &stalls[0] else {
+            panic!("{stalls:?}");
+        };
+        assert_eq!(*n, 7);
+        assert_eq!(examples, &["ns/p0", "ns/p1", "ns/p2", "ns/p3", "ns/p4"]);
+        assert_eq!(stalls[0].reason(), "NotUpgradablePods");
+        let message = stalls[0].to_string();
+        assert!(message.ends_with("ns/p4 and 2 more"), "{message}");
+        assert!(message.contains("recreate them"), "{message}");
+    }
+
+    #[test]
+    fn not_upgradable_pods_are_reported_even_when_paused() {
+        let stalls = report(
+            &set(json!({"paused": true})),
+            &[not_upgradable("x"), pod("y")],
+        )
+        .stalls;
+        assert_eq!(stalls.len(), 2);
+        assert_eq!(stalls[0], Stall::Paused { waiting: 1 });
+        assert_eq!(stalls[1].reason(), "NotUpgradablePods");
+    }
+
+    #[test]
+    fn unready_updated_pods_at_max_unavailable_are_named() {
+        let pods = [in_flight("b"), in_flight("a"), pod("c")];
+        let stalls = report(&set(json!({"maxUnavailable": 2})), &pods).stalls;
+        assert_eq!(
+            stalls,
+            [Stall::MaxUnavailableReached {
+                unavailable: 2,
+                max_unavailable: 2,
+                examples: vec!["ns/a".into(), "ns/b".into()],
+            }]
+        );
+        let message = stalls[0].to_string();
+        assert!(
+            message.starts_with(
+                "2 updated pod(s) are not available yet (maxUnavailable is 2): ns/a, ns/b;"
+            ),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn max_unavailable_zero_is_explained() {
+        let stalls = report(&set(json!({"maxUnavailable": "0%"})), &[pod("a")]).stalls;
+        assert_eq!(
+            stalls,
+            [Stall::MaxUnavailableReached {
+                unavailable: 0,
+                max_unavailable: 0,
+                examples: vec![],
+            }]
+        );
+        assert!(
+            stalls[0].to_string().contains("maxUnavailable is 0"),
+            "{}",
+            stalls[0]
+        );
+    }
+
+    #[test]
+    fn a_partition_holding_every_remaining_pod_is_a_stall() {
+        let pods = [updated("a"), pod("b"), pod("c")];
+        let stalls = report(&set(json!({"partition": 2})), &pods).stalls;
+        assert_eq!(stalls, [Stall::PartitionReached { partition: 2 }]);
+        assert_eq!(stalls[0].reason(), "PartitionReached");
+        assert!(
+            stalls[0].to_string().contains("keeps 2 pod(s)"),
+            "{}",
+            stalls[0]
+        );
+        // While pods still move within the partition, it is not a stall.
+        assert!(
+            report(&set(json!({"partition": 1})), &pods)
+                .stalls
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn status_counts_are_consistent_for_random_pods() {
+        // Deterministic variety: every mix of the flags that matter, on 1 to 4 pods.
+        let flags = |bits: u32, k: u32| bits >> k & 1 == 1;
+        for bits in 0..1u32 << 5 {
+            let mut p = pod(&format!("p{bits}"));
+            p.hash = Some(if flags(bits, 0) { "new" } else { "old" }.into());
+            p.ready = flags(bits, 1);
+            p.sidecars[0].image_running = flags(bits, 2);
+            p.deleting = flags(bits, 3);
+            p.hash_without_image = Some(if flags(bits, 4) { "shape" } else { "x" }.into());
+            let pods = vec![p.clone(), pod("other"), updated("third")];
+            let s = report(&set(json!({"maxUnavailable": 1})), &pods).status;
+            assert!(
+                s.updated_ready_pods <= s.updated_pods.min(s.ready_pods),
+                "{bits:b}"
+            );
+            assert!(s.updated_pods <= s.matched_pods && s.ready_pods <= s.matched_pods);
+            assert_eq!(s.matched_pods, 3 - i32::from(p.deleting), "{bits:b}");
+            let counted_ready = !p.deleting && p.ready && p.sidecars[0].image_running;
+            assert_eq!(s.ready_pods, 2 + i32::from(counted_ready), "{bits:b}");
+        }
+    }
+}
