@@ -50,8 +50,8 @@ pub enum PlanError {
 /// it is called only for the `Partial` injection policy. A canary's base is dropped before its
 /// revision is looked up, so a base with broken history cannot block pods its canary serves
 /// (upstream looks the revision up first).
-pub fn plan_for_new_pod<'h>(
-    candidates: &[SidecarSet],
+pub fn plan_for_new_pod<'a, 'h>(
+    candidates: impl IntoIterator<Item = &'a SidecarSet>,
     pod: &Pod,
     namespace_labels: &BTreeMap<String, String>,
     mut history: impl FnMut(&str) -> &'h [ControllerRevision],
