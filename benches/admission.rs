@@ -17,7 +17,7 @@
 //!    webhook (a dry-run create's defaulted pod, 2 containers): latency percentiles and
 //!    single-thread throughput, for a pod 3 SidecarSets select and for one none selects; then
 //!    `Handlers::admit` alone, the pure path (`plan_for_new_pod` + `inject` + `pod_patch`), and
-//!    every stage of a request timed on its own (decode, cache clone, plan, inject, patch,
+//!    every stage of a request timed on its own (decode, cache read, plan, inject, patch,
 //!    encode, drops), to show where the time goes; and throughput with a task per core and more;
 //! 5. through the apiserver, with the manager running, ROUNDS interleaved rounds of: pods in the
 //!    manager's namespace (which the configuration excludes: the webhook is not called), the
@@ -790,12 +790,12 @@ fn quarter_p99s(samples: &[Duration]) -> String {
 const STAGES: [&str; 8] = [
     "decode AdmissionReview",
     "object to Pod (to_value + from_value)",
-    "clone the 50 cached SidecarSets",
+    "the 50 cached SidecarSets (Store::state)",
     "plan_for_new_pod",
     "inject",
     "pod_patch",
     "encode answer",
-    "drop the clones, pod, plan and answer",
+    "drop the pod, plan and answer",
 ];
 
 /// One request driven stage by stage: the time of each stage of [`STAGES`] it reached.
@@ -820,9 +820,16 @@ fn stages_once(
         pod.metadata.namespace = request.namespace.clone();
     }
     lap(1);
-    let candidates: Vec<SidecarSet> = cache.iter().map(|s| (**s).clone()).collect();
+    // What `Store::state()` hands the handler: the cached objects behind `Arc`s, not copies.
+    let candidates: Vec<Arc<SidecarSet>> = cache.to_vec();
     lap(2);
-    let plan = sidecar::plan_for_new_pod(&candidates, &pod, namespace_labels, |_| &[], || 0.5)?;
+    let plan = sidecar::plan_for_new_pod(
+        candidates.iter().map(|set| set.as_ref()),
+        &pod,
+        namespace_labels,
+        |_| &[],
+        || 0.5,
+    )?;
     lap(3);
     let (verdict, injected) = if plan.is_empty() {
         (Verdict::Allow, None)
@@ -1175,6 +1182,8 @@ struct Env<'a> {
 /// One timed creation of PODS pods.
 struct Sample {
     took: Duration,
+    /// CPU seconds the machine spent on anything but the watched processes.
+    unrelated: Option<f64>,
     /// Pods that came back with the SidecarSets they should have.
     as_wanted: usize,
     /// CPU seconds (user, system) of each watched process.
@@ -1203,6 +1212,7 @@ async fn measure(env: &Env<'_>, run: &Run, clients: usize, round: usize) -> Resu
         api.list(&ListParams::default().limit(1)).await?;
     }
     let prefix = format!("{}-r{round}-c{clients}", run.prefix);
+    let before_machine = machine_cpu();
     let before_cpu = env.watched.sample();
     let before_calls = webhook_calls(env.client).await?;
     let before_connections = env.webhook_port.map(connections);
@@ -1228,6 +1238,16 @@ async fn measure(env: &Env<'_>, run: &Run, clients: usize, round: usize) -> Resu
         .await?;
     let took = t.elapsed();
     let after_cpu = env.watched.sample();
+    let after_machine = machine_cpu();
+    let watched: Option<f64> = before_cpu
+        .iter()
+        .zip(&after_cpu)
+        .map(|(b, a)| Some((a.as_ref()?.0 + a.as_ref()?.1) - (b.as_ref()?.0 + b.as_ref()?.1)))
+        .sum();
+    let unrelated = match (before_machine, after_machine, watched) {
+        (Some(b), Some(a), Some(w)) => Some(((a.0 - b.0) - w).max(0.0)),
+        _ => None,
+    };
     let after_calls = webhook_calls(env.client).await?;
     let (new_connections, connections) = match (env.webhook_port, before_connections) {
         (Some(port), Some(before)) => {
@@ -1252,6 +1272,7 @@ async fn measure(env: &Env<'_>, run: &Run, clients: usize, round: usize) -> Resu
     tokio::time::sleep(Duration::from_secs(1)).await;
     Ok(Sample {
         took,
+        unrelated,
         as_wanted: results.iter().sum(),
         cpu: before_cpu
             .iter()
@@ -1353,8 +1374,17 @@ async fn phases(
                 if *clients == 1 { "" } else { "s" },
                 samples.len(),
             );
+            let unrelated = samples
+                .iter()
+                .map(|s| s.unrelated)
+                .sum::<Option<f64>>()
+                .map_or("unknown".to_owned(), |u| {
+                    let wall: f64 = samples.iter().map(|s| s.took.as_secs_f64()).sum();
+                    format!("{:.2} CPUs", u / wall)
+                });
             println!(
-                "    {}/{total} pods came back with {} SidecarSets injected; CPU ms per pod: {}",
+                "    {}/{total} pods came back with {} SidecarSets injected; CPU ms per pod: {}; \
+                 anything else on the machine: {unrelated}",
                 samples.iter().map(|s| s.as_wanted).sum::<usize>(),
                 run.want_injected,
                 cpu.join(", ")
