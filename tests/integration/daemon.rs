@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 
 use crate::support::cri_proxy::CriProxy;
 use crate::support::node::{NodeEnv, Variant, node_env};
-use crate::support::{cluster, http_get, unique_name, wait_for};
+use crate::support::{self, KillOnDrop, cluster, http_get, unique_name, wait_for};
 
 /// Long enough for a pull on a loaded 2-core CI machine; a passing test takes far less.
 const WAIT: Duration = Duration::from_secs(60);
@@ -950,7 +950,7 @@ async fn the_daemon_binary_waits_for_a_runtime_and_lists_the_sockets_it_tried() 
     let addr = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
+    let child = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
         .args([
             "daemon",
             "--probe-addr",
@@ -999,20 +999,7 @@ async fn the_daemon_binary_waits_for_a_runtime_and_lists_the_sockets_it_tried() 
     })
     .await;
 
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(kill.success());
-    let output = tokio::task::spawn_blocking(move || {
-        child.stdin.take();
-        child.wait_with_output()
-    });
-    let output = tokio::time::timeout(Duration::from_secs(15), output)
-        .await
-        .expect("the daemon exits within 15 s of SIGTERM")
-        .expect("join")
-        .expect("wait");
+    let output = support::terminate(child, "the daemon").await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
@@ -1028,18 +1015,6 @@ async fn the_daemon_binary_waits_for_a_runtime_and_lists_the_sockets_it_tried() 
     }
     assert!(stderr.contains("CRI image service found"), "{stderr}");
     drop(containerd);
-}
-
-/// Kills a child process when a failing test unwinds.
-struct KillOnDrop(u32);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-KILL", &self.0.to_string()])
-            .stderr(Stdio::null())
-            .status();
-    }
 }
 
 /// The whole path of the seed's feature: an ImagePullJob with a sandboxConfig and a private

@@ -12,7 +12,7 @@ use std::time::Duration;
 use kruise_rs::manager::{self, ManagerError, ManagerOptions};
 use tokio::sync::oneshot;
 
-use crate::support::{ExtraControlPlane, http_get, wait_for};
+use crate::support::{self, ExtraControlPlane, KillOnDrop, http_get, wait_for};
 
 async fn control_plane_with_crds() -> ExtraControlPlane {
     tokio::task::spawn_blocking(|| {
@@ -113,7 +113,7 @@ fn free_loopback_port() -> SocketAddr {
 async fn the_manager_binary_stops_cleanly_on_sigterm() {
     let cluster = control_plane_with_crds().await;
     let addr = free_loopback_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
+    let child = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
         .args([
             "manager",
             "--probe-addr",
@@ -147,21 +147,7 @@ async fn the_manager_binary_stops_cleanly_on_sigterm() {
     )
     .await;
 
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(kill.success());
-    let output = tokio::task::spawn_blocking(move || {
-        // wait_with_output closes stdin and reads stderr to the end, i.e. until the process exits.
-        child.stdin.take();
-        child.wait_with_output()
-    });
-    let output = tokio::time::timeout(Duration::from_secs(15), output)
-        .await
-        .expect("the manager exits within 15 s of SIGTERM")
-        .expect("join")
-        .expect("wait");
+    let output = support::terminate(child, "the manager").await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
@@ -172,16 +158,4 @@ async fn the_manager_binary_stops_cleanly_on_sigterm() {
         stderr.contains("shutting down") && stderr.contains("stopped"),
         "{stderr}"
     );
-}
-
-/// Kills a child process when a failing test unwinds, so no manager outlives its test.
-struct KillOnDrop(u32);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-KILL", &self.0.to_string()])
-            .stderr(Stdio::null())
-            .status();
-    }
 }

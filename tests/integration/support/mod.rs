@@ -588,6 +588,38 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16,
     Ok((status, body))
 }
 
+/// Kills a child process when a failing test unwinds, so no binary outlives its test.
+pub struct KillOnDrop(pub u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &self.0.to_string()])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Sends SIGTERM to `child` and returns its output once it exits; panics naming `what` unless
+/// it exits within 15 s.
+pub async fn terminate(mut child: std::process::Child, what: &str) -> std::process::Output {
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(kill.success());
+    let output = tokio::task::spawn_blocking(move || {
+        // wait_with_output closes stdin and reads stderr to the end, i.e. until the process exits.
+        child.stdin.take();
+        child.wait_with_output()
+    });
+    tokio::time::timeout(Duration::from_secs(15), output)
+        .await
+        .unwrap_or_else(|_| panic!("{what} exits within 15 s of SIGTERM"))
+        .expect("join")
+        .expect("wait")
+}
+
 #[cfg(test)]
 mod tests {
     use super::unique_name;
