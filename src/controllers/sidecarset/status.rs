@@ -10,20 +10,26 @@
 //! - `observedGeneration`: the SidecarSet's `metadata.generation`;
 //! - `latestRevision`, `collisionCount`: as the revision registration found them.
 //!
-//! [`Stall`]s say why pods that should be upgraded are not: they are for events, logs and (once
-//! the API has a place for them) status conditions. `SidecarSetStatus` has no `conditions`
-//! field, upstream's neither, so they are returned beside the status rather than inside it.
+//! [`Stall`]s say why pods that should be upgraded are not. They become two status conditions
+//! (upstream has none; its clients ignore them):
+//! - `RolloutHeld`: `True` with the stall's reason (`Paused`, `NotUpdateStrategy`,
+//!   `InvalidUpdateStrategy`, `PartitionReached`, `MaxUnavailableReached`) when pods wait and
+//!   none can move now; `False` with `Progressing` while pods wait and move, `Updated` when none
+//!   waits.
+//! - `PodsUpgradable`: `False` with `NotUpgradablePods` while some pods changed in more than
+//!   their images, `True` with `AllPodsUpgradable` otherwise.
+//!
 //! A stall tied to the strategy (`NotUpdate`, paused, partition, maxUnavailable) is reported
 //! only when the next batch is empty while pods still wait for the upgrade; an invalid strategy
 //! and pods that cannot be upgraded in place are reported whenever there are any.
 
 use std::fmt;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
 use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
 
-use super::strategy::{
-    CurrentHashes, Hold, PodState, PodView, StrategyError, classify, next_batch,
-};
+use super::strategy::{Batch, CurrentHashes, Hold, PodState, PodView, StrategyError, classify};
 
 /// How many pod names a stall's message lists.
 const EXAMPLES: usize = 5;
@@ -127,16 +133,25 @@ pub struct StatusReport {
     pub stalls: Vec<Stall>,
 }
 
+/// Status condition: whether the rollout is held, and by what.
+pub const ROLLOUT_HELD: &str = "RolloutHeld";
+/// Status condition: whether every matched pod can be upgraded in place.
+pub const PODS_UPGRADABLE: &str = "PodsUpgradable";
+
 fn count(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
-/// `set`'s status given its matched `pods` and its latest ControllerRevision.
+/// `set`'s status given its matched `pods`, the `batch` [`next_batch`] chose for them, and its
+/// latest ControllerRevision. Conditions whose status did not change keep their
+/// `lastTransitionTime`; `now` stamps the others.
 pub fn compute_status(
     set: &SidecarSet,
     pods: &[PodView],
+    batch: &Batch,
     latest_revision: &str,
     collision_count: i32,
+    now: &Time,
 ) -> StatusReport {
     let current = CurrentHashes::of(set);
     let (mut matched, mut updated, mut ready, mut updated_ready) = (0, 0, 0, 0);
@@ -154,6 +169,13 @@ pub fn compute_status(
             updated_ready += usize::from(is_updated);
         }
     }
+    let stalls = stalls(batch, pods);
+    let previous = set
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let conditions = conditions(&stalls, batch, previous, set.metadata.generation, now);
     let status = SidecarSetStatus {
         observed_generation: set.metadata.generation,
         matched_pods: count(matched),
@@ -162,16 +184,65 @@ pub fn compute_status(
         updated_ready_pods: count(updated_ready),
         latest_revision: Some(latest_revision.to_owned()).filter(|r| !r.is_empty()),
         collision_count: Some(collision_count),
+        conditions,
     };
-    StatusReport {
-        status,
-        stalls: stalls(set, pods),
-    }
+    StatusReport { status, stalls }
+}
+
+/// The `RolloutHeld` and `PodsUpgradable` conditions for `stalls`.
+fn conditions(
+    stalls: &[Stall],
+    batch: &Batch,
+    previous: &[Condition],
+    generation: Option<i64>,
+    now: &Time,
+) -> Vec<Condition> {
+    let condition = |type_: &str, held: bool, reason: &str, message: String| {
+        let status = if held { "True" } else { "False" };
+        let since = previous
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == status)
+            .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
+        Condition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message,
+            observed_generation: generation,
+            last_transition_time: since,
+        }
+    };
+    let hold = stalls
+        .iter()
+        .find(|s| !matches!(s, Stall::NotUpgradable { .. }));
+    let held = match hold {
+        Some(stall) => condition(ROLLOUT_HELD, true, stall.reason(), stall.to_string()),
+        None if batch.waiting > 0 => condition(
+            ROLLOUT_HELD,
+            false,
+            "Progressing",
+            format!("{} pod(s) wait for the upgrade", batch.waiting),
+        ),
+        None => condition(
+            ROLLOUT_HELD,
+            false,
+            "Updated",
+            "every pod that can be upgraded in place runs the latest sidecars".to_owned(),
+        ),
+    };
+    let not_upgradable = stalls
+        .iter()
+        .find(|s| matches!(s, Stall::NotUpgradable { .. }));
+    let upgradable = match not_upgradable {
+        // Upside down on purpose: `held` here means "some pods cannot be upgraded".
+        Some(stall) => condition(PODS_UPGRADABLE, false, stall.reason(), stall.to_string()),
+        None => condition(PODS_UPGRADABLE, true, "AllPodsUpgradable", String::new()),
+    };
+    vec![held, upgradable]
 }
 
 /// Why `set`'s rollout over `pods` does not move; see the module documentation.
-pub fn stalls(set: &SidecarSet, pods: &[PodView]) -> Vec<Stall> {
-    let batch = next_batch(set, pods);
+pub fn stalls(batch: &Batch, pods: &[PodView]) -> Vec<Stall> {
     let keys = |positions: &[usize]| -> Vec<String> {
         positions
             .iter()
@@ -222,7 +293,7 @@ mod tests {
     use super::*;
     use crate::apis::sidecarset::SidecarSetSpec;
     use crate::apis::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
-    use crate::controllers::sidecarset::strategy::{PodPhase, SidecarView};
+    use crate::controllers::sidecarset::strategy::{PodPhase, SidecarView, next_batch};
 
     fn set(strategy: serde_json::Value) -> SidecarSet {
         let spec: SidecarSetSpec = serde_json::from_value(json!({
@@ -280,7 +351,12 @@ mod tests {
     }
 
     fn report(set: &SidecarSet, pods: &[PodView]) -> StatusReport {
-        compute_status(set, pods, "proxy-5f7c9", 2)
+        let batch = next_batch(set, pods);
+        compute_status(set, pods, &batch, "proxy-5f7c9", 2, &now())
+    }
+
+    fn now() -> Time {
+        Time("2026-11-29T12:00:00Z".parse().expect("time"))
     }
 
     #[test]
@@ -308,6 +384,7 @@ mod tests {
                 updated_ready_pods: 1,
                 latest_revision: Some("proxy-5f7c9".into()),
                 collision_count: Some(2),
+                conditions: got.conditions.clone(),
             }
         );
     }
@@ -336,7 +413,8 @@ mod tests {
 
     #[test]
     fn empty_and_missing_values() {
-        let got = compute_status(&set(json!({})), &[], "", 0).status;
+        let s = set(json!({}));
+        let got = compute_status(&s, &[], &next_batch(&s, &[]), "", 0, &now()).status;
         assert_eq!(got.matched_pods, 0);
         assert_eq!(got.latest_revision, None);
         assert_eq!(got.collision_count, Some(0));
@@ -513,5 +591,97 @@ mod tests {
             let counted_ready = !p.deleting && p.ready && p.sidecars[0].image_running;
             assert_eq!(s.ready_pods, 2 + i32::from(counted_ready), "{bits:b}");
         }
+    }
+
+    fn condition<'a>(status: &'a SidecarSetStatus, type_: &str) -> &'a Condition {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .unwrap_or_else(|| panic!("no {type_} condition in {status:?}"))
+    }
+
+    #[test]
+    fn conditions_say_whether_and_why_the_rollout_is_held() {
+        let s = set(json!({}));
+        let moving = report(&s, &[pod("a"), pod("b")]).status;
+        let held = condition(&moving, ROLLOUT_HELD);
+        assert_eq!(
+            (held.status.as_str(), held.reason.as_str()),
+            ("False", "Progressing")
+        );
+        assert_eq!(held.message, "2 pod(s) wait for the upgrade");
+        assert_eq!(held.observed_generation, Some(7));
+
+        let done = report(&s, &[updated("a")]).status;
+        let held = condition(&done, ROLLOUT_HELD);
+        assert_eq!(
+            (held.status.as_str(), held.reason.as_str()),
+            ("False", "Updated")
+        );
+        let upgradable = condition(&done, PODS_UPGRADABLE);
+        assert_eq!(
+            (upgradable.status.as_str(), upgradable.reason.as_str()),
+            ("True", "AllPodsUpgradable")
+        );
+
+        let paused = report(&set(json!({"paused": true})), &[pod("a")]).status;
+        let held = condition(&paused, ROLLOUT_HELD);
+        assert_eq!(
+            (held.status.as_str(), held.reason.as_str()),
+            ("True", "Paused")
+        );
+        assert!(held.message.contains("paused"), "{}", held.message);
+
+        let waiting = report(&s, &[in_flight("a"), pod("b")]).status;
+        let held = condition(&waiting, ROLLOUT_HELD);
+        assert_eq!(
+            (held.status.as_str(), held.reason.as_str()),
+            ("True", "MaxUnavailableReached")
+        );
+        assert!(held.message.contains("ns/a"), "{}", held.message);
+    }
+
+    #[test]
+    fn pods_that_cannot_be_upgraded_turn_pods_upgradable_false_without_holding_the_rest() {
+        let status = report(&set(json!({})), &[not_upgradable("x"), pod("a")]).status;
+        let upgradable = condition(&status, PODS_UPGRADABLE);
+        assert_eq!(
+            (upgradable.status.as_str(), upgradable.reason.as_str()),
+            ("False", "NotUpgradablePods")
+        );
+        assert!(
+            upgradable.message.contains("ns/x"),
+            "{}",
+            upgradable.message
+        );
+        let held = condition(&status, ROLLOUT_HELD);
+        assert_eq!(
+            (held.status.as_str(), held.reason.as_str()),
+            ("False", "Progressing")
+        );
+    }
+
+    #[test]
+    fn an_unchanged_condition_keeps_its_transition_time() {
+        let mut s = set(json!({"paused": true}));
+        let first = report(&s, &[pod("a")]).status;
+        s.status = Some(first.clone());
+        let later = Time("2026-11-29T13:00:00Z".parse().expect("time"));
+        let batch = next_batch(&s, &[pod("a")]);
+        let again = compute_status(&s, &[pod("a")], &batch, "proxy-5f7c9", 2, &later).status;
+        assert_eq!(again, first, "nothing changed, so nothing is rewritten");
+
+        s.spec.update_strategy.paused = false;
+        let batch = next_batch(&s, &[pod("a")]);
+        let moved = compute_status(&s, &[pod("a")], &batch, "proxy-5f7c9", 2, &later).status;
+        let held = condition(&moved, ROLLOUT_HELD);
+        assert_eq!(held.status, "False");
+        assert_eq!(held.last_transition_time, later, "a flip is stamped now");
+        assert_eq!(
+            condition(&moved, PODS_UPGRADABLE).last_transition_time,
+            now(),
+            "the other condition did not flip"
+        );
     }
 }
