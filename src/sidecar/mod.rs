@@ -14,7 +14,7 @@
 //! [`injection::inject`] builds the pod and [`injection::pod_patch`] the admission patch.
 
 pub mod annotations;
-mod gojson;
+pub(crate) mod gojson;
 pub mod hash;
 pub mod injection;
 pub mod matching;

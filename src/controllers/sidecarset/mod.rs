@@ -13,5 +13,9 @@
 //! Both read pods through [`strategy::PodView`], a plain summary the reconciler fills from each
 //! matched pod, so the decisions carry no Kubernetes client types and are tested densely.
 
+pub mod pod_events;
+pub mod pods;
+pub mod revisions;
 pub mod status;
 pub mod strategy;
+pub mod upgrade;
