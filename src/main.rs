@@ -100,7 +100,7 @@ struct ManagerArgs {
     )]
     daemon_config_namespace: String,
 
-    /// Manage only the Nodes, NodeImages and ImagePullJobs with these labels (`kubectl -l`
+    /// Manage only the Nodes, NodeImages, ImagePullJobs and SidecarSets with these labels (`kubectl -l`
     /// syntax), e.g. to shard nodes between managers. Default: all.
     #[arg(long, value_name = "SELECTOR")]
     label_selector: Option<String>,
@@ -282,6 +282,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                         args.default_ttl_for_always_nodeimage,
                     ),
                     daemon_config_namespace: args.daemon_config_namespace,
+                    namespace: args.webhook.namespace.clone(),
                     label_selector: args.label_selector,
                 },
                 webhook: args.webhook.options(),

@@ -28,7 +28,10 @@ pub struct ControllerOptions {
     pub default_ttl_for_always_nodeimage: Duration,
     /// Namespace the node daemons may read pull secrets from; job secrets are copied there.
     pub daemon_config_namespace: String,
-    /// Manage only the Nodes, NodeImages and ImagePullJobs carrying these labels (a label
+    /// The manager's namespace: SidecarSet ControllerRevisions live there (SidecarSets are
+    /// cluster-scoped).
+    pub namespace: String,
+    /// Manage only the Nodes, NodeImages, ImagePullJobs and SidecarSets carrying these labels (a label
     /// selector as `kubectl -l` takes it); `None`: all. For sharding, and for test clusters
     /// where other tests' objects must be left alone.
     pub label_selector: Option<String>,
@@ -42,6 +45,7 @@ impl Default for ControllerOptions {
             nodeimage_response_timeout: Duration::from_secs(600),
             default_ttl_for_always_nodeimage: Duration::from_secs(300),
             daemon_config_namespace: "kruise-daemon-config".to_owned(),
+            namespace: "kruise-system".to_owned(),
             label_selector: None,
         }
     }
@@ -57,9 +61,10 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
             let _ = rx.wait_for(|stop| *stop).await;
         }
     };
-    let controllers = futures::future::join(
+    let controllers = futures::future::join3(
         nodeimage::run(client.clone(), opts.clone(), stopped()),
-        imagepulljob::run(client, opts, stopped()),
+        imagepulljob::run(client.clone(), opts.clone(), stopped()),
+        sidecarset::run(client, opts, stopped()),
     );
     tokio::pin!(controllers);
     let shutdown = shutdown.fuse();

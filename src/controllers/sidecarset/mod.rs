@@ -1,21 +1,616 @@
 //! The SidecarSet controller: upgrades the sidecars of running pods in place, batch by batch,
-//! and reports the rollout in the SidecarSet's status.
+//! keeps the SidecarSet's ControllerRevisions, and reports the rollout in its status.
 //!
-//! For now only its pure decisions exist; the reconciler (matching pods, ControllerRevisions,
-//! the image-only pod patch, pod conditions, events) will call them:
+//! One reconcile of a SidecarSet:
+//! 1. its pods ([`pods::owns`]) from the pod cache, each seen as a [`strategy::PodView`];
+//! 2. its latest ControllerRevision registered ([`revisions`]);
+//! 3. the next batch ([`strategy::next_batch`]) and the status ([`status::compute_status`]),
+//!    written when it changed, with a Warning event when pods cannot be upgraded in place;
+//! 4. the `SidecarSetUpgradable` condition of pods that cannot be upgraded ([`upgrade`]);
+//! 5. the batch upgraded: one guarded JSON patch per pod ([`upgrade::upgrade_patch`]);
+//! 6. revisions beyond `revisionHistoryLimit` deleted.
 //!
-//! - [`strategy`]: which pods to upgrade next ([`strategy::next_batch`]) under partition,
-//!   maxUnavailable, the update selector, priority, scatter, pause and `NotUpdate`; also the
-//!   order in which the rollout will reach the remaining pods (the pre-download targets).
-//! - [`status`]: the counts in `status` and why a rollout cannot move
-//!   ([`status::compute_status`]).
+//! Pod events wake a SidecarSet only when something that matters changed ([`pod_events`]).
 //!
-//! Both read pods through [`strategy::PodView`], a plain summary the reconciler fills from each
-//! matched pod, so the decisions carry no Kubernetes client types and are tested densely.
+//! **Expectations.** The pod cache lags behind our own patches; [`expectations::WrittenPods`]
+//! keeps the pods our patches return and reads them instead of cached ones until the cache has
+//! caught up, so a lagging cache never lets more than `maxUnavailable` pods be in flight.
 
+pub mod expectations;
 pub mod pod_events;
 pub mod pods;
 pub mod revisions;
 pub mod status;
 pub mod strategy;
 pub mod upgrade;
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
+use kube::{Client, Resource, ResourceExt};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use self::expectations::{WrittenPods, pod_key};
+use self::pod_events::PodTracker;
+use self::pods::{NamespaceLabels, namespace_labels, owns, strip_pod, view};
+use self::revisions::RevisionsError;
+use self::status::{PODS_UPGRADABLE, StatusReport, compute_status};
+use self::strategy::{Batch, CurrentHashes, PodState, PodView, classify, next_batch};
+use self::upgrade::{UpgradeError, upgradable_condition, upgrade_patch};
+use super::ControllerOptions;
+use super::backoff::Backoff;
+use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
+use crate::apis::well_known::{SIDECARSET_HASH, SIDECARSET_NAME_LABEL};
+use crate::sidecar::annotations::parse_hashes;
+
+/// Field manager of everything this controller writes.
+pub const FIELD_MANAGER: &str = "kruise-rs-sidecarset";
+
+/// How long in-flight reconciles may take to finish once the controller is told to stop.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// How long a reconcile waits for the first lists of pods, namespaces and revisions.
+const CACHE_WAIT: Duration = Duration::from_secs(10);
+
+/// Pod patches in flight at once while a batch is upgraded.
+const UPGRADE_CONCURRENCY: usize = 16;
+
+/// When a pod patch was refused because the pod changed meanwhile: the next try, from fresh data.
+const RETRY_CHANGED_POD: Duration = Duration::from_secs(1);
+
+/// A periodic look even when nothing changed (level-based safety net).
+const RESYNC: Duration = Duration::from_secs(300);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the pod, namespace and ControllerRevision caches are not filled yet")]
+    CachesNotReady,
+    #[error(transparent)]
+    Revisions(#[from] RevisionsError),
+    #[error("writing the status of SidecarSet {name}")]
+    WriteStatus {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("upgrading the sidecars of pod {pod}")]
+    UpgradePod {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("writing the SidecarSetUpgradable condition of pod {pod}")]
+    PodCondition {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    client: Client,
+    /// Where the ControllerRevisions live.
+    namespace: String,
+    /// True once the pod, namespace and revision stores hold a first full list.
+    caches_ready: watch::Receiver<bool>,
+    pods: Store<Pod>,
+    namespaces: Store<Namespace>,
+    revisions: Store<ControllerRevision>,
+    /// Pods as our own patches returned them, until the store has caught up with them.
+    written: WrittenPods,
+    backoff: Backoff,
+    recorder: Recorder,
+}
+
+impl Context {
+    fn remember(&self, mut pod: Pod) {
+        strip_pod(&mut pod);
+        self.written.remember(pod);
+    }
+}
+
+/// Runs the SidecarSet controller until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    opts: ControllerOptions,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let scoped = match &opts.label_selector {
+        Some(selector) => watcher::Config::default().labels(selector),
+        None => watcher::Config::default(),
+    };
+
+    let (pods, pod_writer) = reflector::store();
+    let tracker = PodTracker::default();
+    let pod_triggers = watcher(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().streaming_lists(),
+    )
+    .default_backoff()
+    .modify(strip_pod)
+    .reflect(pod_writer)
+    .filter_map(move |event| {
+        let wake = match event {
+            Ok(event) => tracker.wake(&event),
+            Err(err) => {
+                warn!(error = %err, "sidecarset controller: pod watch");
+                BTreeSet::new()
+            }
+        };
+        futures::future::ready(Some(futures::stream::iter(
+            wake.into_iter()
+                .map(|name| ObjectRef::<SidecarSet>::new(&name)),
+        )))
+    })
+    .flatten();
+
+    let (namespaces, namespace_writer) = reflector::store();
+    // A namespace's labels decide which SidecarSets select its pods (upstream does not watch
+    // them: a relabelled namespace waited for the next pod event).
+    let namespace_changes = watcher(Api::<Namespace>::all(client.clone()), Default::default())
+        .default_backoff()
+        .modify(|ns: &mut Namespace| ns.managed_fields_mut().clear())
+        .reflect(namespace_writer)
+        .applied_objects()
+        .predicate_filter(predicates::labels, Default::default())
+        .filter_map(|r| futures::future::ready(r.ok().map(|_| ())));
+
+    let (revisions, revision_writer) = reflector::store();
+    let revision_api = Api::<ControllerRevision>::namespaced(client.clone(), &opts.namespace);
+    let revision_events = watcher(
+        revision_api,
+        watcher::Config::default().labels(SIDECARSET_NAME_LABEL),
+    )
+    .default_backoff()
+    .modify(|r: &mut ControllerRevision| r.managed_fields_mut().clear())
+    .reflect(revision_writer)
+    .touched_objects()
+    .filter_map(|r| futures::future::ready(r.ok()))
+    .map(|_| ());
+
+    // `Store::wait_until_ready` wakes only one of several waiters; one task waits and tells all.
+    let (caches_ready, caches_ready_rx) = watch::channel(false);
+    let (p, n, r) = (pods.clone(), namespaces.clone(), revisions.clone());
+    tokio::spawn(async move {
+        if p.wait_until_ready().await.is_ok()
+            && n.wait_until_ready().await.is_ok()
+            && r.wait_until_ready().await.is_ok()
+        {
+            let _ = caches_ready.send(true);
+        }
+    });
+
+    let sets = Api::<SidecarSet>::all(client.clone());
+    let set_stream = watcher(sets, scoped)
+        .default_backoff()
+        .modify(|s: &mut SidecarSet| s.managed_fields_mut().clear());
+    let (set_store, set_writer) = reflector::store();
+    // Status writes (ours) change neither generation, labels nor annotations.
+    let set_changes = set_stream
+        .reflect(set_writer)
+        .applied_objects()
+        .predicate_filter(
+            predicates::generation
+                .combine(predicates::labels)
+                .combine(predicates::annotations),
+            Default::default(),
+        );
+    let controller = Controller::for_stream(set_changes, set_store);
+    let ready_store = controller.store();
+
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        namespace: opts.namespace.clone(),
+        caches_ready: caches_ready_rx,
+        pods,
+        namespaces,
+        revisions,
+        written: WrittenPods::default(),
+        backoff: Backoff::default(),
+        recorder: Recorder::new(
+            client,
+            Reporter {
+                controller: "kruise-rs-manager".into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        ),
+    });
+    let shutdown = shutdown.shared();
+    let running = controller
+        .reconcile_on(pod_triggers)
+        .reconcile_all_on(namespace_changes)
+        // A revision deleted by hand (or by someone else) is registered again.
+        .reconcile_all_on(revision_events)
+        .with_config(controller::Config::default().debounce(Duration::from_millis(50)))
+        .graceful_shutdown_on(shutdown.clone())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                debug!(error = %err, "sidecarset controller");
+            }
+        });
+    tokio::pin!(running);
+    tokio::select! {
+        () = &mut running => return,
+        () = shutdown => {}
+    }
+    // A Controller told to stop before its first list waits for it forever: nothing can be in
+    // flight then, so just drop it.
+    if ready_store.wait_until_ready().now_or_never().is_none() {
+        return;
+    }
+    let _ = tokio::time::timeout(STOP_GRACE, running).await;
+}
+
+fn error_policy(set: Arc<SidecarSet>, err: &Error, ctx: Arc<Context>) -> Action {
+    let name = set.name_any();
+    let delay = ctx.backoff.failed(&name);
+    warn!(sidecarset = %name, error = %err, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+async fn reconcile(set: Arc<SidecarSet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // An empty pod store would read as "no pods": the status would drop to zero.
+    let mut ready = ctx.caches_ready.clone();
+    match tokio::time::timeout(CACHE_WAIT, ready.wait_for(|r| *r)).await {
+        Ok(Ok(_)) => {}
+        _ => return Err(Error::CachesNotReady),
+    }
+    let action = reconcile_set(&set, &ctx).await;
+    ctx.written.forget_caught_up(&ctx.pods);
+    let action = action?;
+    ctx.backoff.succeeded(&set.name_any());
+    Ok(action)
+}
+
+/// Everything one reconcile decides before it writes anything.
+pub struct Plan {
+    /// One per owned pod, in the same order.
+    pub views: Vec<PodView>,
+    pub batch: Batch,
+    pub report: StatusReport,
+}
+
+/// The pods of `pods` that `set` owns.
+pub fn owned_pods(
+    set: &SidecarSet,
+    pods: impl IntoIterator<Item = Arc<Pod>>,
+    namespaces: &NamespaceLabels,
+) -> Vec<Arc<Pod>> {
+    pods.into_iter()
+        .filter(|p| owns(set, p, namespaces))
+        .collect()
+}
+
+/// What to do for `set` (its `status.latestRevision` already the registered revision) over
+/// its `owned` pods: the pure heart of a reconcile.
+pub fn plan(set: &SidecarSet, owned: &[Arc<Pod>], collision_count: i32, now: &Time) -> Plan {
+    let views: Vec<PodView> = owned.iter().map(|p| view(set, p)).collect();
+    let batch = next_batch(set, &views);
+    let latest = set
+        .status
+        .as_ref()
+        .and_then(|s| s.latest_revision.as_deref())
+        .unwrap_or_default();
+    let report = compute_status(set, &views, &batch, latest, collision_count, now);
+    Plan {
+        views,
+        batch,
+        report,
+    }
+}
+
+async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error> {
+    if set.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let name = set.name_any();
+    let namespaces = namespace_labels(ctx.namespaces.state().iter().map(|n| &**n));
+    let owned = owned_pods(
+        set,
+        ctx.pods.state().into_iter().map(|p| ctx.written.fresher(p)),
+        &namespaces,
+    );
+
+    let history: Vec<ControllerRevision> = ctx
+        .revisions
+        .state()
+        .iter()
+        .filter(|r| r.labels().get(SIDECARSET_NAME_LABEL) == Some(&name))
+        .map(|r| (**r).clone())
+        .collect();
+    let revision_api = Api::<ControllerRevision>::namespaced(ctx.client.clone(), &ctx.namespace);
+    let registered = revisions::register(&revision_api, set, &history, &ctx.namespace).await?;
+    let latest = registered.latest.name_any();
+
+    let previous = set.status.clone();
+    // The pods' hash entries record the revision they were upgraded to.
+    let mut set = set.clone();
+    set.status
+        .get_or_insert_with(SidecarSetStatus::default)
+        .latest_revision = Some(latest.clone());
+    let set = &set;
+
+    let now = Time(Timestamp::now());
+    let Plan {
+        views,
+        batch,
+        report,
+    } = plan(set, &owned, registered.collision_count, &now);
+    if previous.as_ref() != Some(&report.status) {
+        write_status(ctx, set, &report.status).await?;
+        announce_not_upgradable(ctx, set, previous.as_ref(), &report.status).await;
+    }
+
+    let current = CurrentHashes::of(set);
+    mark_upgradable(ctx, set, &owned, &views, &current, &now).await?;
+
+    let targets: Vec<Arc<Pod>> = batch.upgrade.iter().map(|&i| owned[i].clone()).collect();
+    let outcome = upgrade_pods(ctx, set, &current, targets, &now).await;
+
+    let in_use: BTreeSet<String> = owned
+        .iter()
+        .filter_map(|p| recorded_revision(p, &name))
+        .collect();
+    let mut all = history;
+    if !all.iter().any(|r| r.name_any() == latest) {
+        all.push(registered.latest.clone());
+    }
+    let stale = revisions::revisions_to_delete(set, &all, &latest, &in_use);
+    if !stale.is_empty() {
+        revisions::delete_revisions(&revision_api, &stale).await?;
+    }
+
+    match outcome? {
+        UpgradeOutcome { refused: 0, .. } => Ok(Action::requeue(RESYNC)),
+        UpgradeOutcome { refused, .. } => {
+            debug!(sidecarset = %name, refused, "pods changed while being upgraded; trying again");
+            Ok(Action::requeue(RETRY_CHANGED_POD))
+        }
+    }
+}
+
+/// The ControllerRevision `pod`'s hash entry for `set` records.
+fn recorded_revision(pod: &Pod, set: &str) -> Option<String> {
+    let value = pod.annotations().get(SIDECARSET_HASH)?;
+    let entry = parse_hashes(SIDECARSET_HASH, value).ok()?.remove(set)?;
+    Some(entry.controller_revision).filter(|r| !r.is_empty())
+}
+
+async fn write_status(
+    ctx: &Context,
+    set: &SidecarSet,
+    status: &SidecarSetStatus,
+) -> Result<(), Error> {
+    let name = set.name_any();
+    let mut fields = serde_json::to_value(status).expect("a status always serializes");
+    if let Some(map) = fields.as_object_mut() {
+        // A merge patch leaves out what it does not mention: name the optional ones.
+        for key in [
+            "observedGeneration",
+            "latestRevision",
+            "collisionCount",
+            "conditions",
+        ] {
+            map.entry(key).or_insert(serde_json::Value::Null);
+        }
+    }
+    let patch = serde_json::json!({ "status": fields });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    };
+    Api::<SidecarSet>::all(ctx.client.clone())
+        .patch_status(&name, &params, &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+        .map_err(|source| Error::WriteStatus { name, source })
+}
+
+/// A Warning event when the pods that cannot be upgraded in place change (upstream's
+/// `NotUpgradablePods`), so `kubectl describe` shows it without repeating it every reconcile.
+async fn announce_not_upgradable(
+    ctx: &Context,
+    set: &SidecarSet,
+    previous: Option<&SidecarSetStatus>,
+    status: &SidecarSetStatus,
+) {
+    let condition = |s: &SidecarSetStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == PODS_UPGRADABLE)
+            .map(|c| (c.status.clone(), c.message.clone()))
+    };
+    let Some((state, message)) = condition(status) else {
+        return;
+    };
+    if state != "False" || previous.and_then(condition) == Some((state, message.clone())) {
+        return;
+    }
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "NotUpgradablePods".into(),
+        note: Some(message),
+        action: "Upgrade".into(),
+        secondary: None,
+    };
+    if let Err(err) = ctx.recorder.publish(&event, &set.object_ref(&())).await {
+        warn!(sidecarset = %set.name_any(), error = %err, "cannot publish an event");
+    }
+}
+
+/// Sets the `SidecarSetUpgradable` condition of pods this SidecarSet cannot upgrade in place,
+/// and clears this SidecarSet's `false` from pods it can upgrade again.
+async fn mark_upgradable(
+    ctx: &Context,
+    set: &SidecarSet,
+    owned: &[Arc<Pod>],
+    views: &[PodView],
+    current: &CurrentHashes,
+    now: &Time,
+) -> Result<(), Error> {
+    let name = set.name_any();
+    for (pod, v) in owned.iter().zip(views) {
+        let upgradable = match classify(v, current, true) {
+            PodState::NotUpgradable => false,
+            PodState::Inactive | PodState::NotSelected => continue,
+            _ => true,
+        };
+        let Some(condition) = upgradable_condition(pod, &name, upgradable, now) else {
+            continue;
+        };
+        let api = Api::<Pod>::namespaced(
+            ctx.client.clone(),
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+        );
+        let patch = serde_json::json!({ "status": { "conditions": [condition] } });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..Default::default()
+        };
+        match api
+            .patch_status(&pod.name_any(), &params, &Patch::Strategic(&patch))
+            .await
+        {
+            Ok(written) => ctx.remember(written),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(source) => {
+                return Err(Error::PodCondition {
+                    pod: pod_key(pod),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Default)]
+struct UpgradeOutcome {
+    upgraded: usize,
+    /// Patches the apiserver refused because the pod changed since it was read.
+    refused: usize,
+}
+
+/// What became of one pod of a batch.
+enum PodUpgrade {
+    Upgraded,
+    /// It changed since it was read, or is gone: the next reconcile sees it afresh.
+    Changed,
+    /// Its annotations make an upgrade impossible; said in a Warning event.
+    Impossible,
+}
+
+/// Upgrades `targets`, a few at a time. A pod that changed meanwhile is left for the next try;
+/// the first other failure is returned after the rest were tried.
+async fn upgrade_pods(
+    ctx: &Context,
+    set: &SidecarSet,
+    current: &CurrentHashes,
+    targets: Vec<Arc<Pod>>,
+    now: &Time,
+) -> Result<UpgradeOutcome, Error> {
+    let set_name = set.name_any();
+    let results: Vec<_> = futures::stream::iter(targets)
+        .map(|pod| upgrade_one(ctx, set, current, pod, now))
+        .buffer_unordered(UPGRADE_CONCURRENCY)
+        .collect()
+        .await;
+    let mut outcome = UpgradeOutcome::default();
+    let mut first_error = None;
+    for result in results {
+        match result {
+            Ok(PodUpgrade::Upgraded) => outcome.upgraded += 1,
+            Ok(PodUpgrade::Changed) => outcome.refused += 1,
+            Ok(PodUpgrade::Impossible) => {}
+            Err(err) => {
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+    if outcome.upgraded > 0 {
+        info!(sidecarset = %set_name, pods = outcome.upgraded, "upgraded sidecars in place");
+    }
+    match first_error {
+        Some(err) => Err(err),
+        None => Ok(outcome),
+    }
+}
+
+/// Upgrades one pod.
+async fn upgrade_one(
+    ctx: &Context,
+    set: &SidecarSet,
+    current: &CurrentHashes,
+    pod: Arc<Pod>,
+    now: &Time,
+) -> Result<PodUpgrade, Error> {
+    let key = pod_key(&pod);
+    let api = Api::<Pod>::namespaced(
+        ctx.client.clone(),
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+    );
+    // patchPodMetadata reads annotations the cache does not keep.
+    let pod = if set.spec.patch_pod_metadata.is_empty() {
+        pod
+    } else {
+        match api.get(&pod.name_any()).await {
+            Ok(live) => Arc::new(live),
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(PodUpgrade::Changed),
+            Err(source) => return Err(Error::UpgradePod { pod: key, source }),
+        }
+    };
+    let upgrade = match upgrade_patch(&pod, set, current, now) {
+        Ok(upgrade) => upgrade,
+        Err(err) => {
+            refuse_pod(ctx, set, &key, &err).await;
+            return Ok(PodUpgrade::Impossible);
+        }
+    };
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    };
+    match api
+        .patch(&pod.name_any(), &params, &Patch::<()>::Json(upgrade.patch))
+        .await
+    {
+        Ok(written) => {
+            debug!(pod = %key, containers = ?upgrade.changed, "sidecars upgraded");
+            ctx.remember(written);
+            Ok(PodUpgrade::Upgraded)
+        }
+        // A failed `test` (the pod changed since it was read), a conflict, or a pod gone.
+        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => Ok(PodUpgrade::Changed),
+        Err(source) => Err(Error::UpgradePod { pod: key, source }),
+    }
+}
+
+/// A pod whose annotations make an upgrade impossible: said on the SidecarSet.
+async fn refuse_pod(ctx: &Context, set: &SidecarSet, pod: &str, err: &UpgradeError) {
+    warn!(sidecarset = %set.name_any(), pod, error = %err, "cannot upgrade the pod");
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "UpgradeFailed".into(),
+        note: Some(format!("pod {pod}: {err}")),
+        action: "Upgrade".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &set.object_ref(&())).await {
+        warn!(error = %e, "cannot publish an event");
+    }
+}

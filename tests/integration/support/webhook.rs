@@ -89,7 +89,10 @@ fn start() -> Result<WebhookCluster, String> {
                 let opts = ManagerOptions {
                     kubeconfig: Some(kubeconfig),
                     probe_addr: "127.0.0.1:0".parse().expect("address"),
-                    controllers: test_controller_options(),
+                    controllers: kruise_rs::controllers::ControllerOptions {
+                        namespace: MANAGER_NAMESPACE.to_owned(),
+                        ..test_controller_options()
+                    },
                     webhook: Some(webhook_options(addr, FailurePolicy::Fail)),
                 };
                 let run = manager::run(opts, std::future::pending(), Some(on_ready));

@@ -1,0 +1,170 @@
+//! Our own pod writes, until the pod cache has caught up with them (upstream's update and
+//! resourceVersion expectations, as an overlay instead of a wait).
+//!
+//! The pod cache lags behind the patches a reconcile sends. A pod just upgraded that the cache
+//! still shows on the old version would not count as in flight, and the next reconcile (of this
+//! SidecarSet, or triggered by an unrelated event) could take more than `maxUnavailable` pods.
+//! So the pods our patches return are kept and read instead of the cached ones until the cache
+//! holds the same pod at the same or a later resourceVersion. A restarted manager starts from a
+//! fresh list, which is never older than its writes, so nothing needs to survive a restart.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+/// `namespace/name`.
+pub fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// etcd resourceVersions are increasing integers; anything else compares as unknown.
+fn version(pod: &Pod) -> Option<u64> {
+    pod.metadata.resource_version.as_deref()?.parse().ok()
+}
+
+/// Whether `ours` is newer than `stored`: the same pod (uid), at a later resourceVersion.
+fn newer(ours: &Pod, stored: &Pod) -> bool {
+    ours.metadata.uid == stored.metadata.uid
+        && matches!((version(ours), version(stored)), (Some(o), Some(s)) if o > s)
+}
+
+/// Pods as our own writes returned them.
+#[derive(Default)]
+pub struct WrittenPods {
+    pods: Mutex<HashMap<String, Arc<Pod>>>,
+}
+
+impl WrittenPods {
+    /// The newer of the cached pod and the one our last write returned.
+    pub fn fresher(&self, cached: Arc<Pod>) -> Arc<Pod> {
+        let pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        match pods.get(&pod_key(&cached)) {
+            Some(ours) if newer(ours, &cached) => ours.clone(),
+            _ => cached,
+        }
+    }
+
+    /// Keeps what a write returned (already stripped as the cache strips it).
+    pub fn remember(&self, pod: Pod) {
+        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        pods.insert(pod_key(&pod), Arc::new(pod));
+    }
+
+    /// Forgets the pods `cache` has caught up with, or that are gone from it.
+    pub fn forget_caught_up(&self, cache: &Store<Pod>) {
+        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        pods.retain(|_, ours| {
+            cache
+                .get(&ObjectRef::from_obj(&**ours))
+                .is_some_and(|cached| newer(ours, &cached))
+        });
+    }
+
+    pub fn len(&self) -> usize {
+        self.pods.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::reflector::store::Writer;
+    use kube::runtime::watcher;
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(uid: &str, version: &str, image: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web-0", "namespace": "shop", "uid": uid, "resourceVersion": version},
+            "spec": {"containers": [{"name": "proxy", "image": image}]},
+        }))
+        .expect("pod")
+    }
+
+    fn image(pod: &Pod) -> &str {
+        pod.spec.as_ref().expect("spec").containers[0]
+            .image
+            .as_deref()
+            .unwrap_or_default()
+    }
+
+    fn cache_with(pod: Pod) -> (Store<Pod>, Writer<Pod>) {
+        let mut writer = Writer::default();
+        writer.apply_watcher_event(&watcher::Event::Apply(pod));
+        (writer.as_reader(), writer)
+    }
+
+    #[test]
+    fn our_write_is_read_until_the_cache_catches_up() {
+        let (cache, mut writer) = cache_with(pod("u1", "5", "proxy:1"));
+        let written = WrittenPods::default();
+        written.remember(pod("u1", "7", "proxy:2"));
+
+        let cached = cache
+            .get(&ObjectRef::new("web-0").within("shop"))
+            .expect("cached");
+        assert_eq!(image(&written.fresher(cached)), "proxy:2", "the cache lags");
+        written.forget_caught_up(&cache);
+        assert_eq!(written.len(), 1, "still needed");
+
+        // kubelet wrote after us: the cache is now newer than our write.
+        writer.apply_watcher_event(&watcher::Event::Apply(pod("u1", "9", "proxy:2")));
+        let cached = cache
+            .get(&ObjectRef::new("web-0").within("shop"))
+            .expect("cached");
+        assert_eq!(
+            written
+                .fresher(cached.clone())
+                .metadata
+                .resource_version
+                .as_deref(),
+            Some("9")
+        );
+        written.forget_caught_up(&cache);
+        assert!(written.is_empty());
+    }
+
+    #[test]
+    fn a_recreated_pod_of_the_same_name_is_not_replaced_by_our_write() {
+        let (cache, _writer) = cache_with(pod("u2", "3", "proxy:1"));
+        let written = WrittenPods::default();
+        written.remember(pod("u1", "7", "proxy:2"));
+        let cached = cache
+            .get(&ObjectRef::new("web-0").within("shop"))
+            .expect("cached");
+        assert_eq!(image(&written.fresher(cached)), "proxy:1");
+        written.forget_caught_up(&cache);
+        assert!(written.is_empty());
+    }
+
+    #[test]
+    fn a_deleted_pod_is_forgotten() {
+        let (cache, mut writer) = cache_with(pod("u1", "5", "proxy:1"));
+        let written = WrittenPods::default();
+        written.remember(pod("u1", "7", "proxy:2"));
+        writer.apply_watcher_event(&watcher::Event::Delete(pod("u1", "8", "proxy:2")));
+        written.forget_caught_up(&cache);
+        assert!(written.is_empty());
+    }
+
+    #[test]
+    fn unparsable_versions_trust_the_cache() {
+        let (cache, _writer) = cache_with(pod("u1", "abc", "proxy:1"));
+        let written = WrittenPods::default();
+        written.remember(pod("u1", "7", "proxy:2"));
+        let cached = cache
+            .get(&ObjectRef::new("web-0").within("shop"))
+            .expect("cached");
+        assert_eq!(image(&written.fresher(cached)), "proxy:1");
+    }
+}
