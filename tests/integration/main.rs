@@ -4,6 +4,8 @@ mod imagepulljob;
 mod manager;
 mod node_infra;
 mod nodeimage;
+mod sidecarset_crash;
+mod sidecarset_upgrade;
 mod smoke;
 mod support;
 mod webhook;

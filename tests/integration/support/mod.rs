@@ -27,6 +27,7 @@ use kube::{Api, Client, Config};
 use serde::Deserialize;
 
 pub mod cri_proxy;
+pub mod kubelet;
 pub mod node;
 pub mod webhook;
 

@@ -1,0 +1,536 @@
+//! Playing the kubelet for the SidecarSet tests: no node runs the pods, so the tests write what
+//! a kubelet would report, through the pods' `status` subresource.
+//!
+//! Every write is a JSON merge patch of the whole of `phase`, `conditions` and
+//! `containerStatuses`, made on top of the pod as just read and guarded by its
+//! `resourceVersion` (a conflict re-reads and retries): a condition another writer (the
+//! SidecarSet controller's `SidecarSetUpgradable`) added in between is never lost.
+//!
+//! What is reported, per container:
+//! - running its spec image: `image` = the spec image, `imageID` = [`image_id`] of it, ready,
+//!   state `running`; a container whose spec image changed since it was last reported counts one
+//!   more restart, as an in-place restart does;
+//! - failing: `image` = the spec image, no `imageID`, not ready, state `waiting` with reason
+//!   `ErrImagePull`;
+//! - stopping for a restart ([`mark_not_ready`]): the old image and imageID, not ready.
+//!
+//! The pod is `Running`, its `Ready` and `ContainersReady` conditions True exactly when every
+//! container is ready.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+use tokio::task::{JoinHandle, JoinSet};
+
+/// How long a status write may keep conflicting with other writers before the test gives up.
+const CONFLICT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The reason a container that cannot pull its image waits with.
+pub const IMAGE_PULL_ERROR: &str = "ErrImagePull";
+
+/// A fake but stable image digest reference for `image`: `<repository>@sha256:<sha256 of the
+/// image string>`, as a runtime reports the image a container runs.
+pub fn image_id(image: &str) -> String {
+    let without_digest = image.split('@').next().unwrap_or(image);
+    let slash = without_digest.rfind('/');
+    let repository = match without_digest.rfind(':') {
+        Some(colon) if slash.is_none_or(|slash| colon > slash) => &without_digest[..colon],
+        _ => without_digest,
+    };
+    let digest = ring::digest::digest(&ring::digest::SHA256, image.as_bytes());
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("{repository}@sha256:{hex}")
+}
+
+fn now() -> Value {
+    serde_json::to_value(Time(Timestamp::now())).expect("a timestamp serializes")
+}
+
+/// The spec image of each container, in spec order.
+fn spec_images(pod: &Pod) -> Vec<(String, String)> {
+    pod.spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+        .collect()
+}
+
+fn container_statuses(pod: &Pod) -> BTreeMap<&str, &ContainerStatus> {
+    pod.status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .map(|s| (s.name.as_str(), s))
+        .collect()
+}
+
+fn is_running(status: &ContainerStatus) -> bool {
+    status.state.as_ref().is_some_and(|s| s.running.is_some())
+}
+
+fn waiting_reason(status: &ContainerStatus) -> Option<&str> {
+    status
+        .state
+        .as_ref()
+        .and_then(|s| s.waiting.as_ref())
+        .and_then(|w| w.reason.as_deref())
+}
+
+/// Whether the pod's `Ready` condition is True.
+pub fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// Whether a container's spec image differs from the image its status reports (the kubelet
+/// has an in-place restart to do). Containers without a status do not count.
+pub fn has_changed_containers(pod: &Pod) -> bool {
+    let statuses = container_statuses(pod);
+    spec_images(pod).iter().any(|(name, image)| {
+        statuses
+            .get(name.as_str())
+            .is_some_and(|s| &s.image != image)
+    })
+}
+
+/// Whether container `name` runs `image` (reported image and imageID) and is ready.
+pub fn runs(pod: &Pod, name: &str, image: &str) -> bool {
+    container_statuses(pod).get(name).is_some_and(|s| {
+        s.image == image && s.image_id == image_id(image) && s.ready && is_running(s)
+    })
+}
+
+fn running_status(name: &str, image: &str, restarts: i32) -> Value {
+    json!({
+        "name": name,
+        "image": image,
+        "imageID": image_id(image),
+        "containerID": format!("fake://{name}/{restarts}"),
+        "ready": true,
+        "started": true,
+        "restartCount": restarts,
+        "state": {"running": {"startedAt": now()}},
+    })
+}
+
+fn failing_status(name: &str, image: &str, restarts: i32) -> Value {
+    json!({
+        "name": name,
+        "image": image,
+        "imageID": "",
+        "ready": false,
+        "started": false,
+        "restartCount": restarts,
+        "state": {"waiting": {
+            "reason": IMAGE_PULL_ERROR,
+            "message": format!("failed to pull image {image:?}: not found"),
+        }},
+    })
+}
+
+/// The pod's conditions with `Ready` and `ContainersReady` set to `ready` (a transition time
+/// only where the status changes), `PodScheduled` and `Initialized` added if missing, and every
+/// other condition kept as it is.
+fn conditions(pod: &Pod, ready: bool) -> Value {
+    let existing: Vec<_> = pod
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .collect();
+    let mut out = Vec::new();
+    let mut seen = Vec::new();
+    for c in &existing {
+        let wanted = match c.type_.as_str() {
+            "Ready" | "ContainersReady" => ready,
+            _ => {
+                out.push(serde_json::to_value(c).expect("a condition serializes"));
+                seen.push(c.type_.clone());
+                continue;
+            }
+        };
+        let status = if wanted { "True" } else { "False" };
+        let mut value = serde_json::to_value(c).expect("a condition serializes");
+        if c.status != status {
+            value["status"] = json!(status);
+            value["lastTransitionTime"] = now();
+        }
+        out.push(value);
+        seen.push(c.type_.clone());
+    }
+    let status = if ready { "True" } else { "False" };
+    for (type_, status) in [
+        ("PodScheduled", "True"),
+        ("Initialized", "True"),
+        ("ContainersReady", status),
+        ("Ready", status),
+    ] {
+        if !seen.iter().any(|s| s == type_) {
+            out.push(json!({"type": type_, "status": status, "lastTransitionTime": now()}));
+        }
+    }
+    Value::Array(out)
+}
+
+/// The status a kubelet would report for `pod` once it has acted on its spec: every container
+/// whose spec image `is_bad` fails to pull it, every other one runs its spec image. `None` when
+/// that is what the pod reports already.
+fn converged_status(pod: &Pod, is_bad: &(dyn Fn(&str) -> bool + Sync)) -> Option<Value> {
+    let statuses = container_statuses(pod);
+    let mut changed = statuses.len() != spec_images(pod).len();
+    let mut all_ready = true;
+    let mut out = Vec::new();
+    for (name, image) in spec_images(pod) {
+        let previous = statuses.get(name.as_str()).copied();
+        let restarts = previous.map_or(0, |s| s.restart_count);
+        let same_image = previous.is_some_and(|s| s.image == image);
+        if is_bad(&image) {
+            all_ready = false;
+            let failing =
+                same_image && previous.is_some_and(|s| waiting_reason(s) == Some(IMAGE_PULL_ERROR));
+            if failing {
+                out.push(serde_json::to_value(previous).expect("a status serializes"));
+            } else {
+                changed = true;
+                let restarts = restarts + i32::from(previous.is_some() && !same_image);
+                out.push(failing_status(&name, &image, restarts));
+            }
+        } else if previous.is_some_and(|s| same_image && s.ready && is_running(s)) {
+            out.push(serde_json::to_value(previous).expect("a status serializes"));
+        } else {
+            changed = true;
+            let restarts = restarts + i32::from(previous.is_some() && !same_image);
+            out.push(running_status(&name, &image, restarts));
+        }
+    }
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    changed |= phase != Some("Running") || pod_ready(pod) != all_ready;
+    if !changed {
+        return None;
+    }
+    let mut status = json!({
+        "phase": "Running",
+        "conditions": conditions(pod, all_ready),
+        "containerStatuses": out,
+    });
+    if pod
+        .status
+        .as_ref()
+        .and_then(|s| s.start_time.as_ref())
+        .is_none()
+    {
+        status["startTime"] = now();
+        status["hostIP"] = json!("127.0.0.1");
+        status["podIP"] = json!("127.0.0.1");
+    }
+    let init_containers: Vec<Value> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten())
+        .map(|c| {
+            let image = c.image.clone().unwrap_or_default();
+            json!({
+                "name": c.name,
+                "image": image,
+                "imageID": image_id(&image),
+                "ready": true,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+            })
+        })
+        .collect();
+    if !init_containers.is_empty() {
+        status["initContainerStatuses"] = Value::Array(init_containers);
+    }
+    Some(status)
+}
+
+/// The status of a container about to be restarted with a new image: every container whose
+/// spec image differs from its reported one stops being ready (keeping the old image), and so
+/// does the pod. `None` when no container has a new image or all such are reported not ready.
+fn stopping_status(pod: &Pod) -> Option<Value> {
+    let statuses = container_statuses(pod);
+    let mut changed = false;
+    let mut out = Vec::new();
+    for (name, image) in spec_images(pod) {
+        let previous = *statuses.get(name.as_str())?;
+        let mut value = serde_json::to_value(previous).expect("a status serializes");
+        if previous.image != image && previous.ready {
+            changed = true;
+            value["ready"] = json!(false);
+            value["started"] = json!(false);
+            value["state"] = json!({"waiting": {"reason": "ContainerCreating"}});
+        }
+        out.push(value);
+    }
+    changed.then(|| {
+        json!({
+            "phase": "Running",
+            "conditions": conditions(pod, false),
+            "containerStatuses": out,
+        })
+    })
+}
+
+/// Writes `change(pod)` as the pod's status, re-reading and retrying while the pod changes
+/// under it. `Ok(None)` when `change` says there is nothing to write.
+async fn write_status(
+    pods: &Api<Pod>,
+    name: &str,
+    change: &(dyn Fn(&Pod) -> Option<Value> + Sync),
+) -> Result<Option<Pod>, String> {
+    let deadline = tokio::time::Instant::now() + CONFLICT_TIMEOUT;
+    loop {
+        let pod = pods
+            .get(name)
+            .await
+            .map_err(|e| format!("reading pod {name}: {e}"))?;
+        let Some(status) = change(&pod) else {
+            return Ok(None);
+        };
+        let patch = json!({
+            "metadata": {"resourceVersion": pod.metadata.resource_version},
+            "status": status,
+        });
+        match pods
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(pod) => return Ok(Some(pod)),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(format!(
+                        "the status of pod {name} kept conflicting for {CONFLICT_TIMEOUT:?}: {s:?}"
+                    ));
+                }
+            }
+            Err(e) => return Err(format!("writing the status of pod {name} ({patch}): {e}")),
+        }
+    }
+}
+
+fn never_bad(_: &str) -> bool {
+    false
+}
+
+/// Starts pod `name`: Running and Ready, every container running its spec image.
+pub async fn start(pods: &Api<Pod>, name: &str) -> Pod {
+    match write_status(pods, name, &|pod| converged_status(pod, &never_bad)).await {
+        Ok(Some(pod)) => pod,
+        Ok(None) => pods.get(name).await.expect("reading the started pod"),
+        Err(e) => panic!("starting pod {name}: {e}"),
+    }
+}
+
+/// Restarts the containers of pod `name` whose spec image changed (the new image running,
+/// ready). `None` when there was nothing to restart.
+pub async fn restart_changed(pods: &Api<Pod>, name: &str) -> Option<Pod> {
+    write_status(pods, name, &|pod| converged_status(pod, &never_bad))
+        .await
+        .unwrap_or_else(|e| panic!("restarting the containers of pod {name}: {e}"))
+}
+
+/// Makes every container of pod `name` whose spec image `is_bad` fail to pull it (not ready,
+/// waiting with `ErrImagePull`; the pod not Ready) and restarts the other changed ones.
+pub async fn fail_bad_images(
+    pods: &Api<Pod>,
+    name: &str,
+    is_bad: &(dyn Fn(&str) -> bool + Sync),
+) -> Option<Pod> {
+    write_status(pods, name, &|pod| converged_status(pod, is_bad))
+        .await
+        .unwrap_or_else(|e| panic!("failing the bad images of pod {name}: {e}"))
+}
+
+/// Marks the containers of pod `name` whose spec image changed as stopped for a restart, and
+/// the pod not Ready. `None` when there was nothing to mark.
+pub async fn mark_not_ready(pods: &Api<Pod>, name: &str) -> Option<Pod> {
+    write_status(pods, name, &stopping_status)
+        .await
+        .unwrap_or_else(|e| panic!("marking pod {name} not ready: {e}"))
+}
+
+/// One pass of a kubelet over the pods of `pods`' namespace that were started: containers whose
+/// spec image `is_bad` fail, changed ones are restarted on their new image. Returns the names of
+/// the pods whose status was written.
+pub async fn sync(pods: &Api<Pod>, is_bad: &(dyn Fn(&str) -> bool + Sync)) -> Vec<String> {
+    let list = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("listing pods for the kubelet: {e}"));
+    let mut written = Vec::new();
+    for pod in list {
+        let started = pod
+            .status
+            .as_ref()
+            .is_some_and(|s| s.container_statuses.is_some());
+        if !started || converged_status(&pod, is_bad).is_none() {
+            continue;
+        }
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        if fail_bad_images(pods, &name, is_bad).await.is_some() {
+            written.push(name);
+        }
+    }
+    written
+}
+
+/// SplitMix64: a small seeded generator for the tests' random choices.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `low..=high`.
+    pub fn range(&mut self, low: u64, high: u64) -> u64 {
+        low + self.next_u64() % (high - low + 1)
+    }
+}
+
+/// Pods whose restart is under way, each with whether its spec changed again meanwhile.
+type Restarting = Arc<Mutex<HashMap<String, bool>>>;
+
+/// A kubelet running in the background for the pods of one namespace: whenever a container's
+/// spec image differs from the image its status reports, it first marks the pod not ready,
+/// then after a random 50–400 ms reports the new image running and ready. Stopped when
+/// dropped.
+pub struct BackgroundKubelet {
+    task: JoinHandle<()>,
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl BackgroundKubelet {
+    /// Starts watching `pods` (a namespaced Api); delays are drawn from a generator seeded with
+    /// `seed`.
+    pub fn spawn(pods: Api<Pod>, seed: u64) -> Self {
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let task = tokio::spawn(watch_and_restart(pods, seed, errors.clone()));
+        BackgroundKubelet { task, errors }
+    }
+
+    /// What went wrong writing statuses so far (empty when nothing did).
+    pub fn errors(&self) -> Vec<String> {
+        self.errors.lock().expect("errors lock").clone()
+    }
+}
+
+impl Drop for BackgroundKubelet {
+    fn drop(&mut self) {
+        // Aborting the watch drops its JoinSet, which aborts the restarts under way.
+        self.task.abort();
+    }
+}
+
+async fn watch_and_restart(pods: Api<Pod>, seed: u64, errors: Arc<Mutex<Vec<String>>>) {
+    let rng = Arc::new(Mutex::new(Rng::new(seed)));
+    let restarting: Restarting = Arc::default();
+    let mut restarts = JoinSet::new();
+    let stream = watcher(pods.clone(), watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        tokio::select! {
+            item = stream.try_next() => match item {
+                Ok(Some(pod)) if has_changed_containers(&pod) => {
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    let mut under_way = restarting.lock().expect("restarting lock");
+                    if let Some(dirty) = under_way.get_mut(&name) {
+                        *dirty = true;
+                    } else {
+                        under_way.insert(name.clone(), false);
+                        restarts.spawn(restart(
+                            pods.clone(),
+                            name,
+                            rng.clone(),
+                            restarting.clone(),
+                            errors.clone(),
+                        ));
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return,
+                // The watcher retries with a backoff; nothing is lost but time.
+                Err(e) => eprintln!("background kubelet: watching pods: {e}"),
+            },
+            Some(Err(e)) = restarts.join_next(), if !restarts.is_empty() => {
+                if e.is_panic() {
+                    errors.lock().expect("errors lock").push(format!("a restart panicked: {e}"));
+                }
+            }
+        }
+    }
+}
+
+/// Restarts pod `name`'s changed containers, again as long as its spec changed meanwhile.
+async fn restart(
+    pods: Api<Pod>,
+    name: String,
+    rng: Arc<Mutex<Rng>>,
+    restarting: Restarting,
+    errors: Arc<Mutex<Vec<String>>>,
+) {
+    loop {
+        if let Err(e) = write_status(&pods, &name, &stopping_status).await {
+            errors.lock().expect("errors lock").push(e);
+        }
+        let delay = rng.lock().expect("rng lock").range(50, 400);
+        // The time a runtime takes to pull and start the new image, simulated.
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        if let Err(e) = write_status(&pods, &name, &|pod| converged_status(pod, &never_bad)).await {
+            errors.lock().expect("errors lock").push(e);
+        }
+        let mut under_way = restarting.lock().expect("restarting lock");
+        if under_way.get(&name) == Some(&true) {
+            under_way.insert(name.clone(), false);
+        } else {
+            under_way.remove(&name);
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_ids_name_the_repository_and_a_stable_digest() {
+        let id = image_id("nginx:1.25");
+        assert!(id.starts_with("nginx@sha256:"), "{id}");
+        assert_eq!(id.len(), "nginx@sha256:".len() + 64);
+        assert_eq!(id, image_id("nginx:1.25"));
+        assert_ne!(id, image_id("nginx:1.27"));
+        assert!(image_id("localhost:5000/team/proxy:v2").starts_with("localhost:5000/team/proxy@"));
+        assert!(image_id("localhost:5000/proxy").starts_with("localhost:5000/proxy@"));
+    }
+
+    #[test]
+    fn the_generator_is_deterministic_and_stays_in_range() {
+        let (mut a, mut b) = (Rng::new(7), Rng::new(7));
+        for _ in 0..100 {
+            let x = a.range(50, 400);
+            assert_eq!(x, b.range(50, 400));
+            assert!((50..=400).contains(&x));
+        }
+    }
+}
