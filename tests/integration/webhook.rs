@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use crate::support::unique_name;
 use crate::support::webhook::webhook_cluster;
+use crate::webhook_scenarios::admit_until;
 
 async fn client() -> Client {
     webhook_cluster().client().await
@@ -79,17 +80,20 @@ async fn a_pod_gets_its_sidecar_and_the_annotations_upstream_writes() {
     );
 
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);
-    let admitted = pods
-        .create(
-            &PostParams::default(),
-            &pod(
-                "web",
-                json!({"app": &app}),
-                json!([{"name": "main", "image": "nginx:1.25"}]),
-            ),
-        )
-        .await
-        .expect("the pod is admitted");
+    // The webhook learns of the new SidecarSet through its watch: until then pods pass unchanged.
+    let template = serde_json::to_value(pod(
+        "web",
+        json!({"app": &app}),
+        json!([{"name": "main", "image": "nginx:1.25"}]),
+    ))
+    .expect("pod JSON");
+    let admitted = admit_until(
+        &pods,
+        &template,
+        "a pod injected with the new SidecarSet",
+        |p| p.spec.as_ref().is_some_and(|s| s.containers.len() > 1),
+    )
+    .await;
     let names: Vec<&str> = admitted
         .spec
         .as_ref()

@@ -127,7 +127,7 @@ async fn patch_sidecarset(client: &Client, name: &str, patch: Value) -> SidecarS
 /// each one that does not: the webhook's cache may not show the latest SidecarSet write yet. A
 /// denied pod fails the test at once. Like the pods of upstream's Deployments, it has a
 /// `generateName` (`<the template's name>-`) and no name.
-async fn admit_until(
+pub(crate) async fn admit_until(
     pods: &Api<Pod>,
     template: &Value,
     what: &str,
