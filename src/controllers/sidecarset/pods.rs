@@ -339,6 +339,8 @@ pub fn view(set: &SidecarSet, pod: &Pod) -> PodView {
         hash_without_image: pod_entry(annotations, SIDECARSET_HASH_WITHOUT_IMAGE, name)
             .map(|e| e.hash),
         sidecars,
+        // Decided later, from the pre-download state of the pod's node.
+        awaiting_images: false,
     }
 }
 

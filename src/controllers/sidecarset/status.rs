@@ -46,6 +46,8 @@ pub enum Stall {
     /// Pods whose sidecars changed in more than their images: an in-place patch cannot update
     /// them, only recreating them can. `examples` are the first few by namespace/name.
     NotUpgradable { pods: usize, examples: Vec<String> },
+    /// `pods` pods wait for their nodes to pull the new sidecar images.
+    WaitingForPreDownload { pods: usize },
     /// Every remaining pod is held back by the partition.
     PartitionReached { partition: usize },
     /// `unavailable` updated pods are not available yet, at least `max_unavailable`: the next
@@ -67,6 +69,7 @@ impl Stall {
             // Upstream's event reason for the same finding.
             Stall::NotUpgradable { .. } => "NotUpgradablePods",
             Stall::PartitionReached { .. } => "PartitionReached",
+            Stall::WaitingForPreDownload { .. } => "WaitingForPreDownload",
             Stall::MaxUnavailableReached { .. } => "MaxUnavailableReached",
         }
     }
@@ -98,6 +101,10 @@ impl fmt::Display for Stall {
                 "{pods} pod(s) cannot be upgraded in place because more than the sidecar images changed; \
                  recreate them to get the new sidecars: {}",
                 names(examples, *pods)
+            ),
+            Stall::WaitingForPreDownload { pods } => write!(
+                f,
+                "{pods} pod(s) wait for their nodes to pull the new sidecar images (see condition ImagePreDownload)"
             ),
             Stall::PartitionReached { partition } => write!(
                 f,
@@ -264,6 +271,7 @@ pub fn stalls(batch: &Batch, pods: &[PodView]) -> Vec<Stall> {
             waiting: batch.waiting,
         }),
         Some(Hold::Partition { partition }) => Some(Stall::PartitionReached { partition }),
+        Some(Hold::PreDownload { pods }) => Some(Stall::WaitingForPreDownload { pods }),
         Some(Hold::MaxUnavailable {
             unavailable,
             max_unavailable,

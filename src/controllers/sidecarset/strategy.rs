@@ -40,10 +40,11 @@
 //!    front gets its share rather than one batch taking them all (upstream's `updatesort`).
 //! 3. `partition` pods of the candidates stay behind: only the first `candidates − partition`
 //!    may be upgraded at all (the *queue*).
-//! 4. Walking the queue in order: a pod that is not ready is taken for free (it is unavailable
-//!    already); a ready pod is taken only while fewer than `maxUnavailable` updated pods are in
-//!    flight, each taken pod counting as one more; the walk stops at the first ready pod that
-//!    does not fit.
+//! 4. Walking the queue in order: a pod whose node is still pre-downloading the new images is
+//!    passed over (it stays in the queue); a pod that is not ready is taken for free (it is
+//!    unavailable already); a ready pod is taken only while fewer than `maxUnavailable` updated
+//!    pods are in flight, each taken pod counting as one more; the walk stops at the first ready
+//!    pod that does not fit. A paused rollout has its queue but takes nothing.
 //!
 //! # Rounding
 //!
@@ -154,6 +155,9 @@ pub struct PodView {
     pub hash_without_image: Option<String>,
     /// The SidecarSet's sidecar containers in this pod.
     pub sidecars: Vec<SidecarView>,
+    /// The new sidecar images are being pre-downloaded to the pod's node and are not there
+    /// yet: the pod stays in the queue but is not upgraded (see `predownload`).
+    pub awaiting_images: bool,
 }
 
 impl PodView {
@@ -345,6 +349,8 @@ pub enum Hold {
     /// The remaining candidates are the last `partition` in rollout order: they stay on the
     /// old version.
     Partition { partition: usize },
+    /// `pods` pods of the queue wait for their node to pull the new sidecar images.
+    PreDownload { pods: usize },
     /// The next pod is ready and `unavailable` updated pods are already in flight (counting
     /// this batch), which is at least `max_unavailable`.
     MaxUnavailable {
@@ -421,10 +427,6 @@ pub fn next_batch(set: &SidecarSet, pods: &[PodView]) -> Batch {
         batch.hold = Some(Hold::NotUpdate);
         return batch;
     }
-    if strategy.paused {
-        batch.hold = Some(Hold::Paused);
-        return batch;
-    }
     let (partition, max_unavailable) = match limits {
         Ok(limits) => limits,
         Err(e) => {
@@ -436,8 +438,18 @@ pub fn next_batch(set: &SidecarSet, pods: &[PodView]) -> Batch {
     let order = sort_for_update(strategy, pods, &active, candidates);
     let reachable = order.len().saturating_sub(partition);
     batch.queue = order[..reachable].to_vec();
+    // A paused rollout still knows where it will go (pre-download prepares those nodes).
+    if strategy.paused {
+        batch.hold = Some(Hold::Paused);
+        return batch;
+    }
     let mut unavailable = batch.in_flight.len();
+    let mut awaiting_images = 0;
     for &i in &batch.queue {
+        if pods[i].awaiting_images {
+            awaiting_images += 1;
+            continue;
+        }
         if pods[i].ready {
             if unavailable >= max_unavailable {
                 batch.hold = Some(Hold::MaxUnavailable {
@@ -449,6 +461,11 @@ pub fn next_batch(set: &SidecarSet, pods: &[PodView]) -> Batch {
             unavailable += 1;
         }
         batch.upgrade.push(i);
+    }
+    if batch.hold.is_none() && awaiting_images > 0 {
+        batch.hold = Some(Hold::PreDownload {
+            pods: awaiting_images,
+        });
     }
     if batch.hold.is_none() && reachable < order.len() {
         batch.hold = Some(Hold::Partition { partition });
@@ -1127,9 +1144,50 @@ mod tests {
         assert_eq!(batch.waiting, 3);
 
         let batch = next_batch(&set(json!({"paused": true, "maxUnavailable": 4})), &p);
-        assert!(batch.upgrade.is_empty() && batch.queue.is_empty());
+        assert!(batch.upgrade.is_empty());
+        assert_eq!(
+            batch.queue.len(),
+            3,
+            "a paused rollout still knows its queue"
+        );
         assert_eq!(batch.hold, Some(Hold::Paused));
         assert_eq!(names(&p, &batch.not_upgradable), ["pod-3"]);
+    }
+
+    #[test]
+    fn pods_awaiting_their_images_stay_queued_and_the_next_ones_go() {
+        let mut p = pods(4, 0, 0);
+        p[0].awaiting_images = true;
+        p[2].awaiting_images = true;
+        let batch = next_batch(&set(json!({"maxUnavailable": 4})), &p);
+        let queued_and_free: Vec<usize> = batch
+            .queue
+            .iter()
+            .copied()
+            .filter(|&i| !p[i].awaiting_images)
+            .collect();
+        assert_eq!(batch.upgrade, queued_and_free, "the rest, in queue order");
+        assert_eq!(names(&p, &batch.upgrade), ["pod-3", "pod-1"]);
+        assert_eq!(batch.queue.len(), 4, "they stay in the queue");
+        assert_eq!(batch.hold, Some(Hold::PreDownload { pods: 2 }));
+
+        // Waiting pods do not count against maxUnavailable.
+        let batch = next_batch(&set(json!({"maxUnavailable": 1})), &p);
+        assert_eq!(names(&p, &batch.upgrade), ["pod-3"]);
+        assert_eq!(
+            batch.hold,
+            Some(Hold::MaxUnavailable {
+                unavailable: 1,
+                max_unavailable: 1
+            })
+        );
+
+        for pod in &mut p {
+            pod.awaiting_images = true;
+        }
+        let batch = next_batch(&set(json!({"maxUnavailable": 4})), &p);
+        assert!(batch.upgrade.is_empty());
+        assert_eq!(batch.hold, Some(Hold::PreDownload { pods: 4 }));
     }
 
     #[test]
