@@ -29,8 +29,10 @@ pub const SIDECARSET_VERSION_PREFIX: &str = "version.sidecarset.kruise.io/";
 pub const SIDECARSET_VERSION_ALT_PREFIX: &str = "versionalt.sidecarset.kruise.io/";
 /// Pod condition type whose message is a JSON map of SidecarSet name to "can upgrade".
 pub const SIDECARSET_UPGRADABLE_CONDITION: &str = "SidecarSetUpgradable";
-/// On a ControllerRevision: the SidecarSet it belongs to.
+/// On a ControllerRevision or a pre-download ImagePullJob: the SidecarSet it belongs to.
 pub const SIDECARSET_NAME_LABEL: &str = "kruise.io/sidecarset-name";
+/// Label on a pre-download ImagePullJob: the sidecar container whose new image it pulls.
+pub const SIDECARSET_CONTAINER_LABEL: &str = "apps.kruise.io/sidecarset-container";
 /// On a ControllerRevision (v1beta1) or on the SidecarSet itself (v1alpha1): the custom version.
 pub const SIDECARSET_CUSTOM_VERSION_LABEL: &str = "apps.kruise.io/sidecarset-custom-version";
 /// On a SidecarSet: `"true"` marks a canary SidecarSet.

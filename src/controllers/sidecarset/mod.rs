@@ -19,22 +19,23 @@
 pub mod expectations;
 pub mod pod_events;
 pub mod pods;
+pub mod predownload;
 pub mod revisions;
 pub mod status;
 pub mod strategy;
 pub mod upgrade;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::ControllerRevision;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -46,14 +47,17 @@ use tracing::{debug, info, warn};
 use self::expectations::{WrittenPods, pod_key};
 use self::pod_events::PodTracker;
 use self::pods::{NamespaceLabels, namespace_labels, owns, strip_pod, view};
+use self::predownload::{Decision, IMAGE_PREDOWNLOAD, KnobWarning, Knobs, Progress};
 use self::revisions::RevisionsError;
 use self::status::{PODS_UPGRADABLE, StatusReport, compute_status};
 use self::strategy::{Batch, CurrentHashes, PodState, PodView, classify, next_batch};
 use self::upgrade::{UpgradeError, upgradable_condition, upgrade_patch};
 use super::ControllerOptions;
 use super::backoff::Backoff;
+use crate::apis::imagepulljob::ImagePullJob;
+use crate::apis::nodeimage::NodeImage;
 use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
-use crate::apis::well_known::{SIDECARSET_HASH, SIDECARSET_NAME_LABEL};
+use crate::apis::well_known::{CONTROLLER_REVISION_HASH, SIDECARSET_HASH, SIDECARSET_NAME_LABEL};
 use crate::sidecar::annotations::parse_hashes;
 
 /// Field manager of everything this controller writes.
@@ -92,6 +96,14 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("writing the pre-download ImagePullJob {job}")]
+    Job {
+        job: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the pre-download ImagePullJob {job} exists and belongs to something else")]
+    JobTaken { job: String },
     #[error("writing the SidecarSetUpgradable condition of pod {pod}")]
     PodCondition {
         pod: String,
@@ -110,6 +122,12 @@ pub struct Context {
     pods: Store<Pod>,
     namespaces: Store<Namespace>,
     revisions: Store<ControllerRevision>,
+    /// The SidecarSets' pre-download jobs.
+    jobs: Store<ImagePullJob>,
+    /// NodeImages (status only), to tell when a node has pulled.
+    nodeimages: Store<NodeImage>,
+    /// Bad pre-download annotations already warned about (SidecarSet uid, annotation, value).
+    warned: Mutex<HashSet<String>>,
     /// Pods as our own patches returned them, until the store has caught up with them.
     written: WrittenPods,
     backoff: Backoff,
@@ -182,13 +200,67 @@ pub async fn run(
     .filter_map(|r| futures::future::ready(r.ok()))
     .map(|_| ());
 
+    // Pre-download jobs carry the SidecarSet's labels, so the label selector applies to them too.
+    let job_labels = match &opts.label_selector {
+        Some(selector) => format!("{SIDECARSET_NAME_LABEL},{selector}"),
+        None => SIDECARSET_NAME_LABEL.to_owned(),
+    };
+    let (jobs, job_writer) = reflector::store();
+    let job_triggers = watcher(
+        Api::<ImagePullJob>::all(client.clone()),
+        watcher::Config::default().labels(&job_labels),
+    )
+    .default_backoff()
+    .modify(|j: &mut ImagePullJob| j.managed_fields_mut().clear())
+    .reflect(job_writer)
+    .touched_objects()
+    .filter_map(|r| {
+        let set = r
+            .ok()
+            .and_then(|j| j.labels().get(SIDECARSET_NAME_LABEL).cloned());
+        futures::future::ready(set.map(|name| ObjectRef::<SidecarSet>::new(&name)))
+    });
+
+    // A node's pull finishing lets its waiting pods go: wake the SidecarSets pulling there.
+    let (nodeimages, nodeimage_writer) = reflector::store();
+    let scoped_nodeimages = match &opts.label_selector {
+        Some(selector) => watcher::Config::default().labels(selector),
+        None => watcher::Config::default(),
+    };
+    let jobs_for_nodes = jobs.clone();
+    let nodeimage_triggers = watcher(
+        Api::<NodeImage>::all(client.clone()),
+        scoped_nodeimages.streaming_lists(),
+    )
+    .default_backoff()
+    .modify(|n: &mut NodeImage| {
+        n.managed_fields_mut().clear();
+        n.spec = Default::default();
+    })
+    .reflect(nodeimage_writer)
+    .applied_objects()
+    .filter_map(move |r| {
+        let node = r.ok().map(|n| n.name_any());
+        let sets: BTreeSet<String> = node
+            .map(|node| sidecarsets_pulling_on(&jobs_for_nodes, &node))
+            .unwrap_or_default();
+        futures::future::ready(Some(futures::stream::iter(
+            sets.into_iter()
+                .map(|name| ObjectRef::<SidecarSet>::new(&name)),
+        )))
+    })
+    .flatten();
+
     // `Store::wait_until_ready` wakes only one of several waiters; one task waits and tells all.
     let (caches_ready, caches_ready_rx) = watch::channel(false);
     let (p, n, r) = (pods.clone(), namespaces.clone(), revisions.clone());
+    let (j, ni) = (jobs.clone(), nodeimages.clone());
     tokio::spawn(async move {
         if p.wait_until_ready().await.is_ok()
             && n.wait_until_ready().await.is_ok()
             && r.wait_until_ready().await.is_ok()
+            && j.wait_until_ready().await.is_ok()
+            && ni.wait_until_ready().await.is_ok()
         {
             let _ = caches_ready.send(true);
         }
@@ -219,6 +291,9 @@ pub async fn run(
         pods,
         namespaces,
         revisions,
+        jobs,
+        nodeimages,
+        warned: Mutex::default(),
         written: WrittenPods::default(),
         backoff: Backoff::default(),
         recorder: Recorder::new(
@@ -232,6 +307,8 @@ pub async fn run(
     let shutdown = shutdown.shared();
     let running = controller
         .reconcile_on(pod_triggers)
+        .reconcile_on(job_triggers)
+        .reconcile_on(nodeimage_triggers)
         .reconcile_all_on(namespace_changes)
         // A revision deleted by hand (or by someone else) is registered again.
         .reconcile_all_on(revision_events)
@@ -254,6 +331,20 @@ pub async fn run(
         return;
     }
     let _ = tokio::time::timeout(STOP_GRACE, running).await;
+}
+
+/// The SidecarSets with a pre-download job listing `node`.
+fn sidecarsets_pulling_on(jobs: &Store<ImagePullJob>, node: &str) -> BTreeSet<String> {
+    jobs.state()
+        .iter()
+        .filter(|j| {
+            j.spec
+                .selector
+                .as_ref()
+                .is_some_and(|s| s.names.iter().any(|n| n == node))
+        })
+        .filter_map(|j| label(j, SIDECARSET_NAME_LABEL).map(str::to_owned))
+        .collect()
 }
 
 fn error_policy(set: Arc<SidecarSet>, err: &Error, ctx: Arc<Context>) -> Action {
@@ -283,6 +374,18 @@ pub struct Plan {
     pub views: Vec<PodView>,
     pub batch: Batch,
     pub report: StatusReport,
+    pub predownload: Decision,
+}
+
+/// What the pre-download part of a plan reads besides the pods.
+pub struct PreDownloadInputs<'a> {
+    pub knobs: &'a Knobs,
+    pub manager_namespace: &'a str,
+    /// The SidecarSet's pre-download jobs as they are (for their progress, and whether this
+    /// revision's have started).
+    pub jobs: &'a [Arc<ImagePullJob>],
+    /// A node's NodeImage.
+    pub nodeimage: &'a dyn Fn(&str) -> Option<Arc<NodeImage>>,
 }
 
 /// The pods of `pods` that `set` owns.
@@ -296,21 +399,78 @@ pub fn owned_pods(
         .collect()
 }
 
+fn label<'a>(job: &'a ImagePullJob, key: &str) -> Option<&'a str> {
+    job.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
 /// What to do for `set` (its `status.latestRevision` already the registered revision) over
 /// its `owned` pods: the pure heart of a reconcile.
-pub fn plan(set: &SidecarSet, owned: &[Arc<Pod>], collision_count: i32, now: &Time) -> Plan {
-    let views: Vec<PodView> = owned.iter().map(|p| view(set, p)).collect();
-    let batch = next_batch(set, &views);
+pub fn plan(
+    set: &SidecarSet,
+    owned: &[Arc<Pod>],
+    collision_count: i32,
+    now: &Time,
+    pre: &PreDownloadInputs<'_>,
+) -> Plan {
+    let mut views: Vec<PodView> = owned.iter().map(|p| view(set, p)).collect();
+    let mut batch = next_batch(set, &views);
     let latest = set
         .status
         .as_ref()
         .and_then(|s| s.latest_revision.as_deref())
         .unwrap_or_default();
-    let report = compute_status(set, &views, &batch, latest, collision_count, now);
+    let mut report = compute_status(set, &views, &batch, latest, collision_count, now);
+
+    let hash = predownload::revision_hash(set);
+    let started = pre
+        .jobs
+        .iter()
+        .any(|j| label(j, CONTROLLER_REVISION_HASH) == Some(hash.as_str()));
+    let updated_ready = usize::try_from(report.status.updated_ready_pods).unwrap_or(0);
+    let mut decision = predownload::decide(
+        set,
+        owned,
+        &batch,
+        updated_ready,
+        pre.knobs,
+        pre.manager_namespace,
+        started,
+    );
+    predownload::keep_listed_nodes(decision.jobs_mut(), pre.jobs);
+    // While pulling, the queued pods wait for their nodes.
+    if matches!(decision, Decision::Pull(_))
+        && predownload::mark_awaiting(set, owned, &mut views, &batch, pre.nodeimage) > 0
+    {
+        batch = next_batch(set, &views);
+        report = compute_status(set, &views, &batch, latest, collision_count, now);
+    }
+    let wanted: Vec<&Arc<ImagePullJob>> = pre
+        .jobs
+        .iter()
+        .filter(|j| {
+            decision.jobs().iter().any(|p| {
+                j.metadata.namespace.as_deref() == Some(p.namespace.as_str())
+                    && j.metadata.name.as_deref() == Some(p.name.as_str())
+            })
+        })
+        .collect();
+    let progress = Progress::of(decision.jobs(), wanted.into_iter().map(|j| &**j));
+    let previous = set
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == IMAGE_PREDOWNLOAD));
+    report.status.conditions.push(predownload::condition(
+        &decision,
+        progress,
+        previous,
+        set.metadata.generation,
+        now,
+    ));
     Plan {
         views,
         batch,
         report,
+        predownload: decision,
     }
 }
 
@@ -346,15 +506,44 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
     let set = &set;
 
     let now = Time(Timestamp::now());
+    let (knobs, knob_warnings) = predownload::knobs(set);
+    warn_knobs(ctx, set, &knob_warnings).await;
+    let uid = set.metadata.uid.as_deref();
+    let jobs: Vec<Arc<ImagePullJob>> = ctx
+        .jobs
+        .state()
+        .into_iter()
+        .filter(|j| {
+            label(j, SIDECARSET_NAME_LABEL) == Some(name.as_str())
+                && j.owner_references()
+                    .iter()
+                    .any(|o| Some(o.uid.as_str()) == uid)
+        })
+        .collect();
+    let nodeimage = |node: &str| ctx.nodeimages.get(&ObjectRef::new(node));
     let Plan {
         views,
         batch,
         report,
-    } = plan(set, &owned, registered.collision_count, &now);
+        predownload: decision,
+    } = plan(
+        set,
+        &owned,
+        registered.collision_count,
+        &now,
+        &PreDownloadInputs {
+            knobs: &knobs,
+            manager_namespace: &ctx.namespace,
+            jobs: &jobs,
+            nodeimage: &nodeimage,
+        },
+    );
     if previous.as_ref() != Some(&report.status) {
         write_status(ctx, set, &report.status).await?;
         announce_not_upgradable(ctx, set, previous.as_ref(), &report.status).await;
+        announce_skipped(ctx, set, previous.as_ref(), &report.status).await;
     }
+    let jobs_synced = sync_jobs(ctx, set, &knobs, &decision, &jobs).await;
 
     let current = CurrentHashes::of(set);
     mark_upgradable(ctx, set, &owned, &views, &current, &now).await?;
@@ -375,6 +564,7 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
         revisions::delete_revisions(&revision_api, &stale).await?;
     }
 
+    jobs_synced?;
     match outcome? {
         UpgradeOutcome { refused: 0, .. } => Ok(Action::requeue(RESYNC)),
         UpgradeOutcome { refused, .. } => {
@@ -597,6 +787,197 @@ async fn upgrade_one(
         // A failed `test` (the pod changed since it was read), a conflict, or a pod gone.
         Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => Ok(PodUpgrade::Changed),
         Err(source) => Err(Error::UpgradePod { pod: key, source }),
+    }
+}
+
+/// Creates, updates and deletes the SidecarSet's pre-download jobs to match `decision`. Every
+/// job is tried; the first failure is returned (the reconcile is retried with backoff).
+async fn sync_jobs(
+    ctx: &Context,
+    set: &SidecarSet,
+    knobs: &Knobs,
+    decision: &Decision,
+    existing: &[Arc<ImagePullJob>],
+) -> Result<(), Error> {
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    };
+    let mut first_error = None;
+    let is = |j: &ImagePullJob, namespace: &str, name: &str| {
+        j.metadata.namespace.as_deref() == Some(namespace)
+            && j.metadata.name.as_deref() == Some(name)
+    };
+    for plan in decision.jobs() {
+        let wanted = predownload::job(set, plan, knobs);
+        let api = Api::<ImagePullJob>::namespaced(ctx.client.clone(), &plan.namespace);
+        let key = format!("{}/{}", plan.namespace, plan.name);
+        match existing.iter().find(|j| is(j, &plan.namespace, &plan.name)) {
+            Some(job) => {
+                let Some(patch) = predownload::job_update(job, &wanted) else {
+                    continue;
+                };
+                if let Err(source) = api.patch(&plan.name, &params, &Patch::Merge(&patch)).await {
+                    first_error.get_or_insert(Error::Job { job: key, source });
+                }
+            }
+            None => match api.create(&PostParams::default(), &wanted).await {
+                Ok(created) => {
+                    let note = format!(
+                        "created ImagePullJob {key} to pull {} on {} node(s) before their pods are upgraded",
+                        plan.image,
+                        plan.nodes.len()
+                    );
+                    let related = Some(created.object_ref(&()));
+                    let reason = "CreatedImagePullJob";
+                    publish(ctx, set, EventType::Normal, reason, note, related).await;
+                }
+                // Our store lags behind an earlier create: nothing to do.
+                Err(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists" => {
+                    let ours = api.get(&plan.name).await.ok().is_some_and(|j| {
+                        j.owner_references()
+                            .iter()
+                            .any(|o| Some(o.uid.as_str()) == set.metadata.uid.as_deref())
+                    });
+                    if !ours {
+                        let note = format!(
+                            "cannot create ImagePullJob {key} for {}: an ImagePullJob of that name exists and is not this SidecarSet's",
+                            plan.image
+                        );
+                        publish(
+                            ctx,
+                            set,
+                            EventType::Warning,
+                            "FailedCreateImagePullJob",
+                            note,
+                            Some(wanted.object_ref(&())),
+                        )
+                        .await;
+                        first_error.get_or_insert(Error::JobTaken { job: key });
+                    }
+                }
+                Err(source) => {
+                    let note = format!(
+                        "cannot create ImagePullJob {key} for {}: {source}",
+                        plan.image
+                    );
+                    publish(
+                        ctx,
+                        set,
+                        EventType::Warning,
+                        "FailedCreateImagePullJob",
+                        note,
+                        Some(wanted.object_ref(&())),
+                    )
+                    .await;
+                    first_error.get_or_insert(Error::Job { job: key, source });
+                }
+            },
+        }
+    }
+    for job in existing {
+        let namespace = job.metadata.namespace.clone().unwrap_or_default();
+        let name = job.name_any();
+        if decision
+            .jobs()
+            .iter()
+            .any(|p| is(job, &p.namespace, &p.name))
+        {
+            continue;
+        }
+        let api = Api::<ImagePullJob>::namespaced(ctx.client.clone(), &namespace);
+        match api.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => {
+                debug!(sidecarset = %set.name_any(), job = %name, "deleted a pre-download job")
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(source) => {
+                first_error.get_or_insert(Error::Job {
+                    job: format!("{namespace}/{name}"),
+                    source,
+                });
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// One Warning event naming every pre-download annotation that cannot be used, once per set of
+/// values (the event recorder folds events of one reason into a series and keeps only the first
+/// message, so several warnings must share one event).
+async fn warn_knobs(ctx: &Context, set: &SidecarSet, warnings: &[KnobWarning]) {
+    if warnings.is_empty() {
+        return;
+    }
+    let note = warnings
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    let key = format!("{}/{note}", set.metadata.uid.as_deref().unwrap_or_default());
+    let first = ctx
+        .warned
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key);
+    if first {
+        let reason = "InvalidPreDownloadAnnotation";
+        publish(ctx, set, EventType::Warning, reason, note, None).await;
+    }
+}
+
+/// A Normal event when pre-download turns to skipped, saying why.
+async fn announce_skipped(
+    ctx: &Context,
+    set: &SidecarSet,
+    previous: Option<&SidecarSetStatus>,
+    status: &SidecarSetStatus,
+) {
+    let reason = |s: &SidecarSetStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == IMAGE_PREDOWNLOAD)
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let Some((now, message)) = reason(status) else {
+        return;
+    };
+    let skipped = now == "NotUpdateStrategy" || now == "OneBatch";
+    if skipped && previous.and_then(reason).map(|(r, _)| r) != Some(now.clone()) {
+        // One series per skip reason: a later, different skip keeps its own message.
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "ImagePreDownloadSkipped".into(),
+            note: Some(message),
+            action: now,
+            secondary: None,
+        };
+        if let Err(err) = ctx.recorder.publish(&event, &set.object_ref(&())).await {
+            warn!(sidecarset = %set.name_any(), error = %err, "cannot publish an event");
+        }
+    }
+}
+
+/// Publishes an event on the SidecarSet; failing to is logged, never fatal. The recorder folds
+/// events with the same reason, action and related object into one series that keeps the first
+/// message, so events that must each be seen name a distinct `related` object.
+async fn publish(
+    ctx: &Context,
+    set: &SidecarSet,
+    type_: EventType,
+    reason: &str,
+    note: String,
+    related: Option<ObjectReference>,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: related,
+    };
+    if let Err(err) = ctx.recorder.publish(&event, &set.object_ref(&())).await {
+        warn!(sidecarset = %set.name_any(), error = %err, "cannot publish an event");
     }
 }
 
