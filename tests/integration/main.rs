@@ -5,6 +5,8 @@ mod manager;
 mod node_infra;
 mod nodeimage;
 mod sidecarset_crash;
+mod sidecarset_predownload;
+mod sidecarset_predownload_e2e;
 mod sidecarset_upgrade;
 mod smoke;
 mod support;
