@@ -128,6 +128,8 @@ pub struct Context {
     nodeimages: Store<NodeImage>,
     /// Bad pre-download annotations already warned about (SidecarSet uid, annotation, value).
     warned: Mutex<HashSet<String>>,
+    /// The SidecarSets as watched: a long batch stops when its SidecarSet changed meanwhile.
+    sidecarsets: Store<SidecarSet>,
     /// Pods as our own patches returned them, until the store has caught up with them.
     written: WrittenPods,
     backoff: Backoff,
@@ -285,6 +287,7 @@ pub async fn run(
     let ready_store = controller.store();
 
     let ctx = Arc::new(Context {
+        sidecarsets: controller.store(),
         client: client.clone(),
         namespace: opts.namespace.clone(),
         caches_ready: caches_ready_rx,
@@ -749,6 +752,15 @@ async fn upgrade_one(
     pod: Arc<Pod>,
     now: &Time,
 ) -> Result<PodUpgrade, Error> {
+    // A batch of thousands of pods takes a while: once the SidecarSet has changed, the rest
+    // waits for the next reconcile rather than getting a version that is already old.
+    let changed = ctx
+        .sidecarsets
+        .get(&ObjectRef::from_obj(set))
+        .is_some_and(|now| now.metadata.generation != set.metadata.generation);
+    if changed {
+        return Ok(PodUpgrade::Changed);
+    }
     let key = pod_key(&pod);
     let api = Api::<Pod>::namespaced(
         ctx.client.clone(),
