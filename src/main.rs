@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kruise_rs::controllers::ControllerOptions;
 use kruise_rs::daemon::{self, DaemonOptions};
-use kruise_rs::manager::{self, ManagerOptions};
+use kruise_rs::manager::{self, LeaderElection, ManagerOptions};
 use kruise_rs::webhook::{CertSource, Endpoint, FailurePolicy, WebhookOptions};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info};
@@ -48,7 +48,7 @@ enum LogFormat {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the controller-manager (controllers, probes and metrics).
-    Manager(ManagerArgs),
+    Manager(Box<ManagerArgs>),
     /// Run the node daemon: pull what this node's NodeImage asks for through CRI.
     Daemon(DaemonArgs),
     /// Print every CustomResourceDefinition as YAML, for `kubectl apply --server-side -f -`.
@@ -106,7 +106,48 @@ struct ManagerArgs {
     label_selector: Option<String>,
 
     #[command(flatten)]
+    leader_election: LeaderElectionArgs,
+
+    #[command(flatten)]
     webhook: WebhookArgs,
+}
+
+#[derive(Debug, Args)]
+struct LeaderElectionArgs {
+    /// Run the controllers only on the replica holding the leader Lease in --namespace (every
+    /// replica serves the webhooks); `--leader-elect=false` for a single replica without one.
+    /// The replica's identity is POD_NAME, else the host name with a random suffix.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    leader_elect: bool,
+
+    /// Name of the leader Lease.
+    #[arg(long, value_name = "NAME", default_value = manager::leader::DEFAULT_LEASE_NAME)]
+    leader_election_id: String,
+
+    /// How long a Lease its holder stops renewing stays with it (followers wait that long).
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
+    leader_election_lease_duration: Duration,
+
+    /// How long the leader keeps leading while it fails to renew; less than the lease duration.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    leader_election_renew_deadline: Duration,
+
+    /// How often the leader renews and the others try to acquire (`2s`, `500ms`).
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    leader_election_retry_period: Duration,
+}
+
+impl LeaderElectionArgs {
+    fn options(self, namespace: &str) -> Option<LeaderElection> {
+        self.leader_elect.then(|| LeaderElection {
+            lease_name: self.leader_election_id,
+            lease_duration: self.leader_election_lease_duration,
+            renew_deadline: self.leader_election_renew_deadline,
+            retry_period: self.leader_election_retry_period,
+            ..LeaderElection::new(namespace)
+        })
+    }
 }
 
 #[derive(Debug, Args)]
@@ -230,7 +271,7 @@ struct DaemonArgs {
     max_concurrent_pulls: u16,
 }
 
-/// Parses `90`, `90s`, `10m`, `1h` (a plain number is seconds).
+/// Parses `90`, `90s`, `10m`, `1h`, `500ms` (a plain number is seconds).
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (digits, unit) = text.split_at(
@@ -240,11 +281,18 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     let n: u64 = digits
         .parse()
         .map_err(|_| format!("{text:?} is not a duration like 30s, 10m or 1h"))?;
+    if unit == "ms" {
+        return Ok(Duration::from_millis(n));
+    }
     let seconds = match unit {
         "" | "s" => Some(n),
         "m" => n.checked_mul(60),
         "h" => n.checked_mul(3600),
-        _ => return Err(format!("{text:?}: unknown unit {unit:?}; use s, m or h")),
+        _ => {
+            return Err(format!(
+                "{text:?}: unknown unit {unit:?}; use ms, s, m or h"
+            ));
+        }
     };
     seconds
         .map(Duration::from_secs)
@@ -270,6 +318,7 @@ async fn main() -> ExitCode {
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Manager(args) => {
+            let args = *args;
             let shutdown =
                 shutdown_signal().context("cannot install the SIGTERM and SIGINT handlers")?;
             let opts = ManagerOptions {
@@ -285,6 +334,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     namespace: args.webhook.namespace.clone(),
                     label_selector: args.label_selector,
                 },
+                leader_election: args.leader_election.options(&args.webhook.namespace),
                 webhook: args.webhook.options(),
             };
             manager::run(opts, shutdown, None).await?;
@@ -389,6 +439,53 @@ mod tests {
         };
         assert_eq!(args.probe_addr, "0.0.0.0:8080".parse().unwrap());
         assert_eq!(args.kubeconfig, None);
+        let election = args
+            .leader_election
+            .options("kruise-system")
+            .expect("leader election is on by default");
+        assert_eq!(election.lease_name, "kruise-rs-manager");
+        assert_eq!(election.namespace, "kruise-system");
+        assert_eq!(election.lease_duration, Duration::from_secs(15));
+        assert_eq!(election.renew_deadline, Duration::from_secs(10));
+        assert_eq!(election.retry_period, Duration::from_secs(2));
+        assert!(!election.identity.is_empty());
+        assert_eq!(election.check(), Ok(()));
+    }
+
+    fn manager_args(flags: &[&str]) -> ManagerArgs {
+        let cli = Cli::try_parse_from(["kruise-rs", "manager"].iter().chain(flags)).unwrap();
+        let Command::Manager(args) = cli.command else {
+            panic!("not the manager: {:?}", cli.command);
+        };
+        *args
+    }
+
+    #[test]
+    fn leader_election_flags() {
+        let on = manager_args(&["--leader-elect"]);
+        assert!(on.leader_election.leader_elect);
+        let off = manager_args(&["--leader-elect=false"]);
+        assert_eq!(off.leader_election.options("ns"), None);
+        let tuned = manager_args(&[
+            "--namespace",
+            "ops",
+            "--leader-election-id",
+            "my-lease",
+            "--leader-election-lease-duration",
+            "30s",
+            "--leader-election-renew-deadline",
+            "20s",
+            "--leader-election-retry-period",
+            "500ms",
+        ]);
+        let namespace = tuned.webhook.namespace.clone();
+        let election = tuned.leader_election.options(&namespace).unwrap();
+        assert_eq!(election.lease_name, "my-lease");
+        assert_eq!(election.namespace, "ops");
+        assert_eq!(election.lease_duration, Duration::from_secs(30));
+        assert_eq!(election.renew_deadline, Duration::from_secs(20));
+        assert_eq!(election.retry_period, Duration::from_millis(500));
+        assert!(Cli::try_parse_from(["kruise-rs", "manager", "--leader-elect=maybe"]).is_err());
     }
 
     #[test]
@@ -448,6 +545,7 @@ mod tests {
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
         assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert!(parse_duration("5d").unwrap_err().contains("unknown unit"));
         assert!(
             parse_duration("soon")

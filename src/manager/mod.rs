@@ -5,10 +5,14 @@
 //! 1. connect (`--kubeconfig`, else `KUBECONFIG` / `~/.kube/config`, else in-cluster);
 //! 2. check that [`crds::REQUIRED_CRDS`] are installed and Established, or refuse to start;
 //! 3. serve `/healthz`, `/readyz` and `/metrics` on [`ManagerOptions::probe_addr`];
-//! 4. become ready (`/readyz` answers 200) and wait for the shutdown future;
-//! 5. become unready (`/readyz` answers 503), drain the HTTP server and return.
+//! 4. become ready (`/readyz` answers 200) and wait for the shutdown future, running the
+//!    controllers all along, or with [`ManagerOptions::leader_election`] only while this
+//!    replica holds the leader Lease ([`leader`]); the webhooks and probes run either way;
+//! 5. become unready (`/readyz` answers 503), stop the controllers (releasing the Lease), drain
+//!    the HTTP server and return.
 
 pub mod crds;
+pub mod leader;
 
 use std::{
     future::Future, io, net::SocketAddr, path::PathBuf, pin::pin, sync::Arc, time::Duration,
@@ -22,6 +26,7 @@ use crate::webhook::{self, WebhookError, WebhookOptions, handlers::Handlers};
 use tracing::{info, warn};
 
 pub use self::crds::{CrdState, MissingCrds, REQUIRED_CRDS, check_crds};
+pub use self::leader::LeaderElection;
 use crate::probe::{self, ConnectError, Metrics, ProbeState, connect};
 
 /// How long in-flight reconciles may take to finish once shutdown has begun.
@@ -42,6 +47,9 @@ pub struct ManagerOptions {
     pub controllers: ControllerOptions,
     /// The admission webhooks; `None` runs the manager without them.
     pub webhook: Option<WebhookOptions>,
+    /// Run the controllers only while holding this Lease; `None`: always (a single replica, or
+    /// replicas that manage disjoint label selectors).
+    pub leader_election: Option<LeaderElection>,
 }
 
 /// Why the manager could not start, or stopped other than by request.
@@ -73,6 +81,8 @@ pub enum ManagerError {
     Webhook(#[from] WebhookError),
     #[error("the webhooks stopped unexpectedly")]
     WebhookStopped,
+    #[error("invalid leader-election settings: {0}")]
+    LeaderElection(String),
     #[error("the controllers stopped unexpectedly")]
     ControllersStopped,
     #[error("the probe and metrics server stopped unexpectedly")]
@@ -94,6 +104,9 @@ pub async fn run(
     on_ready: Option<oneshot::Sender<SocketAddr>>,
 ) -> Result<(), ManagerError> {
     info!(version = env!("CARGO_PKG_VERSION"), "starting the manager");
+    if let Some(election) = &opts.leader_election {
+        election.check().map_err(ManagerError::LeaderElection)?;
+    }
     let mut shutdown = pin!(shutdown);
 
     let (client, listener) = tokio::select! {
@@ -119,9 +132,10 @@ pub async fn run(
 
     let (stop_controllers, controllers_stopping) = oneshot::channel::<()>();
     let webhook_client = client.clone();
-    let mut controllers = pin!(controllers::run(
+    let mut controllers = pin!(run_controllers(
         client,
         opts.controllers.clone(),
+        opts.leader_election.clone(),
         async move {
             let _ = controllers_stopping.await;
         }
@@ -216,6 +230,39 @@ pub async fn run(
     Ok(())
 }
 
+/// Runs the controllers until `shutdown` resolves: all along, or with `election` only while
+/// this replica leads (then the Lease is released once they have stopped). Returns early only
+/// if they stop by themselves.
+async fn run_controllers(
+    client: Client,
+    opts: ControllerOptions,
+    election: Option<LeaderElection>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let Some(election) = election else {
+        controllers::run(client, opts, shutdown).await;
+        return;
+    };
+    info!(lease = %election.lease_name, namespace = %election.namespace, identity = %election.identity,
+          "leader election on: the controllers run only on the replica holding the lease");
+    // The manager's own stop timeout bounds the whole of this; the inner one lets the release
+    // happen within it.
+    let stop_timeout = CONTROLLERS_STOP_TIMEOUT
+        .saturating_sub(election.renew_deadline.min(Duration::from_secs(3)));
+    let _ = leader::run_while_leading(
+        client.clone(),
+        election,
+        shutdown,
+        stop_timeout,
+        move |stop| {
+            controllers::run(client.clone(), opts.clone(), async move {
+                let _ = stop.await;
+            })
+        },
+    )
+    .await;
+}
+
 /// Start-up before the manager can serve: client, CRD check, probe listener.
 async fn start(opts: &ManagerOptions) -> Result<(Client, TcpListener), ManagerError> {
     let client = connect(opts.kubeconfig.as_deref()).await?;
@@ -243,6 +290,7 @@ mod tests {
             probe_addr: "127.0.0.1:0".parse().unwrap(),
             controllers: ControllerOptions::default(),
             webhook: None,
+            leader_election: None,
         }
     }
 

@@ -1,6 +1,7 @@
 mod api_objects;
 mod daemon;
 mod imagepulljob;
+mod leader_election;
 mod manager;
 mod node_infra;
 mod nodeimage;

@@ -30,6 +30,7 @@ fn options(kubeconfig: &std::path::Path) -> ManagerOptions {
         probe_addr: "127.0.0.1:0".parse().expect("addr"),
         controllers: Default::default(),
         webhook: None,
+        leader_election: None,
     }
 }
 

@@ -94,6 +94,7 @@ fn start() -> Result<WebhookCluster, String> {
                         ..test_controller_options()
                     },
                     webhook: Some(webhook_options(addr, FailurePolicy::Fail)),
+                    leader_election: None,
                 };
                 let run = manager::run(opts, std::future::pending(), Some(on_ready));
                 tokio::pin!(run);

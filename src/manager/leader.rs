@@ -1,0 +1,711 @@
+//! Leader election over a `coordination.k8s.io/v1` Lease, so that of several manager replicas
+//! only one reconciles and writes.
+//!
+//! Every replica serves the webhooks and the probes; only the holder of the Lease runs the
+//! controllers ([`run_while_leading`]). The protocol:
+//!
+//! * **Acquire.** A replica that does not lead reads the Lease every retry period (creating it if
+//!   it is missing). When nobody holds it, or its holder has not renewed it for its
+//!   `leaseDurationSeconds` ([`decide`]), the replica writes itself in as holder (new
+//!   `acquireTime` and `renewTime`, `leaseTransitions` + 1). The write carries the
+//!   `resourceVersion` it read, so of two replicas racing for it the apiserver lets one win and
+//!   answers the other 409 Conflict.
+//! * **Renew.** The holder rewrites `renewTime` every retry period. If it finds another holder,
+//!   or cannot renew within the renew deadline (shorter than the lease duration, so it gives up
+//!   before anyone else may take over), it has lost: its controllers are dropped at once, in
+//!   the middle of whatever they were doing, and it goes back to acquiring.
+//! * **Release.** On a clean shutdown the leader stops its controllers first, then clears
+//!   `holderIdentity`, so that another replica takes over at its next retry instead of waiting
+//!   for the lease to expire.
+//!
+//! Expiry is judged on the `renewTime` the holder wrote against this replica's clock, so the
+//! replicas' clocks must agree to well within the lease duration (NTP does that).
+
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::pin::pin;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+/// Default name of the Lease.
+pub const DEFAULT_LEASE_NAME: &str = "kruise-rs-manager";
+
+/// How one replica takes part in the election.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderElection {
+    /// Name of the Lease.
+    pub lease_name: String,
+    /// Namespace of the Lease (the manager's namespace).
+    pub namespace: String,
+    /// This replica's name in `holderIdentity`; unique among the replicas.
+    pub identity: String,
+    /// How long a Lease that is not renewed stays with its holder.
+    pub lease_duration: Duration,
+    /// How long the leader keeps leading while it fails to renew; less than `lease_duration`.
+    pub renew_deadline: Duration,
+    /// How often the leader renews, and how often the others try to acquire.
+    pub retry_period: Duration,
+}
+
+impl LeaderElection {
+    /// Upstream's defaults: Lease `kruise-rs-manager`, 15 s lease, 10 s renew deadline, 2 s
+    /// retry period, identity from [`default_identity`].
+    pub fn new(namespace: impl Into<String>) -> Self {
+        Self {
+            lease_name: DEFAULT_LEASE_NAME.to_owned(),
+            namespace: namespace.into(),
+            identity: default_identity(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    /// Why these settings cannot work, if they cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if self.identity.is_empty() {
+            return Err("the leader-election identity is empty".to_owned());
+        }
+        if self.retry_period.is_zero() {
+            return Err("the leader-election retry period must be positive".to_owned());
+        }
+        if self.renew_deadline <= self.retry_period {
+            return Err(format!(
+                "the leader-election renew deadline ({:?}) must be longer than the retry period \
+                 ({:?})",
+                self.renew_deadline, self.retry_period
+            ));
+        }
+        if self.lease_duration <= self.renew_deadline {
+            return Err(format!(
+                "the leader-election lease duration ({:?}) must be longer than the renew \
+                 deadline ({:?})",
+                self.lease_duration, self.renew_deadline
+            ));
+        }
+        Ok(())
+    }
+
+    /// `leaseDurationSeconds`: whole seconds, rounded up, at least 1.
+    fn lease_duration_seconds(&self) -> i32 {
+        let secs =
+            self.lease_duration.as_secs() + u64::from(self.lease_duration.subsec_nanos() > 0);
+        i32::try_from(secs.max(1)).unwrap_or(i32::MAX)
+    }
+}
+
+/// `POD_NAME` when set (the downward API's `metadata.name`), else the host name with a random
+/// suffix, so that two processes on one host are different candidates.
+pub fn default_identity() -> String {
+    if let Some(name) = std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()) {
+        return name;
+    }
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "kruise-rs".to_owned());
+    let suffix = RandomState::new().hash_one(std::process::id()) & 0xff_ffff;
+    format!("{host}_{suffix:06x}")
+}
+
+/// What a replica does with the Lease as it finds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Nobody holds it, or its holder let it expire: take it.
+    Acquire,
+    /// This replica holds it: renew it.
+    Renew,
+    /// `holder` holds it until `expires` (unless renewed).
+    Wait { holder: String, expires: Timestamp },
+}
+
+/// The pure core of the protocol: what `me` does with `lease` at `now`.
+pub fn decide(lease: &LeaseSpec, me: &str, now: Timestamp) -> Decision {
+    let Some(holder) = lease.holder_identity.as_deref().filter(|h| !h.is_empty()) else {
+        return Decision::Acquire;
+    };
+    if holder == me {
+        return Decision::Renew;
+    }
+    let Some(renewed) = lease.renew_time.as_ref().or(lease.acquire_time.as_ref()) else {
+        return Decision::Acquire;
+    };
+    let seconds = lease.lease_duration_seconds.unwrap_or(0).max(0);
+    let expires = renewed
+        .0
+        .saturating_add(SignedDuration::from_secs(i64::from(seconds)))
+        .unwrap_or(Timestamp::MAX);
+    if expires < now {
+        Decision::Acquire
+    } else {
+        Decision::Wait {
+            holder: holder.to_owned(),
+            expires,
+        }
+    }
+}
+
+/// The Lease after `me` acquired it (`Decision::Acquire`) or renewed it (`Decision::Renew`).
+fn claimed(mut spec: LeaseSpec, cfg: &LeaderElection, now: Timestamp) -> LeaseSpec {
+    let ours = spec.holder_identity.as_deref() == Some(cfg.identity.as_str());
+    if !ours {
+        spec.holder_identity = Some(cfg.identity.clone());
+        spec.acquire_time = Some(MicroTime(now));
+        spec.lease_transitions = Some(spec.lease_transitions.map_or(0, |n| n.saturating_add(1)));
+    } else if spec.acquire_time.is_none() {
+        spec.acquire_time = Some(MicroTime(now));
+    }
+    spec.renew_time = Some(MicroTime(now));
+    spec.lease_duration_seconds = Some(cfg.lease_duration_seconds());
+    spec
+}
+
+/// Where this replica stands after one attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Standing {
+    Leading,
+    /// Someone else holds the Lease (`None`: it changed under us; look again next time).
+    Following(Option<String>),
+}
+
+impl fmt::Display for Standing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Standing::Leading => f.write_str("leading"),
+            Standing::Following(Some(holder)) => write!(f, "following {holder}"),
+            Standing::Following(None) => f.write_str("lost a race for the lease"),
+        }
+    }
+}
+
+fn is_conflict(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 409)
+}
+
+/// One round: read (or create) the Lease and acquire or renew it if [`decide`] says so.
+async fn attempt(api: &Api<Lease>, cfg: &LeaderElection) -> Result<Standing, kube::Error> {
+    let now = Timestamp::now();
+    let Some(lease) = api.get_opt(&cfg.lease_name).await? else {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(cfg.lease_name.clone()),
+                namespace: Some(cfg.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(claimed(LeaseSpec::default(), cfg, now)),
+        };
+        return match api.create(&PostParams::default(), &lease).await {
+            Ok(_) => Ok(Standing::Leading),
+            Err(err) if is_conflict(&err) => Ok(Standing::Following(None)),
+            Err(err) => Err(err),
+        };
+    };
+    let spec = lease.spec.clone().unwrap_or_default();
+    match decide(&spec, &cfg.identity, now) {
+        Decision::Wait { holder, .. } => Ok(Standing::Following(Some(holder))),
+        Decision::Acquire | Decision::Renew => {
+            let mut next = lease;
+            next.spec = Some(claimed(spec, cfg, now));
+            // `next` keeps the resourceVersion we read: a concurrent writer makes this a 409.
+            match api
+                .replace(&cfg.lease_name, &PostParams::default(), &next)
+                .await
+            {
+                Ok(_) => Ok(Standing::Leading),
+                Err(err) if is_conflict(&err) => Ok(Standing::Following(None)),
+                Err(err) => Err(err),
+            }
+        }
+    }
+}
+
+/// Clears `holderIdentity` if this replica still holds the Lease.
+async fn release(api: &Api<Lease>, cfg: &LeaderElection) -> Result<bool, kube::Error> {
+    let Some(mut lease) = api.get_opt(&cfg.lease_name).await? else {
+        return Ok(false);
+    };
+    let Some(spec) = lease.spec.as_mut() else {
+        return Ok(false);
+    };
+    if spec.holder_identity.as_deref() != Some(cfg.identity.as_str()) {
+        return Ok(false);
+    }
+    spec.holder_identity = None;
+    spec.renew_time = Some(MicroTime(Timestamp::now()));
+    api.replace(&cfg.lease_name, &PostParams::default(), &lease)
+        .await?;
+    Ok(true)
+}
+
+/// Keeps `leading` up to date with this replica's standing until `release` fires (or its
+/// sender is dropped); then gives the Lease up if it holds it.
+async fn elect(
+    api: Api<Lease>,
+    cfg: LeaderElection,
+    leading: watch::Sender<bool>,
+    release_rx: oneshot::Receiver<()>,
+) {
+    elect_with(
+        &cfg,
+        || attempt(&api, &cfg),
+        || release(&api, &cfg),
+        leading,
+        release_rx,
+    )
+    .await;
+}
+
+/// [`elect`] with its two API calls given, so that the timing can be tested without a server.
+async fn elect_with<A, FA, R, FR>(
+    cfg: &LeaderElection,
+    mut attempt: A,
+    release: R,
+    leading: watch::Sender<bool>,
+    release_rx: oneshot::Receiver<()>,
+) where
+    A: FnMut() -> FA,
+    FA: Future<Output = Result<Standing, kube::Error>>,
+    R: FnOnce() -> FR,
+    FR: Future<Output = Result<bool, kube::Error>>,
+{
+    let mut release_rx = pin!(release_rx);
+    // When the last successful acquire or renew started: the lease counts from then.
+    let mut renewed_at: Option<Instant> = None;
+    let mut last_standing: Option<Standing> = None;
+    let mut next_try = Instant::now();
+    // Whether an acquire that may have succeeded was cut short by the release request.
+    let mut interrupted = false;
+    loop {
+        // A leader whose renewals keep failing wakes up at its renew deadline, not later.
+        let wake = match renewed_at {
+            Some(at) => next_try.min(at + cfg.renew_deadline),
+            None => next_try,
+        };
+        tokio::select! {
+            biased;
+            _ = &mut release_rx => break,
+            () = tokio::time::sleep_until(wake) => {}
+        }
+        let started = Instant::now();
+        next_try = started + cfg.retry_period;
+        // The leader must know within its renew deadline; a follower within a retry period.
+        let deadline = match renewed_at {
+            Some(at) => at + cfg.renew_deadline,
+            None => started + cfg.retry_period.max(Duration::from_secs(1)),
+        };
+        let outcome = tokio::select! {
+            biased;
+            _ = &mut release_rx => {
+                interrupted = true;
+                break;
+            }
+            outcome = tokio::time::timeout_at(deadline, attempt()) => outcome,
+        };
+        match outcome {
+            Ok(Ok(Standing::Leading)) => {
+                if renewed_at.is_none() {
+                    info!(lease = %cfg.lease_name, namespace = %cfg.namespace, identity = %cfg.identity,
+                          "acquired the leader lease; starting the controllers");
+                } else {
+                    debug!(lease = %cfg.lease_name, "renewed the leader lease");
+                }
+                renewed_at = Some(started);
+                leading.send_replace(true);
+                last_standing = Some(Standing::Leading);
+            }
+            Ok(Ok(standing)) => {
+                if renewed_at.take().is_some() {
+                    warn!(lease = %cfg.lease_name, identity = %cfg.identity, %standing,
+                          "lost the leader lease; stopping the controllers");
+                } else if last_standing.as_ref() != Some(&standing) {
+                    info!(lease = %cfg.lease_name, identity = %cfg.identity, %standing,
+                          "waiting for the leader lease");
+                }
+                leading.send_replace(false);
+                last_standing = Some(standing);
+            }
+            Ok(Err(err)) => {
+                warn!(lease = %cfg.lease_name, namespace = %cfg.namespace, error = %err,
+                      "cannot read or write the leader lease (the manager needs get, create and \
+                       update on leases.coordination.k8s.io)");
+                if renewed_at.is_some_and(|at| Instant::now() >= at + cfg.renew_deadline) {
+                    renewed_at = None;
+                    warn!(lease = %cfg.lease_name, identity = %cfg.identity, deadline = ?cfg.renew_deadline,
+                          "could not renew the leader lease within the renew deadline; stopping the controllers");
+                    leading.send_replace(false);
+                    last_standing = None;
+                }
+            }
+            Err(_elapsed) => {
+                if renewed_at.take().is_some() {
+                    warn!(lease = %cfg.lease_name, identity = %cfg.identity, deadline = ?cfg.renew_deadline,
+                          "could not renew the leader lease within the renew deadline; stopping the controllers");
+                    leading.send_replace(false);
+                    last_standing = None;
+                } else {
+                    warn!(lease = %cfg.lease_name, "the apiserver did not answer about the leader lease in time");
+                }
+            }
+        }
+    }
+    leading.send_replace(false);
+    if renewed_at.is_some() || interrupted {
+        match tokio::time::timeout(cfg.renew_deadline, release()).await {
+            Ok(Ok(true)) => {
+                info!(lease = %cfg.lease_name, identity = %cfg.identity, "released the leader lease")
+            }
+            Ok(Ok(false)) => {}
+            Ok(Err(err)) => warn!(lease = %cfg.lease_name, error = %err,
+                                  "cannot release the leader lease; it expires on its own"),
+            Err(_elapsed) => warn!(lease = %cfg.lease_name,
+                                   "the apiserver did not answer the lease release in time; it expires on its own"),
+        }
+    }
+}
+
+/// Runs `work` while this replica holds the Lease `cfg` describes, until `shutdown` resolves.
+///
+/// `work` is called each time the Lease is acquired, with a future that resolves when it should
+/// stop gracefully (shutdown). When the Lease is lost, the future `work` returned is dropped at
+/// once. On shutdown the work gets `stop_timeout` to finish, then the Lease is released.
+///
+/// Returns `Ok(())` after a shutdown, `Err(WorkEnded)` if `work` ended by itself.
+pub async fn run_while_leading<W, F>(
+    client: Client,
+    cfg: LeaderElection,
+    shutdown: impl Future<Output = ()>,
+    stop_timeout: Duration,
+    mut work: W,
+) -> Result<(), WorkEnded>
+where
+    W: FnMut(oneshot::Receiver<()>) -> F,
+    F: Future<Output = ()>,
+{
+    let api = Api::<Lease>::namespaced(client, &cfg.namespace);
+    let (leading_tx, mut leading) = watch::channel(false);
+    let (release_tx, release_rx) = oneshot::channel::<()>();
+    let elector = elect(api, cfg, leading_tx, release_rx);
+
+    let supervisor = async move {
+        let mut shutdown = pin!(shutdown);
+        let result = loop {
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break Ok(()),
+                open = async { leading.wait_for(|l| *l).await.is_ok() } => if !open { break Ok(()) },
+            }
+            let (stop_tx, stop_rx) = oneshot::channel();
+            let mut running = Box::pin(work(stop_rx));
+            tokio::select! {
+                biased;
+                () = &mut shutdown => {
+                    let _ = stop_tx.send(());
+                    if tokio::time::timeout(stop_timeout, &mut running).await.is_err() {
+                        warn!(timeout = ?stop_timeout, "controllers still busy after the stop timeout; leaving them");
+                    }
+                    break Ok(());
+                }
+                () = &mut running => break Err(WorkEnded),
+                _ = async { leading.wait_for(|l| !*l).await.is_ok() } => {
+                    // Dropping `running` cancels every reconcile in flight: no write after this.
+                    drop(running);
+                    info!("controllers stopped: not the leader any more");
+                }
+            }
+        };
+        // Only now that nothing of ours writes may another replica take over.
+        let _ = release_tx.send(());
+        result
+    };
+    let (result, ()) = tokio::join!(supervisor, elector);
+    result
+}
+
+/// The work given to [`run_while_leading`] ended by itself.
+#[derive(Debug, thiserror::Error)]
+#[error("the leader's work ended unexpectedly")]
+pub struct WorkEnded;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ME: &str = "me";
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + seconds).unwrap()
+    }
+
+    fn held_by(holder: &str, renewed: i64, duration: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(holder.to_owned()),
+            acquire_time: Some(MicroTime(at(0))),
+            renew_time: Some(MicroTime(at(renewed))),
+            lease_duration_seconds: Some(duration),
+            lease_transitions: Some(3),
+            ..LeaseSpec::default()
+        }
+    }
+
+    fn cfg() -> LeaderElection {
+        LeaderElection {
+            identity: ME.to_owned(),
+            ..LeaderElection::new("ns")
+        }
+    }
+
+    #[test]
+    fn a_free_lease_is_acquired() {
+        assert_eq!(decide(&LeaseSpec::default(), ME, at(0)), Decision::Acquire);
+        let released = LeaseSpec {
+            holder_identity: Some(String::new()),
+            ..held_by("x", 0, 15)
+        };
+        assert_eq!(decide(&released, ME, at(1)), Decision::Acquire);
+        let cleared = LeaseSpec {
+            holder_identity: None,
+            ..held_by("x", 0, 15)
+        };
+        assert_eq!(decide(&cleared, ME, at(1)), Decision::Acquire);
+    }
+
+    #[test]
+    fn an_expired_lease_is_acquired_a_live_one_is_waited_for() {
+        let lease = held_by("other", 10, 15);
+        assert_eq!(
+            decide(&lease, ME, at(24)),
+            Decision::Wait {
+                holder: "other".to_owned(),
+                expires: at(25)
+            }
+        );
+        // Expiry is strict: at exactly renewTime + duration the holder still has it.
+        assert!(matches!(decide(&lease, ME, at(25)), Decision::Wait { .. }));
+        assert_eq!(decide(&lease, ME, at(26)), Decision::Acquire);
+    }
+
+    #[test]
+    fn a_lease_held_by_me_is_renewed_even_when_expired() {
+        assert_eq!(decide(&held_by(ME, 10, 15), ME, at(11)), Decision::Renew);
+        assert_eq!(decide(&held_by(ME, 10, 15), ME, at(100)), Decision::Renew);
+    }
+
+    #[test]
+    fn odd_leases_without_times_or_durations() {
+        let no_times = LeaseSpec {
+            holder_identity: Some("other".to_owned()),
+            ..LeaseSpec::default()
+        };
+        assert_eq!(decide(&no_times, ME, at(0)), Decision::Acquire);
+        // Only an acquireTime: it counts as the last renewal.
+        let acquired_only = LeaseSpec {
+            renew_time: None,
+            ..held_by("other", 0, 15)
+        };
+        assert!(matches!(
+            decide(&acquired_only, ME, at(5)),
+            Decision::Wait { .. }
+        ));
+        assert_eq!(decide(&acquired_only, ME, at(16)), Decision::Acquire);
+        // No duration (or a negative one): expired as soon as time moves on.
+        let no_duration = LeaseSpec {
+            lease_duration_seconds: None,
+            ..held_by("other", 0, 15)
+        };
+        assert_eq!(decide(&no_duration, ME, at(1)), Decision::Acquire);
+        let negative = held_by("other", 0, -5);
+        assert_eq!(decide(&negative, ME, at(1)), Decision::Acquire);
+    }
+
+    #[test]
+    fn acquiring_counts_a_transition_renewing_does_not() {
+        let cfg = cfg();
+        let taken = claimed(held_by("other", 0, 15), &cfg, at(30));
+        assert_eq!(taken.holder_identity.as_deref(), Some(ME));
+        assert_eq!(taken.acquire_time, Some(MicroTime(at(30))));
+        assert_eq!(taken.renew_time, Some(MicroTime(at(30))));
+        assert_eq!(taken.lease_transitions, Some(4));
+        assert_eq!(taken.lease_duration_seconds, Some(15));
+
+        let renewed = claimed(taken.clone(), &cfg, at(32));
+        assert_eq!(renewed.acquire_time, Some(MicroTime(at(30))));
+        assert_eq!(renewed.renew_time, Some(MicroTime(at(32))));
+        assert_eq!(renewed.lease_transitions, Some(4));
+
+        let first = claimed(LeaseSpec::default(), &cfg, at(0));
+        assert_eq!(first.lease_transitions, Some(0));
+    }
+
+    #[test]
+    fn lease_duration_rounds_up_to_whole_seconds() {
+        let mut cfg = cfg();
+        cfg.lease_duration = Duration::from_millis(2500);
+        assert_eq!(cfg.lease_duration_seconds(), 3);
+        cfg.lease_duration = Duration::from_millis(10);
+        assert_eq!(cfg.lease_duration_seconds(), 1);
+        cfg.lease_duration = Duration::from_secs(15);
+        assert_eq!(cfg.lease_duration_seconds(), 15);
+    }
+
+    #[test]
+    fn settings_must_nest() {
+        assert_eq!(cfg().check(), Ok(()));
+        let mut bad = cfg();
+        bad.renew_deadline = bad.lease_duration;
+        assert!(bad.check().unwrap_err().contains("lease duration"));
+        let mut bad = cfg();
+        bad.retry_period = bad.renew_deadline;
+        assert!(bad.check().unwrap_err().contains("renew deadline"));
+        let mut bad = cfg();
+        bad.identity.clear();
+        assert!(bad.check().is_err());
+    }
+
+    /// Runs [`elect_with`] on a paused clock with `script` answering the attempts in turn
+    /// (`None`: the apiserver never answers); returns when it stood as leader, and when it
+    /// stopped, relative to the start, and whether it released the Lease.
+    async fn elect_script(
+        script: Vec<Option<Result<Standing, u16>>>,
+        run_for: Duration,
+    ) -> (Vec<(Duration, bool)>, bool) {
+        let cfg = LeaderElection {
+            lease_duration: Duration::from_secs(15),
+            // Not a multiple of the retry period: the deadline falls between two retries.
+            renew_deadline: Duration::from_secs(9),
+            retry_period: Duration::from_secs(2),
+            ..cfg()
+        };
+        let start = Instant::now();
+        let mut script = script.into_iter();
+        let (leading_tx, mut leading) = watch::channel(false);
+        let (release_tx, release_rx) = oneshot::channel();
+        let released = std::sync::atomic::AtomicBool::new(false);
+        let attempt = || {
+            let next = script.next().unwrap_or(None);
+            async move {
+                match next {
+                    Some(Ok(standing)) => Ok(standing),
+                    Some(Err(code)) => Err(kube::Error::Api(
+                        kube::core::Status::failure("injected", "Injected")
+                            .with_code(code)
+                            .boxed(),
+                    )),
+                    None => std::future::pending().await,
+                }
+            }
+        };
+        let release = || async {
+            released.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(true)
+        };
+        let elector = elect_with(&cfg, attempt, release, leading_tx, release_rx);
+        let watcher = async {
+            let mut changes = vec![];
+            loop {
+                tokio::select! {
+                    changed = leading.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                        changes.push((start.elapsed(), *leading.borrow_and_update()));
+                    }
+                    () = tokio::time::sleep_until(start + run_for) => {
+                        let _ = release_tx.send(());
+                        break;
+                    }
+                }
+            }
+            changes
+        };
+        let ((), changes) = tokio::join!(elector, watcher);
+        (changes, released.into_inner())
+    }
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_that_cannot_renew_stops_at_its_renew_deadline() {
+        // Acquired at 0 and renewed at 2; from 4 on every renewal fails at once (500s): the
+        // leader gives up at 2 + 9 = 11, not at its next retry (12), and before the lease (15 s
+        // from 2) could pass to another.
+        let (changes, released) = elect_script(
+            vec![
+                Some(Ok(Standing::Leading)),
+                Some(Ok(Standing::Leading)),
+                Some(Err(500)),
+                Some(Err(500)),
+                Some(Err(500)),
+                Some(Err(500)),
+                Some(Err(500)),
+                Some(Err(500)),
+            ],
+            secs(13),
+        )
+        .await;
+        let leading: Vec<_> = changes.iter().filter(|(_, l)| *l).collect();
+        assert_eq!(leading.first().map(|c| c.0), Some(Duration::ZERO));
+        let lost = changes.iter().find(|(_, l)| !*l).expect("leadership lost");
+        assert_eq!(lost.0, secs(11), "{changes:?}");
+        assert!(
+            !released,
+            "a replica that lost the lease has nothing to release"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_whose_renewal_hangs_stops_at_its_renew_deadline() {
+        // Renewed at 2, then the apiserver stops answering.
+        let (changes, _) = elect_script(
+            vec![Some(Ok(Standing::Leading)), Some(Ok(Standing::Leading))],
+            secs(20),
+        )
+        .await;
+        let lost = changes.iter().find(|(_, l)| !*l).expect("leadership lost");
+        assert_eq!(lost.0, secs(11), "{changes:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_that_finds_another_holder_stops_at_once_and_releases_only_when_leading() {
+        let (changes, released) = elect_script(
+            vec![
+                Some(Ok(Standing::Leading)),
+                Some(Ok(Standing::Following(Some("other".to_owned())))),
+                Some(Ok(Standing::Following(Some("other".to_owned())))),
+            ],
+            secs(5),
+        )
+        .await;
+        let lost = changes.iter().find(|(_, l)| !*l).expect("leadership lost");
+        assert_eq!(lost.0, secs(2), "{changes:?}");
+        assert!(!released);
+
+        let (_, released) = elect_script(
+            vec![
+                Some(Ok(Standing::Leading)),
+                Some(Ok(Standing::Leading)),
+                Some(Ok(Standing::Leading)),
+            ],
+            secs(5),
+        )
+        .await;
+        assert!(released, "a leader releases the lease when told to stop");
+    }
+
+    #[test]
+    fn default_identity_is_never_empty() {
+        assert!(!default_identity().is_empty());
+    }
+}
