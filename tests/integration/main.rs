@@ -1,5 +1,6 @@
 mod api_objects;
 mod daemon;
+mod deploy;
 mod imagepulljob;
 mod leader_election;
 mod manager;
