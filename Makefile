@@ -18,7 +18,7 @@ test: deps ## Everything CI runs: format, lints, unit and integration tests
 
 crds: ## Regenerate crds/ from the Rust types
 	cargo run --quiet -- crds --out-dir crds
-	for f in crds/*.yaml; do cp "$$f" "deploy/manifests/01-$$(basename "$$f")"; done
+	for f in crds/*.yaml; do cp "$$f" "deploy/manifests/01-$$(basename "$$f")"; cp "$$f" deploy/chart/kruise-rs/crds/; done
 
 fmt: ## Format the code
 	cargo fmt --all

@@ -26,3 +26,5 @@ for tool in cargo go; do
 done
 "$here/controlplane/build.sh" >/dev/null
 "$here/node/images.sh" >/dev/null
+# helm for the chart tests (tests/integration/helm.rs), from its Go module, cached by version.
+"$here/deploy/build-helm.sh" >/dev/null

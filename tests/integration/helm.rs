@@ -1,0 +1,378 @@
+//! The Helm chart `deploy/chart/kruise-rs/`: `helm lint` passes, `helm template` with the
+//! default values renders exactly the objects of `deploy/manifests/` (so the plain manifests
+//! cannot drift from the chart), the chart's `crds/` are byte-for-byte copies of `crds/`, and the
+//! documented values reach the objects they are meant for.
+//!
+//! helm is built from its Go module by `tests/deploy/build-helm.sh` (run by `tests/setup.sh`,
+//! hence by `make test`), cached under `~/.cache/kruise-rs/bin/helm-<version>/`. No cluster.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+const RELEASE: &str = "kruise-rs";
+const NAMESPACE: &str = "kruise-system";
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn chart_dir() -> PathBuf {
+    root().join("deploy/chart/kruise-rs")
+}
+
+/// The helm binary `tests/deploy/build-helm.sh` built; fails (never skips) when it is missing.
+fn helm_binary() -> PathBuf {
+    let script = root().join("tests/deploy/build-helm.sh");
+    let out = Command::new(&script)
+        .arg("--check")
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "helm is not built: run `tests/deploy/build-helm.sh` (or `tests/setup.sh`, which `make \
+         test` runs) to build it from helm.sh/helm/v3 into ~/.cache/kruise-rs/bin/\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// Runs helm with `args` in a throwaway HOME-like environment.
+fn helm_output(args: &[&str]) -> std::process::Output {
+    let homes = tempfile::tempdir().expect("temporary directory");
+    Command::new(helm_binary())
+        .args(args)
+        .env("HELM_CACHE_HOME", homes.path().join("cache"))
+        .env("HELM_CONFIG_HOME", homes.path().join("config"))
+        .env("HELM_DATA_HOME", homes.path().join("data"))
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap_or_else(|e| panic!("helm {}: cannot run: {e}", args.join(" ")))
+}
+
+/// Runs helm with `args`; returns stdout or panics with the command and its output.
+fn helm(args: &[&str]) -> String {
+    let shown = format!("helm {}", args.join(" "));
+    let out = helm_output(args);
+    assert!(
+        out.status.success(),
+        "{shown} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("helm prints UTF-8")
+}
+
+/// `helm template` of the chart, with `extra` arguments (`--set ...`), CRDs included.
+fn render(extra: &[&str]) -> String {
+    let chart = chart_dir();
+    let mut args = vec![
+        "template",
+        RELEASE,
+        chart.to_str().expect("UTF-8 path"),
+        "--namespace",
+        NAMESPACE,
+        "--include-crds",
+    ];
+    args.extend_from_slice(extra);
+    helm(&args)
+}
+
+/// The non-empty YAML documents of `text`, `origin` naming it in errors.
+fn documents(text: &str, origin: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|document| {
+            Value::deserialize(document).unwrap_or_else(|e| panic!("{origin}: not YAML: {e}"))
+        })
+        .filter(|value| !value.is_null())
+        .collect()
+}
+
+/// `kind namespace/name` (or `kind name` for cluster-scoped objects).
+fn key(object: &Value) -> String {
+    let kind = object["kind"].as_str().unwrap_or("<no kind>");
+    let name = object["metadata"]["name"].as_str().unwrap_or("<no name>");
+    match object["metadata"]["namespace"].as_str() {
+        Some(namespace) => format!("{kind} {namespace}/{name}"),
+        None => format!("{kind} {name}"),
+    }
+}
+
+/// Objects by key; a key seen twice is an error.
+fn by_key(objects: Vec<Value>, origin: &str) -> BTreeMap<String, Value> {
+    let mut map = BTreeMap::new();
+    for object in objects {
+        let k = key(&object);
+        assert!(
+            map.insert(k.clone(), object).is_none(),
+            "{origin}: {k} appears twice"
+        );
+    }
+    map
+}
+
+fn manifest_objects() -> BTreeMap<String, Value> {
+    let dir = root().join("deploy/manifests");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("deploy/manifests/ exists")
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    let mut objects = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("manifest readable");
+        objects.extend(documents(&text, &file.display().to_string()));
+    }
+    by_key(objects, "deploy/manifests/")
+}
+
+fn rendered_objects(extra: &[&str]) -> BTreeMap<String, Value> {
+    by_key(documents(&render(extra), "helm template"), "helm template")
+}
+
+/// Every difference between `want` and `got`, as `path: want ... got ...` lines.
+fn differences(path: &str, want: &Value, got: &Value, out: &mut Vec<String>) {
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) => {
+            for (k, wv) in w {
+                let p = format!("{path}.{k}");
+                match g.get(k) {
+                    Some(gv) => differences(&p, wv, gv, out),
+                    None => out.push(format!("{p}: missing from the chart (manifests: {wv})")),
+                }
+            }
+            for (k, gv) in g {
+                if !w.contains_key(k) {
+                    out.push(format!(
+                        "{path}.{k}: only in the chart ({gv}), not in the manifests"
+                    ));
+                }
+            }
+        }
+        (Value::Array(w), Value::Array(g)) if w.len() == g.len() => {
+            for (i, (wv, gv)) in w.iter().zip(g).enumerate() {
+                differences(&format!("{path}[{i}]"), wv, gv, out);
+            }
+        }
+        _ if want != got => out.push(format!("{path}: manifests {want}, chart {got}")),
+        _ => {}
+    }
+}
+
+fn find<'a>(objects: &'a BTreeMap<String, Value>, key: &str) -> &'a Value {
+    objects.get(key).unwrap_or_else(|| {
+        panic!(
+            "helm template rendered no {key}; it rendered {:?}",
+            objects.keys()
+        )
+    })
+}
+
+#[test]
+fn helm_lint_passes() {
+    let chart = chart_dir();
+    let out = helm(&["lint", "--strict", chart.to_str().expect("UTF-8 path")]);
+    assert!(
+        out.contains("0 chart(s) failed"),
+        "helm lint --strict: unexpected output:\n{out}"
+    );
+}
+
+#[test]
+fn helm_template_with_default_values_equals_the_plain_manifests() {
+    let want = manifest_objects();
+    assert!(!want.is_empty(), "deploy/manifests/ holds no objects");
+    let got = rendered_objects(&[]);
+    let mut problems = Vec::new();
+    for (k, w) in &want {
+        match got.get(k) {
+            None => problems.push(format!(
+                "{k}: in deploy/manifests/, not rendered by the chart"
+            )),
+            Some(g) => {
+                let mut fields = Vec::new();
+                differences("", w, g, &mut fields);
+                problems.extend(fields.into_iter().map(|f| format!("{k}: {f}")));
+            }
+        }
+    }
+    for k in got.keys().filter(|k| !want.contains_key(*k)) {
+        problems.push(format!(
+            "{k}: rendered by the chart, not in deploy/manifests/"
+        ));
+    }
+    assert!(
+        problems.is_empty(),
+        "`helm template {RELEASE} deploy/chart/kruise-rs --namespace {NAMESPACE} --include-crds` \
+         drifted from deploy/manifests/ ({} difference(s)):\n  {}",
+        problems.len(),
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn chart_crds_are_copies_of_crds() {
+    let list = |dir: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| {
+                e.expect("directory entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        names.sort();
+        names
+    };
+    let source = root().join("crds");
+    let copies = chart_dir().join("crds");
+    assert_eq!(
+        list(&copies),
+        list(&source),
+        "deploy/chart/kruise-rs/crds/ must hold exactly the files of crds/ (cp crds/*.yaml \
+         deploy/chart/kruise-rs/crds/)"
+    );
+    for name in list(&source) {
+        let want = std::fs::read(source.join(&name)).expect("readable");
+        let got = std::fs::read(copies.join(&name)).expect("readable");
+        assert!(
+            want == got,
+            "deploy/chart/kruise-rs/crds/{name} differs from crds/{name}: copy it again \
+             (cp crds/*.yaml deploy/chart/kruise-rs/crds/)"
+        );
+    }
+}
+
+/// The documented values reach the fields they are documented to set.
+#[test]
+fn helm_values_change_the_rendered_objects() {
+    let got = rendered_objects(&[
+        "--set=image.repository=registry.example/kruise-rs,image.tag=dev,image.pullPolicy=Always",
+        "--set=namespaces.manager=kr-sys,namespaces.daemonConfig=kr-secrets",
+        "--set=manager.replicas=1,manager.leaderElection.enabled=false",
+        "--set=manager.webhook.failurePolicy=Ignore,manager.webhook.timeoutSeconds=5",
+        "--set=manager.extraArgs={--label-selector=shard=a}",
+        "--set=manager.resources.limits.memory=512Mi",
+        "--set=daemon.criHostPath=/run/k3s,daemon.criSocket=/hostvarrun/containerd/containerd.sock",
+        "--set=daemon.extraArgs={--max-concurrent-pulls=4}",
+        "--set=daemon.nodeSelector.pool=build,daemon.resources.limits.cpu=2",
+        "--set=daemon.tolerations=null",
+        "--set=serviceMonitor.enabled=true,serviceMonitor.labels.release=prom",
+        "--set=podDisruptionBudget.enabled=false",
+    ]);
+    let manager = find(&got, "Deployment kr-sys/kruise-rs-manager");
+    let pod = &manager["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(manager["spec"]["replicas"], 1);
+    assert_eq!(container["image"], "registry.example/kruise-rs:dev");
+    assert_eq!(container["imagePullPolicy"], "Always");
+    assert_eq!(container["resources"]["limits"]["memory"], "512Mi");
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("string arg"))
+        .collect();
+    for wanted in [
+        "--daemon-config-namespace=kr-secrets",
+        "--leader-elect=false",
+        "--webhook-failure-policy=ignore",
+        "--webhook-timeout-seconds=5",
+        "--label-selector=shard=a",
+    ] {
+        assert!(
+            args.contains(&wanted),
+            "manager args {args:?} lack {wanted}"
+        );
+    }
+
+    let daemon = find(&got, "DaemonSet kr-sys/kruise-rs-daemon");
+    let pod = &daemon["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(container["image"], "registry.example/kruise-rs:dev");
+    assert_eq!(container["resources"]["limits"]["cpu"], 2);
+    assert_eq!(pod["nodeSelector"]["pool"], "build");
+    assert!(pod.get("tolerations").is_none(), "tolerations=null: {pod}");
+    assert_eq!(pod["volumes"][0]["hostPath"]["path"], "/run/k3s");
+    let args = &container["args"];
+    assert!(
+        args.as_array()
+            .expect("args")
+            .iter()
+            .any(|a| a == "--cri-socket=/hostvarrun/containerd/containerd.sock")
+            && args
+                .as_array()
+                .expect("args")
+                .iter()
+                .any(|a| a == "--max-concurrent-pulls=4"),
+        "daemon args: {args}"
+    );
+
+    find(&got, "Namespace kr-sys");
+    find(&got, "Namespace kr-secrets");
+    let binding = find(&got, "RoleBinding kr-secrets/kruise-rs-daemon");
+    assert_eq!(binding["subjects"][0]["namespace"], "kr-sys");
+    let monitor = find(&got, "ServiceMonitor kr-sys/kruise-rs-manager");
+    assert_eq!(monitor["metadata"]["labels"]["release"], "prom");
+    assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
+    find(&got, "ServiceMonitor kr-sys/kruise-rs-daemon");
+    find(&got, "Service kr-sys/kruise-rs-manager-metrics");
+    find(&got, "Service kr-sys/kruise-rs-daemon-metrics");
+    assert!(
+        !got.keys().any(|k| k.starts_with("PodDisruptionBudget ")),
+        "podDisruptionBudget.enabled=false still renders one: {:?}",
+        got.keys()
+    );
+    for (k, object) in got
+        .iter()
+        .filter(|(_, o)| o["kind"] != "CustomResourceDefinition")
+    {
+        let text = object.to_string();
+        assert!(
+            !text.contains("kruise-system") && !text.contains("kruise-daemon-config"),
+            "{k} still names a default namespace: {text}"
+        );
+    }
+
+    // namespaces.create=false: no Namespace objects.
+    let got = rendered_objects(&["--set=namespaces.create=false"]);
+    assert!(
+        !got.keys().any(|k| k.starts_with("Namespace ")),
+        "namespaces.create=false still renders: {:?}",
+        got.keys()
+    );
+}
+
+/// values.schema.json refuses the values the manager would only refuse at start-up.
+#[test]
+fn helm_refuses_invalid_values() {
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("UTF-8 path");
+    for (set, complaint) in [
+        (
+            "manager.webhook.failurePolicy=Never",
+            "/manager/webhook/failurePolicy",
+        ),
+        (
+            "manager.webhook.timeoutSeconds=31",
+            "/manager/webhook/timeoutSeconds",
+        ),
+        ("manager.replicas=0", "/manager/replicas"),
+        ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+        ("daemon.criHostPath=var/run", "/daemon/criHostPath"),
+    ] {
+        let out = helm_output(&["template", RELEASE, chart, "--set", set]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(complaint),
+            "helm template --set {set}: expected a schema error at {complaint}, got {}:\n{stderr}",
+            out.status
+        );
+    }
+}
