@@ -333,6 +333,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     daemon_config_namespace: args.daemon_config_namespace,
                     namespace: args.webhook.namespace.clone(),
                     label_selector: args.label_selector,
+                    // The manager puts in the set its /metrics serves.
+                    metrics: Default::default(),
                 },
                 leader_election: args.leader_election.options(&args.webhook.namespace),
                 webhook: args.webhook.options(),

@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use kube::Client;
+
+use crate::probe::ManagerMetrics;
 use tokio::sync::watch;
 
 /// Settings shared by the controllers, from the command line.
@@ -35,6 +37,9 @@ pub struct ControllerOptions {
     /// selector as `kubectl -l` takes it); `None`: all. For sharding, and for test clusters
     /// where other tests' objects must be left alone.
     pub label_selector: Option<String>,
+    /// Where the controllers count their reconciles and report progress; the manager passes
+    /// the set its `/metrics` serves (the default is a set nobody reads).
+    pub metrics: ManagerMetrics,
 }
 
 impl Default for ControllerOptions {
@@ -47,6 +52,7 @@ impl Default for ControllerOptions {
             daemon_config_namespace: "kruise-daemon-config".to_owned(),
             namespace: "kruise-system".to_owned(),
             label_selector: None,
+            metrics: ManagerMetrics::new(),
         }
     }
 }

@@ -22,12 +22,12 @@ use kube::Client;
 use tokio::{net::TcpListener, sync::oneshot};
 
 use crate::controllers::{self, ControllerOptions};
-use crate::webhook::{self, WebhookError, WebhookOptions, handlers::Handlers};
+use crate::webhook::{self, WebhookError, WebhookOptions, handlers::Handlers, server::Metered};
 use tracing::{info, warn};
 
 pub use self::crds::{CrdState, MissingCrds, REQUIRED_CRDS, check_crds};
 pub use self::leader::LeaderElection;
-use crate::probe::{self, ConnectError, Metrics, ProbeState, connect};
+use crate::probe::{self, ConnectError, ManagerMetrics, Metrics, ProbeState, connect};
 
 /// How long in-flight reconciles may take to finish once shutdown has begun.
 const CONTROLLERS_STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -123,7 +123,10 @@ pub async fn run(
         source,
     })?;
 
-    let state = ProbeState::new(Arc::new(Metrics::new()));
+    let manager_metrics = ManagerMetrics::new();
+    let state = ProbeState::new(Arc::new(Metrics::with(|registry| {
+        manager_metrics.register(registry)
+    })));
     let (stop_server, server_stopping) = oneshot::channel::<()>();
     let mut server = pin!(probe::serve(listener, state.clone(), async move {
         // A dropped sender also stops the server.
@@ -132,9 +135,13 @@ pub async fn run(
 
     let (stop_controllers, controllers_stopping) = oneshot::channel::<()>();
     let webhook_client = client.clone();
+    let controller_opts = ControllerOptions {
+        metrics: manager_metrics.clone(),
+        ..opts.controllers.clone()
+    };
     let mut controllers = pin!(run_controllers(
         client,
-        opts.controllers.clone(),
+        controller_opts,
         opts.leader_election.clone(),
         async move {
             let _ = controllers_stopping.await;
@@ -154,7 +161,10 @@ pub async fn run(
         let serve = webhook::run(
             webhook_client,
             webhook_opts,
-            handlers,
+            Arc::new(Metered {
+                inner: handlers,
+                metrics: manager_metrics.clone(),
+            }),
             async move {
                 let _ = webhook_stopping.await;
             },

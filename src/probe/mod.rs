@@ -6,5 +6,5 @@ mod metrics;
 mod server;
 
 pub use self::client::{ConnectError, connect};
-pub use self::metrics::{CONTENT_TYPE, Metrics};
+pub use self::metrics::{ADMISSION_KINDS, CONTENT_TYPE, ManagerMetrics, Metrics};
 pub use self::server::{ProbeState, router, serve};

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -23,6 +23,8 @@ use base64::Engine as _;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use serde_json::{Value, json};
+
+use crate::probe::ManagerMetrics;
 
 use super::configuration::{
     MUTATE_IMAGEPULLJOB, MUTATE_NODEIMAGE, MUTATE_POD, MUTATE_SIDECARSET, VALIDATE_IMAGEPULLJOB,
@@ -59,6 +61,53 @@ pub trait Admit: Send + Sync + 'static {
         path: &'static str,
         request: &'a AdmissionRequest<DynamicObject>,
     ) -> AdmitFuture<'a>;
+}
+
+/// The resource kind a webhook path admits (a label of the admission metrics).
+pub fn kind_of(path: &str) -> &'static str {
+    match path {
+        MUTATE_POD => "pods",
+        MUTATE_SIDECARSET | VALIDATE_SIDECARSET => "sidecarsets",
+        MUTATE_IMAGEPULLJOB | VALIDATE_IMAGEPULLJOB => "imagepulljobs",
+        MUTATE_NODEIMAGE | VALIDATE_NODEIMAGE => "nodeimages",
+        _ => "unknown",
+    }
+}
+
+impl Verdict {
+    /// `allowed`, `patched` (a non-empty patch) or `denied` (a label of the admission metrics).
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Verdict::Patch(patch, _) if !patch.0.is_empty() => "patched",
+            Verdict::Allow | Verdict::Patch(..) => "allowed",
+            Verdict::Deny(_) => "denied",
+        }
+    }
+}
+
+/// An [`Admit`] that records each decision's kind, verdict and duration in [`ManagerMetrics`].
+pub struct Metered {
+    pub inner: Arc<dyn Admit>,
+    pub metrics: ManagerMetrics,
+}
+
+impl Admit for Metered {
+    fn admit<'a>(
+        &'a self,
+        path: &'static str,
+        request: &'a AdmissionRequest<DynamicObject>,
+    ) -> AdmitFuture<'a> {
+        Box::pin(async move {
+            let start = Instant::now();
+            let verdict = self.inner.admit(path, request).await;
+            self.metrics.admitted(
+                kind_of(path),
+                verdict.outcome(),
+                start.elapsed().as_secs_f64(),
+            );
+            verdict
+        })
+    }
 }
 
 /// The router: `POST <path>` for every path in [`PATHS`].
@@ -171,6 +220,7 @@ pub async fn tls_config(cert: &str, key: &str) -> std::io::Result<RustlsConfig> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::probe::ADMISSION_KINDS;
     use json_patch::{AddOperation, PatchOperation};
 
     #[test]
@@ -202,6 +252,75 @@ mod tests {
         assert_eq!(
             out["response"]["status"]["message"],
             "spec.x: Required value"
+        );
+    }
+
+    #[test]
+    fn every_path_has_a_kind_and_verdicts_their_outcome() {
+        for path in PATHS {
+            assert!(ADMISSION_KINDS.contains(&kind_of(path)), "{path}");
+        }
+        assert_eq!(kind_of(MUTATE_POD), "pods");
+        assert_eq!(kind_of(VALIDATE_NODEIMAGE), "nodeimages");
+        assert_eq!(kind_of("/elsewhere"), "unknown");
+        assert_eq!(Verdict::Allow.outcome(), "allowed");
+        assert_eq!(
+            Verdict::Patch(json_patch::Patch(vec![]), vec![]).outcome(),
+            "allowed"
+        );
+        assert_eq!(Verdict::Deny("no".into()).outcome(), "denied");
+        let patch = json_patch::Patch(vec![PatchOperation::Add(AddOperation {
+            path: jsonptr::PointerBuf::parse("/a").unwrap(),
+            value: json!(1),
+        })]);
+        assert_eq!(Verdict::Patch(patch, vec![]).outcome(), "patched");
+    }
+
+    struct Refuse;
+
+    impl Admit for Refuse {
+        fn admit<'a>(
+            &'a self,
+            _path: &'static str,
+            _request: &'a AdmissionRequest<DynamicObject>,
+        ) -> AdmitFuture<'a> {
+            Box::pin(async { Verdict::Deny("no".into()) })
+        }
+    }
+
+    #[tokio::test]
+    async fn metered_counts_each_decision_by_kind_and_verdict() {
+        let metrics = ManagerMetrics::new();
+        let registry = crate::probe::Metrics::with(|r| metrics.register(r));
+        let metered = Metered {
+            inner: Arc::new(Refuse),
+            metrics: metrics.clone(),
+        };
+        let review = json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u4",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "operation": "CREATE",
+                "userInfo": {},
+                "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}},
+            }
+        });
+        let body = serde_json::to_vec(&review).unwrap();
+        let response = super::review(&metered, MUTATE_POD, &body).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let text = registry.encode().unwrap();
+        assert!(
+            text.contains(
+                "kruise_rs_manager_admissions_total{kind=\"pods\",verdict=\"denied\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("kruise_rs_manager_admission_seconds_count{kind=\"pods\"} 1\n"),
+            "{text}"
         );
     }
 

@@ -5,6 +5,7 @@ mod helm;
 mod imagepulljob;
 mod leader_election;
 mod manager;
+mod metrics;
 mod node_infra;
 mod nodeimage;
 mod sidecarset_crash;

@@ -252,6 +252,7 @@ pub async fn run(
             let _ = caches_ready.send(true);
         }
     });
+    let metrics = opts.metrics.clone();
     let ctx = Arc::new(Context {
         caches_ready: caches_ready_rx,
         recorder: Recorder::new(
@@ -269,6 +270,7 @@ pub async fn run(
         opts,
     });
     let job_store = controller.store();
+    let all_jobs = job_store.clone();
     let shutdown = shutdown.shared();
     let running = controller
         .watches_stream(nodeimage_events, move |n| jobs_for_nodeimage(&jobs, &n))
@@ -276,7 +278,15 @@ pub async fn run(
         // Many NodeImage events arrive together while a job fans out; one reconcile serves them.
         .with_config(controller::Config::default().debounce(Duration::from_millis(50)))
         .graceful_shutdown_on(shutdown.clone())
-        .run(reconcile, error_policy, ctx)
+        .run(
+            move |job, ctx| {
+                // The jobs' statuses as last seen: a status write triggers another reconcile.
+                metrics.set_imagepulljob_nodes(node_counts(&all_jobs.state()));
+                metrics.timed("imagepulljob", reconcile(job, ctx))
+            },
+            error_policy,
+            ctx,
+        )
         .for_each(|result| async move {
             if let Err(err) = result {
                 warn!(error = %err, "imagepulljob controller");
@@ -295,6 +305,16 @@ pub async fn run(
     // Otherwise let the reconciles in flight finish; they are idempotent, so cutting a slow one
     // off costs nothing but a repeat after the restart.
     let _ = tokio::time::timeout(STOP_GRACE, running).await;
+}
+
+/// The jobs' nodes by state (desired, active, succeeded, failed), summed over their statuses.
+fn node_counts(jobs: &[Arc<ImagePullJob>]) -> [i64; 4] {
+    jobs.iter()
+        .filter_map(|job| job.status.as_ref())
+        .fold([0; 4], |sum, s| {
+            let counts = [s.desired, s.active, s.succeeded, s.failed];
+            std::array::from_fn(|i| sum[i] + i64::from(counts[i]))
+        })
 }
 
 fn key(job: &ImagePullJob) -> String {
@@ -624,5 +644,33 @@ async fn set_finalizer(
             name: job.name_any(),
             source,
         }),
+    }
+}
+
+#[cfg(test)]
+mod metrics_tests {
+    use super::*;
+
+    #[test]
+    fn node_counts_sum_the_statuses() {
+        let job = |status: Option<ImagePullJobStatus>| {
+            let mut job = ImagePullJob::new("j", Default::default());
+            job.status = status;
+            Arc::new(job)
+        };
+        let status = |desired, active, succeeded, failed| ImagePullJobStatus {
+            desired,
+            active,
+            succeeded,
+            failed,
+            ..Default::default()
+        };
+        let jobs = [
+            job(Some(status(3, 1, 1, 1))),
+            job(None),
+            job(Some(status(2, 0, 2, 0))),
+        ];
+        assert_eq!(node_counts(&jobs), [5, 1, 3, 1]);
+        assert_eq!(node_counts(&[]), [0; 4]);
     }
 }

@@ -165,8 +165,15 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
     });
 
     let config = controller::Config::default().concurrency(CONCURRENCY);
+    // Node and NodeImage reconciles both count as the `nodeimage` controller's.
+    let metrics = opts.metrics.clone();
+    let node_metrics = metrics.clone();
     let node_applier = applier(
-        |node, ctx| reconcile::node(node, ctx).boxed(),
+        move |node, ctx| {
+            node_metrics
+                .timed("nodeimage", reconcile::node(node, ctx))
+                .boxed()
+        },
         reconcile::node_error_policy,
         ctx.clone(),
         nodes,
@@ -178,7 +185,11 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
         future::ready(())
     });
     let nodeimage_applier = applier(
-        |ni, ctx| reconcile::nodeimage(ni, ctx).boxed(),
+        move |ni, ctx| {
+            metrics
+                .timed("nodeimage", reconcile::nodeimage(ni, ctx))
+                .boxed()
+        },
         reconcile::nodeimage_error_policy,
         ctx,
         nodeimage_store,

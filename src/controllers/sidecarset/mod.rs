@@ -58,6 +58,7 @@ use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
 use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
 use crate::apis::well_known::{CONTROLLER_REVISION_HASH, SIDECARSET_HASH, SIDECARSET_NAME_LABEL};
+use crate::probe::ManagerMetrics;
 use crate::sidecar::annotations::parse_hashes;
 
 /// Field manager of everything this controller writes.
@@ -134,6 +135,7 @@ pub struct Context {
     written: WrittenPods,
     backoff: Backoff,
     recorder: Recorder,
+    metrics: ManagerMetrics,
 }
 
 impl Context {
@@ -299,6 +301,7 @@ pub async fn run(
         warned: Mutex::default(),
         written: WrittenPods::default(),
         backoff: Backoff::default(),
+        metrics: opts.metrics.clone(),
         recorder: Recorder::new(
             client,
             Reporter {
@@ -317,7 +320,11 @@ pub async fn run(
         .reconcile_all_on(revision_events)
         .with_config(controller::Config::default().debounce(Duration::from_millis(50)))
         .graceful_shutdown_on(shutdown.clone())
-        .run(reconcile, error_policy, ctx)
+        .run(
+            |set, ctx| ctx.metrics.clone().timed("sidecarset", reconcile(set, ctx)),
+            error_policy,
+            ctx,
+        )
         .for_each(|result| async move {
             if let Err(err) = result {
                 debug!(error = %err, "sidecarset controller");
@@ -366,6 +373,10 @@ async fn reconcile(set: Arc<SidecarSet>, ctx: Arc<Context>) -> Result<Action, Er
     }
     let action = reconcile_set(&set, &ctx).await;
     ctx.written.forget_caught_up(&ctx.pods);
+    // Deleted SidecarSets are not reconciled: their series go on the next reconcile of any.
+    let sidecarsets = &ctx.sidecarsets;
+    ctx.metrics
+        .retain_sidecarsets(|name| sidecarsets.get(&ObjectRef::new(name)).is_some());
     let action = action?;
     ctx.backoff.succeeded(&set.name_any());
     Ok(action)
@@ -540,6 +551,16 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
             jobs: &jobs,
             nodeimage: &nodeimage,
         },
+    );
+    let s = &report.status;
+    ctx.metrics.set_sidecarset_pods(
+        &name,
+        [
+            s.matched_pods,
+            s.updated_pods,
+            s.ready_pods,
+            s.updated_ready_pods,
+        ],
     );
     if previous.as_ref() != Some(&report.status) {
         write_status(ctx, set, &report.status).await?;

@@ -1,0 +1,237 @@
+//! The manager's own metrics (`kruise_rs_manager_*`) on `/metrics`: reconciles of each
+//! controller counted by result and timed, a SidecarSet's pods by state, the ImagePullJobs'
+//! nodes by state. The manager is confined to a label unique to the test, so the values come
+//! from this test's objects only.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kruise_rs::apis::imagepulljob::{ImagePullJob, ImagePullJobNodeSelector, ImagePullJobSpec};
+use kruise_rs::apis::sidecarset::SidecarSet;
+use kruise_rs::manager::{self, ManagerOptions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::sync::oneshot;
+
+use crate::support::{self, FIELD_MANAGER, http_get, unique_name, wait_for};
+
+const LABEL: &str = "kruise-rs-metrics";
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+async fn scrape(addr: SocketAddr) -> String {
+    let (status, body) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics"))
+        .await
+        .expect("join")
+        .expect("GET /metrics");
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The value of the sample `series` (name and labels exactly as encoded), if present.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// Waits until `series` is present and `accept`s its value; returns the scrape.
+async fn wait_sample(addr: SocketAddr, series: &str, accept: impl Fn(f64) -> bool) -> String {
+    wait_for(&format!("{series} on /metrics"), TIMEOUT, || async {
+        let text = scrape(addr).await;
+        sample(&text, series).filter(|v| accept(*v)).map(|_| text)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn manager_metrics_count_reconciles_and_report_progress() {
+    let cluster = support::cluster().await;
+    let client = cluster.client().await;
+    let value = unique_name("metrics");
+    let revisions = cluster.namespace("metrics-revisions").await;
+    let jobs_ns = cluster.namespace("metrics-jobs").await;
+
+    let opts = ManagerOptions {
+        kubeconfig: Some(cluster.kubeconfig_path().to_owned()),
+        probe_addr: "127.0.0.1:0".parse().expect("addr"),
+        controllers: kruise_rs::controllers::ControllerOptions {
+            namespace: revisions.name().to_owned(),
+            label_selector: Some(format!("{LABEL}={value}")),
+            ..support::test_controller_options()
+        },
+        webhook: None,
+        leader_election: None,
+    };
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let (stop, stop_rx) = oneshot::channel::<()>();
+    let manager = tokio::spawn(manager::run(
+        opts,
+        async move {
+            let _ = stop_rx.await;
+        },
+        Some(ready_tx),
+    ));
+    let addr = tokio::time::timeout(TIMEOUT, ready_rx)
+        .await
+        .expect("the manager becomes ready")
+        .expect("the manager starts");
+
+    // Every fixed series is there from the start.
+    let text = scrape(addr).await;
+    for controller in ["sidecarset", "imagepulljob", "nodeimage"] {
+        for result in ["ok", "error"] {
+            let series = format!(
+                "kruise_rs_manager_reconciles_total{{controller=\"{controller}\",result=\"{result}\"}}"
+            );
+            assert!(
+                sample(&text, &series).is_some(),
+                "{series} missing:\n{text}"
+            );
+        }
+    }
+    for state in ["desired", "active", "succeeded", "failed"] {
+        let series = format!("kruise_rs_manager_imagepulljob_nodes{{state=\"{state}\"}}");
+        assert_eq!(sample(&text, &series), Some(0.0), "{series}:\n{text}");
+    }
+
+    // A SidecarSet matching no pod.
+    let set = unique_name("metrics-set");
+    let manifest = json!({
+        "apiVersion": "apps.kruise.io/v1beta1",
+        "kind": "SidecarSet",
+        "metadata": {"name": set, "labels": {LABEL: value}},
+        "spec": {
+            "selector": {"matchLabels": {"app": set}},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "containers": [{
+                "name": "sidecar",
+                "image": "busybox:1.36",
+                "command": ["sleep", "infinity"],
+            }],
+        }
+    });
+    let sidecarsets = Api::<SidecarSet>::all(client.clone());
+    sidecarsets
+        .patch(
+            &set,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Apply(&manifest),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("creating SidecarSet {set}: {e}"));
+
+    // An ImagePullJob for a node that does not exist.
+    let job_name = unique_name("metrics-job");
+    let mut job = ImagePullJob::new(
+        &job_name,
+        ImagePullJobSpec {
+            image: "busybox:1.36".into(),
+            selector: Some(ImagePullJobNodeSelector {
+                names: vec![unique_name("metrics-no-node")],
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    );
+    job.metadata.labels = Some([(LABEL.to_owned(), value.clone())].into());
+    let jobs = Api::<ImagePullJob>::namespaced(client.clone(), jobs_ns.name());
+    jobs.create(&PostParams::default(), &job)
+        .await
+        .unwrap_or_else(|e| panic!("creating ImagePullJob {job_name}: {e}"));
+
+    // A Node (never Ready: no NodeImage for it).
+    let node_name = unique_name("metrics-node");
+    let nodes = Api::<Node>::all(client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &Node {
+                metadata: ObjectMeta {
+                    name: Some(node_name.clone()),
+                    labels: Some([(LABEL.to_owned(), value.clone())].into()),
+                    ..ObjectMeta::default()
+                },
+                ..Node::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("creating Node {node_name}: {e}"));
+
+    for controller in ["sidecarset", "imagepulljob", "nodeimage"] {
+        let ok = format!(
+            "kruise_rs_manager_reconciles_total{{controller=\"{controller}\",result=\"ok\"}}"
+        );
+        let text = wait_sample(addr, &ok, |n| n >= 1.0).await;
+        let count =
+            format!("kruise_rs_manager_reconcile_seconds_count{{controller=\"{controller}\"}}");
+        let timed = sample(&text, &count).unwrap_or_else(|| panic!("{count} missing:\n{text}"));
+        assert!(timed >= 1.0, "{count} = {timed}");
+    }
+
+    // The SidecarSet's pods: none match.
+    for state in ["matched", "updated", "ready", "updated_ready"] {
+        let series =
+            format!("kruise_rs_manager_sidecarset_pods{{sidecarset=\"{set}\",state=\"{state}\"}}");
+        wait_sample(addr, &series, |n| n == 0.0).await;
+    }
+
+    // The job's nodes as its status counts them.
+    let status = wait_for("the job to have a status", TIMEOUT, || async {
+        jobs.get(&job_name).await.ok().and_then(|j| j.status)
+    })
+    .await;
+    wait_sample(
+        addr,
+        "kruise_rs_manager_imagepulljob_nodes{state=\"desired\"}",
+        |n| n == f64::from(status.desired),
+    )
+    .await;
+
+    // A deleted SidecarSet's series go with the next SidecarSet reconcile.
+    sidecarsets
+        .delete(&set, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting SidecarSet {set}: {e}"));
+    let other = unique_name("metrics-set");
+    let mut manifest = manifest;
+    manifest["metadata"]["name"] = json!(other);
+    manifest["spec"]["selector"]["matchLabels"]["app"] = json!(other);
+    sidecarsets
+        .patch(
+            &other,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Apply(&manifest),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("creating SidecarSet {other}: {e}"));
+    let gone = format!("sidecarset=\"{set}\"");
+    wait_for(&format!("the series of {set} to go"), TIMEOUT, || async {
+        let text = scrape(addr).await;
+        let other_seen = text.contains(&format!("sidecarset=\"{other}\""));
+        (other_seen && !text.contains(&gone)).then_some(())
+    })
+    .await;
+
+    // Deleted while the manager runs: it releases what it holds on them.
+    let _ = sidecarsets.delete(&other, &DeleteParams::default()).await;
+    let _ = jobs.delete(&job_name, &DeleteParams::default()).await;
+    let _ = nodes.delete(&node_name, &DeleteParams::default()).await;
+
+    stop.send(()).expect("the manager still runs");
+    let result = tokio::time::timeout(TIMEOUT, manager)
+        .await
+        .expect("the manager stops")
+        .expect("join");
+    assert!(result.is_ok(), "{result:?}");
+}
+
+#[test]
+fn sample_reads_one_series_exactly() {
+    let text = "a_total{x=\"1\"} 3\na_total{x=\"10\"} 4\nb 1.5\n";
+    assert_eq!(sample(text, "a_total{x=\"1\"}"), Some(3.0));
+    assert_eq!(sample(text, "a_total{x=\"10\"}"), Some(4.0));
+    assert_eq!(sample(text, "b"), Some(1.5));
+    assert_eq!(sample(text, "c"), None);
+}
