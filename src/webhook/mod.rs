@@ -195,6 +195,12 @@ async fn self_managed(
 
 async fn ensure_namespace(client: &Client, name: &str) -> Result<(), WebhookError> {
     let namespaces = Api::<Namespace>::all(client.clone());
+    // Read first: an installation that ships the namespace gives the manager no `create`.
+    match namespaces.get_opt(name).await {
+        Ok(Some(_)) => return Ok(()),
+        Ok(None) => {}
+        Err(err) => return Err(api_error(format!("read the namespace {name}"))(err)),
+    }
     let namespace = Namespace {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),

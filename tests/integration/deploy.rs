@@ -429,6 +429,7 @@ async fn deploy_rbac_gives_the_manager_only_what_it_needs() {
         ("delete", "pods", default, false),
         ("update", "pods", default, false),
         ("delete", "namespaces", None, false),
+        ("create", "namespaces", None, false),
         ("list", "secrets", default, false),
         ("watch", "secrets", None, false),
         ("create", "secrets", default, false),
