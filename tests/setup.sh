@@ -7,7 +7,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
 missing=()
-for tool in openssl:openssl curl:curl python3:python3 setsid:util-linux; do
+for tool in openssl:openssl curl:curl python3:python3 jq:jq setsid:util-linux; do
   command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
 done
 # The node tests (tests/node): containerd + runc pulling through CRI from docker registries,
