@@ -380,12 +380,16 @@ async fn elect_with<A, FA, R, FR>(
 /// stop gracefully (shutdown). When the Lease is lost, the future `work` returned is dropped at
 /// once. On shutdown the work gets `stop_timeout` to finish, then the Lease is released.
 ///
+/// `on_standing` is told whether this replica holds the Lease: at the start, on every change,
+/// and `false` once the election has ended (the manager's `kruise_rs_manager_leader` gauge).
+///
 /// Returns `Ok(())` after a shutdown, `Err(WorkEnded)` if `work` ended by itself.
 pub async fn run_while_leading<W, F>(
     client: Client,
     cfg: LeaderElection,
     shutdown: impl Future<Output = ()>,
     stop_timeout: Duration,
+    on_standing: impl FnMut(bool),
     mut work: W,
 ) -> Result<(), WorkEnded>
 where
@@ -394,6 +398,7 @@ where
 {
     let api = Api::<Lease>::namespaced(client, &cfg.namespace);
     let (leading_tx, mut leading) = watch::channel(false);
+    let reporter = report_standing(leading.clone(), on_standing);
     let (release_tx, release_rx) = oneshot::channel::<()>();
     let elector = elect(api, cfg, leading_tx, release_rx);
 
@@ -428,8 +433,20 @@ where
         let _ = release_tx.send(());
         result
     };
-    let (result, ()) = tokio::join!(supervisor, elector);
+    let (result, (), ()) = tokio::join!(supervisor, elector, reporter);
     result
+}
+
+/// Calls `report` with the standing `leading` holds now and with each one it changes to, until
+/// its sender is gone; then with `false`.
+async fn report_standing(mut leading: watch::Receiver<bool>, mut report: impl FnMut(bool)) {
+    loop {
+        report(*leading.borrow_and_update());
+        if leading.changed().await.is_err() {
+            break;
+        }
+    }
+    report(false);
 }
 
 /// The work given to [`run_while_leading`] ended by itself.
@@ -702,6 +719,30 @@ mod tests {
         )
         .await;
         assert!(released, "a leader releases the lease when told to stop");
+    }
+
+    #[tokio::test]
+    async fn the_standing_is_reported_until_the_election_ends() {
+        let (tx, rx) = watch::channel(false);
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let reporter = tokio::spawn(report_standing(rx, move |l| {
+            let _ = seen_tx.send(l);
+        }));
+        assert_eq!(seen.recv().await, Some(false));
+        tx.send_replace(true);
+        assert_eq!(seen.recv().await, Some(true));
+        tx.send_replace(false);
+        assert_eq!(seen.recv().await, Some(false));
+        tx.send_replace(true);
+        assert_eq!(seen.recv().await, Some(true));
+        drop(tx);
+        assert_eq!(
+            seen.recv().await,
+            Some(false),
+            "the end reads as not leading"
+        );
+        assert_eq!(seen.recv().await, None);
+        reporter.await.unwrap();
     }
 
     #[test]

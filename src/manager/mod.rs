@@ -249,7 +249,9 @@ async fn run_controllers(
     election: Option<LeaderElection>,
     shutdown: impl Future<Output = ()>,
 ) {
+    let metrics = opts.metrics.clone();
     let Some(election) = election else {
+        metrics.set_leader(true);
         controllers::run(client, opts, shutdown).await;
         return;
     };
@@ -264,13 +266,30 @@ async fn run_controllers(
         election,
         shutdown,
         stop_timeout,
+        |leading| metrics.set_leader(leading),
         move |stop| {
-            controllers::run(client.clone(), opts.clone(), async move {
+            let run = controllers::run(client.clone(), opts.clone(), async move {
                 let _ = stop.await;
-            })
+            });
+            // Dropped with the controllers, also when the Lease is lost mid-reconcile.
+            let forget = ForgetObjects(opts.metrics.clone());
+            async move {
+                let _forget = forget;
+                run.await;
+            }
         },
     )
     .await;
+}
+
+/// On drop, clears what the controllers reported about the objects: a replica that no longer
+/// leads does not watch them, so its gauges would only go stale.
+struct ForgetObjects(ManagerMetrics);
+
+impl Drop for ForgetObjects {
+    fn drop(&mut self) {
+        self.0.forget_objects();
+    }
 }
 
 /// Start-up before the manager can serve: client, CRD check, probe listener.

@@ -119,6 +119,9 @@ pub struct ManagerMetrics {
     sidecarsets: Arc<Mutex<BTreeSet<String>>>,
     /// Nodes of all ImagePullJobs by `state`, summed over the jobs' statuses.
     imagepulljob_nodes: Family<Labels, Gauge>,
+    /// 1 while this replica runs the controllers: it holds the leader Lease, or leader election
+    /// is off.
+    leader: Gauge,
 }
 
 impl ManagerMetrics {
@@ -131,6 +134,7 @@ impl ManagerMetrics {
             sidecarset_pods: Family::default(),
             sidecarsets: Arc::default(),
             imagepulljob_nodes: Family::default(),
+            leader: Gauge::default(),
         };
         // Every fixed series from the start, at zero: rates and alerts need no "absent" case.
         for controller in CONTROLLERS {
@@ -189,6 +193,12 @@ impl ManagerMetrics {
             "Nodes of all ImagePullJobs by state (desired, active, succeeded, failed), summed \
              over the jobs' statuses",
             self.imagepulljob_nodes.clone(),
+        );
+        manager.register(
+            "leader",
+            "1 while this replica runs the controllers (it holds the leader Lease, or leader \
+             election is off), 0 otherwise",
+            self.leader.clone(),
         );
     }
 
@@ -267,6 +277,19 @@ impl ManagerMetrics {
                 .get_or_create(&vec![("state", state)])
                 .set(count);
         }
+    }
+
+    /// Sets the leader gauge: whether this replica runs the controllers.
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// Forgets what the controllers reported about the objects (SidecarSet series removed,
+    /// ImagePullJob nodes back to 0): a replica that stopped leading no longer watches them, so
+    /// it reports nothing stale. The next leader's controllers report them afresh.
+    pub fn forget_objects(&self) {
+        self.retain_sidecarsets(|_| false);
+        self.set_imagepulljob_nodes([0; 4]);
     }
 }
 
@@ -411,6 +434,30 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn leader_gauge_starts_at_zero_and_follows_leadership() {
+        let manager = ManagerMetrics::new();
+        assert!(manager_text(&manager).contains("kruise_rs_manager_leader 0\n"));
+        manager.set_leader(true);
+        assert!(manager_text(&manager).contains("kruise_rs_manager_leader 1\n"));
+        manager.set_leader(false);
+        assert!(manager_text(&manager).contains("kruise_rs_manager_leader 0\n"));
+    }
+
+    #[test]
+    fn forgetting_the_objects_drops_their_series() {
+        let manager = ManagerMetrics::new();
+        manager.set_sidecarset_pods("a", [1, 1, 1, 1]);
+        manager.set_imagepulljob_nodes([4, 1, 2, 1]);
+        manager.forget_objects();
+        let text = manager_text(&manager);
+        assert!(!text.contains("sidecarset=\"a\""), "{text}");
+        for state in IMAGEPULLJOB_NODE_STATES {
+            let line = format!("kruise_rs_manager_imagepulljob_nodes{{state=\"{state}\"}} 0\n");
+            assert!(text.contains(&line), "{text}");
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The manager's own metrics (`kruise_rs_manager_*`) on `/metrics`: reconciles of each
 //! controller counted by result and timed, a SidecarSet's pods by state, the ImagePullJobs'
-//! nodes by state. The manager is confined to a label unique to the test, so the values come
-//! from this test's objects only.
+//! nodes by state (both following deletions), leadership. The manager is confined to a label
+//! unique to the test, so the values come from this test's objects only.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -9,7 +9,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kruise_rs::apis::imagepulljob::{ImagePullJob, ImagePullJobNodeSelector, ImagePullJobSpec};
+use kruise_rs::apis::nodeimage::NodeImage;
 use kruise_rs::apis::sidecarset::SidecarSet;
+use kruise_rs::apis::well_known::FAKE_NODEIMAGE;
 use kruise_rs::manager::{self, ManagerOptions};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -95,6 +97,12 @@ async fn manager_metrics_count_reconciles_and_report_progress() {
         let series = format!("kruise_rs_manager_imagepulljob_nodes{{state=\"{state}\"}}");
         assert_eq!(sample(&text, &series), Some(0.0), "{series}:\n{text}");
     }
+    // Without leader election this replica runs the controllers: it counts as the leader.
+    assert_eq!(
+        sample(&text, "kruise_rs_manager_leader"),
+        Some(1.0),
+        "kruise_rs_manager_leader:\n{text}"
+    );
 
     // A SidecarSet matching no pod.
     let set = unique_name("metrics-set");
@@ -122,14 +130,28 @@ async fn manager_metrics_count_reconciles_and_report_progress() {
         .await
         .unwrap_or_else(|e| panic!("creating SidecarSet {set}: {e}"));
 
-    // An ImagePullJob for a node that does not exist.
+    // An ImagePullJob for one node: a fake NodeImage (no Node behind it, no daemon answering).
+    let fake_node = unique_name("metrics-ni");
+    let mut nodeimage = NodeImage::new(&fake_node, Default::default());
+    nodeimage.metadata.labels = Some(
+        [
+            (FAKE_NODEIMAGE.to_owned(), "true".to_owned()),
+            (LABEL.to_owned(), value.clone()),
+        ]
+        .into(),
+    );
+    let nodeimages = Api::<NodeImage>::all(client.clone());
+    nodeimages
+        .create(&PostParams::default(), &nodeimage)
+        .await
+        .unwrap_or_else(|e| panic!("creating NodeImage {fake_node}: {e}"));
     let job_name = unique_name("metrics-job");
     let mut job = ImagePullJob::new(
         &job_name,
         ImagePullJobSpec {
             image: "busybox:1.36".into(),
             selector: Some(ImagePullJobNodeSelector {
-                names: vec![unique_name("metrics-no-node")],
+                names: vec![fake_node.clone()],
                 ..Default::default()
             }),
             ..Default::default()
@@ -177,19 +199,23 @@ async fn manager_metrics_count_reconciles_and_report_progress() {
         wait_sample(addr, &series, |n| n == 0.0).await;
     }
 
-    // The job's nodes as its status counts them.
-    let status = wait_for("the job to have a status", TIMEOUT, || async {
-        jobs.get(&job_name).await.ok().and_then(|j| j.status)
+    // The job's nodes as its status counts them: its one node.
+    wait_for("the job to count its node", TIMEOUT, || async {
+        jobs.get(&job_name)
+            .await
+            .ok()
+            .and_then(|j| j.status)
+            .filter(|s| s.desired == 1)
     })
     .await;
     wait_sample(
         addr,
         "kruise_rs_manager_imagepulljob_nodes{state=\"desired\"}",
-        |n| n == f64::from(status.desired),
+        |n| n == 1.0,
     )
     .await;
 
-    // A deleted SidecarSet's series go with the next SidecarSet reconcile.
+    // A deleted SidecarSet's series go (another SidecarSet's stay).
     sidecarsets
         .delete(&set, &DeleteParams::default())
         .await
@@ -214,10 +240,35 @@ async fn manager_metrics_count_reconciles_and_report_progress() {
     })
     .await;
 
-    // Deleted while the manager runs: it releases what it holds on them.
-    let _ = sidecarsets.delete(&other, &DeleteParams::default()).await;
-    let _ = jobs.delete(&job_name, &DeleteParams::default()).await;
+    // The last SidecarSet and the last job deleted: nothing reconciles any more, yet the scrape
+    // follows. (Deleted while the manager runs: it releases what it holds on them.)
+    sidecarsets
+        .delete(&other, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting SidecarSet {other}: {e}"));
+    let gone = format!("sidecarset=\"{other}\"");
+    wait_for(&format!("the series of {other} to go"), TIMEOUT, || async {
+        (!scrape(addr).await.contains(&gone)).then_some(())
+    })
+    .await;
+    jobs.delete(&job_name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting ImagePullJob {job_name}: {e}"));
+    wait_for("the job's nodes to drop to 0", TIMEOUT, || async {
+        let text = scrape(addr).await;
+        ["desired", "active", "succeeded", "failed"]
+            .iter()
+            .all(|state| {
+                let series = format!("kruise_rs_manager_imagepulljob_nodes{{state=\"{state}\"}}");
+                sample(&text, &series) == Some(0.0)
+            })
+            .then_some(())
+    })
+    .await;
     let _ = nodes.delete(&node_name, &DeleteParams::default()).await;
+    let _ = nodeimages
+        .delete(&fake_node, &DeleteParams::default())
+        .await;
 
     stop.send(()).expect("the manager still runs");
     let result = tokio::time::timeout(TIMEOUT, manager)

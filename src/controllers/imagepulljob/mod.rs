@@ -241,7 +241,24 @@ pub async fn run(
     .reflect(pod_writer)
     .touched_objects();
 
-    let controller = Controller::new(Api::<ImagePullJob>::all(client.clone()), scoped);
+    // The jobs' nodes gauge follows every job event, deletions included, from the store the
+    // event has just been applied to (mid-relist the store is not swapped yet: wait for
+    // InitDone). A status write is an event too.
+    let (job_reader, job_writer) = reflector::store();
+    let job_metrics = opts.metrics.clone();
+    let job_counts = job_reader.clone();
+    let job_events = watcher(Api::<ImagePullJob>::all(client.clone()), scoped)
+        .reflect(job_writer)
+        .inspect(move |event| {
+            if matches!(
+                event,
+                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
+            ) {
+                job_metrics.set_imagepulljob_nodes(node_counts(&job_counts.state()));
+            }
+        })
+        .applied_objects();
+    let controller = Controller::for_stream(job_events, job_reader);
     let jobs = controller.store();
     let jobs_for_pods = jobs.clone();
     // `Store::wait_until_ready` wakes only one of several waiters; one task waits and tells all.
@@ -270,7 +287,6 @@ pub async fn run(
         opts,
     });
     let job_store = controller.store();
-    let all_jobs = job_store.clone();
     let shutdown = shutdown.shared();
     let running = controller
         .watches_stream(nodeimage_events, move |n| jobs_for_nodeimage(&jobs, &n))
@@ -279,11 +295,7 @@ pub async fn run(
         .with_config(controller::Config::default().debounce(Duration::from_millis(50)))
         .graceful_shutdown_on(shutdown.clone())
         .run(
-            move |job, ctx| {
-                // The jobs' statuses as last seen: a status write triggers another reconcile.
-                metrics.set_imagepulljob_nodes(node_counts(&all_jobs.state()));
-                metrics.timed("imagepulljob", reconcile(job, ctx))
-            },
+            move |job, ctx| metrics.timed("imagepulljob", reconcile(job, ctx)),
             error_policy,
             ctx,
         )

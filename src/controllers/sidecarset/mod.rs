@@ -275,9 +275,23 @@ pub async fn run(
         .default_backoff()
         .modify(|s: &mut SidecarSet| s.managed_fields_mut().clear());
     let (set_store, set_writer) = reflector::store();
+    // A deleted SidecarSet's series go as soon as the store has let it go (on a relist, at
+    // InitDone, when the store is swapped); a reconcile in flight that set them again removes
+    // them itself (see `reconcile`).
+    let set_metrics = opts.metrics.clone();
+    let known_sets = set_store.clone();
     // Status writes (ours) change neither generation, labels nor annotations.
     let set_changes = set_stream
         .reflect(set_writer)
+        .inspect(move |event| {
+            if matches!(
+                event,
+                Ok(watcher::Event::Delete(_) | watcher::Event::InitDone)
+            ) {
+                set_metrics
+                    .retain_sidecarsets(|name| known_sets.get(&ObjectRef::new(name)).is_some());
+            }
+        })
         .applied_objects()
         .predicate_filter(
             predicates::generation
@@ -373,7 +387,8 @@ async fn reconcile(set: Arc<SidecarSet>, ctx: Arc<Context>) -> Result<Action, Er
     }
     let action = reconcile_set(&set, &ctx).await;
     ctx.written.forget_caught_up(&ctx.pods);
-    // Deleted SidecarSets are not reconciled: their series go on the next reconcile of any.
+    // The SidecarSet watch removes a deleted one's series; this catches a reconcile that was
+    // in flight then and set them again after.
     let sidecarsets = &ctx.sidecarsets;
     ctx.metrics
         .retain_sidecarsets(|name| sidecarsets.get(&ObjectRef::new(name)).is_some());
