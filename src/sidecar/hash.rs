@@ -28,7 +28,9 @@
 
 use serde_json::Value;
 
-use crate::apis::sidecarset::{SidecarContainer, SidecarSetSpec};
+use crate::apis::defaults::default_sidecarset;
+use crate::apis::sidecarset::{SidecarContainer, SidecarSet, SidecarSetSpec};
+use crate::apis::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
 
 use super::gojson::{SIDECAR_CONTAINERS, write_typed};
 
@@ -40,6 +42,36 @@ pub fn sidecarset_hash(spec: &SidecarSetSpec) -> String {
 /// `kruise.io/sidecarset-hash-without-image` of a SidecarSet with this spec.
 pub fn sidecarset_hash_without_image(spec: &SidecarSetSpec) -> String {
     safe_encode_string(&sha256_hex(hash_input(spec, true).as_bytes()))
+}
+
+/// The SidecarSet's current `(hash, hash without image)`: its annotations, which the mutating
+/// webhook writes from the defaulted spec; where one is missing (a SidecarSet stored while no
+/// webhook ran), the hash of the spec defaulted the same way. Hashing the stored spec instead
+/// would disagree with the hashes the webhook writes at the SidecarSet's next update, and every
+/// pod injected meanwhile would count as changed in more than its images.
+pub fn current_hashes(set: &SidecarSet) -> (String, String) {
+    let annotation = |key: &str| {
+        set.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .filter(|v| !v.is_empty())
+            .cloned()
+    };
+    match (
+        annotation(SIDECARSET_HASH),
+        annotation(SIDECARSET_HASH_WITHOUT_IMAGE),
+    ) {
+        (Some(hash), Some(without_image)) => (hash, without_image),
+        (hash, without_image) => {
+            let mut defaulted = set.clone();
+            default_sidecarset(&mut defaulted);
+            (
+                hash.unwrap_or_else(|| sidecarset_hash(&defaulted.spec)),
+                without_image.unwrap_or_else(|| sidecarset_hash_without_image(&defaulted.spec)),
+            )
+        }
+    }
 }
 
 /// Lower-case hex SHA-256 of `data` (ring is already in the build for rustls).

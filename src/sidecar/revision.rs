@@ -41,7 +41,7 @@ use crate::apis::well_known::{
     SIDECARSET_NAME_LABEL,
 };
 
-use super::hash::{sidecarset_hash, sidecarset_hash_without_image};
+use super::hash::{current_hashes, sidecarset_hash, sidecarset_hash_without_image};
 use super::matching::{SelectorError, selector_matches};
 
 /// A SidecarSet at the version chosen for one pod: what injection needs and records.
@@ -63,19 +63,11 @@ impl SelectedSidecarSet {
     /// The latest version: the SidecarSet's own hash annotations (computed when missing, e.g.
     /// before the defaulting webhook has seen it) and `status.latestRevision`.
     pub fn latest(set: &SidecarSet) -> Self {
-        let annotation = |key: &str| {
-            set.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(key))
-                .filter(|v| !v.is_empty())
-                .cloned()
-        };
+        let (hash, hash_without_image) = current_hashes(set);
         Self {
             name: set.metadata.name.clone().unwrap_or_default(),
-            hash: annotation(SIDECARSET_HASH).unwrap_or_else(|| sidecarset_hash(&set.spec)),
-            hash_without_image: annotation(SIDECARSET_HASH_WITHOUT_IMAGE)
-                .unwrap_or_else(|| sidecarset_hash_without_image(&set.spec)),
+            hash,
+            hash_without_image,
             controller_revision: set
                 .status
                 .as_ref()
@@ -374,14 +366,17 @@ mod tests {
     }
 
     #[test]
-    fn the_latest_without_hash_annotations_computes_them() {
+    fn the_latest_without_hash_annotations_computes_them_from_the_defaulted_spec() {
         let mut s = sidecarset(None);
         s.metadata.annotations = None;
         let chosen = SelectedSidecarSet::latest(&s);
-        assert_eq!(chosen.hash, sidecarset_hash(&s.spec));
+        // What the webhook writes at the SidecarSet's next update.
+        let mut defaulted = s.clone();
+        crate::apis::defaults::default_sidecarset(&mut defaulted);
+        assert_eq!(chosen.hash, sidecarset_hash(&defaulted.spec));
         assert_eq!(
             chosen.hash_without_image,
-            sidecarset_hash_without_image(&s.spec)
+            sidecarset_hash_without_image(&defaulted.spec)
         );
     }
 

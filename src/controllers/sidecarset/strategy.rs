@@ -90,8 +90,7 @@ use crate::apis::sidecarset::{
     SidecarSet, SidecarSetUpdateStrategy, SidecarSetUpdateStrategyType, UpdatePriorityStrategy,
     UpdateScatterTerm,
 };
-use crate::apis::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
-use crate::sidecar::hash::{sidecarset_hash, sidecarset_hash_without_image};
+use crate::sidecar::hash::current_hashes;
 use crate::sidecar::matching::{SelectorError, selector_matches};
 
 /// A pod's lifecycle phase, as far as ordering and activity go.
@@ -201,18 +200,10 @@ impl CurrentHashes {
     /// The SidecarSet's hash annotations, or the hashes of its spec where an annotation is
     /// missing (as the injection side does, so both agree on what "current" is).
     pub fn of(set: &SidecarSet) -> Self {
-        let annotation = |key: &str| {
-            set.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(key))
-                .filter(|v| !v.is_empty())
-                .cloned()
-        };
+        let (hash, without_image) = current_hashes(set);
         Self {
-            hash: annotation(SIDECARSET_HASH).unwrap_or_else(|| sidecarset_hash(&set.spec)),
-            without_image: annotation(SIDECARSET_HASH_WITHOUT_IMAGE)
-                .unwrap_or_else(|| sidecarset_hash_without_image(&set.spec)),
+            hash,
+            without_image,
         }
     }
 }
@@ -764,6 +755,7 @@ fn scatter_by_term(
 mod tests {
     use super::*;
     use crate::apis::sidecarset::SidecarSetSpec;
+    use crate::apis::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
     use serde_json::json;
 
     const CURRENT: &str = "bbb";
@@ -1367,7 +1359,7 @@ mod tests {
     }
 
     #[test]
-    fn current_hashes_come_from_the_annotations_or_else_the_spec() {
+    fn current_hashes_come_from_the_annotations_or_else_the_defaulted_spec() {
         let annotated = set(json!({}));
         assert_eq!(
             CurrentHashes::of(&annotated),
@@ -1378,12 +1370,21 @@ mod tests {
         );
         let mut bare = annotated.clone();
         bare.metadata.annotations = None;
+        // As the webhook would write them at the next update: from the defaulted spec.
+        let mut defaulted = bare.clone();
+        crate::apis::defaults::default_sidecarset(&mut defaulted);
+        use crate::sidecar::hash::{sidecarset_hash, sidecarset_hash_without_image};
         assert_eq!(
             CurrentHashes::of(&bare),
             CurrentHashes {
-                hash: sidecarset_hash(&bare.spec),
-                without_image: sidecarset_hash_without_image(&bare.spec)
+                hash: sidecarset_hash(&defaulted.spec),
+                without_image: sidecarset_hash_without_image(&defaulted.spec)
             }
+        );
+        assert_ne!(
+            sidecarset_hash_without_image(&bare.spec),
+            sidecarset_hash_without_image(&defaulted.spec),
+            "defaulting changes what is hashed (imagePullPolicy…), so the stored spec would not do"
         );
     }
 
