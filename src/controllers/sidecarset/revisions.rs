@@ -55,7 +55,6 @@
 //!   in the sorted list"; ties in order go by creation time, then name (Kubernetes' order).
 
 use std::collections::BTreeSet;
-use std::fmt::Write as _;
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::{LocalObjectReference, Volume};
@@ -72,6 +71,7 @@ use crate::apis::sidecarset::{
 use crate::apis::well_known::{
     CONTROLLER_REVISION_HASH, SIDECARSET_CUSTOM_VERSION_LABEL, SIDECARSET_NAME_LABEL,
 };
+use crate::sidecar::gojson::write_generic;
 use crate::sidecar::hash::{hash_input, safe_encode_string};
 
 /// Kubernetes' `controller/history` label for a revision's hash; upstream's revisions carry it.
@@ -157,68 +157,8 @@ fn pull_secrets(secrets: &[LocalObjectReference]) -> Value {
 /// sorted at every level, compact, HTML-safe strings. This is the text revision names hash.
 pub fn go_json_text(value: &Value) -> String {
     let mut out = String::new();
-    write_go_json(&mut out, value);
+    write_generic(&mut out, value);
     out
-}
-
-fn write_go_json(out: &mut String, value: &Value) {
-    match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => {
-            let _ = write!(out, "{n}");
-        }
-        Value::String(s) => write_go_string(out, s),
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_go_json(out, item);
-            }
-            out.push(']');
-        }
-        Value::Object(map) => {
-            // Sorted explicitly: serde_json's map order depends on a crate feature.
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(b.0));
-            out.push('{');
-            for (i, (key, item)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_go_string(out, key);
-                out.push(':');
-                write_go_json(out, item);
-            }
-            out.push('}');
-        }
-    }
-}
-
-/// A string literal as Go (1.22+) escapes it, HTML-safe characters included.
-fn write_go_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '<' | '>' | '&' | '\u{2028}' | '\u{2029}' => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }
 
 /// The hash part of a revision name: FNV-1 over the data text and the decimal collision count,
