@@ -21,7 +21,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Pod, PodCondition};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kruise_rs::apis::sidecarset::SidecarSet;
 use kruise_rs::apis::well_known::{
@@ -36,6 +36,7 @@ use serde_json::{Value, json};
 use crate::support::kubelet;
 use crate::support::webhook::{MANAGER_NAMESPACE, webhook_cluster};
 use crate::support::{CONTROLLED_LABEL, unique_name};
+use crate::webhook_scenarios::whitelist_rule;
 
 /// How long the webhook's caches may take to show a write.
 pub(crate) const CACHE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -53,8 +54,6 @@ pub(crate) const SIDECAR: &str = "nginx-sidecar";
 
 const ROLLOUT_HELD: &str = "RolloutHeld";
 const PODS_UPGRADABLE: &str = "PodsUpgradable";
-const WHITELIST_CONFIGMAP: &str = "kruise-configuration";
-const WHITELIST_KEY: &str = "SidecarSet_PatchPodMetadata_WhiteList";
 
 // --- SidecarSets and pods ----------------------------------------------------------------------
 
@@ -1445,63 +1444,6 @@ async fn a_revision_a_pod_records_outlives_the_history_limit() {
     assert_eq!(list.len(), 2);
 }
 
-/// Adds `rule` to (`add`) or removes it from the patch-metadata whitelist in the manager's
-/// namespace, keeping other tests' rules: read-modify-write, retried on conflict.
-async fn whitelist_rule(client: &Client, rule: &Value, add: bool) {
-    let configmaps = Api::<ConfigMap>::namespaced(client.clone(), MANAGER_NAMESPACE);
-    let configmaps = &configmaps;
-    poll(
-        "the whitelist ConfigMap to be written",
-        CACHE_TIMEOUT,
-        || async move {
-            let existing = configmaps
-                .get_opt(WHITELIST_CONFIGMAP)
-                .await
-                .expect("reading the whitelist ConfigMap");
-            let mut whitelist: Value = existing
-                .as_ref()
-                .and_then(|c| c.data.as_ref())
-                .and_then(|d| d.get(WHITELIST_KEY))
-                .map(|text| serde_json::from_str(text).expect("the whitelist is JSON"))
-                .unwrap_or_else(|| json!({"rules": []}));
-            let rules = whitelist["rules"].as_array_mut().expect("rules");
-            rules.retain(|r| r != rule);
-            if add {
-                rules.push(rule.clone());
-            }
-            let data = BTreeMap::from([(WHITELIST_KEY.to_owned(), whitelist.to_string())]);
-            let result = match existing {
-                Some(mut configmap) => {
-                    configmap.data = Some(data);
-                    configmaps
-                        .replace(WHITELIST_CONFIGMAP, &PostParams::default(), &configmap)
-                        .await
-                }
-                None if !add => return Ok(()),
-                None => {
-                    let configmap = ConfigMap {
-                        metadata: ObjectMeta {
-                            name: Some(WHITELIST_CONFIGMAP.to_owned()),
-                            ..ObjectMeta::default()
-                        },
-                        data: Some(data),
-                        ..ConfigMap::default()
-                    };
-                    configmaps.create(&PostParams::default(), &configmap).await
-                }
-            };
-            match result {
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    Err(format!("a conflict: {}", s.message))
-                }
-                Err(e) => panic!("writing the whitelist ConfigMap: {e}"),
-            }
-        },
-    )
-    .await;
-}
-
 /// Upstream item 20, "sidecarSet history revision data checker": each revision holds its
 /// version's restorable fields (here `patchPodMetadata` differs), is owned by the SidecarSet,
 /// labelled with its name and custom version, and carries its hash annotations.
@@ -1516,7 +1458,7 @@ async fn each_revision_records_its_version_of_the_sidecarset() {
         "selector": {"matchLabels": {CONTROLLED_LABEL: &name}},
         "allowedAnnotationKeyExprs": ["^sidecarset\\.kruise\\.io/test$"],
     });
-    whitelist_rule(&client, &rule, true).await;
+    whitelist_rule(&client, rule.clone(), true).await;
     let patch_metadata =
         |version: &str| json!([{"patchPolicy": "Retain", "annotations": {key: version}}]);
     let mut spec = base_sidecarset(&name, &unique_name("app"), &ns);
@@ -1543,7 +1485,7 @@ async fn each_revision_records_its_version_of_the_sidecarset() {
         }
     })
     .await;
-    whitelist_rule(&client, &rule, false).await;
+    whitelist_rule(&client, rule, false).await;
 
     let uid = created.metadata.uid.clone().expect("uid");
     for (revision, version) in list.iter().zip(["1", "2"]) {

@@ -623,7 +623,7 @@ async fn transfer_env_source_container_from_a_pod_annotation() {
 /// Adds `rule` to (`add`) or removes it from the patch-metadata whitelist in the manager's
 /// namespace, creating the namespace and the ConfigMap when missing and keeping other tests'
 /// rules; read-modify-write, retried while a concurrent writer interferes.
-async fn whitelist_rule(client: &Client, rule: Value, add: bool) {
+pub(crate) async fn whitelist_rule(client: &Client, rule: Value, add: bool) {
     let namespaces = Api::<Namespace>::all(client.clone());
     if add
         && namespaces
