@@ -28,8 +28,9 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::events::Recorder;
 use kube::Api;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore, oneshot, watch};
 use tracing::{info, warn};

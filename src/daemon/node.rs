@@ -13,11 +13,12 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::events::Recorder;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::{Notify, Semaphore, watch};
@@ -295,7 +296,7 @@ async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: O
                 "PullImageSucceed",
                 note,
                 &nodeimage,
-                None,
+                task.owners.first().cloned(),
             )
             .await;
         }

@@ -1,6 +1,7 @@
 mod api_objects;
 mod daemon;
 mod deploy;
+mod events;
 mod helm;
 mod imagepulljob;
 mod leader_election;

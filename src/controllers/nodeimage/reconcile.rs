@@ -415,8 +415,7 @@ async fn publish(ctx: &Context, nodeimage: &NodeImage, failed: &[FailedTag]) {
             action: "PullImage".into(),
             secondary,
         };
-        // The related object tells events for different nodes (or jobs) apart: the recorder
-        // folds events with the same regarding/related/reason into one series.
+        // On each job the related object names the node; on the NodeImage, the job.
         for owner in &tag.owners {
             if let Err(err) = ctx
                 .recorder

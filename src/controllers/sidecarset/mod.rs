@@ -30,6 +30,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::events::Recorder;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Pod};
@@ -37,7 +38,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -951,8 +952,7 @@ async fn sync_jobs(
 }
 
 /// One Warning event naming every pre-download annotation that cannot be used, once per set of
-/// values (the event recorder folds events of one reason into a series and keeps only the first
-/// message, so several warnings must share one event).
+/// values.
 async fn warn_knobs(ctx: &Context, set: &SidecarSet, warnings: &[KnobWarning]) {
     if warnings.is_empty() {
         return;
@@ -1006,9 +1006,7 @@ async fn announce_skipped(
     }
 }
 
-/// Publishes an event on the SidecarSet; failing to is logged, never fatal. The recorder folds
-/// events with the same reason, action and related object into one series that keeps the first
-/// message, so events that must each be seen name a distinct `related` object.
+/// Publishes an event on the SidecarSet; failing to is logged, never fatal.
 async fn publish(
     ctx: &Context,
     set: &SidecarSet,

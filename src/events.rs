@@ -1,0 +1,63 @@
+//! Kubernetes Events, published so that each distinct message stays readable.
+//!
+//! kube's [`kube::runtime::events::Recorder`] folds every event with the same type, reason,
+//! action and objects into one series for six minutes and keeps the *first* note: a second
+//! image pulled on a node, or a second ImagePullJob created for a SidecarSet, would show up as
+//! `count: 2` of the first one's message. Upstream's client-go recorder keys on the message too.
+//! This [`Recorder`] keeps one kube recorder per distinct note, so a repeated message still
+//! becomes a series and a new message becomes an Event of its own.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, Reporter};
+
+/// kube's recorder forgets a series after six minutes; so do we.
+const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
+
+/// Publishes Events as `reporter`; cheap to share behind an `Arc`, as the contexts do.
+pub struct Recorder {
+    client: Client,
+    reporter: Reporter,
+    /// One kube recorder per note seen within the last [`SERIES_TTL`], with when it was used.
+    by_note: Mutex<HashMap<Option<String>, (kube::runtime::events::Recorder, Instant)>>,
+}
+
+impl Recorder {
+    pub fn new(client: Client, reporter: Reporter) -> Self {
+        Self {
+            client,
+            reporter,
+            by_note: Mutex::default(),
+        }
+    }
+
+    /// Publishes `event` about `regarding`: a new Event, or the next of a series when the same
+    /// event with the same note was published within six minutes.
+    pub async fn publish(
+        &self,
+        event: &Event,
+        regarding: &ObjectReference,
+    ) -> Result<(), kube::Error> {
+        let recorder = {
+            let now = Instant::now();
+            let mut by_note = self.by_note.lock().unwrap_or_else(|e| e.into_inner());
+            by_note.retain(|_, (_, used)| now.duration_since(*used) < SERIES_TTL);
+            let (recorder, used) = by_note.entry(event.note.clone()).or_insert_with(|| {
+                (
+                    kube::runtime::events::Recorder::new(
+                        self.client.clone(),
+                        self.reporter.clone(),
+                    ),
+                    now,
+                )
+            });
+            *used = now;
+            recorder.clone()
+        };
+        recorder.publish(event, regarding).await
+    }
+}
