@@ -138,6 +138,9 @@ impl ManagerMetrics {
         };
         // Every fixed series from the start, at zero: rates and alerts need no "absent" case.
         for controller in CONTROLLERS {
+            let _ = metrics
+                .reconcile_seconds
+                .get_or_create(&vec![("controller", controller)]);
             for result in ["ok", "error"] {
                 let _ = metrics
                     .reconciles
@@ -150,6 +153,9 @@ impl ManagerMetrics {
                 .get_or_create(&vec![("state", state)]);
         }
         for kind in ADMISSION_KINDS {
+            let _ = metrics
+                .admission_seconds
+                .get_or_create(&vec![("kind", kind)]);
             for verdict in ["allowed", "patched", "denied"] {
                 let _ = metrics
                     .admissions
@@ -330,6 +336,10 @@ mod tests {
         let manager = ManagerMetrics::new();
         let text = manager_text(&manager);
         for controller in CONTROLLERS {
+            let line = format!(
+                "kruise_rs_manager_reconcile_seconds_count{{controller=\"{controller}\"}} 0\n"
+            );
+            assert!(text.contains(&line), "{text}");
             for result in ["ok", "error"] {
                 let line = format!(
                     "kruise_rs_manager_reconciles_total{{controller=\"{controller}\",result=\"{result}\"}} 0\n"

@@ -24,6 +24,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::support::scrape::wait_sample;
 use crate::support::{self, FIELD_MANAGER, TestCluster, TestNamespace, unique_name, wait_for};
 
 /// The replicas' settings: short, so that the test is quick, in the proportions of the defaults.
@@ -116,7 +117,7 @@ impl Election {
             },
             Some(ready_tx),
         ));
-        tokio::time::timeout(START_TIMEOUT, ready_rx)
+        let probe_addr = tokio::time::timeout(START_TIMEOUT, ready_rx)
             .await
             .unwrap_or_else(|_| panic!("{identity} becomes ready within {START_TIMEOUT:?}"))
             .unwrap_or_else(|_| panic!("{identity} failed to start"));
@@ -124,6 +125,7 @@ impl Election {
             identity: identity.to_owned(),
             revisions,
             client: self.client.clone(),
+            probe_addr,
             stop: Some(stop),
             task,
         }
@@ -164,6 +166,8 @@ struct Replica {
     /// Where its SidecarSet controller keeps ControllerRevisions.
     revisions: TestNamespace,
     client: Client,
+    /// Its probe server, with `/metrics`.
+    probe_addr: std::net::SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), ManagerError>>,
 }
@@ -185,6 +189,15 @@ impl Replica {
             timeout,
             || async { (self.revisions_of(set).await > 0).then_some(()) },
         )
+        .await;
+    }
+
+    /// Waits until its `kruise_rs_manager_leader` gauge says `leading` (1) or not (0).
+    async fn wait_leader_gauge(&self, leading: bool, timeout: Duration) {
+        let want = if leading { 1.0 } else { 0.0 };
+        wait_sample(self.probe_addr, "kruise_rs_manager_leader", timeout, |v| {
+            v == want
+        })
         .await;
     }
 
@@ -237,6 +250,8 @@ async fn two_replicas(cluster: &TestCluster, election: &Election) -> (Replica, R
     let set = election.sidecarset().await;
     a.wait_reconciled(&set, START_TIMEOUT).await;
     assert_only_leader_acts(election, &a, &b, &set).await;
+    a.wait_leader_gauge(true, MARGIN).await;
+    b.wait_leader_gauge(false, MARGIN).await;
     (a, b, set)
 }
 
@@ -257,6 +272,7 @@ async fn only_the_leader_reconciles_and_a_clean_stop_hands_over_at_once() {
     );
     b.wait_reconciled(&set, RETRY_PERIOD + MARGIN).await;
     let took = stopped_at.elapsed();
+    b.wait_leader_gauge(true, MARGIN).await;
     assert!(
         took < LEASE_DURATION + MARGIN,
         "takeover after a clean stop took {took:?}"
@@ -311,10 +327,12 @@ async fn a_leader_whose_lease_is_taken_stops_writing() {
     // Someone else takes the Lease (as if `a` had been partitioned away and it expired), for
     // longer than the test runs.
     let intruder = "intruder";
+    a.wait_leader_gauge(true, MARGIN).await;
     take_lease(&election, intruder, 3600).await;
-    // `a` finds out at its next renewal: within a retry period, plus the request. Only from
-    // then on must it stay quiet, so the new SidecarSet comes after that bound.
-    tokio::time::sleep(RETRY_PERIOD * 2).await;
+    // `a` finds out at its next renewal, within a retry period plus the request, and says so on
+    // /metrics once its controllers are gone. Only from then on must it stay quiet, so the new
+    // SidecarSet comes after that.
+    a.wait_leader_gauge(false, RETRY_PERIOD * 2 + MARGIN).await;
     let second = election.sidecarset().await;
     let until = Instant::now() + LEASE_DURATION;
     while Instant::now() < until {
@@ -332,6 +350,7 @@ async fn a_leader_whose_lease_is_taken_stops_writing() {
     election
         .wait_holder(&a.identity, RETRY_PERIOD + MARGIN)
         .await;
+    a.wait_leader_gauge(true, RETRY_PERIOD + MARGIN).await;
     a.wait_reconciled(&second, START_TIMEOUT).await;
     a.stop().await;
 }

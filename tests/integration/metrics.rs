@@ -17,34 +17,15 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::sync::oneshot;
 
-use crate::support::{self, FIELD_MANAGER, http_get, unique_name, wait_for};
+use crate::support::scrape::{self, sample, scrape};
+use crate::support::{self, FIELD_MANAGER, unique_name, wait_for};
 
 const LABEL: &str = "kruise-rs-metrics";
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-async fn scrape(addr: SocketAddr) -> String {
-    let (status, body) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics"))
-        .await
-        .expect("join")
-        .expect("GET /metrics");
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
-/// The value of the sample `series` (name and labels exactly as encoded), if present.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
-}
-
 /// Waits until `series` is present and `accept`s its value; returns the scrape.
 async fn wait_sample(addr: SocketAddr, series: &str, accept: impl Fn(f64) -> bool) -> String {
-    wait_for(&format!("{series} on /metrics"), TIMEOUT, || async {
-        let text = scrape(addr).await;
-        sample(&text, series).filter(|v| accept(*v)).map(|_| text)
-    })
-    .await
+    scrape::wait_sample(addr, series, TIMEOUT, accept).await
 }
 
 #[tokio::test]

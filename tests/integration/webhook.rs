@@ -578,3 +578,80 @@ async fn a_v1alpha1_sidecarset_is_defaulted_and_injects_only_in_its_namespace() 
         "no sidecar outside spec.namespace"
     );
 }
+
+/// The manager counts the admission reviews its webhooks answer, by kind and verdict, and times
+/// them: an injected pod counts as `patched`, an invalid SidecarSet as `denied`. Other tests go
+/// through the same manager at the same time, so the counts are only required to grow.
+#[tokio::test]
+async fn admissions_are_counted_by_kind_and_verdict_and_timed() {
+    use crate::support::scrape::{sample, scrape};
+    let cluster = webhook_cluster();
+    let client = client().await;
+    let admissions = |kind: &str, verdict: &str| {
+        format!("kruise_rs_manager_admissions_total{{kind=\"{kind}\",verdict=\"{verdict}\"}}")
+    };
+    let timed = "kruise_rs_manager_admission_seconds_count{kind=\"pods\"}";
+    let value = |text: &str, series: &str| {
+        sample(text, series).unwrap_or_else(|| panic!("{series} missing:\n{text}"))
+    };
+    let before = scrape(cluster.probe_addr).await;
+
+    let ns = cluster.namespace("wh-metrics").await;
+    let app = unique_name("app");
+    Api::<SidecarSet>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &sidecarset(
+                &unique_name("counted"),
+                json!({"matchLabels": {"app": &app}}),
+                json!([{"name": "logger", "image": "busybox:1.36"}]),
+            ),
+        )
+        .await
+        .expect("the SidecarSet is admitted");
+    let template = serde_json::to_value(pod(
+        "counted",
+        json!({"app": &app}),
+        json!([{"name": "main", "image": "nginx:1.25"}]),
+    ))
+    .expect("pod JSON");
+    admit_until(
+        &Api::<Pod>::namespaced(client.clone(), &ns),
+        &template,
+        "a pod injected with the new SidecarSet",
+        |p| p.spec.as_ref().is_some_and(|s| s.containers.len() > 1),
+    )
+    .await;
+    let invalid = sidecarset(
+        &unique_name("uncounted"),
+        json!({}),
+        json!([{"name": "c", "image": "busybox"}]),
+    );
+    denial(
+        Api::<SidecarSet>::all(client.clone())
+            .create(&PostParams::default(), &invalid)
+            .await,
+        "an empty selector",
+    );
+
+    let after = scrape(cluster.probe_addr).await;
+    for series in [
+        admissions("pods", "patched"),
+        admissions("sidecarsets", "patched"),
+        admissions("sidecarsets", "denied"),
+        timed.to_owned(),
+    ] {
+        let (was, is) = (value(&before, &series), value(&after, &series));
+        assert!(is > was, "{series} went from {was} to {is}");
+    }
+    // Every kind and verdict has its series from the start, so rates need no "absent" case.
+    for kind in ["pods", "sidecarsets", "imagepulljobs", "nodeimages"] {
+        for verdict in ["allowed", "patched", "denied"] {
+            value(&before, &admissions(kind, verdict));
+        }
+        value(
+            &before,
+            &format!("kruise_rs_manager_admission_seconds_count{{kind=\"{kind}\"}}"),
+        );
+    }
+}

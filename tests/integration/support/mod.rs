@@ -29,6 +29,7 @@ use serde::Deserialize;
 pub mod cri_proxy;
 pub mod kubelet;
 pub mod node;
+pub mod scrape;
 pub mod webhook;
 
 /// Field manager of everything the harness applies.

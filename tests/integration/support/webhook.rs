@@ -23,6 +23,8 @@ pub const MANAGER_NAMESPACE: &str = "kruise-rs-system";
 pub struct WebhookCluster {
     plane: ExtraControlPlane,
     pub webhook_addr: std::net::SocketAddr,
+    /// Where the manager serves `/healthz`, `/readyz` and `/metrics`.
+    pub probe_addr: std::net::SocketAddr,
 }
 
 static WEBHOOK_CLUSTER: OnceLock<Result<WebhookCluster, String>> = OnceLock::new();
@@ -69,7 +71,7 @@ fn start() -> Result<WebhookCluster, String> {
     plane.install_crds();
     let addr = free_port()?;
     let kubeconfig: PathBuf = plane.kubeconfig_path().to_owned();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<std::net::SocketAddr, String>>();
     std::thread::Builder::new()
         .name("webhook-manager".into())
         .spawn(move || {
@@ -104,7 +106,7 @@ fn start() -> Result<WebhookCluster, String> {
                         return;
                     }
                     ready = ready => {
-                        let _ = ready_tx.send(ready.map(|_| ()).map_err(|_| "the manager never became ready".to_owned()));
+                        let _ = ready_tx.send(ready.map_err(|_| "the manager never became ready".to_owned()));
                     }
                 }
                 if let Err(e) = run.await {
@@ -113,12 +115,13 @@ fn start() -> Result<WebhookCluster, String> {
             });
         })
         .map_err(|e| format!("the manager thread: {e}"))?;
-    ready_rx
+    let probe_addr = ready_rx
         .recv_timeout(Duration::from_secs(60))
         .map_err(|e| format!("the manager with webhooks did not start within 60 s: {e}"))??;
     Ok(WebhookCluster {
         plane,
         webhook_addr: addr,
+        probe_addr,
     })
 }
 
