@@ -4,26 +4,41 @@
 # in the foreground. Ctrl-C stops the manager; the control plane goes with it.
 # Unless KRUISE_RS_DEMO=0, it also runs a demo first: three Ready Nodes, the manager in the
 # background (its log in the state directory), three app=web pods the example SidecarSet injects
-# (demo-kubelet.sh plays their kubelet and the nodes' daemon), then an upgrade of the sidecar image,
-# with the ImagePullJob and SidecarSet progress printed every second until everything finished.
+# (demo-kubelet.sh plays their kubelet), then an upgrade of the sidecar image, with the ImagePullJob
+# and SidecarSet progress printed every second until everything finished. Node node-c is real where
+# this machine has what tests/node needs (make deps installs it): a containerd and a registry on
+# loopback and `kruise-rs daemon` pulling through CRI; demo-kubelet.sh plays the daemon of the rest.
 #
-# Env: KRUISE_RS_DEMO          0: no demo, the manager in the foreground at once (default 1)
+# Env: KRUISE_RS_DEMO          1: the demo, then the manager keeps running (default)
+#                              0: no demo, the manager in the foreground at once
+#                              once: the demo, then stop everything; the exit status says whether
+#                              the demo finished (how the tests run it)
+#      KRUISE_RS_DEMO_TIMEOUT  seconds each demo step may take before it is given up (300)
 #      KRUISE_RS_PROBE_ADDR    where the manager serves /healthz, /readyz, /metrics (127.0.0.1:8080)
 #      KRUISE_RS_WEBHOOK_ADDR  where it serves the admission webhooks, which the apiserver calls
 #                              at https://<that address> (127.0.0.1:9443)
+#      KRUISE_RS_BIN           a built kruise-rs to run (default: cargo build, then cargo run)
+#      KRUISE_RS_DAEMON_PROBE_ADDR  where node-c's daemon serves its probes and /metrics
+#                              (127.0.0.1:10221)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cd "$repo"
 
-cargo build --quiet
+# The binary: built here, or the one KRUISE_RS_BIN names (the tests pass theirs).
+if [[ -n ${KRUISE_RS_BIN:-} ]]; then
+  kruise_rs=("$KRUISE_RS_BIN")
+else
+  cargo build --quiet
+  kruise_rs=(cargo run --quiet --)
+fi
 state=$(mktemp -d "${TMPDIR:-/tmp}/kruise-rs-local.XXXXXX")
 # The control plane lives as long as this process, which becomes the manager below (exec keeps
 # the PID), so stopping the manager tears everything down.
 kubeconfig=$("$here/start.sh" --owner-pid $$ "$state")
 kubectl() { "$state/bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
-cargo run --quiet -- crds | kubectl apply --server-side -f - >&2
+"${kruise_rs[@]}" crds | kubectl apply --server-side -f - >&2
 kubectl wait --for=condition=Established crd --all --timeout=60s >&2
 kubectl create namespace payments >&2     # the namespace the v1alpha1 SidecarSet example names
 # The demo applies examples/ once the manager (its webhooks) and the NodeImages are up.
@@ -35,7 +50,7 @@ kubectl -n kruise-system create configmap kruise-configuration >&2 \
 
 export KRUISE_RS_PROBE_ADDR=${KRUISE_RS_PROBE_ADDR:-127.0.0.1:8080}
 webhook_addr=${KRUISE_RS_WEBHOOK_ADDR:-127.0.0.1:9443}
-manager=(cargo run --quiet -- manager --kubeconfig "$kubeconfig"
+manager=("${kruise_rs[@]}" manager --kubeconfig "$kubeconfig"
   --webhook-addr "$webhook_addr" --webhook-url "https://$webhook_addr")
 
 if [[ ${KRUISE_RS_DEMO:-1} == 0 ]]; then
@@ -87,6 +102,54 @@ kubectl -n shop create secret docker-registry infra-registry --docker-server=reg
 kubectl create secret docker-registry storefront-registry --docker-server=registry.example.com \
   --docker-username=demo --docker-password=demo >/dev/null
 
+# --- node-c: a real containerd, registry and node daemon, where this machine has them ----------
+# The demo images are pushed to the loopback registry tests/node/start.sh brings, and node-c's
+# containerd resolves registry.example.com to it (a hosts.toml whose server is that registry, so
+# nothing is ever asked of registry.example.com itself): the examples pull as written.
+real_node=""
+cri_socket=""
+daemon_addr=${KRUISE_RS_DAEMON_PROBE_ADDR:-127.0.0.1:10221}
+start_real_node() {
+  local tool env key value registry="" images="" certs_d="" pair
+  for tool in containerd runc docker-registry skopeo umoci htpasswd; do
+    if ! command -v "$tool" >/dev/null; then
+      echo "    $tool is missing (make deps installs it): node-c is played like the others" >&2
+      return 1
+    fi
+  done
+  if ! env=$("$repo/tests/node/start.sh" --owner-pid $$ "$state/node" 2>"$state/node-start.log"); then
+    echo "    tests/node/start.sh failed (see $state/node-start.log): node-c is played like the others" >&2
+    return 1
+  fi
+  while IFS='=' read -r key value; do
+    case $key in
+      REGISTRY) registry=$value ;;
+      CONTAINERD_SOCKET) cri_socket=$value ;;
+      CERTS_D) certs_d=$value ;;
+      IMAGES) images=$value ;;
+    esac
+  done <<<"$env"
+  for pair in v1=infra/log-agent:1.4.2 v2=infra/log-agent:1.5.0 v1=storefront/web:2.7.0; do
+    skopeo copy -q --dest-tls-verify=false "oci:$images:${pair%%=*}" "docker://$registry/${pair#*=}" \
+      || { echo "    pushing ${pair#*=} to $registry failed: node-c is played like the others" >&2; return 1; }
+  done
+  mkdir -p "$certs_d/registry.example.com"
+  cat >"$certs_d/registry.example.com/hosts.toml" <<TOML
+server = "http://$registry"
+
+[host."http://$registry"]
+  capabilities = ["pull", "resolve"]
+TOML
+  "${kruise_rs[@]}" daemon --node-name node-c --kubeconfig "$kubeconfig" \
+    --cri-socket "$cri_socket" --probe-addr "$daemon_addr" >"$state/daemon-node-c.log" 2>&1 &
+  helpers+=($!)
+  echo "    containerd $cri_socket, registry $registry (serving registry.example.com to node-c)," \
+    "daemon log $state/daemon-node-c.log" >&2
+  real_node=node-c
+}
+say "starting a real containerd, registry and node daemon for node-c"
+start_real_node || true
+
 log=$state/manager.log
 say "starting the manager (log: $log)"
 "${manager[@]}" --nodeimage-creation-delay 2s >"$log" 2>&1 &
@@ -102,21 +165,36 @@ for _ in $(seq 120); do
   kubectl get nodeimage node-a node-b node-c >/dev/null 2>&1 && break
   sleep 0.5
 done
+if [[ -n $real_node ]]; then
+  for _ in $(seq 60); do
+    curl -sf --noproxy '*' "http://$daemon_addr/readyz" >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  curl -sf --noproxy '*' "http://$daemon_addr/readyz" >/dev/null 2>&1 \
+    || echo "    node-c's daemon is not ready yet (log: $state/daemon-node-c.log)" >&2
+fi
 for _ in $(seq 30); do kubectl apply -f examples/ >&2 && break; sleep 1; done
 
 "$here/demo-kubelet.sh" kubelet shop &
 helpers+=($!)
-"$here/demo-kubelet.sh" daemon &
+"$here/demo-kubelet.sh" daemon $real_node &
 helpers+=($!)
-say "playing the kubelet for the pods of namespace shop and the node daemon for node-a..c"
+if [[ -n $real_node ]]; then
+  say "playing the kubelet for the pods of namespace shop and the node daemon for node-a and node-b"
+else
+  say "playing the kubelet for the pods of namespace shop and the node daemon for node-a..c"
+fi
 
 say "creating 3 app=web pods in namespace shop, one per node (the log-agent SidecarSet injects them)"
+# web-1 and web-2 are tier=low, which the SidecarSet's priorityStrategy upgrades first; web-3 on
+# node-c goes last, once half of the pods are upgraded and node-c has pre-downloaded the image.
 for i in 1 2 3; do
   node=node-$(echo x a b c | cut -d' ' -f$((i + 1)))
+  tier=$( ((i < 3)) && echo low || echo high)
   pod=$(cat <<YAML
 apiVersion: v1
 kind: Pod
-metadata: {name: web-$i, namespace: shop, labels: {app: web}}
+metadata: {name: web-$i, namespace: shop, labels: {app: web, tier: $tier}}
 spec:
   nodeName: $node
   containers:
@@ -133,7 +211,7 @@ YAML
     fi
     sleep 1
   done
-  echo "    web-$i on $node: containers $(kubectl -n shop get pod "web-$i" -o jsonpath='{.spec.containers[*].name}')" >&2
+  echo "    web-$i on $node, tier=$tier: containers $(kubectl -n shop get pod "web-$i" -o jsonpath='{.spec.containers[*].name}')" >&2
 done
 
 progress() {
@@ -146,15 +224,19 @@ progress() {
         | " | \(.type)=\(.status)\(if .reason then " (\(.reason))" else "" end)"] | join(""))') || true
   printf '    [%3ss] jobs: %s\n           log-agent: %s\n' "$(( $(date +%s) - t0 ))" "${jobs:-none}" "$set" >&2
 }
-# watch_until CONDITION_COMMAND: progress every second until it holds (at most 5 minutes).
+# watch_until CONDITION_COMMAND: progress every second until it holds (at most the demo timeout);
+# a step that does not finish is reported and marks the demo unfinished.
+demo_timeout=${KRUISE_RS_DEMO_TIMEOUT:-300}
+finished=true
 watch_until() {
   local i
-  for i in $(seq 300); do
+  for i in $(seq "$demo_timeout"); do
     progress
     if "$@"; then return 0; fi
     sleep 1
   done
-  echo "    (still not finished after 5 minutes: see $log)" >&2
+  echo "    (still not finished after ${demo_timeout}s: see $log)" >&2
+  finished=false
 }
 rollout_done() {
   kubectl get sidecarset log-agent -o json | jq -e --arg img "$1" '
@@ -177,6 +259,18 @@ sleep 1
 watch_until rollout_done "$new_image"
 kubectl get sidecarsets,imagepulljobs -A >&2
 kubectl -n shop get pods -o custom-columns='POD:.metadata.name,NODE:.spec.nodeName,IMAGES:.status.containerStatuses[*].image' >&2
+if [[ -n $real_node ]]; then
+  say "what node-c's daemon reported (events on its NodeImage) and its containerd holds"
+  kubectl get events --field-selector involvedObject.kind=NodeImage,involvedObject.name=node-c \
+    -o json | jq -r '.items | sort_by(.firstTimestamp)[] | "    \(.type) \(.reason): \(.message)"' >&2
+  ctr --address "$cri_socket" --namespace k8s.io images ls -q 2>/dev/null \
+    | grep '^registry.example.com/' | sed 's/^/    containerd: /' >&2 || true
+fi
+if [[ ${KRUISE_RS_DEMO:-1} == once ]]; then
+  say "the demo $([[ $finished == true ]] && echo finished || echo "did not finish"); stopping"
+  [[ $finished == true ]] && exit 0
+  exit 1
+fi
 
 cat >&2 <<MSG
 
@@ -190,6 +284,9 @@ The demo is done; kruise-rs keeps running against the local control plane. In an
 Manager log: $log
 Probes and metrics: http://$KRUISE_RS_PROBE_ADDR/readyz and /metrics
 Webhooks (sidecar injection, defaulting, validation): https://$webhook_addr
+$([[ -n $real_node ]] && printf '%s\n' \
+  "node-c is real: ctr --address $cri_socket -n k8s.io images ls; daemon log $state/daemon-node-c.log," \
+  "its probes and metrics http://$daemon_addr/metrics")
 The demo's kubelet and node daemon keep answering. Ctrl-C stops the manager and the control plane.
 (KRUISE_RS_DEMO=0 make run skips the demo.)
 

@@ -1,5 +1,6 @@
 mod api_objects;
 mod daemon;
+mod demo;
 mod deploy;
 mod events;
 mod helm;

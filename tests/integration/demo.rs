@@ -1,0 +1,94 @@
+//! The README's `make run` demo, run to its end as a newcomer would see it:
+//! `tests/controlplane/run-local.sh` with `KRUISE_RS_DEMO=once` starts a control plane of its own,
+//! three Nodes, the manager, a real containerd + registry + `kruise-rs daemon` for node-c, applies
+//! `examples/`, and waits for the ImagePullJob and the SidecarSet upgrade (with pre-download) to
+//! finish. Its exit status says whether they did; its output says what node-c really pulled.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The demo's own bound for each of its two steps (seconds); it finishes in ~20 s here.
+const STEP_TIMEOUT: &str = "150";
+/// Everything, control plane start included; beyond it the demo's processes are killed.
+const TIMEOUT: Duration = Duration::from_secs(420);
+
+/// Kills a whole process group (the demo script and everything it started) when dropped.
+struct KillGroup(u32);
+
+impl Drop for KillGroup {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.0)])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn free_addr() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .to_string()
+}
+
+#[test]
+fn the_demo_pulls_on_a_real_node_and_finishes_the_rollout() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let log = tempfile::NamedTempFile::new().expect("a log file");
+    let mut child = Command::new("bash")
+        .arg(repo.join("tests/controlplane/run-local.sh"))
+        .current_dir(repo)
+        .env("KRUISE_RS_DEMO", "once")
+        .env("KRUISE_RS_DEMO_TIMEOUT", STEP_TIMEOUT)
+        .env("KRUISE_RS_BIN", env!("CARGO_BIN_EXE_kruise-rs"))
+        .env("KRUISE_RS_PROBE_ADDR", free_addr())
+        .env("KRUISE_RS_WEBHOOK_ADDR", free_addr())
+        .env("KRUISE_RS_DAEMON_PROBE_ADDR", free_addr())
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(log.reopen().expect("log"))
+        .stderr(log.reopen().expect("log"))
+        .process_group(0)
+        .spawn()
+        .expect("run-local.sh starts");
+    let _group = KillGroup(child.id());
+
+    let deadline = Instant::now() + TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let mut output = String::new();
+    log.reopen()
+        .expect("log")
+        .read_to_string(&mut output)
+        .expect("read the demo's output");
+    let status = status.unwrap_or_else(|| panic!("the demo ran past {TIMEOUT:?}:\n{output}"));
+    assert!(status.success(), "the demo failed ({status}):\n{output}");
+
+    for expected in [
+        // node-c ran the real daemon; the stand-in played only the other two.
+        "the node daemon for node-a and node-b",
+        "the demo finished",
+        // What node-c's daemon reported on its NodeImage, from its containerd's answers.
+        "PullImageSucceed: Image registry.example.com/storefront/web:2.7.0,",
+        "PullImageSucceed: Image registry.example.com/infra/log-agent:1.5.0,",
+        // What that containerd holds: the ImagePullJob's image and the pre-downloaded sidecar.
+        "containerd: registry.example.com/storefront/web:2.7.0",
+        "containerd: registry.example.com/infra/log-agent:1.5.0",
+    ] {
+        assert!(output.contains(expected), "{expected:?} missing:\n{output}");
+    }
+    assert!(
+        !output.contains("still not finished"),
+        "a step timed out:\n{output}"
+    );
+}
