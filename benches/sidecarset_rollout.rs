@@ -56,6 +56,7 @@ use kruise_rs::apis::well_known::{
     SIDECARSET_INPLACE_UPDATE_STATE,
 };
 use kruise_rs::controllers::ControllerOptions;
+use kruise_rs::controllers::pod_summary::PodSummary;
 use kruise_rs::controllers::sidecarset::pods::{
     InPlaceUpdateState, LastContainerStatus, NamespaceLabels, render_update_states, strip_pod,
 };
@@ -522,10 +523,10 @@ fn decision(n: usize, runs: usize) -> Result<()> {
     trim_heap();
     let rss_wire = rss_mib(std::process::id(), "VmRSS:");
     let heap_wire = heap_in_use_mib();
-    let stored: Vec<Arc<Pod>> = wire
+    let stored: Vec<Arc<PodSummary>> = wire
         .iter()
         .map(|b| {
-            let mut pod: Pod = serde_json::from_slice(b)?;
+            let mut pod: PodSummary = serde_json::from_slice(b)?;
             strip_pod(&mut pod);
             Ok(Arc::new(pod))
         })
@@ -567,8 +568,12 @@ fn decision(n: usize, runs: usize) -> Result<()> {
     );
     println!(
         "  pods: {n} in {DECISION_NAMESPACES} namespaces, {:.1} KiB of JSON each (no managedFields), kept stripped as the store keeps them: \
-         {per_pod} each (after malloc_trim; size_of Pod {} B, Container {} B, ContainerStatus {} B)",
+         {per_pod} each (after malloc_trim; size_of PodSummary {} B, ContainerSummary {} B, ContainerStatusSummary {} B; \
+         k8s-openapi's Pod {} B, Container {} B, ContainerStatus {} B)",
         bytes as f64 / n as f64 / 1024.0,
+        std::mem::size_of::<PodSummary>(),
+        std::mem::size_of::<kruise_rs::controllers::pod_summary::ContainerSummary>(),
+        std::mem::size_of::<kruise_rs::controllers::pod_summary::ContainerStatusSummary>(),
         std::mem::size_of::<Pod>(),
         std::mem::size_of::<k8s_openapi::api::core::v1::Container>(),
         std::mem::size_of::<k8s_openapi::api::core::v1::ContainerStatus>(),
@@ -650,6 +655,21 @@ fn decision(n: usize, runs: usize) -> Result<()> {
         decode.push(cpu);
     }
     let decode = percentiles(decode);
+    // What the controller's pod watch deserializes instead.
+    let mut decode_summary = Vec::new();
+    for _ in 0..runs {
+        let mut pods = Vec::with_capacity(n);
+        let (cpu, _, result) = timed(|| -> Result<()> {
+            for b in &wire {
+                pods.push(serde_json::from_slice::<PodSummary>(b)?);
+            }
+            Ok(())
+        });
+        result?;
+        drop(std::hint::black_box(pods));
+        decode_summary.push(cpu);
+    }
+    let decode_summary = percentiles(decode_summary);
 
     // Where plan's time goes: its steps, timed the same way.
     let owned = owned_pods(&set, stored.iter().cloned(), &namespace_labels);
@@ -693,11 +713,17 @@ fn decision(n: usize, runs: usize) -> Result<()> {
         ms(percentiles(pull_cpu).p50),
     );
     println!(
-        "  baseline, deserializing the same {n} pods from JSON ({clock}): p50 {} p90 {} ({:.2} µs per pod, {:.0} MB/s)",
+        "  baseline, deserializing the same {n} pods from JSON as k8s-openapi Pods ({clock}): p50 {} p90 {} ({:.2} µs per pod, {:.0} MB/s)",
         ms(decode.p50),
         ms(decode.p90),
         decode.p50.as_secs_f64() * 1e6 / n as f64,
         bytes as f64 / decode.p50.as_secs_f64() / 1e6,
+    );
+    println!(
+        "  deserializing them as PodSummary, as the controller's watch does: p50 {} p90 {} ({:.2}x the Pods)",
+        ms(decode_summary.p50),
+        ms(decode_summary.p90),
+        decode_summary.p50.as_secs_f64() / decode.p50.as_secs_f64(),
     );
     println!(
         "  ratio decisions / deserializing: {:.2}x (p50), {:.2}x (p90)",

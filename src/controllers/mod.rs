@@ -8,6 +8,7 @@ pub mod backoff;
 pub mod imagepulljob;
 pub mod nodeimage;
 pub mod nodeimage_images;
+pub mod pod_summary;
 pub mod sidecarset;
 
 use std::future::Future;

@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::Resource;
 
 use crate::apis::sidecarset::SidecarSet;
 use crate::apis::well_known::{NAMESPACE_NAME_LABEL, SIDECARSET_BASE, SIDECARSET_CANARY};
@@ -99,9 +100,10 @@ pub fn pod_is_active(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Succeeded" | "Failed"))
 }
 
-/// The pod's namespace as the webhook sees it: an unset namespace is `default`.
-pub fn pod_namespace(pod: &Pod) -> &str {
-    match pod.metadata.namespace.as_deref() {
+/// The pod's namespace as the webhook sees it: an unset namespace is `default`. `pod` is a
+/// `Pod` or the controllers' `PodSummary`.
+pub fn pod_namespace(pod: &impl Resource) -> &str {
+    match pod.meta().namespace.as_deref() {
         Some(ns) if !ns.is_empty() => ns,
         _ => "default",
     }
@@ -110,7 +112,7 @@ pub fn pod_namespace(pod: &Pod) -> &str {
 /// Whether `set` selects `pod`, given the labels of the pod's Namespace object.
 pub fn sidecarset_matches_pod(
     set: &SidecarSet,
-    pod: &Pod,
+    pod: &impl Resource,
     namespace_labels: &BTreeMap<String, String>,
 ) -> Result<bool, MatchError> {
     let name = set.metadata.name.as_deref().unwrap_or_default();
@@ -133,7 +135,7 @@ pub fn sidecarset_matches_pod(
         return Ok(false);
     };
     let empty = BTreeMap::new();
-    let pod_labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    let pod_labels = pod.meta().labels.as_ref().unwrap_or(&empty);
     let matched = selector_matches(selector, pod_labels).map_err(|e| error("selector", e))?;
     Ok(matched && !selector_is_empty(selector))
 }

@@ -23,13 +23,14 @@ use std::time::Duration;
 
 use crate::events::Recorder;
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
+
+use crate::controllers::pod_summary::PodSummary;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::watch;
@@ -90,7 +91,7 @@ pub struct Context {
     /// True once the NodeImage and Pod stores hold a first full list.
     caches_ready: watch::Receiver<bool>,
     nodeimages: Store<NodeImage>,
-    pods: Store<Pod>,
+    pods: Store<PodSummary>,
     /// NodeImages as our own patches returned them, until the store has caught up with them.
     written: Mutex<HashMap<String, Arc<NodeImage>>>,
     backoff: Backoff,
@@ -134,27 +135,17 @@ impl Context {
     }
 }
 
-/// Keeps only what node selection reads of a pod: a cluster's pods are the biggest set we watch.
-fn strip_pod(pod: &mut Pod) {
-    let meta = std::mem::take(&mut pod.metadata);
-    pod.metadata = ObjectMeta {
-        name: meta.name,
-        namespace: meta.namespace,
-        uid: meta.uid,
-        resource_version: meta.resource_version,
-        labels: meta.labels,
-        creation_timestamp: meta.creation_timestamp,
-        deletion_timestamp: meta.deletion_timestamp,
-        ..Default::default()
-    };
-    pod.spec = pod.spec.take().map(|s| PodSpec {
-        node_name: s.node_name,
-        ..Default::default()
-    });
-    pod.status = pod.status.take().map(|s| PodStatus {
-        phase: s.phase,
-        ..Default::default()
-    });
+/// Keeps only what node selection reads of a pod (namespace, labels, node, phase, times): a
+/// cluster's pods are the biggest set we watch.
+fn strip_pod(pod: &mut PodSummary) {
+    pod.metadata.annotations = None;
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.containers = Vec::new();
+    }
+    if let Some(status) = pod.status.as_mut() {
+        status.conditions = None;
+        status.container_statuses = None;
+    }
 }
 
 /// Jobs a NodeImage change may concern: running jobs whose selector could include the node,
@@ -195,7 +186,7 @@ fn jobs_for_nodeimage(
 }
 
 /// Running podSelector jobs in the pod's namespace.
-fn jobs_for_pod(jobs: &Store<ImagePullJob>, pod: &Pod) -> Vec<ObjectRef<ImagePullJob>> {
+fn jobs_for_pod(jobs: &Store<ImagePullJob>, pod: &PodSummary) -> Vec<ObjectRef<ImagePullJob>> {
     let namespace = pod.namespace();
     jobs.state()
         .into_iter()
@@ -234,7 +225,7 @@ pub async fn run(
         .touched_objects();
     let (pods, pod_writer) = reflector::store();
     let pod_events = watcher(
-        Api::<Pod>::all(client.clone()),
+        Api::<PodSummary>::all(client.clone()),
         watcher::Config::default().streaming_lists(),
     )
     .default_backoff()

@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::controllers::pod_summary::PodSummary;
 use kube::ResourceExt;
 use kube::core::{Selector, SelectorExt};
 
@@ -52,7 +52,7 @@ fn selector(
 }
 
 /// Whether a pod still holds its node: scheduled, not finished, not being deleted.
-fn pod_occupies_node(pod: &Pod) -> Option<&str> {
+fn pod_occupies_node(pod: &PodSummary) -> Option<&str> {
     if pod.metadata.deletion_timestamp.is_some() {
         return None;
     }
@@ -72,7 +72,7 @@ fn pod_occupies_node(pod: &Pod) -> Option<&str> {
 pub fn select_nodes<'a>(
     job: &ImagePullJob,
     nodeimages: impl IntoIterator<Item = &'a NodeImage>,
-    pods: impl IntoIterator<Item = &'a Pod>,
+    pods: impl IntoIterator<Item = &'a PodSummary>,
 ) -> Result<Vec<String>, SelectorError> {
     let nodeimages: Vec<&NodeImage> = nodeimages.into_iter().collect();
     let existing: HashSet<String> = nodeimages.iter().map(|n| n.name_any()).collect();
@@ -81,7 +81,7 @@ pub fn select_nodes<'a>(
     if let Some(pod_selector) = spec.pod_selector.clone() {
         let sel = selector("podSelector", pod_selector)?;
         let namespace = job.namespace();
-        let mut pods: Vec<&Pod> = pods
+        let mut pods: Vec<&PodSummary> = pods
             .into_iter()
             .filter(|p| p.namespace() == namespace && sel.matches(p.labels()))
             .collect();
@@ -176,7 +176,9 @@ pub fn node_state(
 mod tests {
     use std::collections::BTreeMap;
 
-    use k8s_openapi::api::core::v1::{ObjectReference, PodSpec, PodStatus};
+    use k8s_openapi::api::core::v1::ObjectReference;
+
+    use crate::controllers::pod_summary::{PodSpecSummary, PodStatusSummary};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
     use k8s_openapi::jiff::Timestamp;
 
@@ -204,8 +206,8 @@ mod tests {
         j
     }
 
-    fn pod(name: &str, ns: &str, node: &str, created: i64, phase: &str) -> Pod {
-        Pod {
+    fn pod(name: &str, ns: &str, node: &str, created: i64, phase: &str) -> PodSummary {
+        PodSummary {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some(ns.into()),
@@ -213,11 +215,11 @@ mod tests {
                 creation_timestamp: Some(Time(Timestamp::from_second(created).unwrap())),
                 ..Default::default()
             },
-            spec: Some(PodSpec {
+            spec: Some(PodSpecSummary {
                 node_name: Some(node.into()),
                 ..Default::default()
             }),
-            status: Some(PodStatus {
+            status: Some(PodStatusSummary {
                 phase: Some(phase.into()),
                 ..Default::default()
             }),

@@ -11,11 +11,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::controllers::pod_summary::PodSummary;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 /// `namespace/name`.
-pub fn pod_key(pod: &Pod) -> String {
+pub fn pod_key(pod: &PodSummary) -> String {
     format!(
         "{}/{}",
         pod.metadata.namespace.as_deref().unwrap_or_default(),
@@ -24,12 +24,12 @@ pub fn pod_key(pod: &Pod) -> String {
 }
 
 /// etcd resourceVersions are increasing integers; anything else compares as unknown.
-fn version(pod: &Pod) -> Option<u64> {
+fn version(pod: &PodSummary) -> Option<u64> {
     pod.metadata.resource_version.as_deref()?.parse().ok()
 }
 
 /// Whether `ours` is newer than `stored`: the same pod (uid), at a later resourceVersion.
-fn newer(ours: &Pod, stored: &Pod) -> bool {
+fn newer(ours: &PodSummary, stored: &PodSummary) -> bool {
     ours.metadata.uid == stored.metadata.uid
         && matches!((version(ours), version(stored)), (Some(o), Some(s)) if o > s)
 }
@@ -37,12 +37,12 @@ fn newer(ours: &Pod, stored: &Pod) -> bool {
 /// Pods as our own writes returned them.
 #[derive(Default)]
 pub struct WrittenPods {
-    pods: Mutex<HashMap<String, Arc<Pod>>>,
+    pods: Mutex<HashMap<String, Arc<PodSummary>>>,
 }
 
 impl WrittenPods {
     /// The newer of the cached pod and the one our last write returned.
-    pub fn fresher(&self, cached: Arc<Pod>) -> Arc<Pod> {
+    pub fn fresher(&self, cached: Arc<PodSummary>) -> Arc<PodSummary> {
         let pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
         match pods.get(&pod_key(&cached)) {
             Some(ours) if newer(ours, &cached) => ours.clone(),
@@ -51,13 +51,13 @@ impl WrittenPods {
     }
 
     /// Keeps what a write returned (already stripped as the cache strips it).
-    pub fn remember(&self, pod: Pod) {
+    pub fn remember(&self, pod: PodSummary) {
         let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
         pods.insert(pod_key(&pod), Arc::new(pod));
     }
 
     /// Forgets the pods `cache` has caught up with, or that are gone from it.
-    pub fn forget_caught_up(&self, cache: &Store<Pod>) {
+    pub fn forget_caught_up(&self, cache: &Store<PodSummary>) {
         let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
         pods.retain(|_, ours| {
             cache
@@ -83,7 +83,7 @@ mod tests {
 
     use super::*;
 
-    fn pod(uid: &str, version: &str, image: &str) -> Pod {
+    fn pod(uid: &str, version: &str, image: &str) -> PodSummary {
         serde_json::from_value(json!({
             "metadata": {"name": "web-0", "namespace": "shop", "uid": uid, "resourceVersion": version},
             "spec": {"containers": [{"name": "proxy", "image": image}]},
@@ -91,14 +91,14 @@ mod tests {
         .expect("pod")
     }
 
-    fn image(pod: &Pod) -> &str {
+    fn image(pod: &PodSummary) -> &str {
         pod.spec.as_ref().expect("spec").containers[0]
             .image
             .as_deref()
             .unwrap_or_default()
     }
 
-    fn cache_with(pod: Pod) -> (Store<Pod>, Writer<Pod>) {
+    fn cache_with(pod: PodSummary) -> (Store<PodSummary>, Writer<PodSummary>) {
         let mut writer = Writer::default();
         writer.apply_watcher_event(&watcher::Event::Apply(pod));
         (writer.as_reader(), writer)

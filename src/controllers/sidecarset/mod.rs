@@ -33,7 +33,9 @@ use std::time::Duration;
 use crate::events::Recorder;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::ControllerRevision;
-use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
+
+use crate::controllers::pod_summary::PodSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -121,7 +123,7 @@ pub struct Context {
     namespace: String,
     /// True once the pod, namespace and revision stores hold a first full list.
     caches_ready: watch::Receiver<bool>,
-    pods: Store<Pod>,
+    pods: Store<PodSummary>,
     namespaces: Store<Namespace>,
     revisions: Store<ControllerRevision>,
     /// The SidecarSets' pre-download jobs.
@@ -140,7 +142,7 @@ pub struct Context {
 }
 
 impl Context {
-    fn remember(&self, mut pod: Pod) {
+    fn remember(&self, mut pod: PodSummary) {
         strip_pod(&mut pod);
         self.written.remember(pod);
     }
@@ -160,7 +162,7 @@ pub async fn run(
     let (pods, pod_writer) = reflector::store();
     let tracker = PodTracker::default();
     let pod_triggers = watcher(
-        Api::<Pod>::all(client.clone()),
+        Api::<PodSummary>::all(client.clone()),
         watcher::Config::default().streaming_lists(),
     )
     .default_backoff()
@@ -421,9 +423,9 @@ pub struct PreDownloadInputs<'a> {
 /// The pods of `pods` that `set` owns.
 pub fn owned_pods(
     set: &SidecarSet,
-    pods: impl IntoIterator<Item = Arc<Pod>>,
+    pods: impl IntoIterator<Item = Arc<PodSummary>>,
     namespaces: &NamespaceLabels,
-) -> Vec<Arc<Pod>> {
+) -> Vec<Arc<PodSummary>> {
     pods.into_iter()
         .filter(|p| owns(set, p, namespaces))
         .collect()
@@ -437,7 +439,7 @@ fn label<'a>(job: &'a ImagePullJob, key: &str) -> Option<&'a str> {
 /// its `owned` pods: the pure heart of a reconcile.
 pub fn plan(
     set: &SidecarSet,
-    owned: &[Arc<Pod>],
+    owned: &[Arc<PodSummary>],
     collision_count: i32,
     now: &Time,
     pre: &PreDownloadInputs<'_>,
@@ -588,7 +590,7 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
     let current = CurrentHashes::of(set);
     mark_upgradable(ctx, set, &owned, &views, &current, &now).await?;
 
-    let targets: Vec<Arc<Pod>> = batch.upgrade.iter().map(|&i| owned[i].clone()).collect();
+    let targets: Vec<Arc<PodSummary>> = batch.upgrade.iter().map(|&i| owned[i].clone()).collect();
     let outcome = upgrade_pods(ctx, set, &current, targets, &now).await;
 
     let in_use: BTreeSet<String> = owned
@@ -615,7 +617,7 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
 }
 
 /// The ControllerRevision `pod`'s hash entry for `set` records.
-fn recorded_revision(pod: &Pod, set: &str) -> Option<String> {
+fn recorded_revision(pod: &PodSummary, set: &str) -> Option<String> {
     let value = pod.annotations().get(SIDECARSET_HASH)?;
     let entry = parse_hashes(SIDECARSET_HASH, value).ok()?.remove(set)?;
     Some(entry.controller_revision).filter(|r| !r.is_empty())
@@ -688,7 +690,7 @@ async fn announce_not_upgradable(
 async fn mark_upgradable(
     ctx: &Context,
     set: &SidecarSet,
-    owned: &[Arc<Pod>],
+    owned: &[Arc<PodSummary>],
     views: &[PodView],
     current: &CurrentHashes,
     now: &Time,
@@ -703,7 +705,7 @@ async fn mark_upgradable(
         let Some(condition) = upgradable_condition(pod, &name, upgradable, now) else {
             continue;
         };
-        let api = Api::<Pod>::namespaced(
+        let api = Api::<PodSummary>::namespaced(
             ctx.client.clone(),
             pod.metadata.namespace.as_deref().unwrap_or_default(),
         );
@@ -751,7 +753,7 @@ async fn upgrade_pods(
     ctx: &Context,
     set: &SidecarSet,
     current: &CurrentHashes,
-    targets: Vec<Arc<Pod>>,
+    targets: Vec<Arc<PodSummary>>,
     now: &Time,
 ) -> Result<UpgradeOutcome, Error> {
     let set_name = set.name_any();
@@ -786,7 +788,7 @@ async fn upgrade_one(
     ctx: &Context,
     set: &SidecarSet,
     current: &CurrentHashes,
-    pod: Arc<Pod>,
+    pod: Arc<PodSummary>,
     now: &Time,
 ) -> Result<PodUpgrade, Error> {
     // A batch of thousands of pods takes a while: once the SidecarSet has changed, the rest
@@ -799,7 +801,7 @@ async fn upgrade_one(
         return Ok(PodUpgrade::Changed);
     }
     let key = pod_key(&pod);
-    let api = Api::<Pod>::namespaced(
+    let api = Api::<PodSummary>::namespaced(
         ctx.client.clone(),
         pod.metadata.namespace.as_deref().unwrap_or_default(),
     );

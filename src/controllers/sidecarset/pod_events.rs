@@ -21,7 +21,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::controllers::pod_summary::PodSummary;
 use kube::runtime::watcher;
 
 use super::pods::injected_sidecarsets;
@@ -37,7 +37,7 @@ pub struct PodSignature {
 }
 
 /// The signature of a pod as the SidecarSet controller stores it.
-pub fn signature(pod: &Pod) -> PodSignature {
+pub fn signature(pod: &PodSummary) -> PodSignature {
     let mut h = DefaultHasher::new();
     let meta = &pod.metadata;
     meta.deletion_timestamp.is_some().hash(&mut h);
@@ -95,7 +95,7 @@ struct TrackerState {
     relisted: Option<HashMap<String, PodSignature>>,
 }
 
-fn key(pod: &Pod) -> String {
+fn key(pod: &PodSummary) -> String {
     format!(
         "{}/{}",
         pod.metadata.namespace.as_deref().unwrap_or_default(),
@@ -105,7 +105,7 @@ fn key(pod: &Pod) -> String {
 
 impl PodTracker {
     /// The SidecarSets `event` wakes.
-    pub fn wake(&self, event: &watcher::Event<Pod>) -> BTreeSet<String> {
+    pub fn wake(&self, event: &watcher::Event<PodSummary>) -> BTreeSet<String> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         match event {
             watcher::Event::Apply(pod) => {
@@ -157,7 +157,7 @@ mod tests {
     use super::*;
     use crate::apis::well_known::SIDECARSET_INJECTED_LIST;
 
-    fn pod(name: &str, list: &str) -> Pod {
+    fn pod(name: &str, list: &str) -> PodSummary {
         serde_json::from_value(json!({
             "metadata": {
                 "name": name, "namespace": "ns", "resourceVersion": "1",
@@ -178,9 +178,9 @@ mod tests {
     }
 
     /// One edit of a pod.
-    type Change = fn(&mut Pod);
+    type Change = fn(&mut PodSummary);
 
-    fn wake(old: &Pod, new: &Pod) -> Vec<String> {
+    fn wake(old: &PodSummary, new: &PodSummary) -> Vec<String> {
         sidecarsets_to_wake(Some(&signature(old)), Some(&signature(new)))
             .into_iter()
             .collect()
@@ -253,7 +253,13 @@ mod tests {
         let old = pod("a", "mesh");
         let mut new = old.clone();
         new.metadata.resource_version = Some("2".into());
-        new.status.as_mut().unwrap().conditions.as_mut().unwrap()[1].status = "False".into();
+        new.status
+            .as_mut()
+            .unwrap()
+            .container_statuses
+            .as_mut()
+            .unwrap()[0]
+            .restart_count = 1;
         assert!(wake(&old, &new).is_empty());
     }
 

@@ -18,10 +18,8 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    Container, ContainerStatus, Namespace, Pod, PodCondition, PodSpec, PodStatus,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::api::core::v1::{Namespace, PodCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -29,8 +27,9 @@ use super::strategy::{PodPhase, PodView, SidecarView};
 use crate::apis::sidecarset::SidecarSet;
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
-    SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_UPGRADABLE_CONDITION,
+    SIDECARSET_INPLACE_UPDATE_STATE,
 };
+use crate::controllers::pod_summary::{ContainerStatusSummary, ContainerSummary, PodSummary};
 use crate::image::ImageRef;
 use crate::sidecar::annotations::{parse_injected_list, pod_entry};
 use crate::sidecar::gojson::html_escape_compact_json;
@@ -44,60 +43,12 @@ const OWN_ANNOTATIONS: [&str; 4] = [
     SIDECARSET_INPLACE_UPDATE_STATE,
 ];
 
-/// Keeps only what the SidecarSet controller reads of a pod: a cluster's pods are the biggest
-/// set it watches. What remains is also what [`super::upgrade::upgrade_patch`] needs, except
-/// the other annotations `patchPodMetadata` may touch (the controller reads the live pod then).
-pub fn strip_pod(pod: &mut Pod) {
-    let meta = std::mem::take(&mut pod.metadata);
-    let annotations = meta.annotations.map(|mut all| {
-        all.retain(|k, _| OWN_ANNOTATIONS.contains(&k.as_str()));
-        all
-    });
-    pod.metadata = ObjectMeta {
-        name: meta.name,
-        namespace: meta.namespace,
-        uid: meta.uid,
-        resource_version: meta.resource_version,
-        labels: meta.labels,
-        annotations,
-        creation_timestamp: meta.creation_timestamp,
-        deletion_timestamp: meta.deletion_timestamp,
-        ..Default::default()
-    };
-    pod.spec = pod.spec.take().map(|s| PodSpec {
-        node_name: s.node_name,
-        containers: s
-            .containers
-            .into_iter()
-            .map(|c| Container {
-                name: c.name,
-                image: c.image,
-                ..Default::default()
-            })
-            .collect(),
-        ..Default::default()
-    });
-    pod.status = pod.status.take().map(|s| PodStatus {
-        phase: s.phase,
-        conditions: s.conditions.map(|all| {
-            all.into_iter()
-                .filter(|c| c.type_ == "Ready" || c.type_ == SIDECARSET_UPGRADABLE_CONDITION)
-                .collect()
-        }),
-        container_statuses: s.container_statuses.map(|all| {
-            all.into_iter()
-                .map(|c| ContainerStatus {
-                    name: c.name,
-                    image: c.image,
-                    image_id: c.image_id,
-                    ready: c.ready,
-                    restart_count: c.restart_count,
-                    ..Default::default()
-                })
-                .collect()
-        }),
-        ..Default::default()
-    });
+/// Keeps only the annotations the SidecarSet controller reads; the rest of a [`PodSummary`] is
+/// what it reads already. What remains is also what [`super::upgrade::upgrade_patch`] needs,
+/// except the other annotations `patchPodMetadata` may touch (the controller reads the live pod
+/// then).
+pub fn strip_pod(pod: &mut PodSummary) {
+    pod.retain_annotations(&OWN_ANNOTATIONS);
 }
 
 /// Namespace name to labels, for namespace selectors.
@@ -117,7 +68,7 @@ pub fn namespace_labels<'a>(
 }
 
 /// Whether `pod` was injected with `set`.
-pub fn injected_with(pod: &Pod, set: &str) -> bool {
+pub fn injected_with(pod: &PodSummary, set: &str) -> bool {
     pod.metadata
         .annotations
         .as_ref()
@@ -126,7 +77,7 @@ pub fn injected_with(pod: &Pod, set: &str) -> bool {
 }
 
 /// The SidecarSets named in `pod`'s injected list.
-pub fn injected_sidecarsets(pod: &Pod) -> Vec<String> {
+pub fn injected_sidecarsets(pod: &PodSummary) -> Vec<String> {
     pod.metadata
         .annotations
         .as_ref()
@@ -137,7 +88,7 @@ pub fn injected_sidecarsets(pod: &Pod) -> Vec<String> {
 
 /// Whether `set` owns `pod`; see the module documentation. A selector that cannot be
 /// evaluated owns nothing (validation keeps such SidecarSets out).
-pub fn owns(set: &SidecarSet, pod: &Pod, namespaces: &NamespaceLabels) -> bool {
+pub fn owns(set: &SidecarSet, pod: &PodSummary, namespaces: &NamespaceLabels) -> bool {
     let name = set.metadata.name.as_deref().unwrap_or_default();
     if !injected_with(pod, name) {
         return false;
@@ -227,8 +178,8 @@ enum Record<'a> {
 
 /// The container runs the image its spec names; see the module documentation.
 fn runs_spec_image(
-    container: &Container,
-    status: Option<&ContainerStatus>,
+    container: &ContainerSummary,
+    status: Option<&ContainerStatusSummary>,
     all_digests: bool,
     before_upgrade: Record<'_>,
 ) -> bool {
@@ -251,7 +202,7 @@ fn runs_spec_image(
     }
 }
 
-fn pod_condition<'a>(pod: &'a Pod, type_: &str) -> Option<&'a PodCondition> {
+fn pod_condition<'a>(pod: &'a PodSummary, type_: &str) -> Option<&'a PodCondition> {
     pod.status
         .as_ref()?
         .conditions
@@ -260,7 +211,7 @@ fn pod_condition<'a>(pod: &'a Pod, type_: &str) -> Option<&'a PodCondition> {
         .find(|c| c.type_ == type_)
 }
 
-fn phase(pod: &Pod) -> PodPhase {
+fn phase(pod: &PodSummary) -> PodPhase {
     match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
         Some("Running") => PodPhase::Running,
         Some("Succeeded") => PodPhase::Succeeded,
@@ -271,7 +222,7 @@ fn phase(pod: &Pod) -> PodPhase {
 }
 
 /// What the upgrade decision needs to know about `pod` for `set`.
-pub fn view(set: &SidecarSet, pod: &Pod) -> PodView {
+pub fn view(set: &SidecarSet, pod: &PodSummary) -> PodView {
     let name = set.metadata.name.as_deref().unwrap_or_default();
     let annotations = pod.metadata.annotations.as_ref();
     let containers = pod
@@ -285,7 +236,7 @@ pub fn view(set: &SidecarSet, pod: &Pod) -> PodView {
         .and_then(|s| s.container_statuses.as_deref())
         .unwrap_or_default();
     let all_reported = statuses.len() == containers.len();
-    let sidecar_containers: Vec<&Container> = set
+    let sidecar_containers: Vec<&ContainerSummary> = set
         .spec
         .containers
         .iter()
@@ -361,7 +312,7 @@ mod tests {
     }
 
     /// A running, ready pod injected with `mesh`, its proxy on `image` reported as `image_id`.
-    fn pod(image: &str, status_image: &str, image_id: &str) -> Pod {
+    fn pod(image: &str, status_image: &str, image_id: &str) -> PodSummary {
         serde_json::from_value(json!({
             "metadata": {
                 "name": "web-0", "namespace": "shop", "labels": {"app": "web"},
@@ -394,7 +345,7 @@ mod tests {
         .expect("pod")
     }
 
-    fn with_state(mut pod: Pod, state: &str) -> Pod {
+    fn with_state(mut pod: PodSummary, state: &str) -> PodSummary {
         pod.metadata
             .annotations
             .get_or_insert_with(Default::default)
@@ -569,15 +520,14 @@ mod tests {
     }
 
     #[test]
-    fn stripping_keeps_what_decisions_read_and_drops_the_rest() {
+    fn stripping_keeps_what_decisions_read_and_drops_other_annotations() {
         let mut p = with_state(pod("proxy:1", "proxy:1", "id"), RECORD);
         let before = view(&set("proxy:1"), &p);
         strip_pod(&mut p);
         assert_eq!(view(&set("proxy:1"), &p), before);
         let annotations = p.metadata.annotations.as_ref().expect("annotations");
         assert!(!annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
-        let spec = p.spec.as_ref().expect("spec");
-        assert!(spec.containers[0].env.is_none());
+        assert!(annotations.contains_key(SIDECARSET_INJECTED_LIST));
         let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
         assert_eq!(conditions.map(Vec::len), Some(1), "only Ready is kept");
     }

@@ -50,7 +50,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::controllers::pod_summary::PodSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -280,7 +280,7 @@ pub fn job_name(base: &str) -> String {
 
 /// The images `pod` needs on its node: the SidecarSet's containers whose image the pod does not
 /// run in its spec yet, as (container, image).
-fn missing_images<'a>(set: &'a SidecarSet, pod: &Pod) -> Vec<(&'a str, &'a str)> {
+fn missing_images<'a>(set: &'a SidecarSet, pod: &PodSummary) -> Vec<(&'a str, &'a str)> {
     let containers = pod
         .spec
         .as_ref()
@@ -300,7 +300,7 @@ fn missing_images<'a>(set: &'a SidecarSet, pod: &Pod) -> Vec<(&'a str, &'a str)>
         .collect()
 }
 
-fn node(pod: &Pod) -> Option<&str> {
+fn node(pod: &PodSummary) -> Option<&str> {
     pod.spec
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
@@ -319,7 +319,7 @@ fn one_batch(set: &SidecarSet, matched: usize) -> bool {
 /// many pods are updated and ready. `started`: jobs for the latest revision exist already.
 pub fn decide(
     set: &SidecarSet,
-    owned: &[Arc<Pod>],
+    owned: &[Arc<PodSummary>],
     batch: &Batch,
     updated_ready: usize,
     knobs: &Knobs,
@@ -440,7 +440,7 @@ pub fn pulled(nodeimage: Option<&NodeImage>, image: &str) -> bool {
 /// Marks the queued pods whose node has not finished pulling their new images.
 pub fn mark_awaiting(
     set: &SidecarSet,
-    owned: &[Arc<Pod>],
+    owned: &[Arc<PodSummary>],
     views: &mut [PodView],
     batch: &Batch,
     nodeimage: &dyn Fn(&str) -> Option<Arc<NodeImage>>,

@@ -18,7 +18,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::api::core::v1::PodCondition;
+
+use crate::controllers::pod_summary::PodSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
@@ -82,7 +84,7 @@ fn sidecar_list(set: &SidecarSet) -> Vec<String> {
 /// documentation. `pod` must carry every annotation `patchPodMetadata` reads (the live pod
 /// when the SidecarSet has any).
 pub fn upgrade_patch(
-    pod: &Pod,
+    pod: &PodSummary,
     set: &SidecarSet,
     current: &CurrentHashes,
     now: &Time,
@@ -205,7 +207,7 @@ fn upgradable_map(condition: Option<&PodCondition>) -> BTreeMap<String, bool> {
 /// `None` when the condition already says so (or, for an upgradable pod, does not exist: only
 /// a pod some SidecarSet cannot upgrade needs one).
 pub fn upgradable_condition(
-    pod: &Pod,
+    pod: &PodSummary,
     set: &str,
     upgradable: bool,
     now: &Time,
@@ -287,7 +289,7 @@ mod tests {
 
     const OLD_HASHES: &str = r#"{"logging":{"updateTimestamp":null,"hash":"l1","sidecarSetName":"logging","sidecarList":["fluent"]},"mesh":{"updateTimestamp":null,"hash":"h1","sidecarSetName":"mesh","sidecarList":["logs","proxy"]}}"#;
 
-    fn pod() -> Pod {
+    fn pod() -> PodSummary {
         serde_json::from_value(json!({
             "metadata": {
                 "name": "web-0", "namespace": "shop",
@@ -310,13 +312,13 @@ mod tests {
         .expect("pod")
     }
 
-    fn apply(pod: &Pod, upgrade: &Upgrade) -> Pod {
+    fn apply(pod: &PodSummary, upgrade: &Upgrade) -> PodSummary {
         let mut doc = serde_json::to_value(pod).expect("pod json");
         json_patch::patch(&mut doc, &upgrade.patch).expect("the patch applies to its own pod");
         serde_json::from_value(doc).expect("still a pod")
     }
 
-    fn annotation<'a>(pod: &'a Pod, key: &str) -> &'a str {
+    fn annotation<'a>(pod: &'a PodSummary, key: &str) -> &'a str {
         pod.metadata.annotations.as_ref().expect("annotations")[key].as_str()
     }
 
@@ -472,7 +474,7 @@ mod tests {
         );
     }
 
-    fn with_condition(message: &str, status: &str) -> Pod {
+    fn with_condition(message: &str, status: &str) -> PodSummary {
         let mut p = pod();
         p.status.as_mut().expect("status").conditions = Some(vec![PodCondition {
             type_: SIDECARSET_UPGRADABLE_CONDITION.into(),

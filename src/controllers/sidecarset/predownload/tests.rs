@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::controllers::pod_summary::PodSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
@@ -46,7 +46,7 @@ fn set(strategy: Value, annotations: &[(&str, &str)]) -> SidecarSet {
 }
 
 /// A ready pod on `node` running proxy `image` (hash "new" when that is proxy:2).
-fn pod(name: &str, namespace: &str, node: &str, image: &str, labels: Value) -> Arc<Pod> {
+fn pod(name: &str, namespace: &str, node: &str, image: &str, labels: Value) -> Arc<PodSummary> {
     let hash = if image == "proxy:2" { "new" } else { "old" };
     let entry = |h: &str| {
         format!(
@@ -88,13 +88,13 @@ fn pod(name: &str, namespace: &str, node: &str, image: &str, labels: Value) -> A
     )
 }
 
-fn old(name: &str, node: &str) -> Arc<Pod> {
+fn old(name: &str, node: &str) -> Arc<PodSummary> {
     pod(name, "shop", node, "proxy:1", json!({}))
 }
 
 fn decide_for(
     set: &SidecarSet,
-    pods: &[Arc<Pod>],
+    pods: &[Arc<PodSummary>],
     updated_ready: usize,
     started: bool,
 ) -> Decision {

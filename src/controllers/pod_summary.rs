@@ -1,0 +1,298 @@
+//! A pod as the controllers watch and store it: only the fields their decisions read.
+//!
+//! Pods are the biggest set the manager watches. k8s-openapi's `Pod` is large even when
+//! stripped (a `Container` is 2 KiB of mostly empty fields; a stripped pod with two containers
+//! took about 13.6 KiB of heap), so [`PodSummary`] is deserialized straight from the API's JSON
+//! instead: unknown fields are skipped without being built, `managedFields` included. Its JSON
+//! shape is the pod's, so a summary serializes back to a (partial) pod and a JSON patch computed
+//! against it applies to the real one.
+//!
+//! Kept: name, namespace, uid, resourceVersion, creation and deletion timestamps, labels and
+//! annotations (the controllers drop the annotations they do not read before storing); the
+//! node name and each container's name and image; the phase, the `Ready` and
+//! `SidecarSetUpgradable` conditions, and each container status's name, image, imageID,
+//! readiness and restart count.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::PodCondition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::apis::well_known::SIDECARSET_UPGRADABLE_CONDITION;
+
+/// The pod conditions a summary keeps.
+const KEPT_CONDITIONS: [&str; 2] = ["Ready", SIDECARSET_UPGRADABLE_CONDITION];
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PodSummary {
+    #[serde(default, deserialize_with = "summary_metadata")]
+    pub metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<PodSpecSummary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<PodStatusSummary>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpecSummary {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    #[serde(default)]
+    pub containers: Vec<ContainerSummary>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ContainerSummary {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStatusSummary {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "kept_conditions",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub conditions: Option<Vec<PodCondition>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_statuses: Option<Vec<ContainerStatusSummary>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerStatusSummary {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub image: String,
+    #[serde(rename = "imageID", default)]
+    pub image_id: String,
+    #[serde(default)]
+    pub ready: bool,
+    #[serde(default)]
+    pub restart_count: i32,
+}
+
+impl k8s_openapi::Resource for PodSummary {
+    const API_VERSION: &'static str = "v1";
+    const GROUP: &'static str = "";
+    const KIND: &'static str = "Pod";
+    const VERSION: &'static str = "v1";
+    const URL_PATH_SEGMENT: &'static str = "pods";
+    type Scope = k8s_openapi::NamespaceResourceScope;
+}
+
+impl k8s_openapi::Metadata for PodSummary {
+    type Ty = ObjectMeta;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl PodSummary {
+    /// Keeps only the annotations named in `keys`.
+    pub fn retain_annotations(&mut self, keys: &[&str]) {
+        if let Some(all) = self.metadata.annotations.as_mut() {
+            all.retain(|k, _| keys.contains(&k.as_str()));
+        }
+    }
+}
+
+/// The metadata fields a summary keeps; everything else (managedFields, ownerReferences,
+/// finalizers, ...) is skipped while parsing.
+#[derive(Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct SummaryMetadata {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+    creation_timestamp: Option<Time>,
+    deletion_timestamp: Option<Time>,
+}
+
+fn summary_metadata<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let kept = Option::<SummaryMetadata>::deserialize(d)?.unwrap_or_default();
+    Ok(ObjectMeta {
+        name: kept.name,
+        namespace: kept.namespace,
+        uid: kept.uid,
+        resource_version: kept.resource_version,
+        labels: kept.labels,
+        annotations: kept.annotations,
+        creation_timestamp: kept.creation_timestamp,
+        deletion_timestamp: kept.deletion_timestamp,
+        ..ObjectMeta::default()
+    })
+}
+
+fn kept_conditions<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<PodCondition>>, D::Error> {
+    Ok(Option::<Vec<PodCondition>>::deserialize(d)?.map(|mut all| {
+        all.retain(|c| KEPT_CONDITIONS.contains(&c.type_.as_str()));
+        all
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Pod;
+    use serde_json::json;
+
+    use super::*;
+
+    fn full_pod() -> serde_json::Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "web-0", "namespace": "shop", "uid": "u-1", "resourceVersion": "42",
+                "generateName": "web-",
+                "creationTimestamp": "2026-11-29T10:00:00Z",
+                "labels": {"app": "web"},
+                "annotations": {"kruise.io/sidecarset-injected-list": "mesh", "big": "x".repeat(4096)},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "r"}],
+                "finalizers": ["example.com/keep"],
+                "managedFields": [{"manager": "kubectl", "operation": "Apply", "fieldsType": "FieldsV1",
+                                   "fieldsV1": {"f:metadata": {"f:labels": {"f:app": {}}}}}],
+            },
+            "spec": {
+                "nodeName": "node-1",
+                "serviceAccountName": "default",
+                "volumes": [{"name": "v", "emptyDir": {}}],
+                "containers": [
+                    {"name": "proxy", "image": "proxy:1", "env": [{"name": "A", "value": "b"}],
+                     "resources": {"limits": {"memory": "64Mi"}}, "volumeMounts": [{"name": "v", "mountPath": "/v"}]},
+                    {"name": "app", "image": "shop:1", "ports": [{"containerPort": 80}]},
+                ],
+                "initContainers": [{"name": "init", "image": "init:1"}],
+            },
+            "status": {
+                "phase": "Running",
+                "hostIP": "127.0.0.1",
+                "conditions": [
+                    {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-29T10:01:00Z"},
+                    {"type": "PodScheduled", "status": "True"},
+                    {"type": SIDECARSET_UPGRADABLE_CONDITION, "status": "False", "message": "{\"mesh\":false}"},
+                ],
+                "containerStatuses": [
+                    {"name": "proxy", "image": "proxy:1", "imageID": "proxy@sha256:p", "ready": true,
+                     "restartCount": 2, "started": true, "state": {"running": {"startedAt": "2026-11-29T10:00:30Z"}}},
+                    {"name": "app", "image": "shop:1", "imageID": "shop@sha256:a", "ready": false, "restartCount": 0},
+                ],
+            }
+        })
+    }
+
+    #[test]
+    fn a_summary_keeps_what_the_decisions_read_and_nothing_else() {
+        let pod: PodSummary = serde_json::from_value(full_pod()).expect("a pod parses");
+        let meta = &pod.metadata;
+        assert_eq!(meta.name.as_deref(), Some("web-0"));
+        assert_eq!(meta.namespace.as_deref(), Some("shop"));
+        assert_eq!(meta.uid.as_deref(), Some("u-1"));
+        assert_eq!(meta.resource_version.as_deref(), Some("42"));
+        assert!(meta.creation_timestamp.is_some());
+        assert_eq!(meta.labels.as_ref().map(BTreeMap::len), Some(1));
+        assert_eq!(meta.annotations.as_ref().map(BTreeMap::len), Some(2));
+        assert!(meta.managed_fields.is_none() && meta.owner_references.is_none());
+        assert!(meta.finalizers.is_none() && meta.generate_name.is_none());
+
+        let spec = pod.spec.as_ref().expect("spec");
+        assert_eq!(spec.node_name.as_deref(), Some("node-1"));
+        let containers: Vec<(&str, Option<&str>)> = spec
+            .containers
+            .iter()
+            .map(|c| (c.name.as_str(), c.image.as_deref()))
+            .collect();
+        assert_eq!(
+            containers,
+            [("proxy", Some("proxy:1")), ("app", Some("shop:1"))]
+        );
+
+        let status = pod.status.as_ref().expect("status");
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        let kept: Vec<&str> = status
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c| c.type_.as_str())
+            .collect();
+        assert_eq!(kept, ["Ready", SIDECARSET_UPGRADABLE_CONDITION]);
+        let statuses = status.container_statuses.as_ref().expect("statuses");
+        assert_eq!(
+            statuses[0],
+            ContainerStatusSummary {
+                name: "proxy".into(),
+                image: "proxy:1".into(),
+                image_id: "proxy@sha256:p".into(),
+                ready: true,
+                restart_count: 2,
+            }
+        );
+        assert!(!statuses[1].ready);
+    }
+
+    #[test]
+    fn a_summary_serializes_as_the_same_fields_of_the_pod() {
+        let summary: PodSummary = serde_json::from_value(full_pod()).expect("parses");
+        let again: PodSummary =
+            serde_json::from_value(serde_json::to_value(&summary).expect("serializes"))
+                .expect("parses back");
+        assert_eq!(again, summary);
+        // The same JSON read as a full Pod agrees on every kept field.
+        let pod: Pod =
+            serde_json::from_value(serde_json::to_value(&summary).expect("json")).expect("a Pod");
+        let full: Pod = serde_json::from_value(full_pod()).expect("a Pod");
+        let spec = pod.spec.expect("spec");
+        assert_eq!(spec.node_name, full.spec.as_ref().unwrap().node_name);
+        assert_eq!(spec.containers[1].name, "app");
+        assert_eq!(spec.containers[1].image.as_deref(), Some("shop:1"));
+        let status = pod.status.expect("status");
+        assert_eq!(
+            status.container_statuses.expect("statuses")[0].restart_count,
+            2
+        );
+    }
+
+    #[test]
+    fn missing_or_null_parts_are_empty_not_errors() {
+        for value in [
+            json!({}),
+            json!({"metadata": null, "spec": null, "status": null}),
+            json!({"metadata": {"name": "p"}, "spec": {}, "status": {"conditions": null}}),
+            json!({"spec": {"containers": [{}]}, "status": {"containerStatuses": [{}]}}),
+        ] {
+            let pod: Result<PodSummary, _> = serde_json::from_value(value.clone());
+            assert!(pod.is_ok(), "{value}: {pod:?}");
+        }
+    }
+
+    #[test]
+    fn retain_annotations_keeps_only_the_named_ones() {
+        let mut pod: PodSummary = serde_json::from_value(full_pod()).expect("parses");
+        pod.retain_annotations(&["kruise.io/sidecarset-injected-list"]);
+        let keys: Vec<&String> = pod
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(keys, ["kruise.io/sidecarset-injected-list"]);
+    }
+}
