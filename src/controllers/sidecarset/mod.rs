@@ -401,9 +401,9 @@ async fn reconcile(set: Arc<SidecarSet>, ctx: Arc<Context>) -> Result<Action, Er
 }
 
 /// Everything one reconcile decides before it writes anything.
-pub struct Plan {
-    /// One per owned pod, in the same order.
-    pub views: Vec<PodView>,
+pub struct Plan<'a> {
+    /// One per owned pod, in the same order (borrowing from them).
+    pub views: Vec<PodView<'a>>,
     pub batch: Batch,
     pub report: StatusReport,
     pub predownload: Decision,
@@ -437,13 +437,13 @@ fn label<'a>(job: &'a ImagePullJob, key: &str) -> Option<&'a str> {
 
 /// What to do for `set` (its `status.latestRevision` already the registered revision) over
 /// its `owned` pods: the pure heart of a reconcile.
-pub fn plan(
+pub fn plan<'a>(
     set: &SidecarSet,
-    owned: &[Arc<PodSummary>],
+    owned: &'a [Arc<PodSummary>],
     collision_count: i32,
     now: &Time,
     pre: &PreDownloadInputs<'_>,
-) -> Plan {
+) -> Plan<'a> {
     let mut views: Vec<PodView> = owned.iter().map(|p| view(set, p)).collect();
     let mut batch = next_batch(set, &views);
     let latest = set
@@ -691,7 +691,7 @@ async fn mark_upgradable(
     ctx: &Context,
     set: &SidecarSet,
     owned: &[Arc<PodSummary>],
-    views: &[PodView],
+    views: &[PodView<'_>],
     current: &CurrentHashes,
     now: &Time,
 ) -> Result<(), Error> {

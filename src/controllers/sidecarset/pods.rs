@@ -16,6 +16,7 @@
 //!   reports it), so a new tag of the same image (same imageID) counts as running once kubelet
 //!   reports it (upstream compares the raw strings: #1270).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Namespace, PodCondition};
@@ -222,7 +223,7 @@ fn phase(pod: &PodSummary) -> PodPhase {
 }
 
 /// What the upgrade decision needs to know about `pod` for `set`.
-pub fn view(set: &SidecarSet, pod: &PodSummary) -> PodView {
+pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
     let name = set.metadata.name.as_deref().unwrap_or_default();
     let annotations = pod.metadata.annotations.as_ref();
     let containers = pod
@@ -274,9 +275,12 @@ pub fn view(set: &SidecarSet, pod: &PodSummary) -> PodView {
     let ready_condition = pod_condition(pod, "Ready");
     let phase = phase(pod);
     PodView {
-        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
-        name: pod.metadata.name.clone().unwrap_or_default(),
-        labels: pod.metadata.labels.clone().unwrap_or_default(),
+        namespace: Cow::Borrowed(pod.metadata.namespace.as_deref().unwrap_or_default()),
+        name: Cow::Borrowed(pod.metadata.name.as_deref().unwrap_or_default()),
+        labels: match &pod.metadata.labels {
+            Some(labels) => Cow::Borrowed(labels),
+            None => Cow::Owned(BTreeMap::new()),
+        },
         node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         phase,
         ready: phase == PodPhase::Running && ready_condition.is_some_and(|c| c.status == "True"),
@@ -357,10 +361,8 @@ mod tests {
 
     #[test]
     fn the_view_reads_hashes_readiness_and_order_fields() {
-        let v = view(
-            &set("proxy:1"),
-            &pod("proxy:1", "proxy:1", "proxy@sha256:11"),
-        );
+        let p = pod("proxy:1", "proxy:1", "proxy@sha256:11");
+        let v = view(&set("proxy:1"), &p);
         assert_eq!(v.key(), "shop/web-0");
         assert_eq!(v.hash.as_deref(), Some("h1"));
         assert_eq!(v.hash_without_image.as_deref(), Some("w1"));
@@ -522,7 +524,8 @@ mod tests {
     #[test]
     fn stripping_keeps_what_decisions_read_and_drops_other_annotations() {
         let mut p = with_state(pod("proxy:1", "proxy:1", "id"), RECORD);
-        let before = view(&set("proxy:1"), &p);
+        let unstripped = p.clone();
+        let before = view(&set("proxy:1"), &unstripped);
         strip_pod(&mut p);
         assert_eq!(view(&set("proxy:1"), &p), before);
         let annotations = p.metadata.annotations.as_ref().expect("annotations");

@@ -320,10 +320,10 @@ mod tests {
     }
 
     /// A running, ready pod on the old version.
-    fn pod(name: &str) -> PodView {
+    fn pod(name: &str) -> PodView<'static> {
         PodView {
             namespace: "ns".into(),
-            name: name.into(),
+            name: name.to_owned().into(),
             phase: PodPhase::Running,
             node_name: Some("n".into()),
             ready: true,
@@ -338,20 +338,20 @@ mod tests {
         }
     }
 
-    fn updated(name: &str) -> PodView {
+    fn updated(name: &str) -> PodView<'static> {
         PodView {
             hash: Some("new".into()),
             ..pod(name)
         }
     }
 
-    fn in_flight(name: &str) -> PodView {
+    fn in_flight(name: &str) -> PodView<'static> {
         let mut p = updated(name);
         p.sidecars[0].image_running = false;
         p
     }
 
-    fn not_upgradable(name: &str) -> PodView {
+    fn not_upgradable(name: &str) -> PodView<'static> {
         PodView {
             hash_without_image: Some("other-shape".into()),
             ..pod(name)

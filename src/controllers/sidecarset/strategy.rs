@@ -80,6 +80,7 @@
 //! - Fractional percents (`"12.5%"`) work for both fields; upstream refused them for
 //!   maxUnavailable (reading 0). Validation only admits whole percents anyway.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -131,10 +132,12 @@ pub struct SidecarView {
 
 /// What the upgrade decision needs to know about one matched pod, filled by the controller.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct PodView {
-    pub namespace: String,
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
+pub struct PodView<'a> {
+    /// Borrowed from the stored pod (a reconcile over 10,000 pods would otherwise copy every
+    /// pod's labels: about 1 KiB each, freed again at once).
+    pub namespace: Cow<'a, str>,
+    pub name: Cow<'a, str>,
+    pub labels: Cow<'a, BTreeMap<String, String>>,
     /// `spec.nodeName`; unset or empty means unscheduled.
     pub node_name: Option<String>,
     pub phase: PodPhase,
@@ -159,7 +162,7 @@ pub struct PodView {
     pub awaiting_images: bool,
 }
 
-impl PodView {
+impl PodView<'_> {
     /// `namespace/name`.
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
@@ -465,7 +468,7 @@ pub fn next_batch(set: &SidecarSet, pods: &[PodView]) -> Batch {
 }
 
 fn by_name(a: &PodView, b: &PodView) -> Ordering {
-    (a.namespace.as_str(), a.name.as_str()).cmp(&(b.namespace.as_str(), b.name.as_str()))
+    (&*a.namespace, &*a.name).cmp(&(&*b.namespace, &*b.name))
 }
 
 /// `None` first, then later first (Kubernetes' `afterOrZero` as an ordering).
@@ -512,7 +515,7 @@ fn sort_for_update(
     if !strategy.scatter_strategy.is_empty() {
         let terms =
             expand_scatter_terms(&strategy.scatter_strategy, active.iter().map(|&i| &pods[i]));
-        let labels: Vec<_> = pods.iter().map(|p| &p.labels).collect();
+        let labels: Vec<&BTreeMap<String, String>> = pods.iter().map(|p| &*p.labels).collect();
         candidates = scatter(&terms, &labels, active, candidates);
     }
     candidates
@@ -567,9 +570,9 @@ fn sort_by_priority(priority: &UpdatePriorityStrategy, pods: &[PodView], order: 
 
 /// Scatter terms with `*` replaced by each value of that key on `pods`, in sorted order;
 /// duplicates dropped, first occurrence kept.
-pub fn expand_scatter_terms<'a>(
+pub fn expand_scatter_terms<'a, 'p: 'a>(
     terms: &[UpdateScatterTerm],
-    pods: impl Iterator<Item = &'a PodView> + Clone,
+    pods: impl Iterator<Item = &'a PodView<'p>> + Clone,
 ) -> Vec<UpdateScatterTerm> {
     let mut out: Vec<UpdateScatterTerm> = Vec::new();
     // A `*` over a label like the hostname expands to thousands of terms: no quadratic dedup.
@@ -791,11 +794,11 @@ mod tests {
 
     /// A running, ready pod on the old version, created `i` seconds after the epoch of the
     /// tests (so higher numbers are newer).
-    fn pod(i: usize) -> PodView {
+    fn pod(i: usize) -> PodView<'static> {
         PodView {
             namespace: "default".into(),
-            name: format!("pod-{i}"),
-            labels: BTreeMap::from([("app".to_owned(), "sidecar".to_owned())]),
+            name: format!("pod-{i}").into(),
+            labels: Cow::Owned(BTreeMap::from([("app".to_owned(), "sidecar".to_owned())])),
             node_name: Some("node-1".into()),
             phase: PodPhase::Running,
             ready: true,
@@ -814,7 +817,7 @@ mod tests {
     /// Upstream's `factoryPods(count, upgraded, upgradedAndReady)`: the first `upgraded` pods
     /// carry the current hash, of which the first `running` already run the new image (the
     /// others are in flight: patched, kubelet not done yet).
-    fn pods(count: usize, upgraded: usize, running: usize) -> Vec<PodView> {
+    fn pods(count: usize, upgraded: usize, running: usize) -> Vec<PodView<'static>> {
         let mut out: Vec<PodView> = (0..count).map(pod).collect();
         for (i, p) in out.iter_mut().enumerate().take(upgraded) {
             p.hash = Some(CURRENT.into());
@@ -849,7 +852,10 @@ mod tests {
     }
 
     fn names(pods: &[PodView], positions: &[usize]) -> Vec<String> {
-        positions.iter().map(|&i| pods[i].name.clone()).collect()
+        positions
+            .iter()
+            .map(|&i| pods[i].name.to_string())
+            .collect()
     }
 
     // --- upstream's TestGetNextUpgradePods, scenario by scenario ---------------------------------
@@ -859,7 +865,7 @@ mod tests {
         let selector_pods = || {
             let mut p = pods(1000, 0, 0);
             for pod in p.iter_mut().take(30) {
-                pod.labels.insert("app".into(), "test".into());
+                pod.labels.to_mut().insert("app".into(), "test".into());
             }
             p
         };
@@ -998,8 +1004,14 @@ mod tests {
     #[test]
     fn weight_priority_goes_first() {
         let mut p = pods(20, 10, 2);
-        p[15].labels.insert("test-key".into(), "bar".into());
-        p[16].labels.insert("test-key".into(), "foo".into());
+        p[15]
+            .labels
+            .to_mut()
+            .insert("test-key".into(), "bar".into());
+        p[16]
+            .labels
+            .to_mut()
+            .insert("test-key".into(), "foo".into());
         let p = shuffled(p, 11);
         let s = set(
             json!({"maxUnavailable": 10, "priorityStrategy": {"weightPriority": [
@@ -1014,10 +1026,10 @@ mod tests {
     fn order_priority_goes_first() {
         let mut p = pods(20, 10, 2);
         for pod in &mut p {
-            pod.labels.insert("key1".into(), "5".into());
+            pod.labels.to_mut().insert("key1".into(), "5".into());
         }
-        p[17].labels.insert("key1".into(), "10".into());
-        p[18].labels.insert("key1".into(), "20".into());
+        p[17].labels.to_mut().insert("key1".into(), "10".into());
+        p[18].labels.to_mut().insert("key1".into(), "20".into());
         let p = shuffled(p, 13);
         let s = set(
             json!({"maxUnavailable": 10, "priorityStrategy": {"orderPriority": [{"orderedKey": "key1"}]}}),
@@ -1269,7 +1281,7 @@ mod tests {
         // pod-1 waits, as upstream (priority order is kept even for free pods).
         let mut p = pods(5, 1, 0);
         p[1].ready = false;
-        p[4].labels.insert("first".into(), "yes".into());
+        p[4].labels.to_mut().insert("first".into(), "yes".into());
         let s = set(json!({"priorityStrategy": {"weightPriority": [
             {"weight": 10, "matchSelector": {"matchLabels": {"first": "yes"}}}]}}));
         let batch = next_batch(&s, &p);
@@ -1283,7 +1295,7 @@ mod tests {
     fn only_pods_matching_the_update_selector_are_upgraded() {
         let mut p = pods(6, 0, 0);
         for i in [1, 4] {
-            p[i].labels.insert("canary".into(), "true".into());
+            p[i].labels.to_mut().insert("canary".into(), "true".into());
         }
         let s = set(json!({"maxUnavailable": 10, "selector": {"matchLabels": {"canary": "true"}}}));
         let batch = next_batch(&s, &p);
@@ -1496,10 +1508,12 @@ mod tests {
             let priority: UpdatePriorityStrategy =
                 serde_json::from_value(strategy.clone()).expect("priority");
             let view = |labels: Vec<(&str, &str)>| PodView {
-                labels: labels
-                    .into_iter()
-                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                    .collect(),
+                labels: Cow::Owned(
+                    labels
+                        .into_iter()
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .collect(),
+                ),
                 ..Default::default()
             };
             let p = [view(i), view(j)];
@@ -1514,8 +1528,8 @@ mod tests {
         let priority: UpdatePriorityStrategy =
             serde_json::from_value(json!({"orderPriority": [{"orderedKey": "k"}]})).expect("p");
         let mut p = vec![pod(0), pod(1), pod(2)];
-        p[1].labels.insert("k".into(), "1".into());
-        p[2].labels.insert("k".into(), "x".into());
+        p[1].labels.to_mut().insert("k".into(), "1".into());
+        p[2].labels.to_mut().insert("k".into(), "x".into());
         let mut order = vec![0, 1, 2];
         sort_by_priority(&priority, &p, &mut order);
         assert_eq!(order, [1, 2, 0]);
@@ -1528,7 +1542,7 @@ mod tests {
             {"weight": 10, "matchSelector": {"matchLabels": {"k": "v"}}}]}))
         .expect("p");
         let mut p = vec![pod(0), pod(1)];
-        p[1].labels.insert("k".into(), "v".into());
+        p[1].labels.to_mut().insert("k".into(), "v".into());
         let mut order = vec![0, 1];
         sort_by_priority(&priority, &p, &mut order);
         assert_eq!(order, [1, 0]);
@@ -1773,7 +1787,7 @@ mod tests {
         .iter()
         .enumerate()
         {
-            p[i].labels.insert("key-4".into(), (*v).to_owned());
+            p[i].labels.to_mut().insert("key-4".into(), (*v).to_owned());
         }
         let written = [
             ("key-1", "value-1"),
@@ -1810,7 +1824,7 @@ mod tests {
         let mut p = pods(12, 0, 0);
         for (i, pod) in p.iter_mut().enumerate() {
             let zone = if i >= 8 { "a" } else { "b" };
-            pod.labels.insert("zone".into(), zone.into());
+            pod.labels.to_mut().insert("zone".into(), zone.into());
         }
         let s =
             set(json!({"maxUnavailable": 3, "scatterStrategy": [{"key": "zone", "value": "a"}]}));
@@ -1829,16 +1843,19 @@ mod tests {
 
     // --- properties ------------------------------------------------------------------------------------
 
-    fn random_case(rng: &mut Rng) -> (SidecarSet, Vec<PodView>) {
+    fn random_case(rng: &mut Rng) -> (SidecarSet, Vec<PodView<'static>>) {
         let n = rng.below(40);
         let zones = ["a", "b", "c"];
         let pods: Vec<PodView> = (0..n)
             .map(|i| {
                 let mut p = pod(i);
                 p.namespace = ["default", "other"][rng.below(2)].into();
-                p.labels.insert("zone".into(), zones[rng.below(3)].into());
+                p.labels
+                    .to_mut()
+                    .insert("zone".into(), zones[rng.below(3)].into());
                 if rng.chance(30) {
                     p.labels
+                        .to_mut()
                         .insert("rank".into(), format!("r-{}", rng.below(5)));
                 }
                 p.hash = match rng.below(10) {
