@@ -8,6 +8,7 @@ pub mod backoff;
 pub mod imagepulljob;
 pub mod nodeimage;
 pub mod nodeimage_images;
+pub mod pod_feed;
 pub mod pod_summary;
 pub mod sidecarset;
 
@@ -68,10 +69,18 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
             let _ = rx.wait_for(|stop| *stop).await;
         }
     };
-    let controllers = futures::future::join3(
-        nodeimage::run(client.clone(), opts.clone(), stopped()),
-        imagepulljob::run(client.clone(), opts.clone(), stopped()),
-        sidecarset::run(client, opts, stopped()),
+    // One pod watch and store for both controllers that read pods.
+    let (drive_pods, mut feeds) = pod_feed::watch_pods(client.clone(), 2);
+    let (Some(for_jobs), Some(for_sidecarsets)) = (feeds.pop(), feeds.pop()) else {
+        return;
+    };
+    let controllers = pod_feed::alongside(
+        drive_pods,
+        futures::future::join3(
+            nodeimage::run(client.clone(), opts.clone(), stopped()),
+            imagepulljob::run_with_pods(client.clone(), opts.clone(), for_jobs, stopped()),
+            sidecarset::run_with_pods(client, opts, for_sidecarsets, stopped()),
+        ),
     );
     tokio::pin!(controllers);
     let shutdown = shutdown.fuse();

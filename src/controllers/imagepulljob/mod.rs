@@ -30,6 +30,7 @@ use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 
+use super::pod_feed::{self, PodFeed};
 use crate::controllers::pod_summary::PodSummary;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -135,19 +136,6 @@ impl Context {
     }
 }
 
-/// Keeps only what node selection reads of a pod (namespace, labels, node, phase, times): a
-/// cluster's pods are the biggest set we watch.
-fn strip_pod(pod: &mut PodSummary) {
-    pod.metadata.annotations = None;
-    if let Some(spec) = pod.spec.as_mut() {
-        spec.containers = Vec::new();
-    }
-    if let Some(status) = pod.status.as_mut() {
-        status.conditions = None;
-        status.container_statuses = None;
-    }
-}
-
 /// Jobs a NodeImage change may concern: running jobs whose selector could include the node,
 /// and any job the NodeImage names as an owner.
 fn jobs_for_nodeimage(
@@ -202,10 +190,23 @@ fn jobs_for_pod(jobs: &Store<ImagePullJob>, pod: &PodSummary) -> Vec<ObjectRef<I
         .collect()
 }
 
-/// Runs the ImagePullJob controller until `shutdown` resolves.
+/// Runs the ImagePullJob controller until `shutdown` resolves, with a pod watch of its own.
 pub async fn run(
     client: Client,
     opts: ControllerOptions,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (drive, mut feeds) = pod_feed::watch_pods(client.clone(), 1);
+    let Some(pods) = feeds.pop() else { return };
+    pod_feed::alongside(drive, run_with_pods(client, opts, pods, shutdown)).await;
+}
+
+/// Runs the ImagePullJob controller until `shutdown` resolves, reading pods (for `podSelector`
+/// jobs) from `pods`, a watch it may share with other controllers.
+pub async fn run_with_pods(
+    client: Client,
+    opts: ControllerOptions,
+    pods: PodFeed,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     // Streaming lists (WatchList, on by default since Kubernetes 1.32; our floor is 1.33) send the
@@ -223,15 +224,20 @@ pub async fn run(
         .modify(|n: &mut NodeImage| n.managed_fields_mut().clear())
         .reflect(nodeimage_writer)
         .touched_objects();
-    let (pods, pod_writer) = reflector::store();
-    let pod_events = watcher(
-        Api::<PodSummary>::all(client.clone()),
-        watcher::Config::default().streaming_lists(),
-    )
-    .default_backoff()
-    .modify(strip_pod)
-    .reflect(pod_writer)
-    .touched_objects();
+    let PodFeed {
+        store: pods,
+        ready: mut pods_ready,
+        events: pod_events,
+    } = pods;
+    // Every pod event, deletions included: a job's nodes follow its pods either way.
+    let pod_events = pod_events.filter_map(|event| {
+        futures::future::ready(match event {
+            watcher::Event::Apply(pod)
+            | watcher::Event::InitApply(pod)
+            | watcher::Event::Delete(pod) => Some(Ok::<_, watcher::Error>(pod)),
+            watcher::Event::Init | watcher::Event::InitDone => None,
+        })
+    });
 
     // The jobs' nodes gauge follows every job event, deletions included, from the store the
     // event has just been applied to (mid-relist the store is not swapped yet: wait for
@@ -255,9 +261,9 @@ pub async fn run(
     let jobs_for_pods = jobs.clone();
     // `Store::wait_until_ready` wakes only one of several waiters; one task waits and tells all.
     let (caches_ready, caches_ready_rx) = watch::channel(false);
-    let (ni_store, pod_store) = (nodeimages.clone(), pods.clone());
+    let ni_store = nodeimages.clone();
     tokio::spawn(async move {
-        if ni_store.wait_until_ready().await.is_ok() && pod_store.wait_until_ready().await.is_ok() {
+        if ni_store.wait_until_ready().await.is_ok() && pods_ready.wait_for(|r| *r).await.is_ok() {
             let _ = caches_ready.send(true);
         }
     });

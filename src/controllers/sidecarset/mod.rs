@@ -30,12 +30,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::events::Recorder;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
-
-use crate::controllers::pod_summary::PodSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -57,10 +54,13 @@ use self::strategy::{Batch, CurrentHashes, PodState, PodView, classify, next_bat
 use self::upgrade::{UpgradeError, upgradable_condition, upgrade_patch};
 use super::ControllerOptions;
 use super::backoff::Backoff;
+use super::pod_feed::{self, PodFeed};
+use super::pod_summary::PodSummary;
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
 use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
 use crate::apis::well_known::{CONTROLLER_REVISION_HASH, SIDECARSET_HASH, SIDECARSET_NAME_LABEL};
+use crate::events::Recorder;
 use crate::probe::ManagerMetrics;
 use crate::sidecar::annotations::parse_hashes;
 
@@ -148,10 +148,23 @@ impl Context {
     }
 }
 
-/// Runs the SidecarSet controller until `shutdown` resolves.
+/// Runs the SidecarSet controller until `shutdown` resolves, with a pod watch of its own.
 pub async fn run(
     client: Client,
     opts: ControllerOptions,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (drive, mut feeds) = pod_feed::watch_pods(client.clone(), 1);
+    let Some(pods) = feeds.pop() else { return };
+    pod_feed::alongside(drive, run_with_pods(client, opts, pods, shutdown)).await;
+}
+
+/// Runs the SidecarSet controller until `shutdown` resolves, reading pods from `pods` (a watch
+/// it may share with other controllers).
+pub async fn run_with_pods(
+    client: Client,
+    opts: ControllerOptions,
+    pods: PodFeed,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let scoped = match &opts.label_selector {
@@ -159,29 +172,22 @@ pub async fn run(
         None => watcher::Config::default(),
     };
 
-    let (pods, pod_writer) = reflector::store();
+    let PodFeed {
+        store: pods,
+        ready: pods_ready,
+        events: pod_events,
+    } = pods;
     let tracker = PodTracker::default();
-    let pod_triggers = watcher(
-        Api::<PodSummary>::all(client.clone()),
-        watcher::Config::default().streaming_lists(),
-    )
-    .default_backoff()
-    .modify(strip_pod)
-    .reflect(pod_writer)
-    .filter_map(move |event| {
-        let wake = match event {
-            Ok(event) => tracker.wake(&event),
-            Err(err) => {
-                warn!(error = %err, "sidecarset controller: pod watch");
-                BTreeSet::new()
-            }
-        };
-        futures::future::ready(Some(futures::stream::iter(
-            wake.into_iter()
-                .map(|name| ObjectRef::<SidecarSet>::new(&name)),
-        )))
-    })
-    .flatten();
+    let pod_triggers = pod_events
+        .map(move |event| {
+            futures::stream::iter(
+                tracker
+                    .wake(&event)
+                    .into_iter()
+                    .map(|name| ObjectRef::<SidecarSet>::new(&name)),
+            )
+        })
+        .flatten();
 
     let (namespaces, namespace_writer) = reflector::store();
     // A namespace's labels decide which SidecarSets select its pods (upstream does not watch
@@ -260,10 +266,10 @@ pub async fn run(
 
     // `Store::wait_until_ready` wakes only one of several waiters; one task waits and tells all.
     let (caches_ready, caches_ready_rx) = watch::channel(false);
-    let (p, n, r) = (pods.clone(), namespaces.clone(), revisions.clone());
+    let (mut p, n, r) = (pods_ready, namespaces.clone(), revisions.clone());
     let (j, ni) = (jobs.clone(), nodeimages.clone());
     tokio::spawn(async move {
-        if p.wait_until_ready().await.is_ok()
+        if p.wait_for(|ready| *ready).await.is_ok()
             && n.wait_until_ready().await.is_ok()
             && r.wait_until_ready().await.is_ok()
             && j.wait_until_ready().await.is_ok()

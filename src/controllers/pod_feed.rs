@@ -1,0 +1,253 @@
+//! One watch of every pod, shared by the controllers that read pods (SidecarSet and
+//! ImagePullJob): pods are the biggest set the manager watches, so they are stored once, in one
+//! reflector store, and each controller gets every watch event after that store has applied it.
+//!
+//! kube's own shared reflector (`store_shared` + `subscribe`) hands out applied objects only;
+//! the SidecarSet controller also needs deletions and the re-list markers (a pod that vanished
+//! while the watch was down wakes its SidecarSets), hence this small fan-out.
+
+use std::future::Future;
+
+use futures::channel::mpsc;
+use futures::{SinkExt, StreamExt};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tracing::warn;
+
+use super::pod_summary::PodSummary;
+use super::sidecarset::pods::strip_pod;
+
+/// Events a consumer may fall behind by before the watch waits for it.
+const BUFFER: usize = 1024;
+
+/// What one controller gets of a shared watch.
+pub struct Feed<K: kube::Resource<DynamicType = ()> + 'static> {
+    /// Every object, as the watch stores it.
+    pub store: Store<K>,
+    /// True once `store` holds a first full list.
+    pub ready: watch::Receiver<bool>,
+    /// Every watch event, in order, after `store` has applied it.
+    pub events: mpsc::Receiver<watcher::Event<K>>,
+}
+
+/// What one controller gets of the shared pod watch; pods are kept as [`strip_pod`] keeps
+/// them (the union of what the controllers read).
+pub type PodFeed = Feed<PodSummary>;
+
+/// Watches every pod for `consumers` controllers. Returns the future that drives the watch (run
+/// it alongside the controllers; it ends when every feed is dropped) and one feed per consumer.
+pub fn watch_pods(client: Client, consumers: usize) -> (impl Future<Output = ()>, Vec<PodFeed>) {
+    let (store, writer) = reflector::store();
+    let events = watcher(
+        Api::<PodSummary>::all(client),
+        watcher::Config::default().streaming_lists(),
+    )
+    .default_backoff()
+    .modify(strip_pod)
+    .reflect(writer);
+    fan_out(events, store, consumers)
+}
+
+/// Hands every event of `events` (a stream already reflected into `store`) to `consumers`
+/// feeds, in order; a watch error is logged and skipped (the watcher retries by itself).
+fn fan_out<K>(
+    events: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    store: Store<K>,
+    consumers: usize,
+) -> (impl Future<Output = ()>, Vec<Feed<K>>)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    let (ready_tx, ready) = watch::channel(false);
+    let (senders, feeds): (Vec<_>, Vec<_>) = (0..consumers)
+        .map(|_| {
+            let (tx, events) = mpsc::channel(BUFFER);
+            let feed = Feed {
+                store: store.clone(),
+                ready: ready.clone(),
+                events,
+            };
+            (Some(tx), feed)
+        })
+        .unzip();
+    let drive = async move {
+        let mut senders = senders;
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(err) => {
+                    warn!(error = %err, "pod watch");
+                    continue;
+                }
+            };
+            if matches!(event, watcher::Event::InitDone) {
+                ready_tx.send_replace(true);
+            }
+            for slot in &mut senders {
+                if let Some(tx) = slot
+                    && tx.send(event.clone()).await.is_err()
+                {
+                    // That controller has stopped.
+                    *slot = None;
+                }
+            }
+            if senders.iter().all(Option::is_none) {
+                break;
+            }
+        }
+    };
+    (drive, feeds)
+}
+
+/// Runs `work` to its end while driving `drive` (a [`watch_pods`] future) beside it.
+pub async fn alongside<W: Future>(drive: impl Future<Output = ()>, work: W) -> W::Output {
+    tokio::pin!(work);
+    tokio::pin!(drive);
+    let mut driving = true;
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            () = &mut drive, if driving => driving = false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::reflector::{ObjectRef, store::Writer};
+
+    use super::*;
+
+    fn object(name: &str) -> ConfigMap {
+        let mut c = ConfigMap::default();
+        c.metadata.name = Some(name.into());
+        c.metadata.namespace = Some("ns".into());
+        c
+    }
+
+    fn events() -> Vec<watcher::Event<ConfigMap>> {
+        vec![
+            watcher::Event::Init,
+            watcher::Event::InitApply(object("a")),
+            watcher::Event::InitApply(object("b")),
+            watcher::Event::InitDone,
+            watcher::Event::Apply(object("c")),
+            watcher::Event::Delete(object("a")),
+        ]
+    }
+
+    fn names(events: &[watcher::Event<ConfigMap>]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e {
+                watcher::Event::Init => "init".into(),
+                watcher::Event::InitApply(o) => format!(
+                    "init-apply {}",
+                    o.metadata.name.as_deref().unwrap_or_default()
+                ),
+                watcher::Event::InitDone => "init-done".into(),
+                watcher::Event::Apply(o) => {
+                    format!("apply {}", o.metadata.name.as_deref().unwrap_or_default())
+                }
+                watcher::Event::Delete(o) => {
+                    format!("delete {}", o.metadata.name.as_deref().unwrap_or_default())
+                }
+            })
+            .collect()
+    }
+
+    /// The events reflected into a fresh store, as `watch_pods` does.
+    fn reflected(
+        items: Vec<Result<watcher::Event<ConfigMap>, watcher::Error>>,
+    ) -> (
+        impl futures::Stream<Item = Result<watcher::Event<ConfigMap>, watcher::Error>>,
+        Store<ConfigMap>,
+    ) {
+        let (store, writer): (Store<ConfigMap>, Writer<ConfigMap>) = reflector::store();
+        (futures::stream::iter(items).reflect(writer), store)
+    }
+
+    #[tokio::test]
+    async fn every_consumer_gets_every_event_in_order_and_the_store_follows_them() {
+        let (stream, store) = reflected(events().into_iter().map(Ok).collect());
+        let (drive, feeds) = fan_out(stream, store, 2);
+        drive.await;
+        for mut feed in feeds {
+            let mut got = Vec::new();
+            while let Ok(event) = feed.events.try_recv() {
+                got.push(event);
+            }
+            assert_eq!(names(&got), names(&events()));
+            assert!(*feed.ready.borrow(), "ready after InitDone");
+            let stored = |name: &str| feed.store.get(&ObjectRef::new(name).within("ns")).is_some();
+            assert!(!stored("a") && stored("b") && stored("c"));
+        }
+    }
+
+    #[tokio::test]
+    async fn not_ready_before_the_first_full_list() {
+        let (stream, store) = reflected(vec![
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(object("a"))),
+        ]);
+        let (drive, feeds) = fan_out(stream, store, 1);
+        drive.await;
+        assert!(!*feeds[0].ready.borrow());
+    }
+
+    #[tokio::test]
+    async fn a_watch_error_is_skipped_and_the_rest_still_arrives() {
+        let error = watcher::Error::NoResourceVersion;
+        let (stream, store) = reflected(vec![
+            Ok(watcher::Event::Apply(object("a"))),
+            Err(error),
+            Ok(watcher::Event::Apply(object("b"))),
+        ]);
+        let (drive, mut feeds) = fan_out(stream, store, 1);
+        drive.await;
+        let mut got = Vec::new();
+        while let Ok(event) = feeds[0].events.try_recv() {
+            got.push(event);
+        }
+        assert_eq!(names(&got), ["apply a", "apply b"]);
+    }
+
+    #[tokio::test]
+    async fn a_stopped_consumer_does_not_hold_up_the_others() {
+        let many: Vec<_> = (0..BUFFER * 3)
+            .map(|i| Ok(watcher::Event::Apply(object(&format!("o{i}")))))
+            .collect();
+        let (stream, store) = reflected(many);
+        let (drive, mut feeds) = fan_out(stream, store, 2);
+        drop(feeds.remove(0));
+        let mut survivor = feeds.remove(0);
+        let consume = async move {
+            let mut n = 0;
+            while survivor.events.next().await.is_some() {
+                n += 1;
+            }
+            n
+        };
+        let ((), n) = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            futures::join!(drive, consume)
+        })
+        .await
+        .expect("the drive does not wait for a dropped consumer");
+        assert_eq!(n, BUFFER * 3);
+    }
+
+    #[tokio::test]
+    async fn the_drive_ends_once_every_consumer_is_gone() {
+        let endless = futures::stream::repeat_with(|| Ok(watcher::Event::Apply(object("a"))));
+        let (store, writer) = reflector::store();
+        let (drive, feeds) = fan_out(endless.reflect(writer), store, 2);
+        drop(feeds);
+        tokio::time::timeout(std::time::Duration::from_secs(10), drive)
+            .await
+            .expect("the drive stops");
+    }
+}
