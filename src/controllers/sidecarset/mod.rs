@@ -246,8 +246,11 @@ pub async fn run_with_pods(
         scoped_nodeimages.streaming_lists(),
     )
     .default_backoff()
+    // Only its name and status are read: labels (a copy of the Node's) and spec are dropped.
     .modify(|n: &mut NodeImage| {
-        n.managed_fields_mut().clear();
+        let meta = std::mem::take(&mut n.metadata);
+        n.metadata.name = meta.name;
+        n.metadata.resource_version = meta.resource_version;
         n.spec = Default::default();
     })
     .reflect(nodeimage_writer)
