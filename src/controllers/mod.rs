@@ -6,6 +6,7 @@
 
 pub mod backoff;
 pub mod imagepulljob;
+pub mod node_summary;
 pub mod nodeimage;
 pub mod nodeimage_images;
 pub mod pod_feed;

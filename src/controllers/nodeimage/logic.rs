@@ -11,7 +11,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::api::core::v1::ObjectReference;
+
+use crate::controllers::node_summary::NodeSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
@@ -113,7 +115,7 @@ pub enum Lifecycle {
 
 /// Whether a Node's Ready condition is True, and since when (`Some(None)`: True, but with no
 /// transition time, which counts as "long ago", as upstream's zero time does).
-pub fn ready_since(node: &Node) -> Option<Option<Timestamp>> {
+pub fn ready_since(node: &NodeSummary) -> Option<Option<Timestamp>> {
     let ready = node
         .status
         .as_ref()?
@@ -125,7 +127,7 @@ pub fn ready_since(node: &Node) -> Option<Option<Timestamp>> {
 }
 
 /// Whether the controller ignores this Node (`type: virtual-kubelet`).
-pub fn is_virtual_kubelet(node: &Node) -> bool {
+pub fn is_virtual_kubelet(node: &NodeSummary) -> bool {
     node.metadata
         .labels
         .as_ref()
@@ -145,7 +147,7 @@ pub fn is_fake(nodeimage: &NodeImage) -> bool {
 
 /// The lifecycle decision for one name, from its Node and NodeImage (either may be absent).
 pub fn lifecycle(
-    node: Option<&Node>,
+    node: Option<&NodeSummary>,
     nodeimage: Option<&NodeImage>,
     creation_delay: Duration,
     now: Timestamp,
@@ -505,7 +507,8 @@ pub fn next_wake(
 mod tests {
     use super::*;
     use crate::apis::nodeimage::ImageTagPullPolicy;
-    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+    use crate::controllers::node_summary::NodeStatusSummary;
+    use k8s_openapi::api::core::v1::NodeCondition;
     use kube::api::ObjectMeta;
 
     const T0: i64 = 1_700_000_000;
@@ -525,14 +528,14 @@ mod tests {
             .collect()
     }
 
-    fn node(labels_: &[(&str, &str)], ready: Option<(&str, Option<i64>)>) -> Node {
-        Node {
+    fn node(labels_: &[(&str, &str)], ready: Option<(&str, Option<i64>)>) -> NodeSummary {
+        NodeSummary {
             metadata: ObjectMeta {
                 name: Some("n1".into()),
                 labels: Some(labels(labels_)),
                 ..Default::default()
             },
-            status: ready.map(|(status, since)| NodeStatus {
+            status: ready.map(|(status, since)| NodeStatusSummary {
                 conditions: Some(vec![
                     NodeCondition {
                         type_: "MemoryPressure".into(),
@@ -546,9 +549,7 @@ mod tests {
                         ..Default::default()
                     },
                 ]),
-                ..Default::default()
             }),
-            ..Default::default()
         }
     }
 

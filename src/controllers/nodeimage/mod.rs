@@ -58,10 +58,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::controllers::node_summary::NodeSummary;
 use crate::events::Recorder;
 use futures::channel::mpsc::{UnboundedSender, unbounded};
 use futures::{FutureExt, StreamExt, future, stream};
-use k8s_openapi::api::core::v1::Node;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -89,7 +89,7 @@ const CONCURRENCY: u16 = 16;
 /// loses the label is out of scope, not gone: its NodeImage is kept.
 pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<Output = ()>) {
     let label_selector = opts.label_selector.clone();
-    let node_api: Api<Node> = Api::all(client.clone());
+    let node_api: Api<NodeSummary> = Api::all(client.clone());
     let nodeimage_api: Api<NodeImage> = Api::all(client.clone());
     let job_api: Api<PartialObjectMeta<ImagePullJob>> = Api::all(client.clone());
     let unscoped = watcher::Config::default().streaming_lists();
@@ -143,7 +143,7 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
         ready: [nodes_ready, nodeimages_ready, jobs_ready],
     });
 
-    let (node_tx, node_rx) = unbounded::<ObjectRef<Node>>();
+    let (node_tx, node_rx) = unbounded::<ObjectRef<NodeSummary>>();
     let (nodeimage_tx, nodeimage_rx) = unbounded::<ObjectRef<NodeImage>>();
     let router = Router {
         nodes: nodes.clone(),
@@ -210,7 +210,7 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
 struct Context {
     client: Client,
     nodeimages: Api<NodeImage>,
-    nodes: Store<Node>,
+    nodes: Store<NodeSummary>,
     nodeimage_store: Store<NodeImage>,
     jobs: Store<PartialObjectMeta<ImagePullJob>>,
     recorder: Recorder,
@@ -253,16 +253,16 @@ where
 
 /// A change in one of the three stores.
 enum Changed {
-    Node(Change<Node>),
+    Node(Change<NodeSummary>),
     NodeImage(Change<NodeImage>),
     Job(Change<PartialObjectMeta<ImagePullJob>>),
 }
 
 /// Turns store changes into reconcile requests.
 struct Router {
-    nodes: Store<Node>,
+    nodes: Store<NodeSummary>,
     nodeimages: Store<NodeImage>,
-    node_tx: UnboundedSender<ObjectRef<Node>>,
+    node_tx: UnboundedSender<ObjectRef<NodeSummary>>,
     nodeimage_tx: UnboundedSender<ObjectRef<NodeImage>>,
 }
 

@@ -5,6 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
+
+use crate::controllers::node_summary::NodeSummary;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::PartialObjectMeta;
@@ -38,7 +40,7 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    #[error("checking whether Node {name} still exists")]
+    #[error("checking whether NodeSummary {name} still exists")]
     GetNode {
         name: String,
         #[source]
@@ -97,7 +99,7 @@ fn params() -> PatchParams {
 // --- Node applier -------------------------------------------------------------------------------
 
 /// Creates the Node's NodeImage once it is wanted, or requeues at the instant it will be.
-pub(super) async fn node(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(super) async fn node(node: Arc<NodeSummary>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.stores_ready().await;
     let name = node.name_any();
     let now = Timestamp::now();
@@ -153,7 +155,7 @@ async fn create(
     Ok(())
 }
 
-pub(super) fn node_error_policy(node: Arc<Node>, err: &Error, ctx: Arc<Context>) -> Action {
+pub(super) fn node_error_policy(node: Arc<NodeSummary>, err: &Error, ctx: Arc<Context>) -> Action {
     let name = node.name_any();
     let wait = ctx.backoff.failed(&format!("node/{name}"));
     warn!(node = %name, error = %chain(err), ?wait, "reconcile failed; retrying");
