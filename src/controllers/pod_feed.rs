@@ -7,6 +7,7 @@
 //! while the watch was down wakes its SidecarSets), hence this small fan-out.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt};
@@ -28,13 +29,42 @@ pub struct Feed<K: kube::Resource<DynamicType = ()> + 'static> {
     pub store: Store<K>,
     /// True once `store` holds a first full list.
     pub ready: watch::Receiver<bool>,
-    /// Every watch event, in order, after `store` has applied it.
-    pub events: mpsc::Receiver<watcher::Event<K>>,
+    /// Every watch event, in order, after `store` has applied it (one copy shared by all).
+    pub events: mpsc::Receiver<Arc<watcher::Event<K>>>,
 }
 
 /// What one controller gets of the shared pod watch; pods are kept as [`strip_pod`] keeps
 /// them (the union of what the controllers read).
 pub type PodFeed = Feed<PodSummary>;
+
+impl<K> Feed<K>
+where
+    K: kube::Resource<DynamicType = ()> + Send + Sync + 'static,
+{
+    /// Turns every event into what to reconcile (`map`), on a task of its own, and returns the
+    /// store, the readiness and the stream of those triggers. A kube `Controller` stops polling
+    /// all its trigger streams while it backs off from an error of any of its watches; the
+    /// shared watch must not wait for that (the other controller would get no events), so the
+    /// feed is drained here, always, and only the small triggers queue up (unbounded; the
+    /// controller's scheduler merges duplicates). The task ends with the feed or the stream.
+    pub fn into_triggers<T: Send + 'static>(
+        self,
+        mut map: impl FnMut(&watcher::Event<K>) -> Vec<T> + Send + 'static,
+    ) -> (Store<K>, watch::Receiver<bool>, mpsc::UnboundedReceiver<T>) {
+        let (tx, triggers) = mpsc::unbounded();
+        let mut events = self.events;
+        tokio::spawn(async move {
+            while let Some(event) = events.next().await {
+                for trigger in map(&event) {
+                    if tx.unbounded_send(trigger).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        (self.store, self.ready, triggers)
+    }
+}
 
 /// Watches every pod for `consumers` controllers. Returns the future that drives the watch (run
 /// it alongside the controllers; it ends when every feed is dropped) and one feed per consumer.
@@ -86,6 +116,7 @@ where
             if matches!(event, watcher::Event::InitDone) {
                 ready_tx.send_replace(true);
             }
+            let event = Arc::new(event);
             for slot in &mut senders {
                 if let Some(tx) = slot
                     && tx.send(event.clone()).await.is_err()
@@ -100,6 +131,17 @@ where
         }
     };
     (drive, feeds)
+}
+
+/// Runs `work` on a pod watch of its own (a controller run alone, as in tests), to its end.
+pub async fn with_own_watch<W: Future<Output = ()>>(
+    client: Client,
+    work: impl FnOnce(PodFeed) -> W,
+) {
+    let (drive, mut feeds) = watch_pods(client, 1);
+    if let Some(feed) = feeds.pop() {
+        alongside(drive, work(feed)).await;
+    }
 }
 
 /// Runs `work` to its end while driving `drive` (a [`watch_pods`] future) beside it.
@@ -140,9 +182,9 @@ mod tests {
         ]
     }
 
-    fn names(events: &[watcher::Event<ConfigMap>]) -> Vec<String> {
+    fn names<'a>(events: impl IntoIterator<Item = &'a watcher::Event<ConfigMap>>) -> Vec<String> {
         events
-            .iter()
+            .into_iter()
             .map(|e| match e {
                 watcher::Event::Init => "init".into(),
                 watcher::Event::InitApply(o) => format!(
@@ -181,7 +223,7 @@ mod tests {
             while let Ok(event) = feed.events.try_recv() {
                 got.push(event);
             }
-            assert_eq!(names(&got), names(&events()));
+            assert_eq!(names(got.iter().map(|e| &**e)), names(&events()));
             assert!(*feed.ready.borrow(), "ready after InitDone");
             let stored = |name: &str| feed.store.get(&ObjectRef::new(name).within("ns")).is_some();
             assert!(!stored("a") && stored("b") && stored("c"));
@@ -213,7 +255,7 @@ mod tests {
         while let Ok(event) = feeds[0].events.try_recv() {
             got.push(event);
         }
-        assert_eq!(names(&got), ["apply a", "apply b"]);
+        assert_eq!(names(got.iter().map(|e| &**e)), ["apply a", "apply b"]);
     }
 
     #[tokio::test]
@@ -238,6 +280,36 @@ mod tests {
         .await
         .expect("the drive does not wait for a dropped consumer");
         assert_eq!(n, BUFFER * 3);
+    }
+
+    #[tokio::test]
+    async fn a_consumer_whose_triggers_are_not_read_does_not_hold_up_the_others() {
+        let many: Vec<_> = (0..BUFFER * 3)
+            .map(|i| Ok(watcher::Event::Apply(object(&format!("o{i}")))))
+            .collect();
+        let (stream, store) = reflected(many);
+        let (drive, mut feeds) = fan_out(stream, store, 2);
+        // A controller backing off: it holds its triggers and reads none of them.
+        let (_, _, held) = feeds.remove(0).into_triggers(|e| match e {
+            watcher::Event::Apply(o) => vec![o.metadata.name.clone()],
+            _ => Vec::new(),
+        });
+        let mut other = feeds.remove(0);
+        let consume = async move {
+            let mut n = 0;
+            while other.events.next().await.is_some() {
+                n += 1;
+            }
+            n
+        };
+        let ((), n) = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            futures::join!(drive, consume)
+        })
+        .await
+        .expect("the watch does not wait for a controller that is not reading");
+        assert_eq!(n, BUFFER * 3);
+        let queued = held.collect::<Vec<_>>().await;
+        assert_eq!(queued.len(), BUFFER * 3, "every trigger is kept for later");
     }
 
     #[tokio::test]

@@ -196,9 +196,10 @@ pub async fn run(
     opts: ControllerOptions,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let (drive, mut feeds) = pod_feed::watch_pods(client.clone(), 1);
-    let Some(pods) = feeds.pop() else { return };
-    pod_feed::alongside(drive, run_with_pods(client, opts, pods, shutdown)).await;
+    pod_feed::with_own_watch(client.clone(), |pods| {
+        run_with_pods(client, opts, pods, shutdown)
+    })
+    .await;
 }
 
 /// Runs the ImagePullJob controller until `shutdown` resolves, reading pods (for `podSelector`
@@ -224,20 +225,6 @@ pub async fn run_with_pods(
         .modify(|n: &mut NodeImage| n.managed_fields_mut().clear())
         .reflect(nodeimage_writer)
         .touched_objects();
-    let PodFeed {
-        store: pods,
-        ready: mut pods_ready,
-        events: pod_events,
-    } = pods;
-    // Every pod event, deletions included: a job's nodes follow its pods either way.
-    let pod_events = pod_events.filter_map(|event| {
-        futures::future::ready(match event {
-            watcher::Event::Apply(pod)
-            | watcher::Event::InitApply(pod)
-            | watcher::Event::Delete(pod) => Some(Ok::<_, watcher::Error>(pod)),
-            watcher::Event::Init | watcher::Event::InitDone => None,
-        })
-    });
 
     // The jobs' nodes gauge follows every job event, deletions included, from the store the
     // event has just been applied to (mid-relist the store is not swapped yet: wait for
@@ -259,6 +246,13 @@ pub async fn run_with_pods(
     let controller = Controller::for_stream(job_events, job_reader);
     let jobs = controller.store();
     let jobs_for_pods = jobs.clone();
+    // Every pod event, deletions included: a job's nodes follow its pods either way.
+    let (pods, mut pods_ready, pod_triggers) = pods.into_triggers(move |event| match event {
+        watcher::Event::Apply(pod)
+        | watcher::Event::InitApply(pod)
+        | watcher::Event::Delete(pod) => jobs_for_pod(&jobs_for_pods, pod),
+        watcher::Event::Init | watcher::Event::InitDone => Vec::new(),
+    });
     // `Store::wait_until_ready` wakes only one of several waiters; one task waits and tells all.
     let (caches_ready, caches_ready_rx) = watch::channel(false);
     let ni_store = nodeimages.clone();
@@ -288,7 +282,7 @@ pub async fn run_with_pods(
     let shutdown = shutdown.shared();
     let running = controller
         .watches_stream(nodeimage_events, move |n| jobs_for_nodeimage(&jobs, &n))
-        .watches_stream(pod_events, move |p| jobs_for_pod(&jobs_for_pods, &p))
+        .reconcile_on(pod_triggers)
         // Many NodeImage events arrive together while a job fans out; one reconcile serves them.
         .with_config(controller::Config::default().debounce(Duration::from_millis(50)))
         .graceful_shutdown_on(shutdown.clone())

@@ -154,9 +154,10 @@ pub async fn run(
     opts: ControllerOptions,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let (drive, mut feeds) = pod_feed::watch_pods(client.clone(), 1);
-    let Some(pods) = feeds.pop() else { return };
-    pod_feed::alongside(drive, run_with_pods(client, opts, pods, shutdown)).await;
+    pod_feed::with_own_watch(client.clone(), |pods| {
+        run_with_pods(client, opts, pods, shutdown)
+    })
+    .await;
 }
 
 /// Runs the SidecarSet controller until `shutdown` resolves, reading pods from `pods` (a watch
@@ -172,22 +173,14 @@ pub async fn run_with_pods(
         None => watcher::Config::default(),
     };
 
-    let PodFeed {
-        store: pods,
-        ready: pods_ready,
-        events: pod_events,
-    } = pods;
     let tracker = PodTracker::default();
-    let pod_triggers = pod_events
-        .map(move |event| {
-            futures::stream::iter(
-                tracker
-                    .wake(&event)
-                    .into_iter()
-                    .map(|name| ObjectRef::<SidecarSet>::new(&name)),
-            )
-        })
-        .flatten();
+    let (pods, pods_ready, pod_triggers) = pods.into_triggers(move |event| {
+        tracker
+            .wake(event)
+            .into_iter()
+            .map(|name| ObjectRef::<SidecarSet>::new(&name))
+            .collect()
+    });
 
     let (namespaces, namespace_writer) = reflector::store();
     // A namespace's labels decide which SidecarSets select its pods (upstream does not watch
