@@ -107,11 +107,12 @@ kubectl create secret docker-registry storefront-registry --docker-server=regist
 # containerd resolves registry.example.com to it (a hosts.toml whose server is that registry, so
 # nothing is ever asked of registry.example.com itself): the examples pull as written.
 real_node=""
+daemon_pid=""
 cri_socket=""
 daemon_addr=${KRUISE_RS_DAEMON_PROBE_ADDR:-127.0.0.1:10221}
 start_real_node() {
   local tool env key value registry="" images="" certs_d="" pair
-  for tool in containerd runc docker-registry skopeo umoci htpasswd; do
+  for tool in containerd ctr runc docker-registry skopeo umoci htpasswd; do
     if ! command -v "$tool" >/dev/null; then
       echo "    $tool is missing (make deps installs it): node-c is played like the others" >&2
       return 1
@@ -129,12 +130,17 @@ start_real_node() {
       IMAGES) images=$value ;;
     esac
   done <<<"$env"
+  if [[ -z $registry || -z $cri_socket || -z $certs_d || -z $images ]]; then
+    echo "    tests/node/start.sh did not say where its registry and containerd are: node-c is played" >&2
+    return 1
+  fi
   for pair in v1=infra/log-agent:1.4.2 v2=infra/log-agent:1.5.0 v1=storefront/web:2.7.0; do
     skopeo copy -q --dest-tls-verify=false "oci:$images:${pair%%=*}" "docker://$registry/${pair#*=}" \
       || { echo "    pushing ${pair#*=} to $registry failed: node-c is played like the others" >&2; return 1; }
   done
-  mkdir -p "$certs_d/registry.example.com"
-  cat >"$certs_d/registry.example.com/hosts.toml" <<TOML
+  # Without this file containerd would ask registry.example.com itself: no daemon then.
+  mkdir -p "$certs_d/registry.example.com" || return 1
+  cat >"$certs_d/registry.example.com/hosts.toml" <<TOML || return 1
 server = "http://$registry"
 
 [host."http://$registry"]
@@ -142,7 +148,8 @@ server = "http://$registry"
 TOML
   "${kruise_rs[@]}" daemon --node-name node-c --kubeconfig "$kubeconfig" \
     --cri-socket "$cri_socket" --probe-addr "$daemon_addr" >"$state/daemon-node-c.log" 2>&1 &
-  helpers+=($!)
+  daemon_pid=$!
+  helpers+=("$daemon_pid")
   echo "    containerd $cri_socket, registry $registry (serving registry.example.com to node-c)," \
     "daemon log $state/daemon-node-c.log" >&2
   real_node=node-c
@@ -168,6 +175,7 @@ done
 if [[ -n $real_node ]]; then
   for _ in $(seq 60); do
     curl -sf --noproxy '*' "http://$daemon_addr/readyz" >/dev/null 2>&1 && break
+    kill -0 "$daemon_pid" 2>/dev/null || { tail -n 20 "$state/daemon-node-c.log" >&2; echo "node-c's daemon exited" >&2; exit 1; }
     sleep 0.5
   done
   curl -sf --noproxy '*' "http://$daemon_addr/readyz" >/dev/null 2>&1 \
@@ -262,7 +270,8 @@ kubectl -n shop get pods -o custom-columns='POD:.metadata.name,NODE:.spec.nodeNa
 if [[ -n $real_node ]]; then
   say "what node-c's daemon reported (events on its NodeImage) and its containerd holds"
   kubectl get events --field-selector involvedObject.kind=NodeImage,involvedObject.name=node-c \
-    -o json | jq -r '.items | sort_by(.firstTimestamp)[] | "    \(.type) \(.reason): \(.message)"' >&2
+    -o json | jq -r '.items | sort_by(.eventTime // .firstTimestamp)[]
+      | "    \(.type) \(.reason): \(.message)"' >&2 || true
   ctr --address "$cri_socket" --namespace k8s.io images ls -q 2>/dev/null \
     | grep '^registry.example.com/' | sed 's/^/    containerd: /' >&2 || true
 fi

@@ -40,7 +40,7 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    #[error("checking whether NodeSummary {name} still exists")]
+    #[error("checking whether Node {name} still exists")]
     GetNode {
         name: String,
         #[source]
