@@ -20,6 +20,9 @@
 //! `DAEMON_RUST_LOG` (default `info`) into a temporary file, or into `DAEMON_LOG_FILE` (kept);
 //! a failure prints its last lines.
 
+mod common;
+
+use common::rss_mib;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -367,19 +370,6 @@ impl Drop for ChildGuard {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// A `/proc/<pid>/status` memory figure (`VmHWM:` peak RSS, `VmRSS:` current) in MiB.
-fn rss_mib(pid: u32, field: &str) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = status
-        .lines()
-        .find(|l| l.starts_with(field))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
 }
 
 /// CPU seconds (user + system) the process has used, from `/proc/<pid>/stat`.

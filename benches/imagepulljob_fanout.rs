@@ -19,19 +19,20 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus};
+use futures::TryStreamExt;
 use kruise_rs::apis::imagepulljob::{ImagePullJob, ImagePullJobSpec};
 use kruise_rs::apis::nodeimage::NodeImage;
-use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Config, ResourceExt};
+use kube::{Client, ResourceExt};
 use serde_json::json;
+
+mod common;
+
+use common::{ControlPlane, Result, create_ready_nodes, rss_mib};
 
 const NAMESPACE: &str = "default";
 const LABEL: &str = "kruise-rs-bench";
-
-type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
 
 fn main() -> Result<()> {
     // `cargo test --all-targets` runs bench targets too, without `--bench`: a 5,000-node run
@@ -48,44 +49,6 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(bench(nodes))
-}
-
-struct ControlPlane {
-    state: tempfile::TempDir,
-    kubeconfig: String,
-}
-
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        let stop = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/controlplane/stop.sh");
-        let _ = Command::new(stop).arg(self.state.path()).status();
-    }
-}
-
-fn start_control_plane() -> Result<ControlPlane> {
-    let state = tempfile::Builder::new()
-        .prefix("kruise-rs-bench-")
-        .tempdir()?;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/controlplane/start.sh");
-    let out = Command::new(script)
-        .arg("--owner-pid")
-        .arg(std::process::id().to_string())
-        .arg(state.path())
-        .stdin(Stdio::null())
-        .output()?;
-    if !out.status.success() {
-        return Err(format!("start.sh failed: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
-    let kubeconfig = String::from_utf8(out.stdout)?.trim().to_owned();
-    Ok(ControlPlane { state, kubeconfig })
-}
-
-async fn client(kubeconfig: &str) -> Result<Client> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
-    let mut config = Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    // The bench measures the manager, not client-side throttling of its own driver.
-    config.read_timeout = Some(Duration::from_secs(120));
-    Ok(Client::try_from(config)?)
 }
 
 /// Sum of the apiserver's `apiserver_request_total` for PATCHes of NodeImage objects (not their
@@ -124,54 +87,6 @@ fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeM
         .iter()
         .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
         .collect()
-}
-
-async fn create_nodes(client: &Client, n: usize) -> Result<()> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    futures::stream::iter(0..n)
-        .map(|i| {
-            let nodes = nodes.clone();
-            async move {
-                let name = format!("bench-node-{i:05}");
-                let node = Node {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        labels: Some(BTreeMap::from([
-                            (LABEL.to_owned(), "true".to_owned()),
-                            ("kubernetes.io/hostname".to_owned(), name.clone()),
-                        ])),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                };
-                nodes.create(&PostParams::default(), &node).await?;
-                let status = NodeStatus {
-                    conditions: Some(vec![NodeCondition {
-                        type_: "Ready".into(),
-                        status: "True".into(),
-                        last_transition_time: Some(
-                            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                                k8s_openapi::jiff::Timestamp::now(),
-                            ),
-                        ),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                };
-                nodes
-                    .patch_status(
-                        &name,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({ "status": status })),
-                    )
-                    .await?;
-                Ok::<_, kube::Error>(())
-            }
-        })
-        .buffer_unordered(32)
-        .try_collect::<Vec<_>>()
-        .await?;
-    Ok(())
 }
 
 /// Waits until `count(nodeimages)` reaches `want`, watching rather than re-listing.
@@ -248,23 +163,10 @@ fn spawn_daemons(
     })
 }
 
-/// A `/proc/<pid>/status` memory figure (`VmHWM`: peak RSS, `VmRSS`: current) in MiB.
-fn rss_mib(pid: u32, field: &str) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = status
-        .lines()
-        .find(|l| l.starts_with(field))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
-}
-
 async fn bench(n: usize) -> Result<()> {
     println!("imagepulljob fan-out over {n} nodes");
-    let cp = start_control_plane()?;
-    let client = client(&cp.kubeconfig).await?;
+    let cp = ControlPlane::start()?;
+    let client = cp.client().await?;
     let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
     let kubectl = cp.state.path().join("bin/kubectl");
     let status = Command::new(&kubectl)
@@ -296,34 +198,19 @@ async fn bench(n: usize) -> Result<()> {
     // `MANAGER_WRAPPER=heaptrack` (any command taking the program as its first argument) runs the
     // manager under a profiler; the RSS figures are then the wrapper's, and the manager may
     // outlive the killed wrapper: `pkill -f "kruise-rs manager"` afterwards.
-    let mut command = match std::env::var("MANAGER_WRAPPER") {
-        Ok(wrapper) if !wrapper.is_empty() => {
-            let mut c = Command::new(wrapper);
-            c.arg(env!("CARGO_BIN_EXE_kruise-rs"));
-            c
-        }
-        _ => Command::new(env!("CARGO_BIN_EXE_kruise-rs")),
-    };
-    let manager = ChildGuard(
-        command
-            .args([
-                "manager",
-                "--kubeconfig",
-                &cp.kubeconfig,
-                "--probe-addr",
-                "127.0.0.1:0",
-                "--nodeimage-creation-delay",
-                "0",
-                // The fan-out is about the controllers; no webhooks in front of them.
-                "--disable-webhooks",
-            ])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()?,
-    );
+    let wrapper = std::env::var("MANAGER_WRAPPER")
+        .ok()
+        .filter(|w| !w.is_empty());
+    let manager = cp.spawn_manager(wrapper.as_deref())?;
 
     let t = Instant::now();
-    create_nodes(&client, n).await?;
+    create_ready_nodes(
+        &client,
+        n,
+        &BTreeMap::from([(LABEL.to_owned(), "true".to_owned())]),
+        32,
+    )
+    .await?;
     println!(
         "  {n} Ready nodes created in {:.1} s",
         t.elapsed().as_secs_f64()
@@ -439,14 +326,4 @@ async fn bench(n: usize) -> Result<()> {
         mib("VmRSS:")
     );
     Ok(())
-}
-
-/// The manager process, killed however the bench ends.
-struct ChildGuard(std::process::Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

@@ -18,10 +18,9 @@
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ChildGuard, ControlPlane, Result, create_ready_nodes, rss_mib};
+use common::{ControlPlane, Result, create_ready_nodes, rss_mib};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kruise_rs::apis::defaults::default_sidecarset;
@@ -279,32 +278,13 @@ async fn bench(pods: usize, nodes: usize, namespaces: usize) -> Result<()> {
     let client = cp.client().await?;
     let ns_api: Api<Namespace> = Api::all(client.clone());
     let mut pod_namespaces = Vec::new();
-    for name in std::iter::once("kruise-system".to_owned())
-        .chain((0..namespaces).map(|i| format!("bench-memory-{i}")))
-    {
+    for name in (0..namespaces).map(|i| format!("bench-memory-{i}")) {
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
         ns_api.create(&PostParams::default(), &ns).await?;
-        if name != "kruise-system" {
-            pod_namespaces.push(name);
-        }
+        pod_namespaces.push(name);
     }
 
-    let manager = ChildGuard(
-        Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
-            .args([
-                "manager",
-                "--kubeconfig",
-                &cp.kubeconfig,
-                "--probe-addr",
-                "127.0.0.1:0",
-                "--nodeimage-creation-delay",
-                "0",
-                "--disable-webhooks",
-            ])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()?,
-    );
+    let manager = cp.spawn_manager(None)?;
     let pid = manager.0.id();
     let mib = |field| rss_mib(pid, field).unwrap_or(f64::NAN);
     // Ready: it holds the Lease and its controllers have listed (empty) caches.

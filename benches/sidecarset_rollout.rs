@@ -35,6 +35,9 @@
 //! Figures are printed with their ratio to the baseline (goal: rollout within 1.5x); nothing is
 //! asserted.
 
+mod common;
+
+use common::rss_mib;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
@@ -873,19 +876,6 @@ async fn create_namespace(client: &Client, name: &str) -> Result<()> {
         Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
         Err(err) => Err(err.into()),
     }
-}
-
-/// A `/proc/<pid>/status` memory figure (`VmHWM`: peak RSS, `VmRSS`: current) in MiB.
-fn rss_mib(pid: u32, field: &str) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = status
-        .lines()
-        .find(|l| l.starts_with(field))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
 }
 
 fn rss(field: &str) -> String {

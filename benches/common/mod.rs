@@ -88,6 +88,52 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// `kruise-rs manager` against this control plane as a child process: webhooks off (the
+    /// benches measure the controllers), NodeImages created at once, warnings only. `wrapper`
+    /// (e.g. `heaptrack`) runs it under another program taking it as its first argument.
+    /// Creates namespace `kruise-system` first, where the manager takes its leader Lease.
+    pub fn spawn_manager(&self, wrapper: Option<&str>) -> Result<ChildGuard> {
+        let created = self
+            .kubectl()
+            .args(["create", "namespace", "kruise-system"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        let exists = created.success()
+            || self
+                .kubectl()
+                .args(["get", "namespace", "kruise-system"])
+                .stdout(Stdio::null())
+                .status()?
+                .success();
+        if !exists {
+            return Err("cannot create namespace kruise-system".into());
+        }
+        let mut command = match wrapper {
+            Some(wrapper) => {
+                let mut c = Command::new(wrapper);
+                c.arg(env!("CARGO_BIN_EXE_kruise-rs"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_kruise-rs")),
+        };
+        let child = command
+            .args([
+                "manager",
+                "--kubeconfig",
+                &self.kubeconfig,
+                "--probe-addr",
+                "127.0.0.1:0",
+                "--nodeimage-creation-delay",
+                "0",
+                "--disable-webhooks",
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()?;
+        Ok(ChildGuard(child))
+    }
+
     pub async fn client(&self) -> Result<Client> {
         let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
         let mut config = Config::from_custom_kubeconfig(kc, &Default::default()).await?;
