@@ -20,7 +20,7 @@ mod common;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::{ControlPlane, Result, create_ready_nodes, rss_mib};
+use common::{ControlPlane, Result, create_ready_nodes, rss_mib, stamp_hashes};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kruise_rs::apis::defaults::default_sidecarset;
@@ -30,7 +30,6 @@ use kruise_rs::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
 };
 use kruise_rs::sidecar::annotations::{SidecarSetUpgradeSpec, render_hashes};
-use kruise_rs::sidecar::hash::{sidecarset_hash, sidecarset_hash_without_image};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -82,14 +81,7 @@ fn the_set() -> Result<SidecarSet> {
         }
     }))?;
     default_sidecarset(&mut set);
-    let hash = sidecarset_hash(&set.spec);
-    let without_image = sidecarset_hash_without_image(&set.spec);
-    let annotations = set
-        .metadata
-        .annotations
-        .get_or_insert_with(Default::default);
-    annotations.insert(SIDECARSET_HASH.to_owned(), hash);
-    annotations.insert(SIDECARSET_HASH_WITHOUT_IMAGE.to_owned(), without_image);
+    stamp_hashes(&mut set);
     Ok(set)
 }
 

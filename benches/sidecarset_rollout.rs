@@ -37,7 +37,7 @@
 
 mod common;
 
-use common::rss_mib;
+use common::{rss_mib, stamp_hashes};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
@@ -66,7 +66,7 @@ use kruise_rs::controllers::sidecarset::pods::{
 use kruise_rs::controllers::sidecarset::predownload::{self, Decision};
 use kruise_rs::controllers::sidecarset::{self, PreDownloadInputs, owned_pods, plan};
 use kruise_rs::sidecar::annotations::{SidecarSetUpgradeSpec, render_hashes};
-use kruise_rs::sidecar::hash::{sidecarset_hash, sidecarset_hash_without_image};
+use kruise_rs::sidecar::hash::sidecarset_hash;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Config, ResourceExt};
@@ -203,17 +203,6 @@ fn sidecarset(version: &str, max_unavailable: &str) -> Result<SidecarSet> {
     default_sidecarset(&mut set);
     stamp_hashes(&mut set);
     Ok(set)
-}
-
-fn stamp_hashes(set: &mut SidecarSet) {
-    let hash = sidecarset_hash(&set.spec);
-    let without_image = sidecarset_hash_without_image(&set.spec);
-    let annotations = set
-        .metadata
-        .annotations
-        .get_or_insert_with(Default::default);
-    annotations.insert(SIDECARSET_HASH.to_owned(), hash);
-    annotations.insert(SIDECARSET_HASH_WITHOUT_IMAGE.to_owned(), without_image);
 }
 
 fn set_annotation(set: &SidecarSet, key: &str) -> String {

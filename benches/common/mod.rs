@@ -143,6 +143,20 @@ impl ControlPlane {
     }
 }
 
+/// Writes the hash annotations the webhook would write onto `set` (already defaulted).
+pub fn stamp_hashes(set: &mut kruise_rs::apis::sidecarset::SidecarSet) {
+    use kruise_rs::apis::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
+    use kruise_rs::sidecar::hash::{sidecarset_hash, sidecarset_hash_without_image};
+    let hash = sidecarset_hash(&set.spec);
+    let without_image = sidecarset_hash_without_image(&set.spec);
+    let annotations = set
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    annotations.insert(SIDECARSET_HASH.to_owned(), hash);
+    annotations.insert(SIDECARSET_HASH_WITHOUT_IMAGE.to_owned(), without_image);
+}
+
 /// A child process, killed however the bench ends.
 pub struct ChildGuard(pub std::process::Child);
 
