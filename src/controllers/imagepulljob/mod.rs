@@ -21,7 +21,6 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::events::Recorder;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -29,9 +28,6 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-
-use super::pod_feed::{self, PodFeed};
-use crate::controllers::pod_summary::PodSummary;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::watch;
@@ -44,9 +40,12 @@ use self::targets::{NodeState, Target, node_state, select_nodes};
 use super::ControllerOptions;
 use super::backoff::Backoff;
 use super::nodeimage_images::{ImagesWriteError, update_images};
+use super::pod_feed::PodFeed;
+use super::pod_summary::PodSummary;
 use crate::apis::imagepulljob::{ImagePullJob, ImagePullJobStatus};
 use crate::apis::nodeimage::NodeImage;
 use crate::apis::well_known::DELETION_PROTECTION_FINALIZER;
+use crate::events::Recorder;
 use crate::image::ImageRef;
 
 /// Field manager of everything this controller writes.
@@ -190,20 +189,8 @@ fn jobs_for_pod(jobs: &Store<ImagePullJob>, pod: &PodSummary) -> Vec<ObjectRef<I
         .collect()
 }
 
-/// Runs the ImagePullJob controller until `shutdown` resolves, with a pod watch of its own.
-pub async fn run(
-    client: Client,
-    opts: ControllerOptions,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) {
-    pod_feed::with_own_watch(client.clone(), |pods| {
-        run_with_pods(client, opts, pods, shutdown)
-    })
-    .await;
-}
-
 /// Runs the ImagePullJob controller until `shutdown` resolves, reading pods (for `podSelector`
-/// jobs) from `pods`, a watch it may share with other controllers.
+/// jobs) from `pods`, the watch `controllers::run` shares with the SidecarSet controller.
 pub async fn run_with_pods(
     client: Client,
     opts: ControllerOptions,
