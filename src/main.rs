@@ -12,6 +12,7 @@ use std::{
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kruise_rs::controllers::ControllerOptions;
+use kruise_rs::controllers::initial_list::StreamingLists;
 use kruise_rs::daemon::{self, DaemonOptions};
 use kruise_rs::manager::{self, LeaderElection, ManagerOptions};
 use kruise_rs::webhook::{CertSource, Endpoint, FailurePolicy, WebhookOptions};
@@ -104,6 +105,12 @@ struct ManagerArgs {
     /// syntax), e.g. to shard nodes between managers. Default: all.
     #[arg(long, value_name = "SELECTOR")]
     label_selector: Option<String>,
+
+    /// How the controllers' watches get their first list: `auto` streams it (WatchList) where
+    /// the API server serves streaming lists, asked once at start, and lists then watches
+    /// elsewhere (Kubernetes 1.33 ships WatchList off); `never` always lists then watches.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = StreamingLists::Auto)]
+    streaming_lists: StreamingLists,
 
     #[command(flatten)]
     leader_election: LeaderElectionArgs,
@@ -333,9 +340,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     daemon_config_namespace: args.daemon_config_namespace,
                     namespace: args.webhook.namespace.clone(),
                     label_selector: args.label_selector,
-                    // The manager puts in the set its /metrics serves.
-                    metrics: Default::default(),
+                    // The manager puts in the set its /metrics serves, the mode it detects and
+                    // the readiness it waits for.
+                    ..Default::default()
                 },
+                streaming_lists: args.streaming_lists,
                 leader_election: args.leader_election.options(&args.webhook.namespace),
                 webhook: args.webhook.options(),
             };

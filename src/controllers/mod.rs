@@ -6,6 +6,7 @@
 
 pub mod backoff;
 pub mod imagepulljob;
+pub mod initial_list;
 pub mod node_summary;
 pub mod nodeimage;
 pub mod nodeimage_images;
@@ -13,14 +14,22 @@ pub mod pod_feed;
 pub mod pod_summary;
 pub mod sidecarset;
 
+use std::collections::BTreeSet;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
 use kube::Client;
+use kube::runtime::watcher;
 
 use crate::probe::ManagerMetrics;
 use tokio::sync::watch;
+
+pub use self::initial_list::InitialList;
+
+/// The controllers [`run`] starts, by the names they report their caches under.
+pub const CONTROLLERS: [&str; 3] = [nodeimage::NAME, imagepulljob::NAME, sidecarset::NAME];
 
 /// Settings shared by the controllers, from the command line.
 #[derive(Clone, Debug)]
@@ -43,6 +52,60 @@ pub struct ControllerOptions {
     /// Where the controllers count their reconciles and report progress; the manager passes
     /// the set its `/metrics` serves (the default is a set nobody reads).
     pub metrics: ManagerMetrics,
+    /// How every watch lists first: streaming where the server serves it (the manager asks
+    /// once at start), else list then watch (the default: every server serves it).
+    pub initial_list: InitialList,
+    /// Where each controller reports that its caches hold a first full list.
+    pub synced: CacheSync,
+}
+
+/// Which controllers have filled their caches; the manager's `/readyz` waits for all of
+/// [`CONTROLLERS`] on the replica that runs them. Clones share the set.
+#[derive(Clone, Debug)]
+pub struct CacheSync(Arc<watch::Sender<BTreeSet<&'static str>>>);
+
+impl Default for CacheSync {
+    fn default() -> Self {
+        Self(Arc::new(watch::channel(BTreeSet::new()).0))
+    }
+}
+
+impl CacheSync {
+    /// Records that `controller`'s caches have listed once.
+    pub fn mark(&self, controller: &'static str) {
+        self.0.send_modify(|synced| {
+            synced.insert(controller);
+        });
+    }
+
+    /// Whether every one of [`CONTROLLERS`] has reported.
+    pub fn all_synced(&self) -> bool {
+        let synced = self.0.borrow();
+        CONTROLLERS.iter().all(|name| synced.contains(name))
+    }
+
+    /// Resolves once every one of [`CONTROLLERS`] has reported.
+    pub async fn wait_all(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx
+            .wait_for(|synced| CONTROLLERS.iter().all(|name| synced.contains(name)))
+            .await;
+    }
+}
+
+impl ControllerOptions {
+    /// A watcher configuration that lists as [`Self::initial_list`] says, with no selector.
+    pub fn watch_config(&self) -> watcher::Config {
+        self.initial_list.config()
+    }
+
+    /// [`Self::watch_config`] confined to [`Self::label_selector`], when there is one.
+    pub fn scoped_watch_config(&self) -> watcher::Config {
+        match &self.label_selector {
+            Some(selector) => self.watch_config().labels(selector),
+            None => self.watch_config(),
+        }
+    }
 }
 
 impl Default for ControllerOptions {
@@ -56,6 +119,8 @@ impl Default for ControllerOptions {
             namespace: "kruise-system".to_owned(),
             label_selector: None,
             metrics: ManagerMetrics::new(),
+            initial_list: InitialList::default(),
+            synced: CacheSync::default(),
         }
     }
 }
@@ -71,7 +136,7 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
         }
     };
     // One pod watch and store for both controllers that read pods.
-    let (drive_pods, mut feeds) = pod_feed::watch_pods(client.clone(), 2);
+    let (drive_pods, mut feeds) = pod_feed::watch_pods(client.clone(), opts.watch_config(), 2);
     let (Some(for_jobs), Some(for_sidecarsets)) = (feeds.pop(), feeds.pop()) else {
         return;
     };

@@ -66,17 +66,19 @@ where
     }
 }
 
-/// Watches every pod for `consumers` controllers. Returns the future that drives the watch (run
-/// it alongside the controllers; it ends when every feed is dropped) and one feed per consumer.
-pub fn watch_pods(client: Client, consumers: usize) -> (impl Future<Output = ()>, Vec<PodFeed>) {
+/// Watches every pod for `consumers` controllers, listing as `config` says (see
+/// `ControllerOptions::watch_config`). Returns the future that drives the watch (run it
+/// alongside the controllers; it ends when every feed is dropped) and one feed per consumer.
+pub fn watch_pods(
+    client: Client,
+    config: watcher::Config,
+    consumers: usize,
+) -> (impl Future<Output = ()>, Vec<PodFeed>) {
     let (store, writer) = reflector::store();
-    let events = watcher(
-        Api::<PodSummary>::all(client),
-        watcher::Config::default().streaming_lists(),
-    )
-    .default_backoff()
-    .modify(strip_pod)
-    .reflect(writer);
+    let events = watcher(Api::<PodSummary>::all(client), config)
+        .default_backoff()
+        .modify(strip_pod)
+        .reflect(writer);
     fan_out(events, store, consumers)
 }
 
@@ -136,9 +138,10 @@ where
 /// Runs `work` on a pod watch of its own (a controller run alone, as in tests), to its end.
 pub async fn with_own_watch<W: Future<Output = ()>>(
     client: Client,
+    config: watcher::Config,
     work: impl FnOnce(PodFeed) -> W,
 ) {
-    let (drive, mut feeds) = watch_pods(client, 1);
+    let (drive, mut feeds) = watch_pods(client, config, 1);
     if let Some(feed) = feeds.pop() {
         alongside(drive, work(feed)).await;
     }

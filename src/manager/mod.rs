@@ -3,30 +3,41 @@
 //!
 //! [`run`] is the whole lifecycle:
 //! 1. connect (`--kubeconfig`, else `KUBECONFIG` / `~/.kube/config`, else in-cluster);
-//! 2. check that [`crds::REQUIRED_CRDS`] are installed and Established, or refuse to start;
+//! 2. log the server's Kubernetes version and refuse one older than [`server_version::FLOOR`];
+//!    check that [`crds::REQUIRED_CRDS`] are installed and Established, or refuse to start;
+//!    ask once whether the server streams lists ([`controllers::initial_list`]);
 //! 3. serve `/healthz`, `/readyz` and `/metrics` on [`ManagerOptions::probe_addr`];
-//! 4. become ready (`/readyz` answers 200) and wait for the shutdown future, running the
-//!    controllers all along, or with [`ManagerOptions::leader_election`] only while this
-//!    replica holds the leader Lease ([`leader`]); the webhooks and probes run either way;
+//! 4. wait for the shutdown future, running the controllers all along, or with
+//!    [`ManagerOptions::leader_election`] only while this replica holds the leader Lease
+//!    ([`leader`]); the webhooks and probes run either way. `/readyz` answers 200 while the
+//!    webhooks' caches and, where they run, the controllers' caches have listed ([`readiness`]);
 //! 5. become unready (`/readyz` answers 503), stop the controllers (releasing the Lease), drain
 //!    the HTTP server and return.
 
 pub mod crds;
 pub mod leader;
+pub mod readiness;
+pub mod server_version;
 
 use std::{
     future::Future, io, net::SocketAddr, path::PathBuf, pin::pin, sync::Arc, time::Duration,
 };
 
 use kube::Client;
-use tokio::{net::TcpListener, sync::oneshot};
+use tokio::{
+    net::TcpListener,
+    sync::{oneshot, watch},
+};
 
-use crate::controllers::{self, ControllerOptions};
+use crate::controllers::initial_list::{self, InitialList, StreamingLists};
+use crate::controllers::{self, CacheSync, ControllerOptions};
 use crate::webhook::{self, WebhookError, WebhookOptions, handlers::Handlers, server::Metered};
 use tracing::{info, warn};
 
 pub use self::crds::{CrdState, MissingCrds, REQUIRED_CRDS, check_crds};
 pub use self::leader::LeaderElection;
+use self::readiness::Controllers;
+pub use self::server_version::ServerTooOld;
 use crate::probe::{self, ConnectError, ManagerMetrics, Metrics, ProbeState, connect};
 
 /// How long in-flight reconciles may take to finish once shutdown has begun.
@@ -50,6 +61,8 @@ pub struct ManagerOptions {
     /// Run the controllers only while holding this Lease; `None`: always (a single replica, or
     /// replicas that manage disjoint label selectors).
     pub leader_election: Option<LeaderElection>,
+    /// Whether the controllers' watches stream their first list (`Auto`: where the server can).
+    pub streaming_lists: StreamingLists,
 }
 
 /// Why the manager could not start, or stopped other than by request.
@@ -68,6 +81,10 @@ pub enum ManagerError {
     },
     #[error(transparent)]
     CrdsMissing(#[from] MissingCrds),
+    #[error("cannot read the API server's version (GET /version)")]
+    ReadServerVersion(#[source] kube::Error),
+    #[error(transparent)]
+    ServerTooOld(#[from] ServerTooOld),
     #[error(
         "cannot listen on {addr} for the probe and metrics server; choose another --probe-addr \
          or stop what is using it"
@@ -109,7 +126,7 @@ pub async fn run(
     }
     let mut shutdown = pin!(shutdown);
 
-    let (client, listener) = tokio::select! {
+    let (client, listener, initial_list) = tokio::select! {
         biased;
         () = &mut shutdown => {
             info!("shutting down before the manager started");
@@ -137,12 +154,19 @@ pub async fn run(
     let webhook_client = client.clone();
     let controller_opts = ControllerOptions {
         metrics: manager_metrics.clone(),
+        initial_list,
         ..opts.controllers.clone()
     };
+    // Without election the controllers start right away: not ready until they have synced.
+    let (controllers_state, mut controllers_seen) = watch::channel(match opts.leader_election {
+        Some(_) => Controllers::Standby,
+        None => Controllers::Syncing,
+    });
     let mut controllers = pin!(run_controllers(
         client,
         controller_opts,
         opts.leader_election.clone(),
+        Arc::new(controllers_state),
         async move {
             let _ = controllers_stopping.await;
         }
@@ -150,14 +174,20 @@ pub async fn run(
 
     let (stop_webhook, webhook_stopping) = oneshot::channel::<()>();
     let (webhook_ready, webhook_serving) = oneshot::channel();
+    let webhook_parts = opts.webhook.clone().map(|webhook_opts| {
+        let (handlers, caches) = Handlers::new(webhook_client.clone(), &webhook_opts.namespace);
+        (webhook_opts, handlers, caches)
+    });
+    let mut webhook_caches = webhook_parts
+        .as_ref()
+        .map(|(_, handlers, _)| handlers.synced());
     let mut webhooks = pin!(async {
-        let Some(webhook_opts) = opts.webhook.clone() else {
+        let Some((webhook_opts, handlers, caches)) = webhook_parts else {
             drop(webhook_ready);
             // Without webhooks this branch only ends when told to stop.
             let _ = webhook_stopping.await;
             return Ok(());
         };
-        let (handlers, caches) = Handlers::new(webhook_client.clone(), &webhook_opts.namespace);
         let serve = webhook::run(
             webhook_client,
             webhook_opts,
@@ -192,26 +222,44 @@ pub async fn run(
         }
     }
 
-    state.set_ready(true);
     info!(probe_addr = %addr, "manager running");
-    if let Some(on_ready) = on_ready {
-        // The caller may have stopped listening; that is not our problem.
-        let _ = on_ready.send(addr);
-    }
-
-    tokio::select! {
-        () = &mut shutdown => {}
-        result = &mut server => {
-            state.set_ready(false);
-            return Err(ManagerError::ServerStopped { source: result.err() });
+    let mut on_ready = on_ready;
+    let mut was_ready = None;
+    loop {
+        let webhooks_listed = webhook_caches.as_mut().map(|rx| *rx.borrow_and_update());
+        let controllers_now = *controllers_seen.borrow_and_update();
+        let ready = readiness::is_ready(webhooks_listed, controllers_now);
+        if was_ready != Some(ready) {
+            if ready {
+                info!("ready");
+            } else {
+                let waiting = readiness::waiting_for(webhooks_listed, controllers_now);
+                info!(waiting_for = ?waiting, "not ready");
+            }
+            state.set_ready(ready);
+            was_ready = Some(ready);
         }
-        () = &mut controllers => {
-            state.set_ready(false);
-            return Err(ManagerError::ControllersStopped);
+        if ready && let Some(on_ready) = on_ready.take() {
+            // The caller may have stopped listening; that is not our problem.
+            let _ = on_ready.send(addr);
         }
-        result = &mut webhooks => {
-            state.set_ready(false);
-            return Err(result.err().map(ManagerError::Webhook).unwrap_or(ManagerError::WebhookStopped));
+        tokio::select! {
+            () = &mut shutdown => break,
+            result = &mut server => {
+                state.set_ready(false);
+                return Err(ManagerError::ServerStopped { source: result.err() });
+            }
+            () = &mut controllers => {
+                state.set_ready(false);
+                return Err(ManagerError::ControllersStopped);
+            }
+            result = &mut webhooks => {
+                state.set_ready(false);
+                return Err(result.err().map(ManagerError::Webhook).unwrap_or(ManagerError::WebhookStopped));
+            }
+            // A closed channel means its side is going away: the branches above end next.
+            () = changed_or_pending(webhook_caches.as_mut()) => {}
+            () = changed_or_pending(Some(&mut controllers_seen)) => {}
         }
     }
 
@@ -240,19 +288,56 @@ pub async fn run(
     Ok(())
 }
 
+/// Resolves when `rx` sees a new value; never, without a channel or once its sender is gone.
+async fn changed_or_pending<T>(rx: Option<&mut watch::Receiver<T>>) {
+    if let Some(rx) = rx
+        && rx.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
+/// Runs `run` (the controllers with `synced` in their options), telling `state` whether they
+/// are syncing, synced or stopped.
+async fn reporting_sync(
+    run: impl Future<Output = ()>,
+    synced: CacheSync,
+    state: Arc<watch::Sender<Controllers>>,
+) {
+    state.send_replace(Controllers::Syncing);
+    let report = async {
+        synced.wait_all().await;
+        info!("the controllers' caches have listed");
+        state.send_replace(Controllers::Synced);
+        std::future::pending::<()>().await;
+    };
+    tokio::select! {
+        () = run => {}
+        () = report => {}
+    }
+    state.send_replace(Controllers::Standby);
+}
+
 /// Runs the controllers until `shutdown` resolves: all along, or with `election` only while
 /// this replica leads (then the Lease is released once they have stopped). Returns early only
-/// if they stop by themselves.
+/// if they stop by themselves. `state` follows them, for `/readyz`.
 async fn run_controllers(
     client: Client,
     opts: ControllerOptions,
     election: Option<LeaderElection>,
+    state: Arc<watch::Sender<Controllers>>,
     shutdown: impl Future<Output = ()>,
 ) {
     let metrics = opts.metrics.clone();
     let Some(election) = election else {
         metrics.set_leader(true);
-        controllers::run(client, opts, shutdown).await;
+        let synced = CacheSync::default();
+        let opts = ControllerOptions {
+            synced: synced.clone(),
+            ..opts
+        };
+        reporting_sync(controllers::run(client, opts, shutdown), synced, state).await;
         return;
     };
     info!(lease = %election.lease_name, namespace = %election.namespace, identity = %election.identity,
@@ -268,14 +353,21 @@ async fn run_controllers(
         stop_timeout,
         |leading| metrics.set_leader(leading),
         move |stop| {
+            // Each term starts with empty caches: readiness waits for them again.
+            let synced = CacheSync::default();
+            let opts = ControllerOptions {
+                synced: synced.clone(),
+                ..opts.clone()
+            };
             let run = controllers::run(client.clone(), opts.clone(), async move {
                 let _ = stop.await;
             });
             // Dropped with the controllers, also when the Lease is lost mid-reconcile.
-            let forget = ForgetObjects(opts.metrics.clone());
+            let forget = ForgetObjects(opts.metrics.clone(), state.clone());
+            let report = reporting_sync(run, synced, state.clone());
             async move {
                 let _forget = forget;
-                run.await;
+                report.await;
             }
         },
     )
@@ -283,20 +375,36 @@ async fn run_controllers(
 }
 
 /// On drop, clears what the controllers reported about the objects: a replica that no longer
-/// leads does not watch them, so its gauges would only go stale.
-struct ForgetObjects(ManagerMetrics);
+/// leads does not watch them, so its gauges would only go stale; and its controllers stand by.
+struct ForgetObjects(ManagerMetrics, Arc<watch::Sender<Controllers>>);
 
 impl Drop for ForgetObjects {
     fn drop(&mut self) {
         self.0.forget_objects();
+        self.1.send_replace(Controllers::Standby);
     }
 }
 
-/// Start-up before the manager can serve: client, CRD check, probe listener.
-async fn start(opts: &ManagerOptions) -> Result<(Client, TcpListener), ManagerError> {
+/// Start-up before the manager can serve: client, server version, CRD check, how the watches
+/// list, probe listener.
+async fn start(opts: &ManagerOptions) -> Result<(Client, TcpListener, InitialList), ManagerError> {
     let client = connect(opts.kubeconfig.as_deref()).await?;
+    let info = client
+        .apiserver_version()
+        .await
+        .map_err(ManagerError::ReadServerVersion)?;
+    match server_version::check(&info.major, &info.minor, &info.git_version)? {
+        Some(version) => info!(server = %info.git_version, %version, "API server"),
+        None => warn!(
+            server = %info.git_version, major = %info.major, minor = %info.minor,
+            "cannot tell the API server's Kubernetes version; going on (supported: {} to {})",
+            server_version::FLOOR, server_version::NEWEST_TESTED
+        ),
+    }
     crds::ensure_installed(&client).await?;
     info!(crds = ?REQUIRED_CRDS, "required CustomResourceDefinitions are installed and Established");
+    let (initial_list, why) = initial_list::choose(&client, opts.streaming_lists).await;
+    info!(initial_list = initial_list.as_str(), reason = %why, "how the controllers' watches list");
     let listener =
         TcpListener::bind(opts.probe_addr)
             .await
@@ -304,7 +412,7 @@ async fn start(opts: &ManagerOptions) -> Result<(Client, TcpListener), ManagerEr
                 addr: opts.probe_addr,
                 source,
             })?;
-    Ok((client, listener))
+    Ok((client, listener, initial_list))
 }
 
 #[cfg(test)]
@@ -320,6 +428,7 @@ mod tests {
             controllers: ControllerOptions::default(),
             webhook: None,
             leader_election: None,
+            streaming_lists: StreamingLists::Auto,
         }
     }
 

@@ -66,7 +66,7 @@ impl Handlers {
     pub fn new(
         client: Client,
         namespace: &str,
-    ) -> (Arc<Self>, impl Future<Output = ()> + Send + 'static) {
+    ) -> (Arc<Self>, impl Future<Output = ()> + Send + 'static + use<>) {
         let (sidecarsets, sidecarset_writer) = reflector::store();
         let (namespaces, namespace_writer) = reflector::store();
         let (synced_tx, synced) = watch::channel(false);
@@ -111,6 +111,11 @@ impl Handlers {
             synced,
         });
         (handlers, caches)
+    }
+
+    /// Whether the caches have listed once, and its changes (the manager's `/readyz` waits).
+    pub fn synced(&self) -> watch::Receiver<bool> {
+        self.synced.clone()
     }
 
     /// Waits (up to [`CACHE_WAIT`]) until the caches have listed once.

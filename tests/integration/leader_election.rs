@@ -107,6 +107,7 @@ impl Election {
                 renew_deadline: RENEW_DEADLINE,
                 retry_period: RETRY_PERIOD,
             }),
+            streaming_lists: Default::default(),
         };
         let (ready_tx, ready_rx) = oneshot::channel();
         let (stop, stop_rx) = oneshot::channel::<()>();

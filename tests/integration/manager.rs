@@ -31,6 +31,7 @@ fn options(kubeconfig: &std::path::Path) -> ManagerOptions {
         controllers: Default::default(),
         webhook: None,
         leader_election: None,
+        streaming_lists: Default::default(),
     }
 }
 

@@ -50,6 +50,8 @@ use crate::image::ImageRef;
 
 /// Field manager of everything this controller writes.
 pub const FIELD_MANAGER: &str = "kruise-rs-imagepulljob";
+/// The controller's name in metrics and in [`super::CacheSync`].
+pub const NAME: &str = "imagepulljob";
 
 /// How long in-flight reconciles may take to finish once the controller is told to stop.
 const STOP_GRACE: Duration = Duration::from_secs(5);
@@ -197,15 +199,10 @@ pub async fn run_with_pods(
     pods: PodFeed,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    // Streaming lists (WatchList, on by default since Kubernetes 1.32; our floor is 1.33) send the
-    // initial list as watch events: no whole-list response in memory, no "too old
-    // resourceVersion" re-lists (the bench logged those with cache-served lists).
-    let scoped = match &opts.label_selector {
-        Some(selector) => watcher::Config::default()
-            .streaming_lists()
-            .labels(selector),
-        None => watcher::Config::default().streaming_lists(),
-    };
+    // Streaming lists where the server serves them (see `initial_list`): no whole-list response
+    // in memory, no "too old resourceVersion" re-lists (the bench logged those with cache-served
+    // lists).
+    let scoped = opts.scoped_watch_config();
     let (nodeimages, nodeimage_writer) = reflector::store();
     let nodeimage_events = watcher(Api::<NodeImage>::all(client.clone()), scoped.clone())
         .default_backoff()
@@ -219,7 +216,9 @@ pub async fn run_with_pods(
     let (job_reader, job_writer) = reflector::store();
     let job_metrics = opts.metrics.clone();
     let job_counts = job_reader.clone();
+    let (jobs_listed, mut jobs_listed_rx) = watch::channel(false);
     let job_events = watcher(Api::<ImagePullJob>::all(client.clone()), scoped)
+        .default_backoff()
         .reflect(job_writer)
         .inspect(move |event| {
             if matches!(
@@ -227,6 +226,9 @@ pub async fn run_with_pods(
                 Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
             ) {
                 job_metrics.set_imagepulljob_nodes(node_counts(&job_counts.state()));
+            }
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                jobs_listed.send_replace(true);
             }
         })
         .applied_objects();
@@ -243,9 +245,13 @@ pub async fn run_with_pods(
     // `Store::wait_until_ready` wakes only one of several waiters; one task waits and tells all.
     let (caches_ready, caches_ready_rx) = watch::channel(false);
     let ni_store = nodeimages.clone();
+    let synced = opts.synced.clone();
     tokio::spawn(async move {
         if ni_store.wait_until_ready().await.is_ok() && pods_ready.wait_for(|r| *r).await.is_ok() {
             let _ = caches_ready.send(true);
+            if jobs_listed_rx.wait_for(|listed| *listed).await.is_ok() {
+                synced.mark(NAME);
+            }
         }
     });
     let metrics = opts.metrics.clone();
@@ -274,7 +280,7 @@ pub async fn run_with_pods(
         .with_config(controller::Config::default().debounce(Duration::from_millis(50)))
         .graceful_shutdown_on(shutdown.clone())
         .run(
-            move |job, ctx| metrics.timed("imagepulljob", reconcile(job, ctx)),
+            move |job, ctx| metrics.timed(NAME, reconcile(job, ctx)),
             error_policy,
             ctx,
         )

@@ -76,6 +76,8 @@ use crate::apis::nodeimage::NodeImage;
 
 /// Field manager of every write of this controller.
 pub const FIELD_MANAGER: &str = "kruise-rs-nodeimage";
+/// The controller's name in metrics and in [`super::CacheSync`].
+pub const NAME: &str = "nodeimage";
 /// Reporting controller of its events.
 pub const REPORTER: &str = "kruise-rs-manager";
 
@@ -92,11 +94,8 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
     let node_api: Api<NodeSummary> = Api::all(client.clone());
     let nodeimage_api: Api<NodeImage> = Api::all(client.clone());
     let job_api: Api<PartialObjectMeta<ImagePullJob>> = Api::all(client.clone());
-    let unscoped = watcher::Config::default().streaming_lists();
-    let scoped = match &label_selector {
-        Some(selector) => unscoped.clone().labels(selector),
-        None => unscoped.clone(),
-    };
+    let unscoped = opts.watch_config();
+    let scoped = opts.scoped_watch_config();
 
     let (nodes, node_writer) = reflector::store();
     let (nodeimage_store, nodeimage_writer) = reflector::store();
@@ -142,6 +141,14 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
         backoff: Backoff::default(),
         ready: [nodes_ready, nodeimages_ready, jobs_ready],
     });
+    let (listed, synced) = (ctx.clone(), opts.synced.clone());
+    tokio::spawn(async move {
+        // `stores_ready` also returns when the watches stop; only a full listing counts.
+        listed.stores_ready().await;
+        if listed.ready.iter().all(watch::Ready::is_ready) {
+            synced.mark(NAME);
+        }
+    });
 
     let (node_tx, node_rx) = unbounded::<ObjectRef<NodeSummary>>();
     let (nodeimage_tx, nodeimage_rx) = unbounded::<ObjectRef<NodeImage>>();
@@ -170,11 +177,7 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
     let metrics = opts.metrics.clone();
     let node_metrics = metrics.clone();
     let node_applier = applier(
-        move |node, ctx| {
-            node_metrics
-                .timed("nodeimage", reconcile::node(node, ctx))
-                .boxed()
-        },
+        move |node, ctx| node_metrics.timed(NAME, reconcile::node(node, ctx)).boxed(),
         reconcile::node_error_policy,
         ctx.clone(),
         nodes,
@@ -186,11 +189,7 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
         future::ready(())
     });
     let nodeimage_applier = applier(
-        move |ni, ctx| {
-            metrics
-                .timed("nodeimage", reconcile::nodeimage(ni, ctx))
-                .boxed()
-        },
+        move |ni, ctx| metrics.timed(NAME, reconcile::nodeimage(ni, ctx)).boxed(),
         reconcile::nodeimage_error_policy,
         ctx,
         nodeimage_store,

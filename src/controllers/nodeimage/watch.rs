@@ -92,6 +92,11 @@ impl Ready {
     pub async fn wait(&self) {
         let _ = self.0.clone().wait_for(|ready| *ready).await;
     }
+
+    /// Whether the store has been listed.
+    pub fn is_ready(&self) -> bool {
+        *self.0.borrow()
+    }
 }
 
 /// Applies every event of `events` to `writer`'s store and yields the objects whose stored form

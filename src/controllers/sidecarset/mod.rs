@@ -66,6 +66,8 @@ use crate::sidecar::annotations::parse_hashes;
 
 /// Field manager of everything this controller writes.
 pub const FIELD_MANAGER: &str = "kruise-rs-sidecarset";
+/// The controller's name in metrics and in [`super::CacheSync`].
+pub const NAME: &str = "sidecarset";
 
 /// How long in-flight reconciles may take to finish once the controller is told to stop.
 const STOP_GRACE: Duration = Duration::from_secs(5);
@@ -154,7 +156,7 @@ pub async fn run(
     opts: ControllerOptions,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    pod_feed::with_own_watch(client.clone(), |pods| {
+    pod_feed::with_own_watch(client.clone(), opts.watch_config(), |pods| {
         run_with_pods(client, opts, pods, shutdown)
     })
     .await;
@@ -168,10 +170,7 @@ pub async fn run_with_pods(
     pods: PodFeed,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let scoped = match &opts.label_selector {
-        Some(selector) => watcher::Config::default().labels(selector),
-        None => watcher::Config::default(),
-    };
+    let scoped = opts.scoped_watch_config();
 
     let tracker = PodTracker::default();
     let (pods, pods_ready, pod_triggers) = pods.into_triggers(move |event| {
@@ -185,7 +184,7 @@ pub async fn run_with_pods(
     let (namespaces, namespace_writer) = reflector::store();
     // A namespace's labels decide which SidecarSets select its pods (upstream does not watch
     // them: a relabelled namespace waited for the next pod event).
-    let namespace_changes = watcher(Api::<Namespace>::all(client.clone()), Default::default())
+    let namespace_changes = watcher(Api::<Namespace>::all(client.clone()), opts.watch_config())
         .default_backoff()
         .modify(|ns: &mut Namespace| ns.managed_fields_mut().clear())
         .reflect(namespace_writer)
@@ -197,7 +196,7 @@ pub async fn run_with_pods(
     let revision_api = Api::<ControllerRevision>::namespaced(client.clone(), &opts.namespace);
     let revision_events = watcher(
         revision_api,
-        watcher::Config::default().labels(SIDECARSET_NAME_LABEL),
+        opts.watch_config().labels(SIDECARSET_NAME_LABEL),
     )
     .default_backoff()
     .modify(|r: &mut ControllerRevision| r.managed_fields_mut().clear())
@@ -214,7 +213,7 @@ pub async fn run_with_pods(
     let (jobs, job_writer) = reflector::store();
     let job_triggers = watcher(
         Api::<ImagePullJob>::all(client.clone()),
-        watcher::Config::default().labels(&job_labels),
+        opts.watch_config().labels(&job_labels),
     )
     .default_backoff()
     .modify(|j: &mut ImagePullJob| j.managed_fields_mut().clear())
@@ -229,41 +228,36 @@ pub async fn run_with_pods(
 
     // A node's pull finishing lets its waiting pods go: wake the SidecarSets pulling there.
     let (nodeimages, nodeimage_writer) = reflector::store();
-    let scoped_nodeimages = match &opts.label_selector {
-        Some(selector) => watcher::Config::default().labels(selector),
-        None => watcher::Config::default(),
-    };
     let jobs_for_nodes = jobs.clone();
-    let nodeimage_triggers = watcher(
-        Api::<NodeImage>::all(client.clone()),
-        scoped_nodeimages.streaming_lists(),
-    )
-    .default_backoff()
-    // Only its name and status are read: labels (a copy of the Node's) and spec are dropped.
-    .modify(|n: &mut NodeImage| {
-        let meta = std::mem::take(&mut n.metadata);
-        n.metadata.name = meta.name;
-        n.metadata.resource_version = meta.resource_version;
-        n.spec = Default::default();
-    })
-    .reflect(nodeimage_writer)
-    .applied_objects()
-    .filter_map(move |r| {
-        let node = r.ok().map(|n| n.name_any());
-        let sets: BTreeSet<String> = node
-            .map(|node| sidecarsets_pulling_on(&jobs_for_nodes, &node))
-            .unwrap_or_default();
-        futures::future::ready(Some(futures::stream::iter(
-            sets.into_iter()
-                .map(|name| ObjectRef::<SidecarSet>::new(&name)),
-        )))
-    })
-    .flatten();
+    let nodeimage_triggers = watcher(Api::<NodeImage>::all(client.clone()), scoped.clone())
+        .default_backoff()
+        // Only its name and status are read: labels (a copy of the Node's) and spec are dropped.
+        .modify(|n: &mut NodeImage| {
+            let meta = std::mem::take(&mut n.metadata);
+            n.metadata.name = meta.name;
+            n.metadata.resource_version = meta.resource_version;
+            n.spec = Default::default();
+        })
+        .reflect(nodeimage_writer)
+        .applied_objects()
+        .filter_map(move |r| {
+            let node = r.ok().map(|n| n.name_any());
+            let sets: BTreeSet<String> = node
+                .map(|node| sidecarsets_pulling_on(&jobs_for_nodes, &node))
+                .unwrap_or_default();
+            futures::future::ready(Some(futures::stream::iter(
+                sets.into_iter()
+                    .map(|name| ObjectRef::<SidecarSet>::new(&name)),
+            )))
+        })
+        .flatten();
 
     // `Store::wait_until_ready` wakes only one of several waiters; one task waits and tells all.
     let (caches_ready, caches_ready_rx) = watch::channel(false);
     let (mut p, n, r) = (pods_ready, namespaces.clone(), revisions.clone());
     let (j, ni) = (jobs.clone(), nodeimages.clone());
+    let (sets_listed, mut sets_listed_rx) = watch::channel(false);
+    let synced = opts.synced.clone();
     tokio::spawn(async move {
         if p.wait_for(|ready| *ready).await.is_ok()
             && n.wait_until_ready().await.is_ok()
@@ -272,6 +266,9 @@ pub async fn run_with_pods(
             && ni.wait_until_ready().await.is_ok()
         {
             let _ = caches_ready.send(true);
+            if sets_listed_rx.wait_for(|listed| *listed).await.is_ok() {
+                synced.mark(NAME);
+            }
         }
     });
 
@@ -295,6 +292,9 @@ pub async fn run_with_pods(
             ) {
                 set_metrics
                     .retain_sidecarsets(|name| known_sets.get(&ObjectRef::new(name)).is_some());
+            }
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                sets_listed.send_replace(true);
             }
         })
         .applied_objects()
@@ -340,7 +340,7 @@ pub async fn run_with_pods(
         .with_config(controller::Config::default().debounce(Duration::from_millis(50)))
         .graceful_shutdown_on(shutdown.clone())
         .run(
-            |set, ctx| ctx.metrics.clone().timed("sidecarset", reconcile(set, ctx)),
+            |set, ctx| ctx.metrics.clone().timed(NAME, reconcile(set, ctx)),
             error_policy,
             ctx,
         )
