@@ -16,6 +16,7 @@ mod sidecarset_predownload_e2e;
 mod sidecarset_upgrade;
 mod smoke;
 mod support;
+mod watch_lists;
 mod webhook;
 mod webhook_fuzz;
 mod webhook_scenarios;

@@ -501,12 +501,23 @@ pub struct ExtraControlPlane {
 
 impl ExtraControlPlane {
     pub fn start() -> Self {
+        Self::start_with_apiserver_args(None)
+    }
+
+    /// Starts one whose kube-apiserver gets `args` on top of start.sh's (through
+    /// `KRUISE_RS_APISERVER_ARGS`, replacing what the suite's environment set there), e.g.
+    /// `--feature-gates=WatchList=false`.
+    pub fn start_with_apiserver_args(args: Option<&str>) -> Self {
         let state = tempfile::Builder::new()
             .prefix("kruise-rs-extra-cp-")
             .tempdir()
             .expect("temp dir");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/controlplane/start.sh");
-        let out = Command::new(&script)
+        let mut start = Command::new(&script);
+        if let Some(args) = args {
+            start.env("KRUISE_RS_APISERVER_ARGS", args);
+        }
+        let out = start
             .arg("--owner-pid")
             .arg(std::process::id().to_string())
             .arg(state.path())
