@@ -5,14 +5,14 @@
 //! Each test gets a control plane of its own: a manager runs controllers, and the shared cluster
 //! already has the test controllers (`support::TestCluster::start_controllers`).
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use kruise_rs::manager::{self, ManagerError, ManagerOptions};
 use tokio::sync::oneshot;
 
-use crate::support::{self, ExtraControlPlane, KillOnDrop, http_get, wait_for};
+use crate::support::{self, ExtraControlPlane, KillOnDrop, free_loopback_port, http_get, wait_for};
 
 async fn control_plane_with_crds() -> ExtraControlPlane {
     tokio::task::spawn_blocking(|| {
@@ -103,12 +103,6 @@ async fn manager_refuses_to_start_without_crds_and_says_how_to_install_them() {
         ready_rx.await.is_err(),
         "a manager that refused must never report ready"
     );
-}
-
-fn free_loopback_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
 }
 
 #[tokio::test]

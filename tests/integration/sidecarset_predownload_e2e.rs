@@ -38,14 +38,13 @@ use futures::TryStreamExt;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::{Image, ImageSpec, ImageStatusRequest, PullImageRequest};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kruise_rs::apis::imagepulljob::ImagePullJob;
 use kruise_rs::apis::nodeimage::{ImagePullPhase, NodeImage};
 use kruise_rs::apis::sidecarset::SidecarSet;
 use kruise_rs::apis::well_known::{CONTROLLER_REVISION_HASH, SIDECARSET_NAME_LABEL};
 use kruise_rs::daemon::{self, DaemonError, DaemonOptions};
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -62,7 +61,7 @@ use crate::support::cri_proxy::image_client;
 use crate::support::kubelet::{self, BackgroundKubelet};
 use crate::support::node::{ExtraContainerd, NodeEnv, Variant, node_env};
 use crate::support::webhook::{MANAGER_NAMESPACE, webhook_cluster};
-use crate::support::{CONTROLLED_LABEL, http_get, unique_name, wait_for};
+use crate::support::{CONTROLLED_LABEL, create_ready_node, http_get, unique_name, wait_for};
 
 /// The SidecarSet's one sidecar container.
 const SIDECAR: &str = "proxy";
@@ -171,31 +170,12 @@ impl TestNode {
         .await
         .unwrap_or_else(|e| panic!("{name}: pulling {running} through CRI: {e}"));
 
-        let nodes = Api::<Node>::all(client.clone());
-        let node = Node {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                labels: Some(BTreeMap::from([(
-                    CONTROLLED_LABEL.to_owned(),
-                    run.to_owned(),
-                )])),
-                ..ObjectMeta::default()
-            },
-            ..Node::default()
-        };
-        nodes
-            .create(&PostParams::default(), &node)
-            .await
-            .unwrap_or_else(|e| panic!("creating Node {name}: {e}"));
-        let now = Time(Timestamp::now());
-        let ready = json!({"status": {"conditions": [{
-            "type": "Ready", "status": "True", "reason": "KubeletReady",
-            "message": "set by the test", "lastHeartbeatTime": now, "lastTransitionTime": now,
-        }]}});
-        nodes
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&ready))
-            .await
-            .unwrap_or_else(|e| panic!("setting Node {name} Ready: {e}"));
+        create_ready_node(
+            client,
+            &name,
+            BTreeMap::from([(CONTROLLED_LABEL.to_owned(), run.to_owned())]),
+        )
+        .await;
         let nodeimages = Api::<NodeImage>::all(client.clone());
         wait_for(
             &format!("the manager to create NodeImage {name} for the Ready Node"),

@@ -5,23 +5,18 @@
 //!
 //! Each test gets a control plane of its own with the gate off, whatever the suite's run uses.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kruise_rs::apis::nodeimage::NodeImage;
 use kruise_rs::controllers::ControllerOptions;
 use kruise_rs::controllers::initial_list::{self, InitialList, StreamingLists};
 use kruise_rs::manager::{self, ManagerOptions};
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
-use serde_json::json;
+use kube::Api;
 use tokio::sync::oneshot;
 
-use crate::support::{self, ExtraControlPlane, http_get, wait_for};
+use crate::support::{self, ExtraControlPlane, free_loopback_port, http_get, wait_for};
 
 const WATCH_LIST_OFF: &str = "--feature-gates=WatchList=false";
 
@@ -33,45 +28,6 @@ async fn plane_without_watch_list() -> ExtraControlPlane {
     })
     .await
     .expect("join")
-}
-
-async fn client_for(kubeconfig: &Path) -> Client {
-    let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("client config");
-    Client::try_from(config).expect("client")
-}
-
-/// A Node with a Ready condition, as the kubelet would report it.
-async fn ready_node(client: &Client, name: &str) {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node = Node {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..Node::default()
-    };
-    nodes
-        .create(&PostParams::default(), &node)
-        .await
-        .unwrap_or_else(|e| panic!("creating Node {name}: {e}"));
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let status = json!({"status": {"conditions": [{
-        "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "set by the test",
-        "lastHeartbeatTime": now, "lastTransitionTime": now,
-    }]}});
-    nodes
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .unwrap_or_else(|e| panic!("setting Node {name} Ready: {e}"));
-}
-
-fn free_loopback_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
 }
 
 fn options(kubeconfig: &Path, probe_addr: SocketAddr, mode: StreamingLists) -> ManagerOptions {
@@ -99,14 +55,14 @@ async fn readyz(addr: SocketAddr) -> Option<u16> {
 #[tokio::test]
 async fn without_watch_list_the_manager_lists_then_watches_and_reconciles() {
     let plane = plane_without_watch_list().await;
-    let client = client_for(plane.kubeconfig_path()).await;
+    let client = support::client_for(plane.kubeconfig_path()).await;
 
     // The probe the manager runs at start: refused, and it says why.
     let (mode, why) = initial_list::detect(&client).await;
     assert_eq!(mode, InitialList::ListThenWatch, "{why}");
     assert!(why.contains("422"), "the refusal is reported: {why}");
 
-    ready_node(&client, "node-watch-list-off").await;
+    support::create_ready_node(&client, "node-watch-list-off", Default::default()).await;
     let (ready_tx, ready_rx) = oneshot::channel();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let manager = tokio::spawn(manager::run(
@@ -155,8 +111,8 @@ async fn without_watch_list_the_manager_lists_then_watches_and_reconciles() {
 #[tokio::test]
 async fn a_manager_whose_watches_are_refused_stays_unready() {
     let plane = plane_without_watch_list().await;
-    let client = client_for(plane.kubeconfig_path()).await;
-    ready_node(&client, "node-forced-streaming").await;
+    let client = support::client_for(plane.kubeconfig_path()).await;
+    support::create_ready_node(&client, "node-forced-streaming", Default::default()).await;
 
     let addr = free_loopback_port();
     let (ready_tx, mut ready_rx) = oneshot::channel();

@@ -633,6 +633,49 @@ pub async fn terminate(mut child: std::process::Child, what: &str) -> std::proce
         .expect("wait")
 }
 
+/// Creates a Node with `labels` and a Ready condition, as the kubelet would report it.
+pub async fn create_ready_node(client: &Client, name: &str, labels: BTreeMap<String, String>) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let node = k8s_openapi::api::core::v1::Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        ..Default::default()
+    };
+    nodes
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap_or_else(|e| panic!("creating Node {name}: {e}"));
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let ready = serde_json::json!({"status": {"conditions": [{
+        "type": "Ready", "status": "True", "reason": "KubeletReady",
+        "message": "set by the test", "lastHeartbeatTime": now, "lastTransitionTime": now,
+    }]}});
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&ready))
+        .await
+        .unwrap_or_else(|e| panic!("setting Node {name} Ready: {e}"));
+}
+
+/// A loopback port nothing listens on right now.
+pub fn free_loopback_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+}
+
+/// A client for the cluster a kubeconfig file names.
+pub async fn client_for(kubeconfig: &Path) -> Client {
+    let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("client config");
+    Client::try_from(config).expect("client")
+}
+
 #[cfg(test)]
 mod tests {
     use super::unique_name;
