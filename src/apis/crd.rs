@@ -4,10 +4,11 @@
 //! `None`: the types are a superset of both upstream versions (v1alpha1's SidecarSet
 //! `spec.namespace`, v1beta1's `spec.customVersion` and NodeImage `pullSecrets[].mode`), and
 //! the code gives each version's spelling one meaning, so the apiserver only has to rewrite
-//! `apiVersion`. No conversion webhook sits in the read path of `kubectl get`.
+//! `apiVersion`. No conversion webhook sits in the read path of `kubectl get`, and the CRDs say
+//! so explicitly (`conversion: {strategy: None}`): see `docs/decisions/0001-no-conversion-webhook.md`.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceColumnDefinition, CustomResourceDefinition,
+    CustomResourceColumnDefinition, CustomResourceConversion, CustomResourceDefinition,
 };
 use kube::CustomResourceExt;
 
@@ -92,10 +93,19 @@ fn drop_null_enum_values(mut crd: CustomResourceDefinition) -> CustomResourceDef
     crd
 }
 
+/// The conversion strategy of every CRD: the apiserver only rewrites `apiVersion`.
+pub const CONVERSION_STRATEGY: &str = "None";
+
 /// Adds the `v1alpha1` version in front of the generated `v1beta1` one: same schema, served,
-/// not stored.
+/// not stored; and states conversion `None`, so that an apply over a CRD that has another
+/// strategy says what it wants (the webhook stanza itself must be removed first: see
+/// `kruise-rs crds --install`).
 fn serve_legacy_version(crd: CustomResourceDefinition) -> CustomResourceDefinition {
     let mut crd = drop_null_enum_values(crd);
+    crd.spec.conversion = Some(CustomResourceConversion {
+        strategy: CONVERSION_STRATEGY.to_owned(),
+        webhook: None,
+    });
     let storage = crd
         .spec
         .versions
@@ -130,7 +140,9 @@ mod tests {
                 "{}",
                 crd.spec.names.kind
             );
-            assert!(crd.spec.conversion.is_none(), "conversion must stay None");
+            let conversion = crd.spec.conversion.as_ref().expect("conversion is stated");
+            assert_eq!(conversion.strategy, "None", "{}", crd.spec.names.kind);
+            assert!(conversion.webhook.is_none(), "{}", crd.spec.names.kind);
             for v in &crd.spec.versions {
                 let sub = v.subresources.as_ref().expect("subresources");
                 assert!(
