@@ -4,7 +4,8 @@
 //! [`run`] is the whole lifecycle:
 //! 1. connect (`--kubeconfig`, else `KUBECONFIG` / `~/.kube/config`, else in-cluster);
 //! 2. log the server's Kubernetes version and refuse one older than [`server_version::FLOOR`];
-//!    check that [`crds::REQUIRED_CRDS`] are installed and Established, or refuse to start;
+//!    check that [`crds::REQUIRED_CRDS`] are usable ([`crds::check_crds`]: installed,
+//!    Established, no conversion webhook, both versions served), or refuse to start;
 //!    ask once whether the server streams lists ([`controllers::initial_list`]);
 //! 3. serve `/healthz`, `/readyz` and `/metrics` on [`ManagerOptions::probe_addr`];
 //! 4. wait for the shutdown future, running the controllers all along, or with
@@ -34,7 +35,7 @@ use crate::controllers::{self, CacheSync, ControllerOptions};
 use crate::webhook::{self, WebhookError, WebhookOptions, handlers::Handlers, server::Metered};
 use tracing::{info, warn};
 
-pub use self::crds::{CrdState, MissingCrds, REQUIRED_CRDS, check_crds};
+pub use self::crds::{CrdState, REQUIRED_CRDS, UnusableCrds, check_crds};
 pub use self::leader::LeaderElection;
 use self::readiness::Controllers;
 pub use self::server_version::ServerTooOld;
@@ -80,7 +81,7 @@ pub enum ManagerError {
         source: kube::Error,
     },
     #[error(transparent)]
-    CrdsMissing(#[from] MissingCrds),
+    CrdsUnusable(#[from] UnusableCrds),
     #[error("cannot read the API server's version (GET /version)")]
     ReadServerVersion(#[source] kube::Error),
     #[error(transparent)]
@@ -402,7 +403,7 @@ async fn start(opts: &ManagerOptions) -> Result<(Client, TcpListener, InitialLis
         ),
     }
     crds::ensure_installed(&client).await?;
-    info!(crds = ?REQUIRED_CRDS, "required CustomResourceDefinitions are installed and Established");
+    info!(crds = ?REQUIRED_CRDS, "required CustomResourceDefinitions are installed, Established and convert with strategy None");
     let (initial_list, why) = initial_list::choose(&client, opts.streaming_lists).await;
     info!(initial_list = initial_list.as_str(), reason = %why, "how the controllers' watches list");
     let listener =

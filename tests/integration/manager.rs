@@ -86,7 +86,7 @@ async fn manager_refuses_to_start_without_crds_and_says_how_to_install_them() {
     )
     .await;
     let err = result.expect_err("no CRDs, no manager");
-    assert!(matches!(err, ManagerError::CrdsMissing(_)), "{err:?}");
+    assert!(matches!(err, ManagerError::CrdsUnusable(_)), "{err:?}");
     let message = err.to_string();
     for needle in [
         "sidecarsets.apps.kruise.io",
