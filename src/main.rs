@@ -52,15 +52,32 @@ enum Command {
     Manager(Box<ManagerArgs>),
     /// Run the node daemon: pull what this node's NodeImage asks for through CRI.
     Daemon(DaemonArgs),
-    /// Print every CustomResourceDefinition as YAML, for `kubectl apply --server-side -f -`.
+    /// Print every CustomResourceDefinition as YAML, for `kubectl apply --server-side -f -`; or
+    /// with --install, install them (switching upstream OpenKruise's off its conversion webhook).
     Crds(CrdsArgs),
 }
 
 #[derive(Debug, Args)]
 struct CrdsArgs {
     /// Write one file per CRD into this directory (created if needed) instead of printing them.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "install")]
     out_dir: Option<PathBuf>,
+
+    /// Install the CRDs into the cluster instead of printing them: for each, remove a conversion
+    /// webhook it has (upstream OpenKruise's), server-side apply ours (taking over upstream's
+    /// fields), wait until it is Established and its objects read in both versions. Idempotent.
+    #[arg(long)]
+    install: bool,
+
+    /// With --install: the kubeconfig file to use; by default KUBECONFIG, then ~/.kube/config,
+    /// then the in-cluster service account.
+    #[arg(long, value_name = "PATH", requires = "install")]
+    kubeconfig: Option<PathBuf>,
+
+    /// With --install: how long each CRD may take to be Established and readable.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration,
+          requires = "install")]
+    timeout: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -365,9 +382,27 @@ async fn run(command: Command) -> anyhow::Result<()> {
             daemon::run(opts, shutdown, None).await?;
             Ok(())
         }
-        Command::Crds(CrdsArgs { out_dir: Some(dir) }) => kruise_rs::apis::crd::write_all(&dir)
+        Command::Crds(CrdsArgs {
+            install: true,
+            kubeconfig,
+            timeout,
+            ..
+        }) => {
+            let client = kruise_rs::probe::connect(kubeconfig.as_deref()).await?;
+            let outcomes = kruise_rs::manager::crd_install::install(&client, timeout)
+                .await
+                .context("cannot install the CRDs")?;
+            let mut stdout = std::io::stdout().lock();
+            for outcome in outcomes {
+                writeln!(stdout, "{outcome}").context("cannot write to stdout")?;
+            }
+            Ok(())
+        }
+        Command::Crds(CrdsArgs {
+            out_dir: Some(dir), ..
+        }) => kruise_rs::apis::crd::write_all(&dir)
             .with_context(|| format!("cannot write the CRDs into {}", dir.display())),
-        Command::Crds(CrdsArgs { out_dir: None }) => {
+        Command::Crds(CrdsArgs { out_dir: None, .. }) => {
             let yaml = kruise_rs::apis::crds_yaml();
             let mut stdout = std::io::stdout().lock();
             match stdout
@@ -536,17 +571,39 @@ mod tests {
         assert_eq!(cli.log_format, LogFormat::Json);
     }
 
+    fn crds_args(flags: &[&str]) -> Result<CrdsArgs, clap::Error> {
+        let cli = Cli::try_parse_from(["kruise-rs", "crds"].iter().chain(flags))?;
+        let Command::Crds(args) = cli.command else {
+            panic!("not crds: {:?}", cli.command);
+        };
+        Ok(args)
+    }
+
     #[test]
     fn crds_prints_or_writes_a_directory() {
-        let cli = Cli::try_parse_from(["kruise-rs", "crds"]).unwrap();
-        assert!(matches!(
-            cli.command,
-            Command::Crds(CrdsArgs { out_dir: None })
-        ));
-        let cli = Cli::try_parse_from(["kruise-rs", "crds", "--out-dir", "crds"]).unwrap();
-        assert!(
-            matches!(cli.command, Command::Crds(CrdsArgs { out_dir: Some(dir) }) if dir == std::path::Path::new("crds"))
+        let print = crds_args(&[]).unwrap();
+        assert!(print.out_dir.is_none() && !print.install);
+        let write = crds_args(&["--out-dir", "crds"]).unwrap();
+        assert_eq!(write.out_dir.as_deref(), Some(std::path::Path::new("crds")));
+        assert!(!write.install);
+    }
+
+    #[test]
+    fn crds_install_takes_a_kubeconfig_and_a_timeout() {
+        let install = crds_args(&["--install"]).unwrap();
+        assert!(install.install);
+        assert_eq!(install.kubeconfig, None);
+        assert_eq!(install.timeout, Duration::from_secs(60));
+        let tuned = crds_args(&["--install", "--kubeconfig", "/tmp/k", "--timeout", "2m"]).unwrap();
+        assert_eq!(
+            tuned.kubeconfig.as_deref(),
+            Some(std::path::Path::new("/tmp/k"))
         );
+        assert_eq!(tuned.timeout, Duration::from_secs(120));
+        // Installing and writing files are different commands; the cluster flags need --install.
+        assert!(crds_args(&["--install", "--out-dir", "crds"]).is_err());
+        assert!(crds_args(&["--kubeconfig", "/tmp/k"]).is_err());
+        assert!(crds_args(&["--timeout", "5s"]).is_err());
     }
 
     #[test]

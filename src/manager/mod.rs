@@ -15,6 +15,7 @@
 //! 5. become unready (`/readyz` answers 503), stop the controllers (releasing the Lease), drain
 //!    the HTTP server and return.
 
+pub mod crd_install;
 pub mod crds;
 pub mod leader;
 pub mod readiness;
