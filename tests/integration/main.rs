@@ -1,4 +1,5 @@
 mod api_objects;
+mod cutover;
 mod daemon;
 mod demo;
 mod deploy;

@@ -537,6 +537,23 @@ impl ExtraControlPlane {
         &self.kubeconfig
     }
 
+    /// `kubectl --kubeconfig <this control plane>`, with the kubectl built next to it.
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = Command::new(self.state.path().join("bin/kubectl"));
+        cmd.arg("--kubeconfig").arg(&self.kubeconfig);
+        cmd
+    }
+
+    /// A fresh client bound to the calling test's runtime.
+    pub async fn client(&self) -> Client {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", self.kubeconfig.display()));
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("loading {}: {e}", self.kubeconfig.display()));
+        Client::try_from(config).expect("a client for the extra control plane")
+    }
+
     /// Installs `crds/` and waits until they are Established.
     pub fn install_crds(&self) {
         let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
