@@ -129,6 +129,13 @@ struct ManagerArgs {
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = StreamingLists::Auto)]
     streaming_lists: StreamingLists,
 
+    /// Pre-download new SidecarSet sidecar images on the nodes of the pods to upgrade (as
+    /// ImagePullJobs) and hold each pod until its node has pulled; `=false` rolls SidecarSets out
+    /// as upstream OpenKruise does, without pre-download.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    sidecarset_predownload: bool,
+
     #[command(flatten)]
     leader_election: LeaderElectionArgs,
 
@@ -357,6 +364,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     daemon_config_namespace: args.daemon_config_namespace,
                     namespace: args.webhook.namespace.clone(),
                     label_selector: args.label_selector,
+                    sidecarset_predownload: args.sidecarset_predownload,
                     // The manager puts in the set its /metrics serves, the mode it detects and
                     // the readiness it waits for.
                     ..Default::default()
@@ -532,6 +540,23 @@ mod tests {
         assert_eq!(election.renew_deadline, Duration::from_secs(20));
         assert_eq!(election.retry_period, Duration::from_millis(500));
         assert!(Cli::try_parse_from(["kruise-rs", "manager", "--leader-elect=maybe"]).is_err());
+    }
+
+    #[test]
+    fn sidecarset_predownload_is_on_unless_turned_off() {
+        assert!(manager_args(&[]).sidecarset_predownload);
+        assert!(manager_args(&["--sidecarset-predownload"]).sidecarset_predownload);
+        assert!(manager_args(&["--sidecarset-predownload=true"]).sidecarset_predownload);
+        assert!(!manager_args(&["--sidecarset-predownload=false"]).sidecarset_predownload);
+        for bad in [
+            "--sidecarset-predownload=off",
+            "--sidecarset-predownload=maybe",
+        ] {
+            assert!(
+                Cli::try_parse_from(["kruise-rs", "manager", bad]).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -193,6 +193,13 @@ impl Env {
 
     /// Creates `n` Ready Nodes of this test and waits for their NodeImages.
     async fn nodes(&self, n: usize) -> Vec<String> {
+        self.nodes_labelled(n, CONTROLLED_LABEL).await
+    }
+
+    /// [`Self::nodes`] labelled `label` (this test's run as value) instead of
+    /// [`CONTROLLED_LABEL`]: the NodeImage controller selecting `label` must create their
+    /// NodeImages.
+    async fn nodes_labelled(&self, n: usize, label: &str) -> Vec<String> {
         let api = Api::<Node>::all(self.client.clone());
         let mut names = Vec::new();
         for i in 0..n {
@@ -200,10 +207,7 @@ impl Env {
             let node = Node {
                 metadata: ObjectMeta {
                     name: Some(name.clone()),
-                    labels: Some(BTreeMap::from([(
-                        CONTROLLED_LABEL.to_owned(),
-                        self.run.clone(),
-                    )])),
+                    labels: Some(BTreeMap::from([(label.to_owned(), self.run.clone())])),
                     ..ObjectMeta::default()
                 },
                 ..Node::default()
@@ -1788,6 +1792,90 @@ async fn not_update_and_one_batch_strategies_skip_the_pre_download() {
     assert_eq!(view.pods_on(PROXY, &new_image).len(), 3);
     log.expect_exactly(&[job_key(&job)]).await;
     daemon.assert_ok();
+}
+
+/// A manager run with `--sidecarset-predownload=false` rolls out as upstream does: no job ever,
+/// and no pod waits, although every node has a NodeImage (and no daemon, so with pre-download on
+/// the pods would wait for the pulls until the response timeout). The SidecarSet and the Nodes
+/// are left to a second set of controllers of this test's own, confined to a label the webhook
+/// cluster's controllers do not select.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_pre_download_off_no_job_is_created_and_nothing_waits() {
+    const OFF_LABEL: &str = "kruise-rs-test-predownload-off";
+    let env = Env::new("pd-off", 1).await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let controllers = tokio::spawn(kruise_rs::controllers::run(
+        env.client.clone(),
+        kruise_rs::controllers::ControllerOptions {
+            namespace: MANAGER_NAMESPACE.to_owned(),
+            label_selector: Some(OFF_LABEL.to_owned()),
+            nodeimage_creation_delay: Duration::ZERO,
+            sidecarset_predownload: false,
+            ..kruise_rs::controllers::ControllerOptions::default()
+        },
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let nodes = env.nodes_labelled(3, OFF_LABEL).await;
+    let log = JobLog::spawn(&env.client, &env.name);
+    let mut spec = env.set_spec(&[PROXY]);
+    spec["metadata"]["labels"] = json!({OFF_LABEL: env.name});
+    let set = create_sidecarset(&env.client, &spec).await;
+    env.start_pods(&set, &nodes).await;
+    env.wait("the three pods counted", Kubelet::Off, |v| {
+        v.expect_counts(counts(3, 3, 3, 3))?;
+        v.expect_condition(PRE_DOWNLOAD, "False", "Disabled")
+    })
+    .await;
+
+    let new_image = env.image(PROXY, "2");
+    env.set_images(&mut spec, &[(PROXY, "2")], json!({})).await;
+    let view = env
+        .wait(
+            "every pod upgraded one at a time without a pull",
+            Kubelet::On,
+            |v| {
+                v.expect_counts(counts(3, 3, 3, 3))?;
+                v.expect_condition(ROLLOUT_HELD, "False", "Updated")?;
+                v.expect_condition(PRE_DOWNLOAD, "False", "Disabled")?;
+                v.expect_jobs(0)
+            },
+        )
+        .await;
+    assert_eq!(
+        view.pods_on(PROXY, &new_image).len(),
+        3,
+        "{}",
+        view.describe()
+    );
+    let message = condition_message(&view.set, PRE_DOWNLOAD);
+    assert!(
+        message.contains("--sidecarset-predownload=false"),
+        "{message}"
+    );
+    // Every node has a NodeImage (a pod would wait for it with pre-download on), and none was
+    // ever asked for the new image.
+    let (repository, _) = new_image.rsplit_once(':').expect("a tag");
+    let nodeimages = Api::<NodeImage>::all(env.client.clone());
+    for node in &nodes {
+        let nodeimage = nodeimages
+            .get(node)
+            .await
+            .unwrap_or_else(|e| panic!("reading NodeImage {node}: {e}"));
+        assert!(
+            !nodeimage.spec.images.contains_key(repository),
+            "NodeImage {node} was asked for {repository}: {:?}",
+            nodeimage.spec.images
+        );
+    }
+    log.expect_exactly(&[]).await;
+
+    stop.send(()).expect("the controllers still run");
+    tokio::time::timeout(Duration::from_secs(30), controllers)
+        .await
+        .expect("the controllers stop")
+        .expect("join");
 }
 
 /// A partition keeps the last pods of the rollout order out of the job; lowering it appends

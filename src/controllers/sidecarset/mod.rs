@@ -128,6 +128,9 @@ pub struct Context {
     pods: Store<PodSummary>,
     namespaces: Store<Namespace>,
     revisions: Store<ControllerRevision>,
+    /// Whether SidecarSet image pre-download is on (`--sidecarset-predownload`); off, the
+    /// jobs left from when it was on are deleted.
+    predownload: bool,
     /// The SidecarSets' pre-download jobs.
     jobs: Store<ImagePullJob>,
     /// NodeImages (status only), to tell when a node has pulled.
@@ -315,6 +318,7 @@ pub async fn run_with_pods(
         pods,
         namespaces,
         revisions,
+        predownload: opts.sidecarset_predownload,
         jobs,
         nodeimages,
         warned: Mutex::default(),
@@ -540,7 +544,7 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
     let set = &set;
 
     let now = Time(Timestamp::now());
-    let (knobs, knob_warnings) = predownload::knobs(set);
+    let (knobs, knob_warnings) = predownload::knobs_when(set, ctx.predownload);
     warn_knobs(ctx, set, &knob_warnings).await;
     let uid = set.metadata.uid.as_deref();
     let jobs: Vec<Arc<ImagePullJob>> = ctx

@@ -9,6 +9,8 @@
 //! within the update selector, not held back by the partition, in rollout order) whose sidecar
 //! containers run another image than the SidecarSet's; for each such container, the pod's node
 //! needs the new image. The decision ([`decide`]), in this order:
+//! - the manager runs with `--sidecarset-predownload=false`: off, as upstream (which has no
+//!   SidecarSet pre-download): no job, no pod waits, the annotations are not read ([`knobs_when`]);
 //! - `updateStrategy.type: NotUpdate`: skipped, nothing will be upgraded;
 //! - no target: nothing to pull (also once the rollout is done);
 //! - every matched pod is upgraded in one batch (partition 0 and maxUnavailable ≥ matched pods,
@@ -79,9 +81,11 @@ const BACKOFF_LIMIT: i32 = 1;
 /// Object names that are also label values must fit 63 characters.
 const MAX_NAME: usize = 63;
 
-/// The pre-download knobs of a SidecarSet, from its annotations.
+/// The pre-download knobs of a SidecarSet, from its annotations and the manager's switch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Knobs {
+    /// The manager's `--sidecarset-predownload`: `false` turns pre-download off everywhere.
+    pub enabled: bool,
     pub parallelism: i32,
     /// `None`: no gate.
     pub min_updated_ready: Option<IntOrString>,
@@ -187,6 +191,7 @@ pub fn knobs(set: &SidecarSet) -> (Knobs, Vec<KnobWarning>) {
     });
     (
         Knobs {
+            enabled: true,
             parallelism: parallelism.unwrap_or(DEFAULT_PARALLELISM),
             min_updated_ready,
             timeout_seconds: timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS),
@@ -195,9 +200,26 @@ pub fn knobs(set: &SidecarSet) -> (Knobs, Vec<KnobWarning>) {
     )
 }
 
+/// The knobs of `set` when the manager's switch is `enabled`, as [`knobs`]; when it is off,
+/// the annotations are not read (and never warned about): [`decide`] skips at once.
+pub fn knobs_when(set: &SidecarSet, enabled: bool) -> (Knobs, Vec<KnobWarning>) {
+    if enabled {
+        return knobs(set);
+    }
+    let off = Knobs {
+        enabled: false,
+        parallelism: DEFAULT_PARALLELISM,
+        min_updated_ready: None,
+        timeout_seconds: DEFAULT_TIMEOUT_SECONDS,
+    };
+    (off, Vec::new())
+}
+
 /// Why pre-download does not run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Skip {
+    /// Turned off for the whole manager (`--sidecarset-predownload=false`).
+    Disabled,
     NotUpdate,
     /// Every pod is upgraded in one batch.
     OneBatch {
@@ -326,6 +348,9 @@ pub fn decide(
     manager_namespace: &str,
     started: bool,
 ) -> Decision {
+    if !knobs.enabled {
+        return Decision::Skipped(Skip::Disabled);
+    }
     if set.spec.update_strategy.type_ == Some(SidecarSetUpdateStrategyType::NotUpdate) {
         // The rollout has no queue then; say "skipped" only where there would be work.
         let would_pull = owned
@@ -614,6 +639,12 @@ pub fn condition(
             format!(
                 "starts once {needed} pod(s) are updated and ready ({IMAGE_PREDOWNLOAD_MIN_UPDATED_READY_PODS}); {ready} are"
             ),
+        ),
+        Decision::Skipped(Skip::Disabled) => (
+            "False",
+            "Disabled",
+            "skipped: pre-download is turned off for this manager (--sidecarset-predownload=false)"
+                .to_owned(),
         ),
         Decision::Skipped(Skip::NotUpdate) => (
             "False",

@@ -98,9 +98,20 @@ fn decide_for(
     updated_ready: usize,
     started: bool,
 ) -> Decision {
+    decide_when(true, set, pods, updated_ready, started)
+}
+
+/// [`decide_for`] on a manager whose `--sidecarset-predownload` is `enabled`.
+fn decide_when(
+    enabled: bool,
+    set: &SidecarSet,
+    pods: &[Arc<PodSummary>],
+    updated_ready: usize,
+    started: bool,
+) -> Decision {
     let views: Vec<_> = pods.iter().map(|p| view(set, p)).collect();
     let batch = next_batch(set, &views);
-    let (knobs, _) = knobs(set);
+    let (knobs, _) = knobs_when(set, enabled);
     decide(
         set,
         pods,
@@ -130,6 +141,7 @@ fn knobs_default_to_upstreams_values() {
     assert_eq!(
         k,
         Knobs {
+            enabled: true,
             parallelism: 1,
             min_updated_ready: None,
             timeout_seconds: 300
@@ -187,7 +199,63 @@ fn bad_knobs_warn_with_the_annotation_the_value_and_the_default() {
     }
 }
 
+#[test]
+fn the_managers_switch_on_reads_the_annotations_off_ignores_them() {
+    let annotated = set(
+        json!({}),
+        &[
+            (IMAGE_PREDOWNLOAD_PARALLELISM, "3"),
+            (IMAGE_PREDOWNLOAD_TIMEOUT_SECONDS, "-1"),
+        ],
+    );
+    assert_eq!(knobs_when(&annotated, true), knobs(&annotated));
+    assert!(knobs(&annotated).0.enabled);
+    let (off, warnings) = knobs_when(&annotated, false);
+    assert!(!off.enabled);
+    assert!(
+        warnings.is_empty(),
+        "a switched-off feature warns about nothing"
+    );
+    assert_eq!(
+        (off.parallelism, off.timeout_seconds, off.min_updated_ready),
+        (1, 300, None)
+    );
+}
+
 // --- when ----------------------------------------------------------------------------------------
+
+#[test]
+fn a_manager_with_pre_download_off_never_pulls() {
+    let rolling = set(json!({}), &[]);
+    let pods = [old("a", "n1"), old("b", "n2")];
+    assert!(matches!(
+        decide_when(true, &rolling, &pods, 0, false),
+        Decision::Pull(_)
+    ));
+    // Off wins over everything else: work to do, jobs already started, a gate, NotUpdate,
+    // nothing to pull.
+    let gated = set(
+        json!({}),
+        &[(IMAGE_PREDOWNLOAD_MIN_UPDATED_READY_PODS, "1")],
+    );
+    let not_update = set(json!({"type": "NotUpdate"}), &[]);
+    let current = [pod("a", "shop", "n1", "proxy:2", json!({}))];
+    for (s, pods, started) in [
+        (&rolling, &pods[..], false),
+        (&rolling, &pods[..], true),
+        (&gated, &pods[..], false),
+        (&not_update, &pods[..], false),
+        (&rolling, &current[..], false),
+        (&rolling, &[][..], false),
+    ] {
+        let decision = decide_when(false, s, pods, 0, started);
+        assert_eq!(decision, Decision::Skipped(Skip::Disabled));
+        assert!(
+            decision.jobs().is_empty(),
+            "so every job left over is deleted"
+        );
+    }
+}
 
 #[test]
 fn an_image_change_pulls_on_the_nodes_of_the_old_pods() {
@@ -647,6 +715,11 @@ fn the_condition_says_where_pre_download_stands() {
             },
             "WaitingForUpdatedReadyPods",
             "starts once 2 pod(s)",
+        ),
+        (
+            Decision::Skipped(Skip::Disabled),
+            "Disabled",
+            "--sidecarset-predownload=false",
         ),
         (
             Decision::Skipped(Skip::NotUpdate),
