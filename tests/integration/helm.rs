@@ -340,6 +340,31 @@ fn helm_values_change_the_rendered_objects() {
         );
     }
 
+    // Defaults pass neither flag; the Role grants the default Lease.
+    let defaults = rendered_objects(&[]);
+    let args = manager_args(&defaults);
+    assert!(
+        !args
+            .iter()
+            .any(|a| a.starts_with("--leader-election-id")
+                || a.starts_with("--sidecarset-predownload")),
+        "{args:?}"
+    );
+    assert_eq!(lease_names(&defaults), ["kruise-rs-manager"]);
+    // Switching from upstream: its Lease, in the flag and the Role; pre-download off.
+    let switching = rendered_objects(&[
+        "--set=manager.leaderElection.leaseName=kruise-manager",
+        "--set=manager.sidecarsetPredownload=false",
+    ]);
+    let args = manager_args(&switching);
+    for wanted in [
+        "--leader-election-id=kruise-manager",
+        "--sidecarset-predownload=false",
+    ] {
+        assert!(args.iter().any(|a| a == wanted), "{args:?} lack {wanted}");
+    }
+    assert_eq!(lease_names(&switching), ["kruise-manager"]);
+
     // namespaces.create=false: no Namespace objects.
     let got = rendered_objects(&["--set=namespaces.create=false"]);
     assert!(
@@ -347,6 +372,29 @@ fn helm_values_change_the_rendered_objects() {
         "namespaces.create=false still renders: {:?}",
         got.keys()
     );
+}
+
+fn manager_args(objects: &BTreeMap<String, Value>) -> Vec<String> {
+    let manager = find(objects, "Deployment kruise-system/kruise-rs-manager");
+    manager["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("string arg").to_owned())
+        .collect()
+}
+
+/// The Lease names the manager's Role lets it read and update.
+fn lease_names(objects: &BTreeMap<String, Value>) -> Vec<String> {
+    let role = find(objects, "Role kruise-system/kruise-rs-manager");
+    role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter(|r| r["resources"] == serde_json::json!(["leases"]))
+        .flat_map(|r| r["resourceNames"].as_array().cloned().unwrap_or_default())
+        .map(|n| n.as_str().expect("a name").to_owned())
+        .collect()
 }
 
 /// values.schema.json refuses the values the manager would only refuse at start-up.
@@ -366,6 +414,14 @@ fn helm_refuses_invalid_values() {
         ("manager.replicas=0", "/manager/replicas"),
         ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
         ("daemon.criHostPath=var/run", "/daemon/criHostPath"),
+        (
+            "manager.leaderElection.leaseName=Kruise_Manager",
+            "/manager/leaderElection/leaseName",
+        ),
+        (
+            "manager.sidecarsetPredownload=maybe",
+            "/manager/sidecarsetPredownload",
+        ),
     ] {
         let out = helm_output(&["template", RELEASE, chart, "--set", set]);
         let stderr = String::from_utf8_lossy(&out.stderr);
