@@ -1,5 +1,5 @@
 use super::*;
-use crate::apis::sidecarset::SidecarSet;
+use crate::apis::sidecarset::{SidecarSet, SidecarSetPatchPolicy};
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
 };
@@ -1432,4 +1432,102 @@ fn never_panics_and_keeps_container_names_unique() {
         injected_some > 500,
         "only {injected_some} injections with containers"
     );
+}
+
+/// Whether a `transferEnv` of `sets` may read a container that `sets` inject (named, or named
+/// through a pod field): the second injection then reads that container as injected.
+fn transfers_env_from_a_sidecar(sets: &[SelectedSidecarSet]) -> bool {
+    let all = || {
+        sets.iter()
+            .flat_map(|s| s.spec.containers.iter().chain(&s.spec.init_containers))
+    };
+    let injected: BTreeSet<&str> = all().map(|c| c.container.name.as_str()).collect();
+    all().flat_map(|c| &c.transfer_env).any(|t| {
+        t.source_container_name_from.is_some()
+            || injected.contains(t.source_container_name.as_deref().unwrap_or_default())
+    })
+}
+
+/// Whether the `patchPodMetadata` of `sets` cannot be applied twice: two entries write one
+/// annotation (applied again, the later one's value meets the earlier one's policy), or a
+/// `MergePatchJson` value is not JSON (set as is on a pod without the annotation, then refused
+/// as the base of the merge, by upstream too; our validation refuses such a SidecarSet), is not
+/// an object or an array (the merge refuses it then), or has a `null`.
+fn patches_that_cannot_repeat(sets: &[SelectedSidecarSet]) -> bool {
+    let patches = || sets.iter().flat_map(|s| &s.spec.patch_pod_metadata);
+    let mut keys = BTreeSet::new();
+    let twice = patches()
+        .flat_map(|p| p.annotations.keys())
+        .any(|key| !keys.insert(key));
+    // Set as is on a pod without the annotation, then merged into itself: only the same if the
+    // value has no `null` (which a merge patch reads as "remove").
+    let not_idempotent = patches()
+        .filter(|p| p.patch_policy == Some(SidecarSetPatchPolicy::MergePatchJson))
+        .flat_map(|p| p.annotations.values())
+        .any(|v| match serde_json::from_str::<Value>(v) {
+            Ok(value) if value.is_object() || value.is_array() => {
+                let mut merged = value.clone();
+                json_patch::merge(&mut merged, &value);
+                merged != value
+            }
+            _ => true,
+        });
+    twice || not_idempotent
+}
+
+/// Whether a SidecarSet injects a container named like one of the pod's own (not injected)
+/// containers: it replaces that one, which the second injection then no longer sees as an app
+/// container to share volumes with.
+fn replaces_an_app_container(pod: &Pod, sets: &[SelectedSidecarSet]) -> bool {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let own: BTreeSet<String> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .filter(|c| env_value(c, SIDECAR_ENV_KEY) != Some("true"))
+        .map(|c| c.name.clone())
+        .collect();
+    sets.iter()
+        .flat_map(|s| s.spec.containers.iter().chain(&s.spec.init_containers))
+        .any(|c| own.contains(&c.container.name))
+}
+
+/// Two webhooks injecting the same SidecarSets into one pod — upstream's
+/// `kruise-mutating-webhook-configuration` first (configurations are called in name order), then
+/// ours, while both are installed during a switch — must give the pod the first one gave it:
+/// injecting an injected pod changes nothing (the hash annotations' timestamps aside, equal here).
+/// The exceptions, as upstream's: a `transferEnv` whose source is itself an injected sidecar
+/// reads it as injected the second time, `patchPodMetadata` that cannot be applied twice
+/// ([`patches_that_cannot_repeat`]), and a sidecar replacing an app container of its name.
+#[test]
+fn injecting_an_injected_pod_changes_nothing() {
+    let mut g = Gen(0x2545_f491_4f6c_dd1d);
+    let mut checked = 0;
+    for round in 0..3000 {
+        let p = gen_pod(&mut g);
+        let sets: Vec<SelectedSidecarSet> =
+            (0..g.below(4)).map(|_| gen_sidecarset(&mut g)).collect();
+        if transfers_env_from_a_sidecar(&sets)
+            || patches_that_cannot_repeat(&sets)
+            || replaces_an_app_container(&p, &sets)
+        {
+            continue;
+        }
+        let Ok(once) = inject(&p, &sets, now()) else {
+            continue;
+        };
+        if once.injected.is_empty() {
+            continue;
+        }
+        let twice = inject(&once.pod, &sets, now())
+            .unwrap_or_else(|e| panic!("round {round}: the second injection fails: {e}"));
+        assert_eq!(
+            serde_json::to_value(&twice.pod).expect("json"),
+            serde_json::to_value(&once.pod).expect("json"),
+            "round {round}"
+        );
+        assert_eq!(twice.injected, once.injected, "round {round}");
+        checked += 1;
+    }
+    assert!(checked > 200, "only {checked} pods injected");
 }
