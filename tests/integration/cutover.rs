@@ -15,30 +15,36 @@
 //! The upstream CRDs are ours with upstream's versions and conversion, plus a printer column of
 //! upstream's own that the switch must remove; they are written with field manager `helm`, the
 //! way upstream's chart installs them.
+//!
+//! Upstream's kruise-manager itself is played by its leader Lease: `kruise-system/kruise-manager`,
+//! held and renewed the way client-go's leader election does. Our manager runs with
+//! `--leader-election-id=kruise-manager` as the runbook says, and must not run its controllers
+//! until upstream's replica is gone and its Lease has expired.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceColumnDefinition, CustomResourceConversion, CustomResourceDefinition,
     ServiceReference, WebhookClientConfig, WebhookConversion,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use kruise_rs::apis::crd;
 use kruise_rs::controllers::ControllerOptions;
 use kruise_rs::manager::crds::{conversion_reset_patch, ensure_installed};
-use kruise_rs::manager::{self, ManagerError, ManagerOptions};
+use kruise_rs::manager::{self, LeaderElection, ManagerError, ManagerOptions};
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::sidecarset_upgrade::poll;
-use crate::support::{ExtraControlPlane, run_with_stdin};
+use crate::support::{ExtraControlPlane, http_get, run_with_stdin};
 
 const GROUP: &str = "apps.kruise.io";
 const ALPHA: &str = "v1alpha1";
@@ -443,6 +449,119 @@ async fn assert_every_object_reads_and_writes_in_both_versions(
     }
 }
 
+/// Upstream's leader Lease (`--leader-election-id` default of kruise-manager) in its namespace.
+const UPSTREAM_LEASE: &str = "kruise-manager";
+const UPSTREAM_NAMESPACE: &str = "kruise-system";
+/// client-go's identity: host name and a UUID.
+const UPSTREAM_HOLDER: &str =
+    "kruise-controller-manager-5d8c7b6f9d-x2x7q_3f1c2b1e-8f4a-4c1d-9a57-1b2c3d4e5f60";
+/// Shorter than upstream's 15 s, to keep the test short; our replica honours what the Lease says.
+const UPSTREAM_LEASE_SECONDS: i32 = 4;
+const OUR_IDENTITY: &str = "kruise-rs-manager-0";
+
+/// Plays upstream's leading kruise-manager replica: holds [`UPSTREAM_LEASE`] and renews it every
+/// second, as client-go does (read, then update guarded by the resourceVersion), counting its
+/// renewals; a renewal that finds another holder fails the test. Stopping it stops renewing
+/// without releasing, as a deleted pod does (controller-runtime does not release by default).
+struct UpstreamLeader {
+    renewals: watch::Receiver<u32>,
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+impl UpstreamLeader {
+    async fn start(client: &Client) -> Self {
+        let api: Api<Lease> = Api::namespaced(client.clone(), UPSTREAM_NAMESPACE);
+        let now = MicroTime(Timestamp::now());
+        let lease: Lease = serde_json::from_value(json!({
+            "metadata": {"name": UPSTREAM_LEASE, "namespace": UPSTREAM_NAMESPACE},
+            "spec": {
+                "holderIdentity": UPSTREAM_HOLDER,
+                "leaseDurationSeconds": UPSTREAM_LEASE_SECONDS,
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": 0,
+            },
+        }))
+        .expect("a Lease");
+        api.create(&PostParams::default(), &lease)
+            .await
+            .expect("upstream's Lease is created");
+        let (count, renewals) = watch::channel(0u32);
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => return Ok(()),
+                    _ = tick.tick() => {}
+                }
+                let mut lease = api.get(UPSTREAM_LEASE).await.map_err(|e| e.to_string())?;
+                let spec = lease.spec.get_or_insert_with(Default::default);
+                if spec.holder_identity.as_deref() != Some(UPSTREAM_HOLDER) {
+                    return Err(format!(
+                        "upstream's Lease was taken while upstream renewed it: {spec:?}"
+                    ));
+                }
+                spec.renew_time = Some(MicroTime(Timestamp::now()));
+                api.replace(UPSTREAM_LEASE, &PostParams::default(), &lease)
+                    .await
+                    .map_err(|e| format!("renewing upstream's Lease: {e}"))?;
+                count.send_modify(|n| *n += 1);
+            }
+        });
+        UpstreamLeader {
+            renewals,
+            stop,
+            task,
+        }
+    }
+
+    /// Waits for `n` more renewals.
+    async fn renewed(&mut self, n: u32) {
+        let target = *self.renewals.borrow() + n;
+        let renewals = &mut self.renewals;
+        tokio::time::timeout(Duration::from_secs(u64::from(n) * 3 + 10), async move {
+            renewals
+                .wait_for(|count| *count >= target)
+                .await
+                .map(|_| ())
+        })
+        .await
+        .expect("upstream's leader keeps renewing")
+        .unwrap_or_else(|_| panic!("upstream's leader stopped renewing on its own"));
+    }
+
+    /// Stops renewing (the replica is gone); fails the test if a renewal had failed.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task
+            .await
+            .expect("join")
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+async fn lease_holder(client: &Client) -> Option<String> {
+    Api::<Lease>::namespaced(client.clone(), UPSTREAM_NAMESPACE)
+        .get(UPSTREAM_LEASE)
+        .await
+        .ok()
+        .and_then(|l| l.spec?.holder_identity)
+}
+
+async fn leader_gauge(addr: std::net::SocketAddr) -> String {
+    let (status, body) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics"))
+        .await
+        .expect("join")
+        .expect("GET /metrics");
+    assert_eq!(status, 200);
+    body.lines()
+        .find(|l| l.starts_with("kruise_rs_manager_leader "))
+        .unwrap_or_else(|| panic!("no leader gauge in {body}"))
+        .to_owned()
+}
+
 fn kruise_rs(args: &[&str], kubeconfig: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
         .args(args)
@@ -452,6 +571,7 @@ fn kruise_rs(args: &[&str], kubeconfig: &Path) -> Output {
         .expect("kruise-rs runs")
 }
 
+/// Our manager as the runbook runs it during the switch: on upstream's Lease.
 fn manager_options(kubeconfig: &Path) -> ManagerOptions {
     ManagerOptions {
         kubeconfig: Some(kubeconfig.to_owned()),
@@ -461,7 +581,14 @@ fn manager_options(kubeconfig: &Path) -> ManagerOptions {
             ..ControllerOptions::default()
         },
         webhook: None,
-        leader_election: None,
+        leader_election: Some(LeaderElection {
+            lease_name: UPSTREAM_LEASE.to_owned(),
+            identity: OUR_IDENTITY.to_owned(),
+            lease_duration: Duration::from_secs(4),
+            renew_deadline: Duration::from_secs(3),
+            retry_period: Duration::from_secs(1),
+            ..LeaderElection::new(UPSTREAM_NAMESPACE)
+        }),
         streaming_lists: Default::default(),
     }
 }
@@ -526,6 +653,7 @@ async fn switching_from_upstream_with_crds_install_keeps_every_object_in_both_ve
     let kubeconfig = plane.kubeconfig_path().to_owned();
     let client = plane.client().await;
     let objects = upstream_history(&client).await;
+    let mut upstream = UpstreamLeader::start(&client).await;
     assert_sidecarsets_need_the_dead_webhook(&client).await;
 
     // The manager refuses to start, naming the command.
@@ -611,7 +739,9 @@ async fn switching_from_upstream_with_crds_install_keeps_every_object_in_both_ve
     }
     assert_every_object_reads_and_writes_in_both_versions(&client, &objects).await;
 
-    // The manager starts and reconciles upstream's objects.
+    // The manager starts, and waits while upstream's replica leads: a Node it would give a
+    // NodeImage at once gets none, and the Lease stays upstream's.
+    create_node(&client, "node-new").await;
     let (ready_tx, ready_rx) = oneshot::channel();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let running = tokio::spawn(manager::run(
@@ -621,11 +751,37 @@ async fn switching_from_upstream_with_crds_install_keeps_every_object_in_both_ve
         },
         Some(ready_tx),
     ));
-    tokio::time::timeout(TIMEOUT, ready_rx)
+    let probe = tokio::time::timeout(TIMEOUT, ready_rx)
         .await
         .expect("the manager becomes ready")
         .expect("the manager reports ready");
+    // Two lease durations and more of upstream renewing: our replica tries every second.
+    upstream
+        .renewed(2 * UPSTREAM_LEASE_SECONDS.unsigned_abs() + 1)
+        .await;
+    assert_eq!(leader_gauge(probe).await, "kruise_rs_manager_leader 0");
+    assert_eq!(
+        lease_holder(&client).await.as_deref(),
+        Some(UPSTREAM_HOLDER)
+    );
+    let nodeimages = Kind::NodeImage.api(&client, BETA);
+    assert!(
+        nodeimages.get_opt("node-new").await.expect("GET").is_none(),
+        "our controllers ran while upstream's replica led"
+    );
+
+    // Upstream's replica goes away (scaled to 0): its Lease expires, ours takes it.
+    upstream.stop().await;
+    let client_ref = &client;
+    poll("our replica to take the Lease", TIMEOUT, || async move {
+        match lease_holder(client_ref).await {
+            Some(holder) if holder == OUR_IDENTITY => Ok(()),
+            other => Err(format!("holder {other:?}")),
+        }
+    })
+    .await;
     assert_reconciled(&client, &objects).await;
+    assert_eq!(leader_gauge(probe).await, "kruise_rs_manager_leader 1");
 
     stop_tx.send(()).expect("the manager still runs");
     let stopped = tokio::time::timeout(Duration::from_secs(15), running)
@@ -636,7 +792,8 @@ async fn switching_from_upstream_with_crds_install_keeps_every_object_in_both_ve
 }
 
 /// The manager's controllers act on every object upstream left: SidecarSet status, ImagePullJob
-/// status and its NodeImage entry, NodeImage labels from the Node, a NodeImage for a new Node.
+/// status and its NodeImage entry, NodeImage labels from the Node, and a NodeImage for the Node
+/// `node-new` created while upstream led.
 async fn assert_reconciled(client: &Client, objects: &[Object]) {
     for object in objects {
         let api = object.kind.api(client, ALPHA);
@@ -717,15 +874,18 @@ async fn assert_reconciled(client: &Client, objects: &[Object]) {
         .await;
     }
 
-    create_node(client, "node-new").await;
     let api = Kind::NodeImage.api(client, ALPHA);
     let api = &api;
-    poll("a NodeImage for a new Node", TIMEOUT, || async move {
-        api.get("node-new")
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    })
+    poll(
+        "a NodeImage for the Node created meanwhile",
+        TIMEOUT,
+        || async move {
+            api.get("node-new")
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        },
+    )
     .await;
 }
 
