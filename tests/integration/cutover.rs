@@ -32,7 +32,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceColumnDefinition, CustomResourceConversion, CustomResourceDefinition,
     ServiceReference, WebhookClientConfig, WebhookConversion,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kruise_rs::apis::crd;
 use kruise_rs::controllers::ControllerOptions;
@@ -44,7 +44,7 @@ use serde_json::{Value, json};
 use tokio::sync::{oneshot, watch};
 
 use crate::sidecarset_upgrade::poll;
-use crate::support::{ExtraControlPlane, http_get, run_with_stdin};
+use crate::support::{ExtraControlPlane, client_for, create_ready_node, http_get, run_with_stdin};
 
 const GROUP: &str = "apps.kruise.io";
 const ALPHA: &str = "v1alpha1";
@@ -244,28 +244,10 @@ async fn create_namespace(client: &Client, name: &str) {
         .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
 }
 
-/// Creates a Ready Node `name` with label `zone`.
+/// Creates a Ready Node `name` labelled `zone: a`.
 async fn create_node(client: &Client, name: &str) {
-    let api = Api::<Node>::all(client.clone());
-    let node: Node = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"zone": "a"}},
-    }))
-    .expect("a Node");
-    api.create(&PostParams::default(), &node)
-        .await
-        .unwrap_or_else(|e| panic!("creating Node {name}: {e}"));
-    let now = Time(Timestamp::now());
-    let ready = json!({"status": {"conditions": [{
-        "type": "Ready",
-        "status": "True",
-        "reason": "KubeletReady",
-        "message": "set by the test",
-        "lastHeartbeatTime": now,
-        "lastTransitionTime": now,
-    }]}});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&ready))
-        .await
-        .unwrap_or_else(|e| panic!("setting Node {name} Ready: {e}"));
+    let labels = BTreeMap::from([("zone".to_owned(), "a".to_owned())]);
+    create_ready_node(client, name, labels).await;
 }
 
 /// The object as upstream's webhook would have stored it (defaulted).
@@ -651,7 +633,7 @@ async fn switching_from_upstream_with_crds_install_keeps_every_object_in_both_ve
         .await
         .expect("join");
     let kubeconfig = plane.kubeconfig_path().to_owned();
-    let client = plane.client().await;
+    let client = client_for(plane.kubeconfig_path()).await;
     let objects = upstream_history(&client).await;
     let mut upstream = UpstreamLeader::start(&client).await;
     assert_sidecarsets_need_the_dead_webhook(&client).await;
@@ -910,7 +892,7 @@ async fn switching_from_upstream_with_kubectl_only_and_migrating_stored_versions
     let plane = tokio::task::spawn_blocking(ExtraControlPlane::start)
         .await
         .expect("join");
-    let client = plane.client().await;
+    let client = client_for(plane.kubeconfig_path()).await;
     let objects = upstream_history(&client).await;
     assert_sidecarsets_need_the_dead_webhook(&client).await;
     let crds_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");

@@ -544,16 +544,6 @@ impl ExtraControlPlane {
         cmd
     }
 
-    /// A fresh client bound to the calling test's runtime.
-    pub async fn client(&self) -> Client {
-        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)
-            .unwrap_or_else(|e| panic!("reading {}: {e}", self.kubeconfig.display()));
-        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .unwrap_or_else(|e| panic!("loading {}: {e}", self.kubeconfig.display()));
-        Client::try_from(config).expect("a client for the extra control plane")
-    }
-
     /// Installs `crds/` and waits until they are Established.
     pub fn install_crds(&self) {
         let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
