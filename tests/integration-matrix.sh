@@ -55,7 +55,7 @@ for run in "${runs[@]}"; do
     cargo test "${cargo_flags[@]}" --test integration -- "${args[@]}" || rc=$?
   secs=$(($(date +%s) - start))
   if ((rc == 0)); then result=passed; else result="FAILED (exit $rc)"; failed=1; fi
-  summary+=("$(printf '  %d. %-70s %s in %d s' "$n" "$label" "$result" "$secs")")
+  summary+=("$(printf '  %d. %-17s %4d s  %s' "$n" "$result" "$secs" "$label")")
 done
 
 printf '\n==> integration matrix:\n' >&2
