@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-17s %s\n", $$1, $$2}'
 
 deps: ## Install what the tests and the local control plane need (apt packages, Go-built binaries)
 	tests/setup.sh
@@ -11,10 +11,18 @@ deps: ## Install what the tests and the local control plane need (apt packages, 
 run: deps ## Start a local control plane, install the CRDs, apply examples/ and run the manager
 	tests/controlplane/run-local.sh
 
-test: deps ## Everything CI runs: format, lints, unit and integration tests
+test: deps ## Everything CI runs: format, lints, unit tests, the integration suite on each Kubernetes version
 	cargo fmt --all -- --check
 	cargo clippy --all-targets --locked -- -D warnings
-	cargo test --locked --lib --bins --tests
+	cargo test --locked --lib --bins
+	tests/integration-matrix.sh
+
+# `make test-integration KUBE_VERSION=1.33 KRUISE_RS_APISERVER_ARGS=--feature-gates=WatchList=false
+# TEST=sidecarset`: one run of the integration suite (TEST: a cargo test filter).
+KUBE_VERSION ?= 1.36
+test-integration: deps ## The integration suite on one Kubernetes minor (KUBE_VERSION=1.33 ..., default 1.36)
+	KUBE_VERSION=$(KUBE_VERSION) KRUISE_RS_APISERVER_ARGS='$(KRUISE_RS_APISERVER_ARGS)' \
+		cargo test --locked --test integration -- $(TEST)
 
 crds: ## Regenerate crds/ from the Rust types
 	cargo run --quiet -- crds --out-dir crds
@@ -23,4 +31,4 @@ crds: ## Regenerate crds/ from the Rust types
 fmt: ## Format the code
 	cargo fmt --all
 
-.PHONY: help deps run test crds fmt
+.PHONY: help deps run test test-integration crds fmt

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what `make test` and `make run` need on a fresh Debian machine that already has Rust
-# and Go: missing apt packages, then the Go-built control-plane binaries (cached by version
-# under ~/.cache/kruise-rs, so only the first run pays the ~5-20 min build) and the node tests'
-# images (cached by content, built offline in well under a second).
+# and Go: missing apt packages, then the Go-built control-plane binaries of every Kubernetes
+# version the tests run (cached by version under ~/.cache/kruise-rs, so only the first run pays
+# the build, minutes per version) and the node tests' images (cached by content, built offline in
+# well under a second).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
@@ -24,7 +25,11 @@ fi
 for tool in cargo go; do
   command -v "$tool" >/dev/null || { echo "setup: $tool is required (Rust stable, Go >= 1.26)" >&2; exit 1; }
 done
-"$here/controlplane/build.sh" >/dev/null
+# Every Kubernetes minor the integration matrix of `make test` runs (tests/integration-matrix.sh),
+# plus KUBE_VERSION when set (for `make test-integration KUBE_VERSION=...`).
+for version in $({ "$here/integration-matrix.sh" --versions; [[ -z ${KUBE_VERSION:-} ]] || echo "$KUBE_VERSION"; } | sort -u); do
+  KUBE_VERSION=$version "$here/controlplane/build.sh" >/dev/null
+done
 "$here/node/images.sh" >/dev/null
 # helm for the chart tests (tests/integration/helm.rs), from its Go module, cached by version.
 "$here/deploy/build-helm.sh" >/dev/null

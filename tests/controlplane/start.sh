@@ -9,8 +9,13 @@
 #   With --owner-pid, a detached watchdog stops everything and removes STATE_DIR once PID is gone,
 #   so a test binary that crashes or is killed still leaves nothing running.
 # Stop explicitly with tests/controlplane/stop.sh STATE_DIR.
-# Env: KRUISE_RS_CP_TIMEOUT  seconds to wait for readiness (default 120)
-#      KRUISE_RS_CACHE       passed through to build.sh
+# Env: KUBE_VERSION              Kubernetes minor to run (1.33 ... 1.36, default 1.36), passed
+#                                through to build.sh, which builds it when it is not cached yet
+#      KRUISE_RS_APISERVER_ARGS  extra kube-apiserver flags, split on whitespace and appended last
+#                                (so they override the defaults below), e.g.
+#                                "--feature-gates=WatchList=false"
+#      KRUISE_RS_CP_TIMEOUT      seconds to wait for readiness (default 120)
+#      KRUISE_RS_CACHE           passed through to build.sh
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
@@ -33,7 +38,7 @@ owner_pid=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --owner-pid) owner_pid=${2:?--owner-pid needs a PID}; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0" >&2; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" >&2; exit 0 ;;
     -*) die "unknown option $1" ;;
     *) break ;;
   esac
@@ -45,6 +50,7 @@ fi
 mkdir -p "$1"
 state=$(cd "$1" && pwd)
 timeout=${KRUISE_RS_CP_TIMEOUT:-120}
+read -r -a extra_api_args <<<"${KRUISE_RS_APISERVER_ARGS:-}"
 t0=$(date +%s.%N)
 
 # build.sh prints the binary directory on stdout (instant when cached); its progress goes to stderr.
@@ -217,7 +223,8 @@ for attempt in 1 2 3; do
     --allow-privileged=true \
     --enable-priority-and-fairness=false \
     --profiling=false \
-    --v=1
+    --v=1 \
+    "${extra_api_args[@]}"
   api_pid=$launched_pid
   rc=0
   # /readyz with the admin cert: does not depend on anonymous auth being allowed.
@@ -253,7 +260,15 @@ contexts:
 current-context: kruise-rs-test
 KC
 
+# What is running, from the servers themselves: /version (the stamped release, e.g. v1.33.13).
+api_version=$(curl -fsS --max-time 5 --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
+  "https://127.0.0.1:$api_port/version" | python3 -c 'import json,sys; print(json.load(sys.stdin)["gitVersion"])') ||
+  fail "reading the apiserver's /version failed" "$api_log"
+etcd_version=$(curl -fsS --max-time 5 "http://127.0.0.1:$etcd_port/version" |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["etcdserver"])') || fail "reading etcd's /version failed" "$etcd_log"
+
 ok=true
 elapsed=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-echo "start.sh: control plane ready on https://127.0.0.1:$api_port (etcd 127.0.0.1:$etcd_port) in ${elapsed}s" >&2
+echo "start.sh: control plane ready on https://127.0.0.1:$api_port (etcd 127.0.0.1:$etcd_port) in ${elapsed}s:" \
+  "kube-apiserver $api_version, etcd $etcd_version${KRUISE_RS_APISERVER_ARGS:+, extra apiserver flags: $KRUISE_RS_APISERVER_ARGS}" >&2
 echo "$kubeconfig"

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 
-use crate::support::{cluster, repository_crds, wait_for};
+use crate::support::{cluster, local_kube_minor, repository_crds, wait_for};
 
 #[tokio::test]
 async fn apiserver_serves_version_and_namespaces() {
@@ -15,9 +15,10 @@ async fn apiserver_serves_version_and_namespaces() {
 
     let version = client.apiserver_version().await.expect("GET /version");
     if cluster.is_local() {
+        let minor = local_kube_minor();
         assert!(
-            version.git_version.starts_with("v1.36"),
-            "local control plane reports {}",
+            version.git_version.starts_with(&format!("v{minor}.")),
+            "local control plane reports {}, KUBE_VERSION asks for {minor}",
             version.git_version
         );
     }
@@ -60,7 +61,13 @@ async fn kubectl_reaches_the_apiserver() {
         .as_str()
         .expect("serverVersion.gitVersion");
     if cluster.is_local() {
-        assert!(server.starts_with("v1.36"), "kubectl saw server {server}");
+        let minor = format!("v{}.", local_kube_minor());
+        assert!(server.starts_with(&minor), "kubectl saw server {server}");
+        // kubectl is built with the apiserver, from the same release.
+        let client = json["clientVersion"]["gitVersion"]
+            .as_str()
+            .expect("clientVersion.gitVersion");
+        assert!(client.starts_with(&minor), "kubectl is {client}");
     }
 }
 

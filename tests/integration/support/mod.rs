@@ -128,7 +128,18 @@ fn external(value: &std::ffi::OsStr, kubectl: Option<PathBuf>) -> Result<TestClu
     })
 }
 
-/// Start a private control plane with `tests/controlplane/start.sh`.
+/// The Kubernetes minor a local control plane runs: `KUBE_VERSION` (which start.sh and build.sh
+/// read), default 1.36.
+pub fn local_kube_minor() -> String {
+    std::env::var("KUBE_VERSION")
+        .ok()
+        .map(|v| v.trim().trim_start_matches('v').to_owned())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "1.36".to_owned())
+}
+
+/// Start a private control plane with `tests/controlplane/start.sh` (it honours `KUBE_VERSION`
+/// and `KRUISE_RS_APISERVER_ARGS` from this process's environment).
 fn local(kubectl: Option<PathBuf>) -> Result<TestCluster, String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/controlplane/start.sh");
     // Kept, not dropped: the watchdog removes it when this process exits (a failed start leaves
@@ -157,6 +168,12 @@ fn local(kubectl: Option<PathBuf>) -> Result<TestCluster, String> {
         ));
     }
     eprint!("{stderr}");
+    // Which Kubernetes this run tests (start.sh reads /version): written past libtest's output
+    // capture, so every run of the suite says it once, passing or not.
+    if let Some(line) = stderr.lines().find(|l| l.contains("control plane ready")) {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "integration tests: {line}");
+    }
     let stdout = String::from_utf8_lossy(&output.stdout);
     let kubeconfig_path = PathBuf::from(stdout.trim());
     let kubeconfig = Kubeconfig::read_from(&kubeconfig_path)
