@@ -113,8 +113,10 @@ pub enum ManagerError {
 
 /// Runs the manager until `shutdown` resolves, then stops cleanly and returns `Ok(())`.
 ///
-/// `on_ready`, when given, receives the bound probe address once the manager is ready: the CRDs
-/// passed the check, the probe server is serving and `/readyz` answers 200. If start-up fails,
+/// `on_ready`, when given, receives the bound probe address the first time the manager is
+/// ready: the CRDs passed the check, the probe server is serving, the caches [`readiness`] waits
+/// for have listed, and `/readyz` answers 200 (a manager whose watches fail never sends it, see
+/// `tests/integration/watch_lists.rs`). If start-up fails,
 /// `on_ready` is dropped and `run` returns the error. A `shutdown` that resolves during start-up
 /// stops the manager before it becomes ready (also `Ok(())`).
 pub async fn run(
