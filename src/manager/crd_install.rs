@@ -24,7 +24,7 @@ use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use tokio::time::Instant;
 
-use super::crds::{Conversion, conversion_reset_patch};
+use super::crds::{Conversion, CrdState, conversion_reset_patch};
 use crate::apis::crd;
 
 /// The field manager of everything `crds --install` writes.
@@ -159,9 +159,7 @@ pub fn established(crd: &CustomResourceDefinition) -> Result<bool, String> {
             c.message.as_deref().unwrap_or_default()
         ));
     }
-    Ok(conditions
-        .iter()
-        .any(|c| c.type_ == "Established" && c.status == "True"))
+    Ok(CrdState::from_crd(crd).established)
 }
 
 fn describe_conditions(crd: &CustomResourceDefinition) -> String {
@@ -268,13 +266,7 @@ async fn install_one(
         }
     }
 
-    let versions: Vec<String> = ours
-        .spec
-        .versions
-        .iter()
-        .filter(|v| v.served)
-        .map(|v| v.name.clone())
-        .collect();
+    let versions = CrdState::from_crd(ours).served;
     let read_back = read_back(client, ours, &versions, deadline, timeout).await?;
     Ok(CrdOutcome {
         name,

@@ -70,7 +70,7 @@ impl Default for Metrics {
 }
 
 /// The controllers whose reconciles [`ManagerMetrics`] counts.
-pub const CONTROLLERS: [&str; 3] = ["sidecarset", "imagepulljob", "nodeimage"];
+pub use crate::controllers::CONTROLLERS;
 
 /// The resource kinds the admission webhooks serve.
 pub const ADMISSION_KINDS: [&str; 4] = ["pods", "sidecarsets", "imagepulljobs", "nodeimages"];
