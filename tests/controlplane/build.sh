@@ -4,6 +4,9 @@
 # repository. A second run with the binaries present does nothing.
 #
 # Usage: tests/controlplane/build.sh          prints the directory holding the binaries
+#        tests/controlplane/build.sh node     the same for kubelet, kube-scheduler and
+#                                             kube-controller-manager of that release (a directory
+#                                             of its own, built only for tests/cluster)
 # Env:   KUBE_VERSION     Kubernetes minor: one of the k8s/<minor>/ wrapper modules (1.33, 1.34,
 #                         1.35, 1.36; default 1.36). k8s/<minor>/etcd names the etcd minor, whose
 #                         wrapper module is etcd/<that>/. tests/controlplane/pin.sh makes both.
@@ -30,8 +33,13 @@ etcd_version=$(module_version "$etcd_dir/go.mod" go.etcd.io/etcd/server/v3)
 [[ -n $k8s_version && -n $etcd_version ]] || die "cannot read versions from $k8s_dir/go.mod, $etcd_dir/go.mod"
 [[ $k8s_version == "v$kube_minor."* ]] || die "k8s/$kube_minor/go.mod requires k8s.io/kubernetes $k8s_version"
 out="$cache/bin/k8s-$k8s_version-etcd-$etcd_version"
-
-built() { [[ -x $out/kube-apiserver && -x $out/kubectl && -x $out/etcd ]]; }
+node_components=(kubelet kube-scheduler kube-controller-manager)
+if [[ ${1:-} == node ]]; then
+  out="$cache/bin/k8s-$k8s_version-node"
+  built() { [[ -x $out/kubelet && -x $out/kube-scheduler && -x $out/kube-controller-manager ]]; }
+else
+  built() { [[ -x $out/kube-apiserver && -x $out/kubectl && -x $out/etcd ]]; }
+fi
 if built; then
   echo "$out"
   exit 0
@@ -56,6 +64,15 @@ for kv in "gitVersion=$k8s_version" "gitMajor=1" "gitMinor=$minor" "gitTreeState
   ldflags="$ldflags -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
 done
 
+if [[ ${1:-} == node ]]; then
+  echo "building ${node_components[*]} $k8s_version (first run only; minutes on 2 cores)" >&2
+  (cd "$k8s_dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out.partial/" \
+    "${node_components[@]/#/k8s.io/kubernetes/cmd/}") >&2
+  rm -rf "$out" && mv "$out.partial" "$out"
+  "$out/kubelet" --version >&2
+  echo "$out"
+  exit 0
+fi
 echo "building kube-apiserver and kubectl $k8s_version (first run only; minutes on 2 cores)" >&2
 (cd "$k8s_dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out.partial/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl) >&2

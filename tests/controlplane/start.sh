@@ -14,6 +14,12 @@
 #      KRUISE_RS_APISERVER_ARGS  extra kube-apiserver flags, split on whitespace and appended last
 #                                (so they override the defaults below), e.g.
 #                                "--feature-gates=WatchList=false"
+#      KRUISE_RS_APISERVER_ADDRESS  where kube-apiserver listens (default 127.0.0.1; tests/cluster
+#                                gives 0.0.0.0 inside its own network namespace, so pods reach it)
+#      KRUISE_RS_APISERVER_ADVERTISE  the address in the kubernetes Service's endpoints (default
+#                                127.0.0.1); also put in the serving certificate
+#      KRUISE_RS_APISERVER_PORT  its port (default: a free one; tests/cluster uses 443, the port
+#                                of the kubernetes Service, since no kube-proxy translates it)
 #      KRUISE_RS_CP_TIMEOUT      seconds to wait for readiness (default 120)
 #      KRUISE_RS_CACHE           passed through to build.sh
 set -euo pipefail
@@ -51,6 +57,11 @@ mkdir -p "$1"
 state=$(cd "$1" && pwd)
 timeout=${KRUISE_RS_CP_TIMEOUT:-120}
 read -r -a extra_api_args <<<"${KRUISE_RS_APISERVER_ARGS:-}"
+api_address=${KRUISE_RS_APISERVER_ADDRESS:-127.0.0.1}
+api_advertise=${KRUISE_RS_APISERVER_ADVERTISE:-127.0.0.1}
+api_fixed_port=${KRUISE_RS_APISERVER_PORT:-}
+advertise_san=""
+[[ $api_advertise == 127.0.0.1 ]] || advertise_san=",IP:$api_advertise"
 t0=$(date +%s.%N)
 
 # build.sh prints the binary directory on stdout (instant when cached); its progress goes to stderr.
@@ -106,7 +117,7 @@ sign() {
   # Serving cert: loopback plus the in-cluster names and the first IP of --service-cluster-ip-range,
   # so the same cert is valid for anything that reaches the apiserver through the kubernetes Service.
   sign apiserver "/CN=kube-apiserver" \
-    'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:10.0.0.1\n'
+    "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:10.0.0.1$advertise_san\n"
   # O=system:masters makes the admin cluster-admin without any RBAC objects.
   sign admin "/CN=admin/O=system:masters" \
     'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n'
@@ -201,14 +212,15 @@ done
 # --- kube-apiserver ----------------------------------------------------------------------------
 api_log=$state/apiserver.log
 for attempt in 1 2 3; do
-  api_port=$(free_ports 1)
-  # Loopback only: bind and advertise 127.0.0.1 (the latter also avoids needing a default route).
+  api_port=${api_fixed_port:-$(free_ports 1)}
+  # Loopback only by default: bind and advertise 127.0.0.1 (the latter also avoids needing a
+  # default route).
   # ServiceAccount admission is off because no controller-manager creates the default SA.
   # Priority-and-fairness and profiling are off: less startup work and nothing tests need.
   launch kube-apiserver "$api_log" "$bin/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$etcd_port" \
-    --bind-address=127.0.0.1 \
-    --advertise-address=127.0.0.1 \
+    --bind-address="$api_address" \
+    --advertise-address="$api_advertise" \
     --secure-port="$api_port" \
     --cert-dir="$state/apiserver-certs" \
     --tls-cert-file="$pki/apiserver.crt" \

@@ -7,6 +7,8 @@
 #   v1  busybox, entrypoint `/bin/busybox sleep 3600`
 #   v2  v1 + one more layer holding /etc/kruise-rs-variant ("v2"): a distinct digest, shared base
 #   v3  v1 + one more layer holding /etc/kruise-rs-variant ("v3")
+#   pause  v1's layer running `/bin/busybox sleep infinity`: the CRI sandbox ("pause") image, which
+#          must outlive any test (v1's `sleep 3600` would end a real kubelet's pods after an hour)
 # Push one with: skopeo copy --dest-tls-verify=false oci:LAYOUT:v1 docker://127.0.0.1:PORT/repo:tag
 # Env: KRUISE_RS_CACHE (default ~/.cache/kruise-rs)
 set -euo pipefail
@@ -45,10 +47,12 @@ trap 'rm -rf "$tmp"' EXIT
     echo "$variant" >"$tmp/files/$variant"
     umoci insert --image "$tmp/oci:$variant" "$tmp/files/$variant" /etc/kruise-rs-variant
   done
+  umoci tag --image "$tmp/oci:v1" pause
+  umoci config --image "$tmp/oci:pause" --config.cmd=sleep --config.cmd=infinity
   umoci gc --layout "$tmp/oci"
 } >&2 || die "building the images with umoci failed"
 rm -rf "$out"
 mv "$tmp/oci" "$out"
 elapsed=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-echo "images.sh: built test images v1 v2 v3 into $out in ${elapsed}s" >&2
+echo "images.sh: built test images v1 v2 v3 pause into $out in ${elapsed}s" >&2
 echo "$out"

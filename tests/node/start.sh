@@ -15,7 +15,8 @@
 #     CERTS_D                            containerd's registry config_path (a hosts.toml per
 #                                        registry); give it to tests/node/containerd.sh for more
 #     IMAGES                             OCI layout with the test images v1 v2 v3 (images.sh)
-#     SANDBOX_IMAGE                      v1 pushed to REGISTRY, containerd's CRI pause image
+#     SANDBOX_IMAGE                      images.sh's pause pushed to REGISTRY, containerd's CRI
+#                                        pause image
 #     STATE_DIR
 #   Progress and errors go to stderr. With --owner-pid, a detached watchdog stops everything and
 #   removes STATE_DIR once PID is gone, so a test binary that crashes or is killed still leaves
@@ -174,7 +175,7 @@ done
 
 # A pause image for RunPodSandbox, so even that would never look for registry.k8s.io.
 sandbox_image=$registry/kruise-rs/pause:v1
-skopeo copy -q --dest-tls-verify=false "oci:$images:v1" "docker://$sandbox_image" >&2 \
+skopeo copy -q --dest-tls-verify=false "oci:$images:pause" "docker://$sandbox_image" >&2 \
   || fail "pushing $sandbox_image with skopeo failed" "$state/registry/registry.log"
 
 # --- containerd --------------------------------------------------------------------------------
