@@ -11,11 +11,16 @@ deps: ## Install what the tests and the local control plane need (apt packages, 
 run: deps ## Start a local control plane, install the CRDs, apply examples/ and run the manager
 	tests/controlplane/run-local.sh
 
-test: deps ## Everything CI runs: format, lints, unit tests, the integration suite on each Kubernetes version
+test: deps ## Everything CI runs: format, lints, unit tests, the integration suite on each Kubernetes version, the end-to-end suite on a real node
 	cargo fmt --all -- --check
 	cargo clippy --all-targets --locked -- -D warnings
 	cargo test --locked --lib --bins
 	tests/integration-matrix.sh
+	tests/cluster/e2e.sh
+
+# `make test-e2e TEST=sidecar`: the end-to-end suite on a real one-node cluster (needs root).
+test-e2e: deps ## The end-to-end suite on a real node: kubelet, containerd, the chart installed with helm
+	tests/cluster/e2e.sh $(TEST)
 
 # `make test-integration KUBE_VERSION=1.33 KRUISE_RS_APISERVER_ARGS=--feature-gates=WatchList=false
 # TEST=sidecarset`: one run of the integration suite (TEST: a cargo test filter).
@@ -31,4 +36,4 @@ crds: ## Regenerate crds/ from the Rust types
 fmt: ## Format the code
 	cargo fmt --all
 
-.PHONY: help deps run test test-integration crds fmt
+.PHONY: help deps run test test-e2e test-integration crds fmt

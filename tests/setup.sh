@@ -14,7 +14,9 @@ done
 # The node tests (tests/node): containerd + runc pulling through CRI from docker registries,
 # test images built with umoci from static busybox and pushed with skopeo, htpasswd for the
 # auth registry; protoc builds the CRI bindings (k8s-cri). None of them starts a daemon.
-for pkg in containerd runc docker-registry skopeo umoci busybox-static protobuf-compiler apache2-utils; do
+# The real node (tests/cluster) adds the CNI plugins and iproute2 (network namespaces).
+for pkg in containerd runc docker-registry skopeo umoci busybox-static protobuf-compiler apache2-utils \
+  containernetworking-plugins iproute2; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
@@ -30,6 +32,9 @@ done
 for version in $({ "$here/integration-matrix.sh" --versions; [[ -z ${KUBE_VERSION:-} ]] || echo "$KUBE_VERSION"; } | sort -u); do
   KUBE_VERSION=$version "$here/controlplane/build.sh" >/dev/null
 done
+# kubelet, kube-scheduler and kube-controller-manager for the real node (tests/cluster), of the
+# default version only (minutes on the first run, ~2 min with the apiserver's Go cache warm).
+"$here/controlplane/build.sh" node >/dev/null
 "$here/node/images.sh" >/dev/null
 # helm for the chart tests (tests/integration/helm.rs), from its Go module, cached by version.
 "$here/deploy/build-helm.sh" >/dev/null

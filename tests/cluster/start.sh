@@ -24,6 +24,8 @@
 #     REGISTRY              127.0.0.1:PORT inside NETNS: the open registry containerd pulls from
 #     REGISTRY_LOG
 #     CONTAINERD_SOCKET     the socket's path as seen from outside the mount namespace
+#     CERTS_D               containerd's registry hosts (a hosts.toml per host:port, read at
+#                           every pull: add one for another loopback registry)
 #     IMAGES                the test images' OCI layout (tests/node/images.sh)
 #     KUBELET_LOG, STATE_DIR
 #   Progress and errors go to stderr. With --owner-pid, a detached watchdog stops everything and
@@ -134,10 +136,11 @@ in_ns sh -ec "
 " || die "setting up the node's mounts failed"
 
 # --- control plane -----------------------------------------------------------------------------
-# ServiceAccount admission back on (the controller-manager creates the accounts and tokens).
+# ServiceAccount admission back on (the controller-manager creates the accounts and tokens); the
+# kubelet reached by its InternalIP (logs, exec), never by a host name the host's DNS would get.
 kubeconfig=$(in_ns env KRUISE_RS_APISERVER_ADDRESS=0.0.0.0 KRUISE_RS_APISERVER_ADVERTISE="$node_ip" \
-  KRUISE_RS_APISERVER_PORT=443 \
-  KRUISE_RS_APISERVER_ARGS="--disable-admission-plugins= --enable-aggregator-routing=true ${KRUISE_RS_APISERVER_ARGS:-}" \
+  KRUISE_RS_APISERVER_PORT=443 KRUISE_RS_SERVICE_ACCOUNTS=1 \
+  KRUISE_RS_APISERVER_ARGS="--enable-aggregator-routing=true --kubelet-preferred-address-types=InternalIP ${KRUISE_RS_APISERVER_ARGS:-}" \
   "$repo/tests/controlplane/start.sh" "$state/controlplane") || die "starting the control plane failed (see above)"
 echo "controlplane $state/controlplane" >>"$pids"
 pki=$state/controlplane/pki
@@ -153,6 +156,7 @@ cat >"$state/node/ctrd/cni/10-bridge.conflist" <<JSON
       "type": "bridge",
       "bridge": "cni0",
       "isGateway": true,
+      "isDefaultGateway": true,
       "ipMasq": false,
       "ipam": {
         "type": "host-local",
@@ -256,6 +260,7 @@ ok=true
   echo "REGISTRY=$registry"
   echo "REGISTRY_LOG=$(node_var REGISTRY_LOG)"
   echo "CONTAINERD_SOCKET=$(node_var CONTAINERD_SOCKET)"
+  echo "CERTS_D=$(node_var CERTS_D)"
   echo "IMAGES=$(node_var IMAGES)"
   echo "KUBELET_LOG=$kubelet_log"
 } >"$state/env"

@@ -20,6 +20,8 @@
 #                                127.0.0.1); also put in the serving certificate
 #      KRUISE_RS_APISERVER_PORT  its port (default: a free one; tests/cluster uses 443, the port
 #                                of the kubernetes Service, since no kube-proxy translates it)
+#      KRUISE_RS_SERVICE_ACCOUNTS=1  keep the ServiceAccount admission plugin on (tests/cluster,
+#                                whose controller-manager creates the accounts pods need)
 #      KRUISE_RS_CP_TIMEOUT      seconds to wait for readiness (default 120)
 #      KRUISE_RS_CACHE           passed through to build.sh
 set -euo pipefail
@@ -61,6 +63,8 @@ api_address=${KRUISE_RS_APISERVER_ADDRESS:-127.0.0.1}
 api_advertise=${KRUISE_RS_APISERVER_ADVERTISE:-127.0.0.1}
 api_fixed_port=${KRUISE_RS_APISERVER_PORT:-}
 advertise_san=""
+disabled_admission=ServiceAccount
+[[ ${KRUISE_RS_SERVICE_ACCOUNTS:-} == 1 ]] && disabled_admission=""
 [[ $api_advertise == 127.0.0.1 ]] || advertise_san=",IP:$api_advertise"
 t0=$(date +%s.%N)
 
@@ -215,7 +219,8 @@ for attempt in 1 2 3; do
   api_port=${api_fixed_port:-$(free_ports 1)}
   # Loopback only by default: bind and advertise 127.0.0.1 (the latter also avoids needing a
   # default route).
-  # ServiceAccount admission is off because no controller-manager creates the default SA.
+  # ServiceAccount admission is off because no controller-manager creates the default SA
+  # (unless KRUISE_RS_SERVICE_ACCOUNTS=1).
   # Priority-and-fairness and profiling are off: less startup work and nothing tests need.
   launch kube-apiserver "$api_log" "$bin/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$etcd_port" \
@@ -231,7 +236,7 @@ for attempt in 1 2 3; do
     --service-account-signing-key-file="$pki/sa.key" \
     --service-cluster-ip-range=10.0.0.0/24 \
     --authorization-mode=RBAC \
-    --disable-admission-plugins=ServiceAccount \
+    --disable-admission-plugins="$disabled_admission" \
     --allow-privileged=true \
     --enable-priority-and-fairness=false \
     --profiling=false \

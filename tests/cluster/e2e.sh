@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The end-to-end suite (tests/e2e): the product image (tests/cluster/image.sh), a real one-node
+# cluster (tests/cluster/start.sh), then `cargo test --test e2e` inside the cluster's network
+# namespace, where the tests push the image, `helm install` the chart and watch a real kubelet.
+# The cluster is stopped afterwards, pass or fail; its logs stay in STATE_DIR when a test failed.
+#
+# Usage: tests/cluster/e2e.sh [TEST_FILTER...]   (arguments go to the test binary)
+# Env: KRUISE_RS_E2E_KEEP=1  leave the cluster running afterwards (stop it with
+#                            tests/cluster/stop.sh STATE_DIR; tests/cluster/exec.sh STATE_DIR
+#                            kubectl ... reaches it meanwhile)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/../.."
+t0=$(date +%s)
+
+image=$("$here/image.sh")
+cargo test --locked --test e2e --no-run
+helm=$(tests/deploy/build-helm.sh)
+
+# Short: containerd's socket path under it must fit a unix socket address.
+state=$(mktemp -d /tmp/kruise-rs-e2e.XXXXXX)
+keep=${KRUISE_RS_E2E_KEEP:-}
+passed=false
+finish() {
+  if [[ -n $keep ]]; then
+    echo "e2e.sh: cluster left running in $state (tests/cluster/stop.sh $state stops it)" >&2
+    return
+  fi
+  "$here/stop.sh" "$state" || true
+  if [[ $passed == true ]]; then rm -rf "$state"; else echo "e2e.sh: logs kept in $state" >&2; fi
+}
+trap finish EXIT
+trap 'exit 130' INT TERM HUP
+owner=()
+[[ -n $keep ]] || owner=(--owner-pid $$)
+"$here/start.sh" "${owner[@]}" "$state" >/dev/null
+netns=$(sed -n 's/^NETNS=//p' "$state/env")
+
+# --offline: inside the namespace nothing outside it is reachable, and everything is built.
+KRUISE_RS_CLUSTER=$state/env KRUISE_RS_PRODUCT_IMAGE=$image KRUISE_RS_HELM=$helm \
+  nsenter --net="$netns" cargo test --locked --offline --test e2e -- "$@"
+passed=true
+echo "e2e.sh: passed in $(( $(date +%s) - t0 )) s" >&2

@@ -1,0 +1,390 @@
+//! The real cluster the end-to-end tests run on, and kruise-rs installed on it with helm.
+//!
+//! `tests/cluster/e2e.sh` starts the cluster (`tests/cluster/start.sh`) and runs this binary
+//! inside its network namespace with `KRUISE_RS_CLUSTER` (the cluster's env file),
+//! `KRUISE_RS_PRODUCT_IMAGE` (the product image's OCI layout, `tests/cluster/image.sh`) and
+//! `KRUISE_RS_HELM`. The first test to need kruise-rs pushes the images and installs the chart;
+//! tests that only use it hold [`Installed`] (a shared lock), the ones that upgrade, uninstall
+//! or kill it take the lock exclusively and leave it installed and ready again.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde_json::json;
+use tokio::sync::{OnceCell, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// The chart's fixed names.
+pub const RELEASE: &str = "kruise-rs";
+pub const SYSTEM_NAMESPACE: &str = "kruise-system";
+pub const MANAGER: &str = "kruise-rs-manager";
+pub const DAEMON: &str = "kruise-rs-daemon";
+pub const MUTATING_CONFIGURATION: &str = "kruise-rs-mutating-webhook-configuration";
+/// Where the product image is pushed; tags [`FIRST_TAG`] and [`SECOND_TAG`] hold the same image.
+pub const PRODUCT_REPOSITORY: &str = "kruise-rs/kruise-rs";
+pub const FIRST_TAG: &str = "e2e-1";
+pub const SECOND_TAG: &str = "e2e-2";
+/// The test application images: busybox `sleep`, v2/v3 add a layer each (tests/node/images.sh).
+pub const APP_REPOSITORY: &str = "e2e/app";
+
+/// How long a real kubelet may take for what the tests wait on (pulls, restarts, rollouts).
+pub const TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The cluster of `tests/cluster/start.sh`.
+pub struct Cluster {
+    pub registry: String,
+    pub node_name: String,
+    pub containerd_socket: PathBuf,
+    /// containerd's registry hosts directory: a `<host:port>/hosts.toml` per registry.
+    pub certs_d: PathBuf,
+    kubeconfig: PathBuf,
+    helm: PathBuf,
+    test_images: PathBuf,
+    product_image: String,
+    /// A config, not a client: a client's connection pool belongs to the runtime of the test
+    /// that made it, and every `#[tokio::test]` has its own.
+    config: Config,
+}
+
+static CLUSTER: OnceCell<Cluster> = OnceCell::const_new();
+static INSTALLED: OnceCell<()> = OnceCell::const_new();
+/// Shared by tests that use the installed system, exclusive for the ones that disturb it.
+static SYSTEM: RwLock<()> = RwLock::const_new(());
+
+fn required_env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!(
+            "{name} is not set: the end-to-end suite runs on a real cluster, inside its network \
+             namespace; run it with `make test-e2e` (tests/cluster/e2e.sh), which starts one"
+        )
+    })
+}
+
+/// The cluster, read from `KRUISE_RS_CLUSTER`; panics (never skips) when it is missing.
+pub async fn cluster() -> &'static Cluster {
+    CLUSTER.get_or_init(connect).await
+}
+
+async fn connect() -> Cluster {
+    let env_file = PathBuf::from(required_env("KRUISE_RS_CLUSTER"));
+    let text = std::fs::read_to_string(&env_file)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", env_file.display()));
+    let vars: BTreeMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
+    let var = |name: &str| {
+        vars.get(name)
+            .map(|v| v.to_string())
+            .unwrap_or_else(|| panic!("{} has no {name}", env_file.display()))
+    };
+    let kubeconfig = PathBuf::from(var("KUBECONFIG"));
+    let parsed = Kubeconfig::read_from(&kubeconfig).expect("the cluster's kubeconfig");
+    let config = Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
+        .await
+        .expect("a client config from the cluster's kubeconfig");
+    let client = Client::try_from(config.clone()).expect("a client");
+    if let Err(e) = client.apiserver_version().await {
+        panic!(
+            "the cluster's apiserver does not answer ({e}): is this process inside the cluster's \
+             network namespace (tests/cluster/e2e.sh runs it there)?"
+        );
+    }
+    Cluster {
+        registry: var("REGISTRY"),
+        node_name: var("NODE_NAME"),
+        containerd_socket: PathBuf::from(var("CONTAINERD_SOCKET")),
+        certs_d: PathBuf::from(var("CERTS_D")),
+        test_images: PathBuf::from(var("IMAGES")),
+        kubeconfig,
+        helm: PathBuf::from(required_env("KRUISE_RS_HELM")),
+        product_image: required_env("KRUISE_RS_PRODUCT_IMAGE"),
+        config,
+    }
+}
+
+/// kruise-rs installed and ready, held for the test's duration (others may hold it too).
+pub struct Installed {
+    pub cluster: &'static Cluster,
+    _guard: RwLockReadGuard<'static, ()>,
+}
+
+/// kruise-rs installed and ready, held by this test alone: it may upgrade, kill or uninstall it,
+/// and must leave it installed and ready (see [`Cluster::install`]).
+pub struct Exclusive {
+    pub cluster: &'static Cluster,
+    _guard: RwLockWriteGuard<'static, ()>,
+}
+
+pub async fn installed() -> Installed {
+    let cluster = cluster().await;
+    let guard = SYSTEM.read().await;
+    INSTALLED.get_or_init(|| cluster.first_install()).await;
+    Installed {
+        cluster,
+        _guard: guard,
+    }
+}
+
+pub async fn exclusive() -> Exclusive {
+    let cluster = cluster().await;
+    let guard = SYSTEM.write().await;
+    INSTALLED.get_or_init(|| cluster.first_install()).await;
+    Exclusive {
+        cluster,
+        _guard: guard,
+    }
+}
+
+impl Cluster {
+    pub fn client(&self) -> Client {
+        Client::try_from(self.config.clone()).expect("a client")
+    }
+
+    pub fn app_image(&self, tag: &str) -> String {
+        format!("{}/{APP_REPOSITORY}:{tag}", self.registry)
+    }
+
+    pub fn product_image(&self, tag: &str) -> String {
+        format!("{}/{PRODUCT_REPOSITORY}:{tag}", self.registry)
+    }
+
+    async fn first_install(&self) {
+        for tag in [FIRST_TAG, SECOND_TAG] {
+            skopeo_copy(&self.product_image, &self.product_image(tag));
+        }
+        for tag in ["v1", "v2", "v3"] {
+            let source = format!("oci:{}:{tag}", self.test_images.display());
+            skopeo_copy(&source, &self.app_image(tag));
+        }
+        self.install(FIRST_TAG).await;
+    }
+
+    /// `helm install` the chart with the image `tag` (only the image values set), then wait
+    /// until both workloads are ready through their probes and the webhooks answer.
+    pub async fn install(&self, tag: &str) {
+        self.helm(&[
+            "install",
+            RELEASE,
+            chart_dir().to_str().expect("UTF-8 path"),
+            "--set",
+            &format!("image.repository={}/{PRODUCT_REPOSITORY}", self.registry),
+            "--set",
+            &format!("image.tag={tag}"),
+        ]);
+        self.wait_ready(tag).await;
+    }
+
+    /// Runs helm against the cluster; returns stdout, panics with the output on failure.
+    pub fn helm(&self, args: &[&str]) -> String {
+        let homes = tempfile::tempdir().expect("temporary directory");
+        let out = Command::new(&self.helm)
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .env("HELM_CACHE_HOME", homes.path().join("cache"))
+            .env("HELM_CONFIG_HOME", homes.path().join("config"))
+            .env("HELM_DATA_HOME", homes.path().join("data"))
+            .output()
+            .unwrap_or_else(|e| panic!("helm {}: {e}", args.join(" ")));
+        assert!(
+            out.status.success(),
+            "helm {} failed ({}):\n{}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Both workloads rolled out with image `tag` and ready (their real readiness probes), the
+    /// node's NodeImage created and the mutating configuration holding a caBundle.
+    pub async fn wait_ready(&self, tag: &str) {
+        let image = self.product_image(tag);
+        let deployments: Api<Deployment> = Api::namespaced(self.client(), SYSTEM_NAMESPACE);
+        let daemonsets: Api<DaemonSet> = Api::namespaced(self.client(), SYSTEM_NAMESPACE);
+        let pods: Api<Pod> = Api::namespaced(self.client(), SYSTEM_NAMESPACE);
+        wait_for(
+            "the manager Deployment and daemon DaemonSet ready",
+            TIMEOUT,
+            || async {
+                let deployment = deployments.get(MANAGER).await.ok()?;
+                let status = deployment.status.as_ref()?;
+                let want = deployment.spec.as_ref()?.replicas.unwrap_or(1);
+                let rolled = status.observed_generation == deployment.metadata.generation
+                    && status.updated_replicas == Some(want)
+                    && status.ready_replicas == Some(want)
+                    && status.replicas == Some(want);
+                let daemonset = daemonsets.get(DAEMON).await.ok()?;
+                let ds = daemonset.status.as_ref()?;
+                let daemon_rolled = ds.observed_generation == daemonset.metadata.generation
+                    && ds.desired_number_scheduled == 1
+                    && ds.updated_number_scheduled == Some(1)
+                    && ds.number_ready == 1
+                    && ds.number_available == Some(1);
+                // Old pods may still be terminating after a rollout: all running ones are `tag`'s.
+                let running = pods.list(&Default::default()).await.ok()?;
+                let stale = running.items.iter().any(|p| {
+                    p.spec.as_ref().is_some_and(|s| {
+                        s.containers
+                            .iter()
+                            .any(|c| c.image.as_deref() != Some(&image))
+                    })
+                });
+                (rolled && daemon_rolled && !stale).then_some(())
+            },
+        )
+        .await;
+        // The node's NodeImage, which the manager creates once the node is 30 s old
+        // (--nodeimage-creation-delay): ImagePullJobs and pre-download select nodes through it.
+        let nodeimages: Api<kruise_rs::apis::NodeImage> = Api::all(self.client());
+        wait_for("the node's NodeImage", TIMEOUT, || async {
+            nodeimages.get_opt(&self.node_name).await.ok().flatten()
+        })
+        .await;
+        let configurations: Api<MutatingWebhookConfiguration> = Api::all(self.client());
+        wait_for("the mutating webhooks with a caBundle", TIMEOUT, || async {
+            let configuration = configurations.get(MUTATING_CONFIGURATION).await.ok()?;
+            let webhooks = configuration.webhooks?;
+            (!webhooks.is_empty()
+                && webhooks.iter().all(|w| {
+                    w.client_config
+                        .ca_bundle
+                        .as_ref()
+                        .is_some_and(|b| !b.0.is_empty())
+                }))
+            .then_some(())
+        })
+        .await;
+    }
+
+    /// A fresh namespace (removed when the value is dropped) with `labels`.
+    pub async fn namespace(&self, prefix: &str, labels: serde_json::Value) -> TestNamespace {
+        let name = unique_name(prefix);
+        let namespaces: Api<Namespace> = Api::all(self.client());
+        let ns: Namespace = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels}
+        }))
+        .expect("a namespace");
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+        // Pods need the namespace's default ServiceAccount, which the controller-manager adds.
+        let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(self.client(), &name);
+        wait_for(
+            "the namespace's default ServiceAccount",
+            TIMEOUT,
+            || async { accounts.get_opt("default").await.ok().flatten() },
+        )
+        .await;
+        TestNamespace {
+            name,
+            client: self.client(),
+        }
+    }
+}
+
+pub struct TestNamespace {
+    pub name: String,
+    client: Client,
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let client = self.client.clone();
+        let name = self.name.clone();
+        // Best effort, without blocking the test runtime: the cluster goes away afterwards.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let namespaces: Api<Namespace> = Api::all(client);
+                let _ = namespaces.delete(&name, &DeleteParams::background()).await;
+            });
+        }
+    }
+}
+
+pub fn chart_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/chart/kruise-rs")
+}
+
+/// Copies an image to the cluster's (plain HTTP, loopback) registry.
+pub fn skopeo_copy(source: &str, destination: &str) {
+    let out = Command::new("skopeo")
+        .args(["copy", "-q", "--dest-tls-verify=false", source])
+        .arg(format!("docker://{destination}"))
+        .output()
+        .expect("running skopeo");
+    assert!(
+        out.status.success(),
+        "skopeo copy {source} {destination}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The digest the registry serves for `image` (`REGISTRY/REPO:TAG`), as `sha256:...`.
+pub fn registry_digest(image: &str) -> String {
+    let out = Command::new("skopeo")
+        .args(["inspect", "--tls-verify=false", "--format", "{{.Digest}}"])
+        .arg(format!("docker://{image}"))
+        .output()
+        .expect("running skopeo");
+    assert!(
+        out.status.success(),
+        "skopeo inspect {image}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+pub fn unique_name(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{prefix}-{n}-{:05x}", nanos & 0xfffff)
+}
+
+/// Polls `f` until it returns `Some`, at most `timeout`; panics naming `what` otherwise.
+pub async fn wait_for<F, Fut, T>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(remaining, f()).await {
+            Ok(Some(value)) => return value,
+            Ok(None) if !remaining.is_zero() => {}
+            _ => panic!("timed out after {timeout:?} waiting for {what}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100).min(remaining)).await;
+    }
+}
+
+/// A CRI `ImageService` client for containerd's socket (connects on first use).
+pub fn image_client(
+    socket: &Path,
+) -> k8s_cri::v1::image_service_client::ImageServiceClient<tonic::transport::Channel> {
+    let socket = socket.to_path_buf();
+    let channel = tonic::transport::Endpoint::from_static("http://[::]")
+        .connect_with_connector_lazy(tower::service_fn(move |_: tonic::transport::Uri| {
+            let socket = socket.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(socket).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }));
+    k8s_cri::v1::image_service_client::ImageServiceClient::new(channel)
+}
