@@ -354,6 +354,8 @@ async fn deploy_rbac_gives_the_manager_only_what_it_needs() {
         ("list", "pods", None, true),
         ("watch", "pods", None, true),
         ("patch", "pods", default, true),
+        // patchPodMetadata: the live pod is read before its upgrade (found on a real node).
+        ("get", "pods", default, true),
         ("patch", "pods:status", default, true),
         ("list", "sidecarsets.apps.kruise.io", None, true),
         ("patch", "sidecarsets.apps.kruise.io:status", None, true),
