@@ -6,6 +6,7 @@
 pub mod apis;
 pub mod controllers;
 pub mod daemon;
+pub mod error_chain;
 pub mod events;
 pub mod image;
 pub mod manager;

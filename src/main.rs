@@ -457,21 +457,9 @@ fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
     })
 }
 
-/// `outer: inner: …`, skipping a cause whose text its parent already printed (kube's errors
-/// repeat their source in their own message).
+/// `outer: inner: …` (see [`kruise_rs::error_chain::error_chain`]).
 fn error_chain(err: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in err.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
+    kruise_rs::error_chain::error_chain(err.as_ref())
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! digests alike, so `IfNotPresent` needs no client-side name matching) and `ImageFsInfo`, the
 //! cheapest call that proves the image service answers.
 
+use crate::error_chain::error_chain;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -184,21 +185,6 @@ fn image_spec(image: &str) -> ImageSpec {
         image: image.to_owned(),
         ..ImageSpec::default()
     }
-}
-
-/// `err: cause: cause`, since tonic's transport errors keep the useful part in their sources.
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -45,6 +45,7 @@ use super::pod_summary::PodSummary;
 use crate::apis::imagepulljob::{ImagePullJob, ImagePullJobStatus};
 use crate::apis::nodeimage::NodeImage;
 use crate::apis::well_known::DELETION_PROTECTION_FINALIZER;
+use crate::error_chain::error_chain;
 use crate::events::Recorder;
 use crate::image::ImageRef;
 
@@ -320,7 +321,7 @@ fn key(job: &ImagePullJob) -> String {
 
 fn error_policy(job: Arc<ImagePullJob>, err: &Error, ctx: Arc<Context>) -> Action {
     let delay = ctx.backoff.failed(&key(&job));
-    warn!(job = %key(&job), error = %err, retry_in = ?delay, "reconcile failed");
+    warn!(job = %key(&job), error = %error_chain(err), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 

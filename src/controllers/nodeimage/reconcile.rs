@@ -1,5 +1,6 @@
 //! The two reconcilers: fetch from the stores, decide with [`logic`], write the result.
 
+use crate::error_chain::error_chain;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,18 +78,6 @@ fn api_code(err: &kube::Error) -> Option<u16> {
     }
 }
 
-/// The error with its sources, for one log line.
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
-}
-
 fn params() -> PatchParams {
     PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
@@ -158,7 +147,7 @@ async fn create(
 pub(super) fn node_error_policy(node: Arc<NodeSummary>, err: &Error, ctx: Arc<Context>) -> Action {
     let name = node.name_any();
     let wait = ctx.backoff.failed(&format!("node/{name}"));
-    warn!(node = %name, error = %chain(err), ?wait, "reconcile failed; retrying");
+    warn!(node = %name, error = %error_chain(err), ?wait, "reconcile failed; retrying");
     Action::requeue(wait)
 }
 
@@ -207,7 +196,7 @@ pub(super) fn nodeimage_error_policy(
 ) -> Action {
     let name = nodeimage.name_any();
     let wait = ctx.backoff.failed(&format!("nodeimage/{name}"));
-    warn!(nodeimage = %name, error = %chain(err), ?wait, "reconcile failed; retrying");
+    warn!(nodeimage = %name, error = %error_chain(err), ?wait, "reconcile failed; retrying");
     Action::requeue(wait)
 }
 
@@ -303,7 +292,7 @@ async fn gone_jobs(ctx: &Context, spec: &NodeImageSpec) -> BTreeSet<String> {
                 gone.insert(uid.to_owned());
             }
             Err(err) => warn!(
-                job = %format!("{namespace}/{name}"), error = %chain(&err),
+                job = %format!("{namespace}/{name}"), error = %error_chain(&err),
                 "cannot check whether an owner job exists; keeping its tags for now"
             ),
         }
@@ -424,7 +413,7 @@ async fn publish(ctx: &Context, nodeimage: &NodeImage, failed: &[FailedTag]) {
                 .publish(&event(Some(this.clone())), owner)
                 .await
             {
-                warn!(nodeimage = %node, owner = ?owner.name, error = %chain(&err), "cannot publish event");
+                warn!(nodeimage = %node, owner = ?owner.name, error = %error_chain(&err), "cannot publish event");
             }
         }
         if let Err(err) = ctx
@@ -432,7 +421,7 @@ async fn publish(ctx: &Context, nodeimage: &NodeImage, failed: &[FailedTag]) {
             .publish(&event(tag.owners.first().cloned()), &this)
             .await
         {
-            warn!(nodeimage = %node, error = %chain(&err), "cannot publish event");
+            warn!(nodeimage = %node, error = %error_chain(&err), "cannot publish event");
         }
     }
 }

@@ -60,6 +60,7 @@ use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
 use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
 use crate::apis::well_known::{CONTROLLER_REVISION_HASH, SIDECARSET_HASH, SIDECARSET_NAME_LABEL};
+use crate::error_chain::error_chain;
 use crate::events::Recorder;
 use crate::probe::ManagerMetrics;
 use crate::sidecar::annotations::parse_hashes;
@@ -350,7 +351,7 @@ pub async fn run_with_pods(
         )
         .for_each(|result| async move {
             if let Err(err) = result {
-                debug!(error = %err, "sidecarset controller");
+                debug!(error = %error_chain(&err), "sidecarset controller");
             }
         });
     tokio::pin!(running);
@@ -383,7 +384,7 @@ fn sidecarsets_pulling_on(jobs: &Store<ImagePullJob>, node: &str) -> BTreeSet<St
 fn error_policy(set: Arc<SidecarSet>, err: &Error, ctx: Arc<Context>) -> Action {
     let name = set.name_any();
     let delay = ctx.backoff.failed(&name);
-    warn!(sidecarset = %name, error = %err, retry_in = ?delay, "reconcile failed");
+    warn!(sidecarset = %name, error = %error_chain(err), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 
@@ -818,7 +819,7 @@ async fn upgrade_one(
         match api.get(&pod.name_any()).await {
             Ok(live) => Arc::new(live),
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(PodUpgrade::Changed),
-            Err(source) => return Err(Error::UpgradePod { pod: key, source }),
+            Err(source) => return Err(upgrade_failed(ctx, set, key, source).await),
         }
     };
     let upgrade = match upgrade_patch(&pod, set, current, now) {
@@ -843,8 +844,35 @@ async fn upgrade_one(
         }
         // A failed `test` (the pod changed since it was read), a conflict, or a pod gone.
         Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => Ok(PodUpgrade::Changed),
-        Err(source) => Err(Error::UpgradePod { pod: key, source }),
+        Err(source) => Err(upgrade_failed(ctx, set, key, source).await),
     }
+}
+
+/// A pod the apiserver would not let us read or patch (RBAC, a webhook, a timeout): said on the
+/// SidecarSet as well as in the log, since the rollout stalls on it until it is fixed.
+async fn upgrade_failed(
+    ctx: &Context,
+    set: &SidecarSet,
+    pod: String,
+    source: kube::Error,
+) -> Error {
+    // The apiserver's own message says it best ("... cannot get resource pods ..."); kube's
+    // rendering of the whole Status would not fit an event.
+    let cause = match &source {
+        kube::Error::Api(status) => status.message.clone(),
+        other => error_chain(other),
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "UpgradeFailed".into(),
+        note: Some(format!("pod {pod}: {cause}")),
+        action: "Upgrade".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &set.object_ref(&())).await {
+        warn!(error = %e, "cannot publish an event");
+    }
+    Error::UpgradePod { pod, source }
 }
 
 /// Creates, updates and deletes the SidecarSet's pre-download jobs to match `decision`. Every
