@@ -58,6 +58,48 @@ impl Recorder {
             *used = now;
             recorder.clone()
         };
+        if event
+            .note
+            .as_ref()
+            .is_some_and(|n| n.len() > MAX_NOTE_BYTES)
+        {
+            let shortened = Event {
+                type_: event.type_,
+                reason: event.reason.clone(),
+                note: event.note.as_deref().map(truncate_note),
+                action: event.action.clone(),
+                secondary: event.secondary.clone(),
+            };
+            return recorder.publish(&shortened, regarding).await;
+        }
         recorder.publish(event, regarding).await
+    }
+}
+
+/// The apiserver refuses an event whose note is longer (events.k8s.io/v1 validation).
+const MAX_NOTE_BYTES: usize = 1024;
+
+/// `note` cut to [`MAX_NOTE_BYTES`] on a character boundary, ending in "…".
+fn truncate_note(note: &str) -> String {
+    const ELLIPSIS: &str = "…";
+    let mut end = MAX_NOTE_BYTES - ELLIPSIS.len();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{ELLIPSIS}", &note[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_note_is_cut_to_the_limit_on_a_character_boundary() {
+        // Three-byte characters, so the cut falls inside one unless it is moved.
+        let note = "é€".repeat(400);
+        let cut = truncate_note(&note);
+        assert!(cut.len() <= MAX_NOTE_BYTES, "{} bytes", cut.len());
+        assert!(cut.ends_with('…'));
+        assert!(note.starts_with(cut.trim_end_matches('…')));
     }
 }
