@@ -8,7 +8,6 @@
 //! or kill it take the lock exclusively and leave it installed and ready again.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -16,11 +15,15 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde_json::json;
 use tokio::sync::{OnceCell, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+#[path = "../integration/support/shared.rs"]
+mod shared;
+pub use shared::{unique_name, wait_for};
 
 /// The chart's fixed names.
 pub const RELEASE: &str = "kruise-rs";
@@ -264,7 +267,8 @@ impl Cluster {
         .await;
     }
 
-    /// A fresh namespace (removed when the value is dropped) with `labels`.
+    /// A fresh namespace with `labels`. Left in place: the cluster goes away after the suite, and
+    /// a later test's pods never depend on an earlier one's being gone.
     pub async fn namespace(&self, prefix: &str, labels: serde_json::Value) -> TestNamespace {
         let name = unique_name(prefix);
         let namespaces: Api<Namespace> = Api::all(self.client());
@@ -285,30 +289,12 @@ impl Cluster {
             || async { accounts.get_opt("default").await.ok().flatten() },
         )
         .await;
-        TestNamespace {
-            name,
-            client: self.client(),
-        }
+        TestNamespace { name }
     }
 }
 
 pub struct TestNamespace {
     pub name: String,
-    client: Client,
-}
-
-impl Drop for TestNamespace {
-    fn drop(&mut self) {
-        let client = self.client.clone();
-        let name = self.name.clone();
-        // Best effort, without blocking the test runtime: the cluster goes away afterwards.
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                let namespaces: Api<Namespace> = Api::all(client);
-                let _ = namespaces.delete(&name, &DeleteParams::background()).await;
-            });
-        }
-    }
 }
 
 pub fn chart_dir() -> PathBuf {
@@ -342,35 +328,6 @@ pub fn registry_digest(image: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-pub fn unique_name(prefix: &str) -> String {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{prefix}-{n}-{:05x}", nanos & 0xfffff)
-}
-
-/// Polls `f` until it returns `Some`, at most `timeout`; panics naming `what` otherwise.
-pub async fn wait_for<F, Fut, T>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match tokio::time::timeout(remaining, f()).await {
-            Ok(Some(value)) => return value,
-            Ok(None) if !remaining.is_zero() => {}
-            _ => panic!("timed out after {timeout:?} waiting for {what}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100).min(remaining)).await;
-    }
 }
 
 /// A CRI `ImageService` client for containerd's socket (connects on first use).

@@ -11,13 +11,10 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::hash::{BuildHasher, RandomState};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -27,6 +24,8 @@ use kube::{Api, Client, Config};
 use serde::Deserialize;
 
 pub mod cri_proxy;
+mod shared;
+pub use shared::{unique_name, wait_for};
 pub mod kubelet;
 pub mod node;
 pub mod scrape;
@@ -427,68 +426,6 @@ fn read_crds(dir: &Path) -> Result<Vec<(PathBuf, CustomResourceDefinition)>, Str
         }
     }
     Ok(crds)
-}
-
-/// A name unique to this process run, `prefix-<suffix>`, valid as a DNS-1123 label (and so as
-/// a namespace or most cluster-scoped object names): lowercase alphanumerics and '-', at most
-/// 63 characters, starting and ending with an alphanumeric.
-pub fn unique_name(prefix: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    // Random per process, so runs against a shared cluster do not collide with earlier ones.
-    static RUN_TAG: OnceLock<String> = OnceLock::new();
-    let tag = RUN_TAG.get_or_init(|| {
-        let seed = RandomState::new().hash_one((std::process::id(), SystemTime::now()));
-        base36(seed % 36u64.pow(5), 5)
-    });
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let suffix = format!("{tag}{}", base36(u64::from(n), 1));
-
-    let mut clean: String = prefix
-        .chars()
-        .map(|c| match c.to_ascii_lowercase() {
-            c @ ('a'..='z' | '0'..='9') => c,
-            _ => '-',
-        })
-        .collect();
-    clean.truncate(63 - 1 - suffix.len());
-    let clean = clean.trim_matches('-');
-    if clean.is_empty() {
-        suffix
-    } else {
-        format!("{clean}-{suffix}")
-    }
-}
-
-fn base36(mut n: u64, min_len: usize) -> String {
-    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
-    let mut out = Vec::new();
-    while n > 0 || out.len() < min_len {
-        out.push(DIGITS[(n % 36) as usize]);
-        n /= 36;
-    }
-    out.reverse();
-    String::from_utf8(out).expect("ASCII")
-}
-
-/// Poll `f` until it returns `Some`, at short intervals; panics mentioning `what` once `timeout`
-/// has passed (a call still running at the deadline is abandoned).
-pub async fn wait_for<F, Fut, T>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut interval = Duration::from_millis(20);
-    loop {
-        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match tokio::time::timeout(remaining, f()).await {
-            Ok(Some(value)) => return value,
-            Ok(None) if !remaining.is_zero() => {}
-            _ => panic!("timed out after {timeout:?} waiting for {what}"),
-        }
-        tokio::time::sleep(interval.min(remaining)).await;
-        interval = (interval * 2).min(Duration::from_millis(250));
-    }
 }
 
 /// Runs `cmd` with `input` on its standard input and returns its output.
