@@ -3,8 +3,11 @@
 # cluster (tests/cluster/start.sh), then `cargo test --test e2e` inside the cluster's network
 # namespace, where the tests push the image, `helm install` the chart and watch a real kubelet.
 # The cluster is stopped afterwards, pass or fail; its logs stay in STATE_DIR when a test failed.
+# Then `make run`'s real-node demo (tests/cluster/demo.sh, KRUISE_RS_DEMO=once) on a cluster of
+# its own: the examples as a user applies them, on the real kubelet.
 #
-# Usage: tests/cluster/e2e.sh [TEST_FILTER...]   (arguments go to the test binary)
+# Usage: tests/cluster/e2e.sh [TEST_FILTER...]   (arguments go to the test binary; with any, the
+#                                                 demo is left out)
 # Env: KRUISE_RS_E2E_KEEP=1  leave the cluster running afterwards (stop it with
 #                            tests/cluster/stop.sh STATE_DIR; tests/cluster/exec.sh STATE_DIR
 #                            kubectl ... reaches it meanwhile)
@@ -40,4 +43,12 @@ netns=$(sed -n 's/^NETNS=//p' "$state/env")
 KRUISE_RS_CLUSTER=$state/env KRUISE_RS_PRODUCT_IMAGE=$image KRUISE_RS_HELM=$helm \
   nsenter --net="$netns" cargo test --locked --offline --test e2e -- "$@"
 passed=true
-echo "e2e.sh: passed in $(( $(date +%s) - t0 )) s" >&2
+echo "e2e.sh: the suite passed in $(( $(date +%s) - t0 )) s" >&2
+if [[ $# -eq 0 && -z $keep ]]; then
+  # One kubelet per machine: the suite's cluster goes first.
+  trap - EXIT
+  finish
+  t1=$(date +%s)
+  KRUISE_RS_DEMO=once "$here/demo.sh"
+  echo "e2e.sh: the real-node demo finished in $(( $(date +%s) - t1 )) s" >&2
+fi

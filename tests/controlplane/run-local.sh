@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# `make run`: the whole system on its embedded default. Starts a loopback-only control plane
+# `make run`: the whole system on its embedded default. Where this machine can run a real node
+# (root, containerd, runc, network namespaces), that is tests/cluster/demo.sh: a one-node cluster
+# with a real kubelet, kruise-rs installed with its chart, the demo below on real pods
+# (KRUISE_RS_NODE). Otherwise, or with KRUISE_RS_DEMO=0: starts a loopback-only control plane
 # (the one the integration tests use), installs the CRDs, applies examples/ and runs the manager
 # in the foreground. Ctrl-C stops the manager; the control plane goes with it.
 # Unless KRUISE_RS_DEMO=0, it also runs a demo first: three Ready Nodes, the manager in the
@@ -20,10 +23,24 @@
 #      KRUISE_RS_BIN           a built kruise-rs to run (default: cargo build, then cargo run)
 #      KRUISE_RS_DAEMON_PROBE_ADDR  where node-c's daemon serves its probes and /metrics
 #                              (127.0.0.1:10221)
+#      KRUISE_RS_NODE          auto: the demo on a real node (tests/cluster/demo.sh: kubelet,
+#                              containerd, the chart installed with helm) where this machine
+#                              allows it (root, containerd, runc, network namespaces), else
+#                              played as below, saying why (default)
+#                              real: the real node or fail; played: the played kubelet
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cd "$repo"
+
+node_mode=${KRUISE_RS_NODE:-auto}
+if [[ ${KRUISE_RS_DEMO:-1} != 0 && $node_mode != played ]]; then
+  if why=$("$repo/tests/cluster/demo.sh" --check); then
+    exec "$repo/tests/cluster/demo.sh"
+  fi
+  [[ $node_mode == real ]] && { echo "run-local.sh: KRUISE_RS_NODE=real, but $why" >&2; exit 1; }
+  echo "run-local.sh: no real node on this machine ($why): the demo plays the kubelet" >&2
+fi
 
 # The binary: built here, or the one KRUISE_RS_BIN names (the tests pass theirs).
 if [[ -n ${KRUISE_RS_BIN:-} ]]; then

@@ -42,6 +42,8 @@ fn the_demo_pulls_on_a_real_node_and_finishes_the_rollout() {
         .arg(repo.join("tests/controlplane/run-local.sh"))
         .current_dir(repo)
         .env("KRUISE_RS_DEMO", "once")
+        // The played kubelet: the real node's demo runs in tests/cluster/e2e.sh.
+        .env("KRUISE_RS_NODE", "played")
         .env("KRUISE_RS_DEMO_TIMEOUT", STEP_TIMEOUT)
         .env("KRUISE_RS_BIN", env!("CARGO_BIN_EXE_kruise-rs"))
         .env("KRUISE_RS_PROBE_ADDR", free_addr())
