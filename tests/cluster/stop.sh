@@ -12,13 +12,9 @@ state=$(cd "$1" 2>/dev/null && pwd) || exit 0
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 pids=$state/pids
 
-alive() {
-  local stat
-  kill -0 "$1" 2>/dev/null || return 1
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
-  stat=${stat##*) }
-  [[ ${stat%% *} != Z ]]
-}
+script=stop.sh
+# shellcheck source-path=SCRIPTDIR source=../node/lib.sh
+source "$repo/tests/node/lib.sh"  # alive
 ours() {  # still a process start.sh launched: STATE_DIR is on its command line
   local cmdline
   cmdline=$(tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline") || return 1
