@@ -11,6 +11,7 @@
 #        tests/cluster/demo.sh --check    exit 0 if this machine can run a real node, else say why
 # Env: KRUISE_RS_DEMO=once        stop after the demo; the exit status says whether it finished
 #      KRUISE_RS_DEMO_TIMEOUT     seconds each step may take (default 300)
+#      KRUISE_RS_IMAGE_PROFILE    release (default) or dev: the build the image packs (image.sh)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -39,7 +40,7 @@ if ! why=$(check); then echo "demo.sh: no real node here: $why" >&2; exit 1; fi
 say() { printf '\n==> %s\n' "$*" >&2; }
 timeout=${KRUISE_RS_DEMO_TIMEOUT:-300}
 
-say "building the product image (the first run spends ~13 min in the release build) and the node binaries"
+say "building the product image (${KRUISE_RS_IMAGE_PROFILE:-release} build; the first release build takes ~13 min) and the node binaries"
 image=$("$here/image.sh")
 helm=$(tests/deploy/build-helm.sh)
 state=$(mktemp -d /tmp/kruise-rs-demo.XXXXXX)

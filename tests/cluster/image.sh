@@ -6,8 +6,11 @@
 # The layout is cached under a key of its contents (this script, the binary, those libraries and
 # the CA bundle): the first run spends minutes in the release build (lto=fat, codegen-units=1),
 # later runs only cargo's no-op check and print the cached layout at once.
+# `--profile dev` packs the debug binary instead (symbols stripped): the one the tests already
+# built, so it costs nothing; `make test` uses it to stay in CI's time budget
+# (docs/decisions/0002-e2e-image-from-the-dev-build.md).
 #
-# Usage: tests/cluster/image.sh [--push REGISTRY/REPO:TAG]
+# Usage: tests/cluster/image.sh [--profile release|dev] [--push REGISTRY/REPO:TAG]
 #   Prints one line on stdout, `oci:<layout dir>:latest` (a skopeo source). With --push, also
 #   copies it to docker://REGISTRY/REPO:TAG over plain HTTP (the test registries on loopback)
 #   and prints the pushed manifest's digest to stderr. Progress and errors go to stderr.
@@ -16,11 +19,13 @@ set -euo pipefail
 die() { echo "image.sh: $*" >&2; exit 1; }
 
 push=""
+profile=${KRUISE_RS_IMAGE_PROFILE:-release}
 while [[ $# -gt 0 ]]; do
   case $1 in
     --push) push=${2:?--push needs REGISTRY/REPO:TAG}; shift 2 ;;
+    --profile) profile=${2:?--profile needs release or dev}; shift 2 ;;
     -h|--help) sed -n '2,14p' "$0" >&2; exit 0 ;;
-    *) die "unknown argument $1 (usage: image.sh [--push REGISTRY/REPO:TAG])" ;;
+    *) die "unknown argument $1 (usage: image.sh [--profile release|dev] [--push REGISTRY/REPO:TAG])" ;;
   esac
 done
 for tool in cargo umoci jq sha256sum flock; do
@@ -31,9 +36,22 @@ script=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$0")/../.."
 
 # cargo holds its own lock on the target dir, so concurrent runs simply wait for one build.
-echo "image.sh: cargo build --release (minutes when the binary is out of date)" >&2
-cargo build --release --locked --bin kruise-rs >&2 || die "cargo build --release failed"
-bin=$(cargo metadata --format-version 1 --no-deps | jq -r .target_directory)/release/kruise-rs
+target_dir=$(cargo metadata --format-version 1 --no-deps | jq -r .target_directory)
+case $profile in
+  release)
+    echo "image.sh: cargo build --release (minutes when the binary is out of date)" >&2
+    cargo build --release --locked --bin kruise-rs >&2 || die "cargo build --release failed"
+    bin=$target_dir/release/kruise-rs
+    ;;
+  dev)
+    cargo build --locked --bin kruise-rs >&2 || die "cargo build failed"
+    # Without its debug info: a sixth of the size, and the image has no debugger anyway.
+    mkdir -p "$target_dir/image-dev"
+    strip -o "$target_dir/image-dev/kruise-rs" "$target_dir/debug/kruise-rs" || die "strip failed"
+    bin=$target_dir/image-dev/kruise-rs
+    ;;
+  *) die "--profile $profile: release or dev" ;;
+esac
 version=$(cargo metadata --format-version 1 --no-deps | jq -r '.packages[] | select(.name == "kruise-rs") | .version')
 [[ -x $bin ]] || die "$bin was not built"
 
