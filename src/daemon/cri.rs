@@ -4,7 +4,6 @@
 //! digests alike, so `IfNotPresent` needs no client-side name matching) and `ImageFsInfo`, the
 //! cheapest call that proves the image service answers.
 
-use crate::error_chain::error_chain;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,6 +15,8 @@ use k8s_cri::v1::{
 };
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::error_chain::error_chain;
 
 /// Sockets tried, relative to the host's run directory, when none is given: containerd, CRI-O,
 /// cri-dockerd, each at its flat and its nested path (upstream kruise-daemon's list).

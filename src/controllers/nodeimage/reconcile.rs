@@ -1,6 +1,5 @@
 //! The two reconcilers: fetch from the stores, decide with [`logic`], write the result.
 
-use crate::error_chain::error_chain;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +21,7 @@ use super::{Context, FIELD_MANAGER, patches};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::{NodeImage, NodeImageSpec};
 use crate::controllers::nodeimage_images::{ImagesWriteError, update_images};
+use crate::error_chain::error_chain;
 
 /// How often a refused status patch is re-read and retried within one reconcile.
 const STATUS_ATTEMPTS: usize = 5;
