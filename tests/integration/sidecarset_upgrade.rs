@@ -1553,3 +1553,123 @@ async fn each_revision_records_its_version_of_the_sidecarset() {
         );
     }
 }
+
+/// A pod patch the apiserver refuses for a reason other than a changed pod (here an admission
+/// policy answering 403, as a missing RBAC verb did on the real node): the SidecarSet gets a
+/// Warning `UpgradeFailed` event with the apiserver's message, and once the cause is gone the
+/// rollout finishes (it is retried with backoff, not given up).
+#[tokio::test]
+async fn a_refused_pod_patch_is_a_warning_event_and_retried() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let fx = Fixture::new("sc-up-refused").await;
+    let mut spec = one_sidecar_set(&fx.name, &fx.app, &fx.ns);
+    let set = create_sidecarset(&fx.client, &spec).await;
+    fx.start_pods(1, &[&set]).await;
+    fx.wait_rollout(&fx.name, Kubelet::On, counts(1, 1, 1, 1), |set, _| {
+        rollout_done(set)
+    })
+    .await;
+
+    // Pod image changes in this namespace are refused with 403 Forbidden.
+    let policy_name = unique_name("refuse-image-changes");
+    let policies = Api::<ValidatingAdmissionPolicy>::all(fx.client.clone());
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": policy_name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                "resources": ["pods"]
+            }]},
+            "validations": [{
+                "expression": "object.spec.containers.map(c, c.image) == oldObject.spec.containers.map(c, c.image)",
+                "message": "image changes are frozen here",
+                "reason": "Forbidden"
+            }]
+        }
+    }))
+    .expect("a policy");
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("creating the policy");
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(fx.client.clone());
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": policy_name},
+        "spec": {
+            "policyName": policy_name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {
+                "kubernetes.io/metadata.name": fx.ns
+            }}}
+        }
+    }))
+    .expect("a binding");
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("creating the binding");
+    // The apiserver applies new policies after a moment: wait until a pod update is refused.
+    let probe_pod = list_pods(&fx.pods).await.remove(0).name_any();
+    let (pods_api, probe) = (&fx.pods, &probe_pod);
+    poll("the policy to refuse image changes", ROLLOUT_TIMEOUT, || async move {
+        let patch = json!([{"op": "replace", "path": "/spec/containers/0/image", "value": "busybox:refused"}]);
+        let dry_run = PatchParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        match pods_api
+            .patch(probe, &dry_run, &Patch::<()>::Json(serde_json::from_value(patch).unwrap()))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 403 => Ok(()),
+            other => Err(format!("not refused yet: {:?}", other.map(|_| ()))),
+        }
+    })
+    .await;
+
+    let containers = containers_with(&mut spec, 0, "image", json!(NEW_IMAGE));
+    update_spec(&fx.client, &fx.name, json!({"containers": containers})).await;
+    let events = Api::<Event>::all(fx.client.clone());
+    let params = ListParams::default().fields(&format!(
+        "involvedObject.name={},reason=UpgradeFailed",
+        fx.name
+    ));
+    let (events, params, pod) = (&events, &params, &probe_pod);
+    poll(
+        "a Warning event UpgradeFailed naming the pod and the apiserver's message",
+        ROLLOUT_TIMEOUT,
+        || async move {
+            let list = events.list(params).await.expect("listing events").items;
+            let found = list.iter().any(|e| {
+                let note = e.message.as_deref().unwrap_or_default();
+                e.type_.as_deref() == Some("Warning")
+                    && note.contains(pod.as_str())
+                    && note.contains("image changes are frozen here")
+            });
+            if found {
+                Ok(())
+            } else {
+                Err(format!("events {list:?}"))
+            }
+        },
+    )
+    .await;
+
+    bindings
+        .delete(&policy_name, &DeleteParams::default())
+        .await
+        .expect("deleting the binding");
+    policies
+        .delete(&policy_name, &DeleteParams::default())
+        .await
+        .expect("deleting the policy");
+    let (_, pods) = fx
+        .wait_rollout(&fx.name, Kubelet::On, counts(1, 1, 1, 1), |set, _| {
+            rollout_done(set)
+        })
+        .await;
+    assert!(pods.iter().all(|p| kubelet::runs(p, SIDECAR, NEW_IMAGE)));
+}

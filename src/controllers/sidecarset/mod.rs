@@ -862,16 +862,7 @@ async fn upgrade_failed(
         kube::Error::Api(status) => status.message.clone(),
         other => error_chain(other),
     };
-    let event = Event {
-        type_: EventType::Warning,
-        reason: "UpgradeFailed".into(),
-        note: Some(format!("pod {pod}: {cause}")),
-        action: "Upgrade".into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &set.object_ref(&())).await {
-        warn!(error = %e, "cannot publish an event");
-    }
+    upgrade_failed_event(ctx, set, format!("pod {pod}: {cause}")).await;
     Error::UpgradePod { pod, source }
 }
 
@@ -1066,10 +1057,15 @@ async fn publish(
 /// A pod whose annotations make an upgrade impossible: said on the SidecarSet.
 async fn refuse_pod(ctx: &Context, set: &SidecarSet, pod: &str, err: &UpgradeError) {
     warn!(sidecarset = %set.name_any(), pod, error = %err, "cannot upgrade the pod");
+    upgrade_failed_event(ctx, set, format!("pod {pod}: {err}")).await;
+}
+
+/// The Warning event `UpgradeFailed` on the SidecarSet.
+async fn upgrade_failed_event(ctx: &Context, set: &SidecarSet, note: String) {
     let event = Event {
         type_: EventType::Warning,
         reason: "UpgradeFailed".into(),
-        note: Some(format!("pod {pod}: {err}")),
+        note: Some(note),
         action: "Upgrade".into(),
         secondary: None,
     };
