@@ -56,7 +56,13 @@ kubeconfig=$("$here/start.sh" --owner-pid $$ "$state")
 kubectl() { "$state/bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
 "${kruise_rs[@]}" crds | kubectl apply --server-side -f - >&2
-kubectl wait --for=condition=Established crd --all --timeout=60s >&2
+# kubectl 1.33's wait fails at once ("accessor error: <nil>") on a CRD whose status the apiserver
+# has not written yet, instead of waiting: retry until it waits.
+for attempt in $(seq 20); do
+  kubectl wait --for=condition=Established crd --all --timeout=60s >&2 && break
+  (( attempt < 20 )) || { echo "run-local.sh: the CRDs did not become Established" >&2; exit 1; }
+  sleep 0.5
+done
 kubectl create namespace payments >&2     # the namespace the v1alpha1 SidecarSet example names
 # The demo applies examples/ once the manager (its webhooks) and the NodeImages are up.
 [[ ${KRUISE_RS_DEMO:-1} == 0 ]] && kubectl apply -f examples/ >&2

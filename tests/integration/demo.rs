@@ -34,6 +34,13 @@ fn free_addr() -> String {
         .to_string()
 }
 
+fn append(path: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .expect("the demo's log file")
+}
+
 #[test]
 fn the_demo_pulls_on_a_real_node_and_finishes_the_rollout() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -51,8 +58,10 @@ fn the_demo_pulls_on_a_real_node_and_finishes_the_rollout() {
         .env("KRUISE_RS_DAEMON_PROBE_ADDR", free_addr())
         .env_remove("KUBECONFIG")
         .stdin(Stdio::null())
-        .stdout(log.reopen().expect("log"))
-        .stderr(log.reopen().expect("log"))
+        // Both into one file, each handle appending: two handles with offsets of their own
+        // would overwrite each other's lines (and lose the reason of a failure).
+        .stdout(append(log.path()))
+        .stderr(append(log.path()))
         .process_group(0)
         .spawn()
         .expect("run-local.sh starts");
