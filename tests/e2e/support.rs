@@ -169,7 +169,7 @@ impl Cluster {
     }
 
     /// `helm install` the chart with the image `tag` (only the image values set), then wait
-    /// until both workloads are ready through their probes and the webhooks answer.
+    /// for [`Cluster::wait_ready`].
     pub async fn install(&self, tag: &str) {
         self.helm(&[
             "install",
