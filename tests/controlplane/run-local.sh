@@ -141,7 +141,11 @@ start_real_node() {
       return 1
     fi
   done
-  if ! env=$("$repo/tests/node/start.sh" --owner-pid $$ "$state/node" 2>"$state/node-start.log"); then
+  # A directory of its own, not under $state: the control plane's watchdog removes $state when
+  # this process ends, and must not pull the pid files from under the node's watchdog, which
+  # stops containerd by them.
+  node_state=$(mktemp -d "${TMPDIR:-/tmp}/kruise-rs-node.XXXXXX")
+  if ! env=$("$repo/tests/node/start.sh" --owner-pid $$ "$node_state" 2>"$state/node-start.log"); then
     echo "    tests/node/start.sh failed (see $state/node-start.log): node-c is played like the others" >&2
     return 1
   fi
