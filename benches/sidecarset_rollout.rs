@@ -59,9 +59,9 @@ use kruise_rs::apis::well_known::{
     SIDECARSET_INPLACE_UPDATE_STATE,
 };
 use kruise_rs::controllers::ControllerOptions;
-use kruise_rs::controllers::pod_summary::PodSummary;
+use kruise_rs::controllers::shared::pod_summary::{PodSummary, strip_pod};
 use kruise_rs::controllers::sidecarset::pods::{
-    InPlaceUpdateState, LastContainerStatus, NamespaceLabels, render_update_states, strip_pod,
+    InPlaceUpdateState, LastContainerStatus, NamespaceLabels, render_update_states,
 };
 use kruise_rs::controllers::sidecarset::predownload::{self, Decision};
 use kruise_rs::controllers::sidecarset::{self, PreDownloadInputs, owned_pods, plan};
@@ -564,8 +564,8 @@ fn decision(n: usize, runs: usize) -> Result<()> {
          k8s-openapi's Pod {} B, Container {} B, ContainerStatus {} B)",
         bytes as f64 / n as f64 / 1024.0,
         std::mem::size_of::<PodSummary>(),
-        std::mem::size_of::<kruise_rs::controllers::pod_summary::ContainerSummary>(),
-        std::mem::size_of::<kruise_rs::controllers::pod_summary::ContainerStatusSummary>(),
+        std::mem::size_of::<kruise_rs::controllers::shared::pod_summary::ContainerSummary>(),
+        std::mem::size_of::<kruise_rs::controllers::shared::pod_summary::ContainerStatusSummary>(),
         std::mem::size_of::<Pod>(),
         std::mem::size_of::<k8s_openapi::api::core::v1::Container>(),
         std::mem::size_of::<k8s_openapi::api::core::v1::ContainerStatus>(),

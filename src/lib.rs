@@ -10,6 +10,6 @@ pub mod error_chain;
 pub mod events;
 pub mod image;
 pub mod manager;
-pub mod probe;
+pub mod runtime;
 pub mod sidecar;
 pub mod webhook;

@@ -12,7 +12,7 @@ use std::{
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kruise_rs::controllers::ControllerOptions;
-use kruise_rs::controllers::initial_list::StreamingLists;
+use kruise_rs::controllers::shared::initial_list::StreamingLists;
 use kruise_rs::daemon::{self, DaemonOptions};
 use kruise_rs::manager::{self, LeaderElection, ManagerOptions};
 use kruise_rs::webhook::{CertSource, Endpoint, FailurePolicy, WebhookOptions};
@@ -396,7 +396,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             timeout,
             ..
         }) => {
-            let client = kruise_rs::probe::connect(kubeconfig.as_deref()).await?;
+            let client = kruise_rs::runtime::connect(kubeconfig.as_deref()).await?;
             let outcomes = kruise_rs::manager::crd_install::install(&client, timeout)
                 .await
                 .context("cannot install the CRDs")?;

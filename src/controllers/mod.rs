@@ -4,14 +4,9 @@
 //! decisions in pure functions (`logic.rs` style) that carry the unit tests. [`run`] starts them
 //! all and returns when `shutdown` fires.
 
-pub mod backoff;
 pub mod imagepulljob;
-pub mod initial_list;
-pub mod node_summary;
 pub mod nodeimage;
-pub mod nodeimage_images;
-pub mod pod_feed;
-pub mod pod_summary;
+pub mod shared;
 pub mod sidecarset;
 
 use std::collections::BTreeSet;
@@ -23,10 +18,10 @@ use futures::FutureExt;
 use kube::Client;
 use kube::runtime::watcher;
 
-use crate::probe::ManagerMetrics;
+use crate::runtime::ManagerMetrics;
 use tokio::sync::watch;
 
-pub use self::initial_list::InitialList;
+pub use self::shared::initial_list::InitialList;
 
 /// The controllers [`run`] starts, by the names they report their caches under.
 pub const CONTROLLERS: [&str; 3] = [nodeimage::NAME, imagepulljob::NAME, sidecarset::NAME];
@@ -141,11 +136,12 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
         }
     };
     // One pod watch and store for both controllers that read pods.
-    let (drive_pods, mut feeds) = pod_feed::watch_pods(client.clone(), opts.watch_config(), 2);
+    let (drive_pods, mut feeds) =
+        shared::pod_feed::watch_pods(client.clone(), opts.watch_config(), 2);
     let (Some(for_jobs), Some(for_sidecarsets)) = (feeds.pop(), feeds.pop()) else {
         return;
     };
-    let controllers = pod_feed::alongside(
+    let controllers = shared::pod_feed::alongside(
         drive_pods,
         futures::future::join3(
             nodeimage::run(client.clone(), opts.clone(), stopped()),

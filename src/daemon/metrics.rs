@@ -88,7 +88,7 @@ impl Default for DaemonMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::Metrics;
+    use crate::runtime::Metrics;
 
     #[test]
     fn daemon_metrics_are_exposed_with_their_prefix() {

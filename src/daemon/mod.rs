@@ -39,7 +39,7 @@ pub use self::cri::{CANDIDATE_SOCKETS, Cri, DetectError};
 use self::metrics::DaemonMetrics;
 use self::node::{Shared, State};
 pub use self::report::FIELD_MANAGER;
-use crate::probe::{self, ConnectError, Metrics, ProbeState, connect};
+use crate::runtime::{self, ConnectError, Metrics, ProbeState, connect};
 
 /// Reporting controller of the daemon's events.
 pub const REPORTER: &str = "kruise-rs-daemon";
@@ -122,7 +122,7 @@ pub async fn run(
         daemon_metrics.register(registry)
     })));
     let (stop_server, server_stopping) = oneshot::channel::<()>();
-    let mut server = pin!(probe::serve(listener, probe_state.clone(), async move {
+    let mut server = pin!(runtime::serve(listener, probe_state.clone(), async move {
         let _ = server_stopping.await;
     }));
     info!(probe_addr = %addr, "serving probes and metrics");

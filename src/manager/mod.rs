@@ -6,7 +6,7 @@
 //! 2. log the server's Kubernetes version and refuse one older than [`server_version::FLOOR`];
 //!    check that [`crds::REQUIRED_CRDS`] are usable ([`crds::check_crds`]: installed,
 //!    Established, no conversion webhook, both versions served), or refuse to start;
-//!    ask once whether the server streams lists ([`controllers::initial_list`]);
+//!    ask once whether the server streams lists ([`controllers::shared::initial_list`]);
 //! 3. serve `/healthz`, `/readyz` and `/metrics` on [`ManagerOptions::probe_addr`];
 //! 4. wait for the shutdown future, running the controllers all along, or with
 //!    [`ManagerOptions::leader_election`] only while this replica holds the leader Lease
@@ -31,7 +31,7 @@ use tokio::{
     sync::{oneshot, watch},
 };
 
-use crate::controllers::initial_list::{self, InitialList, StreamingLists};
+use crate::controllers::shared::initial_list::{self, InitialList, StreamingLists};
 use crate::controllers::{self, CacheSync, ControllerOptions};
 use crate::webhook::{self, WebhookError, WebhookOptions, handlers::Handlers, server::Metered};
 use tracing::{info, warn};
@@ -40,7 +40,7 @@ pub use self::crds::{CrdState, REQUIRED_CRDS, UnusableCrds, check_crds};
 pub use self::leader::LeaderElection;
 use self::readiness::Controllers;
 pub use self::server_version::ServerTooOld;
-use crate::probe::{self, ConnectError, ManagerMetrics, Metrics, ProbeState, connect};
+use crate::runtime::{self, ConnectError, ManagerMetrics, Metrics, ProbeState, connect};
 
 /// How long in-flight reconciles may take to finish once shutdown has begun.
 const CONTROLLERS_STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -149,7 +149,7 @@ pub async fn run(
         manager_metrics.register(registry)
     })));
     let (stop_server, server_stopping) = oneshot::channel::<()>();
-    let mut server = pin!(probe::serve(listener, state.clone(), async move {
+    let mut server = pin!(runtime::serve(listener, state.clone(), async move {
         // A dropped sender also stops the server.
         let _ = server_stopping.await;
     }));

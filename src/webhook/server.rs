@@ -24,7 +24,7 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use serde_json::{Value, json};
 
-use crate::probe::ManagerMetrics;
+use crate::runtime::ManagerMetrics;
 
 use super::configuration::{
     MUTATE_IMAGEPULLJOB, MUTATE_NODEIMAGE, MUTATE_POD, MUTATE_SIDECARSET, VALIDATE_IMAGEPULLJOB,
@@ -220,7 +220,7 @@ pub async fn tls_config(cert: &str, key: &str) -> std::io::Result<RustlsConfig> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::ADMISSION_KINDS;
+    use crate::runtime::ADMISSION_KINDS;
     use json_patch::{AddOperation, PatchOperation};
 
     #[test]
@@ -291,7 +291,7 @@ mod tests {
     #[tokio::test]
     async fn metered_counts_each_decision_by_kind_and_verdict() {
         let metrics = ManagerMetrics::new();
-        let registry = crate::probe::Metrics::with(|r| metrics.register(r));
+        let registry = crate::runtime::Metrics::with(|r| metrics.register(r));
         let metered = Metered {
             inner: Arc::new(Refuse),
             metrics: metrics.clone(),

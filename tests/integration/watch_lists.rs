@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kruise_rs::apis::nodeimage::NodeImage;
 use kruise_rs::controllers::ControllerOptions;
-use kruise_rs::controllers::initial_list::{self, InitialList, StreamingLists};
+use kruise_rs::controllers::shared::initial_list::{self, InitialList, StreamingLists};
 use kruise_rs::manager::{self, ManagerOptions};
 use kube::Api;
 use tokio::sync::oneshot;

@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 
-use crate::controllers::pod_summary::PodSummary;
+use crate::controllers::shared::pod_summary::PodSummary;
 use kube::ResourceExt;
 use kube::core::{Selector, SelectorExt};
 
@@ -178,7 +178,7 @@ mod tests {
 
     use k8s_openapi::api::core::v1::ObjectReference;
 
-    use crate::controllers::pod_summary::{PodSpecSummary, PodStatusSummary};
+    use crate::controllers::shared::pod_summary::{PodSpecSummary, PodStatusSummary};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
     use k8s_openapi::jiff::Timestamp;
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 
-use crate::controllers::node_summary::NodeSummary;
+use crate::controllers::shared::node_summary::NodeSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
@@ -507,7 +507,7 @@ pub fn next_wake(
 mod tests {
     use super::*;
     use crate::apis::nodeimage::ImageTagPullPolicy;
-    use crate::controllers::node_summary::NodeStatusSummary;
+    use crate::controllers::shared::node_summary::NodeStatusSummary;
     use k8s_openapi::api::core::v1::NodeCondition;
     use kube::api::ObjectMeta;
 

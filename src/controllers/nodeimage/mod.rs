@@ -38,7 +38,7 @@
 //!
 //! * create: `POST` with the Node's labels and an empty spec (409 = someone was first: fine);
 //! * labels: a merge patch ([`patches::labels_patch`]), this controller being their only writer;
-//! * `spec.images`: [`update_images`](super::nodeimage_images::update_images), the guarded JSON
+//! * `spec.images`: [`update_images`](super::shared::nodeimage_images::update_images), the guarded JSON
 //!   patch shared with the ImagePullJob controller, so its concurrent additions survive;
 //! * `status`: a guarded JSON patch on the status subresource ([`patches::status_patch`]), which
 //!   the node daemon's concurrent writes refuse rather than lose;
@@ -58,7 +58,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::controllers::node_summary::NodeSummary;
+use crate::controllers::shared::node_summary::NodeSummary;
 use crate::events::Recorder;
 use futures::channel::mpsc::{UnboundedSender, unbounded};
 use futures::{FutureExt, StreamExt, future, stream};
@@ -70,7 +70,7 @@ use kube::{Api, Client, ResourceExt};
 
 use self::watch::Change;
 use super::ControllerOptions;
-use super::backoff::Backoff;
+use super::shared::backoff::Backoff;
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
 

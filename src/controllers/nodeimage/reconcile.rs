@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 
-use crate::controllers::node_summary::NodeSummary;
+use crate::controllers::shared::node_summary::NodeSummary;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::PartialObjectMeta;
@@ -20,7 +20,7 @@ use super::logic::{self, FailedTag, Lifecycle};
 use super::{Context, FIELD_MANAGER, patches};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::{NodeImage, NodeImageSpec};
-use crate::controllers::nodeimage_images::{ImagesWriteError, update_images};
+use crate::controllers::shared::nodeimage_images::{ImagesWriteError, update_images};
 use crate::error_chain::error_chain;
 
 /// How often a refused status patch is re-read and retried within one reconcile.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::NodeCondition;
 
-use crate::controllers::node_summary::{NodeStatusSummary, NodeSummary};
+use crate::controllers::shared::node_summary::{NodeStatusSummary, NodeSummary};
 use kube::api::ObjectMeta;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};

@@ -46,23 +46,23 @@ use tracing::{debug, info, warn};
 
 use self::expectations::{WrittenPods, pod_key};
 use self::pod_events::PodTracker;
-use self::pods::{NamespaceLabels, namespace_labels, owns, strip_pod, view};
+use self::pods::{NamespaceLabels, namespace_labels, owns, view};
 use self::predownload::{Decision, IMAGE_PREDOWNLOAD, KnobWarning, Knobs, Progress};
 use self::revisions::RevisionsError;
 use self::status::{PODS_UPGRADABLE, StatusReport, compute_status};
 use self::strategy::{Batch, CurrentHashes, PodState, PodView, classify, next_batch};
 use self::upgrade::{UpgradeError, upgradable_condition, upgrade_patch};
 use super::ControllerOptions;
-use super::backoff::Backoff;
-use super::pod_feed::{self, PodFeed};
-use super::pod_summary::PodSummary;
+use super::shared::backoff::Backoff;
+use super::shared::pod_feed::{self, PodFeed};
+use super::shared::pod_summary::{PodSummary, strip_pod};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
 use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
 use crate::apis::well_known::{CONTROLLER_REVISION_HASH, SIDECARSET_HASH, SIDECARSET_NAME_LABEL};
 use crate::error_chain::error_chain;
 use crate::events::Recorder;
-use crate::probe::ManagerMetrics;
+use crate::runtime::ManagerMetrics;
 use crate::sidecar::annotations::parse_hashes;
 
 /// Field manager of everything this controller writes.

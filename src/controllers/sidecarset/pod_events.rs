@@ -21,7 +21,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
-use crate::controllers::pod_summary::PodSummary;
+use crate::controllers::shared::pod_summary::PodSummary;
 use kube::runtime::watcher;
 
 use super::pods::injected_sidecarsets;

@@ -30,27 +30,13 @@ use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE,
 };
-use crate::controllers::pod_summary::{ContainerStatusSummary, ContainerSummary, PodSummary};
+use crate::controllers::shared::pod_summary::{
+    ContainerStatusSummary, ContainerSummary, PodSummary,
+};
 use crate::image::ImageRef;
 use crate::sidecar::annotations::{parse_injected_list, pod_entry};
 use crate::sidecar::gojson::html_escape_compact_json;
 use crate::sidecar::matching::{pod_namespace, sidecarset_matches_pod};
-
-/// The annotations the controller reads; a stored pod keeps only these.
-const OWN_ANNOTATIONS: [&str; 4] = [
-    SIDECARSET_HASH,
-    SIDECARSET_HASH_WITHOUT_IMAGE,
-    SIDECARSET_INJECTED_LIST,
-    SIDECARSET_INPLACE_UPDATE_STATE,
-];
-
-/// Keeps only the annotations the SidecarSet controller reads; the rest of a [`PodSummary`] is
-/// what it reads already. What remains is also what [`super::upgrade::upgrade_patch`] needs,
-/// except the other annotations `patchPodMetadata` may touch (the controller reads the live pod
-/// then).
-pub fn strip_pod(pod: &mut PodSummary) {
-    pod.retain_annotations(&OWN_ANNOTATIONS);
-}
 
 /// Namespace name to labels, for namespace selectors.
 pub type NamespaceLabels = BTreeMap<String, BTreeMap<String, String>>;
@@ -305,6 +291,7 @@ mod tests {
 
     use super::*;
     use crate::apis::sidecarset::SidecarSetSpec;
+    use crate::controllers::shared::pod_summary::strip_pod;
 
     fn set(image: &str) -> SidecarSet {
         let spec: SidecarSetSpec = serde_json::from_value(json!({

@@ -52,7 +52,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
-use crate::controllers::pod_summary::PodSummary;
+use crate::controllers::shared::pod_summary::PodSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 

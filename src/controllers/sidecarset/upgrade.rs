@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::PodCondition;
 
-use crate::controllers::pod_summary::PodSummary;
+use crate::controllers::shared::pod_summary::PodSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use super::pod_summary::PodSummary;
-use super::sidecarset::pods::strip_pod;
+use super::pod_summary::strip_pod;
 
 /// Events a consumer may fall behind by before the watch waits for it.
 const BUFFER: usize = 1024;

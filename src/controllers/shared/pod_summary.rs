@@ -19,7 +19,10 @@ use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::apis::well_known::SIDECARSET_UPGRADABLE_CONDITION;
+use crate::apis::well_known::{
+    SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
+    SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_UPGRADABLE_CONDITION,
+};
 
 /// The pod conditions a summary keeps.
 const KEPT_CONDITIONS: [&str; 2] = ["Ready", SIDECARSET_UPGRADABLE_CONDITION];
@@ -104,6 +107,22 @@ impl k8s_openapi::Metadata for PodSummary {
     fn metadata_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
     }
+}
+
+/// The annotations the controllers read (only the SidecarSet controller reads any); a stored
+/// pod keeps only these.
+const READ_ANNOTATIONS: [&str; 4] = [
+    SIDECARSET_HASH,
+    SIDECARSET_HASH_WITHOUT_IMAGE,
+    SIDECARSET_INJECTED_LIST,
+    SIDECARSET_INPLACE_UPDATE_STATE,
+];
+
+/// Keeps only the annotations the controllers read; the rest of a [`PodSummary`] is what they
+/// read already. What remains is also what the SidecarSet upgrade patch needs, except the other
+/// annotations `patchPodMetadata` may touch (the controller reads the live pod then).
+pub fn strip_pod(pod: &mut PodSummary) {
+    pod.retain_annotations(&READ_ANNOTATIONS);
 }
 
 impl PodSummary {

@@ -1,0 +1,11 @@
+//! What more than one controller uses: the shared pod watch and the summaries it stores, the
+//! guarded NodeImage `spec.images` write, the watch configuration and the retry backoff.
+//!
+//! Nothing here reaches into a per-kind module; the per-kind modules reach in here.
+
+pub mod backoff;
+pub mod initial_list;
+pub mod node_summary;
+pub mod nodeimage_images;
+pub mod pod_feed;
+pub mod pod_summary;
