@@ -1,5 +1,5 @@
 //! The controller-manager: connects to the cluster, checks the CRDs, serves the probe and metrics
-//! endpoints and (later) runs the controllers, until it is told to shut down.
+//! endpoints and runs the controllers, until it is told to shut down.
 //!
 //! [`run`] is the whole lifecycle:
 //! 1. connect (`--kubeconfig`, else `KUBECONFIG` / `~/.kube/config`, else in-cluster);
