@@ -42,6 +42,7 @@ use super::shared::backoff::Backoff;
 use super::shared::nodeimage_images::{ImagesWriteError, update_images};
 use super::shared::pod_feed::PodFeed;
 use super::shared::pod_summary::PodSummary;
+use super::shared::shutdown::run_until_shutdown;
 use crate::apis::imagepulljob::{ImagePullJob, ImagePullJobStatus};
 use crate::apis::nodeimage::NodeImage;
 use crate::apis::well_known::DELETION_PROTECTION_FINALIZER;
@@ -53,9 +54,6 @@ use crate::image::ImageRef;
 pub const FIELD_MANAGER: &str = "kruise-rs-imagepulljob";
 /// The controller's name in metrics and in [`super::CacheSync`].
 pub const NAME: &str = "imagepulljob";
-
-/// How long in-flight reconciles may take to finish once the controller is told to stop.
-const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// How long a reconcile waits for the first lists of NodeImages and Pods.
 const CACHE_WAIT: Duration = Duration::from_secs(10);
@@ -290,19 +288,7 @@ pub async fn run_with_pods(
                 warn!(error = %err, "imagepulljob controller");
             }
         });
-    tokio::pin!(running);
-    tokio::select! {
-        () = &mut running => return,
-        () = shutdown => {}
-    }
-    // A Controller told to stop before its job cache's first list waits for that list forever
-    // (the stopped watch never delivers it): nothing can be in flight then, so just drop it.
-    if job_store.wait_until_ready().now_or_never().is_none() {
-        return;
-    }
-    // Otherwise let the reconciles in flight finish; they are idempotent, so cutting a slow one
-    // off costs nothing but a repeat after the restart.
-    let _ = tokio::time::timeout(STOP_GRACE, running).await;
+    run_until_shutdown(running, shutdown, &job_store).await;
 }
 
 /// The jobs' nodes by state (desired, active, succeeded, failed), summed over their statuses.

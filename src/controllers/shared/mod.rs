@@ -9,3 +9,4 @@ pub mod node_summary;
 pub mod nodeimage_images;
 pub mod pod_feed;
 pub mod pod_summary;
+pub mod shutdown;

@@ -56,6 +56,7 @@ use super::ControllerOptions;
 use super::shared::backoff::Backoff;
 use super::shared::pod_feed::{self, PodFeed};
 use super::shared::pod_summary::{PodSummary, strip_pod};
+use super::shared::shutdown::run_until_shutdown;
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
 use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
@@ -69,9 +70,6 @@ use crate::sidecar::annotations::parse_hashes;
 pub const FIELD_MANAGER: &str = "kruise-rs-sidecarset";
 /// The controller's name in metrics and in [`super::CacheSync`].
 pub const NAME: &str = "sidecarset";
-
-/// How long in-flight reconciles may take to finish once the controller is told to stop.
-const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// How long a reconcile waits for the first lists of pods, namespaces and revisions.
 const CACHE_WAIT: Duration = Duration::from_secs(10);
@@ -354,17 +352,7 @@ pub async fn run_with_pods(
                 debug!(error = %error_chain(&err), "sidecarset controller");
             }
         });
-    tokio::pin!(running);
-    tokio::select! {
-        () = &mut running => return,
-        () = shutdown => {}
-    }
-    // A Controller told to stop before its first list waits for it forever: nothing can be in
-    // flight then, so just drop it.
-    if ready_store.wait_until_ready().now_or_never().is_none() {
-        return;
-    }
-    let _ = tokio::time::timeout(STOP_GRACE, running).await;
+    run_until_shutdown(running, shutdown, &ready_store).await;
 }
 
 /// The SidecarSets with a pre-download job listing `node`.
