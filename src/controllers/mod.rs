@@ -1,7 +1,7 @@
 //! The manager's controllers, one module per kind they reconcile.
 //!
 //! Each module has a small `Context`, a free `reconcile` and `error_policy`, and keeps its
-//! decisions in pure functions (`logic.rs` style) that carry the unit tests. [`run`] starts them
+//! decisions in pure functions (a `plan.rs` each) that carry the unit tests. [`run`] starts them
 //! all and returns when `shutdown` fires.
 
 pub mod imagepulljob;

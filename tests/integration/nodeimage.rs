@@ -16,7 +16,7 @@ use kruise_rs::apis::nodeimage::{
     ImagePullPhase, ImageSpec, ImageTagPullPolicy, ImageTagSpec, NodeImage,
 };
 use kruise_rs::apis::well_known::FAKE_NODEIMAGE;
-use kruise_rs::controllers::nodeimage::logic::not_responded;
+use kruise_rs::controllers::nodeimage::plan::not_responded;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;

@@ -11,9 +11,9 @@
 //! * the **NodeImage applier** (store: NodeImages) deletes a NodeImage whose Node is gone or
 //!   going (unless labelled `apps.kruise.io/fake-nodeimage`), keeps its labels equal to the
 //!   Node's, garbage-collects `spec.images` and times out unanswered tags in `status`, then
-//!   requeues at the next instant any of that would change ([`logic::next_wake`]).
+//!   requeues at the next instant any of that would change ([`plan::next_wake`]).
 //!
-//! Both decide through the same pure [`logic::lifecycle`] and act on their half of it.
+//! Both decide through the same pure [`plan::lifecycle`] and act on their half of it.
 //!
 //! Three watches feed three stores, each stripped before storing ([`watch`]): Nodes (labels,
 //! deletion, Ready condition only), NodeImages (all but managedFields) and ImagePullJobs
@@ -47,32 +47,24 @@
 //! A Warning event `PullImageFailed` goes to each owner of a tag marked Failed and to the
 //! NodeImage (reporting controller `kruise-rs-manager`).
 
-pub mod logic;
 pub mod patches;
+pub mod plan;
 mod reconcile;
 pub mod watch;
 
-use std::collections::BTreeSet;
-use std::convert::Infallible;
-use std::future::Future;
-use std::sync::Arc;
+pub use self::watch::run;
+
 use std::time::Duration;
 
-use crate::controllers::shared::node_summary::NodeSummary;
-use crate::events::Recorder;
-use futures::channel::mpsc::{UnboundedSender, unbounded};
-use futures::{FutureExt, StreamExt, future, stream};
 use kube::core::PartialObjectMeta;
-use kube::runtime::events::Reporter;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, applier, controller, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client};
 
-use self::watch::Change;
-use super::ControllerOptions;
 use super::shared::backoff::Backoff;
+use super::shared::node_summary::NodeSummary;
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
+use crate::events::Recorder;
 
 /// Field manager of every write of this controller.
 pub const FIELD_MANAGER: &str = "kruise-rs-nodeimage";
@@ -80,130 +72,6 @@ pub const FIELD_MANAGER: &str = "kruise-rs-nodeimage";
 pub const NAME: &str = "nodeimage";
 /// Reporting controller of its events.
 pub const REPORTER: &str = "kruise-rs-manager";
-
-/// Reconciles running at once, per applier.
-const CONCURRENCY: u16 = 16;
-
-/// Runs the NodeImage controller over every Node until `shutdown` resolves, then lets the
-/// reconciles in flight finish.
-///
-/// With `opts.label_selector` it is confined to the Nodes and NodeImages matching it. A Node that
-/// loses the label is out of scope, not gone: its NodeImage is kept.
-pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<Output = ()>) {
-    let label_selector = opts.label_selector.clone();
-    let node_api: Api<NodeSummary> = Api::all(client.clone());
-    let nodeimage_api: Api<NodeImage> = Api::all(client.clone());
-    let job_api: Api<PartialObjectMeta<ImagePullJob>> = Api::all(client.clone());
-    let unscoped = opts.watch_config();
-    let scoped = opts.scoped_watch_config();
-
-    let (nodes, node_writer) = reflector::store();
-    let (nodeimage_store, nodeimage_writer) = reflector::store();
-    let (jobs, job_writer) = reflector::store();
-
-    let (node_changes, nodes_ready) = watch::changes(
-        watcher(node_api, scoped.clone())
-            .default_backoff()
-            .modify(|n| *n = watch::strip_node(std::mem::take(n))),
-        node_writer,
-        watch::equal,
-    );
-    let (nodeimage_changes, nodeimages_ready) = watch::changes(
-        watcher(nodeimage_api.clone(), scoped)
-            .default_backoff()
-            .modify(|ni| *ni = watch::strip_nodeimage(std::mem::take(ni))),
-        nodeimage_writer,
-        watch::equal,
-    );
-    let (job_changes, jobs_ready) = watch::changes(
-        watcher(job_api, unscoped)
-            .default_backoff()
-            .modify(|j| *j = watch::strip_job(std::mem::take(j))),
-        job_writer,
-        watch::same_uid,
-    );
-
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        nodeimages: nodeimage_api,
-        nodes: nodes.clone(),
-        nodeimage_store: nodeimage_store.clone(),
-        jobs,
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: REPORTER.into(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        ),
-        creation_delay: opts.nodeimage_creation_delay,
-        response_timeout: opts.nodeimage_response_timeout,
-        backoff: Backoff::default(),
-        ready: [nodes_ready, nodeimages_ready, jobs_ready],
-    });
-    let (listed, synced) = (ctx.clone(), opts.synced.clone());
-    tokio::spawn(async move {
-        // `stores_ready` also returns when the watches stop; only a full listing counts.
-        listed.stores_ready().await;
-        if listed.ready.iter().all(watch::Ready::is_ready) {
-            synced.mark(NAME);
-        }
-    });
-
-    let (node_tx, node_rx) = unbounded::<ObjectRef<NodeSummary>>();
-    let (nodeimage_tx, nodeimage_rx) = unbounded::<ObjectRef<NodeImage>>();
-    let router = Router {
-        nodes: nodes.clone(),
-        nodeimages: nodeimage_store.clone(),
-        node_tx,
-        nodeimage_tx,
-    };
-    // Ends on shutdown, dropping the senders: the appliers then drain and end too.
-    let routing = stream::select(
-        stream::select(
-            node_changes.map(Changed::Node),
-            nodeimage_changes.map(Changed::NodeImage),
-        ),
-        job_changes.map(Changed::Job),
-    )
-    .take_until(shutdown)
-    .for_each(move |change| {
-        router.route(change);
-        future::ready(())
-    });
-
-    let config = controller::Config::default().concurrency(CONCURRENCY);
-    // Node and NodeImage reconciles both count as the `nodeimage` controller's.
-    let metrics = opts.metrics.clone();
-    let node_metrics = metrics.clone();
-    let node_applier = applier(
-        move |node, ctx| node_metrics.timed(NAME, reconcile::node(node, ctx)).boxed(),
-        reconcile::node_error_policy,
-        ctx.clone(),
-        nodes,
-        node_rx.map(Ok::<_, Infallible>),
-        config.clone(),
-    )
-    .for_each(|result| {
-        log_result("Node", result);
-        future::ready(())
-    });
-    let nodeimage_applier = applier(
-        move |ni, ctx| metrics.timed(NAME, reconcile::nodeimage(ni, ctx)).boxed(),
-        reconcile::nodeimage_error_policy,
-        ctx,
-        nodeimage_store,
-        nodeimage_rx.map(Ok::<_, Infallible>),
-        config,
-    )
-    .for_each(|result| {
-        log_result("NodeImage", result);
-        future::ready(())
-    });
-    tracing::info!(scope = ?label_selector, "nodeimage controller started");
-    futures::join!(routing, node_applier, nodeimage_applier);
-    tracing::info!("nodeimage controller stopped");
-}
 
 /// What the reconcilers share.
 struct Context {
@@ -225,95 +93,6 @@ impl Context {
     async fn stores_ready(&self) {
         for ready in &self.ready {
             ready.wait().await;
-        }
-    }
-}
-
-type ApplierResult<K> = Result<
-    (ObjectRef<K>, kube::runtime::controller::Action),
-    controller::Error<reconcile::Error, Infallible>,
->;
-
-fn log_result<K: kube::Resource>(kind: &str, result: ApplierResult<K>)
-where
-    K::DynamicType: std::fmt::Debug,
-{
-    match result {
-        Ok((obj, action)) => tracing::debug!(kind, name = %obj.name, ?action, "reconciled"),
-        // The object went away between the request and its turn: nothing to do.
-        Err(controller::Error::ObjectNotFound(obj)) => {
-            tracing::debug!(kind, name = %obj.name, "gone before its reconcile")
-        }
-        // Already logged by the error policy.
-        Err(controller::Error::ReconcilerFailed(..)) => {}
-        Err(err) => tracing::warn!(kind, error = %err, "controller error"),
-    }
-}
-
-/// A change in one of the three stores.
-enum Changed {
-    Node(Change<NodeSummary>),
-    NodeImage(Change<NodeImage>),
-    Job(Change<PartialObjectMeta<ImagePullJob>>),
-}
-
-/// Turns store changes into reconcile requests.
-struct Router {
-    nodes: Store<NodeSummary>,
-    nodeimages: Store<NodeImage>,
-    node_tx: UnboundedSender<ObjectRef<NodeSummary>>,
-    nodeimage_tx: UnboundedSender<ObjectRef<NodeImage>>,
-}
-
-impl Router {
-    fn route(&self, change: Changed) {
-        match change {
-            Changed::Node(c) => {
-                let name = c.key.name;
-                if c.after.is_some() {
-                    self.node(&name);
-                }
-                self.nodeimage_if_stored(&name);
-            }
-            Changed::NodeImage(c) => {
-                let name = c.key.name;
-                if c.after.is_some() {
-                    self.nodeimage(&name);
-                } else if self.nodes.get(&ObjectRef::new(&name)).is_some() {
-                    // Gone while its Node is here: the Node applier recreates it.
-                    self.node(&name);
-                }
-            }
-            Changed::Job(c) => {
-                // Deleted, or replaced by a job of the same name with another uid.
-                let Some(uid) = c.before.as_ref().and_then(|j| j.uid()) else {
-                    return;
-                };
-                let uids = BTreeSet::from([uid]);
-                for ni in self.nodeimages.state() {
-                    let owned = logic::job_owners(&ni.spec)
-                        .iter()
-                        .any(|r| r.uid.as_ref().is_some_and(|u| uids.contains(u)));
-                    if owned {
-                        self.nodeimage(&ni.name_any());
-                    }
-                }
-            }
-        }
-    }
-
-    fn node(&self, name: &str) {
-        // A closed channel means the applier stopped (shutdown): nothing left to tell.
-        let _ = self.node_tx.unbounded_send(ObjectRef::new(name));
-    }
-
-    fn nodeimage(&self, name: &str) {
-        let _ = self.nodeimage_tx.unbounded_send(ObjectRef::new(name));
-    }
-
-    fn nodeimage_if_stored(&self, name: &str) {
-        if self.nodeimages.get(&ObjectRef::new(name)).is_some() {
-            self.nodeimage(name);
         }
     }
 }

@@ -16,7 +16,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
-use super::logic::{self, FailedTag, Lifecycle};
+use super::plan::{self, FailedTag, Lifecycle};
 use super::{Context, FIELD_MANAGER, patches};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::{NodeImage, NodeImageSpec};
@@ -93,11 +93,11 @@ pub(super) async fn node(node: Arc<NodeSummary>, ctx: Arc<Context>) -> Result<Ac
     let name = node.name_any();
     let now = Timestamp::now();
     let existing = ctx.nodeimage_store.get(&ObjectRef::new(&name));
-    let action = match logic::lifecycle(Some(&node), existing.as_deref(), ctx.creation_delay, now) {
+    let action = match plan::lifecycle(Some(&node), existing.as_deref(), ctx.creation_delay, now) {
         Lifecycle::CreateAt(at) => {
             let wait = Duration::try_from(now.duration_until(at)).unwrap_or(Duration::ZERO);
             debug!(node = %name, ?wait, "NodeImage wanted once the node has been Ready long enough");
-            Action::requeue(wait.clamp(Duration::from_millis(10), logic::MAX_REQUEUE))
+            Action::requeue(wait.clamp(Duration::from_millis(10), plan::MAX_REQUEUE))
         }
         Lifecycle::Create(labels) => {
             create(&ctx, &name, labels).await?;
@@ -163,8 +163,7 @@ pub(super) async fn nodeimage(
     let name = nodeimage.name_any();
     let now = Timestamp::now();
     let node = ctx.nodes.get(&ObjectRef::new(&name));
-    let action = match logic::lifecycle(node.as_deref(), Some(&nodeimage), ctx.creation_delay, now)
-    {
+    let action = match plan::lifecycle(node.as_deref(), Some(&nodeimage), ctx.creation_delay, now) {
         Lifecycle::Deleting => Action::await_change(),
         Lifecycle::Delete => {
             delete(&ctx, &nodeimage, node.is_some()).await?;
@@ -176,8 +175,8 @@ pub(super) async fn nodeimage(
             }
             match maintain(&ctx, (*nodeimage).clone(), now).await? {
                 Some(current) => {
-                    let wake = logic::next_wake(&current, now, ctx.response_timeout);
-                    Action::requeue(logic::requeue_after(wake, now))
+                    let wake = plan::next_wake(&current, now, ctx.response_timeout);
+                    Action::requeue(plan::requeue_after(wake, now))
                 }
                 None => Action::await_change(),
             }
@@ -272,7 +271,7 @@ async fn maintain(
 /// uid. A job that cannot be checked is not listed, so its tags stay.
 async fn gone_jobs(ctx: &Context, spec: &NodeImageSpec) -> BTreeSet<String> {
     let mut gone = BTreeSet::new();
-    for owner in logic::job_owners(spec) {
+    for owner in plan::job_owners(spec) {
         let (Some(uid), Some(name), Some(namespace)) = (
             owner.uid.as_deref(),
             owner.name.as_deref(),
@@ -309,7 +308,7 @@ async fn collect_garbage(
     let gone = gone_jobs(ctx, &current.spec).await;
     let decide = |ni: &NodeImage| {
         let status = ni.status.clone().unwrap_or_default();
-        let collected = logic::collect(&ni.spec, &status, &gone, now);
+        let collected = plan::collect(&ni.spec, &status, &gone, now);
         (collected.images != ni.spec.images).then_some(collected.images)
     };
     if decide(&current).is_none() {
@@ -351,7 +350,7 @@ async fn time_out(
     let mut whole = false;
     for _ in 0..STATUS_ATTEMPTS {
         let old = current.status.clone().unwrap_or_default();
-        let decision = logic::timeouts(&current.spec, &old, now, ctx.response_timeout);
+        let decision = plan::timeouts(&current.spec, &old, now, ctx.response_timeout);
         let Some(new) = decision.status else {
             return Ok(Some(current));
         };

@@ -7,21 +7,28 @@
 //! form changed. Because the stored form holds only what decisions read, a Node heartbeat or a
 //! job's status update changes nothing and wakes no reconcile.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
 
-use futures::{Stream, StreamExt};
+use futures::channel::mpsc::{UnboundedSender, unbounded};
+use futures::{FutureExt, Stream, StreamExt, future, stream};
 use k8s_openapi::api::core::v1::NodeCondition;
-
-use crate::controllers::shared::node_summary::{NodeStatusSummary, NodeSummary};
 use kube::api::ObjectMeta;
 use kube::core::PartialObjectMeta;
-use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
-use kube::runtime::watcher;
-use kube::{Resource, ResourceExt};
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, applier, controller, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
 
+use super::{Context, NAME, REPORTER, plan, reconcile};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
+use crate::controllers::ControllerOptions;
+use crate::controllers::shared::backoff::Backoff;
+use crate::controllers::shared::node_summary::{NodeStatusSummary, NodeSummary};
+use crate::events::Recorder;
 
 /// Keeps of a Node only what the controller reads: name, uid, labels, deletionTimestamp and the
 /// Ready condition's status and transition time. Without a resourceVersion, an update that
@@ -199,181 +206,218 @@ pub fn same_uid(a: &PartialObjectMeta<ImagePullJob>, b: &PartialObjectMeta<Image
     a.uid() == b.uid()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::api::core::v1::{ContainerImage, Node, NodeSpec, NodeStatus, Taint};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use k8s_openapi::jiff::Timestamp;
-    use kube::runtime::reflector::store;
-    use std::collections::BTreeMap;
+/// Reconciles running at once, per applier.
+const CONCURRENCY: u16 = 16;
 
-    /// A Node as the apiserver sends it, read as the watch reads it.
-    fn big_node(name: &str, heartbeat: i64) -> NodeSummary {
-        let t = |s| Time(Timestamp::from_second(1_700_000_000 + s).expect("valid"));
-        let node = Node {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                uid: Some(format!("uid-{name}")),
-                resource_version: Some(heartbeat.to_string()),
-                labels: Some(BTreeMap::from([("zone".into(), "a".into())])),
-                annotations: Some(BTreeMap::from([("big".into(), "x".repeat(100))])),
-                managed_fields: Some(vec![Default::default()]),
-                ..Default::default()
+/// Runs the NodeImage controller over every Node until `shutdown` resolves, then lets the
+/// reconciles in flight finish.
+///
+/// With `opts.label_selector` it is confined to the Nodes and NodeImages matching it. A Node that
+/// loses the label is out of scope, not gone: its NodeImage is kept.
+pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<Output = ()>) {
+    let label_selector = opts.label_selector.clone();
+    let node_api: Api<NodeSummary> = Api::all(client.clone());
+    let nodeimage_api: Api<NodeImage> = Api::all(client.clone());
+    let job_api: Api<PartialObjectMeta<ImagePullJob>> = Api::all(client.clone());
+    let unscoped = opts.watch_config();
+    let scoped = opts.scoped_watch_config();
+
+    let (nodes, node_writer) = reflector::store();
+    let (nodeimage_store, nodeimage_writer) = reflector::store();
+    let (jobs, job_writer) = reflector::store();
+
+    let (node_changes, nodes_ready) = changes(
+        watcher(node_api, scoped.clone())
+            .default_backoff()
+            .modify(|n| *n = strip_node(std::mem::take(n))),
+        node_writer,
+        equal,
+    );
+    let (nodeimage_changes, nodeimages_ready) = changes(
+        watcher(nodeimage_api.clone(), scoped)
+            .default_backoff()
+            .modify(|ni| *ni = strip_nodeimage(std::mem::take(ni))),
+        nodeimage_writer,
+        equal,
+    );
+    let (job_changes, jobs_ready) = changes(
+        watcher(job_api, unscoped)
+            .default_backoff()
+            .modify(|j| *j = strip_job(std::mem::take(j))),
+        job_writer,
+        same_uid,
+    );
+
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        nodeimages: nodeimage_api,
+        nodes: nodes.clone(),
+        nodeimage_store: nodeimage_store.clone(),
+        jobs,
+        recorder: Recorder::new(
+            client,
+            Reporter {
+                controller: REPORTER.into(),
+                instance: std::env::var("POD_NAME").ok(),
             },
-            spec: Some(NodeSpec {
-                taints: Some(vec![Taint {
-                    key: "k".into(),
-                    effect: "NoSchedule".into(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-            status: Some(NodeStatus {
-                conditions: Some(vec![
-                    NodeCondition {
-                        type_: "DiskPressure".into(),
-                        status: "False".into(),
-                        ..Default::default()
-                    },
-                    NodeCondition {
-                        type_: "Ready".into(),
-                        status: "True".into(),
-                        last_transition_time: Some(t(0)),
-                        last_heartbeat_time: Some(t(heartbeat)),
-                        reason: Some("KubeletReady".into()),
-                        message: Some("kubelet is posting ready status".into()),
-                    },
-                ]),
-                images: Some(vec![ContainerImage {
-                    names: Some(vec!["nginx:1".into()]),
-                    size_bytes: Some(1),
-                }]),
-                ..Default::default()
-            }),
-        };
-        serde_json::from_value(serde_json::to_value(node).expect("json")).expect("a NodeSummary")
-    }
+        ),
+        creation_delay: opts.nodeimage_creation_delay,
+        response_timeout: opts.nodeimage_response_timeout,
+        backoff: Backoff::default(),
+        ready: [nodes_ready, nodeimages_ready, jobs_ready],
+    });
+    let (listed, synced) = (ctx.clone(), opts.synced.clone());
+    tokio::spawn(async move {
+        // `stores_ready` also returns when the watches stop; only a full listing counts.
+        listed.stores_ready().await;
+        if listed.ready.iter().all(Ready::is_ready) {
+            synced.mark(NAME);
+        }
+    });
 
-    #[test]
-    fn a_stripped_node_keeps_labels_deletion_and_ready_only() {
-        let node = strip_node(big_node("n1", 5));
-        assert_eq!(node.metadata.name.as_deref(), Some("n1"));
-        assert_eq!(node.metadata.uid.as_deref(), Some("uid-n1"));
-        assert_eq!(node.metadata.labels.as_ref().map(|l| l.len()), Some(1));
-        assert!(node.metadata.annotations.is_none());
-        assert!(node.metadata.managed_fields.is_none());
-        assert!(node.metadata.resource_version.is_none());
-        let status = node.status.expect("status");
-        let conditions = status.conditions.expect("conditions");
-        assert_eq!(conditions.len(), 1);
-        assert_eq!(conditions[0].type_, "Ready");
-        assert_eq!(conditions[0].status, "True");
-        assert!(conditions[0].last_transition_time.is_some());
-        assert!(conditions[0].last_heartbeat_time.is_none());
-        assert!(conditions[0].message.is_none());
-        // Heartbeats leave the stripped form equal.
-        assert_eq!(
-            strip_node(big_node("n1", 5)),
-            strip_node(big_node("n1", 60))
-        );
-        // No status, no Ready: nothing kept.
-        let bare = strip_node(NodeSummary::default());
-        assert!(bare.status.is_none());
-    }
+    let (node_tx, node_rx) = unbounded::<ObjectRef<NodeSummary>>();
+    let (nodeimage_tx, nodeimage_rx) = unbounded::<ObjectRef<NodeImage>>();
+    let router = Router {
+        nodes: nodes.clone(),
+        nodeimages: nodeimage_store.clone(),
+        node_tx,
+        nodeimage_tx,
+    };
+    // Ends on shutdown, dropping the senders: the appliers then drain and end too.
+    let routing = stream::select(
+        stream::select(
+            node_changes.map(Changed::Node),
+            nodeimage_changes.map(Changed::NodeImage),
+        ),
+        job_changes.map(Changed::Job),
+    )
+    .take_until(shutdown)
+    .for_each(move |change| {
+        router.route(change);
+        future::ready(())
+    });
 
-    #[test]
-    fn a_stripped_job_keeps_its_identity() {
-        let job = PartialObjectMeta::<ImagePullJob> {
-            metadata: ObjectMeta {
-                name: Some("j".into()),
-                namespace: Some("ns".into()),
-                uid: Some("u".into()),
-                labels: Some(BTreeMap::from([("a".into(), "b".into())])),
-                managed_fields: Some(vec![Default::default()]),
-                resource_version: Some("9".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let job = strip_job(job);
-        assert_eq!(
-            (job.name_any(), job.namespace(), job.uid()),
-            ("j".to_owned(), Some("ns".to_owned()), Some("u".to_owned()))
-        );
-        assert!(job.metadata.labels.is_none() && job.metadata.resource_version.is_none());
-    }
+    let config = controller::Config::default().concurrency(CONCURRENCY);
+    // Node and NodeImage reconciles both count as the `nodeimage` controller's.
+    let metrics = opts.metrics.clone();
+    let node_metrics = metrics.clone();
+    let node_applier = applier(
+        move |node, ctx| node_metrics.timed(NAME, reconcile::node(node, ctx)).boxed(),
+        reconcile::node_error_policy,
+        ctx.clone(),
+        nodes,
+        node_rx.map(Ok::<_, Infallible>),
+        config.clone(),
+    )
+    .for_each(|result| {
+        log_result("Node", result);
+        future::ready(())
+    });
+    let nodeimage_applier = applier(
+        move |ni, ctx| metrics.timed(NAME, reconcile::nodeimage(ni, ctx)).boxed(),
+        reconcile::nodeimage_error_policy,
+        ctx,
+        nodeimage_store,
+        nodeimage_rx.map(Ok::<_, Infallible>),
+        config,
+    )
+    .for_each(|result| {
+        log_result("NodeImage", result);
+        future::ready(())
+    });
+    tracing::info!(scope = ?label_selector, "nodeimage controller started");
+    futures::join!(routing, node_applier, nodeimage_applier);
+    tracing::info!("nodeimage controller stopped");
+}
 
-    fn node_named(name: &str, zone: &str) -> NodeSummary {
-        NodeSummary {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels: Some(BTreeMap::from([("zone".into(), zone.into())])),
-                ..Default::default()
-            },
-            ..Default::default()
+type ApplierResult<K> = Result<
+    (ObjectRef<K>, kube::runtime::controller::Action),
+    controller::Error<reconcile::Error, Infallible>,
+>;
+
+fn log_result<K: kube::Resource>(kind: &str, result: ApplierResult<K>)
+where
+    K::DynamicType: std::fmt::Debug,
+{
+    match result {
+        Ok((obj, action)) => tracing::debug!(kind, name = %obj.name, ?action, "reconciled"),
+        // The object went away between the request and its turn: nothing to do.
+        Err(controller::Error::ObjectNotFound(obj)) => {
+            tracing::debug!(kind, name = %obj.name, "gone before its reconcile")
+        }
+        // Already logged by the error policy.
+        Err(controller::Error::ReconcilerFailed(..)) => {}
+        Err(err) => tracing::warn!(kind, error = %err, "controller error"),
+    }
+}
+
+/// A change in one of the three stores.
+enum Changed {
+    Node(Change<NodeSummary>),
+    NodeImage(Change<NodeImage>),
+    Job(Change<PartialObjectMeta<ImagePullJob>>),
+}
+
+/// Turns store changes into reconcile requests.
+struct Router {
+    nodes: Store<NodeSummary>,
+    nodeimages: Store<NodeImage>,
+    node_tx: UnboundedSender<ObjectRef<NodeSummary>>,
+    nodeimage_tx: UnboundedSender<ObjectRef<NodeImage>>,
+}
+
+impl Router {
+    fn route(&self, change: Changed) {
+        match change {
+            Changed::Node(c) => {
+                let name = c.key.name;
+                if c.after.is_some() {
+                    self.node(&name);
+                }
+                self.nodeimage_if_stored(&name);
+            }
+            Changed::NodeImage(c) => {
+                let name = c.key.name;
+                if c.after.is_some() {
+                    self.nodeimage(&name);
+                } else if self.nodes.get(&ObjectRef::new(&name)).is_some() {
+                    // Gone while its Node is here: the Node applier recreates it.
+                    self.node(&name);
+                }
+            }
+            Changed::Job(c) => {
+                // Deleted, or replaced by a job of the same name with another uid.
+                let Some(uid) = c.before.as_ref().and_then(|j| j.uid()) else {
+                    return;
+                };
+                let uids = BTreeSet::from([uid]);
+                for ni in self.nodeimages.state() {
+                    let owned = plan::job_owners(&ni.spec)
+                        .iter()
+                        .any(|r| r.uid.as_ref().is_some_and(|u| uids.contains(u)));
+                    if owned {
+                        self.nodeimage(&ni.name_any());
+                    }
+                }
+            }
         }
     }
 
-    fn keys(changes: &[Change<NodeSummary>]) -> Vec<(String, bool, bool)> {
-        let mut keys: Vec<_> = changes
-            .iter()
-            .map(|c| (c.key.name.clone(), c.before.is_some(), c.after.is_some()))
-            .collect();
-        keys.sort();
-        keys
+    fn node(&self, name: &str) {
+        // A closed channel means the applier stopped (shutdown): nothing left to tell.
+        let _ = self.node_tx.unbounded_send(ObjectRef::new(name));
     }
 
-    #[test]
-    fn events_report_what_changed_in_the_store() {
-        let (reader, mut writer) = store::<NodeSummary>();
-        let mut run = |e: watcher::Event<NodeSummary>| apply(&mut writer, &reader, &e, equal);
-        assert!(run(watcher::Event::Init).is_empty());
-        assert!(run(watcher::Event::InitApply(node_named("a", "1"))).is_empty());
-        assert!(run(watcher::Event::InitApply(node_named("b", "1"))).is_empty());
-        assert_eq!(
-            keys(&run(watcher::Event::InitDone)),
-            [("a".into(), false, true), ("b".into(), false, true)]
-        );
-        assert!(
-            run(watcher::Event::Apply(node_named("a", "1"))).is_empty(),
-            "no change"
-        );
-        assert_eq!(
-            keys(&run(watcher::Event::Apply(node_named("a", "2")))),
-            [("a".into(), true, true)]
-        );
-        assert_eq!(
-            keys(&run(watcher::Event::Delete(node_named("b", "1")))),
-            [("b".into(), true, false)]
-        );
-        assert!(
-            run(watcher::Event::Delete(node_named("b", "1"))).is_empty(),
-            "already gone"
-        );
+    fn nodeimage(&self, name: &str) {
+        let _ = self.nodeimage_tx.unbounded_send(ObjectRef::new(name));
+    }
 
-        // A re-list: `a` changed, `c` appeared and `d`… never existed; `a`'s old form is what
-        // the store shows until the swap.
-        assert!(run(watcher::Event::Apply(node_named("e", "1"))).len() == 1);
-        assert!(run(watcher::Event::Init).is_empty());
-        assert!(run(watcher::Event::InitApply(node_named("a", "3"))).is_empty());
-        assert_eq!(
-            reader
-                .get(&ObjectRef::new("a"))
-                .and_then(|n| n.labels().get("zone").cloned()),
-            Some("2".to_owned())
-        );
-        assert!(run(watcher::Event::InitApply(node_named("c", "1"))).is_empty());
-        let changes = run(watcher::Event::InitDone);
-        assert_eq!(
-            keys(&changes),
-            [
-                ("a".into(), true, true),
-                ("c".into(), false, true),
-                ("e".into(), true, false)
-            ],
-            "e vanished while the watch was down"
-        );
-        assert_eq!(reader.len(), 2);
+    fn nodeimage_if_stored(&self, name: &str) {
+        if self.nodeimages.get(&ObjectRef::new(name)).is_some() {
+            self.nodeimage(name);
+        }
     }
 }
+
+#[cfg(test)]
+mod tests;
