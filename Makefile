@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-17s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-17s %s\n", $$1, $$2}'
 
 deps: ## Install what the tests and the local control plane need (apt packages, Go-built binaries)
 	tests/setup.sh
@@ -30,11 +30,18 @@ test-integration: deps ## The integration suite on one Kubernetes minor (KUBE_VE
 	KUBE_VERSION=$(KUBE_VERSION) KRUISE_RS_APISERVER_ARGS='$(KRUISE_RS_APISERVER_ARGS)' \
 		cargo test --locked --test integration -- $(TEST)
 
-crds: ## Regenerate crds/ from the Rust types
+# crds/ is the one source of the CRDs; the chart's crds/ and deploy/manifests/01-* are copies,
+# and the rest of deploy/manifests/ is the chart rendered (docs/decisions/0009-*).
+crds: ## Regenerate crds/ from the Rust types, then everything made from them (make manifests)
 	cargo run --quiet -- crds --out-dir crds
-	for f in crds/*.yaml; do cp "$$f" "deploy/manifests/01-$$(basename "$$f")"; cp "$$f" deploy/chart/kruise-rs/crds/; done
+	$(MAKE) --no-print-directory manifests
+
+manifests: ## Copy crds/ into the chart, render deploy/manifests/ from it (helm template, default values)
+	rm -f deploy/chart/kruise-rs/crds/*.yaml
+	cp crds/*.yaml deploy/chart/kruise-rs/crds/
+	deploy/render-manifests.sh
 
 fmt: ## Format the code
 	cargo fmt --all
 
-.PHONY: help deps run test test-e2e test-integration crds fmt
+.PHONY: help deps run test test-e2e test-integration crds manifests fmt

@@ -157,13 +157,16 @@ fn deploy_crd_copies_equal_the_generated_crds() {
         .filter(|n| n.starts_with("01-"))
         .collect();
     copies.sort();
-    assert_eq!(copies, expected, "deploy/manifests/01-* must be crds/*");
+    assert_eq!(
+        copies, expected,
+        "deploy/manifests/01-* must be crds/* (make manifests copies them)"
+    );
     for copy in &copies {
         let original = generated.join(copy.trim_start_matches("01-"));
         assert_eq!(
             std::fs::read_to_string(manifests_dir().join(copy)).expect("copy"),
             std::fs::read_to_string(&original).expect("original"),
-            "deploy/manifests/{copy} differs from {}: cp crds/*.yaml with the 01- prefix",
+            "deploy/manifests/{copy} differs from {}, its source: run `make manifests`",
             original.display()
         );
     }

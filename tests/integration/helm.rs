@@ -1,7 +1,8 @@
 //! The Helm chart `deploy/chart/kruise-rs/`: `helm lint` passes, `helm template` with the
-//! default values renders exactly the objects of `deploy/manifests/` (so the plain manifests
-//! cannot drift from the chart), the chart's `crds/` are byte-for-byte copies of `crds/`, and the
-//! documented values reach the objects they are meant for.
+//! default values renders exactly the objects of `deploy/manifests/`, and rendering them again
+//! with `deploy/render-manifests.sh` (`make manifests`) gives the committed files byte for byte
+//! (so the plain manifests cannot drift from the chart), the chart's `crds/` are byte-for-byte
+//! copies of `crds/`, and the documented values reach the objects they are meant for.
 //!
 //! helm is built from its Go module by `tests/deploy/build-helm.sh` (run by `tests/setup.sh`,
 //! hence by `make test`), cached under `~/.cache/kruise-rs/bin/helm-<version>/`. No cluster.
@@ -215,6 +216,106 @@ fn helm_template_with_default_values_equals_the_plain_manifests() {
     );
 }
 
+/// The YAML files of `dir` by name, with their bytes.
+fn yaml_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .map(|p| {
+            let name = p
+                .file_name()
+                .expect("a file")
+                .to_string_lossy()
+                .into_owned();
+            let bytes = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            (name, bytes)
+        })
+        .collect()
+}
+
+/// The first line where `want` and `got` differ, for a readable failure.
+fn first_difference(want: &[u8], got: &[u8]) -> String {
+    let (want, got) = (String::from_utf8_lossy(want), String::from_utf8_lossy(got));
+    let mut want_lines = want.lines();
+    let mut got_lines = got.lines();
+    for line in 1.. {
+        match (want_lines.next(), got_lines.next()) {
+            (None, None) => break,
+            (w, g) if w != g => {
+                return format!("line {line}: rendered {w:?}, committed {g:?}");
+            }
+            _ => {}
+        }
+    }
+    "only in the line endings".to_owned()
+}
+
+/// `deploy/manifests/` is generated: `deploy/render-manifests.sh` (what `make manifests` runs)
+/// rendering into an empty directory gives exactly the committed files, byte for byte.
+#[test]
+fn plain_manifests_are_the_rendered_chart() {
+    let out = tempfile::tempdir().expect("temporary directory");
+    let script = root().join("deploy/render-manifests.sh");
+    let run = Command::new(&script)
+        .arg(out.path())
+        .env("HELM", helm_binary())
+        .output()
+        .unwrap_or_else(|e| panic!("{}: cannot run: {e}", script.display()));
+    assert!(
+        run.status.success(),
+        "deploy/render-manifests.sh failed ({}):\n{}{}",
+        run.status,
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let rendered = yaml_files(out.path());
+    let committed = yaml_files(&root().join("deploy/manifests"));
+    assert!(
+        !rendered.is_empty(),
+        "deploy/render-manifests.sh rendered nothing"
+    );
+    let mut problems = Vec::new();
+    for (name, want) in &rendered {
+        match committed.get(name) {
+            None => problems.push(format!("{name}: rendered, not committed")),
+            Some(got) if got != want => {
+                problems.push(format!("{name}: {}", first_difference(want, got)));
+            }
+            Some(_) => {}
+        }
+    }
+    for name in committed.keys().filter(|n| !rendered.contains_key(*n)) {
+        problems.push(format!("{name}: committed, not rendered"));
+    }
+    assert!(
+        problems.is_empty(),
+        "deploy/manifests/ is not what the chart renders; run `make manifests` (edit the chart, \
+         not the manifests):\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+/// What helm adds for its own use stays out of the plain manifests: kubectl users do not
+/// manage them with Helm.
+#[test]
+fn plain_manifests_carry_nothing_of_helm() {
+    for (name, bytes) in yaml_files(&root().join("deploy/manifests")) {
+        let text = String::from_utf8(bytes).expect("UTF-8");
+        for marker in [
+            "# Source:",
+            "helm.sh/",
+            "app.kubernetes.io/managed-by",
+            "{{",
+        ] {
+            assert!(
+                !text.contains(marker),
+                "deploy/manifests/{name} contains {marker:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn chart_crds_are_copies_of_crds() {
     let list = |dir: &Path| -> Vec<String> {
@@ -235,16 +336,16 @@ fn chart_crds_are_copies_of_crds() {
     assert_eq!(
         list(&copies),
         list(&source),
-        "deploy/chart/kruise-rs/crds/ must hold exactly the files of crds/ (cp crds/*.yaml \
-         deploy/chart/kruise-rs/crds/)"
+        "deploy/chart/kruise-rs/crds/ must hold exactly the files of crds/ (make manifests \
+         copies them)"
     );
     for name in list(&source) {
         let want = std::fs::read(source.join(&name)).expect("readable");
         let got = std::fs::read(copies.join(&name)).expect("readable");
         assert!(
             want == got,
-            "deploy/chart/kruise-rs/crds/{name} differs from crds/{name}: copy it again \
-             (cp crds/*.yaml deploy/chart/kruise-rs/crds/)"
+            "deploy/chart/kruise-rs/crds/{name} differs from crds/{name}, its source: run \
+             `make manifests` (or `make crds` after changing the types)"
         );
     }
 }
