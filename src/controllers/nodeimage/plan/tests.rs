@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::apis::nodeimage::ImageTagPullPolicy;
 use crate::controllers::shared::node_summary::NodeStatusSummary;

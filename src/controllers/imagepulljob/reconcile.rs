@@ -1,0 +1,326 @@
+//! The ImagePullJob reconcile: fetch (the stores, the job's secrets), plan ([`super::plan`]),
+//! write (NodeImage entries, one node after the other in target order; the job's status,
+//! finalizer and events).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use tracing::{info, instrument, warn};
+
+use super::entry::{JobRequest, with_job_entry};
+use super::plan::{self, Step};
+use super::status::{compute_status, next_deadline, nodes_to_start};
+use super::targets::{NodeState, Target};
+use super::{Context, Error, FIELD_MANAGER, secrets};
+use crate::apis::imagepulljob::{ImagePullJob, ImagePullJobStatus};
+use crate::apis::nodeimage::NodeImage;
+use crate::apis::well_known::DELETION_PROTECTION_FINALIZER;
+use crate::controllers::shared::nodeimage_images::{ImagesWriteError, update_images};
+use crate::error_chain::error_chain;
+
+/// How long a reconcile waits for the first lists of NodeImages and Pods.
+const CACHE_WAIT: Duration = Duration::from_secs(10);
+
+fn key(job: &ImagePullJob) -> String {
+    format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any())
+}
+
+pub(super) fn error_policy(job: Arc<ImagePullJob>, err: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx.backoff.failed(&key(&job));
+    warn!(job = %key(&job), error = %error_chain(err), retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+fn now() -> Time {
+    Time(Timestamp::now())
+}
+
+fn until(at: Timestamp) -> Duration {
+    let now = Timestamp::now();
+    let wait = at.duration_since(now);
+    Duration::try_from(wait)
+        .unwrap_or(Duration::ZERO)
+        .max(Duration::from_secs(1))
+}
+
+#[instrument(skip_all, fields(imagepulljob = %key(&job)))]
+pub(super) async fn reconcile(job: Arc<ImagePullJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // An empty store would read as "no nodes": an Always job would complete at once. Bounded,
+    // so a shutdown never waits on a cache that will not fill.
+    let mut ready = ctx.caches_ready.clone();
+    match tokio::time::timeout(CACHE_WAIT, ready.wait_for(|r| *r)).await {
+        Ok(Ok(_)) => {}
+        _ => return Err(Error::CachesNotReady),
+    }
+    let action = reconcile_job(&job, &ctx).await;
+    ctx.forget_caught_up();
+    let action = action?;
+    ctx.backoff.succeeded(&key(&job));
+    Ok(action)
+}
+
+async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Error> {
+    let name = job.name_any();
+    let namespace = job.namespace().unwrap_or_default();
+    let jobs: Api<ImagePullJob> = Api::namespaced(ctx.client.clone(), &namespace);
+    let daemon_ns = ctx.opts.daemon_config_namespace.as_str();
+
+    let (image, parallelism) = match plan::next_step(job) {
+        Step::LetGo => {
+            let_go(ctx, &jobs, job).await?;
+            return Ok(Action::await_change());
+        }
+        Step::Finished { expiry } => {
+            let_go(ctx, &jobs, job).await?;
+            return match expiry {
+                Some(expiry) if expiry <= Timestamp::now() => {
+                    info!(job = %key(job), "deleting the finished job: ttlSecondsAfterFinished passed");
+                    match jobs.delete(&name, &DeleteParams::background()).await {
+                        Ok(_) => Ok(Action::await_change()),
+                        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::await_change()),
+                        Err(source) => Err(Error::Delete { name, source }),
+                    }
+                }
+                Some(expiry) => Ok(Action::requeue(until(expiry))),
+                None => Ok(Action::await_change()),
+            };
+        }
+        Step::Refuse { reason, message } => return refuse(job, ctx, &jobs, reason, message).await,
+        Step::Run { image, parallelism } => (image, parallelism),
+    };
+
+    // The daemons may read secrets only in their own namespace: copy the job's there, and keep
+    // the job from vanishing before the copies are released.
+    let pull_secrets = if job.spec.pull_secrets.is_empty() {
+        Vec::new()
+    } else {
+        set_finalizer(&jobs, job, true).await?;
+        let (refs, missing) = secrets::claim(
+            &ctx.client,
+            daemon_ns,
+            &namespace,
+            &name,
+            &job.spec.pull_secrets,
+        )
+        .await?;
+        if !missing.is_empty() {
+            let note = format!(
+                "spec.pullSecrets: Secret {} not found in namespace {namespace}; pulling without it",
+                missing.join(", ")
+            );
+            publish(ctx, job, EventType::Warning, "PullSecretNotFound", note).await;
+        }
+        refs
+    };
+
+    let all_nodeimages: Vec<Arc<NodeImage>> = ctx
+        .nodeimages
+        .state()
+        .into_iter()
+        .map(|n| ctx.fresher(n))
+        .collect();
+    let pods = ctx.pods.state();
+    let req = JobRequest::new(
+        job,
+        image.familiar_name().to_owned(),
+        image.nodeimage_tag().to_owned(),
+        pull_secrets,
+    );
+    let mut targets: Vec<Target> =
+        match plan::targets(job, &req, &all_nodeimages, pods.iter().map(|p| &**p)) {
+            Ok(targets) => targets,
+            Err(err) => return refuse(job, ctx, &jobs, "InvalidSelector", err.to_string()).await,
+        };
+    let by_name: HashMap<String, Arc<NodeImage>> = all_nodeimages
+        .into_iter()
+        .map(|n| (n.name_any(), n))
+        .collect();
+
+    // Start the next nodes, within the parallelism budget.
+    let start: Vec<String> = nodes_to_start(&targets, parallelism)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let api: Api<NodeImage> = Api::all(ctx.client.clone());
+    let now_time = now();
+    // One node after the other, in target order: the order of the writes is the order in which
+    // nodes start pulling, which is the point of keeping the order at all.
+    let mut results = Vec::with_capacity(start.len());
+    for node in start {
+        let current = (*by_name[&node]).clone();
+        let extra_ttl = ctx.opts.default_ttl_for_always_nodeimage;
+        let result = update_images(&api, FIELD_MANAGER, current, |ni| {
+            with_job_entry(
+                &ni.spec.images,
+                ni.status.as_ref(),
+                &req,
+                &node,
+                &now_time,
+                extra_ttl,
+            )
+        })
+        .await;
+        results.push((node, result));
+    }
+    let mut first_error = None;
+    for (node, result) in results {
+        match result {
+            Ok(written) => {
+                if let Some(written) = written {
+                    ctx.remember(written);
+                }
+                if let Some(t) = targets.iter_mut().find(|t| t.node == node) {
+                    t.state = NodeState::Pulling;
+                }
+            }
+            // The node went away meanwhile: it is no target any more.
+            Err(ImagesWriteError::NotFound { .. }) => targets.retain(|t| t.node != node),
+            Err(err) => {
+                warn!(job = %key(job), node, error = %err, "cannot start the pull on a node");
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+
+    let status = compute_status(job, &targets, &now_time);
+    write_status(&jobs, job, &status).await?;
+    if let Some(err) = first_error {
+        return Err(err.into());
+    }
+    Ok(match next_deadline(job, &status) {
+        Some(at) => Action::requeue(until(at)),
+        None => Action::await_change(),
+    })
+}
+
+/// Writes `status` unless it is what the job already has.
+async fn write_status(
+    jobs: &Api<ImagePullJob>,
+    job: &ImagePullJob,
+    status: &ImagePullJobStatus,
+) -> Result<(), Error> {
+    if job.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    let name = job.name_any();
+    // A merge patch leaves out what it does not mention: name every field, null for the empty
+    // ones, so a node that left `failedNodes` or a cleared message really goes.
+    let mut fields = serde_json::to_value(status).expect("a status always serializes");
+    if let Some(map) = fields.as_object_mut() {
+        for key in ["startTime", "completionTime", "message", "failedNodes"] {
+            map.entry(key).or_insert(serde_json::Value::Null);
+        }
+    }
+    let patch = serde_json::json!({ "status": fields });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    };
+    jobs.patch_status(&name, &params, &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+        .map_err(|source| Error::WriteStatus { name, source })
+}
+
+/// A job that cannot run as written: a Warning event and the reason in `status.message`, then
+/// nothing until the job changes.
+async fn refuse(
+    job: &ImagePullJob,
+    ctx: &Context,
+    jobs: &Api<ImagePullJob>,
+    reason: &str,
+    message: String,
+) -> Result<Action, Error> {
+    warn!(job = %key(job), reason, %message, "job cannot run");
+    publish(ctx, job, EventType::Warning, reason, message.clone()).await;
+    let mut status = job.status.clone().unwrap_or_default();
+    status.message = Some(message);
+    write_status(jobs, job, &status).await?;
+    Ok(Action::await_change())
+}
+
+/// A job done pulling (finished or being deleted) releases its secret copies, then its finalizer.
+async fn let_go(ctx: &Context, jobs: &Api<ImagePullJob>, job: &ImagePullJob) -> Result<(), Error> {
+    // The finalizer goes on before any copy is made and comes off only after the copies are
+    // released: without it there is nothing to release. A finished job is reconciled on every
+    // change of the NodeImages it owns; this spares each of those reconciles a GET per secret.
+    if !job
+        .finalizers()
+        .iter()
+        .any(|f| f == DELETION_PROTECTION_FINALIZER)
+    {
+        return Ok(());
+    }
+    let namespace = job.namespace().unwrap_or_default();
+    let daemon_ns = &ctx.opts.daemon_config_namespace;
+    secrets::release(
+        &ctx.client,
+        daemon_ns,
+        &namespace,
+        &job.name_any(),
+        &job.spec.pull_secrets,
+    )
+    .await?;
+    set_finalizer(jobs, job, false).await
+}
+
+/// Publishes an event on the job; failing to is logged, never fatal.
+async fn publish(ctx: &Context, job: &ImagePullJob, type_: EventType, reason: &str, note: String) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(err) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
+        warn!(job = %key(job), error = %err, "cannot publish an event");
+    }
+}
+
+/// Adds or removes upstream's `apps.kruise.io/deletion-protection` finalizer, guarded by the
+/// job's resourceVersion so a concurrent change to the list is never overwritten.
+async fn set_finalizer(
+    jobs: &Api<ImagePullJob>,
+    job: &ImagePullJob,
+    present: bool,
+) -> Result<(), Error> {
+    let mut finalizers = job.finalizers().to_vec();
+    let has = finalizers
+        .iter()
+        .any(|f| f == DELETION_PROTECTION_FINALIZER);
+    if has == present {
+        return Ok(());
+    }
+    if present {
+        finalizers.push(DELETION_PROTECTION_FINALIZER.to_owned());
+    } else {
+        finalizers.retain(|f| f != DELETION_PROTECTION_FINALIZER);
+    }
+    let patch = serde_json::json!({
+        "metadata": { "finalizers": finalizers, "resourceVersion": job.resource_version() }
+    });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    };
+    match jobs
+        .patch(&job.name_any(), &params, &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Gone already: nothing to protect.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(Error::Finalizer {
+            name: job.name_any(),
+            source,
+        }),
+    }
+}

@@ -1,0 +1,221 @@
+//! The ImagePullJob controller's watches and triggers: jobs, NodeImages (shared store with the
+//! reconciles) and the pods of the shared pod feed, and which jobs each change wakes.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use kube::api::Api;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::sync::watch;
+use tracing::warn;
+
+use super::reconcile::{error_policy, reconcile};
+use super::{Context, NAME};
+use crate::apis::imagepulljob::ImagePullJob;
+use crate::apis::nodeimage::NodeImage;
+use crate::controllers::ControllerOptions;
+use crate::controllers::shared::backoff::Backoff;
+use crate::controllers::shared::pod_feed::PodFeed;
+use crate::controllers::shared::pod_summary::PodSummary;
+use crate::controllers::shared::shutdown::run_until_shutdown;
+use crate::events::Recorder;
+
+/// Jobs a NodeImage change may concern: running jobs whose selector could include the node,
+/// and any job the NodeImage names as an owner.
+fn jobs_for_nodeimage(
+    jobs: &Store<ImagePullJob>,
+    nodeimage: &NodeImage,
+) -> Vec<ObjectRef<ImagePullJob>> {
+    let node = nodeimage.name_any();
+    let owners: Vec<&str> = nodeimage
+        .spec
+        .images
+        .values()
+        .flat_map(|i| i.tags.iter())
+        .flat_map(|t| t.owner_references.iter())
+        .filter_map(|o| o.uid.as_deref())
+        .collect();
+    jobs.state()
+        .into_iter()
+        .filter(|job| {
+            let running = job
+                .status
+                .as_ref()
+                .is_none_or(|s| s.completion_time.is_none());
+            let owner = job
+                .metadata
+                .uid
+                .as_deref()
+                .is_some_and(|u| owners.contains(&u));
+            let may_target = match &job.spec.selector {
+                Some(sel) if !sel.names.is_empty() => sel.names.contains(&node),
+                _ => true,
+            };
+            owner || (running && may_target)
+        })
+        .map(|job| ObjectRef::from_obj(&*job))
+        .collect()
+}
+
+/// Running podSelector jobs in the pod's namespace.
+fn jobs_for_pod(jobs: &Store<ImagePullJob>, pod: &PodSummary) -> Vec<ObjectRef<ImagePullJob>> {
+    let namespace = pod.namespace();
+    jobs.state()
+        .into_iter()
+        .filter(|job| {
+            job.spec.pod_selector.is_some()
+                && job.namespace() == namespace
+                && job
+                    .status
+                    .as_ref()
+                    .is_none_or(|s| s.completion_time.is_none())
+        })
+        .map(|job| ObjectRef::from_obj(&*job))
+        .collect()
+}
+
+/// Runs the ImagePullJob controller until `shutdown` resolves, reading pods (for `podSelector`
+/// jobs) from `pods`, the watch `controllers::run` shares with the SidecarSet controller.
+pub async fn run_with_pods(
+    client: Client,
+    opts: ControllerOptions,
+    pods: PodFeed,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    // Streaming lists where the server serves them (see `initial_list`): no whole-list response
+    // in memory, no "too old resourceVersion" re-lists (the bench logged those with cache-served
+    // lists).
+    let scoped = opts.scoped_watch_config();
+    let (nodeimages, nodeimage_writer) = reflector::store();
+    let nodeimage_events = watcher(Api::<NodeImage>::all(client.clone()), scoped.clone())
+        .default_backoff()
+        .modify(|n: &mut NodeImage| n.managed_fields_mut().clear())
+        .reflect(nodeimage_writer)
+        .touched_objects();
+
+    // The jobs' nodes gauge follows every job event, deletions included, from the store the
+    // event has just been applied to (mid-relist the store is not swapped yet: wait for
+    // InitDone). A status write is an event too.
+    let (job_reader, job_writer) = reflector::store();
+    let job_metrics = opts.metrics.clone();
+    let job_counts = job_reader.clone();
+    let (jobs_listed, mut jobs_listed_rx) = watch::channel(false);
+    let job_events = watcher(Api::<ImagePullJob>::all(client.clone()), scoped)
+        .default_backoff()
+        .reflect(job_writer)
+        .inspect(move |event| {
+            if matches!(
+                event,
+                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
+            ) {
+                job_metrics.set_imagepulljob_nodes(node_counts(&job_counts.state()));
+            }
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                jobs_listed.send_replace(true);
+            }
+        })
+        .applied_objects();
+    let controller = Controller::for_stream(job_events, job_reader);
+    let jobs = controller.store();
+    let jobs_for_pods = jobs.clone();
+    // Every pod event, deletions included: a job's nodes follow its pods either way.
+    let (pods, mut pods_ready, pod_triggers) = pods.into_triggers(move |event| match event {
+        watcher::Event::Apply(pod)
+        | watcher::Event::InitApply(pod)
+        | watcher::Event::Delete(pod) => jobs_for_pod(&jobs_for_pods, pod),
+        watcher::Event::Init | watcher::Event::InitDone => Vec::new(),
+    });
+    // `Store::wait_until_ready` wakes only one of several waiters; one task waits and tells all.
+    let (caches_ready, caches_ready_rx) = watch::channel(false);
+    let ni_store = nodeimages.clone();
+    let synced = opts.synced.clone();
+    tokio::spawn(async move {
+        if ni_store.wait_until_ready().await.is_ok() && pods_ready.wait_for(|r| *r).await.is_ok() {
+            let _ = caches_ready.send(true);
+            if jobs_listed_rx.wait_for(|listed| *listed).await.is_ok() {
+                synced.mark(NAME);
+            }
+        }
+    });
+    let metrics = opts.metrics.clone();
+    let ctx = Arc::new(Context {
+        caches_ready: caches_ready_rx,
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "kruise-rs-manager".into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        ),
+        client,
+        nodeimages,
+        pods,
+        written: Mutex::default(),
+        backoff: Backoff::default(),
+        opts,
+    });
+    let job_store = controller.store();
+    let shutdown = shutdown.shared();
+    let running = controller
+        .watches_stream(nodeimage_events, move |n| jobs_for_nodeimage(&jobs, &n))
+        .reconcile_on(pod_triggers)
+        // Many NodeImage events arrive together while a job fans out; one reconcile serves them.
+        .with_config(controller::Config::default().debounce(Duration::from_millis(50)))
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            move |job, ctx| metrics.timed(NAME, reconcile(job, ctx)),
+            error_policy,
+            ctx,
+        )
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                warn!(error = %err, "imagepulljob controller");
+            }
+        });
+    run_until_shutdown(running, shutdown, &job_store).await;
+}
+
+/// The jobs' nodes by state (desired, active, succeeded, failed), summed over their statuses.
+fn node_counts(jobs: &[Arc<ImagePullJob>]) -> [i64; 4] {
+    jobs.iter()
+        .filter_map(|job| job.status.as_ref())
+        .fold([0; 4], |sum, s| {
+            let counts = [s.desired, s.active, s.succeeded, s.failed];
+            std::array::from_fn(|i| sum[i] + i64::from(counts[i]))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apis::imagepulljob::ImagePullJobStatus;
+
+    #[test]
+    fn node_counts_sum_the_statuses() {
+        let job = |status: Option<ImagePullJobStatus>| {
+            let mut job = ImagePullJob::new("j", Default::default());
+            job.status = status;
+            Arc::new(job)
+        };
+        let status = |desired, active, succeeded, failed| ImagePullJobStatus {
+            desired,
+            active,
+            succeeded,
+            failed,
+            ..Default::default()
+        };
+        let jobs = [
+            job(Some(status(3, 1, 1, 1))),
+            job(None),
+            job(Some(status(2, 0, 2, 0))),
+        ];
+        assert_eq!(node_counts(&jobs), [5, 1, 3, 1]);
+        assert_eq!(node_counts(&[]), [0; 4]);
+    }
+}
