@@ -23,6 +23,7 @@ use base64::Engine as _;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use serde_json::{Value, json};
+use tracing::Instrument;
 
 use crate::runtime::ManagerMetrics;
 
@@ -148,8 +149,26 @@ pub async fn review(admit: &dyn Admit, path: &'static str, body: &[u8]) -> Respo
                 .into_response();
         }
     };
-    let verdict = admit.admit(path, &request).await;
+    // Every line logged while deciding carries the object's key, so they group by object.
+    let span = tracing::info_span!(
+        "admission",
+        path,
+        kind = %request.kind.kind,
+        operation = ?request.operation,
+        object = %object_key(&request),
+        uid = %request.uid,
+    );
+    let verdict = admit.admit(path, &request).instrument(span).await;
     axum::Json(response(&request.uid, &verdict)).into_response()
+}
+
+/// `namespace/name` of the request's object (`name` alone when cluster-scoped); a pod created
+/// from `generateName` has no name yet, so its key ends in `/`.
+fn object_key(request: &AdmissionRequest<DynamicObject>) -> String {
+    match request.namespace.as_deref() {
+        Some(namespace) if !namespace.is_empty() => format!("{namespace}/{}", request.name),
+        _ => request.name.clone(),
+    }
 }
 
 /// The AdmissionReview answering request `uid` with `verdict`.
@@ -242,6 +261,71 @@ mod tests {
             patch
         );
         assert_eq!(response["warnings"], json!(["w"]));
+    }
+
+    /// A log sink the test can read back.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Logs one line while deciding, as the handlers do when something goes wrong.
+    struct LogsAndAllows;
+
+    impl Admit for LogsAndAllows {
+        fn admit<'a>(
+            &'a self,
+            _path: &'static str,
+            _request: &'a AdmissionRequest<DynamicObject>,
+        ) -> AdmitFuture<'a> {
+            Box::pin(async {
+                tracing::warn!("deciding");
+                Verdict::Allow
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn lines_logged_while_deciding_name_the_object() {
+        let logs = Captured::default();
+        let sink = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_writer(move || sink.clone())
+            .finish();
+        let _default = tracing::subscriber::set_default(subscriber);
+        let body = json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u3",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "operation": "CREATE",
+                "namespace": "shop",
+                "name": "web-0",
+                "userInfo": {},
+                "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web-0"}},
+            },
+        });
+        let answer = review(&LogsAndAllows, PATHS[0], body.to_string().as_bytes()).await;
+        assert_eq!(answer.status(), StatusCode::OK);
+        let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        let line: Value = serde_json::from_str(text.lines().next().expect("a line")).unwrap();
+        assert_eq!(line["fields"]["message"], "deciding", "{line}");
+        let span = &line["span"];
+        assert_eq!(span["name"], "admission", "{line}");
+        assert_eq!(span["object"], "shop/web-0", "{line}");
+        assert_eq!(span["kind"], "Pod", "{line}");
+        assert_eq!(span["uid"], "u3", "{line}");
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use kruise_rs::apis::imagepulljob::ImagePullJob;
 use kruise_rs::manager::{self, ManagerError, ManagerOptions};
 use tokio::sync::oneshot;
 
@@ -154,4 +155,57 @@ async fn the_manager_binary_stops_cleanly_on_sigterm() {
         stderr.contains("shutting down") && stderr.contains("stopped"),
         "{stderr}"
     );
+}
+
+/// `--log-format json`: a reconcile's lines carry the object's key in their span, so one
+/// object's lines can be picked out of the manager's log.
+#[tokio::test]
+async fn json_log_lines_of_a_reconcile_name_the_object() {
+    let cluster = control_plane_with_crds().await;
+    let log = tempfile::NamedTempFile::new().expect("log file");
+    let child = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
+        .args(["--log-format", "json", "manager", "--leader-elect=false"])
+        .args(["--disable-webhooks", "--probe-addr", "127.0.0.1:0"])
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig_path())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log.reopen().expect("log file"))
+        .spawn()
+        .expect("kruise-rs starts");
+    let _kill_if_the_test_fails = KillOnDrop(child.id());
+
+    // Refused by the controller (no webhook here to refuse it first): a warning in its reconcile.
+    let client = support::client_for(cluster.kubeconfig_path()).await;
+    let jobs: kube::Api<ImagePullJob> = kube::Api::namespaced(client, "default");
+    let job: ImagePullJob = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps.kruise.io/v1beta1",
+        "kind": "ImagePullJob",
+        "metadata": {"name": "span-check"},
+        "spec": {"image": "nginx:1.27", "parallelism": "many"},
+    }))
+    .expect("job");
+    jobs.create(&Default::default(), &job)
+        .await
+        .expect("create");
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let line = loop {
+        let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+        let found = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|l| l["fields"]["reason"] == "InvalidParallelism");
+        match found {
+            Some(line) => break line,
+            None if tokio::time::Instant::now() > deadline => {
+                panic!("no JSON log line of the job's reconcile within 30 s; the log:\n{text}")
+            }
+            None => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    assert_eq!(line["span"]["imagepulljob"], "default/span-check", "{line}");
+    assert_eq!(line["span"]["name"], "reconcile", "{line}");
+    assert_eq!(line["level"], "WARN", "{line}");
+    support::terminate(child, "the manager").await;
 }

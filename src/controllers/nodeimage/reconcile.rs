@@ -14,6 +14,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
+use tracing::instrument;
 use tracing::{debug, info, warn};
 
 use super::plan::{self, FailedTag, Lifecycle};
@@ -88,6 +89,7 @@ fn params() -> PatchParams {
 // --- Node applier -------------------------------------------------------------------------------
 
 /// Creates the Node's NodeImage once it is wanted, or requeues at the instant it will be.
+#[instrument(skip_all, fields(node = %node.name_any()))]
 pub(super) async fn node(node: Arc<NodeSummary>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.stores_ready().await;
     let name = node.name_any();
@@ -155,6 +157,7 @@ pub(super) fn node_error_policy(node: Arc<NodeSummary>, err: &Error, ctx: Arc<Co
 
 /// Deletes a NodeImage without a Node, syncs its labels, collects its images and times out its
 /// unanswered tags; requeues at the next instant one of those would change.
+#[instrument(skip_all, fields(nodeimage = %nodeimage.name_any()))]
 pub(super) async fn nodeimage(
     nodeimage: Arc<NodeImage>,
     ctx: Arc<Context>,
