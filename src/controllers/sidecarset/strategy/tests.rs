@@ -1,6 +1,7 @@
 use super::*;
 use crate::apis::sidecarset::SidecarSetSpec;
 use crate::apis::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
+use fastrand::Rng;
 use serde_json::json;
 
 const CURRENT: &str = "bbb";
@@ -68,28 +69,13 @@ fn pods(count: usize, upgraded: usize, running: usize) -> Vec<PodView<'static>> 
     out
 }
 
-/// A deterministic xorshift generator: the tests need variety, not new crates.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
+/// True `percent` times in a hundred.
+fn chance(rng: &mut Rng, percent: usize) -> bool {
+    rng.usize(..100) < percent
 }
 
 fn shuffled<T>(mut items: Vec<T>, seed: u64) -> Vec<T> {
-    let mut rng = Rng(seed | 1);
-    for i in (1..items.len()).rev() {
-        items.swap(i, rng.below(i + 1));
-    }
+    Rng::with_seed(seed).shuffle(&mut items);
     items
 }
 
@@ -1085,33 +1071,33 @@ fn scatter_spreads_a_zone_across_batches() {
 // --- properties ------------------------------------------------------------------------------------
 
 fn random_case(rng: &mut Rng) -> (SidecarSet, Vec<PodView<'static>>) {
-    let n = rng.below(40);
+    let n = rng.usize(..40);
     let zones = ["a", "b", "c"];
     let pods: Vec<PodView> = (0..n)
         .map(|i| {
             let mut p = pod(i);
-            p.namespace = ["default", "other"][rng.below(2)].into();
+            p.namespace = ["default", "other"][rng.usize(..2)].into();
             p.labels
                 .to_mut()
-                .insert("zone".into(), zones[rng.below(3)].into());
-            if rng.chance(30) {
+                .insert("zone".into(), zones[rng.usize(..3)].into());
+            if chance(rng, 30) {
                 p.labels
                     .to_mut()
-                    .insert("rank".into(), format!("r-{}", rng.below(5)));
+                    .insert("rank".into(), format!("r-{}", rng.usize(..5)));
             }
-            p.hash = match rng.below(10) {
+            p.hash = match rng.usize(..10) {
                 0 => None,
                 1..=4 => Some(CURRENT.into()),
                 _ => Some(OLD.into()),
             };
-            if rng.chance(10) {
+            if chance(rng, 10) {
                 p.hash_without_image = Some("changed".into());
             }
-            p.ready = rng.chance(80);
-            p.ready_since = rng.chance(50).then(|| time(rng.below(100) as i64));
-            p.created = rng.chance(90).then(|| time(rng.below(20) as i64));
-            p.restarts = rng.below(3) as i32;
-            p.node_name = rng.chance(95).then(|| "n".into());
+            p.ready = chance(rng, 80);
+            p.ready_since = chance(rng, 50).then(|| time(rng.usize(..100) as i64));
+            p.created = chance(rng, 90).then(|| time(rng.usize(..20) as i64));
+            p.restarts = rng.usize(..3) as i32;
+            p.node_name = chance(rng, 95).then(|| "n".into());
             p.phase = [
                 PodPhase::Running,
                 PodPhase::Running,
@@ -1119,43 +1105,43 @@ fn random_case(rng: &mut Rng) -> (SidecarSet, Vec<PodView<'static>>) {
                 PodPhase::Pending,
                 PodPhase::Unknown,
                 PodPhase::Succeeded,
-            ][rng.below(6)];
-            p.deleting = rng.chance(5);
-            p.sidecars = (0..1 + rng.below(2))
+            ][rng.usize(..6)];
+            p.deleting = chance(rng, 5);
+            p.sidecars = (0..1 + rng.usize(..2))
                 .map(|c| SidecarView {
                     name: format!("s{c}"),
-                    ready: rng.chance(85),
-                    image_running: rng.chance(85),
+                    ready: chance(rng, 85),
+                    image_running: chance(rng, 85),
                 })
                 .collect();
             p
         })
         .collect();
-    let int_or_pct = |rng: &mut Rng, ints: usize| match rng.below(3) {
+    let int_or_pct = |rng: &mut Rng, ints: usize| match rng.usize(..3) {
         0 => serde_json::Value::Null,
-        1 => json!(rng.below(ints)),
-        _ => json!(format!("{}%", rng.below(101))),
+        1 => json!(rng.usize(..ints)),
+        _ => json!(format!("{}%", rng.usize(..101))),
     };
     let mut strategy = json!({
         "partition": int_or_pct(rng, n + 3),
         "maxUnavailable": int_or_pct(rng, 6),
-        "paused": rng.chance(5),
+        "paused": chance(rng, 5),
     });
-    if rng.chance(5) {
+    if chance(rng, 5) {
         strategy["type"] = json!("NotUpdate");
     }
-    if rng.chance(20) {
+    if chance(rng, 20) {
         strategy["selector"] =
             json!({"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]});
     }
-    match rng.below(4) {
+    match rng.usize(..4) {
         0 => strategy["priorityStrategy"] = json!({"orderPriority": [{"orderedKey": "rank"}]}),
         1 => {
             strategy["priorityStrategy"] = json!({"weightPriority": [{"weight": 30, "matchSelector": {"matchLabels": {"zone": "c"}}}]})
         }
         _ => {}
     }
-    match rng.below(3) {
+    match rng.usize(..3) {
         0 => strategy["scatterStrategy"] = json!([{"key": "zone", "value": "*"}]),
         1 => {
             strategy["scatterStrategy"] =
@@ -1168,7 +1154,7 @@ fn random_case(rng: &mut Rng) -> (SidecarSet, Vec<PodView<'static>>) {
 
 #[test]
 fn property_the_batch_respects_max_unavailable_and_partition() {
-    let mut rng = Rng(0x5eed_cafe_f00d_1234);
+    let mut rng = Rng::with_seed(0x5eed_cafe_f00d_1234);
     let mut moved = 0;
     for case in 0..3000 {
         let (set, pods) = random_case(&mut rng);
