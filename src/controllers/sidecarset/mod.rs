@@ -65,6 +65,7 @@ use crate::error_chain::error_chain;
 use crate::events::Recorder;
 use crate::runtime::ManagerMetrics;
 use crate::sidecar::annotations::parse_hashes;
+use crate::sidecar::revision::history::revisions_to_delete;
 
 /// Field manager of everything this controller writes.
 pub const FIELD_MANAGER: &str = "kruise-rs-sidecarset";
@@ -596,7 +597,7 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
     if !all.iter().any(|r| r.name_any() == latest) {
         all.push(registered.latest.clone());
     }
-    let stale = revisions::revisions_to_delete(set, &all, &latest, &in_use);
+    let stale = revisions_to_delete(set, &all, &latest, &in_use);
     if !stale.is_empty() {
         revisions::delete_revisions(&revision_api, &stale).await?;
     }
