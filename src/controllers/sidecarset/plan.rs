@@ -274,3 +274,6 @@ pub fn unwanted_jobs<'a>(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests;
