@@ -15,7 +15,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use tracing::{debug, info, warn};
+use tracing::{debug, info, instrument, warn};
 
 use super::expectations::pod_key;
 use super::plan::{
@@ -53,6 +53,7 @@ pub(super) fn error_policy(set: Arc<SidecarSet>, err: &Error, ctx: Arc<Context>)
     Action::requeue(delay)
 }
 
+#[instrument(skip_all, fields(sidecarset = %set.name_any()))]
 pub(super) async fn reconcile(set: Arc<SidecarSet>, ctx: Arc<Context>) -> Result<Action, Error> {
     // An empty pod store would read as "no pods": the status would drop to zero.
     let mut ready = ctx.caches_ready.clone();
