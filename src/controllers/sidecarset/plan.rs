@@ -1,0 +1,279 @@
+//! The pure decisions of a SidecarSet reconcile: plain values in (the SidecarSet, its pods,
+//! jobs, revisions, the previous status), plain decisions out. Nothing here reads a store or
+//! calls the API, so every rule is unit-tested here ([`reconcile`](super::reconcile) does the
+//! fetching and writing).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use serde_json::Value;
+
+use super::pods::{NamespaceLabels, owns, view};
+use super::predownload::{self, Decision, IMAGE_PREDOWNLOAD, Knobs, Progress};
+use super::status::{PODS_UPGRADABLE, StatusReport, compute_status};
+use super::strategy::{Batch, CurrentHashes, PodState, PodView, classify, next_batch};
+use crate::apis::imagepulljob::ImagePullJob;
+use crate::apis::nodeimage::NodeImage;
+use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
+use crate::apis::well_known::{CONTROLLER_REVISION_HASH, SIDECARSET_HASH, SIDECARSET_NAME_LABEL};
+use crate::controllers::shared::pod_summary::PodSummary;
+use crate::sidecar::annotations::parse_hashes;
+
+/// Everything one reconcile decides before it writes anything.
+pub struct Plan<'a> {
+    /// One per owned pod, in the same order (borrowing from them).
+    pub views: Vec<PodView<'a>>,
+    pub batch: Batch,
+    pub report: StatusReport,
+    pub predownload: Decision,
+}
+
+/// What the pre-download part of a plan reads besides the pods.
+pub struct PreDownloadInputs<'a> {
+    pub knobs: &'a Knobs,
+    pub manager_namespace: &'a str,
+    /// The SidecarSet's pre-download jobs as they are (for their progress, and whether this
+    /// revision's have started).
+    pub jobs: &'a [Arc<ImagePullJob>],
+    /// A node's NodeImage.
+    pub nodeimage: &'a dyn Fn(&str) -> Option<Arc<NodeImage>>,
+}
+
+/// The pods of `pods` that `set` owns.
+pub fn owned_pods(
+    set: &SidecarSet,
+    pods: impl IntoIterator<Item = Arc<PodSummary>>,
+    namespaces: &NamespaceLabels,
+) -> Vec<Arc<PodSummary>> {
+    pods.into_iter()
+        .filter(|p| owns(set, p, namespaces))
+        .collect()
+}
+
+/// The value of `job`'s label `key`.
+pub fn label<'a>(job: &'a ImagePullJob, key: &str) -> Option<&'a str> {
+    job.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// What to do for `set` (its `status.latestRevision` already the registered revision) over
+/// its `owned` pods: the pure heart of a reconcile.
+pub fn plan<'a>(
+    set: &SidecarSet,
+    owned: &'a [Arc<PodSummary>],
+    collision_count: i32,
+    now: &Time,
+    pre: &PreDownloadInputs<'_>,
+) -> Plan<'a> {
+    let mut views: Vec<PodView> = owned.iter().map(|p| view(set, p)).collect();
+    let mut batch = next_batch(set, &views);
+    let latest = set
+        .status
+        .as_ref()
+        .and_then(|s| s.latest_revision.as_deref())
+        .unwrap_or_default();
+    let mut report = compute_status(set, &views, &batch, latest, collision_count, now);
+
+    let hash = predownload::revision_hash(set);
+    let started = pre
+        .jobs
+        .iter()
+        .any(|j| label(j, CONTROLLER_REVISION_HASH) == Some(hash.as_str()));
+    let updated_ready = usize::try_from(report.status.updated_ready_pods).unwrap_or(0);
+    let mut decision = predownload::decide(
+        set,
+        owned,
+        &batch,
+        updated_ready,
+        pre.knobs,
+        pre.manager_namespace,
+        started,
+    );
+    predownload::keep_listed_nodes(decision.jobs_mut(), pre.jobs);
+    // While pulling, the queued pods wait for their nodes.
+    if matches!(decision, Decision::Pull(_))
+        && predownload::mark_awaiting(set, owned, &mut views, &batch, pre.nodeimage) > 0
+    {
+        batch = next_batch(set, &views);
+        report = compute_status(set, &views, &batch, latest, collision_count, now);
+    }
+    let wanted: Vec<&Arc<ImagePullJob>> = pre
+        .jobs
+        .iter()
+        .filter(|j| {
+            decision.jobs().iter().any(|p| {
+                j.metadata.namespace.as_deref() == Some(p.namespace.as_str())
+                    && j.metadata.name.as_deref() == Some(p.name.as_str())
+            })
+        })
+        .collect();
+    let progress = Progress::of(decision.jobs(), wanted.into_iter().map(|j| &**j));
+    let previous = set
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == IMAGE_PREDOWNLOAD));
+    report.status.conditions.push(predownload::condition(
+        &decision,
+        progress,
+        previous,
+        set.metadata.generation,
+        now,
+    ));
+    Plan {
+        views,
+        batch,
+        report,
+        predownload: decision,
+    }
+}
+
+/// The ControllerRevision `pod`'s hash entry for `set` records.
+pub fn recorded_revision(pod: &PodSummary, set: &str) -> Option<String> {
+    let value = pod.annotations().get(SIDECARSET_HASH)?;
+    let entry = parse_hashes(SIDECARSET_HASH, value).ok()?.remove(set)?;
+    Some(entry.controller_revision).filter(|r| !r.is_empty())
+}
+
+/// The SidecarSets with a pre-download job listing `node`.
+pub fn sidecarsets_pulling_on<'a>(
+    jobs: impl IntoIterator<Item = &'a ImagePullJob>,
+    node: &str,
+) -> BTreeSet<String> {
+    jobs.into_iter()
+        .filter(|j| {
+            j.spec
+                .selector
+                .as_ref()
+                .is_some_and(|s| s.names.iter().any(|n| n == node))
+        })
+        .filter_map(|j| label(j, SIDECARSET_NAME_LABEL).map(str::to_owned))
+        .collect()
+}
+
+/// `set`'s pre-download jobs among `jobs`: labelled with its name and owned by its uid.
+pub fn own_jobs(
+    set: &SidecarSet,
+    jobs: impl IntoIterator<Item = Arc<ImagePullJob>>,
+) -> Vec<Arc<ImagePullJob>> {
+    let name = set.name_any();
+    let uid = set.metadata.uid.as_deref();
+    jobs.into_iter()
+        .filter(|j| {
+            label(j, SIDECARSET_NAME_LABEL) == Some(name.as_str())
+                && j.owner_references()
+                    .iter()
+                    .any(|o| Some(o.uid.as_str()) == uid)
+        })
+        .collect()
+}
+
+/// The revisions among `revisions` labelled as SidecarSet `name`'s.
+pub fn labelled_history<'a>(
+    name: &str,
+    revisions: impl IntoIterator<Item = &'a ControllerRevision>,
+) -> Vec<ControllerRevision> {
+    revisions
+        .into_iter()
+        .filter(|r| r.labels().get(SIDECARSET_NAME_LABEL).map(String::as_str) == Some(name))
+        .cloned()
+        .collect()
+}
+
+/// The revisions the `owned` pods of SidecarSet `name` record: never deleted.
+pub fn revisions_in_use(owned: &[Arc<PodSummary>], name: &str) -> BTreeSet<String> {
+    owned
+        .iter()
+        .filter_map(|p| recorded_revision(p, name))
+        .collect()
+}
+
+/// The message of a `PodsUpgradable: False` condition that is new or changed since `previous`
+/// (upstream's `NotUpgradablePods` event), so the event is not repeated every reconcile.
+pub fn newly_not_upgradable(
+    previous: Option<&SidecarSetStatus>,
+    status: &SidecarSetStatus,
+) -> Option<String> {
+    let condition = |s: &SidecarSetStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == PODS_UPGRADABLE)
+            .map(|c| (c.status.clone(), c.message.clone()))
+    };
+    let (state, message) = condition(status)?;
+    if state != "False" || previous.and_then(condition) == Some((state, message.clone())) {
+        return None;
+    }
+    Some(message)
+}
+
+/// The reason and message when pre-download has just turned to skipped (its reason differs
+/// from `previous`'s).
+pub fn newly_skipped(
+    previous: Option<&SidecarSetStatus>,
+    status: &SidecarSetStatus,
+) -> Option<(String, String)> {
+    let reason = |s: &SidecarSetStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == IMAGE_PREDOWNLOAD)
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let (now, message) = reason(status)?;
+    let skipped = now == "NotUpdateStrategy" || now == "OneBatch";
+    (skipped && previous.and_then(reason).map(|(r, _)| r) != Some(now.clone()))
+        .then_some((now, message))
+}
+
+/// Whether the pod seen as `view` can be upgraded in place, for its `SidecarSetUpgradable`
+/// condition; `None` for a pod the condition does not concern (inactive or not selected).
+pub fn upgradable(view: &PodView<'_>, current: &CurrentHashes) -> Option<bool> {
+    match classify(view, current, true) {
+        PodState::NotUpgradable => Some(false),
+        PodState::Inactive | PodState::NotSelected => None,
+        _ => Some(true),
+    }
+}
+
+/// The merge patch writing `status`. A merge patch leaves out what it does not mention, so the
+/// optional fields are named even when unset (as `null`, removing them).
+pub fn status_patch(status: &SidecarSetStatus) -> Value {
+    let mut fields = serde_json::to_value(status).expect("a status always serializes");
+    if let Some(map) = fields.as_object_mut() {
+        for key in [
+            "observedGeneration",
+            "latestRevision",
+            "collisionCount",
+            "conditions",
+        ] {
+            map.entry(key).or_insert(Value::Null);
+        }
+    }
+    serde_json::json!({ "status": fields })
+}
+
+/// Whether `job` is the job `namespace`/`name`.
+pub fn is_job(job: &ImagePullJob, namespace: &str, name: &str) -> bool {
+    job.metadata.namespace.as_deref() == Some(namespace)
+        && job.metadata.name.as_deref() == Some(name)
+}
+
+/// The jobs of `existing` that `decision` no longer wants, to delete.
+pub fn unwanted_jobs<'a>(
+    decision: &Decision,
+    existing: &'a [Arc<ImagePullJob>],
+) -> Vec<&'a Arc<ImagePullJob>> {
+    existing
+        .iter()
+        .filter(|j| {
+            !decision
+                .jobs()
+                .iter()
+                .any(|p| is_job(j, &p.namespace, &p.name))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,257 @@
+use serde_json::json;
+
+use super::*;
+use crate::apis::sidecarset::SidecarSetSpec;
+use crate::controllers::shared::pod_summary::strip_pod;
+
+fn set(image: &str) -> SidecarSet {
+    let spec: SidecarSetSpec = serde_json::from_value(json!({
+        "selector": {"matchLabels": {"app": "web"}},
+        "containers": [{"name": "proxy", "image": image}],
+    }))
+    .expect("spec");
+    SidecarSet::new("mesh", spec)
+}
+
+/// A running, ready pod injected with `mesh`, its proxy on `image` reported as `image_id`.
+fn pod(image: &str, status_image: &str, image_id: &str) -> PodSummary {
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": "web-0", "namespace": "shop", "labels": {"app": "web"},
+            "annotations": {
+                SIDECARSET_INJECTED_LIST: "logs,mesh",
+                SIDECARSET_HASH: r#"{"mesh":{"updateTimestamp":null,"hash":"h1","sidecarSetName":"mesh","sidecarList":["proxy"]}}"#,
+                SIDECARSET_HASH_WITHOUT_IMAGE: r#"{"mesh":{"updateTimestamp":null,"hash":"w1","sidecarSetName":"mesh","sidecarList":["proxy"]}}"#,
+                "kubectl.kubernetes.io/last-applied-configuration": "{…}",
+            }
+        },
+        "spec": {
+            "nodeName": "node-1",
+            "containers": [
+                {"name": "proxy", "image": image, "env": [{"name": "A", "value": "b"}]},
+                {"name": "app", "image": "shop:1"},
+            ]
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [
+                {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-29T10:00:00Z"},
+                {"type": "PodScheduled", "status": "True"},
+            ],
+            "containerStatuses": [
+                {"name": "proxy", "image": status_image, "imageID": image_id, "ready": true, "restartCount": 2},
+                {"name": "app", "image": "shop:1", "imageID": "shop@sha256:aa", "ready": true, "restartCount": 0},
+            ]
+        }
+    }))
+    .expect("pod")
+}
+
+fn with_state(mut pod: PodSummary, state: &str) -> PodSummary {
+    pod.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(SIDECARSET_INPLACE_UPDATE_STATE.to_owned(), state.to_owned());
+    pod
+}
+
+const RECORD: &str = r#"{"mesh":{"revision":"h2","updateTimestamp":"2026-11-29T11:00:00Z","lastContainerStatuses":{"proxy":{"imageID":"docker.io/library/proxy@sha256:old"}}}}"#;
+
+#[test]
+fn the_view_reads_hashes_readiness_and_order_fields() {
+    let p = pod("proxy:1", "proxy:1", "proxy@sha256:11");
+    let v = view(&set("proxy:1"), &p);
+    assert_eq!(v.key(), "shop/web-0");
+    assert_eq!(v.hash.as_deref(), Some("h1"));
+    assert_eq!(v.hash_without_image.as_deref(), Some("w1"));
+    assert!(v.ready);
+    assert_eq!(v.phase, PodPhase::Running);
+    assert_eq!(v.restarts, 2);
+    assert_eq!(v.node_name.as_deref(), Some("node-1"));
+    assert_eq!(
+        v.ready_since,
+        Some("2026-11-29T10:00:00Z".parse().expect("time"))
+    );
+    assert_eq!(
+        v.sidecars,
+        [SidecarView {
+            name: "proxy".into(),
+            ready: true,
+            image_running: true
+        }]
+    );
+}
+
+#[test]
+fn a_pod_is_ready_only_when_running_with_the_ready_condition() {
+    let mut p = pod("proxy:1", "proxy:1", "id");
+    p.status.as_mut().expect("status").phase = Some("Pending".into());
+    assert!(!view(&set("proxy:1"), &p).ready);
+    let mut p = pod("proxy:1", "proxy:1", "id");
+    p.status
+        .as_mut()
+        .expect("status")
+        .conditions
+        .as_mut()
+        .expect("c")[0]
+        .status = "False".into();
+    assert!(!view(&set("proxy:1"), &p).ready);
+}
+
+#[test]
+fn after_an_upgrade_the_sidecar_runs_its_image_once_the_image_id_changes() {
+    let s = set("proxy:2");
+    // kubelet has not restarted it: same imageID, old image name.
+    let waiting = with_state(
+        pod(
+            "proxy:2",
+            "docker.io/library/proxy:1",
+            "docker.io/library/proxy@sha256:old",
+        ),
+        RECORD,
+    );
+    assert!(!view(&s, &waiting).sidecars[0].image_running);
+    // Restarted on the new image.
+    let done = with_state(
+        pod(
+            "proxy:2",
+            "docker.io/library/proxy:2",
+            "docker.io/library/proxy@sha256:new",
+        ),
+        RECORD,
+    );
+    assert!(view(&s, &done).sidecars[0].image_running);
+}
+
+#[test]
+fn a_new_tag_of_the_same_image_counts_once_kubelet_reports_the_new_name() {
+    // #1270: the new tag has the old imageID; the runtime reports the name normalized.
+    let retagged = with_state(
+        pod(
+            "proxy:2",
+            "docker.io/library/proxy:2",
+            "docker.io/library/proxy@sha256:old",
+        ),
+        RECORD,
+    );
+    assert!(view(&set("proxy:2"), &retagged).sidecars[0].image_running);
+}
+
+#[test]
+fn without_a_record_the_sidecar_counts_as_running() {
+    let p = pod("proxy:2", "something-else", "x@sha256:zz");
+    assert!(view(&set("proxy:2"), &p).sidecars[0].image_running);
+}
+
+#[test]
+fn an_unreadable_record_falls_back_to_the_image_names() {
+    let p = with_state(pod("proxy:2", "proxy:1", "x@sha256:zz"), "{oops");
+    assert!(!view(&set("proxy:2"), &p).sidecars[0].image_running);
+    let p = with_state(
+        pod("proxy:2", "docker.io/library/proxy:2", "x@sha256:zz"),
+        "{oops",
+    );
+    assert!(view(&set("proxy:2"), &p).sidecars[0].image_running);
+}
+
+#[test]
+fn missing_container_statuses_mean_not_running() {
+    let mut p = pod("proxy:1", "proxy:1", "id");
+    p.status
+        .as_mut()
+        .expect("status")
+        .container_statuses
+        .as_mut()
+        .expect("statuses")
+        .pop();
+    assert!(!view(&set("proxy:1"), &p).sidecars[0].image_running);
+}
+
+#[test]
+fn digest_pinned_sidecars_compare_the_digest() {
+    let d = "sha256:0123456789012345678901234567890123456789012345678901234567890123";
+    let image = format!("proxy@{d}");
+    let s = set(&image);
+    let running = pod(
+        &image,
+        "proxy:whatever",
+        &format!("docker.io/library/proxy@{d}"),
+    );
+    assert!(view(&s, &running).sidecars[0].image_running);
+    let other = pod(&image, &image, "docker.io/library/proxy@sha256:other");
+    assert!(!view(&s, &other).sidecars[0].image_running);
+}
+
+#[test]
+fn ownership_needs_the_injected_list_the_selector_and_every_sidecar() {
+    let s = set("proxy:1");
+    let namespaces = NamespaceLabels::new();
+    assert!(owns(&s, &pod("proxy:1", "proxy:1", "id"), &namespaces));
+
+    let mut not_listed = pod("proxy:1", "proxy:1", "id");
+    not_listed
+        .metadata
+        .annotations
+        .as_mut()
+        .expect("annotations")
+        .insert(SIDECARSET_INJECTED_LIST.into(), "mesh-v2".into());
+    assert!(!owns(&s, &not_listed, &namespaces));
+
+    let mut relabelled = pod("proxy:1", "proxy:1", "id");
+    relabelled.metadata.labels = Some([("app".into(), "db".into())].into());
+    assert!(!owns(&s, &relabelled, &namespaces));
+
+    let mut missing = pod("proxy:1", "proxy:1", "id");
+    missing.spec.as_mut().expect("spec").containers.remove(0);
+    assert!(!owns(&s, &missing, &namespaces));
+}
+
+#[test]
+fn ownership_follows_the_namespace_selector() {
+    let mut s = set("proxy:1");
+    s.spec.namespace_selector =
+        serde_json::from_value(json!({"matchLabels": {"mesh": "on"}})).expect("selector");
+    let p = pod("proxy:1", "proxy:1", "id");
+    let mut namespaces = NamespaceLabels::new();
+    namespaces.insert("shop".into(), [("mesh".into(), "off".into())].into());
+    assert!(!owns(&s, &p, &namespaces));
+    namespaces.insert("shop".into(), [("mesh".into(), "on".into())].into());
+    assert!(owns(&s, &p, &namespaces));
+}
+
+#[test]
+fn stripping_keeps_what_decisions_read_and_drops_other_annotations() {
+    let mut p = with_state(pod("proxy:1", "proxy:1", "id"), RECORD);
+    let unstripped = p.clone();
+    let before = view(&set("proxy:1"), &unstripped);
+    strip_pod(&mut p);
+    assert_eq!(view(&set("proxy:1"), &p), before);
+    let annotations = p.metadata.annotations.as_ref().expect("annotations");
+    assert!(!annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
+    assert!(annotations.contains_key(SIDECARSET_INJECTED_LIST));
+    let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+    assert_eq!(conditions.map(Vec::len), Some(1), "only Ready is kept");
+}
+
+#[test]
+fn update_states_round_trip_in_upstream_order_and_keep_unknown_fields() {
+    let text = r#"{"mesh":{"revision":"h2","updateTimestamp":"2026-11-29T11:00:00Z","lastContainerStatuses":{"proxy":{"imageID":"a<b"}},"updateImages":true}}"#;
+    let states = parse_update_states(text).expect("readable");
+    assert_eq!(
+        render_update_states(&states),
+        r#"{"mesh":{"revision":"h2","updateTimestamp":"2026-11-29T11:00:00Z","lastContainerStatuses":{"proxy":{"imageID":"a\u003cb"}},"updateImages":true}}"#
+    );
+    assert_eq!(
+        parse_update_states("null"),
+        Some(InPlaceUpdateStates::new())
+    );
+    assert_eq!(parse_update_states("[1]"), None);
+}
+
+#[test]
+fn injected_lists_are_read_by_name_not_substring() {
+    let p = pod("proxy:1", "proxy:1", "id");
+    assert!(injected_with(&p, "mesh"));
+    assert!(!injected_with(&p, "mes"));
+    assert_eq!(injected_sidecarsets(&p), ["logs", "mesh"]);
+}

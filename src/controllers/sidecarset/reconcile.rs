@@ -1,0 +1,568 @@
+//! One reconcile of a SidecarSet: fetch from the stores, [`plan`](super::plan), write —
+//! the revisions, the status and its events, the pods' upgradable conditions, the batch of pod
+//! upgrades and the pre-download jobs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use tracing::{debug, info, instrument, warn};
+
+use super::expectations::pod_key;
+use super::plan::{
+    Plan, PreDownloadInputs, is_job, labelled_history, newly_not_upgradable, newly_skipped,
+    own_jobs, owned_pods, plan, revisions_in_use, status_patch, unwanted_jobs, upgradable,
+};
+use super::pods::namespace_labels;
+use super::predownload::{self, Decision, KnobWarning, Knobs};
+use super::revisions;
+use super::strategy::{CurrentHashes, PodView};
+use super::upgrade::{UpgradeError, upgradable_condition, upgrade_patch};
+use super::{Context, Error, FIELD_MANAGER};
+use crate::apis::imagepulljob::ImagePullJob;
+use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
+use crate::controllers::shared::pod_summary::PodSummary;
+use crate::error_chain::error_chain;
+use crate::sidecar::revision::history::revisions_to_delete;
+
+/// How long a reconcile waits for the first lists of pods, namespaces and revisions.
+const CACHE_WAIT: Duration = Duration::from_secs(10);
+
+/// Pod patches in flight at once while a batch is upgraded.
+const UPGRADE_CONCURRENCY: usize = 16;
+
+/// When a pod patch was refused because the pod changed meanwhile: the next try, from fresh data.
+const RETRY_CHANGED_POD: Duration = Duration::from_secs(1);
+
+/// A periodic look even when nothing changed (level-based safety net).
+const RESYNC: Duration = Duration::from_secs(300);
+
+pub(super) fn error_policy(set: Arc<SidecarSet>, err: &Error, ctx: Arc<Context>) -> Action {
+    let name = set.name_any();
+    let delay = ctx.backoff.failed(&name);
+    warn!(sidecarset = %name, error = %error_chain(err), retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+#[instrument(skip_all, fields(sidecarset = %set.name_any()))]
+pub(super) async fn reconcile(set: Arc<SidecarSet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // An empty pod store would read as "no pods": the status would drop to zero.
+    let mut ready = ctx.caches_ready.clone();
+    match tokio::time::timeout(CACHE_WAIT, ready.wait_for(|r| *r)).await {
+        Ok(Ok(_)) => {}
+        _ => return Err(Error::CachesNotReady),
+    }
+    let action = reconcile_set(&set, &ctx).await;
+    ctx.written.forget_caught_up(&ctx.pods);
+    // The SidecarSet watch removes a deleted one's series; this catches a reconcile that was
+    // in flight then and set them again after.
+    let sidecarsets = &ctx.sidecarsets;
+    ctx.metrics
+        .retain_sidecarsets(|name| sidecarsets.get(&ObjectRef::new(name)).is_some());
+    let action = action?;
+    ctx.backoff.succeeded(&set.name_any());
+    Ok(action)
+}
+
+async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error> {
+    if set.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let name = set.name_any();
+    let namespaces = namespace_labels(ctx.namespaces.state().iter().map(|n| &**n));
+    let owned = owned_pods(
+        set,
+        ctx.pods.state().into_iter().map(|p| ctx.written.fresher(p)),
+        &namespaces,
+    );
+
+    let history = labelled_history(&name, ctx.revisions.state().iter().map(|r| &**r));
+    let revision_api = Api::<ControllerRevision>::namespaced(ctx.client.clone(), &ctx.namespace);
+    let registered = revisions::register(&revision_api, set, &history, &ctx.namespace).await?;
+    let latest = registered.latest.name_any();
+
+    let previous = set.status.clone();
+    // The pods' hash entries record the revision they were upgraded to.
+    let mut set = set.clone();
+    set.status
+        .get_or_insert_with(SidecarSetStatus::default)
+        .latest_revision = Some(latest.clone());
+    let set = &set;
+
+    let now = Time(Timestamp::now());
+    let (knobs, knob_warnings) = predownload::knobs_when(set, ctx.predownload);
+    warn_knobs(ctx, set, &knob_warnings).await;
+    let jobs = own_jobs(set, ctx.jobs.state());
+    let nodeimage = |node: &str| ctx.nodeimages.get(&ObjectRef::new(node));
+    let Plan {
+        views,
+        batch,
+        report,
+        predownload: decision,
+    } = plan(
+        set,
+        &owned,
+        registered.collision_count,
+        &now,
+        &PreDownloadInputs {
+            knobs: &knobs,
+            manager_namespace: &ctx.namespace,
+            jobs: &jobs,
+            nodeimage: &nodeimage,
+        },
+    );
+    let s = &report.status;
+    ctx.metrics.set_sidecarset_pods(
+        &name,
+        [
+            s.matched_pods,
+            s.updated_pods,
+            s.ready_pods,
+            s.updated_ready_pods,
+        ],
+    );
+    if previous.as_ref() != Some(&report.status) {
+        write_status(ctx, set, &report.status).await?;
+        announce_not_upgradable(ctx, set, previous.as_ref(), &report.status).await;
+        announce_skipped(ctx, set, previous.as_ref(), &report.status).await;
+    }
+    let jobs_synced = sync_jobs(ctx, set, &knobs, &decision, &jobs).await;
+
+    let current = CurrentHashes::of(set);
+    mark_upgradable(ctx, set, &owned, &views, &current, &now).await?;
+
+    let targets: Vec<Arc<PodSummary>> = batch.upgrade.iter().map(|&i| owned[i].clone()).collect();
+    let outcome = upgrade_pods(ctx, set, &current, targets, &now).await;
+
+    let in_use = revisions_in_use(&owned, &name);
+    let mut all = history;
+    if !all.iter().any(|r| r.name_any() == latest) {
+        all.push(registered.latest.clone());
+    }
+    let stale = revisions_to_delete(set, &all, &latest, &in_use);
+    if !stale.is_empty() {
+        revisions::delete_revisions(&revision_api, &stale).await?;
+    }
+
+    jobs_synced?;
+    match outcome? {
+        UpgradeOutcome { refused: 0, .. } => Ok(Action::requeue(RESYNC)),
+        UpgradeOutcome { refused, .. } => {
+            debug!(sidecarset = %name, refused, "pods changed while being upgraded; trying again");
+            Ok(Action::requeue(RETRY_CHANGED_POD))
+        }
+    }
+}
+
+async fn write_status(
+    ctx: &Context,
+    set: &SidecarSet,
+    status: &SidecarSetStatus,
+) -> Result<(), Error> {
+    let name = set.name_any();
+    let patch = status_patch(status);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    };
+    Api::<SidecarSet>::all(ctx.client.clone())
+        .patch_status(&name, &params, &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+        .map_err(|source| Error::WriteStatus { name, source })
+}
+
+/// A Warning event when the pods that cannot be upgraded in place change (upstream's
+/// `NotUpgradablePods`), so `kubectl describe` shows it without repeating it every reconcile.
+async fn announce_not_upgradable(
+    ctx: &Context,
+    set: &SidecarSet,
+    previous: Option<&SidecarSetStatus>,
+    status: &SidecarSetStatus,
+) {
+    let Some(message) = newly_not_upgradable(previous, status) else {
+        return;
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "NotUpgradablePods".into(),
+        note: Some(message),
+        action: "Upgrade".into(),
+        secondary: None,
+    };
+    if let Err(err) = ctx.recorder.publish(&event, &set.object_ref(&())).await {
+        warn!(sidecarset = %set.name_any(), error = %err, "cannot publish an event");
+    }
+}
+
+/// Sets the `SidecarSetUpgradable` condition of pods this SidecarSet cannot upgrade in place,
+/// and clears this SidecarSet's `false` from pods it can upgrade again.
+async fn mark_upgradable(
+    ctx: &Context,
+    set: &SidecarSet,
+    owned: &[Arc<PodSummary>],
+    views: &[PodView<'_>],
+    current: &CurrentHashes,
+    now: &Time,
+) -> Result<(), Error> {
+    let name = set.name_any();
+    for (pod, v) in owned.iter().zip(views) {
+        let Some(can_upgrade) = upgradable(v, current) else {
+            continue;
+        };
+        let Some(condition) = upgradable_condition(pod, &name, can_upgrade, now) else {
+            continue;
+        };
+        let api = Api::<PodSummary>::namespaced(
+            ctx.client.clone(),
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+        );
+        let patch = serde_json::json!({ "status": { "conditions": [condition] } });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..Default::default()
+        };
+        match api
+            .patch_status(&pod.name_any(), &params, &Patch::Strategic(&patch))
+            .await
+        {
+            Ok(written) => ctx.remember(written),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(source) => {
+                return Err(Error::PodCondition {
+                    pod: pod_key(pod),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Default)]
+struct UpgradeOutcome {
+    upgraded: usize,
+    /// Patches the apiserver refused because the pod changed since it was read.
+    refused: usize,
+}
+
+/// What became of one pod of a batch.
+enum PodUpgrade {
+    Upgraded,
+    /// It changed since it was read, or is gone: the next reconcile sees it afresh.
+    Changed,
+    /// Its annotations make an upgrade impossible; said in a Warning event.
+    Impossible,
+}
+
+/// Upgrades `targets`, a few at a time. A pod that changed meanwhile is left for the next try;
+/// the first other failure is returned after the rest were tried.
+async fn upgrade_pods(
+    ctx: &Context,
+    set: &SidecarSet,
+    current: &CurrentHashes,
+    targets: Vec<Arc<PodSummary>>,
+    now: &Time,
+) -> Result<UpgradeOutcome, Error> {
+    let set_name = set.name_any();
+    let results: Vec<_> = futures::stream::iter(targets)
+        .map(|pod| upgrade_one(ctx, set, current, pod, now))
+        .buffer_unordered(UPGRADE_CONCURRENCY)
+        .collect()
+        .await;
+    let mut outcome = UpgradeOutcome::default();
+    let mut first_error = None;
+    for result in results {
+        match result {
+            Ok(PodUpgrade::Upgraded) => outcome.upgraded += 1,
+            Ok(PodUpgrade::Changed) => outcome.refused += 1,
+            Ok(PodUpgrade::Impossible) => {}
+            Err(err) => {
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+    if outcome.upgraded > 0 {
+        info!(sidecarset = %set_name, pods = outcome.upgraded, "upgraded sidecars in place");
+    }
+    match first_error {
+        Some(err) => Err(err),
+        None => Ok(outcome),
+    }
+}
+
+/// Upgrades one pod.
+async fn upgrade_one(
+    ctx: &Context,
+    set: &SidecarSet,
+    current: &CurrentHashes,
+    pod: Arc<PodSummary>,
+    now: &Time,
+) -> Result<PodUpgrade, Error> {
+    // A batch of thousands of pods takes a while: once the SidecarSet has changed, the rest
+    // waits for the next reconcile rather than getting a version that is already old.
+    let changed = ctx
+        .sidecarsets
+        .get(&ObjectRef::from_obj(set))
+        .is_some_and(|now| now.metadata.generation != set.metadata.generation);
+    if changed {
+        return Ok(PodUpgrade::Changed);
+    }
+    let key = pod_key(&pod);
+    let api = Api::<PodSummary>::namespaced(
+        ctx.client.clone(),
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+    );
+    // patchPodMetadata reads annotations the cache does not keep.
+    let pod = if set.spec.patch_pod_metadata.is_empty() {
+        pod
+    } else {
+        match api.get(&pod.name_any()).await {
+            Ok(live) => Arc::new(live),
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(PodUpgrade::Changed),
+            Err(source) => return Err(upgrade_failed(ctx, set, key, source).await),
+        }
+    };
+    let upgrade = match upgrade_patch(&pod, set, current, now) {
+        Ok(upgrade) => upgrade,
+        Err(err) => {
+            refuse_pod(ctx, set, &key, &err).await;
+            return Ok(PodUpgrade::Impossible);
+        }
+    };
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    };
+    match api
+        .patch(&pod.name_any(), &params, &Patch::<()>::Json(upgrade.patch))
+        .await
+    {
+        Ok(written) => {
+            debug!(pod = %key, containers = ?upgrade.changed, "sidecars upgraded");
+            ctx.remember(written);
+            Ok(PodUpgrade::Upgraded)
+        }
+        // A failed `test` (the pod changed since it was read), a conflict, or a pod gone.
+        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => Ok(PodUpgrade::Changed),
+        Err(source) => Err(upgrade_failed(ctx, set, key, source).await),
+    }
+}
+
+/// A pod the apiserver would not let us read or patch (RBAC, a webhook, a timeout): said on the
+/// SidecarSet as well as in the log, since the rollout stalls on it until it is fixed.
+async fn upgrade_failed(
+    ctx: &Context,
+    set: &SidecarSet,
+    pod: String,
+    source: kube::Error,
+) -> Error {
+    // The apiserver's own message says it best ("... cannot get resource pods ..."); kube's
+    // rendering of the whole Status would not fit an event.
+    let cause = match &source {
+        kube::Error::Api(status) => status.message.clone(),
+        other => error_chain(other),
+    };
+    upgrade_failed_event(ctx, set, format!("pod {pod}: {cause}")).await;
+    Error::UpgradePod { pod, source }
+}
+
+/// Creates, updates and deletes the SidecarSet's pre-download jobs to match `decision`. Every
+/// job is tried; the first failure is returned (the reconcile is retried with backoff).
+async fn sync_jobs(
+    ctx: &Context,
+    set: &SidecarSet,
+    knobs: &Knobs,
+    decision: &Decision,
+    existing: &[Arc<ImagePullJob>],
+) -> Result<(), Error> {
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    };
+    let mut first_error = None;
+    for plan in decision.jobs() {
+        let wanted = predownload::job(set, plan, knobs);
+        let api = Api::<ImagePullJob>::namespaced(ctx.client.clone(), &plan.namespace);
+        let key = format!("{}/{}", plan.namespace, plan.name);
+        match existing
+            .iter()
+            .find(|j| is_job(j, &plan.namespace, &plan.name))
+        {
+            Some(job) => {
+                let Some(patch) = predownload::job_update(job, &wanted) else {
+                    continue;
+                };
+                if let Err(source) = api.patch(&plan.name, &params, &Patch::Merge(&patch)).await {
+                    first_error.get_or_insert(Error::Job { job: key, source });
+                }
+            }
+            None => match api.create(&PostParams::default(), &wanted).await {
+                Ok(created) => {
+                    let note = format!(
+                        "created ImagePullJob {key} to pull {} on {} node(s) before their pods are upgraded",
+                        plan.image,
+                        plan.nodes.len()
+                    );
+                    let related = Some(created.object_ref(&()));
+                    let reason = "CreatedImagePullJob";
+                    publish(ctx, set, EventType::Normal, reason, note, related).await;
+                }
+                // Our store lags behind an earlier create: nothing to do.
+                Err(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists" => {
+                    let ours = api.get(&plan.name).await.ok().is_some_and(|j| {
+                        j.owner_references()
+                            .iter()
+                            .any(|o| Some(o.uid.as_str()) == set.metadata.uid.as_deref())
+                    });
+                    if !ours {
+                        let note = format!(
+                            "cannot create ImagePullJob {key} for {}: an ImagePullJob of that name exists and is not this SidecarSet's",
+                            plan.image
+                        );
+                        publish(
+                            ctx,
+                            set,
+                            EventType::Warning,
+                            "FailedCreateImagePullJob",
+                            note,
+                            Some(wanted.object_ref(&())),
+                        )
+                        .await;
+                        first_error.get_or_insert(Error::JobTaken { job: key });
+                    }
+                }
+                Err(source) => {
+                    let note = format!(
+                        "cannot create ImagePullJob {key} for {}: {source}",
+                        plan.image
+                    );
+                    publish(
+                        ctx,
+                        set,
+                        EventType::Warning,
+                        "FailedCreateImagePullJob",
+                        note,
+                        Some(wanted.object_ref(&())),
+                    )
+                    .await;
+                    first_error.get_or_insert(Error::Job { job: key, source });
+                }
+            },
+        }
+    }
+    for job in unwanted_jobs(decision, existing) {
+        let namespace = job.metadata.namespace.clone().unwrap_or_default();
+        let name = job.name_any();
+        let api = Api::<ImagePullJob>::namespaced(ctx.client.clone(), &namespace);
+        match api.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => {
+                debug!(sidecarset = %set.name_any(), job = %name, "deleted a pre-download job")
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(source) => {
+                first_error.get_or_insert(Error::Job {
+                    job: format!("{namespace}/{name}"),
+                    source,
+                });
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// One Warning event naming every pre-download annotation that cannot be used, once per set of
+/// values.
+async fn warn_knobs(ctx: &Context, set: &SidecarSet, warnings: &[KnobWarning]) {
+    if warnings.is_empty() {
+        return;
+    }
+    let note = warnings
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    let key = format!("{}/{note}", set.metadata.uid.as_deref().unwrap_or_default());
+    let first = ctx
+        .warned
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key);
+    if first {
+        let reason = "InvalidPreDownloadAnnotation";
+        publish(ctx, set, EventType::Warning, reason, note, None).await;
+    }
+}
+
+/// A Normal event when pre-download turns to skipped, saying why.
+async fn announce_skipped(
+    ctx: &Context,
+    set: &SidecarSet,
+    previous: Option<&SidecarSetStatus>,
+    status: &SidecarSetStatus,
+) {
+    let Some((now, message)) = newly_skipped(previous, status) else {
+        return;
+    };
+    // One series per skip reason: a later, different skip keeps its own message.
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "ImagePreDownloadSkipped".into(),
+        note: Some(message),
+        action: now,
+        secondary: None,
+    };
+    if let Err(err) = ctx.recorder.publish(&event, &set.object_ref(&())).await {
+        warn!(sidecarset = %set.name_any(), error = %err, "cannot publish an event");
+    }
+}
+
+/// Publishes an event on the SidecarSet; failing to is logged, never fatal.
+async fn publish(
+    ctx: &Context,
+    set: &SidecarSet,
+    type_: EventType,
+    reason: &str,
+    note: String,
+    related: Option<ObjectReference>,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: related,
+    };
+    if let Err(err) = ctx.recorder.publish(&event, &set.object_ref(&())).await {
+        warn!(sidecarset = %set.name_any(), error = %err, "cannot publish an event");
+    }
+}
+
+/// A pod whose annotations make an upgrade impossible: said on the SidecarSet.
+async fn refuse_pod(ctx: &Context, set: &SidecarSet, pod: &str, err: &UpgradeError) {
+    warn!(sidecarset = %set.name_any(), pod, error = %err, "cannot upgrade the pod");
+    upgrade_failed_event(ctx, set, format!("pod {pod}: {err}")).await;
+}
+
+/// The Warning event `UpgradeFailed` on the SidecarSet.
+async fn upgrade_failed_event(ctx: &Context, set: &SidecarSet, note: String) {
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "UpgradeFailed".into(),
+        note: Some(note),
+        action: "Upgrade".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &set.object_ref(&())).await {
+        warn!(error = %e, "cannot publish an event");
+    }
+}

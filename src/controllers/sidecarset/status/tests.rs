@@ -1,0 +1,398 @@
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::*;
+use crate::apis::sidecarset::SidecarSetSpec;
+use crate::apis::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
+use crate::controllers::sidecarset::strategy::{PodPhase, SidecarView, next_batch};
+
+fn set(strategy: serde_json::Value) -> SidecarSet {
+    let spec: SidecarSetSpec = serde_json::from_value(json!({
+        "selector": {"matchLabels": {"app": "web"}},
+        "containers": [{"name": "proxy", "image": "proxy:2"}],
+        "updateStrategy": strategy,
+    }))
+    .expect("spec");
+    let mut set = SidecarSet::new("proxy", spec);
+    set.metadata.generation = Some(7);
+    set.metadata.annotations = Some(BTreeMap::from([
+        (SIDECARSET_HASH.to_owned(), "new".to_owned()),
+        (SIDECARSET_HASH_WITHOUT_IMAGE.to_owned(), "shape".to_owned()),
+    ]));
+    set
+}
+
+/// A running, ready pod on the old version.
+fn pod(name: &str) -> PodView<'static> {
+    PodView {
+        namespace: "ns".into(),
+        name: name.to_owned().into(),
+        phase: PodPhase::Running,
+        node_name: Some("n".into()),
+        ready: true,
+        hash: Some("old".into()),
+        hash_without_image: Some("shape".into()),
+        sidecars: vec![SidecarView {
+            name: "proxy".into(),
+            ready: true,
+            image_running: true,
+        }],
+        ..Default::default()
+    }
+}
+
+fn updated(name: &str) -> PodView<'static> {
+    PodView {
+        hash: Some("new".into()),
+        ..pod(name)
+    }
+}
+
+fn in_flight(name: &str) -> PodView<'static> {
+    let mut p = updated(name);
+    p.sidecars[0].image_running = false;
+    p
+}
+
+fn not_upgradable(name: &str) -> PodView<'static> {
+    PodView {
+        hash_without_image: Some("other-shape".into()),
+        ..pod(name)
+    }
+}
+
+fn report(set: &SidecarSet, pods: &[PodView]) -> StatusReport {
+    let batch = next_batch(set, pods);
+    compute_status(set, pods, &batch, "proxy-5f7c9", 2, &now())
+}
+
+fn now() -> Time {
+    Time("2026-11-29T12:00:00Z".parse().expect("time"))
+}
+
+#[test]
+fn counts_follow_upstream() {
+    let mut not_ready = updated("d");
+    not_ready.ready = false;
+    let mut old_not_ready = pod("e");
+    old_not_ready.ready = false;
+    let pods = [
+        pod("a"),            // matched, ready
+        updated("b"),        // matched, updated, ready
+        in_flight("c"),      // matched, updated; Ready, but the new image is not running
+        not_ready,           // matched, updated
+        old_not_ready,       // matched
+        not_upgradable("f"), // matched, ready
+    ];
+    let got = report(&set(json!({})), &pods).status;
+    assert_eq!(
+        got,
+        SidecarSetStatus {
+            observed_generation: Some(7),
+            matched_pods: 6,
+            updated_pods: 3,
+            ready_pods: 3,
+            updated_ready_pods: 1,
+            latest_revision: Some("proxy-5f7c9".into()),
+            collision_count: Some(2),
+            conditions: got.conditions.clone(),
+        }
+    );
+}
+
+#[test]
+fn pods_going_away_are_not_counted() {
+    let mut deleting = updated("a");
+    deleting.deleting = true;
+    let mut done = pod("b");
+    done.phase = PodPhase::Succeeded;
+    let mut failed = pod("c");
+    failed.phase = PodPhase::Failed;
+    let got = report(&set(json!({})), &[deleting, done, failed, pod("d")]).status;
+    assert_eq!(
+        (got.matched_pods, got.updated_pods, got.ready_pods),
+        (1, 0, 1)
+    );
+}
+
+#[test]
+fn the_update_selector_does_not_change_the_counts() {
+    let s = set(json!({"selector": {"matchLabels": {"canary": "yes"}}}));
+    let got = report(&s, &[updated("a"), pod("b")]).status;
+    assert_eq!((got.matched_pods, got.updated_pods), (2, 1));
+}
+
+#[test]
+fn empty_and_missing_values() {
+    let s = set(json!({}));
+    let got = compute_status(&s, &[], &next_batch(&s, &[]), "", 0, &now()).status;
+    assert_eq!(got.matched_pods, 0);
+    assert_eq!(got.latest_revision, None);
+    assert_eq!(got.collision_count, Some(0));
+    let mut s = set(json!({}));
+    s.metadata.generation = None;
+    assert_eq!(report(&s, &[]).status.observed_generation, None);
+}
+
+#[test]
+fn a_finished_or_moving_rollout_has_no_stalls() {
+    assert!(
+        report(&set(json!({})), &[updated("a"), updated("b")])
+            .stalls
+            .is_empty()
+    );
+    assert!(
+        report(&set(json!({})), &[pod("a"), pod("b")])
+            .stalls
+            .is_empty()
+    );
+    // Paused with nothing left to do is not a stall either.
+    assert!(
+        report(&set(json!({"paused": true})), &[updated("a")])
+            .stalls
+            .is_empty()
+    );
+}
+
+#[test]
+fn paused_and_not_update_say_how_many_pods_wait() {
+    let pods = [pod("a"), pod("b"), updated("c")];
+    let stalls = report(&set(json!({"paused": true})), &pods).stalls;
+    assert_eq!(stalls, [Stall::Paused { waiting: 2 }]);
+    assert_eq!(stalls[0].reason(), "Paused");
+    assert!(
+        stalls[0].to_string().contains("2 pod(s) wait"),
+        "{}",
+        stalls[0]
+    );
+
+    let stalls = report(&set(json!({"type": "NotUpdate"})), &pods).stalls;
+    assert_eq!(stalls, [Stall::NotUpdate { waiting: 2 }]);
+    assert_eq!(stalls[0].reason(), "NotUpdateStrategy");
+}
+
+#[test]
+fn a_malformed_strategy_is_a_stall_naming_the_field() {
+    let stalls = report(&set(json!({"maxUnavailable": "lots"})), &[pod("a")]).stalls;
+    assert_eq!(stalls.len(), 1);
+    assert_eq!(stalls[0].reason(), "InvalidUpdateStrategy");
+    let message = stalls[0].to_string();
+    assert!(
+        message.contains("spec.updateStrategy.maxUnavailable"),
+        "{message}"
+    );
+    assert!(message.contains("\"lots\""), "{message}");
+}
+
+#[test]
+fn an_invalid_update_selector_is_reported_though_no_pod_counts_as_waiting() {
+    let bad = json!({"selector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}});
+    let stalls = report(&set(bad), &[pod("a")]).stalls;
+    assert_eq!(stalls.len(), 1, "{stalls:?}");
+    assert_eq!(stalls[0].reason(), "InvalidUpdateStrategy");
+    assert!(stalls[0].to_string().contains("selector"), "{}", stalls[0]);
+}
+
+#[test]
+fn pods_that_changed_more_than_images_are_named() {
+    let mut pods: Vec<PodView> = (0..7).map(|i| not_upgradable(&format!("p{i}"))).collect();
+    pods.push(pod("ok"));
+    let stalls = report(&set(json!({})), &pods).stalls;
+    assert_eq!(stalls.len(), 1, "the other pod moves: {stalls:?}");
+    let Stall::NotUpgradable { pods: n, examples } = &stalls[0] else {
+        panic!("{stalls:?}");
+    };
+    assert_eq!(*n, 7);
+    assert_eq!(examples, &["ns/p0", "ns/p1", "ns/p2", "ns/p3", "ns/p4"]);
+    assert_eq!(stalls[0].reason(), "NotUpgradablePods");
+    let message = stalls[0].to_string();
+    assert!(message.ends_with("ns/p4 and 2 more"), "{message}");
+    assert!(message.contains("recreate them"), "{message}");
+}
+
+#[test]
+fn not_upgradable_pods_are_reported_even_when_paused() {
+    let stalls = report(
+        &set(json!({"paused": true})),
+        &[not_upgradable("x"), pod("y")],
+    )
+    .stalls;
+    assert_eq!(stalls.len(), 2);
+    assert_eq!(stalls[0], Stall::Paused { waiting: 1 });
+    assert_eq!(stalls[1].reason(), "NotUpgradablePods");
+}
+
+#[test]
+fn unready_updated_pods_at_max_unavailable_are_named() {
+    let pods = [in_flight("b"), in_flight("a"), pod("c")];
+    let stalls = report(&set(json!({"maxUnavailable": 2})), &pods).stalls;
+    assert_eq!(
+        stalls,
+        [Stall::MaxUnavailableReached {
+            unavailable: 2,
+            max_unavailable: 2,
+            examples: vec!["ns/a".into(), "ns/b".into()],
+        }]
+    );
+    let message = stalls[0].to_string();
+    assert!(
+        message.starts_with(
+            "2 updated pod(s) are not available yet (maxUnavailable is 2): ns/a, ns/b;"
+        ),
+        "{message}"
+    );
+}
+
+#[test]
+fn max_unavailable_zero_is_explained() {
+    let stalls = report(&set(json!({"maxUnavailable": "0%"})), &[pod("a")]).stalls;
+    assert_eq!(
+        stalls,
+        [Stall::MaxUnavailableReached {
+            unavailable: 0,
+            max_unavailable: 0,
+            examples: vec![],
+        }]
+    );
+    assert!(
+        stalls[0].to_string().contains("maxUnavailable is 0"),
+        "{}",
+        stalls[0]
+    );
+}
+
+#[test]
+fn a_partition_holding_every_remaining_pod_is_a_stall() {
+    let pods = [updated("a"), pod("b"), pod("c")];
+    let stalls = report(&set(json!({"partition": 2})), &pods).stalls;
+    assert_eq!(stalls, [Stall::PartitionReached { partition: 2 }]);
+    assert_eq!(stalls[0].reason(), "PartitionReached");
+    assert!(
+        stalls[0].to_string().contains("keeps 2 pod(s)"),
+        "{}",
+        stalls[0]
+    );
+    // While pods still move within the partition, it is not a stall.
+    assert!(
+        report(&set(json!({"partition": 1})), &pods)
+            .stalls
+            .is_empty()
+    );
+}
+
+#[test]
+fn status_counts_are_consistent_for_random_pods() {
+    // Deterministic variety: every mix of the flags that matter, on 1 to 4 pods.
+    let flags = |bits: u32, k: u32| bits >> k & 1 == 1;
+    for bits in 0..1u32 << 5 {
+        let mut p = pod(&format!("p{bits}"));
+        p.hash = Some(if flags(bits, 0) { "new" } else { "old" }.into());
+        p.ready = flags(bits, 1);
+        p.sidecars[0].image_running = flags(bits, 2);
+        p.deleting = flags(bits, 3);
+        p.hash_without_image = Some(if flags(bits, 4) { "shape" } else { "x" }.into());
+        let pods = vec![p.clone(), pod("other"), updated("third")];
+        let s = report(&set(json!({"maxUnavailable": 1})), &pods).status;
+        assert!(
+            s.updated_ready_pods <= s.updated_pods.min(s.ready_pods),
+            "{bits:b}"
+        );
+        assert!(s.updated_pods <= s.matched_pods && s.ready_pods <= s.matched_pods);
+        assert_eq!(s.matched_pods, 3 - i32::from(p.deleting), "{bits:b}");
+        let counted_ready = !p.deleting && p.ready && p.sidecars[0].image_running;
+        assert_eq!(s.ready_pods, 2 + i32::from(counted_ready), "{bits:b}");
+    }
+}
+
+fn condition<'a>(status: &'a SidecarSetStatus, type_: &str) -> &'a Condition {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {status:?}"))
+}
+
+#[test]
+fn conditions_say_whether_and_why_the_rollout_is_held() {
+    let s = set(json!({}));
+    let moving = report(&s, &[pod("a"), pod("b")]).status;
+    let held = condition(&moving, ROLLOUT_HELD);
+    assert_eq!(
+        (held.status.as_str(), held.reason.as_str()),
+        ("False", "Progressing")
+    );
+    assert_eq!(held.message, "2 pod(s) wait for the upgrade");
+    assert_eq!(held.observed_generation, Some(7));
+
+    let done = report(&s, &[updated("a")]).status;
+    let held = condition(&done, ROLLOUT_HELD);
+    assert_eq!(
+        (held.status.as_str(), held.reason.as_str()),
+        ("False", "Updated")
+    );
+    let upgradable = condition(&done, PODS_UPGRADABLE);
+    assert_eq!(
+        (upgradable.status.as_str(), upgradable.reason.as_str()),
+        ("True", "AllPodsUpgradable")
+    );
+
+    let paused = report(&set(json!({"paused": true})), &[pod("a")]).status;
+    let held = condition(&paused, ROLLOUT_HELD);
+    assert_eq!(
+        (held.status.as_str(), held.reason.as_str()),
+        ("True", "Paused")
+    );
+    assert!(held.message.contains("paused"), "{}", held.message);
+
+    let waiting = report(&s, &[in_flight("a"), pod("b")]).status;
+    let held = condition(&waiting, ROLLOUT_HELD);
+    assert_eq!(
+        (held.status.as_str(), held.reason.as_str()),
+        ("True", "MaxUnavailableReached")
+    );
+    assert!(held.message.contains("ns/a"), "{}", held.message);
+}
+
+#[test]
+fn pods_that_cannot_be_upgraded_turn_pods_upgradable_false_without_holding_the_rest() {
+    let status = report(&set(json!({})), &[not_upgradable("x"), pod("a")]).status;
+    let upgradable = condition(&status, PODS_UPGRADABLE);
+    assert_eq!(
+        (upgradable.status.as_str(), upgradable.reason.as_str()),
+        ("False", "NotUpgradablePods")
+    );
+    assert!(
+        upgradable.message.contains("ns/x"),
+        "{}",
+        upgradable.message
+    );
+    let held = condition(&status, ROLLOUT_HELD);
+    assert_eq!(
+        (held.status.as_str(), held.reason.as_str()),
+        ("False", "Progressing")
+    );
+}
+
+#[test]
+fn an_unchanged_condition_keeps_its_transition_time() {
+    let mut s = set(json!({"paused": true}));
+    let first = report(&s, &[pod("a")]).status;
+    s.status = Some(first.clone());
+    let later = Time("2026-11-29T13:00:00Z".parse().expect("time"));
+    let batch = next_batch(&s, &[pod("a")]);
+    let again = compute_status(&s, &[pod("a")], &batch, "proxy-5f7c9", 2, &later).status;
+    assert_eq!(again, first, "nothing changed, so nothing is rewritten");
+
+    s.spec.update_strategy.paused = false;
+    let batch = next_batch(&s, &[pod("a")]);
+    let moved = compute_status(&s, &[pod("a")], &batch, "proxy-5f7c9", 2, &later).status;
+    let held = condition(&moved, ROLLOUT_HELD);
+    assert_eq!(held.status, "False");
+    assert_eq!(held.last_transition_time, later, "a flip is stamped now");
+    assert_eq!(
+        condition(&moved, PODS_UPGRADABLE).last_transition_time,
+        now(),
+        "the other condition did not flip"
+    );
+}

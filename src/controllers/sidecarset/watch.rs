@@ -1,0 +1,246 @@
+//! The SidecarSet controller's streams: the watches and stores it reads, what wakes a
+//! SidecarSet (its own changes, its pods, its pre-download jobs, NodeImages of nodes it pulls
+//! on, namespaces, revisions), and the kube-runtime `Controller` they drive.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::Api;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
+use kube::{Client, ResourceExt};
+use tokio::sync::watch;
+use tracing::debug;
+
+use super::expectations::WrittenPods;
+use super::pod_events::PodTracker;
+use super::{Context, NAME, plan, reconcile};
+use crate::apis::imagepulljob::ImagePullJob;
+use crate::apis::nodeimage::NodeImage;
+use crate::apis::sidecarset::SidecarSet;
+use crate::apis::well_known::SIDECARSET_NAME_LABEL;
+use crate::controllers::ControllerOptions;
+use crate::controllers::shared::backoff::Backoff;
+use crate::controllers::shared::pod_feed::{self, PodFeed};
+use crate::controllers::shared::shutdown::run_until_shutdown;
+use crate::error_chain::error_chain;
+use crate::events::Recorder;
+
+/// Runs the SidecarSet controller until `shutdown` resolves, with a pod watch of its own.
+pub async fn run(
+    client: Client,
+    opts: ControllerOptions,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    pod_feed::with_own_watch(client.clone(), opts.watch_config(), |pods| {
+        run_with_pods(client, opts, pods, shutdown)
+    })
+    .await;
+}
+
+/// Runs the SidecarSet controller until `shutdown` resolves, reading pods from `pods` (a watch
+/// it may share with other controllers).
+pub async fn run_with_pods(
+    client: Client,
+    opts: ControllerOptions,
+    pods: PodFeed,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let scoped = opts.scoped_watch_config();
+
+    let tracker = PodTracker::default();
+    let (pods, pods_ready, pod_triggers) = pods.into_triggers(move |event| {
+        tracker
+            .wake(event)
+            .into_iter()
+            .map(|name| ObjectRef::<SidecarSet>::new(&name))
+            .collect()
+    });
+
+    let (namespaces, namespace_writer) = reflector::store();
+    // A namespace's labels decide which SidecarSets select its pods (upstream does not watch
+    // them: a relabelled namespace waited for the next pod event).
+    let namespace_changes = watcher(Api::<Namespace>::all(client.clone()), opts.watch_config())
+        .default_backoff()
+        .modify(|ns: &mut Namespace| ns.managed_fields_mut().clear())
+        .reflect(namespace_writer)
+        .applied_objects()
+        .predicate_filter(predicates::labels, Default::default())
+        .filter_map(|r| futures::future::ready(r.ok().map(|_| ())));
+
+    let (revisions, revision_writer) = reflector::store();
+    let revision_api = Api::<ControllerRevision>::namespaced(client.clone(), &opts.namespace);
+    let revision_events = watcher(
+        revision_api,
+        opts.watch_config().labels(SIDECARSET_NAME_LABEL),
+    )
+    .default_backoff()
+    .modify(|r: &mut ControllerRevision| r.managed_fields_mut().clear())
+    .reflect(revision_writer)
+    .touched_objects()
+    .filter_map(|r| futures::future::ready(r.ok()))
+    .map(|_| ());
+
+    // Pre-download jobs carry the SidecarSet's labels, so the label selector applies to them too.
+    let job_labels = match &opts.label_selector {
+        Some(selector) => format!("{SIDECARSET_NAME_LABEL},{selector}"),
+        None => SIDECARSET_NAME_LABEL.to_owned(),
+    };
+    let (jobs, job_writer) = reflector::store();
+    let job_triggers = watcher(
+        Api::<ImagePullJob>::all(client.clone()),
+        opts.watch_config().labels(&job_labels),
+    )
+    .default_backoff()
+    .modify(|j: &mut ImagePullJob| j.managed_fields_mut().clear())
+    .reflect(job_writer)
+    .touched_objects()
+    .filter_map(|r| {
+        let set = r
+            .ok()
+            .and_then(|j| j.labels().get(SIDECARSET_NAME_LABEL).cloned());
+        futures::future::ready(set.map(|name| ObjectRef::<SidecarSet>::new(&name)))
+    });
+
+    // A node's pull finishing lets its waiting pods go: wake the SidecarSets pulling there.
+    let (nodeimages, nodeimage_writer) = reflector::store();
+    let jobs_for_nodes = jobs.clone();
+    let nodeimage_triggers = watcher(Api::<NodeImage>::all(client.clone()), scoped.clone())
+        .default_backoff()
+        // Only its name and status are read: labels (a copy of the Node's) and spec are dropped.
+        .modify(|n: &mut NodeImage| {
+            let meta = std::mem::take(&mut n.metadata);
+            n.metadata.name = meta.name;
+            n.metadata.resource_version = meta.resource_version;
+            n.spec = Default::default();
+        })
+        .reflect(nodeimage_writer)
+        .applied_objects()
+        .filter_map(move |r| {
+            let node = r.ok().map(|n| n.name_any());
+            let sets: BTreeSet<String> = node
+                .map(|node| sidecarsets_pulling_on(&jobs_for_nodes, &node))
+                .unwrap_or_default();
+            futures::future::ready(Some(futures::stream::iter(
+                sets.into_iter()
+                    .map(|name| ObjectRef::<SidecarSet>::new(&name)),
+            )))
+        })
+        .flatten();
+
+    // `Store::wait_until_ready` wakes only one of several waiters; one task waits and tells all.
+    let (caches_ready, caches_ready_rx) = watch::channel(false);
+    let (mut p, n, r) = (pods_ready, namespaces.clone(), revisions.clone());
+    let (j, ni) = (jobs.clone(), nodeimages.clone());
+    let (sets_listed, mut sets_listed_rx) = watch::channel(false);
+    let synced = opts.synced.clone();
+    tokio::spawn(async move {
+        if p.wait_for(|ready| *ready).await.is_ok()
+            && n.wait_until_ready().await.is_ok()
+            && r.wait_until_ready().await.is_ok()
+            && j.wait_until_ready().await.is_ok()
+            && ni.wait_until_ready().await.is_ok()
+        {
+            let _ = caches_ready.send(true);
+            if sets_listed_rx.wait_for(|listed| *listed).await.is_ok() {
+                synced.mark(NAME);
+            }
+        }
+    });
+
+    let sets = Api::<SidecarSet>::all(client.clone());
+    let set_stream = watcher(sets, scoped)
+        .default_backoff()
+        .modify(|s: &mut SidecarSet| s.managed_fields_mut().clear());
+    let (set_store, set_writer) = reflector::store();
+    // A deleted SidecarSet's series go as soon as the store has let it go (on a relist, at
+    // InitDone, when the store is swapped); a reconcile in flight that set them again removes
+    // them itself (see `reconcile`).
+    let set_metrics = opts.metrics.clone();
+    let known_sets = set_store.clone();
+    // Status writes (ours) change neither generation, labels nor annotations.
+    let set_changes = set_stream
+        .reflect(set_writer)
+        .inspect(move |event| {
+            if matches!(
+                event,
+                Ok(watcher::Event::Delete(_) | watcher::Event::InitDone)
+            ) {
+                set_metrics
+                    .retain_sidecarsets(|name| known_sets.get(&ObjectRef::new(name)).is_some());
+            }
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                sets_listed.send_replace(true);
+            }
+        })
+        .applied_objects()
+        .predicate_filter(
+            predicates::generation
+                .combine(predicates::labels)
+                .combine(predicates::annotations),
+            Default::default(),
+        );
+    let controller = Controller::for_stream(set_changes, set_store);
+    let ready_store = controller.store();
+
+    let ctx = Arc::new(Context {
+        sidecarsets: controller.store(),
+        client: client.clone(),
+        namespace: opts.namespace.clone(),
+        caches_ready: caches_ready_rx,
+        pods,
+        namespaces,
+        revisions,
+        predownload: opts.sidecarset_predownload,
+        jobs,
+        nodeimages,
+        warned: Mutex::default(),
+        written: WrittenPods::default(),
+        backoff: Backoff::default(),
+        metrics: opts.metrics.clone(),
+        recorder: Recorder::new(
+            client,
+            Reporter {
+                controller: "kruise-rs-manager".into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        ),
+    });
+    let shutdown = shutdown.shared();
+    let running = controller
+        .reconcile_on(pod_triggers)
+        .reconcile_on(job_triggers)
+        .reconcile_on(nodeimage_triggers)
+        .reconcile_all_on(namespace_changes)
+        // A revision deleted by hand (or by someone else) is registered again.
+        .reconcile_all_on(revision_events)
+        .with_config(controller::Config::default().debounce(Duration::from_millis(50)))
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            |set, ctx| {
+                ctx.metrics
+                    .clone()
+                    .timed(NAME, reconcile::reconcile(set, ctx))
+            },
+            reconcile::error_policy,
+            ctx,
+        )
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                debug!(error = %error_chain(&err), "sidecarset controller");
+            }
+        });
+    run_until_shutdown(running, shutdown, &ready_store).await;
+}
+
+/// The SidecarSets with a pre-download job listing `node`.
+fn sidecarsets_pulling_on(jobs: &Store<ImagePullJob>, node: &str) -> BTreeSet<String> {
+    plan::sidecarsets_pulling_on(jobs.state().iter().map(|j| &**j), node)
+}
