@@ -1,0 +1,149 @@
+
+use super::*;
+use crate::apis::imagepulljob::{CompletionPolicy, ImagePullJobSpec};
+
+fn t(seconds: i64) -> Time {
+    Time(Timestamp::from_second(seconds).unwrap())
+}
+
+fn job(policy: CompletionPolicy, status: Option<ImagePullJobStatus>) -> ImagePullJob {
+    let mut j = ImagePullJob::new(
+        "j",
+        ImagePullJobSpec {
+            image: "nginx".into(),
+            completion_policy: policy,
+            ..Default::default()
+        },
+    );
+    j.status = status;
+    j
+}
+
+fn targets(states: &[(&str, NodeState)]) -> Vec<Target> {
+    states
+        .iter()
+        .map(|(n, s)| Target {
+            node: (*n).into(),
+            state: *s,
+        })
+        .collect()
+}
+
+use NodeState::*;
+
+#[test]
+fn parallelism_defaults_to_one_and_takes_numeric_strings() {
+    let mut j = job(Default::default(), None);
+    assert_eq!(parallelism(&j), Ok(1));
+    j.spec.parallelism = Some(IntOrString::Int(0));
+    assert_eq!(parallelism(&j), Ok(0));
+    j.spec.parallelism = Some(IntOrString::String("7".into()));
+    assert_eq!(parallelism(&j), Ok(7));
+    j.spec.parallelism = Some(IntOrString::String("50%".into()));
+    assert!(parallelism(&j).unwrap_err().contains("50%"));
+    j.spec.parallelism = Some(IntOrString::Int(-1));
+    assert!(parallelism(&j).is_err());
+}
+
+#[test]
+fn never_more_nodes_pulling_than_parallelism_in_target_order() {
+    let ts = targets(&[
+        ("a", Succeeded),
+        ("b", Pulling),
+        ("c", NotSynced),
+        ("d", NotSynced),
+        ("e", NotSynced),
+    ]);
+    assert_eq!(nodes_to_start(&ts, 3), ["c", "d"]);
+    assert_eq!(nodes_to_start(&ts, 1), Vec::<&str>::new());
+    assert_eq!(nodes_to_start(&ts, 0), Vec::<&str>::new(), "0 pauses");
+    assert_eq!(nodes_to_start(&ts, 100), ["c", "d", "e"]);
+}
+
+#[test]
+fn running_status_counts_and_reports_progress() {
+    let j = job(Default::default(), None);
+    let s = compute_status(
+        &j,
+        &targets(&[
+            ("a", Succeeded),
+            ("c", Failed),
+            ("b", Pulling),
+            ("d", NotSynced),
+        ]),
+        &t(100),
+    );
+    assert_eq!((s.desired, s.active, s.succeeded, s.failed), (4, 1, 1, 1));
+    assert_eq!(s.failed_nodes, ["c"]);
+    assert_eq!(s.start_time, Some(t(100)));
+    assert_eq!(s.completion_time, None);
+    assert_eq!(s.message.as_deref(), Some("job is running, progress 50.0%"));
+}
+
+#[test]
+fn always_completes_when_every_node_finished_never_does_not() {
+    let ts = targets(&[("a", Succeeded), ("b", Failed)]);
+    let s = compute_status(&job(Default::default(), None), &ts, &t(5));
+    assert_eq!(s.completion_time, Some(t(5)));
+    assert_eq!(s.message.as_deref(), Some("job has completed"));
+    let never = CompletionPolicy {
+        type_: Some(CompletionPolicyType::Never),
+        ..Default::default()
+    };
+    let s = compute_status(&job(never, None), &ts, &t(5));
+    assert_eq!(s.completion_time, None);
+}
+
+#[test]
+fn no_nodes_completes_an_always_job_as_upstream_does() {
+    let s = compute_status(&job(Default::default(), None), &[], &t(5));
+    assert_eq!((s.desired, s.completion_time), (0, Some(t(5))));
+}
+
+#[test]
+fn the_active_deadline_fails_every_unfinished_node() {
+    let policy = CompletionPolicy {
+        active_deadline_seconds: Some(60),
+        ..Default::default()
+    };
+    let started = ImagePullJobStatus {
+        start_time: Some(t(100)),
+        ..Default::default()
+    };
+    let j = job(policy, Some(started));
+    let ts = targets(&[("a", Succeeded), ("b", Pulling), ("c", NotSynced)]);
+    let before = compute_status(&j, &ts, &t(159));
+    assert_eq!(before.completion_time, None);
+    assert_eq!(next_deadline(&j, &before), Some(t(160).0));
+    let after = compute_status(&j, &ts, &t(160));
+    assert_eq!(after.completion_time, Some(t(160)));
+    assert_eq!((after.succeeded, after.failed, after.active), (1, 2, 0));
+    assert_eq!(after.failed_nodes, ["b", "c"]);
+    assert_eq!(
+        after.message.as_deref(),
+        Some("job exceeds activeDeadlineSeconds")
+    );
+}
+
+#[test]
+fn a_finished_job_keeps_its_status_and_wakes_at_its_ttl() {
+    let policy = CompletionPolicy {
+        ttl_seconds_after_finished: Some(30),
+        ..Default::default()
+    };
+    let done = ImagePullJobStatus {
+        start_time: Some(t(1)),
+        completion_time: Some(t(10)),
+        desired: 2,
+        succeeded: 2,
+        ..Default::default()
+    };
+    let j = job(policy, Some(done.clone()));
+    assert_eq!(
+        compute_status(&j, &targets(&[("a", Pulling)]), &t(20)),
+        done
+    );
+    assert_eq!(next_deadline(&j, &done), Some(t(40).0));
+    let no_ttl = job(Default::default(), Some(done.clone()));
+    assert_eq!(next_deadline(&no_ttl, &done), None);
+}
