@@ -10,6 +10,7 @@ pub mod error_chain;
 pub mod events;
 pub mod image;
 pub mod manager;
+pub mod quote;
 pub mod runtime;
 pub mod sidecar;
 pub mod webhook;

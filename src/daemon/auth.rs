@@ -28,6 +28,7 @@ use base64::engine::general_purpose::STANDARD;
 use serde_json::{Map, Value};
 
 use crate::image::{DEFAULT_REGISTRY, ImageRef};
+use crate::quote::Quoted;
 
 /// Secret type of a `~/.docker/config.json` style secret.
 pub const DOCKER_CONFIG_JSON_TYPE: &str = "kubernetes.io/dockerconfigjson";
@@ -40,8 +41,6 @@ pub const DOCKERCFG_KEY: &str = ".dockercfg";
 
 /// Hosts that all mean Docker Hub, whose [`ImageRef::registry`] is [`DEFAULT_REGISTRY`].
 const DOCKER_HUB_ALIASES: [&str; 3] = [DEFAULT_REGISTRY, "index.docker.io", "registry-1.docker.io"];
-/// Keys and types are quoted in messages up to this many characters.
-const QUOTE_MAX_CHARS: usize = 200;
 
 /// One usable credential from a pull secret.
 ///
@@ -577,18 +576,6 @@ fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
         }
     }
     pattern[p..].iter().all(|&b| b == b'*')
-}
-
-/// Debug-quotes a string (escaping control characters), cut to [`QUOTE_MAX_CHARS`].
-struct Quoted<'a>(&'a str);
-
-impl fmt::Display for Quoted<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0.char_indices().nth(QUOTE_MAX_CHARS) {
-            Some((cut, _)) => write!(f, "{:?}…", &self.0[..cut]),
-            None => write!(f, "{:?}", self.0),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::quote::Quoted;
+
 /// Registry assumed when a reference names none (Docker Hub).
 pub const DEFAULT_REGISTRY: &str = "docker.io";
 /// Tag assumed when a reference has neither tag nor digest.
@@ -16,9 +18,6 @@ const LEGACY_DEFAULT_REGISTRY: &str = "index.docker.io";
 /// Namespace of Docker Hub's official images (`nginx` is `library/nginx`).
 const OFFICIAL_NAMESPACE: &str = "library";
 const TAG_MAX_LEN: usize = 128;
-/// Inputs are quoted in messages up to this many characters so a huge input cannot flood an
-/// event or an admission response.
-const QUOTE_MAX_CHARS: usize = 200;
 
 /// A parsed, normalized image reference.
 ///
@@ -226,18 +225,6 @@ pub enum ImageRefErrorKind {
     AmbiguousFamiliarName(String),
     #[error("image name {} must not carry a tag or digest", Quoted(.0))]
     NameHasTagOrDigest(String),
-}
-
-/// Debug-quotes a string (escaping control characters), cut to [`QUOTE_MAX_CHARS`].
-struct Quoted<'a>(&'a str);
-
-impl fmt::Display for Quoted<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0.char_indices().nth(QUOTE_MAX_CHARS) {
-            Some((cut, _)) => write!(f, "{:?}…", &self.0[..cut]),
-            None => write!(f, "{:?}", self.0),
-        }
-    }
 }
 
 fn parse_reference(input: &str) -> Result<ImageRef, ImageRefErrorKind> {

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::apis::imagepulljob::ImagePullJobSpec;
 use crate::apis::nodeimage::{ImagePullPhase, ImageStatus, ImageTagStatus, NodeImageStatus};

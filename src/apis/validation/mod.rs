@@ -112,18 +112,7 @@ impl fmt::Display for FieldError {
     }
 }
 
-/// Longest value, in characters, quoted whole in a message; longer ones are cut with `…` so a
-/// huge input cannot flood an admission response or an event.
-const QUOTE_MAX_CHARS: usize = 200;
-
-/// Renders a string the way Kubernetes shows a bad string value: quoted (control characters
-/// escaped), cut after 200 characters.
-pub fn quote(value: &str) -> String {
-    match value.char_indices().nth(QUOTE_MAX_CHARS) {
-        Some((cut, _)) => format!("{:?}…", &value[..cut]),
-        None => format!("{value:?}"),
-    }
-}
+pub use crate::quote::quote;
 
 impl FieldError {
     fn new(

@@ -1,4 +1,3 @@
-
 use super::*;
 
 const SOURCE: &str = "ns/pull";

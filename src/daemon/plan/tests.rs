@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::apis::nodeimage::{ImageSpec, ImageStatus, ImageTagPullPolicy, ImageTagSpec};
 use k8s_openapi::jiff::Timestamp;

@@ -1,4 +1,3 @@
-
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinitionCondition, CustomResourceDefinitionStatus,
     CustomResourceDefinitionVersion, ServiceReference, WebhookConversion,

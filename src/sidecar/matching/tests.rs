@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::apis::sidecarset::SidecarSetSpec;
 use k8s_openapi::api::core::v1::PodStatus;

@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

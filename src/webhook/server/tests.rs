@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::runtime::ADMISSION_KINDS;
 use json_patch::{AddOperation, PatchOperation};

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::apis::defaults::default_imagepulljob;
 use crate::apis::validation::ErrorKind;

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::apis::defaults::default_nodeimage;
 use crate::apis::nodeimage::{ImageSpec, ImageTagPullPolicy};

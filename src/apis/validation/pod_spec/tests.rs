@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::apis::validation::ErrorKind;
 use serde_json::json;

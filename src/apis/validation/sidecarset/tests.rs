@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::apis::defaults::default_sidecarset;
 use crate::apis::validation::ErrorKind;

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::apis::imagepulljob::{CompletionPolicy, ImagePullJobSpec, PullPolicy};
 use crate::apis::nodeimage::{ImagePullPhase, ImageStatus, ImageTagStatus};

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::apis::imagepulljob::{CompletionPolicy, ImagePullJobSpec};
 

@@ -1,4 +1,3 @@
-
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ObjectReference;

@@ -1,4 +1,3 @@
-
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::reflector::{ObjectRef, store::Writer};
 
