@@ -19,6 +19,9 @@ use kube::runtime::events::{Event, Reporter};
 const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
 
 /// Publishes Events as `reporter`; cheap to share behind an `Arc`, as the contexts do.
+/// Reporting controller of every event the manager's controllers publish.
+pub const MANAGER_REPORTER: &str = "kruise-rs-manager";
+
 pub struct Recorder {
     client: Client,
     reporter: Reporter,
@@ -27,6 +30,18 @@ pub struct Recorder {
 }
 
 impl Recorder {
+    /// The manager's controllers' recorder: reporting controller [`MANAGER_REPORTER`], instance
+    /// the pod (`POD_NAME`, set by the chart), when known.
+    pub fn for_manager(client: Client) -> Self {
+        Self::new(
+            client,
+            Reporter {
+                controller: MANAGER_REPORTER.into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        )
+    }
+
     pub fn new(client: Client, reporter: Reporter) -> Self {
         Self {
             client,

@@ -8,7 +8,6 @@ use std::time::Duration;
 use futures::{FutureExt, StreamExt};
 use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -146,13 +145,7 @@ pub async fn run_with_pods(
     let metrics = opts.metrics.clone();
     let ctx = Arc::new(Context {
         caches_ready: caches_ready_rx,
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "kruise-rs-manager".into(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        ),
+        recorder: Recorder::for_manager(client.clone()),
         client,
         nodeimages,
         pods,

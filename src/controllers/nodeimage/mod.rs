@@ -70,8 +70,6 @@ use crate::events::Recorder;
 pub const FIELD_MANAGER: &str = "kruise-rs-nodeimage";
 /// The controller's name in metrics and in [`super::CacheSync`].
 pub const NAME: &str = "nodeimage";
-/// Reporting controller of its events.
-pub const REPORTER: &str = "kruise-rs-manager";
 
 /// What the reconcilers share.
 struct Context {

@@ -17,12 +17,11 @@ use futures::{FutureExt, Stream, StreamExt, future, stream};
 use k8s_openapi::api::core::v1::NodeCondition;
 use kube::api::ObjectMeta;
 use kube::core::PartialObjectMeta;
-use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, applier, controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
-use super::{Context, NAME, REPORTER, plan, reconcile};
+use super::{Context, NAME, plan, reconcile};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
 use crate::controllers::ControllerOptions;
@@ -254,13 +253,7 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
         nodes: nodes.clone(),
         nodeimage_store: nodeimage_store.clone(),
         jobs,
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: REPORTER.into(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        ),
+        recorder: Recorder::for_manager(client),
         creation_delay: opts.nodeimage_creation_delay,
         response_timeout: opts.nodeimage_response_timeout,
         backoff: Backoff::default(),

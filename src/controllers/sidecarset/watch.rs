@@ -12,7 +12,6 @@ use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use kube::{Client, ResourceExt};
@@ -205,13 +204,7 @@ pub async fn run_with_pods(
         written: WrittenPods::default(),
         backoff: Backoff::default(),
         metrics: opts.metrics.clone(),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: "kruise-rs-manager".into(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        ),
+        recorder: Recorder::for_manager(client),
     });
     let shutdown = shutdown.shared();
     let running = controller

@@ -23,6 +23,28 @@ fn a_patch_goes_out_base64_encoded() {
     assert_eq!(response["warnings"], json!(["w"]));
 }
 
+/// An AdmissionReview of a pod's creation, encoded.
+fn pod_review(uid: &str, namespace: Option<&str>, name: &str) -> Vec<u8> {
+    let mut request = json!({
+        "uid": uid,
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "operation": "CREATE",
+        "name": name,
+        "userInfo": {},
+        "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}},
+    });
+    if let Some(namespace) = namespace {
+        request["namespace"] = json!(namespace);
+    }
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": request,
+    });
+    serde_json::to_vec(&review).unwrap()
+}
+
 /// A log sink the test can read back.
 #[derive(Clone, Default)]
 struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
@@ -62,21 +84,8 @@ async fn lines_logged_while_deciding_name_the_object() {
         .with_writer(move || sink.clone())
         .finish();
     let _default = tracing::subscriber::set_default(subscriber);
-    let body = json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u3",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE",
-            "namespace": "shop",
-            "name": "web-0",
-            "userInfo": {},
-            "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web-0"}},
-        },
-    });
-    let answer = review(&LogsAndAllows, PATHS[0], body.to_string().as_bytes()).await;
+    let body = pod_review("u3", Some("shop"), "web-0");
+    let answer = review(&LogsAndAllows, MUTATE_POD, &body).await;
     assert_eq!(answer.status(), StatusCode::OK);
     let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     let line: Value = serde_json::from_str(text.lines().next().expect("a line")).unwrap();
@@ -140,19 +149,7 @@ async fn metered_counts_each_decision_by_kind_and_verdict() {
         inner: Arc::new(Refuse),
         metrics: metrics.clone(),
     };
-    let review = json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u4",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE",
-            "userInfo": {},
-            "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}},
-        }
-    });
-    let body = serde_json::to_vec(&review).unwrap();
+    let body = pod_review("u4", None, "p");
     let response = super::review(&metered, MUTATE_POD, &body).await;
     assert_eq!(response.status(), StatusCode::OK);
     let text = registry.encode().unwrap();
