@@ -24,7 +24,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, instrument, warn};
 
 use super::auth::Keyring;
 use super::cri::Cri;
@@ -242,7 +242,9 @@ impl Drop for ActiveWorker {
     }
 }
 
-/// One tag's worker: wait for a slot, pull, record the outcome, tell the owners.
+/// One tag's worker: wait for a slot, pull, record the outcome, tell the owners. Its lines
+/// carry the tag (span `pull`), so one image's story can be picked out of the daemon's log.
+#[instrument(name = "pull", skip_all, fields(image = %task.key.image, tag = %task.key.tag, version = task.version))]
 async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: ObjectReference) {
     shared.metrics.active_workers.inc();
     let _active = ActiveWorker(shared.metrics.clone());
