@@ -13,8 +13,8 @@
 //! Pod events wake a SidecarSet only when something that matters changed ([`pod_events`]).
 //!
 //! Where things live: [`watch`] wires the watches, stores and triggers into the kube-runtime
-//! `Controller`; [`plan`](mod@plan) holds the pure decisions of a reconcile (plain values in, plain values
-//! out); `reconcile` fetches from the stores, plans, and writes.
+//! `Controller`; [`plan`](mod@plan) holds the pure decisions of a reconcile (plain values in,
+//! plain values out); `reconcile` fetches from the stores, plans, and writes.
 //!
 //! **Expectations.** The pod cache lags behind our own patches; [`expectations::WrittenPods`]
 //! keeps the pods our patches return and reads them instead of cached ones until the cache has
