@@ -2,17 +2,17 @@
 //! most `parallelism` nodes at a time and in target order, and sums the nodes' reports into the
 //! job's status.
 //!
-//! - [`watch`]: the job, NodeImage and pod watches and what wakes which job;
+//! - `watch.rs`: the job, NodeImage and pod watches and what wakes which job;
 //! - [`plan`]: the decisions of a reconcile, from plain values, built from
 //!   - [`targets`]: which nodes, in which order, and where each stands;
 //!   - [`entry`]: what a job writes into a NodeImage;
 //!   - [`status`]: the job's status, which nodes start next, when the job next needs attention;
-//! - [`reconcile`]: fetch, plan, write: secrets, the NodeImage writes, the status, events;
+//! - `reconcile.rs`: fetch, plan, write: secrets, the NodeImage writes, the status, events;
 //! - [`secrets`]: the pull-secret copies in the daemons' namespace.
 //!
-//! Writes go through [`update_images`] (guarded JSON patches), so jobs sharing a node never lose
-//! each other's entries. The NodeImage store can lag behind our own writes; the objects our
-//! patches return are kept until the store catches up ([`Context::fresher`]), so a reconcile
+//! Writes go through [`update_images`](super::shared::nodeimage_images::update_images) (guarded
+//! JSON patches), so jobs sharing a node never lose each other's entries. The NodeImage store can lag behind our own writes; the objects our
+//! patches return are kept until the store catches up (`Context::fresher`), so a reconcile
 //! never counts a node it just started as not started, and `parallelism` holds exactly.
 
 pub mod entry;

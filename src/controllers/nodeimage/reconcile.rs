@@ -1,4 +1,4 @@
-//! The two reconcilers: fetch from the stores, decide with [`logic`], write the result.
+//! The two reconcilers: fetch from the stores, decide with [`plan`](super::plan), write the result.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

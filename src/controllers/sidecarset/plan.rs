@@ -1,6 +1,6 @@
 //! The pure decisions of a SidecarSet reconcile: plain values in (the SidecarSet, its pods,
 //! jobs, revisions, the previous status), plain decisions out. Nothing here reads a store or
-//! calls the API, so every rule is unit-tested here ([`reconcile`](super::reconcile) does the
+//! calls the API, so every rule is unit-tested here (`reconcile.rs` does the
 //! fetching and writing).
 
 use std::collections::BTreeSet;

@@ -5,7 +5,7 @@
 //!
 //! # When
 //!
-//! The *targets* are the pods of the rollout queue ([`next_batch`]'s `queue`: upgradable in place,
+//! The *targets* are the pods of the rollout queue ([`next_batch`](super::strategy::next_batch)'s `queue`: upgradable in place,
 //! within the update selector, not held back by the partition, in rollout order) whose sidecar
 //! containers run another image than the SidecarSet's; for each such container, the pod's node
 //! needs the new image. The decision ([`decide`]), in this order:

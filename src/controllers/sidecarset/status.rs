@@ -149,7 +149,7 @@ fn count(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
-/// `set`'s status given its matched `pods`, the `batch` [`next_batch`] chose for them, and its
+/// `set`'s status given its matched `pods`, the `batch` [`next_batch`](super::strategy::next_batch) chose for them, and its
 /// latest ControllerRevision. Conditions whose status did not change keep their
 /// `lastTransitionTime`; `now` stamps the others.
 pub fn compute_status(
