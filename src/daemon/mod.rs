@@ -5,8 +5,8 @@
 //! 1. connect to the apiserver and serve `/healthz`, `/readyz`, `/metrics`;
 //! 2. find the CRI image service (`--cri-socket`, or the usual containerd / CRI-O / cri-dockerd
 //!    sockets under the host's run directory), retrying every few seconds while none answers;
-//! 3. watch the node's own NodeImage ([`node`]), plan workers from it ([`plan`]), pull
-//!    ([`pull`], credentials from [`auth`]), and report ([`report`], the status from [`status`]);
+//! 3. watch the node's own NodeImage (`node.rs`), plan workers from it ([`plan`]), pull
+//!    ([`pull`], credentials from [`auth`]), and report (`report.rs`, the status from [`status`]);
 //! 4. keep checking the runtime: `/readyz` answers 200 only while the runtime answers and the
 //!    NodeImage watch has synced;
 //! 5. on shutdown, stop the workers (a restarted daemon resumes them from the status) and return.

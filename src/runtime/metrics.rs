@@ -247,7 +247,7 @@ impl ManagerMetrics {
             .observe(seconds);
     }
 
-    /// Sets the pod gauges of SidecarSet `name`, in the order of [`SIDECARSET_POD_STATES`].
+    /// Sets the pod gauges of SidecarSet `name`, in the order of `SIDECARSET_POD_STATES`.
     pub fn set_sidecarset_pods(&self, name: &str, counts: [i32; 4]) {
         let mut known = self.sidecarsets.lock().unwrap_or_else(|e| e.into_inner());
         known.insert(name.to_owned());
@@ -276,7 +276,7 @@ impl ManagerMetrics {
         });
     }
 
-    /// Sets the ImagePullJob node gauges, in the order of [`IMAGEPULLJOB_NODE_STATES`].
+    /// Sets the ImagePullJob node gauges, in the order of `IMAGEPULLJOB_NODE_STATES`.
     pub fn set_imagepulljob_nodes(&self, counts: [i64; 4]) {
         for (state, count) in IMAGEPULLJOB_NODE_STATES.into_iter().zip(counts) {
             self.imagepulljob_nodes
