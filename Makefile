@@ -15,6 +15,7 @@ test: deps ## Everything CI runs: format, lints, unit tests, the integration sui
 	cargo fmt --all -- --check
 	cargo clippy --all-targets --locked -- -D warnings
 	cargo clippy --test e2e --locked -- -D warnings  # test = false: not in --all-targets
+	RUSTDOCFLAGS='-D warnings' cargo doc --locked --no-deps --lib  # no broken intra-doc links
 	cargo test --locked --lib --bins
 	tests/integration-matrix.sh
 	tests/cluster/e2e.sh
