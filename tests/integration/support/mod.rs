@@ -24,8 +24,7 @@ use kube::{Api, Client, Config};
 use serde::Deserialize;
 
 pub mod cri_proxy;
-mod shared;
-pub use shared::{unique_name, wait_for};
+pub use crate::harness::shared::{unique_name, wait_for};
 pub mod kubelet;
 pub mod node;
 pub mod scrape;
