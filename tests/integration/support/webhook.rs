@@ -60,16 +60,10 @@ pub fn webhook_options(
     }
 }
 
-fn free_port() -> Result<std::net::SocketAddr, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("no free loopback port: {e}"))
-}
-
 fn start() -> Result<WebhookCluster, String> {
     let plane = ExtraControlPlane::start();
     plane.install_crds();
-    let addr = free_port()?;
+    let addr = crate::harness::process::free_loopback_port()?;
     let kubeconfig: PathBuf = plane.kubeconfig_path().to_owned();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<std::net::SocketAddr, String>>();
     std::thread::Builder::new()
