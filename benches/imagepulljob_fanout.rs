@@ -29,7 +29,7 @@ use serde_json::json;
 mod harness;
 
 use harness::bench::Result;
-use harness::controlplane::{ControlPlane, Crds};
+use harness::controlplane::{ControlPlane, Crds, apiserver_requests};
 use harness::objects::create_ready_nodes;
 use harness::procfs::rss_mib;
 
@@ -53,32 +53,10 @@ fn main() -> Result<()> {
 /// Sum of the apiserver's `apiserver_request_total` for PATCHes of NodeImage objects (not their
 /// status, which the played daemons write), by status code.
 async fn nodeimage_patches(client: &Client) -> Result<BTreeMap<String, f64>> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await?;
-    let mut by_code = BTreeMap::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        if !(line.contains("resource=\"nodeimages\"")
-            && line.contains("verb=\"PATCH\"")
-            && line.contains("subresource=\"\""))
-        {
-            continue;
-        }
-        let code = line
-            .split("code=\"")
-            .nth(1)
-            .and_then(|s| s.split('"').next())
-            .unwrap_or("?");
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        *by_code.entry(code.to_owned()).or_insert(0.0) += value;
-    }
-    Ok(by_code)
+    Ok(apiserver_requests(client, "nodeimages", "PATCH", |label| {
+        label("subresource").is_empty().then(|| label("code"))
+    })
+    .await?)
 }
 
 fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {

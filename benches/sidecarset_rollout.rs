@@ -39,7 +39,7 @@
 mod harness;
 
 use harness::bench::{Result, env_number, median};
-use harness::controlplane::{ControlPlane, Crds};
+use harness::controlplane::{ControlPlane, Crds, apiserver_requests};
 use harness::objects::{create_namespace, stamp_hashes};
 use harness::procfs::{cpu_total, machine_cpu, rss_mib};
 use std::collections::{BTreeMap, HashMap};
@@ -822,37 +822,14 @@ impl Cpu {
 
 /// The apiserver's `apiserver_request_total` for pods PATCHes, by subresource and code.
 async fn pod_patches(client: &Client) -> Result<BTreeMap<String, f64>> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await?;
-    let mut by_kind = BTreeMap::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        if !(line.contains("resource=\"pods\"") && line.contains("verb=\"PATCH\"")) {
-            continue;
-        }
-        let label = |name: &str| {
-            line.split(&format!("{name}=\""))
-                .nth(1)
-                .and_then(|s| s.split('"').next())
-                .unwrap_or("?")
-                .to_owned()
-        };
+    Ok(apiserver_requests(client, "pods", "PATCH", |label| {
         let subresource = match label("subresource").as_str() {
             "" => "pod".to_owned(),
             other => other.to_owned(),
         };
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        *by_kind
-            .entry(format!("{subresource} {}", label("code")))
-            .or_insert(0.0) += value;
-    }
-    Ok(by_kind)
+        Some(format!("{subresource} {}", label("code")))
+    })
+    .await?)
 }
 
 fn describe_patches(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> String {
