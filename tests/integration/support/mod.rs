@@ -18,11 +18,11 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::harness::controlplane::{ControlPlane, Crds, config_of};
+use crate::harness::objects::create_namespace;
 pub use crate::harness::process::{KillOnDrop, terminate};
 
-use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::config::Kubeconfig;
 use kube::{Api, Client, Config};
 use serde::Deserialize;
@@ -310,16 +310,7 @@ impl TestCluster {
     /// control plane has no namespace controller to finish deletions and is thrown away anyway.
     pub async fn namespace(&self, prefix: &str) -> TestNamespace {
         let name = unique_name(prefix);
-        let namespace = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                labels: Some(BTreeMap::from([(TEST_LABEL.to_owned(), "true".to_owned())])),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        };
-        Api::<Namespace>::all(self.client().await)
-            .create(&PostParams::default(), &namespace)
+        create_namespace(&self.client().await, &name, &[(TEST_LABEL, "true")])
             .await
             .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
         let cleanup = (!self.is_local()).then(|| {

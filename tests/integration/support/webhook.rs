@@ -135,21 +135,14 @@ impl WebhookCluster {
 
     /// A namespace whose pods and jobs go through the webhooks.
     pub async fn namespace(&self, prefix: &str) -> String {
-        use k8s_openapi::api::core::v1::Namespace;
-        use kube::api::{Api, ObjectMeta, PostParams};
         let name = super::unique_name(prefix);
-        let namespace = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                labels: Some([(WEBHOOK_NAMESPACE_LABEL.to_owned(), "true".to_owned())].into()),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        };
-        Api::<Namespace>::all(self.client().await)
-            .create(&PostParams::default(), &namespace)
-            .await
-            .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+        crate::harness::objects::create_namespace(
+            &self.client().await,
+            &name,
+            &[(WEBHOOK_NAMESPACE_LABEL, "true")],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
         name
     }
 }
