@@ -40,7 +40,7 @@
 mod harness;
 
 use harness::bench::{Result, env_number, median};
-use harness::controlplane::{ControlPlane, Crds};
+use harness::controlplane::{ControlPlane, Crds, apiserver_metric};
 use harness::objects::create_namespace;
 use harness::process::{ChildGuard, free_loopback_port, tail};
 use harness::procfs::{MachineCpu, cpu_seconds, machine_cpu};
@@ -916,27 +916,17 @@ async fn in_process(client: &Client, requests: usize) -> Result<InProcess> {
 /// The apiserver's own `apiserver_admission_webhook_admission_duration_seconds` sum and count
 /// for the pod webhook.
 async fn webhook_calls(client: &Client) -> Result<(f64, f64)> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await?;
-    let mut sum = 0.0;
-    let mut count = 0.0;
-    for line in text.lines() {
-        if !line.contains("name=\"mutate-pods.kruise-rs.io\"") {
-            continue;
-        }
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        if line.starts_with("apiserver_admission_webhook_admission_duration_seconds_sum{") {
-            sum += value;
-        } else if line.starts_with("apiserver_admission_webhook_admission_duration_seconds_count{")
-        {
-            count += value;
-        }
+    const METRIC: &str = "apiserver_admission_webhook_admission_duration_seconds";
+    let mut figures = [0.0; 2];
+    for (figure, suffix) in figures.iter_mut().zip(["_sum", "_count"]) {
+        *figure = apiserver_metric(client, &format!("{METRIC}{suffix}"))
+            .await?
+            .iter()
+            .filter(|(labels, _)| labels.contains("name=\"mutate-pods.kruise-rs.io\""))
+            .map(|(_, value)| value)
+            .sum();
     }
-    Ok((sum, count))
+    Ok((figures[0], figures[1]))
 }
 
 /// Processes whose CPU time is reported per pod.

@@ -421,6 +421,27 @@ fn timed<T>(f: impl FnOnce() -> T) -> (Duration, Duration, T) {
     (cpu, wall, out)
 }
 
+/// The CPU time of deserializing every pod of `wire` as a `T`, `runs` times.
+fn decode_times<T: serde::de::DeserializeOwned>(
+    wire: &[Vec<u8>],
+    runs: usize,
+) -> Result<Percentiles> {
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let mut pods = Vec::with_capacity(wire.len());
+        let (cpu, _, result) = timed(|| -> Result<()> {
+            for b in wire {
+                pods.push(serde_json::from_slice::<T>(b)?);
+            }
+            Ok(())
+        });
+        result?;
+        drop(std::hint::black_box(pods));
+        times.push(cpu);
+    }
+    Ok(percentiles(times))
+}
+
 struct Percentiles {
     p50: Duration,
     p90: Duration,
@@ -620,35 +641,9 @@ fn decision(n: usize, runs: usize) -> Result<()> {
         ms(wall.p50),
     );
 
-    let mut decode = Vec::new();
-    for _ in 0..runs {
-        let mut pods = Vec::with_capacity(n);
-        let (cpu, _, result) = timed(|| -> Result<()> {
-            for b in &wire {
-                pods.push(serde_json::from_slice::<Pod>(b)?);
-            }
-            Ok(())
-        });
-        result?;
-        drop(std::hint::black_box(pods));
-        decode.push(cpu);
-    }
-    let decode = percentiles(decode);
+    let decode = decode_times::<Pod>(&wire, runs)?;
     // What the controller's pod watch deserializes instead.
-    let mut decode_summary = Vec::new();
-    for _ in 0..runs {
-        let mut pods = Vec::with_capacity(n);
-        let (cpu, _, result) = timed(|| -> Result<()> {
-            for b in &wire {
-                pods.push(serde_json::from_slice::<PodSummary>(b)?);
-            }
-            Ok(())
-        });
-        result?;
-        drop(std::hint::black_box(pods));
-        decode_summary.push(cpu);
-    }
-    let decode_summary = percentiles(decode_summary);
+    let decode_summary = decode_times::<PodSummary>(&wire, runs)?;
 
     // Where plan's time goes: its steps, timed the same way.
     let owned = owned_pods(&set, stored.iter().cloned(), &namespace_labels);

@@ -208,15 +208,9 @@ pub async fn client_for(path: &Path) -> Result<Client, String> {
         .map_err(|e| format!("a client for {}: {e}", path.display()))
 }
 
-/// The apiserver's `apiserver_request_total` for `verb` requests on `resource` (from its
-/// `/metrics`), summed by `key`: `key` gets a label's value by name (`?` when the series has no
-/// such label) and returns the group a series counts in, or `None` to leave it out.
-pub async fn apiserver_requests(
-    client: &Client,
-    resource: &str,
-    verb: &str,
-    key: impl Fn(&dyn Fn(&str) -> String) -> Option<String>,
-) -> Result<std::collections::BTreeMap<String, f64>, String> {
+/// The series of metric `name` in the apiserver's `/metrics`: each one's labels (what stands
+/// between the braces) and value.
+pub async fn apiserver_metric(client: &Client, name: &str) -> Result<Vec<(String, f64)>, String> {
     let req = http::Request::get("/metrics")
         .body(Vec::new())
         .map_err(|e| e.to_string())?;
@@ -224,32 +218,45 @@ pub async fn apiserver_requests(
         .request_text(req)
         .await
         .map_err(|e| format!("reading the apiserver's /metrics: {e}"))?;
+    let prefix = format!("{name}{{");
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let (labels, value) = line.strip_prefix(&prefix)?.rsplit_once("} ")?;
+            Some((labels.to_owned(), value.trim().parse().unwrap_or(0.0)))
+        })
+        .collect())
+}
+
+/// The apiserver's `apiserver_request_total` for `verb` requests on `resource`, summed by
+/// `key`: `key` gets a label's value by name (`?` when the series has no such label) and returns
+/// the group a series counts in, or `None` to leave it out.
+pub async fn apiserver_requests(
+    client: &Client,
+    resource: &str,
+    verb: &str,
+    key: impl Fn(&dyn Fn(&str) -> String) -> Option<String>,
+) -> Result<std::collections::BTreeMap<String, f64>, String> {
     let (resource, verb) = (
         format!("resource=\"{resource}\""),
         format!("verb=\"{verb}\""),
     );
     let mut sums = std::collections::BTreeMap::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-        .filter(|l| l.contains(&resource) && l.contains(&verb))
-    {
+    for (labels, value) in apiserver_metric(client, "apiserver_request_total").await? {
+        if !(labels.contains(&resource) && labels.contains(&verb)) {
+            continue;
+        }
         let label = |name: &str| {
-            line.split(&format!("{name}=\""))
+            labels
+                .split(&format!("{name}=\""))
                 .nth(1)
                 .and_then(|s| s.split('"').next())
                 .unwrap_or("?")
                 .to_owned()
         };
-        let Some(group) = key(&label) else {
-            continue;
-        };
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        *sums.entry(group).or_insert(0.0) += value;
+        if let Some(group) = key(&label) {
+            *sums.entry(group).or_insert(0.0) += value;
+        }
     }
     Ok(sums)
 }
