@@ -36,8 +36,15 @@
 //! goal (p99 ≤ 2 ms in-process) and ratios; nothing is asserted. The manager logs at
 //! `MANAGER_RUST_LOG` (default `warn`) into a temporary file whose tail a failure prints.
 
+#[path = "../tests/harness/mod.rs"]
+mod harness;
+
+use harness::bench::{Result, env_number, median};
+use harness::controlplane::{ControlPlane, Crds, apiserver_metric};
+use harness::objects::create_namespace;
+use harness::process::{ChildGuard, free_loopback_port, tail};
+use harness::procfs::{MachineCpu, cpu_seconds, machine_cpu};
 use std::collections::{BTreeMap, HashSet};
-use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -54,10 +61,10 @@ use kruise_rs::apis::sidecarset::SidecarSet;
 use kruise_rs::sidecar;
 use kruise_rs::webhook::handlers::Handlers;
 use kruise_rs::webhook::server::{self, Admit, Verdict};
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
-use kube::{Client, Config, ResourceExt};
+use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 /// The manager's namespace; the webhook configuration excludes it.
@@ -75,8 +82,6 @@ const WAIT: Duration = Duration::from_secs(90);
 const HASH_ANNOTATION: &str = "kruise.io/sidecarset-hash";
 const INJECTED_LIST: &str = "kruise.io/sidecarset-injected-list";
 
-type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
-
 struct Settings {
     requests: usize,
     pods: usize,
@@ -85,26 +90,14 @@ struct Settings {
 }
 
 fn main() -> Result<()> {
-    // `cargo test --all-targets` runs bench targets too, without `--bench`: a control plane and
-    // thousands of pods are not something to start by accident.
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("admission: run it with `cargo bench --bench admission`");
+    if !harness::bench::requested("admission") {
         return Ok(());
     }
-    let env_number = |name: &str, default: usize| -> Result<usize> {
-        match std::env::var(name) {
-            Ok(v) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err(format!("{name}={v:?} is not a positive integer").into()),
-            },
-            _ => Ok(default),
-        }
-    };
     let settings = Settings {
-        requests: env_number("REQUESTS", 20000)?,
-        pods: env_number("PODS", 500)?,
-        clients: env_number("CLIENTS", 8)?,
-        rounds: env_number("ROUNDS", 3)?,
+        requests: env_number("REQUESTS", 20000, 1)?,
+        pods: env_number("PODS", 500, 1)?,
+        clients: env_number("CLIENTS", 8, 1)?,
+        rounds: env_number("ROUNDS", 3, 1)?,
     };
     let scratch = tempfile::Builder::new()
         .prefix("kruise-rs-bench-admission-")
@@ -116,7 +109,13 @@ fn main() -> Result<()> {
     let result = runtime.block_on(bench(&settings, &manager_log));
     if let Err(err) = &result {
         eprintln!("admission failed: {err}");
-        if let Some(tail) = tail(&manager_log, 40) {
+        if let Some(tail) = tail(
+            &[
+                manager_log.clone(),
+                manager_log.with_extension("stderr.log"),
+            ],
+            40,
+        ) {
             eprintln!("---- last lines of the manager's log ----\n{tail}----");
         }
     }
@@ -127,187 +126,27 @@ fn main() -> Result<()> {
 
 // --- environment -------------------------------------------------------------------------------
 
-fn manifest_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-struct ControlPlane {
-    state: tempfile::TempDir,
-    kubeconfig: String,
-}
-
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        let stop = manifest_dir().join("tests/controlplane/stop.sh");
-        let _ = Command::new(stop)
-            .arg(self.state.path())
-            .stdout(Stdio::null())
-            .status();
-    }
-}
-
-fn start_control_plane() -> Result<ControlPlane> {
-    let state = tempfile::Builder::new()
-        .prefix("kruise-rs-bench-cp-")
-        .tempdir()?;
-    let script = manifest_dir().join("tests/controlplane/start.sh");
-    let out = Command::new(&script)
-        .arg("--owner-pid")
-        .arg(std::process::id().to_string())
-        .arg(state.path())
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("running {}: {e}", script.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "tests/controlplane/start.sh failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    let kubeconfig = String::from_utf8(out.stdout)?.trim().to_owned();
-    Ok(ControlPlane { state, kubeconfig })
-}
-
-impl ControlPlane {
-    /// The pid of `name` (kube-apiserver, etcd) from the state directory's `pids` file.
-    fn pid(&self, name: &str) -> Option<u32> {
-        std::fs::read_to_string(self.state.path().join("pids"))
-            .ok()?
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-    }
-}
-
-async fn client(kubeconfig: &str) -> Result<Client> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
-    let mut config = Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    config.read_timeout = Some(Duration::from_secs(120));
-    Ok(Client::try_from(config)?)
-}
-
-/// `kruise-rs crds | kubectl apply --server-side -f -`, then waits until they are Established.
-fn install_crds(cp: &ControlPlane) -> Result<()> {
-    let crds = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
-        .arg("crds")
-        .stdin(Stdio::null())
-        .output()?;
-    if !crds.status.success() {
-        return Err(format!(
-            "kruise-rs crds failed: {}",
-            String::from_utf8_lossy(&crds.stderr)
-        )
-        .into());
-    }
-    let kubectl = cp.state.path().join("bin/kubectl");
-    let mut apply = Command::new(&kubectl)
-        .args([
-            "--kubeconfig",
-            &cp.kubeconfig,
-            "apply",
-            "--server-side",
-            "-f",
-            "-",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    apply
-        .stdin
-        .take()
-        .ok_or("kubectl has no stdin")?
-        .write_all(&crds.stdout)?;
-    let out = apply.wait_with_output()?;
-    if !out.status.success() {
-        return Err(format!(
-            "installing the CRDs failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    let out = Command::new(&kubectl)
-        .args([
-            "--kubeconfig",
-            &cp.kubeconfig,
-            "wait",
-            "--for=condition=Established",
-            "crd",
-            "--all",
-        ])
-        .stdin(Stdio::null())
-        .output()?;
-    if !out.status.success() {
-        return Err(format!(
-            "waiting for the CRDs failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    Ok(())
-}
-
-/// The manager process (and its webhook port), killed however the bench ends.
-struct ChildGuard(std::process::Child, u16);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl ChildGuard {
-    fn check_alive(&mut self) -> Result<()> {
-        match self.0.try_wait()? {
-            Some(status) => Err(format!("the manager exited ({status})").into()),
-            None => Ok(()),
-        }
-    }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-fn start_manager(cp: &ControlPlane, log: &Path) -> Result<ChildGuard> {
-    let port = free_port()?;
-    let addr = format!("127.0.0.1:{port}");
+/// The manager with its webhooks on a loopback port of its own, and that port.
+fn start_manager(cp: &ControlPlane, log: &Path) -> Result<(ChildGuard, u16)> {
+    let addr = free_loopback_port()?;
     let level = std::env::var("MANAGER_RUST_LOG")
         .ok()
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| "warn".into());
-    let child = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
-        .args(["manager", "--kubeconfig", &cp.kubeconfig])
-        .args(["--probe-addr", "127.0.0.1:0"])
-        .args(["--webhook-addr", &addr])
-        .args(["--webhook-url", &format!("https://{addr}")])
-        .args(["--namespace", MANAGER_NAMESPACE])
-        .env("RUST_LOG", level)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(log)?)
-        .stderr(std::fs::File::create(log.with_extension("stderr.log"))?)
-        .spawn()?;
-    Ok(ChildGuard(child, port))
-}
-
-fn tail(path: &Path, lines: usize) -> Option<String> {
-    let mut text = String::new();
-    for file in [path.to_owned(), path.with_extension("stderr.log")] {
-        if let Ok(bytes) = std::fs::read(&file) {
-            text.push_str(&String::from_utf8_lossy(&bytes));
-        }
-    }
-    if text.is_empty() {
-        return None;
-    }
-    let all: Vec<&str> = text.lines().collect();
-    let mut out = all[all.len().saturating_sub(lines)..].join("\n");
-    out.push('\n');
-    Some(out)
+    let child = ChildGuard::spawn(
+        Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
+            .args(["manager", "--kubeconfig"])
+            .arg(cp.kubeconfig())
+            .args(["--probe-addr", "127.0.0.1:0"])
+            .args(["--webhook-addr", &addr.to_string()])
+            .args(["--webhook-url", &format!("https://{addr}")])
+            .args(["--namespace", MANAGER_NAMESPACE])
+            .env("RUST_LOG", level)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(log)?)
+            .stderr(std::fs::File::create(log.with_extension("stderr.log"))?),
+    )?;
+    Ok((child, addr.port()))
 }
 
 /// The client-side ports of the TCP connections (any state, TIME_WAIT included: it lasts a
@@ -343,27 +182,9 @@ fn connections(port: u16) -> HashSet<u16> {
     peers
 }
 
-/// The machine's CPU seconds since boot, all CPUs together: (busy, stolen by the hypervisor,
-/// total), from the first line of `/proc/stat`.
-fn machine_cpu() -> Option<(f64, f64, f64)> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let ticks: Vec<f64> = stat
-        .lines()
-        .next()?
-        .strip_prefix("cpu ")?
-        .split_whitespace()
-        .take(8)
-        .map(|v| v.parse().ok())
-        .collect::<Option<_>>()?;
-    // user nice system idle iowait irq softirq steal, in USER_HZ (100) ticks.
-    let total: f64 = ticks.iter().sum();
-    let busy = total - ticks.get(3)? - ticks.get(4)?;
-    Some((busy / 100.0, ticks.get(7)? / 100.0, total / 100.0))
-}
-
 /// The machine's and this process's CPU use at one instant.
 struct Load {
-    machine: Option<(f64, f64, f64)>,
+    machine: Option<MachineCpu>,
     this: Option<(f64, f64)>,
     at: Instant,
 }
@@ -383,25 +204,15 @@ fn interference(before: &Load, after: &Load) -> String {
     match ((before.machine, before.this), (after.machine, after.this)) {
         ((Some(mb), Some(sb)), (Some(ma), Some(sa))) => {
             let wall = (after.at - before.at).as_secs_f64();
-            let others = (ma.0 - mb.0) - ((sa.0 + sa.1) - (sb.0 + sb.1));
+            let others = (ma.busy - mb.busy) - ((sa.0 + sa.1) - (sb.0 + sb.1));
             format!(
                 "other processes kept {:.2} CPUs busy on average, {:.1}% of CPU time stolen by the hypervisor",
                 others / wall,
-                100.0 * (ma.1 - mb.1) / (ma.2 - mb.2).max(f64::EPSILON)
+                100.0 * (ma.steal - mb.steal) / (ma.total - mb.total).max(f64::EPSILON)
             )
         }
         _ => "machine load unknown".to_owned(),
     }
-}
-
-/// CPU seconds (user, system) process `pid` has used, from `/proc/<pid>/stat`.
-fn cpu_seconds(pid: u32) -> Option<(f64, f64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
-    // After the command: state is field 3, utime 14 and stime 15 (1-based). USER_HZ is 100 on
-    // every Linux configuration that matters here.
-    let seconds = |i: usize| Some(fields.get(i)?.parse::<f64>().ok()? / 100.0);
-    Some((seconds(11)?, seconds(12)?))
 }
 
 // --- objects -----------------------------------------------------------------------------------
@@ -633,30 +444,6 @@ fn bench_sidecarsets() -> Result<Vec<SidecarSet>> {
         }))?);
     }
     Ok(sets)
-}
-
-async fn create_namespace(client: &Client, name: &str, labels: &[(&str, &str)]) -> Result<()> {
-    let namespace = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            labels: Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                    .collect(),
-            ),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    match Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-        Err(err) => Err(err.into()),
-    }
 }
 
 /// The SidecarSets whose names the pod's injected-list annotation holds.
@@ -1129,27 +916,17 @@ async fn in_process(client: &Client, requests: usize) -> Result<InProcess> {
 /// The apiserver's own `apiserver_admission_webhook_admission_duration_seconds` sum and count
 /// for the pod webhook.
 async fn webhook_calls(client: &Client) -> Result<(f64, f64)> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await?;
-    let mut sum = 0.0;
-    let mut count = 0.0;
-    for line in text.lines() {
-        if !line.contains("name=\"mutate-pods.kruise-rs.io\"") {
-            continue;
-        }
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        if line.starts_with("apiserver_admission_webhook_admission_duration_seconds_sum{") {
-            sum += value;
-        } else if line.starts_with("apiserver_admission_webhook_admission_duration_seconds_count{")
-        {
-            count += value;
-        }
+    const METRIC: &str = "apiserver_admission_webhook_admission_duration_seconds";
+    let mut figures = [0.0; 2];
+    for (figure, suffix) in figures.iter_mut().zip(["_sum", "_count"]) {
+        *figure = apiserver_metric(client, &format!("{METRIC}{suffix}"))
+            .await?
+            .iter()
+            .filter(|(labels, _)| labels.contains("name=\"mutate-pods.kruise-rs.io\""))
+            .map(|(_, value)| value)
+            .sum();
     }
-    Ok((sum, count))
+    Ok((figures[0], figures[1]))
 }
 
 /// Processes whose CPU time is reported per pod.
@@ -1191,7 +968,7 @@ struct Env<'a> {
     client: &'a Client,
     /// The manager's webhook port, while it runs.
     webhook_port: Option<u16>,
-    kubeconfig: &'a str,
+    cp: &'a ControlPlane,
     watched: &'a Watched,
     settings: &'a Settings,
 }
@@ -1220,7 +997,7 @@ async fn measure(env: &Env<'_>, run: &Run, clients: usize, round: usize) -> Resu
     let mut workers = Vec::new();
     for _ in 0..clients {
         workers.push(Api::<Pod>::namespaced(
-            client(env.kubeconfig).await?,
+            env.cp.client().await?,
             run.namespace,
         ));
     }
@@ -1262,7 +1039,7 @@ async fn measure(env: &Env<'_>, run: &Run, clients: usize, round: usize) -> Resu
         .map(|(b, a)| Some((a.as_ref()?.0 + a.as_ref()?.1) - (b.as_ref()?.0 + b.as_ref()?.1)))
         .sum();
     let unrelated = match (before_machine, after_machine, watched) {
-        (Some(b), Some(a), Some(w)) => Some(((a.0 - b.0) - w).max(0.0)),
+        (Some(b), Some(a), Some(w)) => Some(((a.busy - b.busy) - w).max(0.0)),
         _ => None,
     };
     let after_calls = webhook_calls(env.client).await?;
@@ -1306,16 +1083,6 @@ async fn measure(env: &Env<'_>, run: &Run, clients: usize, round: usize) -> Resu
     })
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
-
 /// ROUNDS rounds of every run in `runs`, each with 1 client then CLIENTS, interleaved (so drift
 /// spreads over all of them); then, per run and client count, the median pods/s and the totals,
 /// printed with their ratio to `baseline` and appended to `out`.
@@ -1349,7 +1116,7 @@ async fn phases(
             let (low, high) = rates
                 .iter()
                 .fold((f64::INFINITY, 0.0f64), |(l, h), r| (l.min(*r), h.max(*r)));
-            let rate = median(rates);
+            let rate = median(&rates);
             let ratio = baseline
                 .and_then(|b| b.iter().find(|p| p.clients == *clients))
                 .map_or(String::new(), |b| {
@@ -1429,7 +1196,7 @@ where
     let t = Instant::now();
     loop {
         if let Some(manager) = manager.as_deref_mut() {
-            manager.check_alive()?;
+            manager.check_alive("the manager")?;
         }
         if attempt().await {
             return Ok(t.elapsed());
@@ -1448,9 +1215,9 @@ async fn bench(settings: &Settings, manager_log: &Path) -> Result<()> {
         "command: REQUESTS={} PODS={} CLIENTS={} ROUNDS={} cargo bench --bench admission",
         settings.requests, settings.pods, settings.clients, settings.rounds
     );
-    let cp = start_control_plane()?;
-    install_crds(&cp)?;
-    let client = client(&cp.kubeconfig).await?;
+    let cp = ControlPlane::start("kruise-rs-bench-cp-")?;
+    cp.install_crds(Crds::Generated)?;
+    let client = cp.client().await?;
     create_namespace(&client, INJECT_NAMESPACE, &[("env", "prod")]).await?;
     create_namespace(&client, PLAIN_NAMESPACE, &[]).await?;
     let mut watched = Watched { names: Vec::new() };
@@ -1468,7 +1235,7 @@ async fn bench(settings: &Settings, manager_log: &Path) -> Result<()> {
     let env = Env {
         client: &client,
         webhook_port: None,
-        kubeconfig: &cp.kubeconfig,
+        cp: &cp,
         watched: &watched,
         settings,
     };
@@ -1483,7 +1250,7 @@ async fn bench(settings: &Settings, manager_log: &Path) -> Result<()> {
     let baseline = results.clone();
 
     // The manager with its webhooks; the SidecarSets go through them (defaulted and hashed).
-    let mut manager = start_manager(&cp, manager_log)?;
+    let (mut manager, webhook_port) = start_manager(&cp, manager_log)?;
     let sidecarsets = Api::<SidecarSet>::all(client.clone());
     let mut probe = 0;
     let took = wait_for(
@@ -1517,7 +1284,7 @@ async fn bench(settings: &Settings, manager_log: &Path) -> Result<()> {
         "manager started (release binary), its webhooks answering the apiserver after {:.1} s",
         took.as_secs_f64()
     );
-    watched.names.push(("manager", manager.0.id()));
+    watched.names.push(("manager", manager.id()));
     let t = Instant::now();
     for set in bench_sidecarsets()? {
         let created = sidecarsets.create(&PostParams::default(), &set).await?;
@@ -1561,8 +1328,8 @@ async fn bench(settings: &Settings, manager_log: &Path) -> Result<()> {
     );
     let env = Env {
         client: &client,
-        webhook_port: Some(manager.1),
-        kubeconfig: &cp.kubeconfig,
+        webhook_port: Some(webhook_port),
+        cp: &cp,
         watched: &watched,
         settings,
     };
@@ -1597,7 +1364,7 @@ async fn bench(settings: &Settings, manager_log: &Path) -> Result<()> {
         },
     ];
     phases(&env, &runs, Some(&baseline), &mut results).await?;
-    manager.check_alive()?;
+    manager.check_alive("the manager")?;
 
     // Without the manager and its configurations: the baseline again.
     drop(manager);
@@ -1634,7 +1401,7 @@ async fn bench(settings: &Settings, manager_log: &Path) -> Result<()> {
     let env = Env {
         client: &client,
         webhook_port: None,
-        kubeconfig: &cp.kubeconfig,
+        cp: &cp,
         watched: &watched,
         settings,
     };

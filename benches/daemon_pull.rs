@@ -20,11 +20,15 @@
 //! `DAEMON_RUST_LOG` (default `info`) into a temporary file, or into `DAEMON_LOG_FILE` (kept);
 //! a failure prints its last lines.
 
-mod common;
+#[path = "../tests/harness/mod.rs"]
+mod harness;
 
-use common::rss_mib;
+use harness::bench::{Result, env_number, median};
+use harness::controlplane::{ControlPlane, Crds};
+use harness::process::{self, ChildGuard, run, tail};
+use harness::procfs::{cpu_total, rss_mib, status_field};
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -35,7 +39,6 @@ use kruise_rs::apis::nodeimage::{ImagePullPhase, NodeImage};
 use kruise_rs::daemon::cri::Cri;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
-use kube::{Client, Config};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
@@ -50,26 +53,13 @@ const REPO: &str = "kruise-rs-bench/img";
 /// Longest wait for any one thing (a pull, readiness).
 const WAIT: Duration = Duration::from_secs(300);
 
-type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
-
 fn main() -> Result<()> {
-    // `cargo test --all-targets` runs bench targets too, without `--bench`: gigabytes of pulls
-    // are not something to start by accident.
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("daemon_pull: run it with `cargo bench --bench daemon_pull`");
+    // Gigabytes of pulls are not something to start by accident.
+    if !harness::bench::requested("daemon_pull") {
         return Ok(());
     }
-    let env_number = |name: &str, default: usize| -> Result<usize> {
-        match std::env::var(name) {
-            Ok(v) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err(format!("{name}={v:?} is not a positive integer").into()),
-            },
-            _ => Ok(default),
-        }
-    };
-    let layer_mib = env_number("LAYER_MIB", 32)?;
-    let rounds = env_number("ROUNDS", 5)?;
+    let layer_mib = env_number("LAYER_MIB", 32, 1)?;
+    let rounds = env_number("ROUNDS", 5, 1)?;
     // Logs of the daemon, kept until the end so a failure can show their tail.
     let scratch = tempfile::Builder::new()
         .prefix("kruise-rs-bench-daemon-")
@@ -84,7 +74,7 @@ fn main() -> Result<()> {
     let result = runtime.block_on(bench(layer_mib, rounds, &daemon_log));
     if let Err(err) = &result {
         eprintln!("daemon_pull failed: {err}");
-        if let Some(tail) = tail(&daemon_log, 40) {
+        if let Some(tail) = tail(&[daemon_log], 40) {
             eprintln!("---- last lines of the daemon's log ----\n{tail}----");
         }
     }
@@ -92,49 +82,6 @@ fn main() -> Result<()> {
 }
 
 // --- environments ------------------------------------------------------------------------------
-
-fn manifest_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-struct ControlPlane {
-    state: tempfile::TempDir,
-    kubeconfig: String,
-}
-
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        let stop = manifest_dir().join("tests/controlplane/stop.sh");
-        let _ = Command::new(stop)
-            .arg(self.state.path())
-            .stdout(Stdio::null())
-            .status();
-    }
-}
-
-fn start_control_plane() -> Result<ControlPlane> {
-    let state = tempfile::Builder::new()
-        .prefix("kruise-rs-bench-cp-")
-        .tempdir()?;
-    let script = manifest_dir().join("tests/controlplane/start.sh");
-    let out = Command::new(&script)
-        .arg("--owner-pid")
-        .arg(std::process::id().to_string())
-        .arg(state.path())
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("running {}: {e}", script.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "tests/controlplane/start.sh failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    let kubeconfig = String::from_utf8(out.stdout)?.trim().to_owned();
-    Ok(ControlPlane { state, kubeconfig })
-}
 
 /// Registries and containerd from tests/node/start.sh, stopped when dropped.
 struct NodeEnv {
@@ -144,11 +91,7 @@ struct NodeEnv {
 
 impl Drop for NodeEnv {
     fn drop(&mut self) {
-        let stop = manifest_dir().join("tests/node/stop.sh");
-        let _ = Command::new(stop)
-            .arg(self.state.path())
-            .stdout(Stdio::null())
-            .status();
+        process::stop_owned("tests/node/stop.sh", self.state.path());
     }
 }
 
@@ -164,105 +107,12 @@ impl NodeEnv {
 
 fn start_node_env() -> Result<NodeEnv> {
     // Short: containerd's socket path under it must stay below 100 bytes.
-    let state = tempfile::Builder::new()
-        .prefix("kruise-rs-bench-node-")
-        .tempdir()?;
-    let script = manifest_dir().join("tests/node/start.sh");
-    let out = Command::new(&script)
-        .arg("--owner-pid")
-        .arg(std::process::id().to_string())
-        .arg(state.path())
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("running {}: {e}", script.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "tests/node/start.sh failed ({}) (tests/setup.sh installs what it needs):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    let vars = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-        .collect();
-    Ok(NodeEnv { state, vars })
-}
-
-async fn client(kubeconfig: &str) -> Result<Client> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
-    let mut config = Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    config.read_timeout = Some(Duration::from_secs(120));
-    Ok(Client::try_from(config)?)
-}
-
-/// `kruise-rs crds | kubectl apply --server-side -f -`, then waits until they are Established.
-fn install_crds(cp: &ControlPlane) -> Result<()> {
-    let crds = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
-        .arg("crds")
-        .stdin(Stdio::null())
-        .output()?;
-    if !crds.status.success() {
-        return Err(format!(
-            "kruise-rs crds failed: {}",
-            String::from_utf8_lossy(&crds.stderr)
-        )
-        .into());
-    }
-    let kubectl = cp.state.path().join("bin/kubectl");
-    let mut apply = Command::new(&kubectl)
-        .args([
-            "--kubeconfig",
-            &cp.kubeconfig,
-            "apply",
-            "--server-side",
-            "-f",
-            "-",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    apply
-        .stdin
-        .take()
-        .ok_or("kubectl has no stdin")?
-        .write_all(&crds.stdout)?;
-    let out = apply.wait_with_output()?;
-    if !out.status.success() {
-        return Err(format!(
-            "installing the CRDs failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    run(Command::new(&kubectl).args([
-        "--kubeconfig",
-        &cp.kubeconfig,
-        "wait",
-        "--for=condition=Established",
-        "crd",
-        "--all",
-    ]))
-}
-
-/// Runs `cmd` to completion; a failure carries its stderr.
-fn run(cmd: &mut Command) -> Result<()> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("running {cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cmd:?} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )
-        .into());
-    }
-    Ok(())
+    let started = process::start_owned("tests/node/start.sh", "kruise-rs-bench-node-", &[])
+        .map_err(|e| format!("{e}(tests/setup.sh installs what it needs)"))?;
+    Ok(NodeEnv {
+        vars: process::parse_vars(&started.stdout),
+        state: started.state,
+    })
 }
 
 // --- test images -------------------------------------------------------------------------------
@@ -354,7 +204,7 @@ fn push_images(registry: &str, layouts: &[PathBuf]) -> Result<Vec<String>> {
             handles
                 .into_iter()
                 .map(|h| h.join().map_err(|_| "a push panicked")?)
-                .collect::<Result<Vec<()>>>()
+                .collect::<Result<Vec<()>, String>>()
         })?;
     }
     Ok(names)
@@ -362,51 +212,16 @@ fn push_images(registry: &str, layouts: &[PathBuf]) -> Result<Vec<String>> {
 
 // --- the daemon --------------------------------------------------------------------------------
 
-/// The daemon process, killed however the bench ends.
-struct ChildGuard(std::process::Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// CPU seconds (user + system) the process has used, from `/proc/<pid>/stat`.
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
-    // After the command: state is field 3, utime 14 and stime 15 (1-based).
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    // USER_HZ is 100 on every Linux configuration that matters here.
-    Some(ticks / 100.0)
-}
-
 /// What the RSS is made of (anonymous memory, mapped files: mostly the binary's own pages) and
 /// the thread count, from `/proc/<pid>/status`.
 fn breakdown(pid: u32) -> String {
     let field = |name| rss_mib(pid, name).map_or("?".into(), |v| format!("{v:.1}"));
-    let threads = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Threads:").map(|v| v.trim().to_owned()))
-        })
-        .unwrap_or_else(|| "?".into());
+    let threads = status_field(pid, "Threads:").unwrap_or_else(|| "?".into());
     format!(
         "anonymous {} MiB, file-backed {} MiB, {threads} threads",
         field("RssAnon:"),
         field("RssFile:")
     )
-}
-
-fn tail(path: &Path, lines: usize) -> Option<String> {
-    let text = std::fs::read(path).ok()?;
-    let text = String::from_utf8_lossy(&text);
-    let all: Vec<&str> = text.lines().collect();
-    let mut out = all[all.len().saturating_sub(lines)..].join("\n");
-    out.push('\n');
-    Some(out)
 }
 
 /// `GET path` over HTTP/1.0 (no chunked body) to the daemon's probe server.
@@ -561,16 +376,6 @@ async fn add_to_spec(api: &Api<NodeImage>, images: &[String]) -> Result<()> {
 
 // --- the bench ---------------------------------------------------------------------------------
 
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 async fn bench(layer_mib: usize, rounds: usize, daemon_log: &Path) -> Result<()> {
     let count = 2 * rounds + CONCURRENT;
     println!(
@@ -598,13 +403,13 @@ async fn bench(layer_mib: usize, rounds: usize, daemon_log: &Path) -> Result<()>
     );
     let socket = PathBuf::from(node.var("CONTAINERD_SOCKET")?);
     let t = Instant::now();
-    let cp = start_control_plane()?;
-    install_crds(&cp)?;
+    let cp = ControlPlane::start("kruise-rs-bench-cp-")?;
+    cp.install_crds(Crds::Generated)?;
     println!(
         "  control plane started and CRDs installed in {:.1} s",
         t.elapsed().as_secs_f64()
     );
-    let client = client(&cp.kubeconfig).await?;
+    let client = cp.client().await?;
     let api: Api<NodeImage> = Api::all(client.clone());
     let object: NodeImage = serde_json::from_value(json!({
         "apiVersion": "apps.kruise.io/v1beta1",
@@ -624,10 +429,11 @@ async fn bench(layer_mib: usize, rounds: usize, daemon_log: &Path) -> Result<()>
         .port();
     let probe = format!("127.0.0.1:{probe_port}");
     let log = std::fs::File::create(daemon_log)?;
-    let mut daemon = ChildGuard(
+    let mut daemon = ChildGuard::spawn(
         Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
             .arg("daemon")
-            .args(["--node-name", NODE, "--kubeconfig", &cp.kubeconfig])
+            .args(["--node-name", NODE, "--kubeconfig"])
+            .arg(cp.kubeconfig())
             .arg("--cri-socket")
             .arg(&socket)
             .args(["--probe-addr", &probe])
@@ -639,15 +445,14 @@ async fn bench(layer_mib: usize, rounds: usize, daemon_log: &Path) -> Result<()>
             .env_remove("KUBECONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()?,
-    );
-    let pid = daemon.0.id();
+            .stderr(log),
+    )?;
+    let pid = daemon.id();
     let t = Instant::now();
     loop {
-        if let Some(status) = daemon.0.try_wait()? {
-            return Err(format!("the daemon exited before it was ready ({status})").into());
-        }
+        daemon
+            .check_alive("the daemon")
+            .map_err(|e| format!("{e} before it was ready"))?;
         if matches!(http_get(&probe, "/readyz").await, Ok((200, _))) {
             break;
         }
@@ -673,7 +478,7 @@ async fn bench(layer_mib: usize, rounds: usize, daemon_log: &Path) -> Result<()>
     let cri = Cri::connect(&socket)
         .await
         .map_err(|e| format!("connecting to {}: {e}", socket.display()))?;
-    let cpu_before = cpu_seconds(pid);
+    let cpu_before = cpu_total(pid);
     let (mut direct, mut inside, mut end_to_end) = (Vec::new(), Vec::new(), Vec::new());
     let mut status_calls = Vec::new();
     println!("  round   direct   (then ImageStatus)   daemon(inside)   daemon(end to end)   [s]");
@@ -718,7 +523,7 @@ async fn bench(layer_mib: usize, rounds: usize, daemon_log: &Path) -> Result<()>
         inside.push(through.0);
         end_to_end.push(through.1);
     }
-    let cpu_rounds = cpu_seconds(pid)
+    let cpu_rounds = cpu_total(pid)
         .zip(cpu_before)
         .map(|(after, before)| after - before);
     let (md, mi, me) = (median(&direct), median(&inside), median(&end_to_end));
@@ -740,7 +545,7 @@ async fn bench(layer_mib: usize, rounds: usize, daemon_log: &Path) -> Result<()>
     // 4. CONCURRENT pulls at once.
     let batch = &images[2 * rounds..];
     let (sum_before, count_before) = pull_histogram(&probe).await?;
-    let cpu_before = cpu_seconds(pid);
+    let cpu_before = cpu_total(pid);
     let t = Instant::now();
     add_to_spec(&api, batch).await?;
     let mut peak = 0.0_f64;
@@ -762,7 +567,7 @@ async fn bench(layer_mib: usize, rounds: usize, daemon_log: &Path) -> Result<()>
     };
     let concurrent_took = done.duration_since(t).as_secs_f64();
     let (sum_after, _) = wait_pull_count(&probe, count_before + batch.len() as f64).await?;
-    let cpu_concurrent = cpu_seconds(pid)
+    let cpu_concurrent = cpu_total(pid)
         .zip(cpu_before)
         .map(|(after, before)| after - before);
     let hwm = mib("VmHWM:");

@@ -15,8 +15,6 @@
 //! Figures are printed with their ratio to the baseline; nothing is asserted.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
@@ -27,18 +25,19 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-mod common;
+#[path = "../tests/harness/mod.rs"]
+mod harness;
 
-use common::{ControlPlane, Result, create_ready_nodes, rss_mib};
+use harness::bench::Result;
+use harness::controlplane::{ControlPlane, Crds, apiserver_requests};
+use harness::objects::create_ready_nodes;
+use harness::procfs::rss_mib;
 
 const NAMESPACE: &str = "default";
 const LABEL: &str = "kruise-rs-bench";
 
 fn main() -> Result<()> {
-    // `cargo test --all-targets` runs bench targets too, without `--bench`: a 5,000-node run
-    // is not something to start by accident.
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("imagepulljob_fanout: run it with `cargo bench --bench imagepulljob_fanout`");
+    if !harness::bench::requested("imagepulljob_fanout") {
         return Ok(());
     }
     let nodes: usize = std::env::var("NODES")
@@ -54,32 +53,10 @@ fn main() -> Result<()> {
 /// Sum of the apiserver's `apiserver_request_total` for PATCHes of NodeImage objects (not their
 /// status, which the played daemons write), by status code.
 async fn nodeimage_patches(client: &Client) -> Result<BTreeMap<String, f64>> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await?;
-    let mut by_code = BTreeMap::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        if !(line.contains("resource=\"nodeimages\"")
-            && line.contains("verb=\"PATCH\"")
-            && line.contains("subresource=\"\""))
-        {
-            continue;
-        }
-        let code = line
-            .split("code=\"")
-            .nth(1)
-            .and_then(|s| s.split('"').next())
-            .unwrap_or("?");
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        *by_code.entry(code.to_owned()).or_insert(0.0) += value;
-    }
-    Ok(by_code)
+    Ok(apiserver_requests(client, "nodeimages", "PATCH", |label| {
+        label("subresource").is_empty().then(|| label("code"))
+    })
+    .await?)
 }
 
 fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
@@ -165,35 +142,9 @@ fn spawn_daemons(
 
 async fn bench(n: usize) -> Result<()> {
     println!("imagepulljob fan-out over {n} nodes");
-    let cp = ControlPlane::start()?;
+    let cp = ControlPlane::start("kruise-rs-bench-")?;
     let client = cp.client().await?;
-    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
-    let kubectl = cp.state.path().join("bin/kubectl");
-    let status = Command::new(&kubectl)
-        .args([
-            "--kubeconfig",
-            &cp.kubeconfig,
-            "apply",
-            "--server-side",
-            "-f",
-        ])
-        .arg(&crds)
-        .stdout(Stdio::null())
-        .status()?;
-    if !status.success() {
-        return Err("installing the CRDs failed".into());
-    }
-    Command::new(&kubectl)
-        .args([
-            "--kubeconfig",
-            &cp.kubeconfig,
-            "wait",
-            "--for=condition=Established",
-            "crd",
-            "--all",
-        ])
-        .stdout(Stdio::null())
-        .status()?;
+    cp.install_crds(Crds::Repository)?;
 
     // `MANAGER_WRAPPER=heaptrack` (any command taking the program as its first argument) runs the
     // manager under a profiler; the RSS figures are then the wrapper's, and the manager may
@@ -221,7 +172,7 @@ async fn bench(n: usize) -> Result<()> {
         d.as_secs_f64()
     );
     let mib =
-        |field| rss_mib(manager.0.id(), field).map_or("unknown".into(), |r| format!("{r:.1} MiB"));
+        |field| rss_mib(manager.id(), field).map_or("unknown".into(), |r| format!("{r:.1} MiB"));
     println!(
         "  manager RSS with {n} Nodes and NodeImages watched: {}",
         mib("VmRSS:")

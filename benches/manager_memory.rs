@@ -15,13 +15,18 @@
 //!
 //! Figures are printed with their ratio to the goal and to the empty baseline; nothing is asserted.
 
-mod common;
+#[path = "../tests/harness/mod.rs"]
+mod harness;
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::{ControlPlane, Result, create_ready_nodes, rss_mib, stamp_hashes};
 use futures::{StreamExt, TryStreamExt};
+use harness::bench::Result;
+use harness::bench::env_number;
+use harness::controlplane::{ControlPlane, Crds};
+use harness::objects::{create_ready_nodes, stamp_hashes};
+use harness::procfs::rss_mib;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kruise_rs::apis::defaults::default_sidecarset;
 use kruise_rs::apis::nodeimage::NodeImage;
@@ -44,25 +49,13 @@ const APP_IMAGE: &str = "registry.local/shop/web:3.14.2";
 const CONCURRENCY: usize = 32;
 const STALL: Duration = Duration::from_secs(300);
 
-fn env_number(name: &str, default: usize) -> Result<usize> {
-    match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => v
-            .trim()
-            .parse()
-            .map_err(|_| format!("{name}={v:?} is not a non-negative integer").into()),
-        _ => Ok(default),
-    }
-}
-
 fn main() -> Result<()> {
-    // `cargo test --all-targets` runs bench targets too, without `--bench`.
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("manager_memory: run it with `cargo bench --bench manager_memory`");
+    if !harness::bench::requested("manager_memory") {
         return Ok(());
     }
-    let pods = env_number("PODS", 10_000)?;
-    let nodes = env_number("NODES", 5_000)?.max(1);
-    let namespaces = env_number("NAMESPACES", 10)?.max(1);
+    let pods = env_number("PODS", 10_000, 0)?;
+    let nodes = env_number("NODES", 5_000, 0)?.max(1);
+    let namespaces = env_number("NAMESPACES", 10, 0)?.max(1);
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
@@ -265,8 +258,8 @@ async fn wait_matched(client: &Client, want: usize) -> Result<Duration> {
 
 async fn bench(pods: usize, nodes: usize, namespaces: usize) -> Result<()> {
     println!("manager memory with {pods} pods, {nodes} nodes and NodeImages watched");
-    let cp = ControlPlane::start()?;
-    cp.install_crds()?;
+    let cp = ControlPlane::start("kruise-rs-bench-")?;
+    cp.install_crds(Crds::Generated)?;
     let client = cp.client().await?;
     let ns_api: Api<Namespace> = Api::all(client.clone());
     let mut pod_namespaces = Vec::new();
@@ -277,7 +270,7 @@ async fn bench(pods: usize, nodes: usize, namespaces: usize) -> Result<()> {
     }
 
     let manager = cp.spawn_manager(None)?;
-    let pid = manager.0.id();
+    let pid = manager.id();
     let mib = |field| rss_mib(pid, field).unwrap_or(f64::NAN);
     // Ready: it holds the Lease and its controllers have listed (empty) caches.
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =

@@ -35,20 +35,21 @@
 //! Figures are printed with their ratio to the baseline (goal: rollout within 1.5x); nothing is
 //! asserted.
 
-mod common;
+#[path = "../tests/harness/mod.rs"]
+mod harness;
 
-use common::{rss_mib, stamp_hashes};
+use harness::bench::{Result, env_number, median};
+use harness::controlplane::{ControlPlane, Crds, apiserver_requests};
+use harness::objects::{create_namespace, stamp_hashes};
+use harness::procfs::{cpu_total, machine_cpu, rss_mib};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
-use std::io::Write;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kruise_rs::apis::defaults::default_sidecarset;
@@ -67,9 +68,9 @@ use kruise_rs::controllers::sidecarset::predownload::{self, Decision};
 use kruise_rs::controllers::sidecarset::{self, PreDownloadInputs, owned_pods, plan};
 use kruise_rs::sidecar::annotations::{SidecarSetUpgradeSpec, render_hashes};
 use kruise_rs::sidecar::hash::sidecarset_hash;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Config, ResourceExt};
+use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -98,28 +99,14 @@ const GOAL: f64 = 1.5;
 /// Namespaces the decision part spreads its pods over.
 const DECISION_NAMESPACES: usize = 20;
 
-type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
-
 fn main() -> Result<()> {
-    // `cargo test --all-targets` runs bench targets too, without `--bench`: a control plane and
-    // thousands of pods are not something to start by accident.
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("sidecarset_rollout: run it with `cargo bench --bench sidecarset_rollout`");
+    if !harness::bench::requested("sidecarset_rollout") {
         return Ok(());
     }
-    let env_number = |name: &str, default: usize| -> Result<usize> {
-        match std::env::var(name) {
-            Ok(v) if !v.trim().is_empty() => v
-                .trim()
-                .parse::<usize>()
-                .map_err(|_| format!("{name}={v:?} is not a non-negative integer").into()),
-            _ => Ok(default),
-        }
-    };
-    let pods = env_number("PODS", 5000)?;
-    let decision_pods = env_number("DECISION_PODS", 10000)?;
-    let runs = env_number("DECISION_RUNS", 30)?.max(1);
-    let rounds = env_number("ROUNDS", 3)?.max(1);
+    let pods = env_number("PODS", 5000, 0)?;
+    let decision_pods = env_number("DECISION_PODS", 10000, 0)?;
+    let runs = env_number("DECISION_RUNS", 30, 0)?.max(1);
+    let rounds = env_number("ROUNDS", 3, 0)?.max(1);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -434,6 +421,27 @@ fn timed<T>(f: impl FnOnce() -> T) -> (Duration, Duration, T) {
     (cpu, wall, out)
 }
 
+/// The CPU time of deserializing every pod of `wire` as a `T`, `runs` times.
+fn decode_times<T: serde::de::DeserializeOwned>(
+    wire: &[Vec<u8>],
+    runs: usize,
+) -> Result<Percentiles> {
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let mut pods = Vec::with_capacity(wire.len());
+        let (cpu, _, result) = timed(|| -> Result<()> {
+            for b in wire {
+                pods.push(serde_json::from_slice::<T>(b)?);
+            }
+            Ok(())
+        });
+        result?;
+        drop(std::hint::black_box(pods));
+        times.push(cpu);
+    }
+    Ok(percentiles(times))
+}
+
 struct Percentiles {
     p50: Duration,
     p90: Duration,
@@ -633,35 +641,9 @@ fn decision(n: usize, runs: usize) -> Result<()> {
         ms(wall.p50),
     );
 
-    let mut decode = Vec::new();
-    for _ in 0..runs {
-        let mut pods = Vec::with_capacity(n);
-        let (cpu, _, result) = timed(|| -> Result<()> {
-            for b in &wire {
-                pods.push(serde_json::from_slice::<Pod>(b)?);
-            }
-            Ok(())
-        });
-        result?;
-        drop(std::hint::black_box(pods));
-        decode.push(cpu);
-    }
-    let decode = percentiles(decode);
+    let decode = decode_times::<Pod>(&wire, runs)?;
     // What the controller's pod watch deserializes instead.
-    let mut decode_summary = Vec::new();
-    for _ in 0..runs {
-        let mut pods = Vec::with_capacity(n);
-        let (cpu, _, result) = timed(|| -> Result<()> {
-            for b in &wire {
-                pods.push(serde_json::from_slice::<PodSummary>(b)?);
-            }
-            Ok(())
-        });
-        result?;
-        drop(std::hint::black_box(pods));
-        decode_summary.push(cpu);
-    }
-    let decode_summary = percentiles(decode_summary);
+    let decode_summary = decode_times::<PodSummary>(&wire, runs)?;
 
     // Where plan's time goes: its steps, timed the same way.
     let owned = owned_pods(&set, stored.iter().cloned(), &namespace_labels);
@@ -727,146 +709,6 @@ fn decision(n: usize, runs: usize) -> Result<()> {
 
 // --- environment -------------------------------------------------------------------------------
 
-fn manifest_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-struct ControlPlane {
-    state: tempfile::TempDir,
-    kubeconfig: String,
-}
-
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        let stop = manifest_dir().join("tests/controlplane/stop.sh");
-        let _ = Command::new(stop)
-            .arg(self.state.path())
-            .stdout(Stdio::null())
-            .status();
-    }
-}
-
-fn start_control_plane() -> Result<ControlPlane> {
-    let state = tempfile::Builder::new()
-        .prefix("kruise-rs-bench-cp-")
-        .tempdir()?;
-    let script = manifest_dir().join("tests/controlplane/start.sh");
-    let out = Command::new(&script)
-        .arg("--owner-pid")
-        .arg(std::process::id().to_string())
-        .arg(state.path())
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("running {}: {e}", script.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "tests/controlplane/start.sh failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    let kubeconfig = String::from_utf8(out.stdout)?.trim().to_owned();
-    Ok(ControlPlane { state, kubeconfig })
-}
-
-impl ControlPlane {
-    /// The pid of `name` (kube-apiserver, etcd) from the state directory's `pids` file.
-    fn pid(&self, name: &str) -> Option<u32> {
-        std::fs::read_to_string(self.state.path().join("pids"))
-            .ok()?
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-    }
-}
-
-/// A client of its own (its own connection pool).
-async fn client(kubeconfig: &str) -> Result<Client> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
-    let mut config = Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    config.read_timeout = Some(Duration::from_secs(120));
-    Ok(Client::try_from(config)?)
-}
-
-/// `kruise-rs crds | kubectl apply --server-side -f -`, then waits until they are Established.
-fn install_crds(cp: &ControlPlane) -> Result<()> {
-    let crds = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
-        .arg("crds")
-        .stdin(Stdio::null())
-        .output()?;
-    if !crds.status.success() {
-        return Err(format!(
-            "kruise-rs crds failed: {}",
-            String::from_utf8_lossy(&crds.stderr)
-        )
-        .into());
-    }
-    let kubectl = cp.state.path().join("bin/kubectl");
-    let mut apply = Command::new(&kubectl)
-        .args([
-            "--kubeconfig",
-            &cp.kubeconfig,
-            "apply",
-            "--server-side",
-            "-f",
-            "-",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    apply
-        .stdin
-        .take()
-        .ok_or("kubectl has no stdin")?
-        .write_all(&crds.stdout)?;
-    let out = apply.wait_with_output()?;
-    if !out.status.success() {
-        return Err(format!(
-            "installing the CRDs failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    let out = Command::new(&kubectl)
-        .args([
-            "--kubeconfig",
-            &cp.kubeconfig,
-            "wait",
-            "--for=condition=Established",
-            "crd",
-            "--all",
-        ])
-        .stdin(Stdio::null())
-        .output()?;
-    if !out.status.success() {
-        return Err(format!(
-            "waiting for the CRDs failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    Ok(())
-}
-
-async fn create_namespace(client: &Client, name: &str) -> Result<()> {
-    let namespace = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    match Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-        Err(err) => Err(err.into()),
-    }
-}
-
 fn rss(field: &str) -> String {
     rss_mib(std::process::id(), field).map_or("unknown".into(), |r| format!("{r:.1} MiB"))
 }
@@ -916,31 +758,6 @@ fn memory() -> String {
     format!("RSS {} (heap in use {heap})", rss("VmRSS:"))
 }
 
-/// CPU seconds (user + system) process `pid` has used, from `/proc/<pid>/stat`.
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
-    // After the command: utime and stime are fields 14 and 15 (1-based), in USER_HZ (100) ticks.
-    let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok();
-    Some((ticks(11)? + ticks(12)?) / 100.0)
-}
-
-/// The machine's busy CPU seconds since boot, all CPUs together, from `/proc/stat`.
-fn machine_busy() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let ticks: Vec<f64> = stat
-        .lines()
-        .next()?
-        .strip_prefix("cpu ")?
-        .split_whitespace()
-        .take(8)
-        .map(|v| v.parse().ok())
-        .collect::<Option<_>>()?;
-    // user nice system idle iowait irq softirq steal, in USER_HZ (100) ticks.
-    let total: f64 = ticks.iter().sum();
-    Some((total - ticks.get(3)? - ticks.get(4)?) / 100.0)
-}
-
 /// CPU seconds of this process, the apiserver and etcd, and of the whole machine.
 struct Cpu {
     processes: Vec<(&'static str, Option<f64>)>,
@@ -959,9 +776,9 @@ impl Cpu {
         Cpu {
             processes: who
                 .into_iter()
-                .map(|(name, pid)| (name, cpu_seconds(pid)))
+                .map(|(name, pid)| (name, cpu_total(pid)))
                 .collect(),
-            machine: machine_busy(),
+            machine: machine_cpu().map(|m| m.busy),
             at: Instant::now(),
         }
     }
@@ -1000,37 +817,14 @@ impl Cpu {
 
 /// The apiserver's `apiserver_request_total` for pods PATCHes, by subresource and code.
 async fn pod_patches(client: &Client) -> Result<BTreeMap<String, f64>> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await?;
-    let mut by_kind = BTreeMap::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        if !(line.contains("resource=\"pods\"") && line.contains("verb=\"PATCH\"")) {
-            continue;
-        }
-        let label = |name: &str| {
-            line.split(&format!("{name}=\""))
-                .nth(1)
-                .and_then(|s| s.split('"').next())
-                .unwrap_or("?")
-                .to_owned()
-        };
+    Ok(apiserver_requests(client, "pods", "PATCH", |label| {
         let subresource = match label("subresource").as_str() {
             "" => "pod".to_owned(),
             other => other.to_owned(),
         };
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        *by_kind
-            .entry(format!("{subresource} {}", label("code")))
-            .or_insert(0.0) += value;
-    }
-    Ok(by_kind)
+        Some(format!("{subresource} {}", label("code")))
+    })
+    .await?)
 }
 
 fn describe_patches(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> String {
@@ -1315,15 +1109,6 @@ async fn set_version(sets: &Api<SidecarSet>, set: &SidecarSet, k: usize) -> Resu
         .await?)
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
-}
-
 /// Polls the SidecarSet until `done`, up to [`STALL`].
 async fn poll_status(
     api: &Api<SidecarSet>,
@@ -1359,11 +1144,11 @@ async fn rollout(n: usize, rounds: usize) -> Result<()> {
          {rounds} rounds of rollout then baseline"
     );
     let t = Instant::now();
-    let cp = start_control_plane()?;
-    install_crds(&cp)?;
-    let setup = client(&cp.kubeconfig).await?;
-    create_namespace(&setup, MANAGER_NAMESPACE).await?;
-    create_namespace(&setup, POD_NAMESPACE).await?;
+    let cp = ControlPlane::start("kruise-rs-bench-cp-")?;
+    cp.install_crds(Crds::Generated)?;
+    let setup = cp.client().await?;
+    create_namespace(&setup, MANAGER_NAMESPACE, &[]).await?;
+    create_namespace(&setup, POD_NAMESPACE, &[]).await?;
     println!("  control plane and CRDs ready in {}", secs(t.elapsed()));
 
     let sets: Api<SidecarSet> = Api::all(setup.clone());
@@ -1383,7 +1168,7 @@ async fn rollout(n: usize, rounds: usize) -> Result<()> {
         n as f64 / created.as_secs_f64(),
     );
 
-    let watch_client = client(&cp.kubeconfig).await?;
+    let watch_client = cp.client().await?;
     let pods: Api<Pod> = Api::namespaced(watch_client.clone(), POD_NAMESPACE);
     let names: Vec<String> = (0..n).map(pod_name).collect();
     let (mut rollout_times, mut baseline_times, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
@@ -1405,13 +1190,9 @@ async fn rollout(n: usize, rounds: usize) -> Result<()> {
         };
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         // The controller, on a client of its own.
-        let controller = tokio::spawn(sidecarset::run(
-            client(&cp.kubeconfig).await?,
-            opts,
-            async move {
-                let _ = stop_rx.await;
-            },
-        ));
+        let controller = tokio::spawn(sidecarset::run(cp.client().await?, opts, async move {
+            let _ = stop_rx.await;
+        }));
         let n32 = i32::try_from(n)?;
         let took = poll_status(&sets, "every pod matched, updated and ready", move |s| {
             s.matched_pods == n32 && s.updated_pods == n32 && s.ready_pods == n32
@@ -1499,7 +1280,7 @@ async fn rollout(n: usize, rounds: usize) -> Result<()> {
         }
 
         // Baseline: a plain client sends each pod the equivalent patch, v<to> -> v<after>.
-        let api: Api<Pod> = Api::namespaced(client(&cp.kubeconfig).await?, POD_NAMESPACE);
+        let api: Api<Pod> = Api::namespaced(cp.client().await?, POD_NAMESPACE);
         let revision = final_status
             .as_ref()
             .and_then(|s| s.latest_revision.clone())
@@ -1554,7 +1335,7 @@ async fn rollout(n: usize, rounds: usize) -> Result<()> {
         ratios.push(ratio);
         k = after;
     }
-    let (rollout_median, baseline_median) = (median(rollout_times), median(baseline_times));
+    let (rollout_median, baseline_median) = (median(&rollout_times), median(&baseline_times));
     let ratio = rollout_median / baseline_median;
     println!(
         "  summary: rollout median {rollout_median:.2} s ({:.0} pods/s), baseline median {baseline_median:.2} s ({:.0} pods/s); \

@@ -21,7 +21,7 @@ use kube::{Client, Config};
 use serde_json::json;
 use tokio::sync::{OnceCell, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-#[path = "../integration/support/shared.rs"]
+#[path = "../harness/shared.rs"]
 mod shared;
 pub use shared::{unique_name, wait_for};
 

@@ -28,10 +28,7 @@ impl Drop for KillGroup {
 }
 
 fn free_addr() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .to_string()
+    crate::support::free_loopback_port().to_string()
 }
 
 fn append(path: &Path) -> std::fs::File {

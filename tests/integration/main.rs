@@ -4,6 +4,8 @@ mod daemon;
 mod demo;
 mod deploy;
 mod events;
+#[path = "../harness/mod.rs"]
+mod harness;
 mod helm;
 mod imagepulljob;
 mod leader_election;

@@ -33,7 +33,7 @@ use crate::sidecarset_upgrade::{
     describe_set, ensure_manager_namespace, get_set, one_sidecar_set, poll, spec_image,
     update_spec,
 };
-use crate::support::kubelet::{self, BackgroundKubelet, Rng};
+use crate::support::kubelet::{self, BackgroundKubelet};
 use crate::support::webhook::{MANAGER_NAMESPACE, webhook_cluster};
 use crate::support::{test_controller_options, unique_name};
 
@@ -174,7 +174,7 @@ async fn upgraded_count(pods: &Api<Pod>) -> usize {
 async fn a_crashing_controller_keeps_max_unavailable_and_finishes_the_rollout() {
     let seed = seed();
     eprintln!("sidecarset crash test: seed {seed} ({SEED_VAR}={seed} replays the random choices)");
-    let mut rng = Rng::new(seed);
+    let mut rng = fastrand::Rng::with_seed(seed);
 
     let client = client().await;
     ensure_manager_namespace(&client).await;
@@ -203,7 +203,7 @@ async fn a_crashing_controller_keeps_max_unavailable_and_finishes_the_rollout() 
         .await;
     assert_eq!(created.len(), PODS);
 
-    let background_kubelet = BackgroundKubelet::spawn(pods.clone(), rng.next_u64());
+    let background_kubelet = BackgroundKubelet::spawn(pods.clone(), rng.u64(..));
     let record = Arc::new(InFlightRecord::default());
     let (listed_tx, listed) = oneshot::channel();
     let tracker = tokio::spawn(track_in_flight(pods.clone(), record.clone(), listed_tx));
@@ -222,12 +222,12 @@ async fn a_crashing_controller_keeps_max_unavailable_and_finishes_the_rollout() 
         namespace: MANAGER_NAMESPACE.to_owned(),
         ..test_controller_options()
     };
-    let interruptions = rng.range(3, 5) as usize;
-    let clean_one = rng.range(0, interruptions as u64 - 1) as usize;
+    let interruptions = rng.usize(3..=5);
+    let clean_one = rng.usize(..interruptions);
     let mut log = Vec::new();
     let mut running = start_controller(&client, &opts);
     for i in 0..interruptions {
-        let after = rng.range(200, 700);
+        let after = rng.u64(200..=700);
         // A random moment of the rollout to stop at, not a wait for something to happen.
         tokio::time::sleep(Duration::from_millis(after)).await;
         if i == clean_one {

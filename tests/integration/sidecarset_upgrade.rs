@@ -29,7 +29,7 @@ use kruise_rs::apis::well_known::{
     SIDECARSET_INJECTED_LIST, SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_NAME_LABEL,
     SIDECARSET_UPGRADABLE_CONDITION,
 };
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -81,18 +81,9 @@ pub(crate) async fn ensure_manager_namespace(client: &Client) {
     {
         return;
     }
-    let namespace = Namespace {
-        metadata: ObjectMeta {
-            name: Some(MANAGER_NAMESPACE.to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    match namespaces.create(&PostParams::default(), &namespace).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => panic!("creating namespace {MANAGER_NAMESPACE}: {e}"),
-    }
+    crate::harness::objects::create_namespace(client, MANAGER_NAMESPACE, &[])
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {MANAGER_NAMESPACE}: {e}"));
 }
 
 /// Upstream's `NewBaseSidecarSet`: an init container, a `BeforeAppContainer` sidecar sharing

@@ -54,53 +54,31 @@ const HASH_WITHOUT_IMAGE: &str = "kruise.io/sidecarset-hash-without-image";
 const NAME_LABEL: &str = "kruise.io/sidecarset-name";
 const CUSTOM_VERSION_LABEL: &str = "apps.kruise.io/sidecarset-custom-version";
 
-// --- A small deterministic generator ------------------------------------------------------------
+// --- Drawing test inputs ------------------------------------------------------------------------
 
-/// SplitMix64: tiny, fast, and good enough to pick test inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n` (`n > 0`).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    /// A number in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below(hi - lo + 1)
-    }
-
+/// The shapes of random choice the generators below make, drawn from the seeded
+/// `fastrand::Rng` of each case.
+trait Draw {
     /// True with probability `percent`/100.
+    fn chance(&mut self, percent: u64) -> bool;
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T;
+    /// Up to `max` distinct items of `items`, in `items`' order.
+    fn subset<'a, T>(&mut self, items: &'a [T], max: usize) -> Vec<&'a T>;
+}
+
+impl Draw for fastrand::Rng {
     fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
+        self.u64(..100) < percent
     }
 
     fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
+        &items[self.usize(..items.len())]
     }
 
-    /// A uniform draw from `[0, 1)`.
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Up to `max` distinct items of `items`, in `items`' order.
     fn subset<'a, T>(&mut self, items: &'a [T], max: usize) -> Vec<&'a T> {
         let mut chosen: BTreeSet<usize> = BTreeSet::new();
-        for _ in 0..self.range(0, max) {
-            chosen.insert(self.below(items.len()));
+        for _ in 0..self.usize(0..=max) {
+            chosen.insert(self.usize(..items.len()));
         }
         chosen.into_iter().map(|i| &items[i]).collect()
     }
@@ -142,30 +120,32 @@ const PULL_SECRETS: [&str; 3] = ["regcred", "mirror", "sidecar-pull"];
 const SHARED_KEY: &str = "fuzz.kruise.io/shared";
 const JSON_KEY: &str = "fuzz.kruise.io/json";
 
-fn env_var(rng: &mut Rng, name: &str) -> Value {
-    match rng.below(5) {
+fn env_var(rng: &mut fastrand::Rng, name: &str) -> Value {
+    match rng.usize(..5) {
         0 => {
             json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": rng.pick(&["metadata.name", "metadata.namespace", "status.podIP", "metadata.labels['app']"])}}})
         }
         1 => {
             json!({"name": name, "valueFrom": {"configMapKeyRef": {"name": "settings", "key": name.to_lowercase(), "optional": true}}})
         }
-        _ => json!({"name": name, "value": format!("{}-{}", name.to_lowercase(), rng.below(100))}),
+        _ => {
+            json!({"name": name, "value": format!("{}-{}", name.to_lowercase(), rng.usize(..100))})
+        }
     }
 }
 
-fn env_list(rng: &mut Rng, max: usize) -> Vec<Value> {
+fn env_list(rng: &mut fastrand::Rng, max: usize) -> Vec<Value> {
     rng.subset(&ENV_NAMES, max)
         .into_iter()
         .map(|n| env_var(rng, n))
         .collect()
 }
 
-fn ports(rng: &mut Rng) -> Vec<Value> {
+fn ports(rng: &mut fastrand::Rng) -> Vec<Value> {
     let mut numbers = BTreeSet::new();
     let mut out = Vec::new();
     for name in rng.subset(&PORT_NAMES, 2) {
-        let number = [80, 443, 8080, 9090, 15001, 65535][rng.below(6)];
+        let number = [80, 443, 8080, 9090, 15001, 65535][rng.usize(..6)];
         if !numbers.insert(number) {
             continue;
         }
@@ -181,8 +161,8 @@ fn ports(rng: &mut Rng) -> Vec<Value> {
     out
 }
 
-fn resources(rng: &mut Rng) -> Value {
-    match rng.below(3) {
+fn resources(rng: &mut fastrand::Rng) -> Value {
+    match rng.usize(..3) {
         0 => json!({"requests": {"cpu": "50m", "memory": "32Mi"}}),
         1 => json!({"requests": {"cpu": "100m"}, "limits": {"cpu": "1", "memory": "256Mi"}}),
         _ => json!({"limits": {"memory": "64Mi"}}),
@@ -190,13 +170,13 @@ fn resources(rng: &mut Rng) -> Value {
 }
 
 /// A container: name, image, maybe command, env, ports, resources, a probe (when `probes`).
-fn container(rng: &mut Rng, name: &str, env_max: usize, probes: bool) -> Value {
+fn container(rng: &mut fastrand::Rng, name: &str, env_max: usize, probes: bool) -> Value {
     let mut c = json!({"name": name, "image": rng.pick(&IMAGES)});
     if rng.chance(60) {
-        c["command"] = json!(["/bin/sh", "-c", format!("sleep {}", rng.below(1000))]);
+        c["command"] = json!(["/bin/sh", "-c", format!("sleep {}", rng.usize(..1000))]);
     }
     if rng.chance(30) {
-        c["args"] = json!(["--flag", rng.below(10).to_string()]);
+        c["args"] = json!(["--flag", rng.usize(..10).to_string()]);
     }
     let env = env_list(rng, env_max);
     if !env.is_empty() {
@@ -220,20 +200,20 @@ fn container(rng: &mut Rng, name: &str, env_max: usize, probes: bool) -> Value {
 
 /// Mounts of up to `max` of `volumes` at distinct paths; `subPathExpr`s only name variables the
 /// container defines when `env` says so.
-fn mounts(rng: &mut Rng, volumes: &[String], max: usize, env: &[String]) -> Vec<Value> {
+fn mounts(rng: &mut fastrand::Rng, volumes: &[String], max: usize, env: &[String]) -> Vec<Value> {
     if volumes.is_empty() {
         return Vec::new();
     }
     let mut paths = BTreeSet::new();
     let mut out = Vec::new();
-    for _ in 0..rng.range(0, max) {
+    for _ in 0..rng.usize(0..=max) {
         let volume = rng.pick(volumes).clone();
         let path = (*rng.pick(&MOUNT_PATHS)).to_owned();
         if !paths.insert(path.clone()) {
             continue;
         }
         let mut mount = json!({"name": volume, "mountPath": path});
-        match rng.below(6) {
+        match rng.usize(..6) {
             0 => mount["readOnly"] = json!(true),
             1 => mount["subPath"] = json!("sub"),
             2 if !env.is_empty() => {
@@ -249,9 +229,13 @@ fn mounts(rng: &mut Rng, volumes: &[String], max: usize, env: &[String]) -> Vec<
 
 /// A volume named `name`; mostly of the kind that name always gets, so that SidecarSets (and
 /// pods) defining the same name often agree, as the validator requires of overlapping ones.
-fn volume(rng: &mut Rng, name: &str) -> Value {
+fn volume(rng: &mut fastrand::Rng, name: &str) -> Value {
     let usual = name.bytes().map(usize::from).sum::<usize>() % 8;
-    let kind = if rng.chance(80) { usual } else { rng.below(8) };
+    let kind = if rng.chance(80) {
+        usual
+    } else {
+        rng.usize(..8)
+    };
     match kind {
         0 => json!({"name": name, "emptyDir": {}}),
         1 => json!({"name": name, "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}),
@@ -289,7 +273,7 @@ fn env_names(container: &Value) -> Vec<String> {
 }
 
 /// A pod in `namespace`, labelled `app: fuzz` mostly.
-fn generate_pod(rng: &mut Rng, index: usize, namespace: &str) -> Value {
+fn generate_pod(rng: &mut fastrand::Rng, index: usize, namespace: &str) -> Value {
     let volume_names: Vec<String> = rng
         .subset(&POD_VOLUMES, 3)
         .into_iter()
@@ -394,7 +378,7 @@ fn generate_pod(rng: &mut Rng, index: usize, namespace: &str) -> Value {
         spec["restartPolicy"] = json!(rng.pick(&["Always", "OnFailure", "Never"]));
     }
     if rng.chance(20) {
-        spec["terminationGracePeriodSeconds"] = json!(rng.below(60));
+        spec["terminationGracePeriodSeconds"] = json!(rng.usize(..60));
     }
     json!({
         "apiVersion": "v1",
@@ -411,7 +395,7 @@ fn generate_pod(rng: &mut Rng, index: usize, namespace: &str) -> Value {
 
 /// A sidecar container (or init container, `init`), named `name`, mounting some of `volumes`.
 fn sidecar(
-    rng: &mut Rng,
+    rng: &mut fastrand::Rng,
     name: &str,
     volumes: &[String],
     init: bool,
@@ -426,12 +410,12 @@ fn sidecar(
     if !m.is_empty() {
         c["volumeMounts"] = json!(m);
     }
-    match rng.below(3) {
+    match rng.usize(..3) {
         0 => c["podInjectPolicy"] = json!("BeforeAppContainer"),
         1 => c["podInjectPolicy"] = json!("AfterAppContainer"),
         _ => {}
     }
-    match rng.below(3) {
+    match rng.usize(..3) {
         0 => c["shareVolumePolicy"] = json!({"type": "enabled"}),
         1 => c["shareVolumePolicy"] = json!({"type": "disabled"}),
         _ => {}
@@ -440,8 +424,8 @@ fn sidecar(
         c["upgradeStrategy"] = json!({"upgradeType": "ColdUpgrade"});
     }
     let mut transfer = Vec::new();
-    for _ in 0..rng.range(0, 2) {
-        let mut entry = match rng.below(3) {
+    for _ in 0..rng.usize(0..=2) {
+        let mut entry = match rng.usize(..3) {
             0 => json!({"sourceContainerNameFrom": {"fieldRef": {
                 "apiVersion": "v1",
                 "fieldPath": rng.pick(&["metadata.labels['biz']", "metadata.annotations['biz']"]),
@@ -470,7 +454,7 @@ fn sidecar(
 /// validator has something to deny and the apiserver something to compare it with. Returns
 /// what it did, for the report; `None` when the container offers nothing to change.
 fn corrupt_container(
-    rng: &mut Rng,
+    rng: &mut fastrand::Rng,
     c: &mut Value,
     volumes: &[String],
     init: bool,
@@ -484,7 +468,7 @@ fn corrupt_container(
         entry.as_array_mut().expect("a list").push(item);
     };
     let volume = volumes.first().cloned();
-    Some(match rng.below(30) {
+    Some(match rng.usize(..30) {
         0 => {
             c["name"] = json!("Bad_Name");
             "invalid container name"
@@ -665,9 +649,9 @@ fn corrupt_container(
 /// Only what the validator covers: it documents that it does not check, for instance, a
 /// downwardAPI volume's item paths and field paths, or a configMap item's key, which the
 /// apiserver then rejects in every pod the SidecarSet is injected into.
-fn corrupt_volume(rng: &mut Rng, v: &mut Value) -> &'static str {
+fn corrupt_volume(rng: &mut fastrand::Rng, v: &mut Value) -> &'static str {
     let name = v["name"].clone();
-    match rng.below(12) {
+    match rng.usize(..12) {
         0 => {
             v["name"] = json!("Bad_Volume");
             "invalid volume name"
@@ -724,7 +708,7 @@ fn corrupt_volume(rng: &mut Rng, v: &mut Value) -> &'static str {
 }
 
 /// Container names for SidecarSet `j`: mostly its own (suffixed), sometimes shared ones.
-fn sidecar_name(rng: &mut Rng, pool: &[&str], j: usize) -> String {
+fn sidecar_name(rng: &mut fastrand::Rng, pool: &[&str], j: usize) -> String {
     let base = rng.pick(pool);
     if rng.chance(75) {
         format!("{base}-{j}")
@@ -735,7 +719,7 @@ fn sidecar_name(rng: &mut Rng, pool: &[&str], j: usize) -> String {
 
 /// A SidecarSet as a user would write it, and the historical revision it may pin.
 fn generate_sidecarset(
-    rng: &mut Rng,
+    rng: &mut fastrand::Rng,
     case: usize,
     j: usize,
     namespace: &str,
@@ -749,7 +733,7 @@ fn generate_sidecarset(
         .collect();
     let mut volumes: Vec<Value> = volume_names.iter().map(|n| volume(rng, n)).collect();
     if !volumes.is_empty() && rng.chance(8) {
-        let i = rng.below(volumes.len());
+        let i = rng.usize(..volumes.len());
         corruptions.push(corrupt_volume(rng, &mut volumes[i]));
     }
     if !volumes.is_empty() && rng.chance(3) {
@@ -759,20 +743,20 @@ fn generate_sidecarset(
     }
     let mut containers = Vec::new();
     let mut seen = BTreeSet::new();
-    for _ in 0..rng.range(0, 2) {
+    for _ in 0..rng.usize(0..=2) {
         let n = sidecar_name(rng, &SIDECARS, j);
         if seen.insert(n.clone()) {
             containers.push(sidecar(rng, &n, &volume_names, false, &mut corruptions));
         }
     }
     let mut init_containers = Vec::new();
-    for _ in 0..rng.range(usize::from(containers.is_empty()), 2) {
+    for _ in 0..rng.usize(usize::from(containers.is_empty())..=2) {
         let n = sidecar_name(rng, &SIDECAR_INITS, j);
         if seen.insert(n.clone()) {
             init_containers.push(sidecar(rng, &n, &volume_names, true, &mut corruptions));
         }
     }
-    let selector = match rng.below(7) {
+    let selector = match rng.usize(..7) {
         0 => json!({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]}),
         1 => json!({"matchLabels": {"tier": "b"}}),
         2 => {
@@ -790,7 +774,7 @@ fn generate_sidecarset(
     if !volumes.is_empty() {
         spec["volumes"] = json!(volumes);
     }
-    match rng.below(10) {
+    match rng.usize(..10) {
         0 | 1 => spec["namespaceSelector"] = json!({"matchLabels": {"fuzz-ns": "yes"}}),
         2 => spec["namespace"] = json!(namespace),
         _ => {}
@@ -824,8 +808,8 @@ fn generate_sidecarset(
         patches.push(json!({"annotations": {SHARED_KEY: format!("from-{j}")}}));
     }
     if rng.chance(40) {
-        let value = match rng.below(3) {
-            0 => format!(r#"{{"set-{j}":{}}}"#, rng.below(5)),
+        let value = match rng.usize(..3) {
+            0 => format!(r#"{{"set-{j}":{}}}"#, rng.usize(..5)),
             1 => format!(r#"{{"nested":{{"set-{j}":true}},"pod":null}}"#),
             _ => format!(r#"[{j}]"#),
         };
@@ -845,7 +829,7 @@ fn generate_sidecarset(
         } else {
             json!({"customVersion": "old"})
         };
-        match rng.below(3) {
+        match rng.usize(..3) {
             0 => revision["policy"] = json!("Always"),
             1 => {
                 revision["policy"] = json!("Partial");
@@ -1016,7 +1000,8 @@ fn fake_pod(set: &SidecarSet, namespace: &str) -> Pod {
 }
 
 fn run_case(seed: u64, index: usize, namespace: &str) -> (Pod, Outcome) {
-    let mut rng = Rng::new(seed ^ (index as u64).wrapping_mul(0xa076_1d64_78bd_642f));
+    let mut rng =
+        fastrand::Rng::with_seed(seed ^ (index as u64).wrapping_mul(0xa076_1d64_78bd_642f));
     let pod: Pod =
         serde_json::from_value(generate_pod(&mut rng, index, namespace)).expect("a generated pod");
     let mut namespace_labels = BTreeMap::from([(
@@ -1029,7 +1014,7 @@ fn run_case(seed: u64, index: usize, namespace: &str) -> (Pod, Outcome) {
     let mut out = Outcome::default();
     let mut histories: BTreeMap<String, Vec<ControllerRevision>> = BTreeMap::new();
     let policy = PatchPodMetadataPolicy::AllowAll;
-    for j in 0..rng.range(1, 3) {
+    for j in 0..rng.usize(1..=3) {
         let (raw, old, corruptions) = generate_sidecarset(&mut rng, index, j, namespace);
         let mut set: SidecarSet = match serde_json::from_value(raw.clone()) {
             Ok(set) => set,
@@ -1101,7 +1086,7 @@ fn run_case(seed: u64, index: usize, namespace: &str) -> (Pod, Outcome) {
             &pod,
             &namespace_labels,
             |name| histories.get(name).map(Vec::as_slice).unwrap_or(&[]),
-            || rng.unit(),
+            || rng.f64(),
         )
     }));
     let plan = match planned {

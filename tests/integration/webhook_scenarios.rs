@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kruise_rs::apis::sidecarset::SidecarSet;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -624,26 +624,8 @@ async fn transfer_env_source_container_from_a_pod_annotation() {
 /// namespace, creating the namespace and the ConfigMap when missing and keeping other tests'
 /// rules; read-modify-write, retried while a concurrent writer interferes.
 pub(crate) async fn whitelist_rule(client: &Client, rule: Value, add: bool) {
-    let namespaces = Api::<Namespace>::all(client.clone());
-    if add
-        && namespaces
-            .get_opt(MANAGER_NAMESPACE)
-            .await
-            .expect("get")
-            .is_none()
-    {
-        let namespace = Namespace {
-            metadata: ObjectMeta {
-                name: Some(MANAGER_NAMESPACE.to_owned()),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        };
-        match namespaces.create(&PostParams::default(), &namespace).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => panic!("creating namespace {MANAGER_NAMESPACE}: {e}"),
-        }
+    if add {
+        crate::sidecarset_upgrade::ensure_manager_namespace(client).await;
     }
     let configmaps = Api::<ConfigMap>::namespaced(client.clone(), MANAGER_NAMESPACE);
     wait_for(

@@ -383,29 +383,6 @@ pub async fn sync(pods: &Api<Pod>, is_bad: &(dyn Fn(&str) -> bool + Sync)) -> Ve
     written
 }
 
-/// SplitMix64: a small seeded generator for the tests' random choices.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `low..=high`.
-    pub fn range(&mut self, low: u64, high: u64) -> u64 {
-        low + self.next_u64() % (high - low + 1)
-    }
-}
-
 /// Pods whose restart is under way, each with whether its spec changed again meanwhile.
 type Restarting = Arc<Mutex<HashMap<String, bool>>>;
 
@@ -441,7 +418,7 @@ impl Drop for BackgroundKubelet {
 }
 
 async fn watch_and_restart(pods: Api<Pod>, seed: u64, errors: Arc<Mutex<Vec<String>>>) {
-    let rng = Arc::new(Mutex::new(Rng::new(seed)));
+    let rng = Arc::new(Mutex::new(fastrand::Rng::with_seed(seed)));
     let restarting: Restarting = Arc::default();
     let mut restarts = JoinSet::new();
     let stream = watcher(pods.clone(), watcher::Config::default())
@@ -485,7 +462,7 @@ async fn watch_and_restart(pods: Api<Pod>, seed: u64, errors: Arc<Mutex<Vec<Stri
 async fn restart(
     pods: Api<Pod>,
     name: String,
-    rng: Arc<Mutex<Rng>>,
+    rng: Arc<Mutex<fastrand::Rng>>,
     restarting: Restarting,
     errors: Arc<Mutex<Vec<String>>>,
 ) {
@@ -493,7 +470,7 @@ async fn restart(
         if let Err(e) = write_status(&pods, &name, &stopping_status).await {
             errors.lock().expect("errors lock").push(e);
         }
-        let delay = rng.lock().expect("rng lock").range(50, 400);
+        let delay = rng.lock().expect("rng lock").u64(50..=400);
         // The time a runtime takes to pull and start the new image, simulated.
         tokio::time::sleep(Duration::from_millis(delay)).await;
         if let Err(e) = write_status(&pods, &name, &|pod| converged_status(pod, &never_bad)).await {
@@ -522,15 +499,5 @@ mod tests {
         assert_ne!(id, image_id("nginx:1.27"));
         assert!(image_id("localhost:5000/team/proxy:v2").starts_with("localhost:5000/team/proxy@"));
         assert!(image_id("localhost:5000/proxy").starts_with("localhost:5000/proxy@"));
-    }
-
-    #[test]
-    fn the_generator_is_deterministic_and_stays_in_range() {
-        let (mut a, mut b) = (Rng::new(7), Rng::new(7));
-        for _ in 0..100 {
-            let x = a.range(50, 400);
-            assert_eq!(x, b.range(50, 400));
-            assert!((50..=400).contains(&x));
-        }
     }
 }

@@ -4,7 +4,8 @@
 //!   `PATH`.
 //! * Otherwise `tests/controlplane/start.sh` starts a loopback-only etcd + kube-apiserver built by
 //!   `tests/controlplane/build.sh`, with a watchdog that tears it down once this process is gone
-//!   (normal exit, panic or kill alike).
+//!   (normal exit, panic or kill alike): the shared harness's
+//!   [`ControlPlane`](crate::harness::controlplane::ControlPlane), as the benches start it.
 //!
 //! Every `#[tokio::test]` has its own runtime, so the process-wide state holds only plain data
 //! (the kubeconfig); clients are built per call, on the caller's runtime.
@@ -16,16 +17,18 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Namespace;
+use crate::harness::controlplane::{ControlPlane, Crds, config_of};
+use crate::harness::objects::create_namespace;
+pub use crate::harness::process::{KillOnDrop, terminate};
+
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::api::{Patch, PatchParams};
+use kube::config::Kubeconfig;
 use kube::{Api, Client, Config};
 use serde::Deserialize;
 
 pub mod cri_proxy;
-mod shared;
-pub use shared::{unique_name, wait_for};
+pub use crate::harness::shared::{unique_name, wait_for};
 pub mod kubelet;
 pub mod node;
 pub mod scrape;
@@ -44,8 +47,9 @@ pub struct TestCluster {
     kubeconfig_path: PathBuf,
     kubeconfig: Kubeconfig,
     kubectl: PathBuf,
-    /// `Some(STATE_DIR)` when this process started the control plane itself.
-    state_dir: Option<PathBuf>,
+    /// The control plane this process started itself (held for the process's life: it is in a
+    /// static, never dropped; its watchdog stops it once the process is gone).
+    local: Option<ControlPlane>,
 }
 
 static CLUSTER: OnceLock<Result<TestCluster, String>> = OnceLock::new();
@@ -123,7 +127,7 @@ fn external(value: &std::ffi::OsStr, kubectl: Option<PathBuf>) -> Result<TestClu
         kubeconfig_path,
         kubeconfig,
         kubectl: kubectl.unwrap_or_else(|| PathBuf::from("kubectl")),
-        state_dir: None,
+        local: None,
     })
 }
 
@@ -140,32 +144,13 @@ pub fn local_kube_minor() -> String {
 /// Start a private control plane with `tests/controlplane/start.sh` (it honours `KUBE_VERSION`
 /// and `KRUISE_RS_APISERVER_ARGS` from this process's environment).
 fn local(kubectl: Option<PathBuf>) -> Result<TestCluster, String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/controlplane/start.sh");
-    // Kept, not dropped: the watchdog removes it when this process exits (a failed start leaves
-    // it behind on purpose, for its logs).
-    let state_dir = tempfile::Builder::new()
-        .prefix("kruise-rs-cp-")
-        .tempdir()
-        .map_err(|e| format!("creating a temporary directory: {e}"))?
-        .keep();
-    let output = Command::new(&script)
-        .arg("--owner-pid")
-        .arg(std::process::id().to_string())
-        .arg(&state_dir)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("running {}: {e}", script.display()))?;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    if !output.status.success() {
-        return Err(format!(
-            "starting the local control plane failed ({}): {} --owner-pid {} {}\n\
-             (set KUBECONFIG to use an existing cluster instead)\n{stderr}",
-            output.status,
-            script.display(),
-            std::process::id(),
-            state_dir.display(),
-        ));
-    }
+    let plane = ControlPlane::start("kruise-rs-cp-").map_err(|e| {
+        format!(
+            "starting the local control plane failed \
+             (set KUBECONFIG to use an existing cluster instead): {e}"
+        )
+    })?;
+    let stderr = plane.start_log();
     eprint!("{stderr}");
     // Which Kubernetes this run tests (start.sh reads /version): written past libtest's output
     // capture, so every run of the suite says it once, passing or not.
@@ -173,27 +158,26 @@ fn local(kubectl: Option<PathBuf>) -> Result<TestCluster, String> {
         use std::io::Write;
         let _ = writeln!(std::io::stderr(), "integration tests: {line}");
     }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let kubeconfig_path = PathBuf::from(stdout.trim());
+    let kubeconfig_path = plane.kubeconfig().to_owned();
     let kubeconfig = Kubeconfig::read_from(&kubeconfig_path)
         .map_err(|e| format!("reading {}: {e}", kubeconfig_path.display()))?;
     Ok(TestCluster {
         kubeconfig_path,
         kubeconfig,
-        kubectl: kubectl.unwrap_or_else(|| state_dir.join("bin/kubectl")),
-        state_dir: Some(state_dir),
+        kubectl: kubectl.unwrap_or_else(|| plane.kubectl_path()),
+        local: Some(plane),
     })
 }
 
 impl TestCluster {
     /// Whether this process started the control plane (as opposed to using `KUBECONFIG`).
     pub fn is_local(&self) -> bool {
-        self.state_dir.is_some()
+        self.local.is_some()
     }
 
     /// The directory with the local control plane's logs and PKI, if this process started it.
     pub fn state_dir(&self) -> Option<&Path> {
-        self.state_dir.as_deref()
+        self.local.as_ref().map(ControlPlane::state_dir)
     }
 
     /// A kubeconfig file for the cluster, e.g. for a controller run as a child process.
@@ -207,9 +191,9 @@ impl TestCluster {
 
     /// A client configuration for the kubeconfig's current context.
     pub async fn config(&self) -> Config {
-        Config::from_custom_kubeconfig(self.kubeconfig.clone(), &KubeConfigOptions::default())
+        config_of(self.kubeconfig.clone(), &self.kubeconfig_path)
             .await
-            .unwrap_or_else(|e| panic!("loading {}: {e}", self.kubeconfig_path.display()))
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// A fresh client bound to the calling test's runtime.
@@ -293,7 +277,7 @@ impl TestCluster {
     pub fn start_controllers(&self) {
         CONTROLLERS.get_or_init(|| {
             let kubeconfig = self.kubeconfig.clone();
-            let path = self.kubeconfig_path.display().to_string();
+            let path = self.kubeconfig_path.clone();
             std::thread::Builder::new()
                 .name("controllers".into())
                 .spawn(move || {
@@ -303,12 +287,9 @@ impl TestCluster {
                         .build()
                         .expect("a runtime for the controllers");
                     runtime.block_on(async move {
-                        let config = Config::from_custom_kubeconfig(
-                            kubeconfig,
-                            &KubeConfigOptions::default(),
-                        )
-                        .await
-                        .unwrap_or_else(|e| panic!("loading {path}: {e}"));
+                        let config = config_of(kubeconfig, &path)
+                            .await
+                            .unwrap_or_else(|e| panic!("{e}"));
                         let client =
                             Client::try_from(config).expect("a client for the controllers");
                         kruise_rs::controllers::run(
@@ -329,16 +310,7 @@ impl TestCluster {
     /// control plane has no namespace controller to finish deletions and is thrown away anyway.
     pub async fn namespace(&self, prefix: &str) -> TestNamespace {
         let name = unique_name(prefix);
-        let namespace = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                labels: Some(BTreeMap::from([(TEST_LABEL.to_owned(), "true".to_owned())])),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        };
-        Api::<Namespace>::all(self.client().await)
-            .create(&PostParams::default(), &namespace)
+        create_namespace(&self.client().await, &name, &[(TEST_LABEL, "true")])
             .await
             .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
         let cleanup = (!self.is_local()).then(|| {
@@ -430,28 +402,14 @@ fn read_crds(dir: &Path) -> Result<Vec<(PathBuf, CustomResourceDefinition)>, Str
 
 /// Runs `cmd` with `input` on its standard input and returns its output.
 pub fn run_with_stdin(mut cmd: Command, input: &str) -> std::process::Output {
-    use std::io::Write;
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("command starts");
-    child
-        .stdin
-        .take()
-        .expect("stdin is piped")
-        .write_all(input.as_bytes())
-        .expect("stdin takes the input");
-    child.wait_with_output().expect("command finishes")
+    crate::harness::process::output_with_stdin(&mut cmd, input.as_bytes())
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A second, empty control plane (no CRDs) for tests that need a cluster in another state than
-/// the shared one. Stopped when dropped; the start script's watchdog covers a crash.
-pub struct ExtraControlPlane {
-    state: tempfile::TempDir,
-    kubeconfig: PathBuf,
-}
+/// the shared one: the harness's [`ControlPlane`], panicking instead of returning errors.
+/// Stopped when dropped; the start script's watchdog covers a crash.
+pub struct ExtraControlPlane(ControlPlane);
 
 impl ExtraControlPlane {
     pub fn start() -> Self {
@@ -462,80 +420,25 @@ impl ExtraControlPlane {
     /// `KRUISE_RS_APISERVER_ARGS`, replacing what the suite's environment set there), e.g.
     /// `--feature-gates=WatchList=false`.
     pub fn start_with_apiserver_args(args: Option<&str>) -> Self {
-        let state = tempfile::Builder::new()
-            .prefix("kruise-rs-extra-cp-")
-            .tempdir()
-            .expect("temp dir");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/controlplane/start.sh");
-        let mut start = Command::new(&script);
-        if let Some(args) = args {
-            start.env("KRUISE_RS_APISERVER_ARGS", args);
-        }
-        let out = start
-            .arg("--owner-pid")
-            .arg(std::process::id().to_string())
-            .arg(state.path())
-            .stdin(Stdio::null())
-            .output()
-            .expect("start.sh runs");
-        assert!(
-            out.status.success(),
-            "starting an extra control plane failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let kubeconfig = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        ExtraControlPlane { state, kubeconfig }
+        let plane = ControlPlane::start_with_apiserver_args("kruise-rs-extra-cp-", args)
+            .unwrap_or_else(|e| panic!("starting an extra control plane failed: {e}"));
+        ExtraControlPlane(plane)
     }
 
     pub fn kubeconfig_path(&self) -> &Path {
-        &self.kubeconfig
+        self.0.kubeconfig()
     }
 
     /// `kubectl --kubeconfig <this control plane>`, with the kubectl built next to it.
     pub fn kubectl(&self) -> Command {
-        let mut cmd = Command::new(self.state.path().join("bin/kubectl"));
-        cmd.arg("--kubeconfig").arg(&self.kubeconfig);
-        cmd
+        self.0.kubectl()
     }
 
     /// Installs `crds/` and waits until they are Established.
     pub fn install_crds(&self) {
-        let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
-        let kubectl = self.state.path().join("bin/kubectl");
-        for args in [
-            vec![
-                "apply",
-                "--server-side",
-                "-f",
-                crds.to_str().expect("utf-8 path"),
-            ],
-            vec![
-                "wait",
-                "--for=condition=Established",
-                "crd",
-                "--all",
-                "--timeout=60s",
-            ],
-        ] {
-            let out = Command::new(&kubectl)
-                .arg("--kubeconfig")
-                .arg(&self.kubeconfig)
-                .args(&args)
-                .output()
-                .expect("kubectl runs");
-            assert!(
-                out.status.success(),
-                "kubectl {args:?} on the extra control plane: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-    }
-}
-
-impl Drop for ExtraControlPlane {
-    fn drop(&mut self) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/controlplane/stop.sh");
-        let _ = Command::new(script).arg(self.state.path()).output();
+        self.0
+            .install_crds(Crds::Repository)
+            .unwrap_or_else(|e| panic!("on the extra control plane: {e}"));
     }
 }
 
@@ -562,79 +465,23 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16,
     Ok((status, body))
 }
 
-/// Kills a child process when a failing test unwinds, so no binary outlives its test.
-pub struct KillOnDrop(pub u32);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-KILL", &self.0.to_string()])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-/// Sends SIGTERM to `child` and returns its output once it exits; panics naming `what` unless
-/// it exits within 15 s.
-pub async fn terminate(mut child: std::process::Child, what: &str) -> std::process::Output {
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(kill.success());
-    let output = tokio::task::spawn_blocking(move || {
-        // wait_with_output closes stdin and reads stderr to the end, i.e. until the process exits.
-        child.stdin.take();
-        child.wait_with_output()
-    });
-    tokio::time::timeout(Duration::from_secs(15), output)
-        .await
-        .unwrap_or_else(|_| panic!("{what} exits within 15 s of SIGTERM"))
-        .expect("join")
-        .expect("wait")
-}
-
 /// Creates a Node with `labels` and a Ready condition, as the kubelet would report it.
 pub async fn create_ready_node(client: &Client, name: &str, labels: BTreeMap<String, String>) {
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    let node = k8s_openapi::api::core::v1::Node {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            labels: Some(labels),
-            ..ObjectMeta::default()
-        },
-        ..Default::default()
-    };
-    nodes
-        .create(&PostParams::default(), &node)
+    crate::harness::objects::create_ready_node(client, name, labels)
         .await
-        .unwrap_or_else(|e| panic!("creating Node {name}: {e}"));
-    let now =
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
-    let ready = serde_json::json!({"status": {"conditions": [{
-        "type": "Ready", "status": "True", "reason": "KubeletReady",
-        "message": "set by the test", "lastHeartbeatTime": now, "lastTransitionTime": now,
-    }]}});
-    nodes
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&ready))
-        .await
-        .unwrap_or_else(|e| panic!("setting Node {name} Ready: {e}"));
+        .unwrap_or_else(|e| panic!("creating Ready Node {name}: {e}"));
 }
 
 /// A loopback port nothing listens on right now.
 pub fn free_loopback_port() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
+    crate::harness::process::free_loopback_port().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A client for the cluster a kubeconfig file names.
 pub async fn client_for(kubeconfig: &Path) -> Client {
-    let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    crate::harness::controlplane::client_for(kubeconfig)
         .await
-        .expect("client config");
-    Client::try_from(config).expect("client")
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[cfg(test)]

@@ -12,6 +12,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+use crate::harness::process::{self, parse_vars};
+use crate::harness::procfs;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -82,42 +85,16 @@ fn start() -> Result<NodeEnv, String> {
             .map_err(|e| format!("reading KRUISE_RS_NODE_ENV={}: {e}", file.to_string_lossy()))?;
         return NodeEnv::from_vars(&parse_vars(&text));
     }
-    let script = script("start.sh");
-    // Kept, not dropped: the watchdog removes it when this process exits (a failed start leaves
-    // it behind on purpose, for its logs).
-    let state_dir = tempfile::Builder::new()
-        .prefix("kruise-rs-node-")
-        .tempdir()
-        .map_err(|e| format!("creating a temporary directory: {e}"))?
-        .keep();
-    let output = Command::new(&script)
-        .arg("--owner-pid")
-        .arg(std::process::id().to_string())
-        .arg(&state_dir)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("running {}: {e}", script.display()))?;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    if !output.status.success() {
-        return Err(format!(
-            "starting the node environment failed ({}): {} --owner-pid {} {}\n\
-             (tests/setup.sh installs what it needs)\n{stderr}",
-            output.status,
-            script.display(),
-            std::process::id(),
-            state_dir.display(),
-        ));
-    }
-    eprint!("{stderr}");
-    NodeEnv::from_vars(&parse_vars(&String::from_utf8_lossy(&output.stdout)))
-}
-
-/// `KEY=VALUE` lines, as the scripts in `tests/node` print them.
-fn parse_vars(text: &str) -> HashMap<String, String> {
-    text.lines()
-        .filter_map(|line| line.split_once('='))
-        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-        .collect()
+    let started =
+        process::start_owned("tests/node/start.sh", "kruise-rs-node-", &[]).map_err(|e| {
+            format!(
+                "starting the node environment failed (tests/setup.sh installs what it needs): {e}"
+            )
+        })?;
+    // Kept, not dropped: the watchdog removes it when this process exits.
+    let _ = started.state.keep();
+    eprint!("{}", started.stderr);
+    NodeEnv::from_vars(&parse_vars(&started.stdout))
 }
 
 fn var<'a>(vars: &'a HashMap<String, String>, key: &str) -> Result<&'a str, String> {
@@ -412,12 +389,9 @@ impl ExtraContainerd {
 
     /// Whether `pid` is still our containerd: alive, not a zombie, and not a reused pid.
     fn runs(&self, pid: u32) -> bool {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return false;
-        };
-        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
-        if state == Some(Some('Z')) {
-            return false;
+        match procfs::state(pid) {
+            None | Some('Z') => return false,
+            Some(_) => {}
         }
         std::fs::read(format!("/proc/{pid}/cmdline"))
             .map(|cmdline| String::from_utf8_lossy(&cmdline).contains(&*self.dir.to_string_lossy()))
@@ -433,9 +407,6 @@ impl ExtraContainerd {
 impl Drop for ExtraContainerd {
     fn drop(&mut self) {
         // Stops containerd and its watchdog (TERM, KILL after a grace period).
-        let _ = Command::new(script("stop.sh"))
-            .arg(&self.dir)
-            .stdin(Stdio::null())
-            .output();
+        process::stop_owned("tests/node/stop.sh", &self.dir);
     }
 }

@@ -60,16 +60,10 @@ pub fn webhook_options(
     }
 }
 
-fn free_port() -> Result<std::net::SocketAddr, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("no free loopback port: {e}"))
-}
-
 fn start() -> Result<WebhookCluster, String> {
     let plane = ExtraControlPlane::start();
     plane.install_crds();
-    let addr = free_port()?;
+    let addr = crate::harness::process::free_loopback_port()?;
     let kubeconfig: PathBuf = plane.kubeconfig_path().to_owned();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<std::net::SocketAddr, String>>();
     std::thread::Builder::new()
@@ -141,21 +135,14 @@ impl WebhookCluster {
 
     /// A namespace whose pods and jobs go through the webhooks.
     pub async fn namespace(&self, prefix: &str) -> String {
-        use k8s_openapi::api::core::v1::Namespace;
-        use kube::api::{Api, ObjectMeta, PostParams};
         let name = super::unique_name(prefix);
-        let namespace = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                labels: Some([(WEBHOOK_NAMESPACE_LABEL.to_owned(), "true".to_owned())].into()),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        };
-        Api::<Namespace>::all(self.client().await)
-            .create(&PostParams::default(), &namespace)
-            .await
-            .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+        crate::harness::objects::create_namespace(
+            &self.client().await,
+            &name,
+            &[(WEBHOOK_NAMESPACE_LABEL, "true")],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
         name
     }
 }

@@ -1,5 +1,6 @@
-//! Helpers both test binaries use (tests/integration and tests/e2e, which includes this file
-//! with `#[path]`): unique object names, and polling with a deadline instead of sleeping.
+//! What every test binary uses (tests/integration through the harness, tests/e2e including this
+//! file alone with `#[path]`): unique object names, and polling with a deadline instead of
+//! sleeping.
 
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};

@@ -1,0 +1,77 @@
+//! Figures from `/proc`: a process's memory and CPU time, and the machine's CPU time.
+
+/// The value of a `/proc/<pid>/status` line (`Threads:`, `VmRSS:`, ...), trimmed.
+pub fn status_field(pid: u32, field: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field).map(|v| v.trim().to_owned()))
+}
+
+/// A `/proc/<pid>/status` memory figure (`VmHWM:` peak RSS, `VmRSS:` current, `RssAnon:`, ...)
+/// in MiB.
+pub fn rss_mib(pid: u32, field: &str) -> Option<f64> {
+    let kb: f64 = status_field(pid, field)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
+/// The fields of `/proc/<pid>/stat` after the command (`state` first), or `None` once the
+/// process is gone.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(") ")?.1;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// The process's state letter (`R`, `S`, `Z` for a zombie, ...).
+pub fn state(pid: u32) -> Option<char> {
+    stat_fields(pid)?.first()?.chars().next()
+}
+
+/// CPU seconds (user, system) process `pid` has used, from `/proc/<pid>/stat`.
+pub fn cpu_seconds(pid: u32) -> Option<(f64, f64)> {
+    let fields = stat_fields(pid)?;
+    // After the command: state is field 3, utime 14 and stime 15 (1-based). USER_HZ is 100 on
+    // every Linux configuration that matters here.
+    let seconds = |i: usize| Some(fields.get(i)?.parse::<f64>().ok()? / 100.0);
+    Some((seconds(11)?, seconds(12)?))
+}
+
+/// CPU seconds (user + system) process `pid` has used.
+pub fn cpu_total(pid: u32) -> Option<f64> {
+    cpu_seconds(pid).map(|(user, system)| user + system)
+}
+
+/// The machine's CPU seconds since boot, all CPUs together, from the first line of `/proc/stat`.
+#[derive(Clone, Copy, Debug)]
+pub struct MachineCpu {
+    /// Neither idle nor waiting for I/O.
+    pub busy: f64,
+    /// Stolen by the hypervisor.
+    pub steal: f64,
+    pub total: f64,
+}
+
+pub fn machine_cpu() -> Option<MachineCpu> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<f64> = stat
+        .lines()
+        .next()?
+        .strip_prefix("cpu ")?
+        .split_whitespace()
+        .take(8)
+        .map(|v| v.parse().ok())
+        .collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal, in USER_HZ (100) ticks.
+    let total: f64 = ticks.iter().sum();
+    let busy = total - ticks.get(3)? - ticks.get(4)?;
+    Some(MachineCpu {
+        busy: busy / 100.0,
+        steal: ticks.get(7)? / 100.0,
+        total: total / 100.0,
+    })
+}
