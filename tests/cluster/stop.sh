@@ -14,31 +14,11 @@ pids=$state/pids
 
 script=stop.sh
 # shellcheck source-path=SCRIPTDIR source=../node/lib.sh
-source "$repo/tests/node/lib.sh"  # alive
-ours() {  # still a process start.sh launched: STATE_DIR is on its command line
-  local cmdline
-  cmdline=$(tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline") || return 1
-  [[ $cmdline == *"$state"* ]]
-}
+source "$repo/tests/node/lib.sh"  # alive, ours, stop_recorded (tests/lib/processes.sh)
 # stop NAME...: TERM the listed kinds of process (their process groups), KILL after 10 s.
 stop() {
-  local targets=() remaining=() name pid
   [[ -f $pids ]] || return 0
-  while read -r name pid; do
-    [[ $pid =~ ^[0-9]+$ && " $* " == *" $name "* ]] || continue
-    if [[ $name == watchdog && $pid == "$PPID" ]]; then continue; fi
-    if alive "$pid" && ours "$pid"; then targets+=("$pid"); fi
-  done <"$pids"
-  [[ ${#targets[@]} -gt 0 ]] || return 0
-  for pid in "${targets[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; done
-  for _ in $(seq 100); do
-    remaining=()
-    for pid in "${targets[@]}"; do if alive "$pid"; then remaining+=("$pid"); fi; done
-    [[ ${#remaining[@]} -eq 0 ]] && return 0
-    sleep 0.1
-  done
-  echo "stop.sh: killing ${remaining[*]} ($*) after the grace period" >&2
-  for pid in "${remaining[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; done
+  stop_recorded "$pids" "$state" 10 "$@"
 }
 
 # pod_processes: every process in a kubepods cgroup, and the containerd shims of our containerd
@@ -49,7 +29,7 @@ pod_processes() {
     [[ -d $f ]] && find "$f" -name cgroup.procs -exec cat {} + 2>/dev/null
   done
   for pid in $(pgrep -f containerd-shim 2>/dev/null); do
-    ours "$pid" && echo "$pid"
+    ours "$pid" "$state" && echo "$pid"
   done
   return 0
 }

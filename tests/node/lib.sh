@@ -68,14 +68,9 @@ wait_ready() {
   done
 }
 
-# alive PID: running and not a zombie.
-alive() {
-  local stat
-  kill -0 "$1" 2>/dev/null || return 1
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
-  stat=${stat##*) }
-  [[ ${stat%% *} != Z ]]
-}
+# alive, ours, signal, stop_recorded
+# shellcheck source=../lib/processes.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/processes.sh"
 
 # recorded_pid NAME: the last pid recorded for NAME in the pid file, if that process still runs
 # and has DIR (the pid file's directory) on its command line (not a reused pid).

@@ -11,55 +11,10 @@ state=$(cd "$1" 2>/dev/null && pwd) || exit 0
 pids=$state/pids
 [[ -f $pids ]] || exit 0
 
-# alive PID: running and not a zombie (a dead child not reaped yet still answers kill -0).
-alive() {
-  local stat
-  kill -0 "$1" 2>/dev/null || return 1
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
-  stat=${stat##*) }
-  [[ ${stat%% *} != Z ]]
-}
-
-# ours PID: still a process we started, not an unrelated one that reused the pid. Every process
-# the start scripts launch has STATE_DIR (or a path under it) on its command line.
-ours() {
-  local cmdline
-  [[ -r /proc/$1/cmdline ]] || return 0 # no procfs: trust the pid file
-  cmdline=$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null) || return 1
-  [[ $cmdline == *"$state"* ]]
-}
-
-# stop NAME...: TERM the listed kinds of process, wait up to 10 s, then KILL whatever is left.
-stop() {
-  local targets=() remaining=() name pid
-  while read -r name pid; do
-    [[ $pid =~ ^[0-9]+$ && " $* " == *" $name "* ]] || continue
-    # The watchdog runs this script itself; it must not kill itself before it is done.
-    if [[ $name == watchdog && $pid == "$PPID" ]]; then continue; fi
-    if alive "$pid" && ours "$pid"; then targets+=("$pid"); fi
-  done <"$pids"
-  [[ ${#targets[@]} -gt 0 ]] || return 0
-  signal TERM "${targets[@]}"
-  for _ in $(seq 100); do
-    remaining=()
-    for pid in "${targets[@]}"; do
-      if alive "$pid"; then remaining+=("$pid"); fi
-    done
-    [[ ${#remaining[@]} -eq 0 ]] && return 0
-    sleep 0.1
-  done
-  echo "stop.sh: killing ${remaining[*]} ($*) after the grace period" >&2
-  signal KILL "${remaining[@]}"
-}
-
-signal() {  # signal SIG PID...
-  local sig=$1 pid
-  shift
-  for pid in "$@"; do
-    # Each server runs under setsid, so its pid is also its process group: signal the group.
-    kill "-$sig" -- "-$pid" 2>/dev/null || kill "-$sig" "$pid" 2>/dev/null || true
-  done
-}
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=../lib/processes.sh
+source "$here/../lib/processes.sh"
+stop() { stop_recorded "$pids" "$state" 10 "$@"; }
 
 # containerd before the registries: it may be in the middle of a pull from them. start.sh's
 # containerd is recorded in STATE_DIR/ctrd/pids by containerd.sh: stop such sub-directories too.
