@@ -7,98 +7,30 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Event, Secret};
 use kruise_rs::apis::nodeimage::{ImagePullPhase, ImageTagStatus, NodeImage};
-use kruise_rs::daemon::{self, DaemonError, DaemonOptions};
+use kruise_rs::daemon;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::support::cri_proxy::CriProxy;
+use crate::support::daemon::Daemon;
 use crate::support::node::{NodeEnv, Variant, node_env};
 use crate::support::{self, KillOnDrop, cluster, http_get, unique_name, wait_for};
 
 /// Long enough for a pull on a loaded 2-core CI machine; a passing test takes far less.
 const WAIT: Duration = Duration::from_secs(60);
 
-/// A daemon running in this process for one node.
-struct Daemon {
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), DaemonError>>,
-    addr: SocketAddr,
-}
-
-impl Daemon {
-    async fn start(node: &str, socket: &Path) -> Daemon {
-        let cluster = cluster().await;
-        let opts = DaemonOptions {
-            node_name: node.to_owned(),
-            kubeconfig: Some(cluster.kubeconfig_path().to_owned()),
-            cri_socket: Some(socket.to_owned()),
-            host_run_dir: PathBuf::from("/nonexistent"),
-            probe_addr: "127.0.0.1:0".parse().expect("address"),
-            max_concurrent_pulls: 4,
-        };
-        let (serving_tx, serving) = oneshot::channel();
-        let (stop, stopping) = oneshot::channel::<()>();
-        let task = tokio::spawn(daemon::run(
-            opts,
-            async move {
-                let _ = stopping.await;
-            },
-            Some(serving_tx),
-        ));
-        let addr = match serving.await {
-            Ok(addr) => addr,
-            Err(_) => panic!("the daemon did not start: {:?}", task.await),
-        };
-        Daemon {
-            stop: Some(stop),
-            task,
-            addr,
-        }
-    }
-
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let result = tokio::time::timeout(Duration::from_secs(15), &mut self.task)
-            .await
-            .expect("the daemon stops within 15 s")
-            .expect("join");
-        result.expect("the daemon stops cleanly");
-    }
-
-    async fn get(&self, path: &'static str) -> (u16, String) {
-        let addr = self.addr;
-        tokio::task::spawn_blocking(move || http_get(addr, path))
-            .await
-            .expect("join")
-            .expect("the probe server answers")
-    }
-
-    /// The value of a metric line `name value` (labels included in `name`).
-    async fn metric(&self, name: &str) -> Option<f64> {
-        let (_, body) = self.get("/metrics").await;
-        body.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-    }
-
-    async fn wait_ready(&self, ready: bool) {
-        let want = if ready { 200 } else { 503 };
-        wait_for(&format!("/readyz to answer {want}"), WAIT, || async {
-            (self.get("/readyz").await.0 == want).then_some(())
-        })
-        .await;
-    }
+/// The daemon of `node` in this process, on the shared cluster, pulling through `socket`.
+async fn start_daemon(node: &str, socket: &Path) -> Daemon {
+    Daemon::start(node, socket, cluster().await.kubeconfig_path(), 4).await
 }
 
 async fn nodeimages() -> Api<NodeImage> {
@@ -232,7 +164,7 @@ async fn pulls_by_tag_and_passes_the_sandbox_config_to_the_runtime() {
         }}),
     )
     .await;
-    let daemon = Daemon::start(&node, proxy.socket()).await;
+    let daemon = start_daemon(&node, proxy.socket()).await;
 
     let tag = wait_tag(
         &node,
@@ -334,7 +266,7 @@ async fn pulls_by_digest() {
         json!({&image: {"tags": [{"tag": &digest, "version": 1}]}}),
     )
     .await;
-    let daemon = Daemon::start(&node, proxy.socket()).await;
+    let daemon = start_daemon(&node, proxy.socket()).await;
 
     let tag = wait_tag(
         &node,
@@ -363,7 +295,7 @@ async fn if_not_present_does_not_pull_an_image_the_node_has() {
         json!({&image: {"tags": [{"tag": "v1", "version": 1, "imagePullPolicy": "IfNotPresent"}]}}),
     )
     .await;
-    let daemon = Daemon::start(&node, proxy.socket()).await;
+    let daemon = start_daemon(&node, proxy.socket()).await;
     wait_tag(
         &node,
         &image,
@@ -421,7 +353,7 @@ async fn always_pulls_again_on_a_version_bump() {
     let tags =
         |version: i64| json!([{"tag": "v1", "version": version, "imagePullPolicy": "Always"}]);
     create_nodeimage(&node, json!({&image: {"tags": tags(1)}})).await;
-    let daemon = Daemon::start(&node, proxy.socket()).await;
+    let daemon = start_daemon(&node, proxy.socket()).await;
     wait_tag(
         &node,
         &image,
@@ -517,7 +449,7 @@ async fn a_private_registry_needs_the_right_secret() {
     )
     .await;
     let proxy = CriProxy::start(env.containerd_socket());
-    let daemon = Daemon::start(&node, proxy.socket()).await;
+    let daemon = start_daemon(&node, proxy.socket()).await;
 
     wait_tag(
         &node,
@@ -596,7 +528,7 @@ async fn a_missing_image_fails_after_exactly_backoff_limit_plus_one_attempts() {
         }),
     )
     .await;
-    let daemon = Daemon::start(&node, proxy.socket()).await;
+    let daemon = start_daemon(&node, proxy.socket()).await;
     let tag = wait_tag(
         &node,
         &image,
@@ -675,7 +607,7 @@ async fn a_pull_that_hangs_times_out() {
             "pullPolicy": {"backoffLimit": 0, "timeoutSeconds": 1}}]}}),
     )
     .await;
-    let daemon = Daemon::start(&node, env.containerd_socket()).await;
+    let daemon = start_daemon(&node, env.containerd_socket()).await;
     let tag = wait_tag(
         &node,
         &image,
@@ -705,8 +637,8 @@ async fn a_stopped_runtime_fails_the_pull_and_a_later_one_succeeds() {
     let image = format!("{}/{}", env.registry(), unique_name("ctrd"));
     env.push(Variant::V1, &format!("{image}:v1"));
     create_nodeimage(&node, json!({})).await;
-    let daemon = Daemon::start(&node, containerd.socket()).await;
-    daemon.wait_ready(true).await;
+    let daemon = start_daemon(&node, containerd.socket()).await;
+    daemon.wait_ready(true, WAIT).await;
 
     containerd.stop();
     let tags = |version: i64| json!([{"tag": "v1", "version": version, "imagePullPolicy": "Always", "pullPolicy": {"backoffLimit": 0}}]);
@@ -726,10 +658,10 @@ async fn a_stopped_runtime_fails_the_pull_and_a_later_one_succeeds() {
             .is_some_and(|m| m.starts_with(&format!("pulling {image}:v1 failed after 1 attempt: "))),
         "{failed:?}"
     );
-    daemon.wait_ready(false).await;
+    daemon.wait_ready(false, WAIT).await;
 
     containerd.start();
-    daemon.wait_ready(true).await;
+    daemon.wait_ready(true, WAIT).await;
     patch_spec(&node, json!({"images": {&image: {"tags": tags(2)}}})).await;
     wait_tag(
         &node,
@@ -759,7 +691,7 @@ async fn a_restarted_daemon_resumes_unfinished_pulls_and_keeps_finished_ones() {
     )
     .await;
     let proxy = CriProxy::start(env.containerd_socket());
-    let first = Daemon::start(&node, proxy.socket()).await;
+    let first = start_daemon(&node, proxy.socket()).await;
     wait_tag(
         &node,
         &done,
@@ -778,7 +710,7 @@ async fn a_restarted_daemon_resumes_unfinished_pulls_and_keeps_finished_ones() {
     .await;
     first.stop().await;
 
-    let second = Daemon::start(&node, proxy.socket()).await;
+    let second = start_daemon(&node, proxy.socket()).await;
     wait_for("the unfinished pull to be resumed", WAIT, || async {
         (pulls_of(&proxy, &format!("{hanging}:v1")) == 2).then_some(())
     })
@@ -826,7 +758,7 @@ async fn a_deleted_nodeimage_stops_its_workers() {
         json!({&hanging: {"tags": [{"tag": "v1"}, {"tag": "v2"}]}}),
     )
     .await;
-    let daemon = Daemon::start(&node, env.containerd_socket()).await;
+    let daemon = start_daemon(&node, env.containerd_socket()).await;
     wait_tag(&node, &hanging, "v2", "pulling", |t| {
         t.phase == ImagePullPhase::Pulling
     })
@@ -870,7 +802,7 @@ async fn a_verdict_already_in_the_status_is_kept() {
         .await
         .expect("status");
     let proxy = CriProxy::start(env.containerd_socket());
-    let daemon = Daemon::start(&node, proxy.socket()).await;
+    let daemon = start_daemon(&node, proxy.socket()).await;
     wait_tag(
         &node,
         &image,
@@ -912,7 +844,7 @@ async fn status_writes_are_coalesced() {
         .collect();
     create_nodeimage(&node, json!({&image: {"tags": tags}})).await;
     let started = tokio::time::Instant::now();
-    let daemon = Daemon::start(&node, env.containerd_socket()).await;
+    let daemon = start_daemon(&node, env.containerd_socket()).await;
     wait_for("every tag to fail", WAIT, || async {
         let status = nodeimages().await.get(&node).await.ok()?.status?;
         (status.failed == 40).then_some(())
@@ -1056,7 +988,7 @@ async fn the_seed_job_pulls_through_the_manager_and_the_daemon() {
         .await
         .expect("create NodeImage");
     let proxy = CriProxy::start(env.containerd_socket());
-    let daemon = Daemon::start(&node, proxy.socket()).await;
+    let daemon = start_daemon(&node, proxy.socket()).await;
 
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seed-003-imagepulljob.yaml");

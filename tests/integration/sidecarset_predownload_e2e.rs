@@ -29,8 +29,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::future::Future;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -43,7 +42,6 @@ use kruise_rs::apis::imagepulljob::ImagePullJob;
 use kruise_rs::apis::nodeimage::{ImagePullPhase, NodeImage};
 use kruise_rs::apis::sidecarset::SidecarSet;
 use kruise_rs::apis::well_known::{CONTROLLER_REVISION_HASH, SIDECARSET_NAME_LABEL};
-use kruise_rs::daemon::{self, DaemonError, DaemonOptions};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -58,10 +56,11 @@ use crate::sidecarset_upgrade::{
     ensure_manager_namespace, get_set, poll, spec_image, update_spec,
 };
 use crate::support::cri_proxy::image_client;
+use crate::support::daemon::Daemon;
 use crate::support::kubelet::{self, BackgroundKubelet};
 use crate::support::node::{ExtraContainerd, NodeEnv, Variant, node_env};
 use crate::support::webhook::{MANAGER_NAMESPACE, webhook_cluster};
-use crate::support::{CONTROLLED_LABEL, create_ready_node, http_get, unique_name, wait_for};
+use crate::support::{CONTROLLED_LABEL, create_ready_node, unique_name, wait_for};
 
 /// The SidecarSet's one sidecar container.
 const SIDECAR: &str = "proxy";
@@ -78,67 +77,12 @@ const SIDECARSET_CONTAINER_LABEL: &str = "apps.kruise.io/sidecarset-container";
 
 // --- a node: containerd, daemon, Node ---------------------------------------------------------
 
-/// A node daemon running in this process (as `tests/integration/daemon.rs` runs it), talking
-/// to the webhook cluster's apiserver.
-struct Daemon {
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), DaemonError>>,
-    addr: SocketAddr,
-}
-
-impl Daemon {
-    async fn start(node: &str, socket: &Path, kubeconfig: &Path) -> Daemon {
-        let opts = DaemonOptions {
-            node_name: node.to_owned(),
-            kubeconfig: Some(kubeconfig.to_owned()),
-            cri_socket: Some(socket.to_owned()),
-            host_run_dir: PathBuf::from("/nonexistent"),
-            probe_addr: "127.0.0.1:0".parse().expect("address"),
-            max_concurrent_pulls: 2,
-        };
-        let (serving_tx, serving) = oneshot::channel();
-        let (stop, stopping) = oneshot::channel::<()>();
-        let task = tokio::spawn(daemon::run(
-            opts,
-            async move {
-                let _ = stopping.await;
-            },
-            Some(serving_tx),
-        ));
-        let addr = match serving.await {
-            Ok(addr) => addr,
-            Err(_) => panic!("the daemon of {node} did not start: {:?}", task.await),
-        };
-        let daemon = Daemon {
-            stop: Some(stop),
-            task,
-            addr,
-        };
-        wait_for(
-            &format!("the daemon of {node} to find its runtime (/readyz 200)"),
-            STEP,
-            || async {
-                let addr = daemon.addr;
-                let answer = tokio::task::spawn_blocking(move || http_get(addr, "/readyz"))
-                    .await
-                    .expect("join");
-                matches!(answer, Ok((200, _))).then_some(())
-            },
-        )
-        .await;
-        daemon
-    }
-
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(15), &mut self.task)
-            .await
-            .expect("the daemon stops within 15 s")
-            .expect("join")
-            .expect("the daemon stops cleanly");
-    }
+/// The daemon of `node` in this process, talking to the webhook cluster's apiserver, once it has
+/// found its runtime.
+async fn start_daemon(node: &str, socket: &Path, kubeconfig: &Path) -> Daemon {
+    let daemon = Daemon::start(node, socket, kubeconfig, 2).await;
+    daemon.wait_ready(true, STEP).await;
+    daemon
 }
 
 /// One node of the test: its Node object, containerd and daemon.
@@ -185,7 +129,7 @@ impl TestNode {
         .await;
 
         let kubeconfig = webhook_cluster().kubeconfig_path().to_owned();
-        let daemon = Daemon::start(&name, containerd.socket(), &kubeconfig).await;
+        let daemon = start_daemon(&name, containerd.socket(), &kubeconfig).await;
         TestNode {
             name,
             cri,

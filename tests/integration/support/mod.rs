@@ -28,6 +28,7 @@ use kube::{Api, Client, Config};
 use serde::Deserialize;
 
 pub mod cri_proxy;
+pub mod daemon;
 pub use crate::harness::shared::{unique_name, wait_for};
 pub mod kubelet;
 pub mod node;

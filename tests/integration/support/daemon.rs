@@ -1,0 +1,92 @@
+//! A node daemon running in this test process for one node, talking to a real containerd (or
+//! the recording CRI proxy) and the test apiserver.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kruise_rs::daemon::{self, DaemonError, DaemonOptions};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::{http_get, wait_for};
+
+pub struct Daemon {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), DaemonError>>,
+    pub addr: SocketAddr,
+}
+
+impl Daemon {
+    /// Starts the daemon of `node` on the CRI `socket`, returning once its probe server is
+    /// bound (not yet ready: see [`Self::wait_ready`]).
+    pub async fn start(
+        node: &str,
+        socket: &Path,
+        kubeconfig: &Path,
+        max_concurrent_pulls: usize,
+    ) -> Daemon {
+        let opts = DaemonOptions {
+            node_name: node.to_owned(),
+            kubeconfig: Some(kubeconfig.to_owned()),
+            cri_socket: Some(socket.to_owned()),
+            host_run_dir: PathBuf::from("/nonexistent"),
+            probe_addr: "127.0.0.1:0".parse().expect("address"),
+            max_concurrent_pulls,
+        };
+        let (serving_tx, serving) = oneshot::channel();
+        let (stop, stopping) = oneshot::channel::<()>();
+        let task = tokio::spawn(daemon::run(
+            opts,
+            async move {
+                let _ = stopping.await;
+            },
+            Some(serving_tx),
+        ));
+        let addr = match serving.await {
+            Ok(addr) => addr,
+            Err(_) => panic!("the daemon of {node} did not start: {:?}", task.await),
+        };
+        Daemon {
+            stop: Some(stop),
+            task,
+            addr,
+        }
+    }
+
+    /// Asks it to stop and waits (15 s at most) for a clean exit.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(15), &mut self.task)
+            .await
+            .expect("the daemon stops within 15 s")
+            .expect("join")
+            .expect("the daemon stops cleanly");
+    }
+
+    pub async fn get(&self, path: &'static str) -> (u16, String) {
+        let addr = self.addr;
+        tokio::task::spawn_blocking(move || http_get(addr, path))
+            .await
+            .expect("join")
+            .expect("the probe server answers")
+    }
+
+    /// The value of a metric line `name value` (labels included in `name`).
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics").await;
+        body.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// Waits until `/readyz` answers 200 (`ready`) or 503.
+    pub async fn wait_ready(&self, ready: bool, within: Duration) {
+        let want = if ready { 200 } else { 503 };
+        wait_for(&format!("/readyz to answer {want}"), within, || async {
+            (self.get("/readyz").await.0 == want).then_some(())
+        })
+        .await;
+    }
+}
