@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -124,14 +124,25 @@ impl ControlPlane {
                 String::from_utf8_lossy(&applied.stderr)
             ));
         }
-        process::run(self.kubectl().args([
-            "wait",
-            "--for=condition=Established",
-            "crd",
-            "--all",
-            "--timeout=60s",
-        ]))
-        .map_err(|e| format!("waiting for the CRDs to be Established: {e}"))
+        // `kubectl wait` fails at once, instead of waiting, on a CRD whose status has no
+        // conditions yet ("accessor error: <nil> is of the type <nil>"): ask again until the
+        // apiserver has written them.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match process::run(self.kubectl().args([
+                "wait",
+                "--for=condition=Established",
+                "crd",
+                "--all",
+                "--timeout=60s",
+            ])) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.contains("accessor error") && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(format!("waiting for the CRDs to be Established: {e}")),
+            }
+        }
     }
 
     /// A client of its own (its own connection pool) with a 120 s read timeout: the benches

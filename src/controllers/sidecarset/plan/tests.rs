@@ -118,12 +118,22 @@ fn job(name: &str, set_label: Option<&str>, owner_uid: &str, nodes: &[&str]) -> 
 
 /// `plan` for `set` over `owned`, pre-download on or off, no jobs and no NodeImages yet.
 fn plan_with<'a>(set: &SidecarSet, owned: &'a [Arc<PodSummary>], predownload: bool) -> Plan<'a> {
+    plan_counting(set, owned, predownload, 0)
+}
+
+/// [`plan`] with no jobs and no NodeImages, `collision_count` collisions so far.
+fn plan_counting<'a>(
+    set: &SidecarSet,
+    owned: &'a [Arc<PodSummary>],
+    predownload: bool,
+    collision_count: i32,
+) -> Plan<'a> {
     let (knobs, _) = knobs_when(set, predownload);
     let nodeimage = |_: &str| None;
     plan(
         set,
         owned,
-        0,
+        collision_count,
         &now(),
         &PreDownloadInputs {
             knobs: &knobs,
@@ -209,20 +219,7 @@ fn a_finished_rollout_upgrades_nothing_and_counts_every_pod_updated() {
 fn the_status_records_the_latest_revision_and_the_collision_count() {
     let owned = [old("a")];
     let s = set(json!({}));
-    let (knobs, _) = knobs_when(&s, false);
-    let nodeimage = |_: &str| None;
-    let plan = plan(
-        &s,
-        &owned,
-        3,
-        &now(),
-        &PreDownloadInputs {
-            knobs: &knobs,
-            manager_namespace: MANAGER_NS,
-            jobs: &[],
-            nodeimage: &nodeimage,
-        },
-    );
+    let plan = plan_counting(&s, &owned, false, 3);
     assert_eq!(
         plan.report.status.latest_revision.as_deref(),
         Some("mesh-7c9d5b")
