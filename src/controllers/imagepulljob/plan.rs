@@ -65,23 +65,22 @@ pub fn next_step(job: &ImagePullJob) -> Step {
 }
 
 /// The job's target nodes in pull order, each with where it stands for `req`, among the nodes
-/// that have a NodeImage (`nodeimages`, in any order). `pods` may include other namespaces' pods.
+/// that have a NodeImage (`nodeimages`, by name). `pods` may include other namespaces' pods.
 /// `Err`: a selector that does not parse (the job is refused, `InvalidSelector`).
 pub fn targets<'a>(
     job: &ImagePullJob,
     req: &JobRequest,
-    nodeimages: &'a [Arc<NodeImage>],
+    nodeimages: &'a HashMap<String, Arc<NodeImage>>,
     pods: impl IntoIterator<Item = &'a PodSummary>,
 ) -> Result<Vec<Target>, SelectorError> {
     let job_uid = job.metadata.uid.clone().unwrap_or_default();
-    let by_name: HashMap<String, &NodeImage> =
-        nodeimages.iter().map(|n| (n.name_any(), &**n)).collect();
-    let nodes = select_nodes(job, nodeimages.iter().map(|n| &**n), pods)?;
+    // `select_nodes` takes the NodeImages in any order.
+    let nodes = select_nodes(job, nodeimages.values().map(|n| &**n), pods)?;
     Ok(nodes
         .into_iter()
         .filter_map(|node| {
             let state = node_state(
-                by_name.get(&node)?,
+                nodeimages.get(&node)?,
                 &req.name,
                 &req.tag,
                 &job_uid,
@@ -90,6 +89,13 @@ pub fn targets<'a>(
             Some(Target { node, state })
         })
         .collect())
+}
+
+/// The NodeImages by name, as [`targets`] takes them.
+pub fn by_name(
+    nodeimages: impl IntoIterator<Item = Arc<NodeImage>>,
+) -> HashMap<String, Arc<NodeImage>> {
+    nodeimages.into_iter().map(|n| (n.name_any(), n)).collect()
 }
 
 #[cfg(test)]

@@ -2,7 +2,6 @@
 //! write (NodeImage entries, one node after the other in target order; the job's status,
 //! finalizer and events).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -120,12 +119,8 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
         refs
     };
 
-    let all_nodeimages: Vec<Arc<NodeImage>> = ctx
-        .nodeimages
-        .state()
-        .into_iter()
-        .map(|n| ctx.fresher(n))
-        .collect();
+    // Our own writes the store has not caught up with yet count as written.
+    let by_name = plan::by_name(ctx.nodeimages.state().into_iter().map(|n| ctx.fresher(n)));
     let pods = ctx.pods.state();
     let req = JobRequest::new(
         job,
@@ -134,14 +129,10 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
         pull_secrets,
     );
     let mut targets: Vec<Target> =
-        match plan::targets(job, &req, &all_nodeimages, pods.iter().map(|p| &**p)) {
+        match plan::targets(job, &req, &by_name, pods.iter().map(|p| &**p)) {
             Ok(targets) => targets,
             Err(err) => return refuse(job, ctx, &jobs, "InvalidSelector", err.to_string()).await,
         };
-    let by_name: HashMap<String, Arc<NodeImage>> = all_nodeimages
-        .into_iter()
-        .map(|n| (n.name_any(), n))
-        .collect();
 
     // Start the next nodes, within the parallelism budget.
     let start: Vec<String> = nodes_to_start(&targets, parallelism)

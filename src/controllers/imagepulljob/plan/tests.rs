@@ -106,7 +106,7 @@ fn targets_are_the_named_nodes_that_have_a_nodeimage_in_their_order() {
         ..Default::default()
     });
     let nodeimages = [nodeimage("a"), nodeimage("b"), nodeimage("c")];
-    let got = targets(&j, &request(&j), &nodeimages, []).expect("valid selector");
+    let got = targets(&j, &request(&j), &by_name(nodeimages), []).expect("valid selector");
     let nodes: Vec<&str> = got.iter().map(|t| t.node.as_str()).collect();
     assert_eq!(nodes, ["c", "a"]);
     assert!(got.iter().all(|t| t.state == NodeState::NotSynced));
@@ -128,7 +128,13 @@ fn a_node_whose_entry_lists_the_job_is_pulling() {
             ..Default::default()
         },
     )]);
-    let got = targets(&j, &request(&j), &[Arc::new(ni), nodeimage("b")], []).expect("ok");
+    let got = targets(
+        &j,
+        &request(&j),
+        &by_name([Arc::new(ni), nodeimage("b")]),
+        [],
+    )
+    .expect("ok");
     let states: Vec<(&str, NodeState)> = got.iter().map(|t| (t.node.as_str(), t.state)).collect();
     assert_eq!(
         states,
@@ -147,6 +153,6 @@ fn a_selector_that_does_not_parse_is_an_error() {
         }]),
         ..Default::default()
     });
-    let err = targets(&j, &request(&j), &[nodeimage("a")], []).unwrap_err();
+    let err = targets(&j, &request(&j), &by_name([nodeimage("a")]), []).unwrap_err();
     assert!(err.to_string().starts_with("spec.podSelector"), "{err}");
 }
