@@ -34,7 +34,7 @@ fn manifest_files() -> Vec<PathBuf> {
 }
 
 /// Every object of every manifest file.
-fn manifest_objects() -> Vec<Value> {
+pub(crate) fn manifest_objects() -> Vec<Value> {
     let mut objects = Vec::new();
     for file in manifest_files() {
         let text = std::fs::read_to_string(&file).expect("manifest readable");
@@ -69,7 +69,7 @@ fn run(mut cmd: Command) -> std::process::Output {
 }
 
 /// Server-side applies `files` for real.
-fn apply(cluster: &TestCluster, files: &[&str]) {
+pub(crate) fn apply(cluster: &TestCluster, files: &[&str]) {
     let mut cmd = cluster.kubectl();
     cmd.args([
         "apply",

@@ -13,6 +13,7 @@ mod manager;
 mod metrics;
 mod node_infra;
 mod nodeimage;
+mod rbac_matrix;
 mod sidecarset_crash;
 mod sidecarset_predownload;
 mod sidecarset_predownload_e2e;
