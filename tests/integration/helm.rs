@@ -533,3 +533,57 @@ fn helm_refuses_invalid_values() {
         );
     }
 }
+
+/// `daemonPolicy.ownNodeImageOnly`: on by default, for the daemon's ServiceAccount in the
+/// manager's namespace; false renders neither the policy nor its binding; not a boolean is
+/// refused by the schema.
+#[test]
+fn helm_daemon_policy_value() {
+    const POLICY: &str = "kruise-rs-daemon-own-nodeimage";
+    let condition = |objects: &BTreeMap<String, Value>| {
+        let policy = find(objects, &format!("ValidatingAdmissionPolicy {POLICY}"));
+        let binding = find(
+            objects,
+            &format!("ValidatingAdmissionPolicyBinding {POLICY}"),
+        );
+        assert_eq!(binding["spec"]["policyName"], POLICY);
+        assert_eq!(
+            binding["spec"]["validationActions"],
+            serde_json::json!(["Deny"])
+        );
+        policy["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .expect("an expression")
+            .to_owned()
+    };
+    assert_eq!(
+        condition(&rendered_objects(&[])),
+        r#"request.userInfo.username == "system:serviceaccount:kruise-system:kruise-rs-daemon""#
+    );
+    assert_eq!(
+        condition(&rendered_objects(&["--set=namespaces.manager=kr-sys"])),
+        r#"request.userInfo.username == "system:serviceaccount:kr-sys:kruise-rs-daemon""#
+    );
+
+    let off = rendered_objects(&["--set=daemonPolicy.ownNodeImageOnly=false"]);
+    assert!(
+        !off.keys().any(|k| k.contains(POLICY)),
+        "daemonPolicy.ownNodeImageOnly=false still renders: {:?}",
+        off.keys()
+    );
+
+    let chart = chart_dir();
+    let out = helm_output(&[
+        "template",
+        RELEASE,
+        chart.to_str().expect("UTF-8 path"),
+        "--set",
+        "daemonPolicy.ownNodeImageOnly=maybe",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("/daemonPolicy/ownNodeImageOnly"),
+        "expected a schema error at /daemonPolicy/ownNodeImageOnly, got {}:\n{stderr}",
+        out.status
+    );
+}
