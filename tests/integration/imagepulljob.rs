@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Secret};
+use k8s_openapi::api::events::v1::Event;
 use kruise_rs::apis::imagepulljob::{
     CompletionPolicy, CompletionPolicyType, ImagePullJob, ImagePullJobNodeSelector,
     ImagePullJobSpec,
@@ -557,8 +558,7 @@ async fn an_invalid_image_is_reported_on_the_job() {
         })
         .await;
     assert!(!completed(&job));
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(env.client.clone(), &env.ns);
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.ns);
     wait_for("a Warning event InvalidImage", TIMEOUT, || {
         let events = events.clone();
         async move {
@@ -572,35 +572,80 @@ async fn an_invalid_image_is_reported_on_the_job() {
 }
 
 async fn registry_secret(env: &Env, name: &str) {
-    let secret = k8s_openapi::api::core::v1::Secret {
+    typed_secret(env, name, "kubernetes.io/dockerconfigjson").await;
+}
+
+/// A Secret `name` of type `type_` in the test's namespace, holding a registry credential.
+async fn typed_secret(env: &Env, name: &str, type_: &str) {
+    let secret = Secret {
         metadata: ObjectMeta {
             name: Some(name.into()),
             ..Default::default()
         },
-        type_: Some("kubernetes.io/dockerconfigjson".into()),
+        type_: Some(type_.into()),
         string_data: Some(BTreeMap::from([(
             ".dockerconfigjson".to_owned(),
             r#"{"auths":{"127.0.0.1:5000":{"auth":"dXNlcjpwYXNz"}}}"#.to_owned(),
         )])),
         ..Default::default()
     };
-    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(env.client.clone(), &env.ns)
+    Api::<Secret>::namespaced(env.client.clone(), &env.ns)
         .create(&PostParams::default(), &secret)
         .await
         .expect("create secret");
 }
 
-/// The daemon-namespace copy of the test's Secret `reg`, once the controller made it.
-async fn wait_secret_copy(
-    env: &Env,
-) -> (
-    Api<k8s_openapi::api::core::v1::Secret>,
-    String,
-    k8s_openapi::api::core::v1::Secret,
-) {
+/// Creates the daemons' namespace if no test's job has made the controller create it yet (it
+/// is shared by every test and left in place, as the controller leaves it).
+async fn ensure_daemon_namespace(env: &Env) {
+    let name = support::test_controller_options().daemon_config_namespace;
+    let ns = k8s_openapi::api::core::v1::Namespace {
+        metadata: ObjectMeta {
+            name: Some(name),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
+    match namespaces.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("create the daemons' namespace: {e}"),
+    }
+}
+
+fn daemon_secrets(env: &Env) -> Api<Secret> {
     let daemon_ns = support::test_controller_options().daemon_config_namespace;
-    let copies: Api<k8s_openapi::api::core::v1::Secret> =
-        Api::namespaced(env.client.clone(), &daemon_ns);
+    Api::namespaced(env.client.clone(), &daemon_ns)
+}
+
+/// The Warning event `reason` on the test's job whose note contains every one of `words`.
+async fn wait_warning(env: &Env, reason: &str, words: &[&str]) -> Event {
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.ns);
+    wait_for(
+        &format!("a Warning event {reason} naming {words:?}"),
+        TIMEOUT,
+        || {
+            let events = events.clone();
+            async move {
+                let list = events.list(&Default::default()).await.ok()?;
+                list.items.into_iter().find(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.note
+                            .as_deref()
+                            .is_some_and(|n| words.iter().all(|w| n.contains(w)))
+                })
+            }
+        },
+    )
+    .await
+}
+
+/// The daemon-namespace copy of the test's Secret `reg`, once the controller made it.
+async fn wait_secret_copy(env: &Env) -> (Api<Secret>, String, Secret) {
+    let daemon_ns = support::test_controller_options().daemon_config_namespace;
+    let copies: Api<Secret> = Api::namespaced(env.client.clone(), &daemon_ns);
     let copy = kruise_rs::controllers::imagepulljob::secrets::copy_name(&env.ns, "reg");
     let secret = wait_for("the secret copy", TIMEOUT, || {
         let (copies, copy) = (copies.clone(), copy.clone());
@@ -621,6 +666,17 @@ async fn pull_secrets_are_copied_for_the_daemons_and_released_when_the_job_finis
 
     let daemon_ns = support::test_controller_options().daemon_config_namespace;
     let (copies, copy, secret) = wait_secret_copy(&env).await;
+    // The copy's name: the source name, '-', the first 16 hex of SHA-256("<namespace>/reg").
+    let digest = ring::digest::digest(&ring::digest::SHA256, format!("{}/reg", env.ns).as_bytes());
+    let hex: String = digest.as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(copy, format!("reg-{hex}"));
+    assert_eq!(
+        secret.type_.as_deref(),
+        Some("kubernetes.io/dockerconfigjson")
+    );
     let annotations = secret.annotations();
     assert_eq!(
         annotations["imagepulljobs.kruise.io/source-key"],
@@ -701,6 +757,224 @@ async fn deleting_a_running_job_releases_its_secret_copies() {
         copies.get_opt(&copy).await.expect("read").is_none(),
         "the copy is released before the job goes"
     );
+}
+
+/// Every Secret in the daemons' namespace that says it is a copy of `source`.
+async fn copies_of(env: &Env, source: &str) -> Vec<Secret> {
+    let list = daemon_secrets(env)
+        .list(&Default::default())
+        .await
+        .expect("list the daemons' secrets");
+    list.items
+        .into_iter()
+        .filter(|s| {
+            s.annotations()
+                .get("imagepulljobs.kruise.io/source-key")
+                .is_some_and(|k| k == source)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_secret_that_is_no_pull_secret_is_reported_and_not_copied() {
+    let env = env("ipj-secopq").await;
+    env.nodes(1).await;
+    typed_secret(&env, "opaque", "Opaque").await;
+    let mut s = spec("127.0.0.1:5000/private/app:3", env.selector(), 1);
+    s.pull_secrets = vec!["opaque".into()];
+    env.job("pull", s).await;
+
+    let source = format!("{}/opaque", env.ns);
+    wait_warning(&env, "PullSecretWrongType", &[&source, "Opaque"]).await;
+    env.wait_job("pull", "the status message to name the Secret", |j| {
+        j.status
+            .as_ref()
+            .and_then(|s| s.message.as_deref())
+            .is_some_and(|m| m.contains(&source) && m.contains("Opaque"))
+    })
+    .await;
+    // The event is published after the job's secrets were handled: no copy now means none.
+    assert!(copies_of(&env, &source).await.is_empty());
+    let copy = kruise_rs::controllers::imagepulljob::secrets::copy_name(&env.ns, "opaque");
+    assert!(
+        daemon_secrets(&env)
+            .get_opt(&copy)
+            .await
+            .expect("read")
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn a_foreign_secret_at_the_copy_name_is_left_alone_and_reported() {
+    let env = env("ipj-seccol").await;
+    env.nodes(1).await;
+    registry_secret(&env, "reg").await;
+    let copy = kruise_rs::controllers::imagepulljob::secrets::copy_name(&env.ns, "reg");
+    let squatter = Secret {
+        metadata: ObjectMeta {
+            name: Some(copy.clone()),
+            annotations: Some(BTreeMap::from([
+                (
+                    "imagepulljobs.kruise.io/source-key".to_owned(),
+                    "elsewhere/reg".to_owned(),
+                ),
+                (
+                    "imagepulljobs.kruise.io/references".to_owned(),
+                    "elsewhere/job".to_owned(),
+                ),
+            ])),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/dockerconfigjson".into()),
+        string_data: Some(BTreeMap::from([(
+            ".dockerconfigjson".to_owned(),
+            r#"{"auths":{}}"#.to_owned(),
+        )])),
+        ..Default::default()
+    };
+    ensure_daemon_namespace(&env).await;
+    let squatter = daemon_secrets(&env)
+        .create(&PostParams::default(), &squatter)
+        .await
+        .expect("create the squatting Secret");
+    let mut s = spec("127.0.0.1:5000/private/app:4", env.selector(), 1);
+    s.pull_secrets = vec!["reg".into()];
+    env.job("pull", s).await;
+
+    let source = format!("{}/reg", env.ns);
+    wait_warning(
+        &env,
+        "PullSecretCopyConflict",
+        &[&source, &copy, "elsewhere/reg"],
+    )
+    .await;
+    env.wait_job("pull", "the status message to report the conflict", |j| {
+        j.status
+            .as_ref()
+            .and_then(|s| s.message.as_deref())
+            .is_some_and(|m| m.contains(&copy) && m.contains("elsewhere/reg"))
+    })
+    .await;
+    let after = daemon_secrets(&env).get(&copy).await.expect("still there");
+    assert_eq!(
+        after.resource_version(),
+        squatter.resource_version(),
+        "neither reused nor overwritten"
+    );
+
+    // Deleting the job releases nothing of the squatter's.
+    env.jobs()
+        .delete("pull", &Default::default())
+        .await
+        .expect("delete job");
+    let jobs = env.jobs();
+    wait_for("the job to be gone", TIMEOUT, || {
+        let jobs = jobs.clone();
+        async move {
+            jobs.get_opt("pull")
+                .await
+                .ok()
+                .filter(Option::is_none)
+                .map(|_| ())
+        }
+    })
+    .await;
+    let after = daemon_secrets(&env).get(&copy).await.expect("still there");
+    assert_eq!(after.resource_version(), squatter.resource_version());
+    daemon_secrets(&env)
+        .delete(&copy, &Default::default())
+        .await
+        .expect("clean up");
+}
+
+#[tokio::test]
+async fn copies_named_the_old_way_go_with_the_last_job_that_references_them() {
+    let env = env("ipj-secold").await;
+    env.nodes(1).await;
+    registry_secret(&env, "reg").await;
+    let source = format!("{}/reg", env.ns);
+    // As an earlier version left them: `reg-` and a 32-bit DefaultHasher suffix (unique here,
+    // the namespace is shared by every test), one used by this test's job only, one also by a
+    // job that is not deleted.
+    let old_copy = |name: &str, references: &str| Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            annotations: Some(BTreeMap::from([
+                (
+                    "imagepulljobs.kruise.io/source-key".to_owned(),
+                    source.clone(),
+                ),
+                (
+                    "imagepulljobs.kruise.io/references".to_owned(),
+                    references.to_owned(),
+                ),
+                (
+                    "imagepulljobs.kruise.io/mode".to_owned(),
+                    "batch".to_owned(),
+                ),
+            ])),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/dockerconfigjson".into()),
+        string_data: Some(BTreeMap::from([(
+            ".dockerconfigjson".to_owned(),
+            r#"{"auths":{}}"#.to_owned(),
+        )])),
+        ..Default::default()
+    };
+    let only_ours = support::unique_name("reg");
+    let shared = support::unique_name("reg");
+    ensure_daemon_namespace(&env).await;
+    for (name, refs) in [
+        (&only_ours, format!("{}/pull", env.ns)),
+        (&shared, format!("{0}/pull,{0}/staying", env.ns)),
+    ] {
+        daemon_secrets(&env)
+            .create(&PostParams::default(), &old_copy(name, &refs))
+            .await
+            .expect("create an old-named copy");
+    }
+    let mut s = spec("127.0.0.1:5000/private/app:5", env.selector(), 1);
+    s.pull_secrets = vec!["reg".into()];
+    env.job("pull", s).await;
+    let (copies, copy, _) = wait_secret_copy(&env).await;
+
+    env.jobs()
+        .delete("pull", &Default::default())
+        .await
+        .expect("delete job");
+    let jobs = env.jobs();
+    wait_for("the job to be gone", TIMEOUT, || {
+        let jobs = jobs.clone();
+        async move {
+            jobs.get_opt("pull")
+                .await
+                .ok()
+                .filter(Option::is_none)
+                .map(|_| ())
+        }
+    })
+    .await;
+    // The finalizer comes off only after the release: nothing is left to wait for.
+    for gone in [&copy, &only_ours] {
+        assert!(
+            copies.get_opt(gone).await.expect("read").is_none(),
+            "{gone} is released with its last job"
+        );
+    }
+    let kept = copies
+        .get(&shared)
+        .await
+        .expect("still used by another job");
+    assert_eq!(
+        kept.annotations()["imagepulljobs.kruise.io/references"],
+        format!("{}/staying", env.ns)
+    );
+    copies
+        .delete(&shared, &Default::default())
+        .await
+        .expect("clean up");
 }
 
 #[tokio::test]

@@ -15,7 +15,7 @@ use tracing::{info, instrument, warn};
 
 use super::entry::{JobRequest, with_job_entry};
 use super::plan::{self, Step};
-use super::status::{compute_status, next_deadline, nodes_to_start};
+use super::status::{compute_status, next_deadline, nodes_to_start, with_notes};
 use super::targets::{NodeState, Target};
 use super::{Context, Error, FIELD_MANAGER, secrets};
 use crate::apis::imagepulljob::{ImagePullJob, ImagePullJobStatus};
@@ -97,11 +97,14 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
 
     // The daemons may read secrets only in their own namespace: copy the job's there, and keep
     // the job from vanishing before the copies are released.
-    let pull_secrets = if job.spec.pull_secrets.is_empty() {
-        Vec::new()
+    let (pull_secrets, notes) = if job.spec.pull_secrets.is_empty() {
+        (Vec::new(), Vec::new())
     } else {
-        set_finalizer(&jobs, job, true).await?;
-        let (refs, missing) = secrets::claim(
+        if !set_finalizer(&jobs, job, true).await? {
+            // Gone: a copy made now would list a job that can never release it.
+            return Ok(Action::await_change());
+        }
+        let claimed = secrets::claim(
             &ctx.client,
             daemon_ns,
             &namespace,
@@ -109,14 +112,14 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
             &job.spec.pull_secrets,
         )
         .await?;
-        if !missing.is_empty() {
-            let note = format!(
-                "spec.pullSecrets: Secret {} not found in namespace {namespace}; pulling without it",
-                missing.join(", ")
-            );
-            publish(ctx, job, EventType::Warning, "PullSecretNotFound", note).await;
+        // Each Secret left out: a Warning event, and the reason in the status message.
+        let mut notes = Vec::with_capacity(claimed.problems.len());
+        for problem in claimed.problems {
+            let note = problem.to_string();
+            publish(ctx, job, EventType::Warning, problem.reason(), note.clone()).await;
+            notes.push(note);
         }
-        refs
+        (claimed.refs, notes)
     };
 
     // Our own writes the store has not caught up with yet count as written.
@@ -180,7 +183,7 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
         }
     }
 
-    let status = compute_status(job, &targets, &now_time);
+    let status = with_notes(compute_status(job, &targets, &now_time), &notes);
     write_status(&jobs, job, &status).await?;
     if let Some(err) = first_error {
         return Err(err.into());
@@ -251,15 +254,8 @@ async fn let_go(ctx: &Context, jobs: &Api<ImagePullJob>, job: &ImagePullJob) -> 
     }
     let namespace = job.namespace().unwrap_or_default();
     let daemon_ns = &ctx.opts.daemon_config_namespace;
-    secrets::release(
-        &ctx.client,
-        daemon_ns,
-        &namespace,
-        &job.name_any(),
-        &job.spec.pull_secrets,
-    )
-    .await?;
-    set_finalizer(jobs, job, false).await
+    secrets::release(&ctx.client, daemon_ns, &namespace, &job.name_any()).await?;
+    set_finalizer(jobs, job, false).await.map(|_| ())
 }
 
 /// Publishes an event on the job; failing to is logged, never fatal.
@@ -277,18 +273,19 @@ async fn publish(ctx: &Context, job: &ImagePullJob, type_: EventType, reason: &s
 }
 
 /// Adds or removes upstream's `apps.kruise.io/deletion-protection` finalizer, guarded by the
-/// job's resourceVersion so a concurrent change to the list is never overwritten.
+/// job's resourceVersion so a concurrent change to the list is never overwritten. `false`: the
+/// job is gone.
 async fn set_finalizer(
     jobs: &Api<ImagePullJob>,
     job: &ImagePullJob,
     present: bool,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let mut finalizers = job.finalizers().to_vec();
     let has = finalizers
         .iter()
         .any(|f| f == DELETION_PROTECTION_FINALIZER);
     if has == present {
-        return Ok(());
+        return Ok(true);
     }
     if present {
         finalizers.push(DELETION_PROTECTION_FINALIZER.to_owned());
@@ -306,9 +303,9 @@ async fn set_finalizer(
         .patch(&job.name_any(), &params, &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(_) => Ok(true),
         // Gone already: nothing to protect.
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
         Err(source) => Err(Error::Finalizer {
             name: job.name_any(),
             source,

@@ -4,21 +4,54 @@
 //! names its source (`imagepulljobs.kruise.io/source-key`) and the jobs using it
 //! (`imagepulljobs.kruise.io/references`); the last job to let go deletes it.
 //!
-//! Copies have deterministic names (source name plus a hash of `namespace/name`), so finding one
-//! is a GET rather than a list of every Secret in the namespace. Reference updates carry the
-//! Secret's resourceVersion: two jobs updating one copy never drop each other.
+//! - **Only pull secrets travel.** A source Secret is copied (or, for a job in the daemons' own
+//!   namespace, referenced in place) only if its type is `kubernetes.io/dockerconfigjson` or
+//!   `kubernetes.io/dockercfg` ([`check_type`]). Anything else (a service-account token, an
+//!   Opaque Secret named by mistake) would hand a credential to every daemon for nothing: the
+//!   job gets a [`Problem`] (Warning event and status message) and pulls without it.
+//! - **Names.** A copy's name is the source name plus SHA-256 of `namespace/name`
+//!   ([`copy_name`]), stable across Rust releases and manager versions, so claiming a copy is a
+//!   GET, not a list.
+//! - **A copy is reused only if it says it is one.** A Secret at the copy name whose source
+//!   annotation is not exactly this source (a collision, or pre-created by someone) is neither
+//!   reused nor overwritten ([`refresh_copy`]): the job reports the conflict and pulls without
+//!   it.
+//! - **Releasing finds copies by their annotations, not their names.** [`release`] lists the
+//!   namespace and lets go of every copy of a source in the job's namespace that lists the job,
+//!   whatever its name ([`release_action`]). That covers copies named the way earlier versions
+//!   named them (a `DefaultHasher` suffix): NodeImage entries written then still name them, so
+//!   they live exactly as long as a job references them and go with the last one, like any
+//!   other copy. A job never leaves references behind: it carries the
+//!   `apps.kruise.io/deletion-protection` finalizer from before its first copy until its copies
+//!   are released.
+//!
+//! Reference updates and deletes carry the Secret's resourceVersion (and uid): two jobs updating
+//! one copy never drop each other.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::hash::{Hash, Hasher};
+use std::fmt;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 
 use crate::apis::nodeimage::ReferenceObject;
 use crate::apis::well_known::{
     SECRET_MODE, SECRET_MODE_BATCH, SECRET_REFERENCES, SECRET_SOURCE_KEY,
 };
+
+/// The Secret types a registry credential comes in; the only ones copied for the daemons.
+pub const PULL_SECRET_TYPES: [&str; 2] =
+    ["kubernetes.io/dockerconfigjson", "kubernetes.io/dockercfg"];
+
+/// Hex characters of SHA-256 kept in a copy name. 64 bits: an accidental collision among the
+/// copies of one namespace is negligible (about n²/2⁶⁵ for n sources), and a collision, accidental
+/// or crafted, is refused rather than shared ([`refresh_copy`]), so the hash need not resist
+/// one; the rest of the name stays for the readable prefix.
+const HASH_HEX: usize = 16;
+
+/// A Secret's longest name (a DNS subdomain).
+const MAX_NAME: usize = 253;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SecretsError {
@@ -50,14 +83,119 @@ fn is_status(err: &kube::Error, code: u16) -> bool {
     matches!(err, kube::Error::Api(s) if s.code == code)
 }
 
-/// Name of the shared copy of `namespace/name`: readable, unique, at most 253 characters.
+/// Why one of a job's `pullSecrets` is not given to the daemons. The job pulls without it; the
+/// reconcile reports each as a Warning event (`reason`) and in the job's status message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Problem {
+    /// No Secret of that name in the job's namespace.
+    NotFound { namespace: String, name: String },
+    /// The Secret is not a registry credential (`type_`: its type, `None` if it has none).
+    NotAPullSecret {
+        namespace: String,
+        name: String,
+        type_: Option<String>,
+    },
+    /// A Secret already sits at the copy's name and is not a copy of this source (`found`: the
+    /// source it names, `None` if it names none).
+    CopyConflict {
+        source: String,
+        copy_namespace: String,
+        copy: String,
+        found: Option<String>,
+    },
+}
+
+impl Problem {
+    /// The event reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Problem::NotFound { .. } => "PullSecretNotFound",
+            Problem::NotAPullSecret { .. } => "PullSecretWrongType",
+            Problem::CopyConflict { .. } => "PullSecretCopyConflict",
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::NotFound { namespace, name } => write!(
+                f,
+                "spec.pullSecrets: Secret {name} not found in namespace {namespace}; pulling without it"
+            ),
+            Problem::NotAPullSecret {
+                namespace,
+                name,
+                type_,
+            } => write!(
+                f,
+                "spec.pullSecrets: Secret {namespace}/{name} has type {}, not {}; not given to the \
+                 node daemons, pulling without it",
+                type_.as_deref().unwrap_or("(none)"),
+                PULL_SECRET_TYPES.join(" or "),
+            ),
+            Problem::CopyConflict {
+                source,
+                copy_namespace,
+                copy,
+                found,
+            } => write!(
+                f,
+                "spec.pullSecrets: the copy of Secret {source} would be {copy_namespace}/{copy}, \
+                 which exists and is {}; left untouched, pulling without it",
+                match found {
+                    Some(found) => format!("a copy of {found}"),
+                    None => "no copy (no source annotation)".to_owned(),
+                }
+            ),
+        }
+    }
+}
+
+/// `Ok` if `secret` is a registry credential, the only kind given to the daemons.
+pub fn check_type(secret: &Secret) -> Result<(), Problem> {
+    match secret.type_.as_deref() {
+        Some(t) if PULL_SECRET_TYPES.contains(&t) => Ok(()),
+        other => Err(Problem::NotAPullSecret {
+            namespace: secret.namespace().unwrap_or_default(),
+            name: secret.name_any(),
+            type_: other.map(str::to_owned),
+        }),
+    }
+}
+
+/// Name of the shared copy of `namespace/name`: a readable prefix from `name`, `-`, and the
+/// first [`HASH_HEX`] hex characters of SHA-256 of `namespace/name`. Always a valid Secret name
+/// (DNS subdomain, at most 253 characters), whatever `name` holds.
 pub fn copy_name(namespace: &str, name: &str) -> String {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (namespace, name).hash(&mut h);
-    let suffix = format!("{:08x}", h.finish() as u32);
-    let keep = 253 - suffix.len() - 1;
-    let base: String = name.chars().take(keep).collect();
-    format!("{}-{suffix}", base.trim_end_matches(['-', '.']))
+    let digest = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{namespace}/{name}").as_bytes(),
+    );
+    let hash: String = digest
+        .as_ref()
+        .iter()
+        .flat_map(|b| [b >> 4, b & 0xf])
+        .take(HASH_HEX)
+        .map(|n| char::from_digit(u32::from(n), 16).unwrap_or('0'))
+        .collect();
+    // Only [a-z0-9-] in the prefix: no label of the result can then start or end badly or be
+    // empty once the ends are trimmed ('.' would start a new label).
+    let prefix: String = name
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '-',
+        })
+        .take(MAX_NAME - HASH_HEX - 1)
+        .collect();
+    let prefix = prefix.trim_matches('-');
+    if prefix.is_empty() {
+        hash
+    } else {
+        format!("{prefix}-{hash}")
+    }
 }
 
 /// The jobs (`namespace/name`) a copy says it serves.
@@ -79,8 +217,34 @@ fn join(refs: &BTreeSet<String>) -> String {
     refs.iter().cloned().collect::<Vec<_>>().join(",")
 }
 
-/// `copy` brought in line with `source` and serving `job`; `None` if it already is.
-pub fn refreshed_copy(copy: &Secret, source: &Secret, job: &str) -> Option<Secret> {
+fn source_key(secret: &Secret) -> String {
+    format!(
+        "{}/{}",
+        secret.namespace().unwrap_or_default(),
+        secret.name_any()
+    )
+}
+
+/// What to do with the Secret found at a copy's name.
+#[derive(Debug, PartialEq)]
+pub enum CopyUpdate {
+    /// It is the copy, current and serving the job.
+    Current,
+    /// It is the copy: write this (the job added, the source's data).
+    Update(Box<Secret>),
+    /// It is not a copy of this source (its source annotation names another, or none): leave
+    /// it alone. `found` is what the annotation says.
+    Conflict { found: Option<String> },
+}
+
+/// `copy` brought in line with `source` and serving `job`, if it is a copy of `source`.
+pub fn refresh_copy(copy: &Secret, source: &Secret, job: &str) -> CopyUpdate {
+    let found = copy.annotations().get(SECRET_SOURCE_KEY);
+    if found.map(String::as_str) != Some(source_key(source).as_str()) {
+        return CopyUpdate::Conflict {
+            found: found.cloned(),
+        };
+    }
     let mut refs = references(copy);
     let mut updated = copy.clone();
     let mut changed = refs.insert(job.to_owned());
@@ -93,10 +257,13 @@ pub fn refreshed_copy(copy: &Secret, source: &Secret, job: &str) -> Option<Secre
         updated.type_ = source.type_.clone();
         changed = true;
     }
+    if !changed {
+        return CopyUpdate::Current;
+    }
     updated
         .annotations_mut()
         .insert(SECRET_REFERENCES.into(), join(&refs));
-    changed.then_some(updated)
+    CopyUpdate::Update(Box::new(updated))
 }
 
 /// A new copy of `source` in `namespace`, serving `job`.
@@ -109,10 +276,7 @@ pub fn new_copy(source: &Secret, namespace: &str, job: &str) -> Secret {
             namespace: Some(namespace.to_owned()),
             labels: source.metadata.labels.clone(),
             annotations: Some(BTreeMap::from([
-                (
-                    SECRET_SOURCE_KEY.to_owned(),
-                    format!("{source_ns}/{source_name}"),
-                ),
+                (SECRET_SOURCE_KEY.to_owned(), source_key(source)),
                 (SECRET_REFERENCES.to_owned(), job.to_owned()),
                 (SECRET_MODE.to_owned(), SECRET_MODE_BATCH.to_owned()),
             ])),
@@ -125,6 +289,37 @@ pub fn new_copy(source: &Secret, namespace: &str, job: &str) -> Secret {
     }
 }
 
+/// What releasing a job does to one Secret of the daemons' namespace.
+#[derive(Debug, PartialEq)]
+pub enum Release {
+    /// The job was its last reference: delete it.
+    Delete,
+    /// Write it with the job dropped from its references.
+    Update(Box<Secret>),
+}
+
+/// What releasing `job` (`namespace/name`, in `job_ns`) does to `secret`: `None` unless it is a
+/// copy of a Secret in `job_ns` (its source annotation says so) that lists the job. Its name
+/// does not matter: copies named by earlier versions go the same way.
+pub fn release_action(secret: &Secret, job_ns: &str, job: &str) -> Option<Release> {
+    let source = secret.annotations().get(SECRET_SOURCE_KEY)?;
+    if source.split_once('/').map(|(ns, _)| ns) != Some(job_ns) {
+        return None;
+    }
+    let mut refs = references(secret);
+    if !refs.remove(job) {
+        return None;
+    }
+    if refs.is_empty() {
+        return Some(Release::Delete);
+    }
+    let mut updated = secret.clone();
+    updated
+        .annotations_mut()
+        .insert(SECRET_REFERENCES.into(), join(&refs));
+    Some(Release::Update(Box::new(updated)))
+}
+
 /// What the NodeImage lists for a copy.
 pub fn reference_object(namespace: &str, copy: &str) -> ReferenceObject {
     ReferenceObject {
@@ -134,29 +329,31 @@ pub fn reference_object(namespace: &str, copy: &str) -> ReferenceObject {
     }
 }
 
-/// Copies the job's secrets into `daemon_ns` (creating the namespace if needed) and returns the
-/// references for its NodeImage entries, plus the names of source Secrets that do not exist.
+/// What [`claim`] gives the daemons, and what it could not.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    /// The references for the job's NodeImage entries, in `pullSecrets` order.
+    pub refs: Vec<ReferenceObject>,
+    /// The `pullSecrets` left out, and why.
+    pub problems: Vec<Problem>,
+}
+
+/// Gives the job's pull secrets to the daemons: copies them into `daemon_ns` (creating the
+/// namespace if needed), or references them in place for a job in `daemon_ns` itself.
 pub async fn claim(
     client: &Client,
     daemon_ns: &str,
     job_ns: &str,
     job: &str,
     secret_names: &[String],
-) -> Result<(Vec<ReferenceObject>, Vec<String>), SecretsError> {
+) -> Result<Claimed, SecretsError> {
     let job_key = format!("{job_ns}/{job}");
-    if job_ns == daemon_ns {
-        // The daemons read this namespace already.
-        let refs = secret_names.iter().map(|s| ReferenceObject {
-            namespace: Some(job_ns.into()),
-            name: Some(s.clone()),
-            mode: None,
-        });
-        return Ok((refs.collect(), Vec::new()));
-    }
-    ensure_namespace(client, daemon_ns).await?;
     let sources: Api<Secret> = Api::namespaced(client.clone(), job_ns);
     let copies: Api<Secret> = Api::namespaced(client.clone(), daemon_ns);
-    let (mut refs, mut missing) = (Vec::new(), Vec::new());
+    let mut claimed = Claimed::default();
+    if job_ns != daemon_ns {
+        ensure_namespace(client, daemon_ns).await?;
+    }
     for name in secret_names {
         let source = match sources
             .get_opt(name)
@@ -165,103 +362,121 @@ pub async fn claim(
         {
             Some(source) => source,
             None => {
-                missing.push(name.clone());
+                claimed.problems.push(Problem::NotFound {
+                    namespace: job_ns.to_owned(),
+                    name: name.clone(),
+                });
                 continue;
             }
         };
+        if let Err(problem) = check_type(&source) {
+            claimed.problems.push(problem);
+            continue;
+        }
+        if job_ns == daemon_ns {
+            // The daemons read this namespace already.
+            claimed.refs.push(ReferenceObject {
+                namespace: Some(job_ns.into()),
+                name: Some(name.clone()),
+                mode: None,
+            });
+            continue;
+        }
         let copy = copy_name(job_ns, name);
-        loop {
-            match copies
+        let conflict = loop {
+            let result = match copies
                 .get_opt(&copy)
                 .await
                 .map_err(kube_err("reading", daemon_ns, &copy))?
             {
-                None => match copies
+                None => copies
                     .create(
                         &PostParams::default(),
                         &new_copy(&source, daemon_ns, &job_key),
                     )
                     .await
-                {
-                    Ok(_) => break,
-                    Err(e) if is_status(&e, 409) => continue, // another job created it just now
-                    Err(e) => return Err(kube_err("creating", daemon_ns, &copy)(e)),
-                },
-                Some(existing) => match refreshed_copy(&existing, &source, &job_key) {
-                    None => break,
-                    Some(updated) => match copies
+                    .map_err(|e| ("creating", e)),
+                Some(existing) => match refresh_copy(&existing, &source, &job_key) {
+                    CopyUpdate::Current => break None,
+                    CopyUpdate::Conflict { found } => break Some(found),
+                    CopyUpdate::Update(updated) => copies
                         .replace(&copy, &PostParams::default(), &updated)
                         .await
-                    {
-                        Ok(_) => break,
-                        Err(e) if is_status(&e, 409) => continue, // someone else updated it: redo on fresh data
-                        Err(e) => return Err(kube_err("updating", daemon_ns, &copy)(e)),
-                    },
+                        .map_err(|e| ("updating", e)),
                 },
+            };
+            match result {
+                Ok(_) => break None,
+                // Created or changed by someone else just now: decide again on fresh data.
+                Err((_, e)) if is_status(&e, 409) => continue,
+                Err((action, e)) => return Err(kube_err(action, daemon_ns, &copy)(e)),
             }
+        };
+        match conflict {
+            None => claimed.refs.push(reference_object(daemon_ns, &copy)),
+            Some(found) => claimed.problems.push(Problem::CopyConflict {
+                source: format!("{job_ns}/{name}"),
+                copy_namespace: daemon_ns.to_owned(),
+                copy,
+                found,
+            }),
         }
-        refs.push(reference_object(daemon_ns, &copy));
     }
-    Ok((refs, missing))
+    Ok(claimed)
 }
 
-/// Drops the job from the copies of its secrets, deleting copies nobody uses any more.
+/// Drops the job from every copy that lists it, deleting the copies nobody uses any more.
 pub async fn release(
     client: &Client,
     daemon_ns: &str,
     job_ns: &str,
     job: &str,
-    secret_names: &[String],
 ) -> Result<(), SecretsError> {
     if job_ns == daemon_ns {
         return Ok(());
     }
     let job_key = format!("{job_ns}/{job}");
     let copies: Api<Secret> = Api::namespaced(client.clone(), daemon_ns);
-    for name in secret_names {
-        let copy = copy_name(job_ns, name);
-        loop {
-            let Some(existing) = copies
-                .get_opt(&copy)
-                .await
-                .map_err(kube_err("reading", daemon_ns, &copy))?
-            else {
-                break;
-            };
-            let mut refs = references(&existing);
-            if !refs.remove(&job_key) {
-                break;
-            }
-            let result = if refs.is_empty() {
-                let precondition = kube::api::Preconditions {
-                    resource_version: existing.resource_version(),
-                    uid: existing.uid(),
-                };
-                copies
-                    .delete(
-                        &copy,
-                        &DeleteParams {
-                            preconditions: Some(precondition),
-                            ..Default::default()
-                        },
-                    )
+    // A list, not a GET per name: copies named by earlier versions are found by their
+    // annotations. A copy listed here and changed since is re-read on the write's 409.
+    let listed = copies
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_err("listing", daemon_ns, ""))?;
+    for mut secret in listed.items {
+        let name = secret.name_any();
+        while let Some(action) = release_action(&secret, job_ns, &job_key) {
+            let result = match action {
+                Release::Delete => {
+                    let precondition = Preconditions {
+                        resource_version: secret.resource_version(),
+                        uid: secret.uid(),
+                    };
+                    let params = DeleteParams {
+                        preconditions: Some(precondition),
+                        ..Default::default()
+                    };
+                    copies.delete(&name, &params).await.map(|_| ())
+                }
+                Release::Update(updated) => copies
+                    .replace(&name, &PostParams::default(), &updated)
                     .await
-                    .map(|_| ())
-            } else {
-                let mut updated = existing.clone();
-                updated
-                    .annotations_mut()
-                    .insert(SECRET_REFERENCES.into(), join(&refs));
-                copies
-                    .replace(&copy, &PostParams::default(), &updated)
-                    .await
-                    .map(|_| ())
+                    .map(|_| ()),
             };
             match result {
                 Ok(()) => break,
-                Err(e) if is_status(&e, 409) => continue,
+                Err(e) if is_status(&e, 409) => {
+                    match copies
+                        .get_opt(&name)
+                        .await
+                        .map_err(kube_err("reading", daemon_ns, &name))?
+                    {
+                        Some(fresh) => secret = fresh,
+                        None => break,
+                    }
+                }
                 Err(e) if is_status(&e, 404) => break,
-                Err(e) => return Err(kube_err("releasing", daemon_ns, &copy)(e)),
+                Err(e) => return Err(kube_err("releasing", daemon_ns, &name)(e)),
             }
         }
     }
@@ -314,13 +529,87 @@ mod tests {
         }
     }
 
+    fn typed(type_: Option<&str>) -> Secret {
+        let mut s = secret("team", "s", "{}");
+        s.type_ = type_.map(str::to_owned);
+        s
+    }
+
+    /// A DNS subdomain (RFC 1123), as the apiserver validates Secret names.
+    fn is_dns_subdomain(s: &str) -> bool {
+        !s.is_empty()
+            && s.len() <= 253
+            && s.split('.').all(|label| {
+                !label.is_empty()
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+            })
+    }
+
     #[test]
-    fn copy_names_are_stable_distinct_and_valid() {
-        assert_eq!(copy_name("a", "reg"), copy_name("a", "reg"));
+    fn only_registry_credentials_are_pull_secrets() {
+        assert_eq!(
+            check_type(&typed(Some("kubernetes.io/dockerconfigjson"))),
+            Ok(())
+        );
+        assert_eq!(check_type(&typed(Some("kubernetes.io/dockercfg"))), Ok(()));
+        for t in [
+            Some("Opaque"),
+            Some("kubernetes.io/service-account-token"),
+            Some("kubernetes.io/basic-auth"),
+            Some("kubernetes.io/tls"),
+            Some(""),
+            None,
+        ] {
+            let problem = check_type(&typed(t)).expect_err("not a pull secret");
+            assert_eq!(problem.reason(), "PullSecretWrongType");
+            let text = problem.to_string();
+            assert!(text.contains("team/s"), "{text}");
+            assert!(text.contains(t.unwrap_or("(none)")), "{text}");
+        }
+    }
+
+    #[test]
+    fn copy_name_is_pinned() {
+        // Computed once (`printf team/regcred | sha256sum`, first 16 hex). A change here renames
+        // every copy in existing clusters: old copies would then be found only by annotation.
+        assert_eq!(copy_name("team", "regcred"), "regcred-1aa7dafbeda99ffd");
+        assert_eq!(copy_name("team", "regcred"), copy_name("team", "regcred"));
         assert_ne!(copy_name("a", "reg"), copy_name("b", "reg"));
-        assert!(copy_name("a", "reg").starts_with("reg-"));
+        assert_ne!(copy_name("a", "b-c"), copy_name("a-b", "c"));
+    }
+
+    #[test]
+    fn copy_names_are_valid_secret_names_whatever_the_source_name() {
         let long = "x".repeat(253);
-        assert!(copy_name("a", &long).len() <= 253);
+        let dotted = format!("{}.{}", "a".repeat(230), "b".repeat(22));
+        let cases = [
+            "reg",
+            long.as_str(),
+            dotted.as_str(),
+            "ends-",
+            "ends.",
+            "a.-b",
+            "Upper_Case",
+            "-",
+            ".",
+            "",
+            "ünïcode",
+        ];
+        for name in cases {
+            let copy = copy_name("team", name);
+            assert!(is_dns_subdomain(&copy), "{name:?} gives {copy:?}");
+            assert!(copy.len() <= 253, "{name:?}");
+        }
+        assert_eq!(copy_name("team", &long).len(), 253);
+        assert!(copy_name("team", "reg").starts_with("reg-"));
+        assert_eq!(copy_name("team", "").len(), HASH_HEX, "no prefix, no dash");
+        // The prefix is cut so the whole fits; names differing past the cut still differ.
+        let (a, b) = (format!("{long}a"), format!("{long}b"));
+        assert_ne!(copy_name("team", &a), copy_name("team", &b));
     }
 
     #[test]
@@ -335,6 +624,7 @@ mod tests {
         assert_eq!(a[SECRET_REFERENCES], "team/job1");
         assert_eq!(a[SECRET_MODE], "batch");
         assert_eq!(copy.namespace().as_deref(), Some("kruise-daemon-config"));
+        assert_eq!(copy.name_any(), copy_name("team", "reg"));
         assert_eq!(copy.data, secret("team", "reg", "{}").data);
     }
 
@@ -342,18 +632,100 @@ mod tests {
     fn refreshing_adds_the_job_and_new_data_once() {
         let source = secret("team", "reg", "{}");
         let copy = new_copy(&source, "d", "team/job1");
-        assert!(
-            refreshed_copy(&copy, &source, "team/job1").is_none(),
+        assert_eq!(
+            refresh_copy(&copy, &source, "team/job1"),
+            CopyUpdate::Current,
             "nothing to do"
         );
-        let both = refreshed_copy(&copy, &source, "team/job2").expect("job2 added");
+        let CopyUpdate::Update(both) = refresh_copy(&copy, &source, "team/job2") else {
+            panic!("job2 added")
+        };
         assert_eq!(
             references(&both),
             BTreeSet::from(["team/job1".to_owned(), "team/job2".to_owned()])
         );
         let rotated = secret("team", "reg", "{\"auths\":{}}");
-        let updated = refreshed_copy(&both, &rotated, "team/job2").expect("data refreshed");
+        let CopyUpdate::Update(updated) = refresh_copy(&both, &rotated, "team/job2") else {
+            panic!("data refreshed")
+        };
         assert_eq!(updated.data, rotated.data);
+    }
+
+    #[test]
+    fn a_secret_at_the_copy_name_is_reused_only_if_it_names_this_source() {
+        let source = secret("team", "reg", "{}");
+        let mut other = new_copy(&secret("elsewhere", "reg", "{}"), "d", "elsewhere/j");
+        assert_eq!(
+            refresh_copy(&other, &source, "team/job1"),
+            CopyUpdate::Conflict {
+                found: Some("elsewhere/reg".into())
+            }
+        );
+        other.annotations_mut().remove(SECRET_SOURCE_KEY);
+        assert_eq!(
+            refresh_copy(&other, &source, "team/job1"),
+            CopyUpdate::Conflict { found: None }
+        );
+        // Exactly this source: a prefix or suffix of it is another source.
+        other
+            .annotations_mut()
+            .insert(SECRET_SOURCE_KEY.into(), "team/reg2".into());
+        assert!(matches!(
+            refresh_copy(&other, &source, "team/job1"),
+            CopyUpdate::Conflict { .. }
+        ));
+        let text = Problem::CopyConflict {
+            source: "team/reg".into(),
+            copy_namespace: "d".into(),
+            copy: copy_name("team", "reg"),
+            found: Some("team/reg2".into()),
+        }
+        .to_string();
+        assert!(text.contains("team/reg2") && text.contains(&copy_name("team", "reg")));
+    }
+
+    #[test]
+    fn releasing_drops_the_job_and_deletes_with_the_last_reference() {
+        let source = secret("team", "reg", "{}");
+        let mut copy = new_copy(&source, "d", "team/job1");
+        assert_eq!(
+            release_action(&copy, "team", "team/job1"),
+            Some(Release::Delete)
+        );
+        assert_eq!(
+            release_action(&copy, "team", "team/job2"),
+            None,
+            "not listed"
+        );
+        copy.annotations_mut()
+            .insert(SECRET_REFERENCES.into(), "team/job1,team/job2".into());
+        let Some(Release::Update(updated)) = release_action(&copy, "team", "team/job1") else {
+            panic!("job1 dropped")
+        };
+        assert_eq!(
+            references(&updated),
+            BTreeSet::from(["team/job2".to_owned()])
+        );
+    }
+
+    #[test]
+    fn releasing_finds_copies_by_annotation_whatever_their_name() {
+        // A copy named the way earlier versions did (a 32-bit DefaultHasher suffix).
+        let mut old = new_copy(&secret("team", "reg", "{}"), "d", "team/job1");
+        old.metadata.name = Some("reg-1a2b3c4d".into());
+        assert_eq!(
+            release_action(&old, "team", "team/job1"),
+            Some(Release::Delete)
+        );
+        // Another namespace's copy that happens to list a job key of ours: not ours to touch.
+        let foreign = new_copy(&secret("other", "reg", "{}"), "d", "team/job1");
+        assert_eq!(release_action(&foreign, "team", "team/job1"), None);
+        // A Secret that is no copy at all.
+        let mut plain = secret("d", "reg", "{}");
+        plain
+            .annotations_mut()
+            .insert(SECRET_REFERENCES.into(), "team/job1".into());
+        assert_eq!(release_action(&plain, "team", "team/job1"), None);
     }
 
     #[test]

@@ -105,6 +105,23 @@ pub fn compute_status(job: &ImagePullJob, targets: &[Target], now: &Time) -> Ima
     }
 }
 
+/// `status` with `notes` (what the reconcile could not do: a pull secret left out) after its
+/// message, so the status says why pulls may fail. A note already there is not added again: a
+/// finished job's status is kept as it was written, notes included.
+pub fn with_notes(mut status: ImagePullJobStatus, notes: &[String]) -> ImagePullJobStatus {
+    for note in notes {
+        let message = status.message.get_or_insert_with(String::new);
+        if message.contains(note.as_str()) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str("; ");
+        }
+        message.push_str(note);
+    }
+    status
+}
+
 /// When a job needs attention with nothing else happening: at its active deadline while it runs,
 /// at its TTL expiry once it finished. `None` when only a change can move it.
 pub fn next_deadline(job: &ImagePullJob, status: &ImagePullJobStatus) -> Option<Timestamp> {

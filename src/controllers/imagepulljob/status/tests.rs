@@ -146,3 +146,25 @@ fn a_finished_job_keeps_its_status_and_wakes_at_its_ttl() {
     let no_ttl = job(Default::default(), Some(done.clone()));
     assert_eq!(next_deadline(&no_ttl, &done), None);
 }
+
+#[test]
+fn notes_follow_the_progress_message_once() {
+    let j = job(Default::default(), None);
+    let s = compute_status(&j, &targets(&[("a", Pulling), ("b", Succeeded)]), &t(10));
+    let notes = [
+        "Secret x has type Opaque".to_owned(),
+        "Secret y not found".to_owned(),
+    ];
+    let noted = with_notes(s.clone(), &notes);
+    assert_eq!(
+        noted.message.as_deref(),
+        Some("job is running, progress 50.0%; Secret x has type Opaque; Secret y not found")
+    );
+    assert_eq!(with_notes(noted.clone(), &notes), noted, "not added twice");
+    assert_eq!(with_notes(s.clone(), &[]), s, "no notes, no change");
+    let bare = ImagePullJobStatus::default();
+    assert_eq!(
+        with_notes(bare, &notes[..1]).message.as_deref(),
+        Some("Secret x has type Opaque")
+    );
+}
