@@ -2,7 +2,6 @@
 //! secrets and its sandbox metadata. Pure: the reconciler hands the result to the guarded write.
 
 use std::collections::BTreeMap;
-use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -74,10 +73,17 @@ impl JobRequest {
 
 /// A spread in `0..range` seconds that is stable for one (job, node) pair, so that thousands of
 /// nodes do not expire their tags in the same second, without a random source in a pure function.
+/// SHA-256, not `DefaultHasher`: the value is written into NodeImages, and std does not promise
+/// `DefaultHasher` output across Rust releases (a rebuilt manager would rewrite every entry).
 fn jitter(job_uid: &str, node: &str, range: u64) -> i64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (job_uid, node).hash(&mut h);
-    (h.finish() % range.max(1)) as i64
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(job_uid.as_bytes());
+    ctx.update(b"\0");
+    ctx.update(node.as_bytes());
+    let digest = ctx.finish();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest.as_ref()[..8]);
+    (u64::from_be_bytes(first) % range.max(1)) as i64
 }
 
 fn clamp_i32(v: i64) -> i32 {

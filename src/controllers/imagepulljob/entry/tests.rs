@@ -217,3 +217,20 @@ fn tag_ttls_follow_upstreams_rules() {
         "stable per node"
     );
 }
+
+#[test]
+fn jitter_is_pinned_across_builds() {
+    // Written into NodeImages: a new toolchain must not change it (golden values from
+    // `printf 'uid-1\0node-a' | sha256sum`, first 8 bytes big-endian, modulo the range).
+    assert_eq!(jitter("uid-1", "node-a", 300), 12);
+    assert_eq!(jitter("uid-1", "node-a", 1200), 612);
+    assert_eq!(
+        jitter("uid-1", "node-a", 0),
+        0,
+        "an empty range gives no spread"
+    );
+    assert_ne!(
+        jitter("uid-1", "node-a", 1200),
+        jitter("uid-1", "node-b", 1200)
+    );
+}
