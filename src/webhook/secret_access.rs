@@ -67,10 +67,10 @@ pub enum Answer {
 
 /// The Secrets the author of `job` (in `namespace`) must be able to read: each name in
 /// `spec.pullSecrets` once (empty names name nothing and are skipped). On UPDATE only names the
-/// old object did not already have: those were checked when they were added (for their author),
-/// and re-checking them would let a later editor lose the right to touch a job someone else
-/// created. (`pullSecrets` is immutable today, so an update adds none; the rule still holds if
-/// that ever changes.)
+/// old object did not already have: those were checked when they were added, for their author,
+/// and re-checking them would require whoever edits the job later (a label, a finalizer) to have
+/// the author's Secret access. (`pullSecrets` is immutable today, so an update adds none; the
+/// rule still holds if that ever changes.)
 pub fn job_reads(
     job: &ImagePullJob,
     namespace: &str,
@@ -105,6 +105,7 @@ pub enum Scope {
 }
 
 impl Scope {
+    /// Whether a read in `namespace` (`""`: every namespace) falls within this scope.
     fn covers(&self, namespace: &str) -> bool {
         match self {
             Self::Cluster => true,
@@ -145,6 +146,10 @@ fn pinned_namespaces(selector: &LabelSelector) -> Option<BTreeSet<String>> {
             narrow(requirement.values.iter().flatten().cloned().collect());
         }
     }
+    // No namespace is named "": such a value selects nothing (and must not read as "every").
+    if let Some(names) = &mut allowed {
+        names.remove("");
+    }
     allowed
 }
 
@@ -177,14 +182,7 @@ pub fn sidecarset_reads(set: &SidecarSet, old: Option<&SidecarSet>) -> Vec<Secre
         }
         for namespace in &namespaces {
             let checked_before = before.contains(name)
-                && old_scope.as_ref().is_some_and(|old| {
-                    // Cluster-wide now is covered only by cluster-wide before.
-                    if namespace.is_empty() {
-                        *old == Scope::Cluster
-                    } else {
-                        old.covers(namespace)
-                    }
-                });
+                && old_scope.as_ref().is_some_and(|old| old.covers(namespace));
             if !checked_before {
                 reads.push(SecretRead {
                     field: format!("spec.imagePullSecrets[{i}]"),

@@ -125,6 +125,13 @@ fn a_selector_on_the_namespace_name_label_limits_the_check_to_those_names() {
         &[],
     );
     assert_eq!(sidecarset_scope(&open.spec), Scope::Cluster);
+    // An empty name selects no namespace: nothing to read, never "every namespace".
+    let none = set(
+        json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ""}}}),
+        &["r"],
+    );
+    assert_eq!(sidecarset_scope(&none.spec), names(&[]));
+    assert!(sidecarset_reads(&none, None).is_empty());
 }
 
 #[test]
