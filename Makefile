@@ -32,7 +32,7 @@ test-integration: deps ## The integration suite on one Kubernetes minor (KUBE_VE
 		cargo test --locked --test integration -- $(TEST)
 
 # crds/ is the one source of the CRDs; the chart's crds/ and deploy/manifests/01-* are copies,
-# and the rest of deploy/manifests/ is the chart rendered (docs/decisions/0009-*).
+# and the rest of deploy/manifests/ is the chart rendered (docs/decisions/0008-*).
 crds: ## Regenerate crds/ from the Rust types, then everything made from them (make manifests)
 	cargo run --quiet -- crds --out-dir crds
 	$(MAKE) --no-print-directory manifests

@@ -24,6 +24,7 @@ use super::configuration::{
     MUTATE_IMAGEPULLJOB, MUTATE_NODEIMAGE, MUTATE_POD, MUTATE_SIDECARSET, VALIDATE_IMAGEPULLJOB,
     VALIDATE_NODEIMAGE, VALIDATE_SIDECARSET,
 };
+use super::secret_access;
 use super::server::{Admit, AdmitFuture, Verdict};
 use std::collections::BTreeMap;
 
@@ -139,7 +140,7 @@ impl Admit for Handlers {
                 MUTATE_SIDECARSET => self.mutate_sidecarset(request),
                 VALIDATE_SIDECARSET => self.validate_sidecarset(request).await,
                 MUTATE_IMAGEPULLJOB => self.mutate_imagepulljob(request),
-                VALIDATE_IMAGEPULLJOB => self.validate_imagepulljob(request),
+                VALIDATE_IMAGEPULLJOB => self.validate_imagepulljob(request).await,
                 MUTATE_NODEIMAGE => self.mutate_nodeimage(request),
                 VALIDATE_NODEIMAGE => self.validate_nodeimage(request),
                 other => Verdict::Deny(format!("kruise-rs has no webhook at {other}")),
@@ -269,9 +270,41 @@ impl Handlers {
             Some(old) => validation::sidecarset::validate_update(old, &set, others, &ctx),
             None => validation::sidecarset::validate_create(&set, others, &ctx),
         };
-        match result {
+        if let Err(errors) = result {
+            return deny("SidecarSet", &name, &errors);
+        }
+        // The pre-download jobs carrying these Secrets are created by the manager, whose own
+        // access the job webhook would check: the author is checked here, for every namespace
+        // the SidecarSet can reach (decision 0009).
+        let reads = secret_access::sidecarset_reads(&set, old.as_ref());
+        self.author_may_read(
+            request,
+            &reads,
+            secret_access::SIDECARSET_RULE,
+            "SidecarSet",
+        )
+        .await
+    }
+
+    /// Allow when the requesting user may `get` every Secret of `reads`, else a denial naming
+    /// the ones they may not (or that could not be checked).
+    async fn author_may_read(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+        reads: &[secret_access::SecretRead],
+        rule: &str,
+        kind: &str,
+    ) -> Verdict {
+        if reads.is_empty() {
+            return Verdict::Allow;
+        }
+        let answers = secret_access::ask(&self.client, &request.user_info, reads).await;
+        let user = request.user_info.username.as_deref().unwrap_or_default();
+        match secret_access::verdict(user, reads, &answers, rule) {
             Ok(()) => Verdict::Allow,
-            Err(errors) => deny("SidecarSet", &name, &errors),
+            Err(message) => {
+                Verdict::Deny(format!("{kind} {:?} is refused: {message}", request.name))
+            }
         }
     }
 
@@ -328,7 +361,7 @@ impl Handlers {
         patch_between(&job, &defaulted)
     }
 
-    fn validate_imagepulljob(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+    async fn validate_imagepulljob(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
         let (job, old) = match decode_checked::<ImagePullJob>(
             request,
             validation::imagepulljob::validate_raw_enums,
@@ -340,10 +373,21 @@ impl Handlers {
             Some(old) => validation::imagepulljob::validate_update(old, &job),
             None => validation::imagepulljob::validate_create(&job),
         };
-        match result {
-            Ok(()) => Verdict::Allow,
-            Err(errors) => deny("ImagePullJob", &request.name, &errors),
+        if let Err(errors) = result {
+            return deny("ImagePullJob", &request.name, &errors);
         }
+        // The manager copies these Secrets where every node can read them: only their readers
+        // may name them (decision 0009).
+        let namespace = job
+            .metadata
+            .namespace
+            .clone()
+            .filter(|ns| !ns.is_empty())
+            .or_else(|| request.namespace.clone())
+            .unwrap_or_default();
+        let reads = secret_access::job_reads(&job, &namespace, old.as_ref());
+        self.author_may_read(request, &reads, secret_access::JOB_RULE, "ImagePullJob")
+            .await
     }
 
     fn mutate_nodeimage(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {

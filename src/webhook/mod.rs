@@ -16,6 +16,7 @@
 pub mod certs;
 pub mod configuration;
 pub mod handlers;
+pub mod secret_access;
 pub mod server;
 
 use std::future::Future;

@@ -24,4 +24,5 @@ mod support;
 mod watch_lists;
 mod webhook;
 mod webhook_fuzz;
+mod webhook_pull_secrets;
 mod webhook_scenarios;

@@ -1,0 +1,289 @@
+//! Whether the author of an ImagePullJob or SidecarSet may read the pull Secrets it names
+//! ([decision 0009](../../docs/decisions/0009-pull-secrets-checked-for-the-author.md)).
+//!
+//! The manager reads any Secret by name and copies a job's pull Secrets into the daemon
+//! namespace, where every node can read them. Without this check anyone who may create an
+//! ImagePullJob (or a SidecarSet, whose pre-download jobs the manager creates for it) could make
+//! the manager copy a Secret they cannot read: a confused deputy. So the validating webhooks ask
+//! the apiserver, with a SubjectAccessReview for the requesting user, whether that user may `get`
+//! each Secret named, and refuse the object when not.
+//!
+//! Which Secrets to ask about ([`job_reads`], [`sidecarset_reads`]) and what the answers mean
+//! ([`verdict`]) are pure; [`ask`] is the API call.
+
+use std::collections::BTreeSet;
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::authentication::v1::UserInfo;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::Client;
+use kube::api::{Api, PostParams};
+
+use crate::apis::imagepulljob::ImagePullJob;
+use crate::apis::sidecarset::{SidecarSet, SidecarSetSpec};
+use crate::apis::well_known::NAMESPACE_NAME_LABEL;
+
+/// Why a job is refused, after the per-Secret reasons.
+pub const JOB_RULE: &str = "a job may only name Secrets its author can read";
+/// Why a SidecarSet is refused, after the per-Secret reasons.
+pub const SIDECARSET_RULE: &str = "a SidecarSet may only name Secrets its author can read in \
+     every namespace it can select (spec.namespace, or a namespaceSelector on \
+     kubernetes.io/metadata.name, narrows that)";
+
+/// How many SubjectAccessReviews one admission sends at once.
+const CONCURRENT_REVIEWS: usize = 8;
+
+/// One Secret whose `get` the author must be allowed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretRead {
+    /// The field naming it, for the message: `spec.pullSecrets[0]`.
+    pub field: String,
+    /// Where: one namespace, or `""` for every namespace.
+    pub namespace: String,
+    pub name: String,
+}
+
+impl SecretRead {
+    fn describe(&self) -> String {
+        if self.namespace.is_empty() {
+            format!("Secret {:?} in every namespace", self.name)
+        } else {
+            format!("Secret \"{}/{}\"", self.namespace, self.name)
+        }
+    }
+}
+
+/// The apiserver's answer for one [`SecretRead`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    Allowed,
+    Refused,
+    /// The review itself failed.
+    Unknown(String),
+}
+
+/// The Secrets the author of `job` (in `namespace`) must be able to read: each name in
+/// `spec.pullSecrets` once (empty names name nothing and are skipped). On UPDATE only names the
+/// old object did not already have: those were checked when they were added, for their author,
+/// and re-checking them would require whoever edits the job later (a label, a finalizer) to have
+/// the author's Secret access. (`pullSecrets` is immutable today, so an update adds none; the
+/// rule still holds if that ever changes.)
+pub fn job_reads(
+    job: &ImagePullJob,
+    namespace: &str,
+    old: Option<&ImagePullJob>,
+) -> Vec<SecretRead> {
+    let before: BTreeSet<&str> = old
+        .map(|old| old.spec.pull_secrets.iter().map(String::as_str).collect())
+        .unwrap_or_default();
+    let mut seen = BTreeSet::new();
+    let mut reads = Vec::new();
+    for (i, name) in job.spec.pull_secrets.iter().enumerate() {
+        if name.is_empty() || before.contains(name.as_str()) || !seen.insert(name.as_str()) {
+            continue;
+        }
+        reads.push(SecretRead {
+            field: format!("spec.pullSecrets[{i}]"),
+            namespace: namespace.to_owned(),
+            name: name.clone(),
+        });
+    }
+    reads
+}
+
+/// The namespaces a SidecarSet can select, as far as admission can know them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// At most these: the selector requires `kubernetes.io/metadata.name`, which the apiserver
+    /// sets to the namespace's name and keeps there, so no namespace outside can ever match.
+    Namespaces(BTreeSet<String>),
+    /// Any namespace: other labels can be added to any namespace after admission.
+    Cluster,
+}
+
+impl Scope {
+    /// Whether a read in `namespace` (`""`: every namespace) falls within this scope.
+    fn covers(&self, namespace: &str) -> bool {
+        match self {
+            Self::Cluster => true,
+            Self::Namespaces(names) => !namespace.is_empty() && names.contains(namespace),
+        }
+    }
+}
+
+/// Where the pre-download jobs of a SidecarSet with this spec can be created (one per pod
+/// namespace): v1alpha1's `spec.namespace` (which wins over `namespaceSelector`), or the
+/// namespaces a `namespaceSelector` pins by name; every namespace otherwise.
+pub fn sidecarset_scope(spec: &SidecarSetSpec) -> Scope {
+    match spec.effective_namespace_selector() {
+        Some(selector) => pinned_namespaces(&selector).map_or(Scope::Cluster, Scope::Namespaces),
+        None => Scope::Cluster,
+    }
+}
+
+/// The names a selector's `kubernetes.io/metadata.name` requirements allow (the intersection of
+/// each `matchLabels` value and `In` list: requirements are ANDed), or None when it has none.
+fn pinned_namespaces(selector: &LabelSelector) -> Option<BTreeSet<String>> {
+    let mut allowed: Option<BTreeSet<String>> = None;
+    let mut narrow = |names: BTreeSet<String>| {
+        allowed = Some(match allowed.take() {
+            Some(before) => before.intersection(&names).cloned().collect(),
+            None => names,
+        });
+    };
+    if let Some(value) = selector
+        .match_labels
+        .as_ref()
+        .and_then(|labels| labels.get(NAMESPACE_NAME_LABEL))
+    {
+        narrow(BTreeSet::from([value.clone()]));
+    }
+    for requirement in selector.match_expressions.iter().flatten() {
+        if requirement.key == NAMESPACE_NAME_LABEL && requirement.operator == "In" {
+            narrow(requirement.values.iter().flatten().cloned().collect());
+        }
+    }
+    // No namespace is named "": such a value selects nothing (and must not read as "every").
+    if let Some(names) = &mut allowed {
+        names.remove("");
+    }
+    allowed
+}
+
+/// The Secrets the author of `set` must be able to read: each `spec.imagePullSecrets` name in
+/// each namespace of its [`Scope`] (cluster-wide as one review with namespace `""`). On UPDATE,
+/// a name the old object had is skipped where the old scope already covered the namespace (it
+/// was checked then); a name in a wider scope than before is checked again.
+pub fn sidecarset_reads(set: &SidecarSet, old: Option<&SidecarSet>) -> Vec<SecretRead> {
+    let scope = sidecarset_scope(&set.spec);
+    let old_scope = old.map(|old| sidecarset_scope(&old.spec));
+    let before: BTreeSet<&str> = old
+        .map(|old| {
+            old.spec
+                .image_pull_secrets
+                .iter()
+                .map(|r| r.name.as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    let namespaces: Vec<String> = match &scope {
+        Scope::Cluster => vec![String::new()],
+        Scope::Namespaces(names) => names.iter().cloned().collect(),
+    };
+    let mut seen = BTreeSet::new();
+    let mut reads = Vec::new();
+    for (i, secret) in set.spec.image_pull_secrets.iter().enumerate() {
+        let name = secret.name.as_str();
+        if name.is_empty() || !seen.insert(name) {
+            continue;
+        }
+        for namespace in &namespaces {
+            let checked_before = before.contains(name)
+                && old_scope.as_ref().is_some_and(|old| old.covers(namespace));
+            if !checked_before {
+                reads.push(SecretRead {
+                    field: format!("spec.imagePullSecrets[{i}]"),
+                    namespace: namespace.clone(),
+                    name: name.to_owned(),
+                });
+            }
+        }
+    }
+    reads
+}
+
+/// The admission answer from the reviews' answers (`answers[i]` for `reads[i]`): Ok when every
+/// read is allowed, else a message naming each Secret refused or not checked, the user, and
+/// `rule`. A review that failed refuses too (fail closed): admitting unchecked would hand the
+/// Secret to every node, and the author can simply retry.
+pub fn verdict(
+    user: &str,
+    reads: &[SecretRead],
+    answers: &[Answer],
+    rule: &str,
+) -> Result<(), String> {
+    let mut problems = Vec::new();
+    let mut refused = false;
+    for (i, read) in reads.iter().enumerate() {
+        match answers.get(i) {
+            Some(Answer::Allowed) => {}
+            Some(Answer::Refused) => {
+                refused = true;
+                problems.push(format!(
+                    "{}: user {user:?} may not get {}",
+                    read.field,
+                    read.describe()
+                ));
+            }
+            Some(Answer::Unknown(error)) => problems.push(format!(
+                "{}: cannot check whether user {user:?} may get {}: {error}",
+                read.field,
+                read.describe()
+            )),
+            None => problems.push(format!(
+                "{}: cannot check whether user {user:?} may get {}: no answer",
+                read.field,
+                read.describe()
+            )),
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    if refused {
+        problems.push(rule.to_owned());
+    }
+    Err(problems.join("; "))
+}
+
+/// The SubjectAccessReview asking whether `user` may `get` the Secret of `read`.
+pub fn review(user: &UserInfo, read: &SecretRead) -> SubjectAccessReview {
+    SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: user.username.clone(),
+            uid: user.uid.clone(),
+            groups: user.groups.clone(),
+            extra: user.extra.clone(),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(read.namespace.clone()),
+                verb: Some("get".to_owned()),
+                group: Some(String::new()),
+                version: Some("v1".to_owned()),
+                resource: Some("secrets".to_owned()),
+                name: Some(read.name.clone()),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    }
+}
+
+/// Asks the apiserver about each read, a few at a time; the answers are in `reads`' order.
+pub async fn ask(client: &Client, user: &UserInfo, reads: &[SecretRead]) -> Vec<Answer> {
+    let api = Api::<SubjectAccessReview>::all(client.clone());
+    // The futures are built first (not in a `map` closure over borrowed reads): a closure
+    // returning a borrowing future makes the handler's future not provably `Send`.
+    let reviews: Vec<_> = reads
+        .iter()
+        .map(|read| ask_one(api.clone(), review(user, read)))
+        .collect();
+    stream::iter(reviews)
+        .buffered(CONCURRENT_REVIEWS)
+        .collect()
+        .await
+}
+
+async fn ask_one(api: Api<SubjectAccessReview>, review: SubjectAccessReview) -> Answer {
+    match api.create(&PostParams::default(), &review).await {
+        Ok(answer) if answer.status.as_ref().is_some_and(|s| s.allowed) => Answer::Allowed,
+        Ok(_) => Answer::Refused,
+        Err(e) => Answer::Unknown(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

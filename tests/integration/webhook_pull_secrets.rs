@@ -1,0 +1,357 @@
+//! Pull Secrets must be readable by whoever names them (decision 0009): the ImagePullJob and
+//! SidecarSet webhooks ask the apiserver (SubjectAccessReview) whether the requesting user may
+//! `get` each Secret. Requests are sent as user "alice-*" by impersonation (the kubeconfig's
+//! admin may impersonate), with RBAC granted to her here; the RBAC authorizer learns of new
+//! bindings a moment later, so every outcome that depends on a grant is polled for.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kruise_rs::apis::imagepulljob::ImagePullJob;
+use kruise_rs::apis::sidecarset::SidecarSet;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
+};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde_json::{Value, json};
+
+use crate::support::webhook::webhook_cluster;
+use crate::support::{unique_name, wait_for};
+
+/// Longest wait for the RBAC authorizer to see a new binding.
+const RBAC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A client acting as `user` (in no group but `system:authenticated`).
+async fn impersonating(user: &str) -> Client {
+    let kubeconfig =
+        Kubeconfig::read_from(webhook_cluster().kubeconfig_path()).expect("kubeconfig");
+    let mut config: Config =
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("config");
+    config.auth_info.impersonate = Some(user.to_owned());
+    config.auth_info.impersonate_groups = Some(vec!["system:authenticated".to_owned()]);
+    Client::try_from(config).expect("client")
+}
+
+/// Grants `user` the RBAC `rules`: a Role and RoleBinding in `namespace`, or a ClusterRole and
+/// ClusterRoleBinding when None.
+async fn grant(admin: &Client, namespace: Option<&str>, user: &str, rules: Value) {
+    let name = unique_name("pull-secrets-test");
+    let subjects = json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]);
+    let pp = PostParams::default();
+    match namespace {
+        Some(ns) => {
+            let role: Role = serde_json::from_value(json!({
+                "metadata": {"name": &name, "namespace": ns}, "rules": rules
+            }))
+            .expect("a Role");
+            let binding: RoleBinding = serde_json::from_value(json!({
+                "metadata": {"name": &name, "namespace": ns},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": &name},
+                "subjects": subjects
+            }))
+            .expect("a RoleBinding");
+            Api::<Role>::namespaced(admin.clone(), ns)
+                .create(&pp, &role)
+                .await
+                .expect("Role created");
+            Api::<RoleBinding>::namespaced(admin.clone(), ns)
+                .create(&pp, &binding)
+                .await
+                .expect("RoleBinding created");
+        }
+        None => {
+            let role: ClusterRole = serde_json::from_value(json!({
+                "metadata": {"name": &name}, "rules": rules
+            }))
+            .expect("a ClusterRole");
+            let binding: ClusterRoleBinding = serde_json::from_value(json!({
+                "metadata": {"name": &name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": &name},
+                "subjects": subjects
+            }))
+            .expect("a ClusterRoleBinding");
+            Api::<ClusterRole>::all(admin.clone())
+                .create(&pp, &role)
+                .await
+                .expect("ClusterRole created");
+            Api::<ClusterRoleBinding>::all(admin.clone())
+                .create(&pp, &binding)
+                .await
+                .expect("ClusterRoleBinding created");
+        }
+    }
+}
+
+async fn create_secret(admin: &Client, namespace: &str, name: &str) {
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": "{\"auths\":{}}"}
+    }))
+    .expect("a Secret");
+    Api::<Secret>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("Secret created");
+}
+
+/// How one create came out.
+#[derive(Debug)]
+enum Outcome {
+    Admitted,
+    /// Refused by the kruise-rs webhook, with its message.
+    Denied(String),
+    /// Refused by RBAC or anything else before the webhook decided (read in failure messages,
+    /// through Debug).
+    Other(#[allow(dead_code)] String),
+}
+
+fn outcome<T>(result: Result<T, kube::Error>) -> Outcome {
+    match result {
+        Ok(_) => Outcome::Admitted,
+        Err(kube::Error::Api(status)) if status.message.contains("denied the request") => {
+            Outcome::Denied(status.message)
+        }
+        Err(e) => Outcome::Other(e.to_string()),
+    }
+}
+
+/// Creates (a fresh copy of) an object with `create` until `settled` accepts the outcome,
+/// e.g. until RBAC lets the request reach the webhook; returns that outcome.
+async fn create_until<F, Fut>(what: &str, create: F, settled: fn(&Outcome) -> bool) -> Outcome
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Outcome>,
+{
+    let create = &create;
+    wait_for(what, RBAC_TIMEOUT, move || async move {
+        let outcome = create().await;
+        settled(&outcome).then_some(outcome)
+    })
+    .await
+}
+
+fn job(name: &str, secrets: &[&str]) -> ImagePullJob {
+    serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1", "kind": "ImagePullJob",
+        "metadata": {"name": name},
+        "spec": {"image": "busybox:1.36", "pullSecrets": secrets}
+    }))
+    .expect("a job")
+}
+
+fn reached_the_webhook(outcome: &Outcome) -> bool {
+    !matches!(outcome, Outcome::Other(_))
+}
+
+fn admitted(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Admitted)
+}
+
+#[tokio::test]
+async fn a_job_may_name_only_secrets_its_author_can_read() {
+    let cluster = webhook_cluster();
+    let admin = cluster.client().await;
+    let ns = cluster.namespace("wh-pull-secrets").await;
+    let user = unique_name("alice");
+    create_secret(&admin, &ns, "regcred").await;
+    create_secret(&admin, &ns, "other").await;
+    grant(
+        &admin,
+        Some(&ns),
+        &user,
+        json!([{"apiGroups": ["apps.kruise.io"], "resources": ["imagepulljobs"], "verbs": ["create", "get"]}]),
+    )
+    .await;
+    let alice = Api::<ImagePullJob>::namespaced(impersonating(&user).await, &ns);
+    let create = |secrets: &'static [&'static str]| {
+        let alice = alice.clone();
+        async move {
+            let job = job(&unique_name("pull"), secrets);
+            outcome(alice.create(&PostParams::default(), &job).await)
+        }
+    };
+
+    // (a) She may create jobs but not read the Secret: refused, naming the Secret and her.
+    let refused = create_until(
+        "alice's job to reach the webhook",
+        || create(&["regcred"]),
+        reached_the_webhook,
+    )
+    .await;
+    let Outcome::Denied(message) = refused else {
+        panic!("a job naming a Secret alice cannot read was not refused: {refused:?}");
+    };
+    assert!(
+        message.contains(&format!(
+            "spec.pullSecrets[0]: user \"{user}\" may not get Secret \"{ns}/regcred\""
+        )),
+        "{message}"
+    );
+    assert!(
+        message.contains("a job may only name Secrets its author can read"),
+        "{message}"
+    );
+    // A job without pull Secrets needs no review.
+    assert!(
+        matches!(create(&[]).await, Outcome::Admitted),
+        "a job without pullSecrets is admitted"
+    );
+
+    // (b) Allowed to get exactly that Secret: admitted (once the grant is seen).
+    grant(
+        &admin,
+        Some(&ns),
+        &user,
+        json!([{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["regcred"], "verbs": ["get"]}]),
+    )
+    .await;
+    let allowed = create_until(
+        "alice's job naming regcred to be admitted",
+        || create(&["regcred"]),
+        admitted,
+    )
+    .await;
+    assert!(matches!(allowed, Outcome::Admitted), "{allowed:?}");
+    // Only that name: a job naming another Secret too is refused for that one alone.
+    match create(&["regcred", "other"]).await {
+        Outcome::Denied(message) => {
+            assert!(
+                message.contains(&format!(
+                    "spec.pullSecrets[1]: user \"{user}\" may not get Secret \"{ns}/other\""
+                )),
+                "{message}"
+            );
+            assert!(!message.contains("pullSecrets[0]"), "{message}");
+        }
+        other => panic!("a job naming \"other\" was not refused: {other:?}"),
+    }
+
+    // The admin (system:masters) may read every Secret: admitted at once.
+    let by_admin = Api::<ImagePullJob>::namespaced(admin.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &job(&unique_name("admin"), &["other"]),
+        )
+        .await;
+    assert!(by_admin.is_ok(), "{by_admin:?}");
+}
+
+fn v1alpha1_sidecarsets(client: &Client) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("apps.kruise.io", "v1alpha1", "SidecarSet"),
+        "sidecarsets",
+    );
+    Api::all_with(client.clone(), &resource)
+}
+
+/// A SidecarSet naming Secret `regcred`, selecting pods of an app of its own (two sets with the
+/// same container name and selector would conflict), labelled `run` for the cleanup.
+fn sidecarset(run: &str, extra_spec: Value) -> Value {
+    let mut spec = json!({
+        "selector": {"matchLabels": {"app": unique_name("app")}},
+        "containers": [{"name": "side", "image": "busybox:1.36"}],
+        "imagePullSecrets": [{"name": "regcred"}]
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
+        spec.extend(extra.clone());
+    }
+    json!({
+        "apiVersion": "apps.kruise.io/v1alpha1", "kind": "SidecarSet",
+        "metadata": {"name": unique_name("set"), "labels": {RUN_LABEL: run}},
+        "spec": spec
+    })
+}
+
+const RUN_LABEL: &str = "pull-secrets-test";
+
+#[tokio::test]
+async fn a_sidecarset_may_name_only_secrets_its_author_can_read_where_it_selects() {
+    let cluster = webhook_cluster();
+    let admin = cluster.client().await;
+    let ns = cluster.namespace("wh-pull-secrets-set").await;
+    let user = unique_name("alice");
+    let run = unique_name("run");
+    create_secret(&admin, &ns, "regcred").await;
+    grant(
+        &admin,
+        None,
+        &user,
+        json!([{"apiGroups": ["apps.kruise.io"], "resources": ["sidecarsets"], "verbs": ["create", "get"]}]),
+    )
+    .await;
+    // She may read regcred in `ns` only.
+    grant(
+        &admin,
+        Some(&ns),
+        &user,
+        json!([{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["regcred"], "verbs": ["get"]}]),
+    )
+    .await;
+    let alice = v1alpha1_sidecarsets(&impersonating(&user).await);
+    let create = |extra_spec: Value| {
+        let alice = alice.clone();
+        let run = run.clone();
+        async move {
+            let object: DynamicObject =
+                serde_json::from_value(sidecarset(&run, extra_spec)).expect("a SidecarSet");
+            outcome(alice.create(&PostParams::default(), &object).await)
+        }
+    };
+
+    // (c) Every namespace (no spec.namespace, or a selector labels can satisfy later): refused.
+    let refused = create_until(
+        "alice's SidecarSet to reach the webhook",
+        || create(json!({"namespaceSelector": {"matchLabels": {"team": "a"}}})),
+        reached_the_webhook,
+    )
+    .await;
+    let Outcome::Denied(message) = refused else {
+        panic!(
+            "a cluster-wide SidecarSet naming a Secret alice cannot read everywhere was not refused: {refused:?}"
+        );
+    };
+    assert!(
+        message.contains(&format!(
+            "spec.imagePullSecrets[0]: user \"{user}\" may not get Secret \"regcred\" in every namespace"
+        )),
+        "{message}"
+    );
+
+    // Confined to `ns` (v1alpha1 spec.namespace), where she may read it: admitted.
+    let confined = create_until(
+        "alice's SidecarSet confined to her namespace to be admitted",
+        || create(json!({"namespace": &ns})),
+        admitted,
+    )
+    .await;
+    assert!(matches!(confined, Outcome::Admitted), "{confined:?}");
+    // The same through a namespaceSelector on the name label (which the apiserver sets).
+    let by_name =
+        create(json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": &ns}}}))
+            .await;
+    assert!(matches!(by_name, Outcome::Admitted), "{by_name:?}");
+    // Another namespace: refused there.
+    let elsewhere = cluster.namespace("wh-pull-secrets-other").await;
+    match create(json!({"namespace": &elsewhere})).await {
+        Outcome::Denied(message) => assert!(
+            message.contains(&format!("may not get Secret \"{elsewhere}/regcred\"")),
+            "{message}"
+        ),
+        other => panic!(
+            "a SidecarSet in a namespace alice cannot read regcred in was admitted: {other:?}"
+        ),
+    }
+
+    // The admitted SidecarSets select no pod; remove them anyway.
+    let _ = Api::<SidecarSet>::all(admin.clone())
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&format!("{RUN_LABEL}={run}")),
+        )
+        .await;
+}
