@@ -32,6 +32,7 @@ impl Daemon {
             cri_socket: Some(socket.to_owned()),
             host_run_dir: PathBuf::from("/nonexistent"),
             probe_addr: "127.0.0.1:0".parse().expect("address"),
+            cri_liveness_timeout: daemon::DEFAULT_CRI_LIVENESS_TIMEOUT,
             max_concurrent_pulls,
         };
         let (serving_tx, serving) = oneshot::channel();
