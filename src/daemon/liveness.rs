@@ -6,8 +6,8 @@
 //! a new one: the daemon's path then leads to the old inode and every connection is refused until
 //! the container is created again with a fresh mount
 //! ([decision 0010](../../docs/decisions/0010-daemon-mounts-only-its-cri-socket.md)). So `/healthz`
-//! fails once the runtime has been silent for the limit, and the kubelet's liveness probe restarts
-//! the container. A runtime that is really down costs nothing more: the kubelet cannot start the
+//! fails once the runtime has been silent for the limit, counted from the first check (every 5 s)
+//! that got no answer, and the kubelet's liveness probe restarts the container. A runtime that is really down costs nothing more: the kubelet cannot start the
 //! new container before the runtime is back, and then it mounts the new socket.
 
 use std::sync::Mutex;
@@ -17,14 +17,18 @@ use std::time::{Duration, Instant};
 /// daemon only costs its pulls in flight (a restarted daemon resumes them from the status).
 pub const DEFAULT_CRI_LIVENESS_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Whether the daemon is live at `now`: `Err(silent_for)` once the runtime has not answered for
-/// longer than `limit` since `last_answer` (the daemon's start until it first answers).
+/// Whether the daemon is live at `now`: `Err(silent_for)` once the runtime has failed to answer
+/// for longer than `limit`, counted from `silent_since`, the first check that failed since it last
+/// answered (the daemon's start, until it first answers); `None` while it answers.
 pub fn runtime_liveness(
-    last_answer: Instant,
+    silent_since: Option<Instant>,
     now: Instant,
     limit: Duration,
 ) -> Result<(), Duration> {
-    let silent_for = now.saturating_duration_since(last_answer);
+    let Some(since) = silent_since else {
+        return Ok(());
+    };
+    let silent_for = now.saturating_duration_since(since);
     if silent_for > limit {
         Err(silent_for)
     } else {
@@ -32,39 +36,47 @@ pub fn runtime_liveness(
     }
 }
 
-/// The last time the runtime answered, shared by the runtime checks (which write it) and
-/// `/healthz` (which reads it). The clock is the caller's: every method takes `now`.
+/// Since when the runtime has not answered, shared by the runtime checks (which write it) and
+/// `/healthz` (which reads it). The clock is the caller's: every method takes the instant.
 #[derive(Debug)]
 pub struct RuntimeSilence {
-    last_answer: Mutex<Instant>,
+    silent_since: Mutex<Option<Instant>>,
     limit: Duration,
 }
 
 impl RuntimeSilence {
-    /// Counts silence from `started`, when the daemon has not reached its runtime yet.
+    /// Silent since `started`: the daemon has not reached its runtime yet.
     pub fn new(started: Instant, limit: Duration) -> Self {
         Self {
-            last_answer: Mutex::new(started),
+            silent_since: Mutex::new(Some(started)),
             limit,
         }
     }
 
-    /// The runtime answered at `at`. An earlier instant than the one held is ignored.
-    pub fn answered(&self, at: Instant) {
-        let mut last = self.last_answer.lock().unwrap_or_else(|e| e.into_inner());
-        *last = (*last).max(at);
+    /// The runtime answered.
+    pub fn answered(&self) {
+        *self.lock() = None;
+    }
+
+    /// A check at `at` got no answer; the silence counts from the first such check.
+    pub fn unanswered(&self, at: Instant) {
+        self.lock().get_or_insert(at);
     }
 
     /// [`runtime_liveness`] at `now`, with the reason `/healthz` gives when it fails.
     pub fn check(&self, now: Instant) -> Result<(), String> {
-        let last = *self.last_answer.lock().unwrap_or_else(|e| e.into_inner());
-        runtime_liveness(last, now, self.limit).map_err(|silent_for| {
+        let since = *self.lock();
+        runtime_liveness(since, now, self.limit).map_err(|silent_for| {
             format!(
                 "the container runtime has not answered for {}s (--cri-liveness-timeout {}s)",
                 silent_for.as_secs(),
                 self.limit.as_secs()
             )
         })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.silent_since.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -75,44 +87,62 @@ mod tests {
     const LIMIT: Duration = Duration::from_secs(60);
 
     #[test]
-    fn live_until_the_runtime_has_been_silent_for_longer_than_the_limit() {
+    fn live_while_answering_and_until_silent_for_longer_than_the_limit() {
         let t0 = Instant::now();
-        assert_eq!(runtime_liveness(t0, t0, LIMIT), Ok(()));
-        assert_eq!(runtime_liveness(t0, t0 + LIMIT, LIMIT), Ok(()));
+        assert_eq!(runtime_liveness(None, t0 + LIMIT * 10, LIMIT), Ok(()));
+        assert_eq!(runtime_liveness(Some(t0), t0, LIMIT), Ok(()));
+        assert_eq!(runtime_liveness(Some(t0), t0 + LIMIT, LIMIT), Ok(()));
         let past = LIMIT + Duration::from_millis(1);
-        assert_eq!(runtime_liveness(t0, t0 + past, LIMIT), Err(past));
+        assert_eq!(runtime_liveness(Some(t0), t0 + past, LIMIT), Err(past));
     }
 
     #[test]
-    fn a_clock_behind_the_last_answer_counts_as_no_silence() {
+    fn a_clock_behind_the_silence_counts_as_none() {
         let t0 = Instant::now();
         let later = t0 + Duration::from_secs(5);
-        assert_eq!(runtime_liveness(later, t0, LIMIT), Ok(()));
+        assert_eq!(runtime_liveness(Some(later), t0, LIMIT), Ok(()));
     }
 
     #[test]
     fn silence_counts_from_the_start_until_the_runtime_first_answers() {
         let t0 = Instant::now();
         let silence = RuntimeSilence::new(t0, LIMIT);
-        assert_eq!(silence.check(t0 + Duration::from_secs(59)), Ok(()));
+        silence.unanswered(t0 + Duration::from_secs(30));
+        assert_eq!(silence.check(t0 + Duration::from_secs(60)), Ok(()));
         let err = silence.check(t0 + Duration::from_secs(61)).unwrap_err();
         assert_eq!(
             err,
             "the container runtime has not answered for 61s (--cri-liveness-timeout 60s)"
         );
+        silence.answered();
+        assert_eq!(silence.check(t0 + Duration::from_secs(61)), Ok(()));
     }
 
     #[test]
-    fn each_answer_restarts_the_count_and_a_late_report_of_an_older_one_does_not() {
+    fn the_time_between_answers_is_not_silence() {
+        // Checks every 5 s with a limit below that: a runtime that answers each one stays live.
+        let t0 = Instant::now();
+        let limit = Duration::from_secs(3);
+        let silence = RuntimeSilence::new(t0, limit);
+        silence.answered();
+        assert_eq!(silence.check(t0 + Duration::from_secs(4)), Ok(()));
+        silence.answered();
+        assert_eq!(silence.check(t0 + Duration::from_secs(9)), Ok(()));
+    }
+
+    #[test]
+    fn silence_counts_from_the_first_failed_check_and_an_answer_ends_it() {
         let t0 = Instant::now();
         let silence = RuntimeSilence::new(t0, LIMIT);
-        silence.answered(t0 + Duration::from_secs(50));
-        assert_eq!(silence.check(t0 + Duration::from_secs(100)), Ok(()));
-        silence.answered(t0 + Duration::from_secs(10));
-        assert_eq!(silence.check(t0 + Duration::from_secs(110)), Ok(()));
-        assert!(silence.check(t0 + Duration::from_secs(111)).is_err());
-        // Answering again makes it live at once.
-        silence.answered(t0 + Duration::from_secs(200));
-        assert_eq!(silence.check(t0 + Duration::from_secs(200)), Ok(()));
+        silence.answered();
+        silence.unanswered(t0 + Duration::from_secs(100));
+        silence.unanswered(t0 + Duration::from_secs(105));
+        assert_eq!(silence.check(t0 + Duration::from_secs(160)), Ok(()));
+        assert!(silence.check(t0 + Duration::from_secs(161)).is_err());
+        silence.answered();
+        assert_eq!(silence.check(t0 + Duration::from_secs(161)), Ok(()));
+        silence.unanswered(t0 + Duration::from_secs(200));
+        assert_eq!(silence.check(t0 + Duration::from_secs(260)), Ok(()));
+        assert!(silence.check(t0 + Duration::from_secs(261)).is_err());
     }
 }

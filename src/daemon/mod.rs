@@ -211,7 +211,7 @@ async fn find_runtime(
     loop {
         match Cri::detect(opts.cri_socket.as_deref(), &opts.host_run_dir).await {
             Ok(cri) => {
-                silence.answered(Instant::now());
+                silence.answered();
                 info!(socket = %cri.socket().display(), "CRI image service found");
                 metrics.runtime_up.set(1);
                 return Some(cri);
@@ -219,6 +219,7 @@ async fn find_runtime(
             Err(err) => {
                 metrics.runtime_up.set(0);
                 warn!(error = %err, retry_in = ?RUNTIME_CHECK_INTERVAL, "not ready: no container runtime");
+                silence.unanswered(Instant::now());
                 live = log_liveness(silence, live);
                 tokio::time::sleep(RUNTIME_CHECK_INTERVAL).await;
             }
@@ -251,7 +252,9 @@ async fn readiness(
                 }
                 runtime_ok = now_ok.is_ok();
                 if runtime_ok {
-                    silence.answered(Instant::now());
+                    silence.answered();
+                } else {
+                    silence.unanswered(Instant::now());
                 }
                 live = log_liveness(silence, live);
                 shared.metrics.runtime_up.set(i64::from(runtime_ok));
