@@ -300,6 +300,12 @@ struct DaemonArgs {
     #[arg(long, value_name = "N", default_value_t = 2,
           value_parser = clap::value_parser!(u16).range(1..))]
     max_concurrent_pulls: u16,
+
+    /// /healthz fails once the CRI runtime has not answered for this long, so a liveness probe
+    /// restarts the daemon's container (whose new mount of the socket reaches a restarted
+    /// runtime's new one).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    cri_liveness_timeout: Duration,
 }
 
 /// Parses `90`, `90s`, `10m`, `1h`, `500ms` (a plain number is seconds).
@@ -385,6 +391,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 cri_socket: args.cri_socket,
                 host_run_dir: args.host_run_dir,
                 probe_addr: args.probe_addr,
+                cri_liveness_timeout: args.cri_liveness_timeout,
                 max_concurrent_pulls: usize::from(args.max_concurrent_pulls),
             };
             daemon::run(opts, shutdown, None).await?;
@@ -557,6 +564,10 @@ mod tests {
         assert_eq!(args.max_concurrent_pulls, 2);
         assert_eq!(args.host_run_dir, PathBuf::from("/var/run"));
         assert_eq!(args.cri_socket, None);
+        assert_eq!(
+            args.cri_liveness_timeout,
+            kruise_rs::daemon::DEFAULT_CRI_LIVENESS_TIMEOUT
+        );
         let zero = [
             "kruise-rs",
             "daemon",

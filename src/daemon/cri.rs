@@ -101,11 +101,7 @@ impl Cri {
             socket: socket.to_owned(),
             client,
         };
-        tokio::time::timeout(CONNECT_TIMEOUT, cri.check())
-            .await
-            .map_err(|_| CriError {
-                message: format!("ImageFsInfo did not answer within {CONNECT_TIMEOUT:?}"),
-            })??;
+        cri.check().await?;
         Ok(cri)
     }
 
@@ -134,13 +130,17 @@ impl Cri {
         &self.socket
     }
 
-    /// Whether the image service answers (`ImageFsInfo`).
+    /// Whether the image service answers (`ImageFsInfo`) within the connect timeout: a runtime
+    /// that hangs does not answer either.
     pub async fn check(&self) -> Result<(), CriError> {
-        self.client
-            .clone()
-            .image_fs_info(ImageFsInfoRequest {})
-            .await?;
-        Ok(())
+        let mut client = self.client.clone();
+        let call = client.image_fs_info(ImageFsInfoRequest {});
+        match tokio::time::timeout(CONNECT_TIMEOUT, call).await {
+            Ok(answer) => answer.map(drop).map_err(CriError::from),
+            Err(_elapsed) => Err(CriError {
+                message: format!("ImageFsInfo did not answer within {CONNECT_TIMEOUT:?}"),
+            }),
+        }
     }
 
     /// `ImageStatus` of `image` (a tag or digest reference); `None` when the runtime lacks it.

@@ -8,11 +8,13 @@
 //! 3. watch the node's own NodeImage (`node.rs`), plan workers from it ([`plan`]), pull
 //!    ([`pull`], credentials from [`auth`]), and report (`report.rs`, the status from [`status`]);
 //! 4. keep checking the runtime: `/readyz` answers 200 only while the runtime answers and the
-//!    NodeImage watch has synced;
+//!    NodeImage watch has synced, and `/healthz` fails once it has not answered for
+//!    `--cri-liveness-timeout` ([`liveness`]: a restarted runtime's new socket needs a new mount);
 //! 5. on shutdown, stop the workers (a restarted daemon resumes them from the status) and return.
 
 pub mod auth;
 pub mod cri;
+pub mod liveness;
 mod metrics;
 mod node;
 pub mod plan;
@@ -26,7 +28,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::pin;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::events::Recorder;
 use kube::Api;
@@ -36,6 +38,8 @@ use tokio::sync::{Notify, Semaphore, oneshot, watch};
 use tracing::{info, warn};
 
 pub use self::cri::{CANDIDATE_SOCKETS, Cri, DetectError};
+pub use self::liveness::DEFAULT_CRI_LIVENESS_TIMEOUT;
+use self::liveness::RuntimeSilence;
 use self::metrics::DaemonMetrics;
 use self::node::{Shared, State};
 pub use self::report::FIELD_MANAGER;
@@ -62,6 +66,8 @@ pub struct DaemonOptions {
     pub host_run_dir: PathBuf,
     /// Where to serve `/healthz`, `/readyz` and `/metrics`; port 0 picks a free port.
     pub probe_addr: SocketAddr,
+    /// How long the runtime may go unanswered before `/healthz` fails ([`liveness`]).
+    pub cri_liveness_timeout: Duration,
     /// Pulls in flight at once on this node (at least 1).
     pub max_concurrent_pulls: usize,
 }
@@ -118,9 +124,17 @@ pub async fn run(
         source,
     })?;
     let daemon_metrics = DaemonMetrics::new();
+    let silence = Arc::new(RuntimeSilence::new(
+        Instant::now(),
+        opts.cri_liveness_timeout,
+    ));
     let probe_state = ProbeState::new(Arc::new(Metrics::with(|registry| {
         daemon_metrics.register(registry)
-    })));
+    })))
+    .with_liveness({
+        let silence = silence.clone();
+        Arc::new(move || silence.check(Instant::now()))
+    });
     let (stop_server, server_stopping) = oneshot::channel::<()>();
     let mut server = pin!(runtime::serve(listener, probe_state.clone(), async move {
         let _ = server_stopping.await;
@@ -131,7 +145,7 @@ pub async fn run(
     }
 
     let work = async {
-        let Some(cri) = find_runtime(&opts, &daemon_metrics).await else {
+        let Some(cri) = find_runtime(&opts, &daemon_metrics, &silence).await else {
             return;
         };
         let shared = Arc::new(Shared {
@@ -159,7 +173,7 @@ pub async fn run(
         tokio::join!(
             node::watch_nodeimage(shared.clone(), synced_tx),
             report::report(shared.clone(), std::future::pending()),
-            readiness(&shared, synced, &probe_state),
+            readiness(&shared, synced, &probe_state, &silence),
         );
     };
 
@@ -188,10 +202,16 @@ pub async fn run(
 }
 
 /// Looks for the runtime until one answers.
-async fn find_runtime(opts: &DaemonOptions, metrics: &DaemonMetrics) -> Option<Cri> {
+async fn find_runtime(
+    opts: &DaemonOptions,
+    metrics: &DaemonMetrics,
+    silence: &RuntimeSilence,
+) -> Option<Cri> {
+    let mut live = true;
     loop {
         match Cri::detect(opts.cri_socket.as_deref(), &opts.host_run_dir).await {
             Ok(cri) => {
+                silence.answered();
                 info!(socket = %cri.socket().display(), "CRI image service found");
                 metrics.runtime_up.set(1);
                 return Some(cri);
@@ -199,15 +219,24 @@ async fn find_runtime(opts: &DaemonOptions, metrics: &DaemonMetrics) -> Option<C
             Err(err) => {
                 metrics.runtime_up.set(0);
                 warn!(error = %err, retry_in = ?RUNTIME_CHECK_INTERVAL, "not ready: no container runtime");
+                silence.unanswered(Instant::now());
+                live = log_liveness(silence, live);
                 tokio::time::sleep(RUNTIME_CHECK_INTERVAL).await;
             }
         }
     }
 }
 
-/// Keeps `/readyz` true exactly while the runtime answers and the watch has synced.
-async fn readiness(shared: &Shared, mut synced: watch::Receiver<bool>, probe: &ProbeState) {
+/// Keeps `/readyz` true exactly while the runtime answers and the watch has synced, and tells
+/// `silence` (hence `/healthz`) when the runtime answers.
+async fn readiness(
+    shared: &Shared,
+    mut synced: watch::Receiver<bool>,
+    probe: &ProbeState,
+    silence: &RuntimeSilence,
+) {
     let mut runtime_ok = true;
+    let mut live = true;
     let mut watching = true;
     loop {
         let ready = runtime_ok && *synced.borrow_and_update();
@@ -222,10 +251,31 @@ async fn readiness(shared: &Shared, mut synced: watch::Receiver<bool>, probe: &P
                     _ => {}
                 }
                 runtime_ok = now_ok.is_ok();
+                if runtime_ok {
+                    silence.answered();
+                } else {
+                    silence.unanswered(Instant::now());
+                }
+                live = log_liveness(silence, live);
                 shared.metrics.runtime_up.set(i64::from(runtime_ok));
             }
         }
     }
+}
+
+/// Logs when `/healthz` starts or stops failing; returns whether it passes now.
+fn log_liveness(silence: &RuntimeSilence, was_live: bool) -> bool {
+    let now = silence.check(Instant::now());
+    match (&now, was_live) {
+        (Err(why), true) => warn!(
+            reason = %why,
+            "not live: /healthz fails until the runtime answers (a liveness probe restarts the \
+             container, whose new mount reaches a restarted runtime's new socket)"
+        ),
+        (Ok(()), false) => info!("live again: the container runtime answers"),
+        _ => {}
+    }
+    now.is_ok()
 }
 
 /// Runs `f` when dropped.
@@ -252,6 +302,7 @@ mod tests {
             cri_socket: None,
             host_run_dir: "/nonexistent".into(),
             probe_addr: "127.0.0.1:0".parse().unwrap(),
+            cri_liveness_timeout: DEFAULT_CRI_LIVENESS_TIMEOUT,
             max_concurrent_pulls: 2,
         }
     }

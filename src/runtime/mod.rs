@@ -7,4 +7,4 @@ mod server;
 
 pub use self::client::{ConnectError, connect};
 pub use self::metrics::{ADMISSION_KINDS, CONTENT_TYPE, ManagerMetrics, Metrics};
-pub use self::server::{ProbeState, router, serve};
+pub use self::server::{LivenessCheck, ProbeState, router, serve};

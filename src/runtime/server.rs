@@ -20,11 +20,25 @@ use tokio::net::TcpListener;
 
 use super::metrics::{self, Metrics};
 
-/// What the probe handlers read: readiness and the metrics. Cheap to clone.
-#[derive(Clone, Debug)]
+/// What `/healthz` asks at each request: `Err(why)` answers 503 with `why`.
+pub type LivenessCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// What the probe handlers read: readiness, liveness and the metrics. Cheap to clone.
+#[derive(Clone)]
 pub struct ProbeState {
     ready: Arc<AtomicBool>,
+    liveness: Option<LivenessCheck>,
     metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for ProbeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProbeState")
+            .field("ready", &self.is_ready())
+            .field("liveness", &self.liveness.as_ref().map(|_| "check"))
+            .field("metrics", &self.metrics)
+            .finish()
+    }
 }
 
 impl ProbeState {
@@ -33,8 +47,15 @@ impl ProbeState {
         metrics.set_ready(false);
         Self {
             ready: Arc::new(AtomicBool::new(false)),
+            liveness: None,
             metrics,
         }
+    }
+
+    /// `/healthz` answers 503 while `check` fails; without one it always answers 200.
+    pub fn with_liveness(mut self, check: LivenessCheck) -> Self {
+        self.liveness = Some(check);
+        self
     }
 
     /// Flips `/readyz` and the `kruise_rs_ready` gauge together.
@@ -68,8 +89,11 @@ pub async fn serve(
         .await
 }
 
-async fn healthz() -> &'static str {
-    "ok"
+async fn healthz(State(state): State<ProbeState>) -> (StatusCode, String) {
+    match state.liveness.as_deref().map_or(Ok(()), |check| check()) {
+        Ok(()) => (StatusCode::OK, "ok".to_owned()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    }
 }
 
 async fn readyz(State(state): State<ProbeState>) -> (StatusCode, &'static str) {
@@ -173,6 +197,38 @@ mod tests {
         assert_eq!(get(addr, "/healthz").await, (200, "ok".to_owned()));
         state.set_ready(true);
         assert_eq!(get(addr, "/healthz").await, (200, "ok".to_owned()));
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn healthz_follows_a_liveness_check_when_given_one() {
+        let live = Arc::new(AtomicBool::new(true));
+        let check: LivenessCheck = {
+            let live = live.clone();
+            Arc::new(move || {
+                if live.load(Ordering::SeqCst) {
+                    Ok(())
+                } else {
+                    Err("the runtime is silent".to_owned())
+                }
+            })
+        };
+        let state = ProbeState::new(Arc::new(Metrics::new())).with_liveness(check);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stop_rx) = oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, state, async move {
+            let _ = stop_rx.await;
+        }));
+        assert_eq!(get(addr, "/healthz").await, (200, "ok".to_owned()));
+        live.store(false, Ordering::SeqCst);
+        assert_eq!(
+            get(addr, "/healthz").await,
+            (503, "the runtime is silent".to_owned())
+        );
+        live.store(true, Ordering::SeqCst);
+        assert_eq!(get(addr, "/healthz").await.0, 200);
         stop.send(()).unwrap();
         server.await.unwrap().unwrap();
     }

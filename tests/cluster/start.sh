@@ -11,8 +11,8 @@
 # The apiserver calls webhooks at their endpoints' pod IPs (--enable-aggregator-routing).
 # The node's processes also share a mount namespace of their own in which STATE_DIR/run is /run
 # and STATE_DIR/log is /var/log: containerd's socket is at the usual
-# /run/containerd/containerd.sock for the kubelet and for hostPath mounts of /var/run (the chart's
-# default), and the kubelet's mounts and logs never reach the host's. What stays global and
+# /run/containerd/containerd.sock for the kubelet and for the daemon's hostPath mount of it (the
+# chart's default daemon.criSocket), and the kubelet's mounts and logs never reach the host's. What stays global and
 # stop.sh restores: the sysctls the kubelet sets, its kubepods cgroups.
 #
 # Usage: tests/cluster/start.sh [--owner-pid PID] STATE_DIR

@@ -674,6 +674,51 @@ async fn a_stopped_runtime_fails_the_pull_and_a_later_one_succeeds() {
     daemon.stop().await;
 }
 
+/// A runtime silent for `--cri-liveness-timeout` fails `/healthz` (so the kubelet restarts a
+/// daemon whose socket mount went stale, decision 0010); its next answer passes it again.
+#[tokio::test]
+async fn a_runtime_silent_for_the_liveness_timeout_fails_healthz_until_it_answers() {
+    let env = node_env().await;
+    let dir = tempfile::Builder::new()
+        .prefix("ctrd")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let containerd = env.start_containerd(dir.path());
+    let node = unique_name("daemon-liveness");
+    create_nodeimage(&node, json!({})).await;
+    let limit = Duration::from_secs(3);
+    let daemon = Daemon::start_with(
+        &node,
+        containerd.socket(),
+        cluster().await.kubeconfig_path(),
+        1,
+        limit,
+    )
+    .await;
+    daemon.wait_ready(true, WAIT).await;
+    assert_eq!(daemon.get("/healthz").await.0, 200);
+
+    containerd.stop();
+    let stopped = std::time::Instant::now();
+    daemon.wait_ready(false, WAIT).await;
+    let why = daemon.wait_live(false, WAIT).await;
+    assert!(
+        stopped.elapsed() >= limit,
+        "/healthz failed {:?} after the runtime stopped, before the {limit:?} limit",
+        stopped.elapsed()
+    );
+    assert!(
+        why.starts_with("the container runtime has not answered for ")
+            && why.ends_with("s (--cri-liveness-timeout 3s)"),
+        "{why}"
+    );
+
+    containerd.start();
+    daemon.wait_live(true, WAIT).await;
+    daemon.wait_ready(true, WAIT).await;
+    daemon.stop().await;
+}
+
 #[tokio::test]
 async fn a_restarted_daemon_resumes_unfinished_pulls_and_keeps_finished_ones() {
     let env = node_env().await;

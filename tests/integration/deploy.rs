@@ -194,7 +194,10 @@ fn deploy_workloads_are_wired_as_documented() {
     assert_eq!(pod["tolerations"][0]["operator"], "Exists");
     let container = &pod["containers"][0];
     assert_eq!(env(container, "NODE_NAME"), "spec.nodeName");
-    assert_eq!(pod["volumes"][0]["hostPath"]["path"], "/var/run");
+    assert_eq!(
+        pod["volumes"][0]["hostPath"]["path"],
+        "/run/containerd/containerd.sock"
+    );
     assert_eq!(container["livenessProbe"]["httpGet"]["port"], "http");
     assert_eq!(container["ports"][0]["containerPort"], 10221);
 
@@ -219,6 +222,109 @@ fn deploy_workloads_are_wired_as_documented() {
             out.status.success(),
             "the {what}'s args {args:?} are refused: {}",
             String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The host access and privileges of both workloads: the daemon's one hostPath volume is its CRI
+/// socket, mounted read-only; neither runs as root, escalates, keeps a capability or writes its
+/// root filesystem; only their own pods mount their service-account tokens.
+#[test]
+fn deploy_workloads_have_the_smallest_host_footprint() {
+    let objects = manifest_objects();
+    let workloads: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["spec"]["template"]["spec"].is_object())
+        .collect();
+    let names: Vec<String> = workloads
+        .iter()
+        .map(|w| format!("{} {}", w["kind"], w["metadata"]["name"]))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "\"Deployment\" \"kruise-rs-manager\"",
+            "\"DaemonSet\" \"kruise-rs-daemon\""
+        ],
+        "the workloads this test covers"
+    );
+    for workload in &workloads {
+        let name = &workload["metadata"]["name"];
+        let pod = &workload["spec"]["template"]["spec"];
+        for host in ["hostNetwork", "hostPID", "hostIPC", "hostUsers"] {
+            assert!(
+                pod.get(host).is_none(),
+                "{name}: {host} is set: {}",
+                pod[host]
+            );
+        }
+        assert_eq!(pod["automountServiceAccountToken"], true, "{name}");
+        let security = &pod["securityContext"];
+        assert_eq!(security["runAsNonRoot"], true, "{name}");
+        assert_eq!(security["runAsUser"], 65532, "{name}");
+        assert_eq!(security["runAsGroup"], 65532, "{name}");
+        assert_eq!(
+            security["seccompProfile"]["type"], "RuntimeDefault",
+            "{name}"
+        );
+        assert!(pod.get("initContainers").is_none(), "{name}");
+        let containers = pod["containers"].as_array().expect("containers");
+        assert_eq!(containers.len(), 1, "{name}");
+        let security = &containers[0]["securityContext"];
+        assert_eq!(security["runAsNonRoot"], true, "{name}");
+        assert_eq!(security["allowPrivilegeEscalation"], false, "{name}");
+        assert_ne!(security["privileged"], true, "{name}");
+        assert_eq!(security["readOnlyRootFilesystem"], true, "{name}");
+        assert_eq!(
+            security["capabilities"],
+            serde_json::json!({"drop": ["ALL"]}),
+            "{name}"
+        );
+        assert!(security.get("runAsUser").is_none(), "{name}: the pod's uid");
+    }
+
+    let manager = &find(&objects, "Deployment", "kruise-rs-manager")["spec"]["template"]["spec"];
+    assert_eq!(
+        manager["volumes"],
+        serde_json::json!([{"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}]),
+        "the manager's only volume is a small scratch /tmp"
+    );
+
+    let daemon = &find(&objects, "DaemonSet", "kruise-rs-daemon")["spec"]["template"]["spec"];
+    assert_eq!(
+        daemon["volumes"],
+        serde_json::json!([{
+            "name": "cri-socket",
+            "hostPath": {"path": "/run/containerd/containerd.sock", "type": "Socket"}
+        }]),
+        "the daemon's only volume is the CRI socket"
+    );
+    let container = &daemon["containers"][0];
+    assert_eq!(
+        container["volumeMounts"],
+        serde_json::json!([{"name": "cri-socket", "mountPath": "/run/cri/cri.sock", "readOnly": true}])
+    );
+    assert!(
+        container["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .any(|a| a == "--cri-socket=/run/cri/cri.sock"),
+        "the daemon is told where its socket is mounted: {}",
+        container["args"]
+    );
+    // The socket's group (root's, as the runtimes create it) and nothing more.
+    assert_eq!(
+        daemon["securityContext"]["supplementalGroups"],
+        serde_json::json!([0])
+    );
+
+    // A pod of someone else's that names these accounts gets no token unless it asks.
+    for account in ["kruise-rs-manager", "kruise-rs-daemon"] {
+        assert_eq!(
+            find(&objects, "ServiceAccount", account)["automountServiceAccountToken"],
+            false,
+            "{account}"
         );
     }
 }

@@ -360,7 +360,7 @@ fn helm_values_change_the_rendered_objects() {
         "--set=manager.webhook.failurePolicy=Ignore,manager.webhook.timeoutSeconds=5",
         "--set=manager.extraArgs={--label-selector=shard=a}",
         "--set=manager.resources.limits.memory=512Mi",
-        "--set=daemon.criHostPath=/run/k3s,daemon.criSocket=/hostvarrun/containerd/containerd.sock",
+        "--set=daemon.criSocket=/run/k3s/containerd/containerd.sock,daemon.criSocketGroup=989",
         "--set=daemon.extraArgs={--max-concurrent-pulls=4}",
         "--set=daemon.nodeSelector.pool=build,daemon.resources.limits.cpu=2",
         "--set=daemon.tolerations=null",
@@ -400,13 +400,20 @@ fn helm_values_change_the_rendered_objects() {
     assert_eq!(container["resources"]["limits"]["cpu"], 2);
     assert_eq!(pod["nodeSelector"]["pool"], "build");
     assert!(pod.get("tolerations").is_none(), "tolerations=null: {pod}");
-    assert_eq!(pod["volumes"][0]["hostPath"]["path"], "/run/k3s");
+    assert_eq!(
+        pod["volumes"][0]["hostPath"]["path"],
+        "/run/k3s/containerd/containerd.sock"
+    );
+    assert_eq!(
+        pod["securityContext"]["supplementalGroups"],
+        serde_json::json!([989])
+    );
     let args = &container["args"];
     assert!(
         args.as_array()
             .expect("args")
             .iter()
-            .any(|a| a == "--cri-socket=/hostvarrun/containerd/containerd.sock")
+            .any(|a| a == "--cri-socket=/run/cri/cri.sock")
             && args
                 .as_array()
                 .expect("args")
@@ -514,7 +521,8 @@ fn helm_refuses_invalid_values() {
         ),
         ("manager.replicas=0", "/manager/replicas"),
         ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
-        ("daemon.criHostPath=var/run", "/daemon/criHostPath"),
+        ("daemon.criSocket=run/crio/crio.sock", "/daemon/criSocket"),
+        ("daemon.criSocketGroup=-1", "/daemon/criSocketGroup"),
         (
             "manager.leaderElection.leaseName=Kruise_Manager",
             "/manager/leaderElection/leaseName",
@@ -586,4 +594,31 @@ fn helm_daemon_policy_value() {
         "expected a schema error at /daemonPolicy/ownNodeImageOnly, got {}:\n{stderr}",
         out.status
     );
+}
+
+/// The values of the chart that mounted the host's whole /var/run are refused with what to set
+/// now, rather than rendering a daemon that cannot start.
+#[test]
+fn helm_refuses_the_old_cri_values_saying_what_replaced_them() {
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("UTF-8 path");
+    for (set, complaint) in [
+        (
+            "daemon.criHostPath=/var/run",
+            "daemon.criHostPath is gone: the daemon mounts only its CRI socket; set \
+             daemon.criSocket",
+        ),
+        (
+            "daemon.criSocket=/hostvarrun/k3s/containerd/containerd.sock",
+            "daemon.criSocket is now the socket's path on the host, not under /hostvarrun",
+        ),
+    ] {
+        let out = helm_output(&["template", RELEASE, chart, "--set", set]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(complaint),
+            "helm template --set {set}: expected {complaint:?}, got {}:\n{stderr}",
+            out.status
+        );
+    }
 }

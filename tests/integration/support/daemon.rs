@@ -26,12 +26,31 @@ impl Daemon {
         kubeconfig: &Path,
         max_concurrent_pulls: usize,
     ) -> Daemon {
+        Self::start_with(
+            node,
+            socket,
+            kubeconfig,
+            max_concurrent_pulls,
+            daemon::DEFAULT_CRI_LIVENESS_TIMEOUT,
+        )
+        .await
+    }
+
+    /// [`Self::start`] with `--cri-liveness-timeout` `cri_liveness_timeout`.
+    pub async fn start_with(
+        node: &str,
+        socket: &Path,
+        kubeconfig: &Path,
+        max_concurrent_pulls: usize,
+        cri_liveness_timeout: Duration,
+    ) -> Daemon {
         let opts = DaemonOptions {
             node_name: node.to_owned(),
             kubeconfig: Some(kubeconfig.to_owned()),
             cri_socket: Some(socket.to_owned()),
             host_run_dir: PathBuf::from("/nonexistent"),
             probe_addr: "127.0.0.1:0".parse().expect("address"),
+            cri_liveness_timeout,
             max_concurrent_pulls,
         };
         let (serving_tx, serving) = oneshot::channel();
@@ -79,6 +98,16 @@ impl Daemon {
         let (_, body) = self.get("/metrics").await;
         body.lines()
             .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// Waits until `/healthz` answers 200 (`live`) or 503; returns the body.
+    pub async fn wait_live(&self, live: bool, within: Duration) -> String {
+        let want = if live { 200 } else { 503 };
+        wait_for(&format!("/healthz to answer {want}"), within, || async {
+            let (status, body) = self.get("/healthz").await;
+            (status == want).then_some(body)
+        })
+        .await
     }
 
     /// Waits until `/readyz` answers 200 (`ready`) or 503.
