@@ -67,8 +67,9 @@ fn apply_manifests(cluster: &TestCluster) {
     );
 }
 
-/// A token for `account`, bound to `pod` when given (a Pod's token carries its Node).
-async fn token(admin: &Client, account: &str, pod: Option<&Pod>) -> String {
+/// A token for `account` of `namespace`, bound to `pod` when given (a Pod's token carries its
+/// Node).
+async fn token(admin: &Client, namespace: &str, account: &str, pod: Option<&Pod>) -> String {
     let bound_object_ref = pod.map(|pod| BoundObjectReference {
         api_version: Some("v1".to_owned()),
         kind: Some("Pod".to_owned()),
@@ -83,7 +84,7 @@ async fn token(admin: &Client, account: &str, pod: Option<&Pod>) -> String {
         },
         ..TokenRequest::default()
     };
-    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), NAMESPACE);
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
     accounts
         .create_token_request(account, &PostParams::default(), &request)
         .await
@@ -115,6 +116,34 @@ async fn whoami(client: &Client) -> (String, Option<Vec<String>>) {
         .extra
         .and_then(|mut extra| extra.remove(NODE_NAME_CLAIM));
     (user.username.unwrap_or_default(), node)
+}
+
+/// A daemon pod on `node` (never run: no kubelet), whose token the kubelet would request bound
+/// to it.
+async fn daemon_pod(admin: &Client, namespace: &str, node: &str) -> Pod {
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(support::unique_name("own-nodeimage-daemon")),
+            namespace: Some(namespace.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.to_owned()),
+            service_account_name: Some(DAEMON_SA.to_owned()),
+            automount_service_account_token: Some(false),
+            containers: vec![Container {
+                name: "daemon".to_owned(),
+                image: Some("127.0.0.1:5000/kruise-rs/kruise-rs:policy-test".to_owned()),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    };
+    Api::<Pod>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("creating the daemon pod: {e}"))
 }
 
 /// The status a daemon writes when its pre-download of `image` succeeded.
@@ -171,32 +200,16 @@ async fn daemon_nodeimage_policy_lets_a_daemon_write_only_its_own_nodeimage() {
 
     // A daemon pod on node A (never run: no kubelet) and a token bound to it, as the kubelet
     // would request for the pod's projected service account token.
-    let pod = Pod {
-        metadata: ObjectMeta {
-            name: Some(support::unique_name("own-nodeimage-daemon")),
-            namespace: Some(NAMESPACE.to_owned()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            node_name: Some(node_a.clone()),
-            service_account_name: Some(DAEMON_SA.to_owned()),
-            automount_service_account_token: Some(false),
-            containers: vec![Container {
-                name: "daemon".to_owned(),
-                image: Some("127.0.0.1:5000/kruise-rs/kruise-rs:policy-test".to_owned()),
-                ..Container::default()
-            }],
-            ..PodSpec::default()
-        }),
-        ..Pod::default()
-    };
-    let pod = Api::<Pod>::namespaced(admin.clone(), NAMESPACE)
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap_or_else(|e| panic!("creating the daemon pod: {e}"));
-    let daemon_a = client_with_token(cluster, &token(&admin, DAEMON_SA, Some(&pod)).await).await;
-    let unbound = client_with_token(cluster, &token(&admin, DAEMON_SA, None).await).await;
-    let manager = client_with_token(cluster, &token(&admin, MANAGER_SA, None).await).await;
+    let pod = daemon_pod(&admin, NAMESPACE, &node_a).await;
+    let daemon_a = client_with_token(
+        cluster,
+        &token(&admin, NAMESPACE, DAEMON_SA, Some(&pod)).await,
+    )
+    .await;
+    let unbound =
+        client_with_token(cluster, &token(&admin, NAMESPACE, DAEMON_SA, None).await).await;
+    let manager =
+        client_with_token(cluster, &token(&admin, NAMESPACE, MANAGER_SA, None).await).await;
 
     // The claim the policy reads is really in the pod-bound token, and only there.
     let daemon_user = format!("system:serviceaccount:{NAMESPACE}:{DAEMON_SA}");
@@ -335,5 +348,154 @@ async fn daemon_nodeimage_policy_lets_a_daemon_write_only_its_own_nodeimage() {
     assert!(
         images.contains_key("manager") && images.contains_key("admin"),
         "{images:?}"
+    );
+}
+
+/// The daemon's RBAC grants neither CREATE nor DELETE, so the shipped policy's rules for them
+/// never run against the shipped ServiceAccount. Here the shipped policy text, renamed and
+/// pointed at a ServiceAccount of this test's own namespace, meets an account that RBAC lets
+/// create and delete NodeImages: the policy alone keeps it to its own node's.
+#[tokio::test]
+async fn daemon_nodeimage_policy_holds_for_create_and_delete_too() {
+    let cluster = support::cluster().await;
+    let admin = cluster.client().await;
+    let namespace = cluster.namespace("own-nodeimage-policy").await;
+    let ns = namespace.name();
+    let name = format!("{ns}-own-nodeimage");
+
+    let shipped = std::fs::read_to_string(manifest("08-daemon-nodeimage-policy.yaml"))
+        .expect("the shipped policy");
+    let shipped_user = format!("system:serviceaccount:{NAMESPACE}:{DAEMON_SA}");
+    assert!(shipped.contains(&shipped_user) && shipped.contains(POLICY));
+    let policy = shipped
+        .replace(
+            &shipped_user,
+            &format!("system:serviceaccount:{ns}:{DAEMON_SA}"),
+        )
+        .replace(POLICY, &name);
+    let wider_rbac = format!(
+        r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: {DAEMON_SA}, namespace: {ns}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: {name}}}
+rules:
+  - apiGroups: ["apps.kruise.io"]
+    resources: ["nodeimages"]
+    verbs: ["get", "create", "delete"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {name}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {name}}}
+subjects: [{{kind: ServiceAccount, name: {DAEMON_SA}, namespace: {ns}}}]
+"#
+    );
+    let mut cmd = cluster.kubectl();
+    cmd.args(["apply", "-f", "-"]);
+    let out = support::run_with_stdin(cmd, &format!("{policy}\n---\n{wider_rbac}"));
+    assert!(
+        out.status.success(),
+        "applying the renamed policy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let node_a = support::unique_name("own-nodeimage-a");
+    let node_b = support::unique_name("own-nodeimage-b");
+    for node in [&node_a, &node_b] {
+        support::create_ready_node(&admin, node, Default::default()).await;
+    }
+    let nodeimages: Api<NodeImage> = Api::all(admin.clone());
+    nodeimages
+        .create(
+            &PostParams::default(),
+            &NodeImage::new(&node_b, Default::default()),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("creating NodeImage {node_b}: {e}"));
+    let pod = daemon_pod(&admin, ns, &node_a).await;
+    let daemon_a =
+        client_with_token(cluster, &token(&admin, ns, DAEMON_SA, Some(&pod)).await).await;
+    let daemon_nodeimages: Api<NodeImage> = Api::all(daemon_a);
+
+    // Until both the RBAC and the policy are effective, a dry-run create of another node's
+    // NodeImage is refused by RBAC or passes; then the policy refuses it.
+    let create = |node: String, dry_run: bool| {
+        let api = daemon_nodeimages.clone();
+        async move {
+            let params = PostParams {
+                dry_run,
+                ..PostParams::default()
+            };
+            api.create(&params, &NodeImage::new(&node, Default::default()))
+                .await
+        }
+    };
+    let message = wait_for(
+        "the renamed policy to refuse the daemon of node A creating NodeImage B",
+        PROPAGATION,
+        || {
+            let attempt = create(node_b.clone(), true);
+            let name = &name;
+            async move {
+                match attempt.await {
+                    Err(kube::Error::Api(status)) if status.message.contains(name.as_str()) => {
+                        Some(status.message)
+                    }
+                    _ => None,
+                }
+            }
+        },
+    )
+    .await;
+    for part in [RULE, &format!("CREATE of NodeImage {node_b} refused")] {
+        assert!(message.contains(part), "{message:?} lacks {part:?}");
+    }
+
+    // Its own node's NodeImage it may create and delete; another node's it may not delete.
+    create(node_a.clone(), false)
+        .await
+        .unwrap_or_else(|e| panic!("the daemon of {node_a} creating its own NodeImage: {e}"));
+    let message = match daemon_nodeimages.delete(&node_b, &Default::default()).await {
+        Err(kube::Error::Api(status)) if status.code == 403 => status.message,
+        other => panic!("the daemon of node A deleting NodeImage B: expected a 403, got {other:?}"),
+    };
+    for part in [
+        name.as_str(),
+        RULE,
+        &format!("the token is for node {node_a}"),
+        &format!("DELETE of NodeImage {node_b} refused"),
+    ] {
+        assert!(message.contains(part), "{message:?} lacks {part:?}");
+    }
+    assert!(
+        nodeimages
+            .get_opt(&node_b)
+            .await
+            .expect("reading B")
+            .is_some()
+    );
+    daemon_nodeimages
+        .delete(&node_a, &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("the daemon of {node_a} deleting its own NodeImage: {e}"));
+
+    // The renamed policy and the wider RBAC are this test's alone: remove them.
+    let mut cmd = cluster.kubectl();
+    cmd.args([
+        "delete",
+        "--ignore-not-found",
+        &format!("validatingadmissionpolicy/{name}"),
+        &format!("validatingadmissionpolicybinding/{name}"),
+        &format!("clusterrole/{name}"),
+        &format!("clusterrolebinding/{name}"),
+    ]);
+    let out = cmd.output().expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
