@@ -642,6 +642,26 @@ async fn wait_warning(env: &Env, reason: &str, words: &[&str]) -> Event {
     .await
 }
 
+/// Deletes job `name` and waits until it is gone (its finalizer, if any, removed).
+async fn delete_job_and_wait(env: &Env, name: &str) {
+    env.jobs()
+        .delete(name, &Default::default())
+        .await
+        .expect("delete job");
+    let jobs = env.jobs();
+    wait_for("the job to be gone", TIMEOUT, || {
+        let jobs = jobs.clone();
+        async move {
+            jobs.get_opt(name)
+                .await
+                .ok()
+                .filter(Option::is_none)
+                .map(|_| ())
+        }
+    })
+    .await;
+}
+
 /// The daemon-namespace copy of the test's Secret `reg`, once the controller made it.
 async fn wait_secret_copy(env: &Env) -> (Api<Secret>, String, Secret) {
     let daemon_ns = support::test_controller_options().daemon_config_namespace;
@@ -737,22 +757,7 @@ async fn deleting_a_running_job_releases_its_secret_copies() {
     s.pull_secrets = vec!["reg".into()];
     env.job("pull", s).await;
     let (copies, copy, _) = wait_secret_copy(&env).await;
-    env.jobs()
-        .delete("pull", &Default::default())
-        .await
-        .expect("delete job");
-    let jobs = env.jobs();
-    wait_for("the job to be gone", TIMEOUT, || {
-        let jobs = jobs.clone();
-        async move {
-            jobs.get_opt("pull")
-                .await
-                .ok()
-                .filter(Option::is_none)
-                .map(|_| ())
-        }
-    })
-    .await;
+    delete_job_and_wait(&env, "pull").await;
     assert!(
         copies.get_opt(&copy).await.expect("read").is_none(),
         "the copy is released before the job goes"
@@ -864,22 +869,7 @@ async fn a_foreign_secret_at_the_copy_name_is_left_alone_and_reported() {
     );
 
     // Deleting the job releases nothing of the squatter's.
-    env.jobs()
-        .delete("pull", &Default::default())
-        .await
-        .expect("delete job");
-    let jobs = env.jobs();
-    wait_for("the job to be gone", TIMEOUT, || {
-        let jobs = jobs.clone();
-        async move {
-            jobs.get_opt("pull")
-                .await
-                .ok()
-                .filter(Option::is_none)
-                .map(|_| ())
-        }
-    })
-    .await;
+    delete_job_and_wait(&env, "pull").await;
     let after = daemon_secrets(&env).get(&copy).await.expect("still there");
     assert_eq!(after.resource_version(), squatter.resource_version());
     daemon_secrets(&env)
@@ -940,22 +930,7 @@ async fn copies_named_the_old_way_go_with_the_last_job_that_references_them() {
     env.job("pull", s).await;
     let (copies, copy, _) = wait_secret_copy(&env).await;
 
-    env.jobs()
-        .delete("pull", &Default::default())
-        .await
-        .expect("delete job");
-    let jobs = env.jobs();
-    wait_for("the job to be gone", TIMEOUT, || {
-        let jobs = jobs.clone();
-        async move {
-            jobs.get_opt("pull")
-                .await
-                .ok()
-                .filter(Option::is_none)
-                .map(|_| ())
-        }
-    })
-    .await;
+    delete_job_and_wait(&env, "pull").await;
     // The finalizer comes off only after the release: nothing is left to wait for.
     for gone in [&copy, &only_ours] {
         assert!(

@@ -46,13 +46,7 @@ const fn grant(
     verbs: &'static [&'static str],
     why: &'static str,
 ) -> Grant {
-    Grant {
-        scope,
-        resource,
-        names: &[],
-        verbs,
-        why,
-    }
+    named(scope, resource, &[], verbs, why)
 }
 
 const fn named(
