@@ -642,6 +642,29 @@ async fn wait_warning(env: &Env, reason: &str, words: &[&str]) -> Event {
     .await
 }
 
+/// A registry Secret named `name` for `kruise-daemon-config`, with `annotations`: a copy as
+/// someone else (or an earlier version) left it.
+fn daemon_copy(name: &str, annotations: &[(&str, &str)]) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            annotations: Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/dockerconfigjson".into()),
+        string_data: Some(BTreeMap::from([(
+            ".dockerconfigjson".to_owned(),
+            r#"{"auths":{}}"#.to_owned(),
+        )])),
+        ..Default::default()
+    }
+}
+
 /// Deletes job `name` and waits until it is gone (its finalizer, if any, removed).
 async fn delete_job_and_wait(env: &Env, name: &str) {
     env.jobs()
@@ -816,28 +839,13 @@ async fn a_foreign_secret_at_the_copy_name_is_left_alone_and_reported() {
     env.nodes(1).await;
     registry_secret(&env, "reg").await;
     let copy = kruise_rs::controllers::imagepulljob::secrets::copy_name(&env.ns, "reg");
-    let squatter = Secret {
-        metadata: ObjectMeta {
-            name: Some(copy.clone()),
-            annotations: Some(BTreeMap::from([
-                (
-                    "imagepulljobs.kruise.io/source-key".to_owned(),
-                    "elsewhere/reg".to_owned(),
-                ),
-                (
-                    "imagepulljobs.kruise.io/references".to_owned(),
-                    "elsewhere/job".to_owned(),
-                ),
-            ])),
-            ..Default::default()
-        },
-        type_: Some("kubernetes.io/dockerconfigjson".into()),
-        string_data: Some(BTreeMap::from([(
-            ".dockerconfigjson".to_owned(),
-            r#"{"auths":{}}"#.to_owned(),
-        )])),
-        ..Default::default()
-    };
+    let squatter = daemon_copy(
+        &copy,
+        &[
+            ("imagepulljobs.kruise.io/source-key", "elsewhere/reg"),
+            ("imagepulljobs.kruise.io/references", "elsewhere/job"),
+        ],
+    );
     ensure_daemon_namespace(&env).await;
     let squatter = daemon_secrets(&env)
         .create(&PostParams::default(), &squatter)
@@ -887,31 +895,15 @@ async fn copies_named_the_old_way_go_with_the_last_job_that_references_them() {
     // As an earlier version left them: `reg-` and a 32-bit DefaultHasher suffix (unique here,
     // the namespace is shared by every test), one used by this test's job only, one also by a
     // job that is not deleted.
-    let old_copy = |name: &str, references: &str| Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            annotations: Some(BTreeMap::from([
-                (
-                    "imagepulljobs.kruise.io/source-key".to_owned(),
-                    source.clone(),
-                ),
-                (
-                    "imagepulljobs.kruise.io/references".to_owned(),
-                    references.to_owned(),
-                ),
-                (
-                    "imagepulljobs.kruise.io/mode".to_owned(),
-                    "batch".to_owned(),
-                ),
-            ])),
-            ..Default::default()
-        },
-        type_: Some("kubernetes.io/dockerconfigjson".into()),
-        string_data: Some(BTreeMap::from([(
-            ".dockerconfigjson".to_owned(),
-            r#"{"auths":{}}"#.to_owned(),
-        )])),
-        ..Default::default()
+    let old_copy = |name: &str, references: &str| {
+        daemon_copy(
+            name,
+            &[
+                ("imagepulljobs.kruise.io/source-key", &source),
+                ("imagepulljobs.kruise.io/references", references),
+                ("imagepulljobs.kruise.io/mode", "batch"),
+            ],
+        )
     };
     let only_ours = support::unique_name("reg");
     let shared = support::unique_name("reg");
