@@ -165,7 +165,7 @@ pub fn check_type(secret: &Secret) -> Result<(), Problem> {
 }
 
 /// Name of the shared copy of `namespace/name`: a readable prefix from `name`, `-`, and the
-/// first [`HASH_HEX`] hex characters of SHA-256 of `namespace/name`. Always a valid Secret name
+/// first 16 (`HASH_HEX`) hex characters of SHA-256 of `namespace/name`. Always a valid Secret name
 /// (DNS subdomain, at most 253 characters), whatever `name` holds.
 pub fn copy_name(namespace: &str, name: &str) -> String {
     let digest = ring::digest::digest(

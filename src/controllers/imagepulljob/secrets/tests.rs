@@ -1,4 +1,3 @@
-
 use k8s_openapi::ByteString;
 
 use super::*;
