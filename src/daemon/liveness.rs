@@ -7,8 +7,9 @@
 //! the container is created again with a fresh mount
 //! ([decision 0010](../../docs/decisions/0010-daemon-mounts-only-its-cri-socket.md)). So `/healthz`
 //! fails once the runtime has been silent for the limit, counted from the first check (every 5 s)
-//! that got no answer, and the kubelet's liveness probe restarts the container. A runtime that is really down costs nothing more: the kubelet cannot start the
-//! new container before the runtime is back, and then it mounts the new socket.
+//! that got no answer, and the kubelet's liveness probe restarts the container. A runtime that
+//! is really down costs nothing more: the kubelet cannot start the new container before the
+//! runtime is back, and then it mounts the new socket.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -19,7 +20,7 @@ pub const DEFAULT_CRI_LIVENESS_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Whether the daemon is live at `now`: `Err(silent_for)` once the runtime has failed to answer
 /// for longer than `limit`, counted from `silent_since`, the first check that failed since it last
-/// answered (the daemon's start, until it first answers); `None` while it answers.
+/// answered (the daemon's start, until it first answers); `None` (live) while it answers.
 pub fn runtime_liveness(
     silent_since: Option<Instant>,
     now: Instant,
