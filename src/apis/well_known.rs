@@ -27,6 +27,10 @@ pub const SIDECARSET_WORKING_HOTUPGRADE_CONTAINER: &str =
 pub const SIDECARSET_VERSION_PREFIX: &str = "version.sidecarset.kruise.io/";
 /// Prefix of the per-container alternate hot-upgrade version annotation on a Pod.
 pub const SIDECARSET_VERSION_ALT_PREFIX: &str = "versionalt.sidecarset.kruise.io/";
+/// On a SidecarSet (kruise-rs only): `refuse` makes pods it matches be refused while it uses a
+/// feature kruise-rs does not serve yet; without it such pods are admitted without it, with a
+/// warning (`src/sidecar/unsupported.rs`).
+pub const UNSUPPORTED_FEATURES: &str = "kruise-rs.io/unsupported-features";
 /// Pod condition type whose message is a JSON map of SidecarSet name to "can upgrade".
 pub const SIDECARSET_UPGRADABLE_CONDITION: &str = "SidecarSetUpgradable";
 /// On a ControllerRevision or a pre-download ImagePullJob: the SidecarSet it belongs to.

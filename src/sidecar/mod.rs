@@ -9,8 +9,11 @@
 //! - [`metadata`]: `patchPodMetadata` (Retain / Overwrite / MergePatchJson).
 //! - [`annotations`]: the pod annotations recording what was injected, in upstream's bytes.
 //! - [`hash`]: the SidecarSet hashes, equal to upstream's.
+//! - [`unsupported`]: SidecarSet features kruise-rs does not serve yet, and which SidecarSets a
+//!   new pod goes without because of them.
 //!
-//! For a pod being created, [`plan_for_new_pod`] chains matching and revision choice; then
+//! For a pod being created, [`plan_for_new_pod`] chains matching and revision choice,
+//! [`unsupported::screen`] sets aside the SidecarSets using an unsupported feature; then
 //! [`injection::inject`] builds the pod and [`injection::pod_patch`] the admission patch.
 
 pub mod annotations;
@@ -21,6 +24,7 @@ pub mod matching;
 pub mod metadata;
 mod quantity;
 pub mod revision;
+pub mod unsupported;
 
 use std::collections::BTreeMap;
 

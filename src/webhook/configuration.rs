@@ -248,7 +248,14 @@ impl ConfigurationParams {
                         namespace_selector: route.namespaced.then(|| self.namespace_selector()),
                         reinvocation_policy: Some("Never".to_owned()),
                         rules: Some(Self::rules(route)),
-                        side_effects: "None".to_owned(),
+                        // The pod webhook records events (a SidecarSet left out for an
+                        // unsupported feature), never on a dry run.
+                        side_effects: if route.path == MUTATE_POD {
+                            "NoneOnDryRun"
+                        } else {
+                            "None"
+                        }
+                        .to_owned(),
                         timeout_seconds: Some(self.timeout_seconds),
                         ..MutatingWebhook::default()
                     })
@@ -323,7 +330,7 @@ mod tests {
             Some(&["kube-system".to_owned(), "kruise-system".to_owned()][..])
         );
         assert_eq!(pods.failure_policy.as_deref(), Some("Fail"));
-        assert_eq!(pods.side_effects, "None");
+        assert_eq!(pods.side_effects, "NoneOnDryRun");
         assert_eq!(
             pods.client_config
                 .ca_bundle

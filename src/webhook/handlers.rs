@@ -7,8 +7,8 @@
 //! their sidecars.
 
 use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::{StreamExt, future};
 use k8s_openapi::api::core::v1::Namespace;
@@ -16,7 +16,7 @@ use kube::core::admission::{AdmissionRequest, Operation};
 use kube::core::{DynamicObject, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
@@ -47,7 +47,10 @@ use crate::apis::validation::{self, ValidationErrors};
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_NAME_LABEL,
 };
-use crate::sidecar::{self, hash};
+use crate::events::Recorder;
+use crate::sidecar::{self, hash, unsupported};
+
+use super::unsupported_events::{self, Throttle};
 
 /// How long a pod request waits for the caches before it is refused.
 const CACHE_WAIT: Duration = Duration::from_secs(5);
@@ -60,6 +63,9 @@ pub struct Handlers {
     pub(super) sidecarsets: Store<SidecarSet>,
     pub(super) namespaces: Store<PartialObjectMeta<Namespace>>,
     synced: watch::Receiver<bool>,
+    /// Events on SidecarSets left out of pods for an unsupported feature, and their throttle.
+    recorder: Arc<Recorder>,
+    unsupported_events: Mutex<Throttle>,
 }
 
 impl Handlers {
@@ -105,6 +111,8 @@ impl Handlers {
             }
         };
         let handlers = Arc::new(Self {
+            recorder: Arc::new(Recorder::for_manager(client.clone())),
+            unsupported_events: Mutex::default(),
             client,
             namespace: namespace.to_owned(),
             sidecarsets,
@@ -477,18 +485,73 @@ impl Handlers {
             Ok(selected) => selected,
             Err(err) => return Verdict::Deny(format!("cannot inject sidecars: {err}")),
         };
-        let injection = match sidecar::inject(&pod, &selected, Time(Timestamp::now())) {
+        // SidecarSets using a feature kruise-rs does not serve are left out, with a warning,
+        // unless annotated to refuse the pod.
+        let screened = unsupported::screen(selected, |name| {
+            let set = candidates
+                .iter()
+                .find(|s| s.metadata.name.as_deref() == Some(name));
+            let value = set.and_then(|s| s.annotations().get(unsupported::UNSUPPORTED_FEATURES));
+            unsupported::refuses(value.map(String::as_str))
+        });
+        if let Some(refusal) = screened.refusal() {
+            return Verdict::Deny(format!("cannot inject sidecars: {}", refusal.message()));
+        }
+        if !request.dry_run {
+            self.record_skipped(&screened.skipped, &pod, &candidates);
+        }
+        let injection = match sidecar::inject(&pod, &screened.inject, Time(Timestamp::now())) {
             Ok(injection) => injection,
             Err(err) => return Verdict::Deny(format!("cannot inject sidecars: {err}")),
         };
+        let mut warnings = screened.warnings();
+        warnings.extend(injection.warnings);
         let raw = request
             .object
             .as_ref()
             .and_then(|o| serde_json::to_value(o).ok());
         match raw.map(|raw| patch_preserving(&raw, &pod, &injection.pod)) {
-            Some(Ok(patch)) => Verdict::Patch(patch, injection.warnings),
+            Some(Ok(patch)) => Verdict::Patch(patch, warnings),
             Some(Err(err)) => Verdict::Deny(format!("cannot encode the injected pod: {err}")),
             None => Verdict::Deny("cannot encode the injected pod".into()),
+        }
+    }
+
+    /// Records a Warning event on each SidecarSet `pod` goes without, throttled
+    /// ([`unsupported_events`]); sent in the background so the admission does not wait.
+    fn record_skipped(
+        &self,
+        skipped: &[unsupported::Skipped],
+        pod: &Pod,
+        candidates: &[Arc<SidecarSet>],
+    ) {
+        let now = Instant::now();
+        let key = unsupported_events::pod_key(pod);
+        for skip in skipped {
+            let Some(set) = candidates
+                .iter()
+                .find(|s| s.metadata.name.as_deref() == Some(skip.sidecarset.as_str()))
+            else {
+                continue;
+            };
+            for found in &skip.found {
+                let admitted = self
+                    .unsupported_events
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .admit(&skip.sidecarset, found.feature, now);
+                let Some(unreported) = admitted else {
+                    continue;
+                };
+                let event = unsupported_events::event(found, &key, unreported);
+                let regarding = set.object_ref(&());
+                let recorder = self.recorder.clone();
+                tokio::spawn(async move {
+                    if let Err(err) = recorder.publish(&event, &regarding).await {
+                        tracing::warn!(error = %err, "cannot record the unsupported-feature event");
+                    }
+                });
+            }
         }
     }
 

@@ -18,6 +18,7 @@ pub mod configuration;
 pub mod handlers;
 pub mod secret_access;
 pub mod server;
+pub mod unsupported_events;
 
 use std::future::Future;
 use std::net::SocketAddr;

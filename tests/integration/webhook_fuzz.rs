@@ -1195,8 +1195,6 @@ fn check_injection(
 
 fn refusal_kind(e: &InjectionError) -> &'static str {
     match e {
-        InjectionError::HotUpgradeUnsupported { .. } => "inject: HotUpgrade",
-        InjectionError::ResourcesPolicyUnsupported { .. } => "inject: resourcesPolicy",
         InjectionError::PatchPodMetadata { .. } => "inject: patchPodMetadata",
         InjectionError::Annotation(_) => "inject: annotation",
         InjectionError::NameConflict { .. } => "inject: name conflict",

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::pods::{NamespaceLabels, owns, view};
 use super::predownload::{self, Decision, IMAGE_PREDOWNLOAD, Knobs, Progress};
-use super::status::{PODS_UPGRADABLE, StatusReport, compute_status};
+use super::status::{PODS_UPGRADABLE, StatusReport, compute_status, unsupported_condition};
 use super::strategy::{Batch, CurrentHashes, PodState, PodView, classify, next_batch};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
@@ -119,6 +119,12 @@ pub fn plan<'a>(
         progress,
         previous,
         set.metadata.generation,
+        now,
+    ));
+    let previous = set.status.as_ref().map(|s| s.conditions.as_slice());
+    report.status.conditions.extend(unsupported_condition(
+        set,
+        previous.unwrap_or_default(),
         now,
     ));
     Plan {

@@ -19,6 +19,10 @@
 //! - `PodsUpgradable`: `False` with `NotUpgradablePods` while some pods changed in more than
 //!   their images, `True` with `AllPodsUpgradable` otherwise.
 //!
+//! A third condition, `UnsupportedFeatures`, comes from the spec alone ([`unsupported_condition`]):
+//! `True` while the SidecarSet uses a feature kruise-rs does not serve yet, with the features as
+//! reason and the containers in the message; absent otherwise.
+//!
 //! A stall tied to the strategy (`NotUpdate`, paused, partition, maxUnavailable) is reported
 //! only when the next batch is empty while pods still wait for the upgrade; an invalid strategy
 //! and pods that cannot be upgraded in place are reported whenever there are any.
@@ -28,6 +32,7 @@ use std::fmt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
+use crate::sidecar::unsupported::{self, REFUSE, UNSUPPORTED_FEATURES};
 
 use super::strategy::{Batch, CurrentHashes, Hold, PodState, PodView, StrategyError, classify};
 
@@ -144,6 +149,9 @@ pub struct StatusReport {
 pub const ROLLOUT_HELD: &str = "RolloutHeld";
 /// Status condition: whether every matched pod can be upgraded in place.
 pub const PODS_UPGRADABLE: &str = "PodsUpgradable";
+/// Status condition, present only while `True`: the SidecarSet uses features kruise-rs does
+/// not serve yet.
+pub const UNSUPPORTED: &str = "UnsupportedFeatures";
 
 fn count(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
@@ -246,6 +254,49 @@ fn conditions(
         None => condition(PODS_UPGRADABLE, true, "AllPodsUpgradable", String::new()),
     };
     vec![held, upgradable]
+}
+
+/// The `UnsupportedFeatures` condition of `set`, from its spec: `None` when it uses none.
+/// The reason names the features (comma-separated), the message the containers and what
+/// happens to the pods it matches. Keeps the `lastTransitionTime` of a `True` condition in
+/// `previous`.
+pub fn unsupported_condition(
+    set: &SidecarSet,
+    previous: &[Condition],
+    now: &Time,
+) -> Option<Condition> {
+    let found = unsupported::detect(&set.spec);
+    if found.is_empty() {
+        return None;
+    }
+    let reason: Vec<&str> = found.iter().map(|f| f.feature).collect();
+    let what: Vec<String> = found.iter().map(ToString::to_string).collect();
+    let refuse = unsupported::refuses(
+        set.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(UNSUPPORTED_FEATURES))
+            .map(String::as_str),
+    );
+    let outcome = if refuse {
+        format!("pods it matches are refused ({UNSUPPORTED_FEATURES}={REFUSE})")
+    } else {
+        format!(
+            "pods it matches are admitted without it, with a warning (annotate {UNSUPPORTED_FEATURES}={REFUSE} to refuse them)"
+        )
+    };
+    let since = previous
+        .iter()
+        .find(|c| c.type_ == UNSUPPORTED && c.status == "True")
+        .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
+    Some(Condition {
+        type_: UNSUPPORTED.to_owned(),
+        status: "True".to_owned(),
+        reason: reason.join(","),
+        message: format!("{}; {outcome}", what.join("; ")),
+        observed_generation: set.metadata.generation,
+        last_transition_time: since,
+    })
 }
 
 /// Why `set`'s rollout over `pods` does not move; see the module documentation.

@@ -681,41 +681,6 @@ fn native_sidecar_init_containers_are_listed_in_the_hash_annotation() {
 }
 
 #[test]
-fn hot_upgrade_is_refused_clearly() {
-    let mut s = sidecar_set1();
-    s["spec"]["containers"][1]["upgradeStrategy"] =
-        json!({"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"});
-    let err = inject(&pod(pod1()), &[selected(s)], now()).expect_err("hot upgrade");
-    assert!(
-        matches!(err, InjectionError::HotUpgradeUnsupported { ref container, .. } if container == "log-agent")
-    );
-    assert!(err.to_string().contains("HotUpgrade"), "{err}");
-
-    // On a native-sidecar init container too (upstream's TestInjectInitContainer "hot-init").
-    let mut s = sidecar_set1();
-    s["spec"]["initContainers"][0]["restartPolicy"] = json!("Always");
-    s["spec"]["initContainers"][0]["upgradeStrategy"] = json!({"upgradeType": "HotUpgrade"});
-    assert!(inject(&pod(pod1()), &[selected(s)], now()).is_err());
-
-    // A plain init container's upgrade strategy means nothing upstream; it is ignored.
-    let mut s = sidecar_set1();
-    s["spec"]["initContainers"][0]["upgradeStrategy"] = json!({"upgradeType": "HotUpgrade"});
-    assert!(inject(&pod(pod1()), &[selected(s)], now()).is_ok());
-}
-
-#[test]
-fn resources_policy_is_refused_clearly() {
-    let mut s = sidecar_set1();
-    s["spec"]["initContainers"][1]["resourcesPolicy"] = json!({
-        "targetContainersMode": "sum", "resourcesExpr": {"limits": {"cpu": "cpu"}}
-    });
-    let err = inject(&pod(pod1()), &[selected(s)], now()).expect_err("resources policy");
-    assert!(
-        matches!(err, InjectionError::ResourcesPolicyUnsupported { ref container, .. } if container == "init-1")
-    );
-}
-
-#[test]
 fn init_container_sort_and_placement() {
     // Upstream TestInjectInitContainerSort: injected init containers sorted by name first.
     use PodInjectPolicy::{AfterAppContainer as After, BeforeAppContainer as Before};

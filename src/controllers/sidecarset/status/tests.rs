@@ -396,3 +396,75 @@ fn an_unchanged_condition_keeps_its_transition_time() {
         "the other condition did not flip"
     );
 }
+
+fn time(s: &str) -> Time {
+    Time(s.parse().expect("time"))
+}
+
+#[test]
+fn the_unsupported_features_condition_comes_from_the_spec() {
+    let now = time("2026-12-01T00:00:00Z");
+    let mut s = set(json!({}));
+    assert_eq!(
+        unsupported_condition(&s, &[], &now),
+        None,
+        "nothing unsupported"
+    );
+
+    s.spec.containers[0].upgrade_strategy =
+        Some(serde_json::from_value(json!({"upgradeType": "HotUpgrade"})).expect("strategy"));
+    let c = unsupported_condition(&s, &[], &now).expect("HotUpgrade");
+    assert_eq!(c.type_, UNSUPPORTED);
+    assert_eq!(c.status, "True");
+    assert_eq!(c.reason, "HotUpgrade");
+    assert_eq!(c.observed_generation, Some(7));
+    assert_eq!(c.last_transition_time, now);
+    assert!(
+        c.message
+            .starts_with("container proxy uses upgradeStrategy.upgradeType HotUpgrade"),
+        "{}",
+        c.message
+    );
+    assert!(c.message.contains("admitted without it"), "{}", c.message);
+
+    // The transition time stays while the condition holds.
+    let later = time("2026-12-01T01:00:00Z");
+    let again = unsupported_condition(&s, std::slice::from_ref(&c), &later).expect("still");
+    assert_eq!(again.last_transition_time, now);
+
+    // Annotated to refuse: the message says so.
+    s.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(UNSUPPORTED_FEATURES.to_owned(), REFUSE.to_owned());
+    let refused = unsupported_condition(&s, &[], &now).expect("refuse");
+    assert!(
+        refused.message.contains("pods it matches are refused"),
+        "{}",
+        refused.message
+    );
+}
+
+#[test]
+fn several_unsupported_features_make_one_reason() {
+    let now = time("2026-12-01T00:00:00Z");
+    let mut s = set(json!({}));
+    s.spec.containers[0] = serde_json::from_value(json!({
+        "name": "proxy", "image": "proxy:2",
+        "upgradeStrategy": {"upgradeType": "HotUpgrade"},
+        "resourcesPolicy": {"targetContainersMode": "max", "resourcesExpr": {}},
+    }))
+    .expect("container");
+    let c = unsupported_condition(&s, &[], &now).expect("condition");
+    let features: Vec<&str> = crate::sidecar::unsupported::FEATURES
+        .iter()
+        .map(|f| f.name)
+        .collect();
+    assert_eq!(c.reason, features.join(","));
+    // A valid condition reason (metav1.Condition's pattern allows commas).
+    assert!(
+        c.reason
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || ch == ',')
+    );
+}
