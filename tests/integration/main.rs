@@ -26,3 +26,4 @@ mod webhook;
 mod webhook_fuzz;
 mod webhook_pull_secrets;
 mod webhook_scenarios;
+mod webhook_unsupported;
