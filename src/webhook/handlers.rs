@@ -4,7 +4,9 @@
 //! The pod webhook reads SidecarSets and Namespaces from caches (reflectors started by
 //! [`Handlers::new`]) so an admission costs no apiserver round trip; until both caches have
 //! listed once, pod requests wait a moment and are then refused rather than admitted without
-//! their sidecars.
+//! their sidecars. A SidecarSet using a feature kruise-rs does not serve is left out of the pod
+//! with a warning and a throttled event ([`crate::sidecar::unsupported`],
+//! [`super::unsupported_events`]), or refuses it when annotated to.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
