@@ -160,6 +160,20 @@ async fn a_pod_is_admitted_without_a_sidecarset_using_an_unsupported_feature() {
         "{stderr}"
     );
 
+    // A server-side dry run goes through the webhook too (`sideEffects: NoneOnDryRun`).
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let web: Pod = serde_json::from_value(pod("web")).expect("pod");
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let dry_run = pods
+        .create(&dry, &web)
+        .await
+        .expect("a dry run is admitted");
+    let containers = dry_run.spec.map(|s| s.containers.len());
+    assert_eq!(containers, Some(2), "the normal sidecar and main");
+
     // 2. A Warning event on the SidecarSet (cluster-scoped: in `default`) naming the pod.
     let events = Api::<Event>::namespaced(client.clone(), "default");
     let note = poll(
@@ -223,7 +237,6 @@ async fn a_pod_is_admitted_without_a_sidecarset_using_an_unsupported_feature() {
     );
 
     // 4. Annotated to refuse: the pod is refused, naming the feature and the annotation.
-    let pods = Api::<Pod>::namespaced(client.clone(), ns);
     let strict: Pod = serde_json::from_value(pod("strict")).expect("pod");
     let message = match pods.create(&create, &strict).await {
         Err(kube::Error::Api(status)) => status.message,
