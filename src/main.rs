@@ -232,6 +232,14 @@ struct WebhookArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 10,
           value_parser = clap::value_parser!(i32).range(1..=30))]
     webhook_timeout_seconds: i32,
+
+    /// Admit SidecarSet `patchPodMetadata` that no rule of the whitelist (ConfigMap
+    /// `kruise-configuration`, key `SidecarSet_PatchPodMetadata_WhiteList`) covers: upstream
+    /// OpenKruise's feature gate `SidecarSetPatchPodMetadataDefaultsAllowed`. A rule that applies
+    /// to a SidecarSet still limits it to the keys it allows.
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    sidecarset_patch_pod_metadata_defaults_allowed: bool,
 }
 
 impl WebhookArgs {
@@ -262,6 +270,8 @@ impl WebhookArgs {
             timeout_seconds: self.webhook_timeout_seconds,
             configuration_prefix: "kruise-rs".to_owned(),
             namespace_selector: None,
+            patch_pod_metadata_defaults_allowed: self
+                .sidecarset_patch_pod_metadata_defaults_allowed,
         })
     }
 }
