@@ -260,10 +260,12 @@ pub fn pod_condition(
     if let Some(condition) = upgradable_condition(pod, set, can_upgrade, now) {
         return Some(condition);
     }
-    if !(can_upgrade && on_upgrade && upgraded_in_place(pod, set)) {
+    if !(can_upgrade && on_upgrade) {
         return None;
     }
-    upgraded_condition(pod, set, now)
+    // The condition first: once it says so, the update state is not read again.
+    let condition = upgraded_condition(pod, set, now)?;
+    upgraded_in_place(pod, set).then_some(condition)
 }
 
 /// Whether `set` has upgraded `pod` in place: the pod's `kruise.io/sidecarset-inplace-update-state`
