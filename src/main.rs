@@ -136,6 +136,13 @@ struct ManagerArgs {
           num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     sidecarset_predownload: bool,
 
+    /// Also write upstream OpenKruise's pod condition `SidecarSetUpgradable=True` on every pod a
+    /// SidecarSet upgrades in place (one more pod status write per upgraded pod). Off, the
+    /// condition is written only on pods some SidecarSet cannot upgrade (`False`).
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    sidecarset_upgradable_condition_on_upgrade: bool,
+
     #[command(flatten)]
     leader_election: LeaderElectionArgs,
 
@@ -232,6 +239,14 @@ struct WebhookArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 10,
           value_parser = clap::value_parser!(i32).range(1..=30))]
     webhook_timeout_seconds: i32,
+
+    /// Admit SidecarSet `patchPodMetadata` that no rule of the whitelist (ConfigMap
+    /// `kruise-configuration`, key `SidecarSet_PatchPodMetadata_WhiteList`) covers: upstream
+    /// OpenKruise's feature gate `SidecarSetPatchPodMetadataDefaultsAllowed`. A rule that applies
+    /// to a SidecarSet still limits it to the keys it allows.
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    sidecarset_patch_pod_metadata_defaults_allowed: bool,
 }
 
 impl WebhookArgs {
@@ -262,6 +277,8 @@ impl WebhookArgs {
             timeout_seconds: self.webhook_timeout_seconds,
             configuration_prefix: "kruise-rs".to_owned(),
             namespace_selector: None,
+            patch_pod_metadata_defaults_allowed: self
+                .sidecarset_patch_pod_metadata_defaults_allowed,
         })
     }
 }
@@ -371,6 +388,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     namespace: args.webhook.namespace.clone(),
                     label_selector: args.label_selector,
                     sidecarset_predownload: args.sidecarset_predownload,
+                    sidecarset_upgradable_condition_on_upgrade: args
+                        .sidecarset_upgradable_condition_on_upgrade,
                     // The manager puts in the set its /metrics serves, the mode it detects and
                     // the readiness it waits for.
                     ..Default::default()
@@ -552,6 +571,44 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn the_upgradable_condition_on_upgrade_is_off_unless_turned_on() {
+        let on = |flags: &[&str]| manager_args(flags).sidecarset_upgradable_condition_on_upgrade;
+        assert!(!on(&[]));
+        assert!(on(&["--sidecarset-upgradable-condition-on-upgrade"]));
+        assert!(on(&["--sidecarset-upgradable-condition-on-upgrade=true"]));
+        assert!(!on(&["--sidecarset-upgradable-condition-on-upgrade=false"]));
+    }
+
+    #[test]
+    fn patch_pod_metadata_defaults_are_refused_unless_allowed() {
+        let allowed = |flags: &[&str]| {
+            manager_args(flags)
+                .webhook
+                .options()
+                .expect("webhooks on")
+                .patch_pod_metadata_defaults_allowed
+        };
+        assert!(!allowed(&[]));
+        assert!(allowed(&[
+            "--sidecarset-patch-pod-metadata-defaults-allowed"
+        ]));
+        assert!(allowed(&[
+            "--sidecarset-patch-pod-metadata-defaults-allowed=true"
+        ]));
+        assert!(!allowed(&[
+            "--sidecarset-patch-pod-metadata-defaults-allowed=false"
+        ]));
+        assert!(
+            Cli::try_parse_from([
+                "kruise-rs",
+                "manager",
+                "--sidecarset-patch-pod-metadata-defaults-allowed=yes"
+            ])
+            .is_err()
+        );
     }
 
     #[test]

@@ -48,6 +48,11 @@ pub struct ControllerOptions {
     /// each pod until its node has pulled (`--sidecarset-predownload`, default on; upstream has
     /// no such feature). Off: SidecarSets roll out as upstream's do.
     pub sidecarset_predownload: bool,
+    /// Also write upstream's pod condition `SidecarSetUpgradable=True` on every pod a
+    /// SidecarSet upgrades in place (`--sidecarset-upgradable-condition-on-upgrade`, default
+    /// off: one more pod status write per upgraded pod). Off, the condition is written only on
+    /// pods some SidecarSet cannot upgrade.
+    pub sidecarset_upgradable_condition_on_upgrade: bool,
     /// Where the controllers count their reconciles and report progress; the manager passes
     /// the set its `/metrics` serves (the default is a set nobody reads).
     pub metrics: ManagerMetrics,
@@ -118,6 +123,7 @@ impl Default for ControllerOptions {
             namespace: "kruise-system".to_owned(),
             label_selector: None,
             sidecarset_predownload: true,
+            sidecarset_upgradable_condition_on_upgrade: false,
             metrics: ManagerMetrics::new(),
             initial_list: InitialList::default(),
             synced: CacheSync::default(),

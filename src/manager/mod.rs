@@ -179,7 +179,11 @@ pub async fn run(
     let (stop_webhook, webhook_stopping) = oneshot::channel::<()>();
     let (webhook_ready, webhook_serving) = oneshot::channel();
     let webhook_parts = opts.webhook.clone().map(|webhook_opts| {
-        let (handlers, caches) = Handlers::new(webhook_client.clone(), &webhook_opts.namespace);
+        let (handlers, caches) = Handlers::with_defaults_allowed(
+            webhook_client.clone(),
+            &webhook_opts.namespace,
+            webhook_opts.patch_pod_metadata_defaults_allowed,
+        );
         (webhook_opts, handlers, caches)
     });
     let mut webhook_caches = webhook_parts

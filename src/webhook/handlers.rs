@@ -68,6 +68,9 @@ pub struct Handlers {
     /// Events on SidecarSets left out of pods for an unsupported feature, and their throttle.
     recorder: Arc<Recorder>,
     unsupported_events: Mutex<Throttle>,
+    /// `patchPodMetadata` no whitelist rule covers is allowed (upstream's feature gate
+    /// `SidecarSetPatchPodMetadataDefaultsAllowed`).
+    patch_pod_metadata_defaults_allowed: bool,
 }
 
 impl Handlers {
@@ -75,6 +78,17 @@ impl Handlers {
     pub fn new(
         client: Client,
         namespace: &str,
+    ) -> (Arc<Self>, impl Future<Output = ()> + Send + 'static + use<>) {
+        Self::with_defaults_allowed(client, namespace, false)
+    }
+
+    /// [`Handlers::new`], with `patchPodMetadata` no whitelist rule covers allowed when
+    /// `patch_pod_metadata_defaults_allowed` (upstream's feature gate
+    /// `SidecarSetPatchPodMetadataDefaultsAllowed`).
+    pub fn with_defaults_allowed(
+        client: Client,
+        namespace: &str,
+        patch_pod_metadata_defaults_allowed: bool,
     ) -> (Arc<Self>, impl Future<Output = ()> + Send + 'static + use<>) {
         let (sidecarsets, sidecarset_writer) = reflector::store();
         let (namespaces, namespace_writer) = reflector::store();
@@ -120,6 +134,7 @@ impl Handlers {
             sidecarsets,
             namespaces,
             synced,
+            patch_pod_metadata_defaults_allowed,
         });
         (handlers, caches)
     }
@@ -269,7 +284,7 @@ impl Handlers {
             .map(KnownRevision::from_controller_revision)
             .collect();
         let policy = match self.patch_pod_metadata_policy().await {
-            Ok(policy) => policy,
+            Ok(policy) => policy.with_defaults_allowed(self.patch_pod_metadata_defaults_allowed),
             Err(message) => return Verdict::Deny(message),
         };
         let ctx = SidecarSetContext {
@@ -331,7 +346,8 @@ impl Handlers {
             .map_err(|e| format!("cannot list the ControllerRevisions of SidecarSet {name}: {e}"))
     }
 
-    /// Which annotations `patchPodMetadata` may write, from the ConfigMap upstream uses.
+    /// Which annotations `patchPodMetadata` may write, from the ConfigMap upstream uses (before
+    /// `--sidecarset-patch-pod-metadata-defaults-allowed` widens it).
     async fn patch_pod_metadata_policy(&self) -> Result<PatchPodMetadataPolicy, String> {
         let configmaps = Api::<ConfigMap>::namespaced(self.client.clone(), &self.namespace);
         let found = configmaps.get_opt(WHITELIST_CONFIGMAP).await.map_err(|e| {

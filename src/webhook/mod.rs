@@ -76,6 +76,10 @@ pub struct WebhookOptions {
     pub configuration_prefix: String,
     /// Extra requirements on the namespaces of pods and jobs sent to the webhook.
     pub namespace_selector: Option<LabelSelector>,
+    /// Allow SidecarSet `patchPodMetadata` that no rule of the whitelist ConfigMap covers
+    /// (`--sidecarset-patch-pod-metadata-defaults-allowed`, upstream's feature gate
+    /// `SidecarSetPatchPodMetadataDefaultsAllowed`; off by default, as upstream).
+    pub patch_pod_metadata_defaults_allowed: bool,
 }
 
 #[derive(Debug, thiserror::Error)]

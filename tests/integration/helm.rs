@@ -454,8 +454,7 @@ fn helm_values_change_the_rendered_objects() {
     assert!(
         !args
             .iter()
-            .any(|a| a.starts_with("--leader-election-id")
-                || a.starts_with("--sidecarset-predownload")),
+            .any(|a| a.starts_with("--leader-election-id") || a.starts_with("--sidecarset-")),
         "{args:?}"
     );
     assert_eq!(lease_names(&defaults), ["kruise-rs-manager"]);
@@ -472,6 +471,18 @@ fn helm_values_change_the_rendered_objects() {
         assert!(args.iter().any(|a| a == wanted), "{args:?} lack {wanted}");
     }
     assert_eq!(lease_names(&switching), ["kruise-manager"]);
+    // Upstream's pod signal and patch-metadata gate, both off by default.
+    let upstream = rendered_objects(&[
+        "--set=manager.sidecarsetUpgradableConditionOnUpgrade=true",
+        "--set=manager.sidecarsetPatchPodMetadataDefaultsAllowed=true",
+    ]);
+    let args = manager_args(&upstream);
+    for wanted in [
+        "--sidecarset-upgradable-condition-on-upgrade=true",
+        "--sidecarset-patch-pod-metadata-defaults-allowed=true",
+    ] {
+        assert!(args.iter().any(|a| a == wanted), "{args:?} lack {wanted}");
+    }
 
     // namespaces.create=false: no Namespace objects.
     let got = rendered_objects(&["--set=namespaces.create=false"]);
@@ -530,6 +541,14 @@ fn helm_refuses_invalid_values() {
         (
             "manager.sidecarsetPredownload=maybe",
             "/manager/sidecarsetPredownload",
+        ),
+        (
+            "manager.sidecarsetUpgradableConditionOnUpgrade=maybe",
+            "/manager/sidecarsetUpgradableConditionOnUpgrade",
+        ),
+        (
+            "manager.sidecarsetPatchPodMetadataDefaultsAllowed=maybe",
+            "/manager/sidecarsetPatchPodMetadataDefaultsAllowed",
         ),
     ] {
         let out = helm_output(&["template", RELEASE, chart, "--set", set]);

@@ -700,8 +700,8 @@ async fn an_image_only_change_upgrades_every_pod_in_place() {
         assert!(kubelet::runs(new, SIDECAR, NEW_IMAGE));
     }
     // Upstream also writes SidecarSetUpgradable True on every pod it upgrades (a second write
-    // per pod); kruise-rs writes the condition only once a SidecarSet cannot upgrade a pod
-    // (README, "SidecarSet controller"), so an upgraded pod has none.
+    // per pod); kruise-rs does so only with --sidecarset-upgradable-condition-on-upgrade (off
+    // here; `upgraded_pods_are_marked_upgradable_with_the_flag`), so an upgraded pod has none.
     for pod in list_pods(&fx.pods).await {
         if names.contains(&pod.name_any()) {
             assert_eq!(
@@ -776,7 +776,7 @@ async fn a_failing_image_stops_the_rollout_after_one_pod() {
 /// Upstream item 12, "sidecarSet upgrade sidecar container (more than image field), no pod
 /// should be updated": an env change cannot be made in place, so the pod keeps its sidecar, is
 /// marked `SidecarSetUpgradable` False (`UpdateImmutableField`), and the SidecarSet gets a
-/// `NotUpgradablePods` Warning event and `PodsUpgradable` False. A pod created afterwards has
+/// `NotUpgradablePods` event (Normal, as upstream) and `PodsUpgradable` False. A pod created afterwards has
 /// the new env, so a later image change upgrades it, and only it.
 #[tokio::test]
 async fn a_change_beyond_images_upgrades_no_pod() {
@@ -836,12 +836,12 @@ async fn a_change_beyond_images_upgrades_no_pod() {
     ));
     let (events, params) = (&events, &params);
     poll(
-        "a Warning event NotUpgradablePods about the SidecarSet",
+        "a Normal event NotUpgradablePods about the SidecarSet (upstream's type)",
         ROLLOUT_TIMEOUT,
         || async move {
             let list = events.list(params).await.expect("listing events").items;
             let found = list.iter().any(|e| {
-                e.type_.as_deref() == Some("Warning")
+                e.type_.as_deref() == Some("Normal")
                     && e.involved_object.kind.as_deref() == Some("SidecarSet")
             });
             if found {
@@ -1663,4 +1663,95 @@ async fn a_refused_pod_patch_is_a_warning_event_and_retried() {
         })
         .await;
     assert!(pods.iter().all(|p| kubelet::runs(p, SIDECAR, NEW_IMAGE)));
+}
+
+/// The label that confines the controller of [`upgraded_pods_are_marked_upgradable_with_the_flag`]
+/// to its SidecarSet (the shared manager's controllers only take [`CONTROLLED_LABEL`]).
+const MARK_LABEL: &str = "kruise-rs-test-upgradable-on-upgrade";
+
+/// Upstream's pod signal after an in-place upgrade (kruise.md §2.7): with
+/// `--sidecarset-upgradable-condition-on-upgrade`, every pod the SidecarSet upgrades in place
+/// gets `SidecarSetUpgradable=True` (`AllSidecarsetUpgradable`, message `{"<set>":true}`); a pod
+/// injected at the latest version, never upgraded, gets none. Run by a SidecarSet controller of
+/// its own with the flag on, confined to this test's SidecarSet.
+#[tokio::test]
+async fn upgraded_pods_are_marked_upgradable_with_the_flag() {
+    let fx = Fixture::new("sc-up-mark").await;
+    let mut spec = one_sidecar_set(&fx.name, &fx.app, &fx.ns);
+    spec["metadata"]["labels"] = json!({ MARK_LABEL: fx.name });
+    let set = create_sidecarset(&fx.client, &spec).await;
+    let opts = kruise_rs::controllers::ControllerOptions {
+        label_selector: Some(format!("{MARK_LABEL}={}", fx.name)),
+        namespace: MANAGER_NAMESPACE.to_owned(),
+        sidecarset_predownload: false,
+        sidecarset_upgradable_condition_on_upgrade: true,
+        ..crate::support::test_controller_options()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let controller = tokio::spawn(kruise_rs::controllers::sidecarset::run(
+        fx.client.clone(),
+        opts,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    let names = fx.start_pods(2, &[&set]).await;
+    fx.wait_rollout(&fx.name, Kubelet::On, counts(2, 2, 2, 2), |set, _| {
+        rollout_done(set)
+    })
+    .await;
+    let containers = containers_with(&mut spec, 0, "image", json!(NEW_IMAGE));
+    let set = update_spec(&fx.client, &fx.name, json!({"containers": containers})).await;
+    fx.wait_rollout(&fx.name, Kubelet::On, counts(2, 2, 2, 2), |set, pods| {
+        rollout_done(set)?;
+        let upgraded = pods_with_image(pods, NEW_IMAGE);
+        if upgraded.len() == 2 {
+            Ok(())
+        } else {
+            Err(format!("pods on {NEW_IMAGE}: {upgraded:?}"))
+        }
+    })
+    .await;
+    let pods = wait_upgradable_condition(
+        &fx.pods,
+        &names,
+        "SidecarSetUpgradable True/AllSidecarsetUpgradable on both upgraded pods",
+        |c| c.status == "True" && c.reason.as_deref() == Some("AllSidecarsetUpgradable"),
+    )
+    .await;
+    for pod in &pods {
+        let condition = pod_condition(pod, SIDECARSET_UPGRADABLE_CONDITION).expect("condition");
+        assert_eq!(
+            upgradable_map(condition),
+            json!({&fx.name: true}),
+            "{condition:?}"
+        );
+    }
+
+    // Injected at the new version: never upgraded in place, so no condition (as upstream).
+    let late = fx.start_pods(1, &[&set]).await;
+    let (_, pods) = fx
+        .wait_rollout(&fx.name, Kubelet::On, counts(3, 3, 3, 3), |set, _| {
+            rollout_done(set)
+        })
+        .await;
+    let late_pod = pods
+        .iter()
+        .find(|p| p.name_any() == late[0])
+        .expect("the late pod");
+    assert_eq!(
+        pod_condition(late_pod, SIDECARSET_UPGRADABLE_CONDITION),
+        None,
+        "{late_pod:?}"
+    );
+
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), controller)
+        .await
+        .expect("the controller stops")
+        .expect("join");
+    let _ = sidecarsets(&fx.client)
+        .delete(&fx.name, &DeleteParams::default())
+        .await;
 }

@@ -655,3 +655,107 @@ async fn admissions_are_counted_by_kind_and_verdict_and_timed() {
         );
     }
 }
+
+/// `--sidecarset-patch-pod-metadata-defaults-allowed` (upstream's feature gate
+/// `SidecarSetPatchPodMetadataDefaultsAllowed`) through the real SidecarSet webhook, on a
+/// control plane of its own whose manager runs with it (the shared one runs without it and
+/// refuses these: `webhook_scenarios`): without a whitelist every `patchPodMetadata` is
+/// admitted; beside one, a SidecarSet no rule applies to may patch any key, and one a rule
+/// applies to only the keys the rule allows.
+#[tokio::test]
+async fn patch_pod_metadata_defaults_allowed_admits_what_no_whitelist_rule_covers() {
+    use crate::support::webhook::{MANAGER_NAMESPACE, webhook_options};
+    use kruise_rs::manager::{self, ManagerOptions};
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+
+    let plane = tokio::task::spawn_blocking(|| {
+        let plane = crate::support::ExtraControlPlane::start();
+        plane.install_crds();
+        plane
+    })
+    .await
+    .expect("join");
+    let addr = crate::harness::process::free_loopback_port().expect("a loopback port");
+    let mut webhook = webhook_options(addr, FailurePolicy::Fail);
+    webhook.patch_pod_metadata_defaults_allowed = true;
+    let opts = ManagerOptions {
+        kubeconfig: Some(plane.kubeconfig_path().to_owned()),
+        probe_addr: "127.0.0.1:0".parse().expect("address"),
+        controllers: kruise_rs::controllers::ControllerOptions {
+            namespace: MANAGER_NAMESPACE.to_owned(),
+            ..crate::support::test_controller_options()
+        },
+        webhook: Some(webhook),
+        leader_election: None,
+        streaming_lists: Default::default(),
+    };
+    let (ready_tx, ready) = tokio::sync::oneshot::channel();
+    let (stop, stopping) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(manager::run(
+        opts,
+        async move {
+            let _ = stopping.await;
+        },
+        Some(ready_tx),
+    ));
+    tokio::time::timeout(std::time::Duration::from_secs(60), ready)
+        .await
+        .expect("the manager becomes ready within 60 s")
+        .expect("the manager reports ready");
+    let kubeconfig = Kubeconfig::read_from(plane.kubeconfig_path()).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    let client = Client::try_from(config).expect("client");
+    let sets = Api::<SidecarSet>::all(client.clone());
+    let patching = |labels: Value, key: &str| {
+        // A pod selector of its own: SidecarSets selecting the same pods conflict.
+        let mut set = sidecarset(
+            &unique_name("sc-defaults"),
+            json!({"matchLabels": {"app": unique_name("app")}}),
+            json!([{"name": "sidecar", "image": "busybox:1.36"}]),
+        );
+        set.metadata.labels = serde_json::from_value(labels).expect("labels");
+        set.spec.patch_pod_metadata = serde_json::from_value(json!([
+            {"annotations": {key: "1"}, "patchPolicy": "Overwrite"}
+        ]))
+        .expect("patchPodMetadata");
+        set
+    };
+
+    // No whitelist at all: admitted.
+    sets.create(&PostParams::default(), &patching(json!({}), "any-key"))
+        .await
+        .expect("no whitelist: admitted with the flag");
+
+    // A whitelist whose one rule applies to `sidecar: demo` SidecarSets.
+    let rule = json!({
+        "selector": {"matchLabels": {"sidecar": "demo"}},
+        "allowedAnnotationKeyExprs": ["^oom-score$"],
+    });
+    crate::webhook_scenarios::whitelist_rule(&client, rule, true).await;
+    sets.create(&PostParams::default(), &patching(json!({}), "any-key"))
+        .await
+        .expect("no rule applies: admitted with the flag");
+    let demo = json!({"sidecar": "demo"});
+    sets.create(&PostParams::default(), &patching(demo.clone(), "oom-score"))
+        .await
+        .expect("a key the applying rule allows");
+    let message = denial(
+        sets.create(&PostParams::default(), &patching(demo, "any-key"))
+            .await,
+        "a key the applying rule does not allow",
+    );
+    assert!(
+        message.contains("annotation(any-key) is not allowed"),
+        "{message}"
+    );
+
+    let _ = stop.send(());
+    let stopped = tokio::time::timeout(std::time::Duration::from_secs(30), running)
+        .await
+        .expect("the manager stops within 30 s")
+        .expect("join");
+    assert!(stopped.is_ok(), "{stopped:?}");
+    drop(plane);
+}

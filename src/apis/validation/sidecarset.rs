@@ -79,6 +79,9 @@ use crate::image::ImageRef;
 pub const WHITELIST_CONFIGMAP: &str = "kruise-configuration";
 /// Key of the whitelist in [`WHITELIST_CONFIGMAP`].
 pub const WHITELIST_CONFIGMAP_KEY: &str = "SidecarSet_PatchPodMetadata_WhiteList";
+/// The manager flag that allows `patchPodMetadata` no whitelist rule covers (upstream's feature
+/// gate `SidecarSetPatchPodMetadataDefaultsAllowed`); named in the refusals.
+pub const DEFAULTS_ALLOWED_FLAG: &str = "--sidecarset-patch-pod-metadata-defaults-allowed";
 
 // --- Context ------------------------------------------------------------------------------------
 
@@ -131,20 +134,26 @@ impl KnownRevision {
 /// Writing pod annotations is a privilege (other controllers act on them), so upstream refuses
 /// `patchPodMetadata` unless the administrator whitelisted the keys in the ConfigMap
 /// [`WHITELIST_CONFIGMAP`] / [`WHITELIST_CONFIGMAP_KEY`], or turned on the feature gate
-/// `SidecarSetPatchPodMetadataDefaultsAllowed` (off by default). kruise-rs keeps that default,
+/// `SidecarSetPatchPodMetadataDefaultsAllowed` (off by default; kruise-rs's manager flag
+/// `--sidecarset-patch-pod-metadata-defaults-allowed`). kruise-rs keeps that default,
 /// [`PatchPodMetadataPolicy::NotConfigured`], because an OpenKruise administrator relies on it:
 /// a cluster migrating from upstream either has the ConfigMap (read it into
-/// [`PatchPodMetadataPolicy::Whitelist`]) or the gate ([`PatchPodMetadataPolicy::AllowAll`]), and
-/// one that has neither never allowed patches.
+/// [`PatchPodMetadataPolicy::Whitelist`]) or the gate
+/// ([`PatchPodMetadataPolicy::with_defaults_allowed`]), and one that has neither never allowed
+/// patches.
 #[derive(Clone, Debug, Default)]
 pub enum PatchPodMetadataPolicy {
     /// No whitelist: `patchPodMetadata` is refused.
     #[default]
     NotConfigured,
-    /// Any annotation may be patched (upstream's feature gate).
+    /// Any annotation may be patched (upstream's feature gate, no whitelist).
     AllowAll,
     /// The whitelist's rules.
     Whitelist(Vec<WhitelistRule>),
+    /// The whitelist's rules for a SidecarSet some rule applies to, any annotation for the
+    /// others (upstream's feature gate beside a whitelist: the gate never widens a rule that
+    /// applies).
+    WhitelistElseAllowAll(Vec<WhitelistRule>),
 }
 
 /// One whitelist rule: the SidecarSets it applies to and the annotation keys they may patch.
@@ -233,6 +242,22 @@ pub enum WhitelistError {
 }
 
 impl PatchPodMetadataPolicy {
+    /// This policy once the administrator allows `patchPodMetadata` by default (`allowed`;
+    /// upstream's feature gate `SidecarSetPatchPodMetadataDefaultsAllowed`): a SidecarSet no
+    /// whitelist rule applies to may patch any annotation, one a rule applies to still only the
+    /// keys the rules allow. Unchanged when not `allowed`.
+    pub fn with_defaults_allowed(self, allowed: bool) -> Self {
+        if !allowed {
+            return self;
+        }
+        match self {
+            Self::NotConfigured | Self::AllowAll => Self::AllowAll,
+            Self::Whitelist(rules) | Self::WhitelistElseAllowAll(rules) => {
+                Self::WhitelistElseAllowAll(rules)
+            }
+        }
+    }
+
     /// Reads the whitelist from the ConfigMap value `json`, compiling each expression with
     /// `compile` (typically `regex::Regex::new`, wrapped into a matcher).
     pub fn from_whitelist_json<F, M>(json: &str, compile: F) -> Result<Self, WhitelistError>
@@ -830,18 +855,19 @@ fn validate_whitelist(
     errs: &mut Vec<FieldError>,
 ) {
     let path = "spec.patchPodMetadata";
-    let rules = match policy {
+    let (rules, else_allow_all) = match policy {
         PatchPodMetadataPolicy::AllowAll => return,
         PatchPodMetadataPolicy::NotConfigured => {
             errs.push(FieldError::forbidden(
                 path,
                 format!(
-                    "SidecarSet patch metadata whitelist not found: an administrator allows annotation keys in ConfigMap {WHITELIST_CONFIGMAP}, key {WHITELIST_CONFIGMAP_KEY}"
+                    "SidecarSet patch metadata whitelist not found: an administrator allows annotation keys in ConfigMap {WHITELIST_CONFIGMAP}, key {WHITELIST_CONFIGMAP_KEY}, or all of them with the manager flag {DEFAULTS_ALLOWED_FLAG}"
                 ),
             ));
             return;
         }
-        PatchPodMetadataPolicy::Whitelist(rules) => rules,
+        PatchPodMetadataPolicy::Whitelist(rules) => (rules, false),
+        PatchPodMetadataPolicy::WhitelistElseAllowAll(rules) => (rules, true),
     };
     let empty = BTreeMap::new();
     let labels = set.metadata.labels.as_ref().unwrap_or(&empty);
@@ -864,6 +890,9 @@ fn validate_whitelist(
         allowed.extend(&rule.allowed_annotation_keys);
     }
     if allowed.is_empty() {
+        if else_allow_all {
+            return;
+        }
         errs.push(FieldError::forbidden(
             path,
             format!(

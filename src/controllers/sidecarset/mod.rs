@@ -5,8 +5,10 @@
 //! 1. its pods ([`pods::owns`]) from the pod cache, each seen as a [`strategy::PodView`];
 //! 2. its latest ControllerRevision registered ([`revisions`]);
 //! 3. the next batch ([`strategy::next_batch`]) and the status ([`status::compute_status`]),
-//!    written when it changed, with a Warning event when pods cannot be upgraded in place;
-//! 4. the `SidecarSetUpgradable` condition of pods that cannot be upgraded ([`upgrade`]);
+//!    written when it changed, with a `NotUpgradablePods` event when pods cannot be upgraded
+//!    in place;
+//! 4. the `SidecarSetUpgradable` condition of pods that cannot be upgraded, and optionally of
+//!    the pods it has upgraded ([`plan::pod_condition`]);
 //! 5. the batch upgraded: one guarded JSON patch per pod ([`upgrade::upgrade_patch`]);
 //! 6. revisions beyond `revisionHistoryLimit` deleted.
 //!
@@ -106,6 +108,9 @@ pub struct Context {
     /// Whether SidecarSet image pre-download is on (`--sidecarset-predownload`); off, the
     /// jobs left from when it was on are deleted.
     predownload: bool,
+    /// Whether pods upgraded in place also get upstream's `SidecarSetUpgradable=True`
+    /// (`--sidecarset-upgradable-condition-on-upgrade`).
+    upgradable_on_upgrade: bool,
     /// The SidecarSets' pre-download jobs.
     jobs: Store<ImagePullJob>,
     /// NodeImages (status only), to tell when a node has pulled.

@@ -7,18 +7,23 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use serde_json::Value;
 
-use super::pods::{NamespaceLabels, owns, view};
+use super::pods::{NamespaceLabels, owns, parse_update_states, view};
 use super::predownload::{self, Decision, IMAGE_PREDOWNLOAD, Knobs, Progress};
 use super::status::{PODS_UPGRADABLE, StatusReport, compute_status, unsupported_condition};
 use super::strategy::{Batch, CurrentHashes, PodState, PodView, classify, next_batch};
+use super::upgrade::{upgradable_condition, upgraded_condition};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
 use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
-use crate::apis::well_known::{CONTROLLER_REVISION_HASH, SIDECARSET_HASH, SIDECARSET_NAME_LABEL};
+use crate::apis::well_known::{
+    CONTROLLER_REVISION_HASH, SIDECARSET_HASH, SIDECARSET_INPLACE_UPDATE_STATE,
+    SIDECARSET_NAME_LABEL,
+};
 use crate::controllers::shared::pod_summary::PodSummary;
 use crate::sidecar::annotations::parse_hashes;
 
@@ -240,6 +245,42 @@ pub fn upgradable(view: &PodView<'_>, current: &CurrentHashes) -> Option<bool> {
         PodState::Inactive | PodState::NotSelected => None,
         _ => Some(true),
     }
+}
+
+/// The `SidecarSetUpgradable` condition SidecarSet `set` writes on `pod` (seen as `view`), if
+/// any: `False` where it cannot upgrade the pod in place, its entry back to `true` where it can
+/// again. With `on_upgrade` (`--sidecarset-upgradable-condition-on-upgrade`) also upstream's
+/// `True` on a pod it has upgraded in place (its `kruise.io/sidecarset-inplace-update-state`
+/// has an entry for `set`), created where the pod has no condition: one more pod status write
+/// per upgraded pod. Decided from the pod as it is, so a write lost to a restart is made by the
+/// next reconcile.
+pub fn pod_condition(
+    pod: &PodSummary,
+    view: &PodView<'_>,
+    current: &CurrentHashes,
+    set: &str,
+    on_upgrade: bool,
+    now: &Time,
+) -> Option<PodCondition> {
+    let can_upgrade = upgradable(view, current)?;
+    if let Some(condition) = upgradable_condition(pod, set, can_upgrade, now) {
+        return Some(condition);
+    }
+    if !(can_upgrade && on_upgrade) {
+        return None;
+    }
+    // The condition first: once it says so, the update state is not read again.
+    let condition = upgraded_condition(pod, set, now)?;
+    upgraded_in_place(pod, set).then_some(condition)
+}
+
+/// Whether `set` has upgraded `pod` in place: the pod's `kruise.io/sidecarset-inplace-update-state`
+/// has an entry for it (injection writes none).
+pub fn upgraded_in_place(pod: &PodSummary, set: &str) -> bool {
+    pod.annotations()
+        .get(SIDECARSET_INPLACE_UPDATE_STATE)
+        .and_then(|v| parse_update_states(v))
+        .is_some_and(|states| states.contains_key(set))
 }
 
 /// The merge patch writing `status`. A merge patch leaves out what it does not mention, so the

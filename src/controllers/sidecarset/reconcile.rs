@@ -20,13 +20,13 @@ use tracing::{debug, info, instrument, warn};
 use super::expectations::pod_key;
 use super::plan::{
     Plan, PreDownloadInputs, is_job, labelled_history, newly_not_upgradable, newly_skipped,
-    own_jobs, owned_pods, plan, revisions_in_use, status_patch, unwanted_jobs, upgradable,
+    own_jobs, owned_pods, plan, pod_condition, revisions_in_use, status_patch, unwanted_jobs,
 };
 use super::pods::namespace_labels;
 use super::predownload::{self, Decision, KnobWarning, Knobs};
 use super::revisions;
 use super::strategy::{CurrentHashes, PodView};
-use super::upgrade::{UpgradeError, upgradable_condition, upgrade_patch};
+use super::upgrade::{UpgradeError, upgrade_patch};
 use super::{Context, Error, FIELD_MANAGER};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
@@ -181,8 +181,9 @@ async fn write_status(
         .map_err(|source| Error::WriteStatus { name, source })
 }
 
-/// A Warning event when the pods that cannot be upgraded in place change (upstream's
-/// `NotUpgradablePods`), so `kubectl describe` shows it without repeating it every reconcile.
+/// The event `NotUpgradablePods` (Normal, as upstream types it) when the pods that cannot be
+/// upgraded in place change, naming them, so `kubectl describe` shows it without repeating it
+/// every reconcile.
 async fn announce_not_upgradable(
     ctx: &Context,
     set: &SidecarSet,
@@ -193,7 +194,7 @@ async fn announce_not_upgradable(
         return;
     };
     let event = Event {
-        type_: EventType::Warning,
+        type_: EventType::Normal,
         reason: "NotUpgradablePods".into(),
         note: Some(message),
         action: "Upgrade".into(),
@@ -205,7 +206,8 @@ async fn announce_not_upgradable(
 }
 
 /// Sets the `SidecarSetUpgradable` condition of pods this SidecarSet cannot upgrade in place,
-/// and clears this SidecarSet's `false` from pods it can upgrade again.
+/// clears this SidecarSet's `false` from pods it can upgrade again, and with
+/// `--sidecarset-upgradable-condition-on-upgrade` marks the pods it upgraded ([`pod_condition`]).
 async fn mark_upgradable(
     ctx: &Context,
     set: &SidecarSet,
@@ -216,10 +218,8 @@ async fn mark_upgradable(
 ) -> Result<(), Error> {
     let name = set.name_any();
     for (pod, v) in owned.iter().zip(views) {
-        let Some(can_upgrade) = upgradable(v, current) else {
-            continue;
-        };
-        let Some(condition) = upgradable_condition(pod, &name, can_upgrade, now) else {
+        let Some(condition) = pod_condition(pod, v, current, &name, ctx.upgradable_on_upgrade, now)
+        else {
             continue;
         };
         let api = Api::<PodSummary>::namespaced(

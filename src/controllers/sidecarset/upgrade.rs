@@ -212,6 +212,25 @@ pub fn upgradable_condition(
     upgradable: bool,
     now: &Time,
 ) -> Option<PodCondition> {
+    condition_with(pod, set, upgradable, false, now)
+}
+
+/// The `SidecarSetUpgradable` pod condition once `set` has upgraded the pod in place, as
+/// upstream writes it after every in-place upgrade: this SidecarSet's entry `true`, and `True`
+/// (`AllSidecarsetUpgradable`) when every entry is; created when the pod has none. `None` when
+/// the condition already says so.
+pub fn upgraded_condition(pod: &PodSummary, set: &str, now: &Time) -> Option<PodCondition> {
+    condition_with(pod, set, true, true, now)
+}
+
+/// [`upgradable_condition`]; with `create`, an upgradable pod without the condition gets one.
+fn condition_with(
+    pod: &PodSummary,
+    set: &str,
+    upgradable: bool,
+    create: bool,
+    now: &Time,
+) -> Option<PodCondition> {
     let existing = pod
         .status
         .as_ref()
@@ -223,7 +242,7 @@ pub fn upgradable_condition(
     let mut sets = upgradable_map(existing);
     match sets.get(set) {
         Some(&known) if known == upgradable => return None,
-        None if upgradable && existing.is_none() => return None,
+        None if upgradable && existing.is_none() && !create => return None,
         _ => {}
     }
     sets.insert(set.to_owned(), upgradable);

@@ -198,6 +198,7 @@ pub async fn run_with_pods(
         namespaces,
         revisions,
         predownload: opts.sidecarset_predownload,
+        upgradable_on_upgrade: opts.sidecarset_upgradable_condition_on_upgrade,
         jobs,
         nodeimages,
         warned: Mutex::default(),

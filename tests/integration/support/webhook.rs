@@ -57,6 +57,7 @@ pub fn webhook_options(
             match_labels: Some([(WEBHOOK_NAMESPACE_LABEL.to_owned(), "true".to_owned())].into()),
             ..LabelSelector::default()
         }),
+        patch_pod_metadata_defaults_allowed: false,
     }
 }
 

@@ -1023,6 +1023,64 @@ fn the_whitelist_applies_rules_by_sidecarset_labels() {
 }
 
 #[test]
+fn defaults_allowed_covers_what_no_whitelist_rule_does() {
+    let demo_only = || {
+        vec![WhitelistRule {
+            selector: Some(
+                serde_json::from_value(json!({"matchLabels": {"sidecar": "demo"}}))
+                    .expect("selector"),
+            ),
+            allowed_annotation_keys: vec![AnnotationKeyPattern::exact("oom-score")],
+        }]
+    };
+    let check = |policy: &PatchPodMetadataPolicy, labels: &[(&str, &str)], key: &str| {
+        let ctx = SidecarSetContext {
+            patch_pod_metadata: policy,
+            ..Default::default()
+        };
+        create_with(
+            &patched(labels, json!([{"annotations": {key: "1"}}])),
+            &[],
+            &ctx,
+        )
+    };
+    // Off: every policy as it was.
+    assert!(matches!(
+        PatchPodMetadataPolicy::NotConfigured.with_defaults_allowed(false),
+        PatchPodMetadataPolicy::NotConfigured
+    ));
+    let off = PatchPodMetadataPolicy::Whitelist(demo_only()).with_defaults_allowed(false);
+    assert_eq!(check(&off, &[], "oom-score").len(), 1);
+    // On without a whitelist (no ConfigMap, or no key in it): anything goes.
+    let on = PatchPodMetadataPolicy::NotConfigured.with_defaults_allowed(true);
+    assert!(matches!(on, PatchPodMetadataPolicy::AllowAll));
+    assert_eq!(check(&on, &[], "any-key"), []);
+    // On beside a whitelist: a SidecarSet no rule applies to may patch anything...
+    let on = PatchPodMetadataPolicy::Whitelist(demo_only()).with_defaults_allowed(true);
+    assert_eq!(check(&on, &[], "any-key"), []);
+    // ... one a rule applies to only what the rule allows, as upstream.
+    assert_eq!(check(&on, &[("sidecar", "demo")], "oom-score"), []);
+    let errs = check(&on, &[("sidecar", "demo")], "any-key");
+    assert_eq!(
+        paths(&errs),
+        ["spec.patchPodMetadata[0].annotations[any-key]"]
+    );
+    // An empty whitelist is one no rule of applies.
+    let on = PatchPodMetadataPolicy::Whitelist(vec![]).with_defaults_allowed(true);
+    assert_eq!(check(&on, &[], "any-key"), []);
+    // Turning it on twice changes nothing.
+    let twice = on.with_defaults_allowed(true);
+    assert!(matches!(twice, PatchPodMetadataPolicy::WhitelistElseAllowAll(ref r) if r.is_empty()));
+    // The refusal without either names both ways out.
+    let errs = check(&PatchPodMetadataPolicy::NotConfigured, &[], "any-key");
+    assert!(
+        errs[0].message.contains(DEFAULTS_ALLOWED_FLAG),
+        "{}",
+        errs[0]
+    );
+}
+
+#[test]
 fn the_whitelist_reads_upstreams_configmap_json() {
     let json = r#"{"rules": [
             {"allowedAnnotationKeyExprs": ["^oom-score$"]},

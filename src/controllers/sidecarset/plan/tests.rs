@@ -407,6 +407,58 @@ fn only_active_selected_pods_get_the_upgradable_condition() {
 }
 
 #[test]
+fn the_true_condition_on_upgraded_pods_is_behind_the_flag() {
+    let s = set(json!({}));
+    let current = CurrentHashes::of(&s);
+    // Upgraded in place by mesh: its record in the update state.
+    let mut upgraded = (*new("u")).clone();
+    upgraded.metadata.annotations.get_or_insert_default().insert(
+        SIDECARSET_INPLACE_UPDATE_STATE.to_owned(),
+        r#"{"mesh":{"revision":"mesh-1","updateTimestamp":null,"lastContainerStatuses":{"proxy":{"imageID":"proxy:1"}}}}"#.to_owned(),
+    );
+    assert!(upgraded_in_place(&upgraded, "mesh"));
+    assert!(!upgraded_in_place(&upgraded, "logging"));
+    let decide = |pod: &PodSummary, on: bool| {
+        pod_condition(pod, &view(&s, pod), &current, "mesh", on, &now())
+    };
+    // Off: no condition on an upgradable pod that has none (kruise-rs's default).
+    assert_eq!(decide(&upgraded, false), None);
+    // On: upstream's True, once.
+    let c = decide(&upgraded, true).expect("written");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_deref()),
+        ("True", Some("AllSidecarsetUpgradable"))
+    );
+    assert_eq!(c.message.as_deref(), Some(r#"{"mesh":true}"#));
+    let mut marked = upgraded.clone();
+    marked
+        .status
+        .get_or_insert_default()
+        .conditions
+        .get_or_insert_default()
+        .push(c);
+    assert_eq!(decide(&marked, true), None);
+    // A pod injected at this revision was never upgraded in place: nothing, as upstream.
+    assert!(!upgraded_in_place(&new("i"), "mesh"));
+    assert_eq!(decide(&new("i"), true), None);
+    // Whatever the flag, a pod that cannot be upgraded gets False.
+    let mut changed = (*old("c")).clone();
+    let entry = r#"{"mesh":{"updateTimestamp":null,"hash":"old","sidecarSetName":"mesh","sidecarList":["proxy"]}}"#;
+    changed
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(SIDECARSET_HASH_WITHOUT_IMAGE.to_owned(), entry.to_owned());
+    for on in [false, true] {
+        let c = decide(&changed, on).expect("written");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_deref()),
+            ("False", Some("UpdateImmutableField"))
+        );
+    }
+}
+
+#[test]
 fn the_status_patch_names_unset_optional_fields_as_null() {
     let patch = status_patch(&SidecarSetStatus {
         matched_pods: 2,

@@ -267,3 +267,38 @@ fn the_condition_merges_the_sidecarsets() {
     assert_eq!(c.reason.as_deref(), Some("AllSidecarsetUpgradable"));
     assert_eq!(c.last_transition_time, Some(now()));
 }
+
+#[test]
+fn an_upgraded_pod_gets_a_true_condition_as_upstream_writes_it() {
+    // No condition yet: created, as upstream does after every in-place upgrade.
+    let c = upgraded_condition(&pod(), "mesh", &now()).expect("written");
+    assert_eq!(c.type_, SIDECARSET_UPGRADABLE_CONDITION);
+    assert_eq!(c.status, "True");
+    assert_eq!(c.reason.as_deref(), Some("AllSidecarsetUpgradable"));
+    assert_eq!(c.message.as_deref(), Some(r#"{"mesh":true}"#));
+    assert_eq!(c.last_transition_time, Some(now()));
+    // Already saying so: no write.
+    let p = with_condition(r#"{"mesh":true}"#, "True");
+    assert_eq!(upgraded_condition(&p, "mesh", &now()), None);
+    // Another SidecarSet's entry is kept; True only when every entry is.
+    let p = with_condition(r#"{"logging":true}"#, "True");
+    let c = upgraded_condition(&p, "mesh", &now()).expect("written");
+    assert_eq!(
+        c.message.as_deref(),
+        Some(r#"{"logging":true,"mesh":true}"#)
+    );
+    assert_eq!(c.status, "True");
+    assert_eq!(
+        c.last_transition_time,
+        Some(Time("2026-01-01T00:00:00Z".parse().expect("time"))),
+        "still True: the transition time stays"
+    );
+    let p = with_condition(r#"{"logging":false}"#, "False");
+    let c = upgraded_condition(&p, "mesh", &now()).expect("written");
+    assert_eq!(c.status, "False");
+    assert_eq!(c.reason.as_deref(), Some("UpdateImmutableField"));
+    assert_eq!(
+        c.message.as_deref(),
+        Some(r#"{"logging":false,"mesh":true}"#)
+    );
+}
