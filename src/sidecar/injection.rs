@@ -22,10 +22,13 @@
 //!    and `kruise.io/sidecarset-injected-list` becomes the union of the old list and every
 //!    selected SidecarSet. When nothing was injected, only the metadata patches remain.
 //!
+//! A sidecar with `resourcesPolicy` gets the resources computed from the pod's containers as
+//! they were before injection ([`super::resources`]); the names of every selected SidecarSet's
+//! containers are never its targets.
+//!
 //! Not supported yet, and refused with an error (so the webhook denies the pod instead of
 //! injecting something else than asked): `upgradeStrategy.upgradeType: HotUpgrade` (on a
-//! container, or on a native-sidecar init container, the only places upstream honours it) and
-//! `resourcesPolicy`.
+//! container, or on a native-sidecar init container, the only places upstream honours it).
 //!
 //! Fixed upstream bugs: two SidecarSets injecting the same container name, or a container name
 //! clashing between containers and init containers, is an error naming the culprits (upstream
@@ -34,7 +37,7 @@
 //! processed in name order (upstream: informer order); a volume an injected container uses but
 //! neither the SidecarSet nor the pod defines is reported as a warning.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, LocalObjectReference, Pod, PodSpec, Volume, VolumeDevice, VolumeMount,
@@ -55,6 +58,7 @@ use super::annotations::{
 };
 use super::hash::is_native_sidecar;
 use super::metadata::{MetadataPatchError, patch_pod_metadata};
+use super::resources::{ResourcesPolicyError, apply_resources_policy};
 use super::revision::SelectedSidecarSet;
 
 /// The env var that marks a container as injected by a SidecarSet.
@@ -81,12 +85,12 @@ pub enum InjectionError {
         sidecarset: String,
         container: String,
     },
-    #[error(
-        "SidecarSet {sidecarset}: container {container} sets resourcesPolicy, which kruise-rs does not support yet"
-    )]
-    ResourcesPolicyUnsupported {
+    #[error("SidecarSet {sidecarset}: container {container}: resourcesPolicy: {source}")]
+    ResourcesPolicy {
         sidecarset: String,
         container: String,
+        #[source]
+        source: ResourcesPolicyError,
     },
     #[error("SidecarSet {sidecarset}: patchPodMetadata cannot be applied: {source}")]
     PatchPodMetadata {
@@ -152,6 +156,27 @@ pub fn inject(
     let mut volumes: Vec<Volume> = Vec::new();
     let mut secrets: Vec<LocalObjectReference> = Vec::new();
     let mut injected = Vec::new();
+    // Kruise's own sidecars are never the targets of a resourcesPolicy.
+    let sidecar_names: HashSet<&str> = sets
+        .iter()
+        .flat_map(|set| set.spec.init_containers.iter().chain(&set.spec.containers))
+        .map(|c| c.container.name.as_str())
+        .collect();
+    let with_resources = |sidecar: &SidecarContainer,
+                          mut container: Container,
+                          sidecarset: &str|
+     -> Result<Container, InjectionError> {
+        if let Some(policy) = &sidecar.resources_policy {
+            apply_resources_policy(&mut container, policy, &spec, &sidecar_names).map_err(
+                |source| InjectionError::ResourcesPolicy {
+                    sidecarset: sidecarset.to_owned(),
+                    container: sidecar.container.name.clone(),
+                    source,
+                },
+            )?;
+        }
+        Ok(container)
+    };
 
     for set in &sets {
         injected_list.insert(set.name.clone());
@@ -177,8 +202,9 @@ pub fn inject(
                 &mut volumes,
                 &mut warnings,
             );
+            let container = build_container(sidecar, &context, &set.name, &mut warnings);
             init_containers.push(Injected {
-                container: build_container(sidecar, &context, &set.name, &mut warnings),
+                container: with_resources(sidecar, container, &set.name)?,
                 policy: sidecar
                     .pod_inject_policy
                     .unwrap_or(PodInjectPolicy::AfterAppContainer),
@@ -198,8 +224,9 @@ pub fn inject(
                 &mut volumes,
                 &mut warnings,
             );
+            let container = build_container(sidecar, &context, &set.name, &mut warnings);
             containers.push(Injected {
-                container: build_container(sidecar, &context, &set.name, &mut warnings),
+                container: with_resources(sidecar, container, &set.name)?,
                 policy: sidecar
                     .pod_inject_policy
                     .unwrap_or(PodInjectPolicy::BeforeAppContainer),
@@ -366,18 +393,6 @@ fn check_supported(set: &SelectedSidecarSet) -> Result<(), InjectionError> {
         .find(|c| hot(c));
     if let Some(c) = hot_upgrade {
         return Err(InjectionError::HotUpgradeUnsupported {
-            sidecarset: set.name.clone(),
-            container: c.container.name.clone(),
-        });
-    }
-    let resources_policy = set
-        .spec
-        .init_containers
-        .iter()
-        .chain(&set.spec.containers)
-        .find(|c| c.resources_policy.is_some());
-    if let Some(c) = resources_policy {
-        return Err(InjectionError::ResourcesPolicyUnsupported {
             sidecarset: set.name.clone(),
             container: c.container.name.clone(),
         });

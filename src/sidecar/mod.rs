@@ -20,6 +20,7 @@ pub mod injection;
 pub mod matching;
 pub mod metadata;
 mod quantity;
+pub mod resources;
 pub mod revision;
 
 use std::collections::BTreeMap;

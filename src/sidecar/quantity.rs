@@ -102,11 +102,70 @@ pub(crate) fn go_quantity_text(s: &str) -> Option<String> {
     Some(render(amount, format))
 }
 
+/// How Go writes a quantity back (`resource.Format`): kept by arithmetic, chosen by the suffix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Format {
+pub(crate) enum Format {
     DecimalExponent,
     BinarySi,
     DecimalSi,
+}
+
+/// The exact value of the quantity `s` in nano units and its format, as Go's
+/// `resource.ParseQuantity` holds it: rounded away from zero to the nano, binary-suffixed values
+/// capped at the int64 maximum. `None` where Go rejects `s`, or where the value does not fit
+/// (beyond about 10^29, far past any resource a node has).
+pub(crate) fn parse_nanos(s: &str) -> Option<(i128, Format)> {
+    go_quantity_text(s)?;
+    let parsed = parse(s.trim())?;
+    let (base, exponent, format) = interpret_suffix(parsed.suffix)?;
+    let digits = format!("{}{}", parsed.num, parsed.denom);
+    let digits = digits.trim_start_matches('0');
+    if digits.is_empty() {
+        return Some((0, format));
+    }
+    if digits.len() > 36 {
+        return None;
+    }
+    let mut value: i128 = digits.parse().ok()?;
+    let denom_len = parsed.denom.len() as i64;
+    let nano_exp = match base {
+        10 => exponent - denom_len + 9,
+        _ => {
+            value = value.checked_mul(1i128.checked_shl(u32::try_from(exponent).ok()?)?)?;
+            9 - denom_len
+        }
+    };
+    let mut nanos = if nano_exp >= 0 {
+        value.checked_mul(10i128.checked_pow(u32::try_from(nano_exp).ok()?)?)?
+    } else {
+        match u32::try_from(-nano_exp)
+            .ok()
+            .and_then(|e| 10i128.checked_pow(e))
+        {
+            Some(divisor) => value / divisor + i128::from(value % divisor != 0),
+            // Smaller than a nano: rounds up to one.
+            None => 1,
+        }
+    };
+    const MAX_INT64_NANOS: i128 = i64::MAX as i128 * 1_000_000_000;
+    if format == Format::BinarySi && nanos > MAX_INT64_NANOS {
+        nanos = MAX_INT64_NANOS;
+    }
+    Some((if parsed.positive { nanos } else { -nanos }, format))
+}
+
+/// Go's canonical text of `nanos` nano units in `format` (`Quantity.String()` of a computed
+/// quantity).
+pub(crate) fn render_nanos(nanos: i128, format: Format) -> String {
+    let digits = nanos.unsigned_abs().to_string().into_bytes();
+    render(
+        Amount {
+            negative: nanos < 0,
+            digits: strip_leading_zeros(digits),
+            exp10: -9,
+        },
+        format,
+    )
 }
 
 struct Parsed<'a> {
@@ -497,6 +556,45 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn parses_exact_nanos_and_renders_them_back() {
+        use super::{Format, parse_nanos, render_nanos};
+        let cases: &[(&str, i128, Format, &str)] = &[
+            ("0", 0, Format::DecimalSi, "0"),
+            ("100m", 100_000_000, Format::DecimalSi, "100m"),
+            ("1.5", 1_500_000_000, Format::DecimalSi, "1500m"),
+            ("1Ki", 1024 * 1_000_000_000, Format::BinarySi, "1Ki"),
+            (
+                "1.5Gi",
+                1_610_612_736 * 1_000_000_000,
+                Format::BinarySi,
+                "1536Mi",
+            ),
+            ("1e3", 1000 * 1_000_000_000, Format::DecimalExponent, "1e3"),
+            ("0.5n", 1, Format::DecimalSi, "1n"),
+            ("-1", -1_000_000_000, Format::DecimalSi, "-1"),
+            ("1e-12", 1, Format::DecimalExponent, "1e-9"),
+            (
+                "16Ei",
+                i64::MAX as i128 * 1_000_000_000,
+                Format::BinarySi,
+                "9223372036854775807",
+            ),
+        ];
+        for (input, nanos, format, text) in cases {
+            assert_eq!(parse_nanos(input), Some((*nanos, *format)), "{input}");
+            assert_eq!(render_nanos(*nanos, *format), *text, "{input}");
+        }
+        assert_eq!(parse_nanos("1Q"), None);
+        assert_eq!(parse_nanos("1e2147483647"), None);
+        // 500Mi × 0.5 computed in millis keeps the binary format.
+        assert_eq!(
+            render_nanos(268_435_456 * 1_000_000_000, Format::BinarySi),
+            "256Mi"
+        );
+        assert_eq!(render_nanos(500_000_000, Format::BinarySi), "500m");
     }
 
     #[test]

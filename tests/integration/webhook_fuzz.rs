@@ -1196,7 +1196,7 @@ fn check_injection(
 fn refusal_kind(e: &InjectionError) -> &'static str {
     match e {
         InjectionError::HotUpgradeUnsupported { .. } => "inject: HotUpgrade",
-        InjectionError::ResourcesPolicyUnsupported { .. } => "inject: resourcesPolicy",
+        InjectionError::ResourcesPolicy { .. } => "inject: resourcesPolicy",
         InjectionError::PatchPodMetadata { .. } => "inject: patchPodMetadata",
         InjectionError::Annotation(_) => "inject: annotation",
         InjectionError::NameConflict { .. } => "inject: name conflict",
