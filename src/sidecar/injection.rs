@@ -90,7 +90,7 @@ pub enum InjectionError {
         sidecarset: String,
         container: String,
         #[source]
-        source: ResourcesPolicyError,
+        source: Box<ResourcesPolicyError>,
     },
     #[error("SidecarSet {sidecarset}: patchPodMetadata cannot be applied: {source}")]
     PatchPodMetadata {
@@ -171,7 +171,7 @@ pub fn inject(
                 |source| InjectionError::ResourcesPolicy {
                     sidecarset: sidecarset.to_owned(),
                     container: sidecar.container.name.clone(),
-                    source,
+                    source: Box::new(source),
                 },
             )?;
         }

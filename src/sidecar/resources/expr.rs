@@ -419,7 +419,7 @@ fn eval(node: &Node, variable: &Qty) -> Result<Value, ExprError> {
                 (Op::Add, Value::Number(x), Value::Number(y)) => Value::Number(x + y),
                 (Op::Sub, Value::Number(x), Value::Number(y)) => Value::Number(x - y),
                 (Op::Mul, Value::Number(x), Value::Number(y)) => Value::Number(x * y),
-                (Op::Div, Value::Number(_), Value::Number(y)) if y == 0.0 => {
+                (Op::Div, Value::Number(_), Value::Number(0.0)) => {
                     return Err(ExprError::DivisionByZero);
                 }
                 (Op::Div, Value::Number(x), Value::Number(y)) => Value::Number(x / y),
@@ -429,7 +429,7 @@ fn eval(node: &Node, variable: &Qty) -> Result<Value, ExprError> {
                 | (Op::Mul, Value::Number(n), Value::Quantity(q)) => {
                     Value::Quantity(q.scale_millis(|m| m * n)?)
                 }
-                (Op::Div, Value::Quantity(_), Value::Number(n)) if n == 0.0 => {
+                (Op::Div, Value::Quantity(_), Value::Number(0.0)) => {
                     return Err(ExprError::DivisionByZero);
                 }
                 (Op::Div, Value::Quantity(q), Value::Number(n)) => {
