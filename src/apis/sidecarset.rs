@@ -246,8 +246,9 @@ pub struct SourceContainerNameSource {
 #[serde(rename_all = "camelCase")]
 pub struct ResourcesPolicy {
     pub target_containers_mode: TargetContainersMode,
-    /// Which app containers count; defaults to `.*`.
+    /// Which app containers count (unanchored); defaults to `.*`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = ".*"))]
     pub target_containers_name_regex: Option<String>,
     pub resources_expr: ResourcesExpr,
 }

@@ -25,6 +25,10 @@
 //! SidecarSets using a feature kruise-rs does not serve yet are screened out before this runs
 //! ([`super::unsupported`]); what is passed here is injected as asked.
 //!
+//! A sidecar with `resourcesPolicy` gets the resources computed from the pod's containers as
+//! they were before injection ([`super::resources`]); the names of every selected SidecarSet's
+//! containers are never its targets.
+//!
 //! Fixed upstream bugs: two SidecarSets injecting the same container name, or a container name
 //! clashing between containers and init containers, is an error naming the culprits (upstream
 //! builds a pod the apiserver rejects, or silently keeps the last one); a sidecar that already
@@ -32,7 +36,7 @@
 //! processed in name order (upstream: informer order); a volume an injected container uses but
 //! neither the SidecarSet nor the pod defines is reported as a warning.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, LocalObjectReference, Pod, PodSpec, Volume, VolumeDevice, VolumeMount,
@@ -52,6 +56,7 @@ use super::annotations::{
 };
 use super::hash::is_native_sidecar;
 use super::metadata::{MetadataPatchError, patch_pod_metadata};
+use super::resources::{ResourcesPolicyError, apply_resources_policy};
 use super::revision::SelectedSidecarSet;
 
 /// The env var that marks a container as injected by a SidecarSet.
@@ -71,6 +76,13 @@ pub struct Injection {
 /// Why a pod cannot be injected; the webhook denies the pod with this message.
 #[derive(Debug, thiserror::Error)]
 pub enum InjectionError {
+    #[error("SidecarSet {sidecarset}: container {container}: resourcesPolicy: {source}")]
+    ResourcesPolicy {
+        sidecarset: String,
+        container: String,
+        #[source]
+        source: Box<ResourcesPolicyError>,
+    },
     #[error("SidecarSet {sidecarset}: patchPodMetadata cannot be applied: {source}")]
     PatchPodMetadata {
         sidecarset: String,
@@ -132,6 +144,27 @@ pub fn inject(
     let mut volumes: Vec<Volume> = Vec::new();
     let mut secrets: Vec<LocalObjectReference> = Vec::new();
     let mut injected = Vec::new();
+    // Kruise's own sidecars are never the targets of a resourcesPolicy.
+    let sidecar_names: HashSet<&str> = sets
+        .iter()
+        .flat_map(|set| set.spec.init_containers.iter().chain(&set.spec.containers))
+        .map(|c| c.container.name.as_str())
+        .collect();
+    let with_resources = |sidecar: &SidecarContainer,
+                          mut container: Container,
+                          sidecarset: &str|
+     -> Result<Container, InjectionError> {
+        if let Some(policy) = &sidecar.resources_policy {
+            apply_resources_policy(&mut container, policy, &spec, &sidecar_names).map_err(
+                |source| InjectionError::ResourcesPolicy {
+                    sidecarset: sidecarset.to_owned(),
+                    container: sidecar.container.name.clone(),
+                    source: Box::new(source),
+                },
+            )?;
+        }
+        Ok(container)
+    };
 
     for set in &sets {
         injected_list.insert(set.name.clone());
@@ -157,8 +190,9 @@ pub fn inject(
                 &mut volumes,
                 &mut warnings,
             );
+            let container = build_container(sidecar, &context, &set.name, &mut warnings);
             init_containers.push(Injected {
-                container: build_container(sidecar, &context, &set.name, &mut warnings),
+                container: with_resources(sidecar, container, &set.name)?,
                 policy: sidecar
                     .pod_inject_policy
                     .unwrap_or(PodInjectPolicy::AfterAppContainer),
@@ -178,8 +212,9 @@ pub fn inject(
                 &mut volumes,
                 &mut warnings,
             );
+            let container = build_container(sidecar, &context, &set.name, &mut warnings);
             containers.push(Injected {
-                container: build_container(sidecar, &context, &set.name, &mut warnings),
+                container: with_resources(sidecar, container, &set.name)?,
                 policy: sidecar
                     .pod_inject_policy
                     .unwrap_or(PodInjectPolicy::BeforeAppContainer),

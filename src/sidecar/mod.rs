@@ -23,6 +23,7 @@ pub mod injection;
 pub mod matching;
 pub mod metadata;
 mod quantity;
+pub mod resources;
 pub mod revision;
 pub mod unsupported;
 

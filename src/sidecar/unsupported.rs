@@ -31,18 +31,11 @@ pub struct Feature {
 }
 
 /// The features kruise-rs does not serve yet.
-pub const FEATURES: &[Feature] = &[
-    Feature {
-        name: "HotUpgrade",
-        field: "upgradeStrategy.upgradeType HotUpgrade",
-        containers: hot_upgrade,
-    },
-    Feature {
-        name: "ResourcesPolicy",
-        field: "resourcesPolicy",
-        containers: resources_policy,
-    },
-];
+pub const FEATURES: &[Feature] = &[Feature {
+    name: "HotUpgrade",
+    field: "upgradeStrategy.upgradeType HotUpgrade",
+    containers: hot_upgrade,
+}];
 
 /// Upstream honours HotUpgrade on containers and on native-sidecar init containers only.
 fn hot_upgrade(spec: &SidecarSetSpec) -> Vec<String> {
@@ -52,16 +45,6 @@ fn hot_upgrade(spec: &SidecarSetSpec) -> Vec<String> {
     };
     let native = spec.init_containers.iter().filter(|c| is_native_sidecar(c));
     names(spec.containers.iter().chain(native).filter(hot))
-}
-
-fn resources_policy(spec: &SidecarSetSpec) -> Vec<String> {
-    let with_policy = |c: &&SidecarContainer| c.resources_policy.is_some();
-    names(
-        spec.init_containers
-            .iter()
-            .chain(&spec.containers)
-            .filter(with_policy),
-    )
 }
 
 fn names<'a>(containers: impl Iterator<Item = &'a SidecarContainer>) -> Vec<String> {

@@ -18,6 +18,7 @@ mod rbac_matrix;
 mod sidecarset_crash;
 mod sidecarset_predownload;
 mod sidecarset_predownload_e2e;
+mod sidecarset_resources_policy;
 mod sidecarset_upgrade;
 mod smoke;
 mod support;

@@ -1195,6 +1195,7 @@ fn check_injection(
 
 fn refusal_kind(e: &InjectionError) -> &'static str {
     match e {
+        InjectionError::ResourcesPolicy { .. } => "inject: resourcesPolicy",
         InjectionError::PatchPodMetadata { .. } => "inject: patchPodMetadata",
         InjectionError::Annotation(_) => "inject: annotation",
         InjectionError::NameConflict { .. } => "inject: name conflict",

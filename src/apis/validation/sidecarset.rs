@@ -22,8 +22,9 @@
 //!    `priorityStrategy` one of weight/order, weights 0–100, non-empty valid selectors,
 //!    non-empty ordered keys; `scatterStrategy` non-empty keys, no duplicate key/value.
 //! 7. **containers**: at least one container or init container; per container: no `HotUpgrade`
-//!    and no `resourcesPolicy` (not supported by kruise-rs yet: denied, never ignored); image a
-//!    valid reference; `transferEnv[].sourceContainerNameFrom.fieldRef` `v1` and
+//!    (not supported by kruise-rs yet: denied, never ignored); `resourcesPolicy` as upstream
+//!    (only on native-sidecar init containers, never with explicit resources, a non-empty
+//!    compilable regex, limits or requests, valid expressions); image a valid reference; `transferEnv[].sourceContainerNameFrom.fieldRef` `v1` and
 //!    `metadata.labels['k']` / `metadata.annotations['k']` with a valid key; then Kubernetes' pod
 //!    rules for containers, init containers and volumes ([`super::pod_spec`]).
 //!    (`podInjectPolicy`, `shareVolumePolicy.type`, the update strategy type and the revision
@@ -55,6 +56,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::{Selector, SelectorExt};
@@ -67,13 +69,14 @@ use super::{
     validate_int_or_percent, validate_label_selector, validate_labels,
 };
 use crate::apis::sidecarset::{
-    SidecarContainer, SidecarContainerUpgradeType, SidecarSet, SidecarSetPatchPolicy,
-    SidecarSetSpec, SidecarSetUpdateStrategy, SidecarSetUpdateStrategyType,
+    ResourcesPolicy, SidecarContainer, SidecarContainerUpgradeType, SidecarSet,
+    SidecarSetPatchPolicy, SidecarSetSpec, SidecarSetUpdateStrategy, SidecarSetUpdateStrategyType,
 };
 use crate::apis::well_known::{
     SIDECARSET_BASE, SIDECARSET_CANARY, SIDECARSET_CUSTOM_VERSION_LABEL,
 };
 use crate::image::ImageRef;
+use crate::sidecar::resources::expr::{Resource, validate as validate_expression};
 
 /// Name of the ConfigMap (in the manager's namespace) holding the patch-metadata whitelist.
 pub const WHITELIST_CONFIGMAP: &str = "kruise-configuration";
@@ -710,6 +713,11 @@ fn validate_containers(spec: &SidecarSetSpec, errs: &mut Vec<FieldError>) {
     ] {
         for (i, c) in containers.iter().enumerate() {
             validate_sidecar_fields(c, &index(list, i), errs);
+            if let Some(policy) = &c.resources_policy {
+                let path = child(&index(list, i), "resourcesPolicy");
+                let init = list == "spec.initContainers";
+                validate_resources_policy(c, policy, init, &path, errs);
+            }
         }
     }
     let init: Vec<&Container> = spec.init_containers.iter().map(|c| &c.container).collect();
@@ -722,6 +730,86 @@ fn validate_containers(spec: &SidecarSetSpec, errs: &mut Vec<FieldError>) {
     ));
 }
 
+/// `resourcesPolicy` (upstream's `validateResourcesPolicy`): only on native-sidecar init
+/// containers among init containers; not together with explicit `resources` limits or requests
+/// (then nothing else is checked, as upstream); a non-empty regex that compiles; at least one of
+/// `limits` and `requests`; every non-empty expression parses, type-checks and evaluates for a
+/// variable of 1 ([`crate::sidecar::resources::expr`]). Stricter than upstream: an expression
+/// that multiplies or divides by the variable (a quantity) is refused here rather than failing
+/// every pod.
+fn validate_resources_policy(
+    c: &SidecarContainer,
+    policy: &ResourcesPolicy,
+    init: bool,
+    path: &str,
+    errs: &mut Vec<FieldError>,
+) {
+    let resources = c.container.resources.as_ref();
+    let set = |list: Option<&BTreeMap<String, Quantity>>| list.is_some_and(|l| !l.is_empty());
+    if set(resources.and_then(|r| r.limits.as_ref()))
+        || set(resources.and_then(|r| r.requests.as_ref()))
+    {
+        errs.push(FieldError::invalid_json(
+            path,
+            policy,
+            "resourcesPolicy and resources cannot be configured together",
+        ));
+        return;
+    }
+    if init && c.container.restart_policy.as_deref() != Some("Always") {
+        errs.push(FieldError::invalid_json(
+            path,
+            policy,
+            "resourcesPolicy is only supported for init containers with restartPolicy Always",
+        ));
+    }
+    let rp = child(path, "targetContainersNameRegex");
+    match policy.target_containers_name_regex.as_deref() {
+        Some("") => errs.push(FieldError::required(rp, "invalid empty regex")),
+        Some(regex) => {
+            if let Err(e) = regex::Regex::new(regex) {
+                errs.push(FieldError::invalid(
+                    rp,
+                    regex,
+                    format!("invalid regex pattern: {e}"),
+                ));
+            }
+        }
+        // The CRD's default is `.*`.
+        None => {}
+    }
+    let ep = child(path, "resourcesExpr");
+    let expr = &policy.resources_expr;
+    if expr.limits.is_none() && expr.requests.is_none() {
+        errs.push(FieldError::invalid_json(
+            ep,
+            expr,
+            "at least one of limits or requests must be configured",
+        ));
+        return;
+    }
+    for (list, expressions) in [("limits", &expr.limits), ("requests", &expr.requests)] {
+        let Some(expressions) = expressions else {
+            continue;
+        };
+        for (resource, text) in [
+            (Resource::Cpu, &expressions.cpu),
+            (Resource::Memory, &expressions.memory),
+        ] {
+            let Some(text) = text.as_deref().filter(|t| !t.is_empty()) else {
+                continue;
+            };
+            if let Err(e) = validate_expression(text, resource) {
+                errs.push(FieldError::invalid(
+                    child(&child(&ep, list), resource.as_str()),
+                    text,
+                    format!("invalid expression: {e}"),
+                ));
+            }
+        }
+    }
+}
+
 /// The SidecarSet-specific fields of one container. Upstream checks transferEnv on containers
 /// only and reports it at `…transferEnv.fieldRef`; we check both lists at the exact index.
 fn validate_sidecar_fields(c: &SidecarContainer, path: &str, errs: &mut Vec<FieldError>) {
@@ -729,12 +817,6 @@ fn validate_sidecar_fields(c: &SidecarContainer, path: &str, errs: &mut Vec<Fiel
         errs.push(FieldError::forbidden(
             child(&child(path, "upgradeStrategy"), "upgradeType"),
             "HotUpgrade is not supported by kruise-rs yet; use ColdUpgrade",
-        ));
-    }
-    if c.resources_policy.is_some() {
-        errs.push(FieldError::forbidden(
-            child(path, "resourcesPolicy"),
-            "resourcesPolicy is not supported by kruise-rs yet; set resources instead",
         ));
     }
     // Docker's grammar: a reference no runtime can pull fails every injected pod at pull time

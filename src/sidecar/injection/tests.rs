@@ -681,6 +681,68 @@ fn native_sidecar_init_containers_are_listed_in_the_hash_annotation() {
 }
 
 #[test]
+fn resources_policy_computes_the_sidecar_resources_from_the_pod_before_injection() {
+    // Two SidecarSets: the second's sidecar must not count the first's containers (nor its own),
+    // nor the pod's plain init container; the pod's native sidecar counts.
+    let mut s = sidecar_set1();
+    s["spec"]["containers"][1]["resourcesPolicy"] = json!({
+        "targetContainersMode": "sum",
+        "resourcesExpr": {
+            "limits": {"cpu": "cpu*50%", "memory": "max(memory*25%, 64Mi)"},
+            "requests": {"cpu": "max(cpu*10%, 50m)"}
+        }
+    });
+    s["spec"]["containers"][1]["resources"] = json!({"claims": [{"name": "gpu"}]});
+    let mut p = pod1();
+    p["spec"]["initContainers"] = json!([
+        {"name": "init-0", "image": "busybox", "resources": {"limits": {"cpu": "8", "memory": "8Gi"}}},
+        {"name": "native", "image": "envoy", "restartPolicy": "Always",
+         "resources": {"limits": {"cpu": "200m", "memory": "256Mi"}, "requests": {"cpu": "100m"}}}
+    ]);
+    p["spec"]["containers"] = json!([
+        {"name": "nginx", "image": "nginx", "resources": {"limits": {"cpu": "1", "memory": "768Mi"}, "requests": {"cpu": "400m"}}},
+        {"name": "dns-f", "image": "dns-f-image:0.9", "resources": {"limits": {"cpu": "16", "memory": "16Gi"}}}
+    ]);
+    let out = run(&pod(p), &[selected(s)]);
+    let log = spec(&out.pod)
+        .containers
+        .iter()
+        .find(|c| c.name == "log-agent")
+        .expect("log-agent injected");
+    let resources = serde_json::to_value(log.resources.as_ref().expect("resources")).unwrap();
+    assert_eq!(
+        resources,
+        json!({
+            "claims": [{"name": "gpu"}],
+            "limits": {"cpu": "600m", "memory": "256Mi"},
+            "requests": {"cpu": "50m"}
+        })
+    );
+    // The other sidecar is untouched.
+    let dns = spec(&out.pod)
+        .containers
+        .iter()
+        .find(|c| c.name == "dns-f")
+        .unwrap();
+    assert_eq!(dns.resources, None);
+}
+
+#[test]
+fn resources_policy_without_a_target_denies_the_pod() {
+    let mut s = sidecar_set1();
+    s["spec"]["containers"][0]["resourcesPolicy"] = json!({
+        "targetContainersMode": "max", "targetContainersNameRegex": "^nothing$",
+        "resourcesExpr": {"limits": {"cpu": "cpu"}}
+    });
+    let err = inject(&pod(pod1()), &[selected(s)], now()).expect_err("no target");
+    assert!(
+        matches!(err, InjectionError::ResourcesPolicy { ref container, .. } if container == "dns-f"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("^nothing$"), "{err}");
+}
+
+#[test]
 fn init_container_sort_and_placement() {
     // Upstream TestInjectInitContainerSort: injected init containers sorted by name first.
     use PodInjectPolicy::{AfterAppContainer as After, BeforeAppContainer as Before};

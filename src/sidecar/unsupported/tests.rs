@@ -66,24 +66,6 @@ fn hot_upgrade_is_found_on_containers_and_native_sidecar_init_containers_only() 
 }
 
 #[test]
-fn resources_policy_is_found_on_any_sidecar() {
-    let policy =
-        json!({"targetContainersMode": "sum", "resourcesExpr": {"limits": {"cpu": "cpu"}}});
-    let set = selected(
-        "s",
-        json!([{"name": "c", "image": "busybox", "resourcesPolicy": policy}]),
-        json!([{"name": "i", "image": "busybox", "resourcesPolicy": policy}]),
-    );
-    let found = detect(&set.spec);
-    let policies: Vec<_> = found
-        .iter()
-        .filter(|f| f.field == "resourcesPolicy")
-        .collect();
-    assert_eq!(policies.len(), 1, "{found:?}");
-    assert_eq!(policies[0].containers, ["i", "c"]);
-}
-
-#[test]
 fn every_feature_is_named_for_a_condition_reason() {
     for f in FEATURES {
         assert!(

@@ -440,29 +440,210 @@ fn upstream_native_sidecar_with_rolling_update() {
     );
 }
 
+/// The errors (as text) of a SidecarSet whose one container in `list` is `container`.
+fn resources_policy_errors(list: &str, container: Value) -> Vec<String> {
+    let mut c = json!({"name": "test-sidecar", "image": "test-image"});
+    json_patch::merge(&mut c, &container);
+    let s = set(
+        "test-sidecarset",
+        with(base_json(), json!({"containers": null, list: [c]})),
+    );
+    create(&s).iter().map(ToString::to_string).collect()
+}
+
+fn resources_policy(regex: Value, limits: Value, requests: Value) -> Value {
+    json!({"resourcesPolicy": {"targetContainersMode": "sum", "targetContainersNameRegex": regex,
+        "resourcesExpr": {"limits": limits, "requests": requests}}})
+}
+
 #[test]
-fn resources_policy_is_denied_not_ignored() {
-    // Upstream's resources-policy scenarios all end here: kruise-rs does not implement it.
-    for (list, extra) in [
-        ("containers", json!({})),
-        ("initContainers", json!({"restartPolicy": "Always"})),
+fn valid_resources_policies() {
+    // Upstream TestValidateResourcesPolicy, the valid cases.
+    for (regex, limits, requests) in [
+        (
+            "^app.*$",
+            json!({"cpu": "max(cpu*50%, 50m)", "memory": "max(memory*50%, 100Mi)"}),
+            json!({"cpu": "max(cpu*50%, 50m)", "memory": "max(memory*50%, 100Mi)"}),
+        ),
+        ("^app.*$", json!({"cpu": "cpu*50%"}), json!(null)),
+        (
+            ".*",
+            json!(null),
+            json!({"cpu": "max(cpu*50%, 50m)", "memory": "100Mi"}),
+        ),
+        (
+            "^app.*$",
+            json!({"cpu": "0.5*cpu - 0.3*max(0, cpu-4) + 0.3*max(0, cpu-8)", "memory": "max(memory*50%, 100Mi)"}),
+            json!(null),
+        ),
+        ("^.*", json!({"memory": "memory*50%"}), json!(null)),
+        ("^.*", json!(null), json!({"cpu": "", "memory": "100Mi"})),
     ] {
-        let mut container = json!({"name": "test-sidecar", "image": "test-image",
-                "resourcesPolicy": {"targetContainersMode": "sum", "targetContainersNameRegex": ".*",
-                    "resourcesExpr": {"limits": {"cpu": "cpu*50%"}}}});
-        json_patch::merge(&mut container, &extra);
-        let s = set(
-            "test-sidecarset",
-            with(base_json(), json!({"containers": null, list: [container]})),
-        );
-        let errs = create(&s);
+        let policy = resources_policy(json!(regex), limits, requests);
         assert_eq!(
-            errs.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            [format!(
-                "spec.{list}[0].resourcesPolicy: Forbidden: resourcesPolicy is not supported by kruise-rs yet; set resources instead"
-            )]
+            resources_policy_errors("containers", policy.clone()),
+            Vec::<String>::new(),
+            "{policy}"
+        );
+        let mut native = policy;
+        native["restartPolicy"] = json!("Always");
+        assert_eq!(
+            resources_policy_errors("initContainers", native),
+            Vec::<String>::new()
         );
     }
+    // No regex: the CRD's default `.*` applies.
+    let mut policy = resources_policy(json!(null), json!({"cpu": "cpu"}), json!(null));
+    policy["resourcesPolicy"]
+        .as_object_mut()
+        .unwrap()
+        .remove("targetContainersNameRegex");
+    assert_eq!(
+        resources_policy_errors("containers", policy),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn invalid_resources_policies_name_the_field() {
+    let p = "spec.containers[0].resourcesPolicy";
+    let cpu = json!({"cpu": "cpu*50%"});
+    let cases = [
+        (
+            resources_policy(json!(""), cpu.clone(), json!(null)),
+            format!("{p}.targetContainersNameRegex: Required value: invalid empty regex"),
+        ),
+        (
+            resources_policy(json!("[invalid(regex"), cpu.clone(), json!(null)),
+            format!(
+                "{p}.targetContainersNameRegex: Invalid value: \"[invalid(regex\": invalid regex pattern:"
+            ),
+        ),
+        (
+            resources_policy(json!("^app.*$"), json!(null), json!(null)),
+            format!(
+                "{p}.resourcesExpr: Invalid value: {{}}: at least one of limits or requests must be configured"
+            ),
+        ),
+        (
+            resources_policy(
+                json!("^app.*$"),
+                json!({"cpu": "invalid expression @#$"}),
+                json!(null),
+            ),
+            format!(
+                "{p}.resourcesExpr.limits.cpu: Invalid value: \"invalid expression @#$\": invalid expression: "
+            ),
+        ),
+        (
+            resources_policy(
+                json!("^app.*$"),
+                json!({"cpu": "max(cpu*50%, 50m"}),
+                json!(null),
+            ),
+            format!(
+                "{p}.resourcesExpr.limits.cpu: Invalid value: \"max(cpu*50%, 50m\": invalid expression: syntax error"
+            ),
+        ),
+        (
+            resources_policy(
+                json!("^app.*$"),
+                json!({"cpu": "max(cpu*50%)"}),
+                json!(null),
+            ),
+            format!(
+                "{p}.resourcesExpr.limits.cpu: Invalid value: \"max(cpu*50%)\": invalid expression: max function requires exactly 2 arguments, got 1"
+            ),
+        ),
+        (
+            resources_policy(
+                json!("^app.*$"),
+                json!({"cpu": "invalidvar * 50%"}),
+                json!(null),
+            ),
+            format!(
+                "{p}.resourcesExpr.limits.cpu: Invalid value: \"invalidvar * 50%\": invalid expression: undefined variable: invalidvar"
+            ),
+        ),
+        (
+            resources_policy(
+                json!("^.*"),
+                json!(null),
+                json!({"cpu": "invalid_cpu_expr"}),
+            ),
+            format!(
+                "{p}.resourcesExpr.requests.cpu: Invalid value: \"invalid_cpu_expr\": invalid expression: undefined variable"
+            ),
+        ),
+        (
+            resources_policy(
+                json!("^.*"),
+                json!({"memory": "bad_memory_expr"}),
+                json!(null),
+            ),
+            format!(
+                "{p}.resourcesExpr.limits.memory: Invalid value: \"bad_memory_expr\": invalid expression: undefined variable"
+            ),
+        ),
+        (
+            resources_policy(json!("^.*"), json!(null), json!({"memory": "cpu*50%"})),
+            format!(
+                "{p}.resourcesExpr.requests.memory: Invalid value: \"cpu*50%\": invalid expression: undefined variable: cpu"
+            ),
+        ),
+        (
+            resources_policy(json!("^.*"), json!({"memory": "memory*10Mi"}), json!(null)),
+            format!(
+                "{p}.resourcesExpr.limits.memory: Invalid value: \"memory*10Mi\": invalid expression: multiplication of two quantities"
+            ),
+        ),
+        (
+            resources_policy(json!("^.*"), json!({"cpu": "cpu/0"}), json!(null)),
+            format!(
+                "{p}.resourcesExpr.limits.cpu: Invalid value: \"cpu/0\": invalid expression: division by zero"
+            ),
+        ),
+    ];
+    for (policy, expected) in cases {
+        let errs = resources_policy_errors("containers", policy.clone());
+        assert_eq!(errs.len(), 1, "{policy}: {errs:?}");
+        assert!(
+            errs[0].starts_with(&expected),
+            "{policy}: {errs:?}\nwanted {expected}"
+        );
+    }
+}
+
+#[test]
+fn resources_policy_with_explicit_resources_is_one_error() {
+    for resources in [
+        json!({"limits": {"cpu": "100m", "memory": "100Mi"}}),
+        json!({"requests": {"cpu": "50m"}}),
+    ] {
+        let mut c = resources_policy(json!(""), json!(null), json!(null));
+        c["resources"] = resources;
+        let errs = resources_policy_errors("containers", c);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with("spec.containers[0].resourcesPolicy: Invalid value: ")
+                && errs[0].ends_with("resourcesPolicy and resources cannot be configured together"),
+            "{errs:?}"
+        );
+    }
+}
+
+#[test]
+fn resources_policy_on_a_plain_init_container_is_refused() {
+    let errs = resources_policy_errors(
+        "initContainers",
+        resources_policy(json!(".*"), json!({"cpu": "cpu"}), json!(null)),
+    );
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].starts_with("spec.initContainers[0].resourcesPolicy: Invalid value: ")
+            && errs[0].ends_with("only supported for init containers with restartPolicy Always"),
+        "{errs:?}"
+    );
 }
 
 #[test]
