@@ -19,7 +19,7 @@ pub mod hash;
 pub mod injection;
 pub mod matching;
 pub mod metadata;
-mod quantity;
+pub(crate) mod quantity;
 pub mod revision;
 
 use std::collections::BTreeMap;

@@ -147,6 +147,55 @@ pub fn map_causes(status: &kube::core::Status, sidecars: usize) -> Vec<String> {
         .collect()
 }
 
+/// The quantities of `pod` (a [`synthetic_pod`]) that do not parse, as SidecarSet field
+/// errors: the apiserver refuses such a pod while decoding it (400, without a field path), so
+/// they are found here. Resources of the sidecars and init containers, `emptyDir.sizeLimit`.
+pub fn unparseable_quantities(pod: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut check = |path: String, value: &Value| {
+        let text = value
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| value.to_string());
+        let parses = match value {
+            Value::String(s) => crate::sidecar::quantity::go_quantity_text(s).is_some(),
+            Value::Number(_) => true,
+            _ => false,
+        };
+        if !parses {
+            out.push(format!(
+                "{path}: Invalid value: {text:?}: quantities must match the regular expression \
+                 '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+            ));
+        }
+    };
+    for list in ["containers", "initContainers"] {
+        let items = pod["spec"][list]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for (i, c) in items.iter().enumerate() {
+            for part in ["limits", "requests"] {
+                if let Some(map) = c["resources"][part].as_object() {
+                    for (name, value) in map {
+                        check(format!("spec.{list}[{i}].resources.{part}[{name}]"), value);
+                    }
+                }
+            }
+        }
+    }
+    let volumes = pod["spec"]["volumes"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for (i, v) in volumes.iter().enumerate() {
+        if let Some(limit) = v["emptyDir"].get("sizeLimit").filter(|l| !l.is_null()) {
+            check(format!("spec.volumes[{i}].emptyDir.sizeLimit"), limit);
+        }
+    }
+    out
+}
+
 /// What the dry run said.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -213,6 +262,16 @@ pub async fn judge(client: &Client, pod: &Value, sidecars: usize) -> Outcome {
         Ok(Ok(_)) => Outcome::Valid,
         Ok(Err(kube::Error::Api(status))) if status.code == 422 => {
             Outcome::Invalid(map_causes(&status, sidecars))
+        }
+        // The pod as written does not decode (a quantity that does not parse, a value of the
+        // wrong type): the rest of the pod is ours and well formed, so the SidecarSet is at fault.
+        Ok(Err(kube::Error::Api(status))) if status.code == 400 => {
+            let located = unparseable_quantities(pod);
+            Outcome::Invalid(if located.is_empty() {
+                vec![status.message.clone()]
+            } else {
+                located
+            })
         }
         Ok(Err(e)) => Outcome::Unknown(format!(
             "the dry-run pod in namespace {namespace} was not judged: {e}"

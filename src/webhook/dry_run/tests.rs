@@ -168,3 +168,30 @@ fn the_memory_is_bounded() {
     let len = verdicts.by_name.lock().unwrap().len();
     assert!(len <= CACHE_LIMIT, "{len}");
 }
+
+#[test]
+fn quantities_that_do_not_parse_are_named() {
+    let pod = synthetic_pod(
+        &set(json!({
+            "containers": [
+                {"name": "a", "image": "i", "resources": {"limits": {"cpu": "1", "memory": "64Mi"}}},
+                {"name": "b", "image": "i", "resources": {"limits": {"cpu": "lots"}, "requests": {"memory": 5}}},
+            ],
+            "initContainers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": true}}}],
+            "volumes": [{"name": "v", "emptyDir": {"sizeLimit": "1.5.5Gi"}}, {"name": "w", "emptyDir": {}}]
+        })),
+        "ns",
+    );
+    let errors = unparseable_quantities(&pod);
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    assert!(
+        errors[0].starts_with("spec.containers[1].resources.limits[cpu]: Invalid value: \"lots\"")
+    );
+    assert!(
+        errors[1]
+            .starts_with("spec.initContainers[0].resources.requests[cpu]: Invalid value: \"true\"")
+    );
+    assert!(
+        errors[2].starts_with("spec.volumes[0].emptyDir.sizeLimit: Invalid value: \"1.5.5Gi\"")
+    );
+}
