@@ -322,6 +322,17 @@ impl Handlers {
             return Ok(Vec::new());
         };
         let pod = dry_run::synthetic_pod(&raw, &self.namespace);
+        // An update that leaves the sidecars alone (a label, a finalizer, the strategy) is not
+        // judged again: a SidecarSet admitted before this check can still be edited and deleted.
+        let old_pod = request
+            .old_object
+            .as_ref()
+            .filter(|_| request.operation == Operation::Update)
+            .and_then(|o| serde_json::to_value(o).ok())
+            .map(|old| dry_run::synthetic_pod(&old, &self.namespace));
+        if old_pod.as_ref() == Some(&pod) {
+            return Ok(Vec::new());
+        }
         let outcome = match self.dry_runs.get(name, &pod) {
             Some(outcome) => outcome,
             None => {

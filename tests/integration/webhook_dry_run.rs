@@ -3,7 +3,7 @@
 //! pod validation, naming the SidecarSet's field; valid SidecarSets are admitted.
 
 use kruise_rs::apis::sidecarset::SidecarSet;
-use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::support::unique_name;
@@ -126,4 +126,38 @@ async fn valid_sidecarsets_are_admitted_and_the_same_spec_again_too() {
     api.create(&dry_run, &object)
         .await
         .expect("admitted under a dry run too");
+}
+
+#[tokio::test]
+async fn an_update_that_breaks_a_sidecar_is_refused_and_one_that_leaves_them_alone_is_not() {
+    let name = unique_name("upd");
+    let containers = json!([{"name": "c", "image": "busybox"}]);
+    create(&raw_sidecarset(&name, containers, json!({})))
+        .await
+        .expect("a valid SidecarSet is admitted");
+    let client = webhook_cluster().client().await;
+    let sets = Api::<SidecarSet>::all(client);
+    let bad = json!({"spec": {"containers": [
+        {"name": "c", "image": "busybox", "securityContext": {"runAsGroup": -5}}
+    ]}});
+    match sets
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&bad))
+        .await
+    {
+        Err(kube::Error::Api(status)) => assert!(
+            status
+                .message
+                .contains("spec.containers[0].securityContext.runAsGroup"),
+            "{}",
+            status.message
+        ),
+        other => panic!("the update should have been refused: {other:?}"),
+    }
+    let label = json!({"metadata": {"labels": {"edited": "yes"}}});
+    sets.patch(&name, &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .expect("a label edit is admitted");
+    sets.delete(&name, &Default::default())
+        .await
+        .expect("deleted");
 }
