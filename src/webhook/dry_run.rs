@@ -258,8 +258,19 @@ pub async fn judge(client: &Client, pod: &Value, sidecars: usize) -> Outcome {
         dry_run: true,
         ..PostParams::default()
     };
-    match tokio::time::timeout(TIMEOUT, api.create(&params, &object)).await {
-        Ok(Ok(_)) => Outcome::Valid,
+    let answer = tokio::time::timeout(TIMEOUT, api.create(&params, &object)).await;
+    classify(pod, sidecars, answer.map(|created| created.map(drop)))
+}
+
+/// The verdict of the dry run's answer: `Err(Elapsed)` when none came within [`TIMEOUT`].
+pub fn classify(
+    pod: &Value,
+    sidecars: usize,
+    answer: Result<Result<(), kube::Error>, tokio::time::error::Elapsed>,
+) -> Outcome {
+    let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default();
+    match answer {
+        Ok(Ok(())) => Outcome::Valid,
         Ok(Err(kube::Error::Api(status))) if status.code == 422 => {
             Outcome::Invalid(map_causes(&status, sidecars))
         }

@@ -195,3 +195,55 @@ fn quantities_that_do_not_parse_are_named() {
         errors[2].starts_with("spec.volumes[0].emptyDir.sizeLimit: Invalid value: \"1.5.5Gi\"")
     );
 }
+
+fn api_error(code: u16, reason: &str) -> kube::Error {
+    kube::Error::Api(
+        serde_json::from_value::<kube::core::Status>(json!({
+            "status": "Failure", "code": code, "reason": reason, "message": format!("a {reason}")
+        }))
+        .unwrap()
+        .boxed(),
+    )
+}
+
+#[tokio::test]
+async fn only_invalid_and_undecodable_pods_refuse_the_rest_is_no_verdict() {
+    let pod = synthetic_pod(
+        &set(
+            json!({"containers": [{"name": "a", "image": "i", "resources": {"limits": {"cpu": "x"}}}]}),
+        ),
+        "kruise-system",
+    );
+    assert_eq!(classify(&pod, 1, Ok(Ok(()))), Outcome::Valid);
+    assert_eq!(
+        classify(&pod, 1, Ok(Err(api_error(422, "Invalid")))),
+        Outcome::Invalid(vec!["a Invalid".into()])
+    );
+    match classify(&pod, 1, Ok(Err(api_error(400, "BadRequest")))) {
+        Outcome::Invalid(lines) => {
+            assert!(
+                lines[0].starts_with("spec.containers[0].resources.limits[cpu]"),
+                "{lines:?}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    for (code, reason) in [
+        (403, "Forbidden"),
+        (404, "NotFound"),
+        (500, "InternalError"),
+        (429, "TooManyRequests"),
+    ] {
+        match classify(&pod, 1, Ok(Err(api_error(code, reason)))) {
+            Outcome::Unknown(why) => assert!(why.contains("kruise-system"), "{why}"),
+            other => panic!("{code}: {other:?}"),
+        }
+    }
+    let elapsed = tokio::time::timeout(Duration::ZERO, std::future::pending::<()>())
+        .await
+        .unwrap_err();
+    match classify(&pod, 1, Err(elapsed)) {
+        Outcome::Unknown(why) => assert!(why.contains("no answer within 5s"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}
