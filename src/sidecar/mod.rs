@@ -22,7 +22,7 @@ pub mod hash;
 pub mod injection;
 pub mod matching;
 pub mod metadata;
-mod quantity;
+pub(crate) mod quantity;
 pub mod resources;
 pub mod revision;
 pub mod unsupported;

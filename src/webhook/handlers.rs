@@ -26,6 +26,7 @@ use super::configuration::{
     MUTATE_IMAGEPULLJOB, MUTATE_NODEIMAGE, MUTATE_POD, MUTATE_SIDECARSET, VALIDATE_IMAGEPULLJOB,
     VALIDATE_NODEIMAGE, VALIDATE_SIDECARSET,
 };
+use super::dry_run;
 use super::secret_access;
 use super::server::{Admit, AdmitFuture, Verdict};
 use std::collections::BTreeMap;
@@ -71,6 +72,8 @@ pub struct Handlers {
     /// `patchPodMetadata` no whitelist rule covers is allowed (upstream's feature gate
     /// `SidecarSetPatchPodMetadataDefaultsAllowed`).
     patch_pod_metadata_defaults_allowed: bool,
+    /// The dry-run pods' verdicts, so an unchanged SidecarSet costs no second dry run.
+    dry_runs: dry_run::Verdicts,
 }
 
 impl Handlers {
@@ -135,6 +138,7 @@ impl Handlers {
             namespaces,
             synced,
             patch_pod_metadata_defaults_allowed,
+            dry_runs: dry_run::Verdicts::default(),
         });
         (handlers, caches)
     }
@@ -298,17 +302,93 @@ impl Handlers {
         if let Err(errors) = result {
             return deny("SidecarSet", &name, &errors);
         }
+        let warnings = match self
+            .dry_run_pod(request, &name, set.spec.containers.len())
+            .await
+        {
+            Ok(warnings) => warnings,
+            Err(verdict) => return verdict,
+        };
         // The pre-download jobs carrying these Secrets are created by the manager, whose own
         // access the job webhook would check: the author is checked here, for every namespace
         // the SidecarSet can reach (decision 0009).
         let reads = secret_access::sidecarset_reads(&set, old.as_ref());
-        self.author_may_read(
-            request,
-            &reads,
-            secret_access::SIDECARSET_RULE,
-            "SidecarSet",
-        )
-        .await
+        match self
+            .author_may_read(
+                request,
+                &reads,
+                secret_access::SIDECARSET_RULE,
+                "SidecarSet",
+            )
+            .await
+        {
+            Verdict::Allow if !warnings.is_empty() => {
+                Verdict::Patch(json_patch::Patch(Vec::new()), warnings)
+            }
+            verdict => verdict,
+        }
+    }
+
+    /// Kubernetes' pod validation of the SidecarSet's containers, init containers and volumes:
+    /// a pod built from the request's object as written, created with `dryRun=All` in the
+    /// manager's namespace (decision 0012). `Err` is the denial naming the SidecarSet's
+    /// fields; `Ok` carries a warning when the dry run could not be made (admitted: fail open).
+    async fn dry_run_pod(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+        name: &str,
+        sidecars: usize,
+    ) -> Result<Vec<String>, Verdict> {
+        let Some(raw) = request
+            .object
+            .as_ref()
+            .and_then(|o| serde_json::to_value(o).ok())
+        else {
+            return Ok(Vec::new());
+        };
+        let pod = dry_run::synthetic_pod(&raw, &self.namespace);
+        // An update that leaves the sidecars alone (a label, a finalizer, the strategy) is not
+        // judged again: a SidecarSet admitted before this check can still be edited and deleted.
+        let old_pod = request
+            .old_object
+            .as_ref()
+            .filter(|_| request.operation == Operation::Update)
+            .and_then(|o| serde_json::to_value(o).ok())
+            .map(|old| dry_run::synthetic_pod(&old, &self.namespace));
+        if old_pod.as_ref() == Some(&pod) {
+            return Ok(Vec::new());
+        }
+        let outcome = match self.dry_runs.get(name, &pod) {
+            Some(outcome) => outcome,
+            None => {
+                let outcome = dry_run::judge(&self.client, &pod, sidecars).await;
+                self.dry_runs.put(name, &pod, &outcome);
+                outcome
+            }
+        };
+        match outcome {
+            dry_run::Outcome::Valid => Ok(Vec::new()),
+            dry_run::Outcome::Invalid(errors) => {
+                let listed = match errors.as_slice() {
+                    [one] => one.clone(),
+                    many => format!("[{}]", many.join(", ")),
+                };
+                Err(Verdict::Deny(format!(
+                    "SidecarSet {name:?} is invalid: {listed} (Kubernetes' pod validation, run on \
+                     a dry-run pod holding the SidecarSet's containers, init containers and volumes)"
+                )))
+            }
+            dry_run::Outcome::Unknown(why) => {
+                tracing::warn!(
+                    sidecarset = name,
+                    "SidecarSet admitted without its pod check: {why}"
+                );
+                Ok(vec![format!(
+                    "SidecarSet {name:?}: its containers were not checked by Kubernetes' pod \
+                     validation ({why}); pods it is injected into may be refused"
+                )])
+            }
+        }
     }
 
     /// Allow when the requesting user may `get` every Secret of `reads`, else a denial naming

@@ -15,6 +15,7 @@
 
 pub mod certs;
 pub mod configuration;
+pub mod dry_run;
 pub mod handlers;
 pub mod secret_access;
 pub mod server;

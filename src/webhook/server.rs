@@ -36,7 +36,8 @@ use super::configuration::{
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
     Allow,
-    /// Allow, changed by this JSON Patch (mutating webhooks only), with warnings for the user.
+    /// Allow, changed by this JSON Patch (mutating webhooks only), with warnings for the user;
+    /// with an empty patch, how a validating webhook allows with warnings.
     Patch(json_patch::Patch, Vec<String>),
     /// Refuse, with the reason the user sees.
     Deny(String),

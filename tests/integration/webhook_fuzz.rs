@@ -4,7 +4,9 @@
 //! `KRUISE_FUZZ_SEED` to explore others, `KRUISE_FUZZ_CASES` for more cases). Each SidecarSet is
 //! defaulted, hashed and validated as the admission webhooks would (`validate_create`, against
 //! the SidecarSets accepted before it in the same case, with this SidecarSet's
-//! ControllerRevisions); only the accepted ones are used, since the webhook denies the others.
+//! ControllerRevisions) and by the webhook's dry-run pod (decision 0012: each SidecarSet's
+//! `synthetic_pod` judged by the apiserver with `dry_run::judge`, once, before the cases run);
+//! only the SidecarSets both accept are used, since the webhook denies the others.
 //! Then the pure injection pipeline runs in-process (`plan_for_new_pod` + `inject`). Properties:
 //!
 //! 1. Nothing panics.
@@ -18,9 +20,13 @@
 //! 5. A SidecarSet the validator denies on its own (no other SidecarSet around) for pod-spec
 //!    reasons only makes such a pod rejected too: the validator is no stricter than Kubernetes.
 //!
+//! 6. Through the real webhook (a sample, dry-run creates on the webhook cluster): every
+//!    SidecarSet it admits yields a pod of its containers and volumes the apiserver admits.
+//!
 //! To give properties 4 and 5 something to bite on, roughly a third of the SidecarSets carry a
 //! deliberate defect (or an odd but valid value) among those the validator documents checking
-//! (`src/apis/validation/pod_spec.rs`); the summary line counts how each kind was judged.
+//! (`src/apis/validation/pod_spec.rs`), and some that only the dry-run pod checks (marked
+//! "dry run"); the summary line counts how each kind was judged.
 //! The pods as generated are dry-run too: the generator must only produce valid pods, or a
 //! rejected injected pod would say nothing about injection. Every failure is collected and
 //! reported with the JSON to reproduce it, then the test fails.
@@ -40,6 +46,7 @@ use kruise_rs::apis::validation::sidecarset::{
 };
 use kruise_rs::sidecar::hash::{sidecarset_hash, sidecarset_hash_without_image};
 use kruise_rs::sidecar::{InjectionError, inject, plan_for_new_pod, pod_patch};
+use kruise_rs::webhook::dry_run::{self, Outcome as Outcome0012};
 use kube::api::{Api, PostParams};
 use kube::core::ObjectMeta;
 use serde_json::{Value, json};
@@ -468,7 +475,7 @@ fn corrupt_container(
         entry.as_array_mut().expect("a list").push(item);
     };
     let volume = volumes.first().cloned();
-    Some(match rng.usize(..30) {
+    Some(match rng.usize(..36) {
         0 => {
             c["name"] = json!("Bad_Name");
             "invalid container name"
@@ -632,6 +639,32 @@ fn corrupt_container(
                 json!({"name": volume?, "mountPath": "relative/path"}),
             );
             "relative mountPath (valid in a pod)"
+        }
+        // What only the webhook's dry-run pod checks (decision 0012).
+        30 => {
+            c["resources"] = json!({"limits": {"cpu": "lots"}});
+            "resource quantity that does not parse (dry run)"
+        }
+        31 => {
+            c["resources"] = json!({"requests": {"cpu": "2"}, "limits": {"cpu": "1"}});
+            "request above its limit (dry run)"
+        }
+        32 => {
+            c["securityContext"] = json!({"runAsUser": -1});
+            "negative runAsUser (dry run)"
+        }
+        33 => {
+            c["livenessProbe"] = json!({"httpGet": {"port": 0, "path": "/"}});
+            "probe httpGet port 0 (dry run)"
+        }
+        34 => {
+            push(c, "envFrom", json!({"configMapRef": {"name": "Bad_Name"}}));
+            "envFrom configMapRef with an invalid name (dry run)"
+        }
+        35 => {
+            c["securityContext"] =
+                json!({"capabilities": {"add": ["NET_ADMIN"]}, "runAsGroup": 1000});
+            "capabilities and runAsGroup (valid)"
         }
         _ => {
             push(
@@ -933,6 +966,10 @@ struct Outcome {
     pod_denied: Vec<(SidecarSet, String)>,
     /// The corruptions applied to each generated SidecarSet, by name.
     corruptions: BTreeMap<String, Vec<&'static str>>,
+    /// Every SidecarSet generated (defaulted and hashed), whatever the verdict.
+    generated: Vec<SidecarSet>,
+    /// SidecarSets the validator accepted but the dry-run pod refused (the webhook denies them).
+    dry_run_refused: usize,
     /// Per corruption: (denied, accepted) counts.
     corruption_verdicts: Vec<(&'static str, bool)>,
     failures: Vec<String>,
@@ -999,7 +1036,14 @@ fn fake_pod(set: &SidecarSet, namespace: &str) -> Pod {
     }
 }
 
-fn run_case(seed: u64, index: usize, namespace: &str) -> (Pod, Outcome) {
+/// One case; `refused` are the SidecarSets whose dry-run pod the apiserver refuses (the
+/// webhook's second check), denied like the validator's refusals.
+fn run_case(
+    seed: u64,
+    index: usize,
+    namespace: &str,
+    refused: &BTreeSet<String>,
+) -> (Pod, Outcome) {
     let mut rng =
         fastrand::Rng::with_seed(seed ^ (index as u64).wrapping_mul(0xa076_1d64_78bd_642f));
     let pod: Pod =
@@ -1047,6 +1091,19 @@ fn run_case(seed: u64, index: usize, namespace: &str) -> (Pod, Outcome) {
             validate_create(&set, &out.accepted, &ctx)
         }));
         let name = set.metadata.name.clone().unwrap_or_default();
+        out.generated.push(set.clone());
+        let verdict = match verdict {
+            Ok(Ok(())) if refused.contains(&name) => {
+                out.dry_run_refused += 1;
+                out.denied.push("(dry-run pod)".to_owned());
+                for corruption in &corruptions {
+                    out.corruption_verdicts.push((corruption, false));
+                }
+                out.corruptions.insert(name, corruptions);
+                continue;
+            }
+            verdict => verdict,
+        };
         for corruption in &corruptions {
             out.corruption_verdicts
                 .push((corruption, matches!(verdict, Ok(Ok(())))));
@@ -1296,14 +1353,51 @@ async fn injected_pods_are_accepted_by_the_apiserver() {
     let mut refused: BTreeMap<String, usize> = BTreeMap::new();
     let mut corruption_verdicts: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     let mut untouched = 0;
+    let mut dry_run_only = 0;
+
+    // The webhook's second check, as it makes it (decision 0012): every generated SidecarSet's
+    // dry-run pod, judged once by the apiserver.
+    let all_sets: Vec<SidecarSet> = (0..cases)
+        .flat_map(|index| run_case(seed, index, &ns, &BTreeSet::new()).1.generated)
+        .collect();
+    let judged: Vec<(String, Outcome0012)> = stream::iter(&all_sets)
+        .map(|set| {
+            let (client, ns) = (&client, &ns);
+            async move {
+                let raw = serde_json::to_value(set).expect("SidecarSet JSON");
+                let pod = dry_run::synthetic_pod(&raw, ns);
+                let name = set.metadata.name.clone().unwrap_or_default();
+                (
+                    name,
+                    dry_run::judge(client, &pod, set.spec.containers.len()).await,
+                )
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    let mut refused_by_dry_run = BTreeSet::new();
+    for (name, outcome) in judged {
+        match outcome {
+            Outcome0012::Valid => {}
+            Outcome0012::Invalid(_) => {
+                refused_by_dry_run.insert(name);
+            }
+            Outcome0012::Unknown(why) => {
+                failures.push(format!("the dry-run pod of {name} got no verdict: {why}"))
+            }
+        }
+    }
+
     for index in 0..cases {
-        let (pod, outcome) = run_case(seed, index, &ns);
+        let (pod, outcome) = run_case(seed, index, &ns, &refused_by_dry_run);
         failures.extend(
             outcome
                 .failures
                 .into_iter()
                 .map(|f| format!("case {index}: {f}")),
         );
+        dry_run_only += outcome.dry_run_refused;
         for path in outcome.denied {
             *denied.entry(path).or_default() += 1;
         }
@@ -1433,7 +1527,8 @@ async fn injected_pods_are_accepted_by_the_apiserver() {
     eprintln!(
         "webhook fuzz: seed {seed:#x}, {cases} cases in {:.1?}: {} SidecarSets accepted, denied by first error {denied:?}; \
          {} pods injected, {untouched} untouched, refused {refused:?}; \
-         corruptions (denied, accepted): {corruption_verdicts:?}; {} denied for pod-spec reasons only",
+         corruptions (denied, accepted): {corruption_verdicts:?}; {} denied for pod-spec reasons only; \
+         {dry_run_only} accepted by the validator but refused by the dry-run pod",
         started.elapsed(),
         accepted_sets.len(),
         injected.len(),
@@ -1445,6 +1540,12 @@ async fn injected_pods_are_accepted_by_the_apiserver() {
         "only {} of {cases} pods were injected",
         injected.len()
     );
+    assert!(
+        dry_run_only > 0,
+        "the dry-run pod refused nothing the validator accepts: the corruptions only it \
+         checks are not reaching it"
+    );
+    failures.extend(webhook_admits_only_valid_pods(&all_sets, &ns, seed).await);
     let all: Vec<String> = failures.into_iter().chain(checks.concat()).collect();
     if !all.is_empty() {
         panic!(
@@ -1453,4 +1554,67 @@ async fn injected_pods_are_accepted_by_the_apiserver() {
             all.join("\n\n----\n\n")
         );
     }
+}
+
+/// Through the real webhook (the webhook cluster, dry-run creates): every generated SidecarSet
+/// the webhook admits yields a pod (its containers, init containers and volumes) the apiserver
+/// admits. The webhook may refuse more than the in-process pipeline above (pinned revisions it
+/// cannot find, no `patchPodMetadata` whitelist, other tests' SidecarSets): those say nothing,
+/// so `patchPodMetadata` and revision pins, which do not reach the pod, are left out.
+/// A bounded sample (every third SidecarSet), CONCURRENCY at a time.
+async fn webhook_admits_only_valid_pods(
+    generated: &[SidecarSet],
+    namespace: &str,
+    seed: u64,
+) -> Vec<String> {
+    let webhook = crate::support::webhook::webhook_cluster().client().await;
+    let shared = crate::support::cluster().await.client().await;
+    let (sets, pods) = (
+        &Api::<SidecarSet>::all(webhook),
+        &Api::<Pod>::namespaced(shared, namespace),
+    );
+    let dry_run = &PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    // (admitted by the webhook, what went wrong)
+    let results: Vec<(bool, Option<String>)> = stream::iter(generated.iter().step_by(3))
+        .map(|set| async move {
+            let mut sent = set.clone();
+            sent.metadata.annotations = None;
+            // Irrelevant to the pod, and refused on that cluster (no whitelist, no history).
+            sent.spec.patch_pod_metadata.clear();
+            sent.spec.injection_strategy.revision = None;
+            match sets.create(dry_run, &sent).await {
+                Err(kube::Error::Api(_)) => (false, None),
+                Err(e) => (
+                    false,
+                    Some(format!("the webhook could not be asked: {e}\nSidecarSet: {}", to_json(set))),
+                ),
+                Ok(_) => {
+                    let pod = fake_pod(set, namespace);
+                    let failure = pods.create(dry_run, &pod).await.err().map(|e| {
+                        format!(
+                            "seed {seed:#x}: the webhook admits a SidecarSet whose pod the apiserver refuses: {e}\npod: {}\nSidecarSet: {}",
+                            to_json(&pod),
+                            to_json(set)
+                        )
+                    });
+                    (true, failure)
+                }
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    let admitted = results.iter().filter(|(admitted, _)| *admitted).count();
+    eprintln!(
+        "webhook fuzz, through the webhook: {admitted} of {} sampled SidecarSets admitted",
+        results.len()
+    );
+    let mut failures: Vec<String> = results.into_iter().filter_map(|(_, f)| f).collect();
+    if admitted == 0 {
+        failures.push("the webhook admitted none of the sampled SidecarSets".to_owned());
+    }
+    failures
 }

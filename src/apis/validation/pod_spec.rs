@@ -39,7 +39,8 @@
 //! miss here fails at pod creation rather than passing silently): resources and their
 //! quantities, securityContext, envFrom, lifecycle handler details, probe action details (ports,
 //! hosts, headers), volume source details beyond the above, pod-level rules (host ports, DNS,
-//! affinity), and anything gated by an alpha feature.
+//! affinity), and anything gated by an alpha feature. The SidecarSet webhook covers those with
+//! a dry-run pod judged by the apiserver itself (`webhook/dry_run.rs`, decision 0012).
 
 use std::collections::{BTreeMap, HashSet};
 
