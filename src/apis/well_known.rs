@@ -27,6 +27,16 @@ pub const SIDECARSET_WORKING_HOTUPGRADE_CONTAINER: &str =
 pub const SIDECARSET_VERSION_PREFIX: &str = "version.sidecarset.kruise.io/";
 /// Prefix of the per-container alternate hot-upgrade version annotation on a Pod.
 pub const SIDECARSET_VERSION_ALT_PREFIX: &str = "versionalt.sidecarset.kruise.io/";
+/// Suffix of the hot-upgrade twin that works first (`mesh` → `mesh-1`).
+pub const HOT_UPGRADE_TWIN_SUFFIX_1: &str = "-1";
+/// Suffix of the hot-upgrade twin that starts idle, on `hotUpgradeEmptyImage` (`mesh` → `mesh-2`).
+pub const HOT_UPGRADE_TWIN_SUFFIX_2: &str = "-2";
+/// Env var of each hot-upgrade twin: its own version, from the pod annotation
+/// [`SIDECARSET_VERSION_PREFIX`]`<twin>` through the downward API.
+pub const SIDECARSET_VERSION_ENV: &str = "SIDECARSET_VERSION";
+/// Env var of each hot-upgrade twin: the other twin's version, from the pod annotation
+/// [`SIDECARSET_VERSION_ALT_PREFIX`]`<twin>` through the downward API.
+pub const SIDECARSET_VERSION_ALT_ENV: &str = "SIDECARSET_VERSION_ALT";
 /// On a SidecarSet (kruise-rs only): `refuse` makes pods it matches be refused while it uses a
 /// feature kruise-rs does not serve yet; without it such pods are admitted without it, with a
 /// warning (`src/sidecar/unsupported.rs`).
