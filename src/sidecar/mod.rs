@@ -9,6 +9,8 @@
 //! - [`metadata`]: `patchPodMetadata` (Retain / Overwrite / MergePatchJson).
 //! - [`annotations`]: the pod annotations recording what was injected, in upstream's bytes.
 //! - [`hash`]: the SidecarSet hashes, equal to upstream's.
+//! - [`hot_upgrade`]: the twins of a `HotUpgrade` sidecar and their pod annotations (not wired
+//!   into injection yet: used once the controller side lands).
 //! - [`unsupported`]: SidecarSet features kruise-rs does not serve yet, and which SidecarSets a
 //!   new pod goes without because of them.
 //!
@@ -19,6 +21,7 @@
 pub mod annotations;
 pub(crate) mod gojson;
 pub mod hash;
+pub mod hot_upgrade;
 pub mod injection;
 pub mod matching;
 pub mod metadata;
