@@ -386,6 +386,47 @@ pub fn twin_versions<'a>(
     }
 }
 
+/// Records in a pod's annotations that the twin `upgraded` of `sidecar` got the SidecarSet's
+/// image at `resource_version` (the SidecarSet's `metadata.resourceVersion`), as upstream's
+/// controller does in the same pod update as the image change: the working map names
+/// `upgraded`; `version.<upgraded>` = `resource_version`; `versionalt.<upgraded>` = the other
+/// twin's version (`""` when it has none, as upstream copies a missing value);
+/// `versionalt.<other>` = `resource_version`. For the controller side (not called yet). Several
+/// hot sidecars of one pod are recorded one after the other on the same map, as upstream does.
+pub fn record_upgrade(
+    annotations: &mut BTreeMap<String, String>,
+    sidecar: &str,
+    upgraded: Twin,
+    resource_version: &str,
+) {
+    let new = twin_name(sidecar, upgraded);
+    let old = twin_name(sidecar, upgraded.other());
+    let mut working = working_twins(Some(annotations));
+    working.insert(sidecar.to_owned(), new.clone());
+    annotations.insert(
+        SIDECARSET_WORKING_HOTUPGRADE_CONTAINER.to_owned(),
+        working_annotation(&working),
+    );
+    let old_version = annotations
+        .get(&version_annotation(&old))
+        .cloned()
+        .unwrap_or_default();
+    annotations.insert(version_annotation(&new), resource_version.to_owned());
+    annotations.insert(version_alt_annotation(&new), old_version);
+    annotations.insert(version_alt_annotation(&old), resource_version.to_owned());
+}
+
+/// Records in a pod's annotations that the other twin of a hot-upgrade sidecar went back to the
+/// empty image (upstream's flip): `version.<other>` = `"0"`, `versionalt.<working>` = `"0"`.
+/// For the controller side (not called yet).
+pub fn record_flip(annotations: &mut BTreeMap<String, String>, roles: &TwinRoles) {
+    annotations.insert(version_annotation(&roles.other), EMPTY_VERSION.to_owned());
+    annotations.insert(
+        version_alt_annotation(&roles.working),
+        EMPTY_VERSION.to_owned(),
+    );
+}
+
 /// Whether a pod holds a hot-upgrade sidecar the way upstream's controller requires before it
 /// counts the pod (`IsPodConsistentWithSidecarSet`): both twins among `containers` and an
 /// entry for `sidecar` in the working map (whatever it names).

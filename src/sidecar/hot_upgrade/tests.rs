@@ -459,3 +459,72 @@ fn an_injected_pod_reads_back_consistently() {
     );
     assert!(twin_versions(&roles.other, Some(&out.annotations)).is_empty());
 }
+
+// --- the annotations the controller will write (upstream's e2e sequence) ------------------------
+
+#[test]
+fn upgrade_then_flip_then_upgrade_back_as_upstreams_e2e() {
+    let mut working = BTreeMap::new();
+    let mut pod = expand([hot("nginx", "nginx:1", "busybox:1")], false, &mut working)
+        .expect("expand")
+        .annotations;
+
+    // New image: the twin on the empty image (-2) is upgraded at resourceVersion 100.
+    record_upgrade(&mut pod, "nginx", Twin::Second, "100");
+    assert_eq!(
+        pod,
+        annotations(&[
+            (
+                "kruise.io/sidecarset-working-hotupgrade-container",
+                r#"{"nginx":"nginx-2"}"#
+            ),
+            ("version.sidecarset.kruise.io/nginx-1", "1"),
+            ("versionalt.sidecarset.kruise.io/nginx-1", "100"),
+            ("version.sidecarset.kruise.io/nginx-2", "100"),
+            ("versionalt.sidecarset.kruise.io/nginx-2", "1"),
+        ])
+    );
+    let roles = twin_roles("nginx", &working_twins(Some(&pod)));
+    assert_eq!(roles.working, "nginx-2");
+
+    // Flip: the old twin goes to the empty image.
+    record_flip(&mut pod, &roles);
+    assert!(twin_versions("nginx-1", Some(&pod)).is_empty());
+    assert_eq!(
+        twin_versions("nginx-2", Some(&pod)),
+        TwinVersions {
+            version: Some("100"),
+            alt: Some("0")
+        }
+    );
+
+    // Back to the first image at resourceVersion 200: -1 (now empty) is upgraded.
+    record_upgrade(&mut pod, "nginx", Twin::First, "200");
+    assert_eq!(
+        pod[SIDECARSET_WORKING_HOTUPGRADE_CONTAINER],
+        r#"{"nginx":"nginx-1"}"#
+    );
+    assert_eq!(
+        twin_versions("nginx-1", Some(&pod)),
+        TwinVersions {
+            version: Some("200"),
+            alt: Some("100")
+        }
+    );
+    assert_eq!(twin_versions("nginx-2", Some(&pod)).alt, Some("200"));
+}
+
+#[test]
+fn record_upgrade_keeps_other_sidecars_and_copies_a_missing_version_as_empty() {
+    let mut pod = annotations(&[(
+        SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
+        r#"{"envoy":"envoy-1","mesh":"mesh-1"}"#,
+    )]);
+    record_upgrade(&mut pod, "mesh", Twin::Second, "7");
+    assert_eq!(
+        pod[SIDECARSET_WORKING_HOTUPGRADE_CONTAINER],
+        r#"{"envoy":"envoy-1","mesh":"mesh-2"}"#
+    );
+    assert_eq!(twin_versions("mesh-2", Some(&pod)).alt, Some(""));
+    assert_eq!(twin_versions("mesh-1", Some(&pod)).alt, Some("7"));
+}
