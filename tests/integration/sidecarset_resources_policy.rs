@@ -118,94 +118,88 @@ fn floor_expressions() -> (Value, Value) {
     )
 }
 
-#[tokio::test]
-async fn story_1_a_specific_container_name_regex() {
+/// Stories 1-4 share their shape: one SidecarSet whose `sidecar1` has the floor expressions over
+/// `mode` and `regex`, a pod with the two engines (large-engine-v8's limits and requests given);
+/// the admitted sidecar1's resources.
+async fn floor_story(
+    prefix: &str,
+    mode: &str,
+    regex: &str,
+    v8_limits: [&str; 2],
+    v8_requests: [&str; 2],
+) -> Value {
     let client = client().await;
-    let ns = webhook_cluster().namespace("rp-story1").await;
-    let app = unique_name("story1");
+    let ns = webhook_cluster().namespace(&format!("rp-{prefix}")).await;
+    let app = unique_name(prefix);
     let (limits, requests) = floor_expressions();
-    let sidecar = policy_sidecar("sidecar1", "sum", "^large-engine-v4$", limits, requests);
+    let sidecar = policy_sidecar("sidecar1", mode, regex, limits, requests);
     create_sidecarset(&client, &app, &ns, json!({"containers": [sidecar]})).await;
     let pod = admit_with(
         &client,
         &ns,
         &app,
-        engines(["200m", "200Mi"], ["50m", "100Mi"]),
+        engines(v8_limits, v8_requests),
         &["sidecar1"],
     )
     .await;
+    resources(&pod, "sidecar1")
+}
+
+#[tokio::test]
+async fn story_1_a_specific_container_name_regex() {
+    let got = floor_story(
+        "story1",
+        "sum",
+        "^large-engine-v4$",
+        ["200m", "200Mi"],
+        ["50m", "100Mi"],
+    )
+    .await;
     // max(200m × 50%, 50m) and max(50m × 50%, 50m): only large-engine-v4 counts.
-    assert_eq!(
-        resources(&pod, "sidecar1"),
-        expected(["100m", "200Mi"], ["50m", "100Mi"])
-    );
+    assert_eq!(got, expected(["100m", "200Mi"], ["50m", "100Mi"]));
 }
 
 #[tokio::test]
 async fn story_2_sum_mode() {
-    let client = client().await;
-    let ns = webhook_cluster().namespace("rp-story2").await;
-    let app = unique_name("story2");
-    let (limits, requests) = floor_expressions();
-    let sidecar = policy_sidecar("sidecar1", "sum", "^large-engine-v.*$", limits, requests);
-    create_sidecarset(&client, &app, &ns, json!({"containers": [sidecar]})).await;
-    let pod = admit_with(
-        &client,
-        &ns,
-        &app,
-        engines(["400m", "400Mi"], ["100m", "200Mi"]),
-        &["sidecar1"],
+    let got = floor_story(
+        "story2",
+        "sum",
+        "^large-engine-v.*$",
+        ["400m", "400Mi"],
+        ["100m", "200Mi"],
     )
     .await;
     // (200m + 400m) × 50%; max((50m + 100m) × 50%, 50m).
-    assert_eq!(
-        resources(&pod, "sidecar1"),
-        expected(["300m", "200Mi"], ["75m", "100Mi"])
-    );
+    assert_eq!(got, expected(["300m", "200Mi"], ["75m", "100Mi"]));
 }
 
 #[tokio::test]
 async fn story_3_max_mode() {
-    let client = client().await;
-    let ns = webhook_cluster().namespace("rp-story3").await;
-    let app = unique_name("story3");
-    let (limits, requests) = floor_expressions();
-    let sidecar = policy_sidecar("sidecar1", "max", "^large-engine-v.*$", limits, requests);
-    create_sidecarset(&client, &app, &ns, json!({"containers": [sidecar]})).await;
-    let pod = admit_with(
-        &client,
-        &ns,
-        &app,
-        engines(["400m", "400Mi"], ["100m", "200Mi"]),
-        &["sidecar1"],
+    let got = floor_story(
+        "story3",
+        "max",
+        "^large-engine-v.*$",
+        ["400m", "400Mi"],
+        ["100m", "200Mi"],
     )
     .await;
     // max(400m × 50%, 50m); max(100m × 50%, 50m).
-    assert_eq!(
-        resources(&pod, "sidecar1"),
-        expected(["200m", "200Mi"], ["50m", "100Mi"])
-    );
+    assert_eq!(got, expected(["200m", "200Mi"], ["50m", "100Mi"]));
 }
 
 #[tokio::test]
 async fn story_4_an_unlimited_target_leaves_the_limit_unset() {
-    let client = client().await;
-    let ns = webhook_cluster().namespace("rp-story4").await;
-    let app = unique_name("story4");
-    let (limits, requests) = floor_expressions();
-    let sidecar = policy_sidecar("sidecar1", "max", "^large-engine-v.*$", limits, requests);
-    create_sidecarset(&client, &app, &ns, json!({"containers": [sidecar]})).await;
     // large-engine-v8 has no CPU limit.
-    let pod = admit_with(
-        &client,
-        &ns,
-        &app,
-        engines(["", "400Mi"], ["100m", "200Mi"]),
-        &["sidecar1"],
+    let got = floor_story(
+        "story4",
+        "max",
+        "^large-engine-v.*$",
+        ["", "400Mi"],
+        ["100m", "200Mi"],
     )
     .await;
     assert_eq!(
-        resources(&pod, "sidecar1"),
+        got,
         json!({
             "limits": {"memory": "200Mi"},
             "requests": {"cpu": "50m", "memory": "100Mi"}
