@@ -615,6 +615,65 @@ fn helm_daemon_policy_value() {
     );
 }
 
+/// `managerPolicy.dryRunPodsOnly`: on by default, for the manager's ServiceAccount in the
+/// manager's namespace, on pod CREATE only; false renders neither the policy nor its binding;
+/// not a boolean is refused by the schema.
+#[test]
+fn helm_manager_policy_value() {
+    const POLICY: &str = "kruise-rs-manager-dry-run-pods-only";
+    let condition = |objects: &BTreeMap<String, Value>| {
+        let policy = find(objects, &format!("ValidatingAdmissionPolicy {POLICY}"));
+        let binding = find(
+            objects,
+            &format!("ValidatingAdmissionPolicyBinding {POLICY}"),
+        );
+        assert_eq!(binding["spec"]["policyName"], POLICY);
+        assert_eq!(
+            binding["spec"]["validationActions"],
+            serde_json::json!(["Deny"])
+        );
+        assert_eq!(
+            policy["spec"]["matchConstraints"]["resourceRules"],
+            serde_json::json!([{"apiGroups": [""], "apiVersions": ["*"],
+                                "operations": ["CREATE"], "resources": ["pods"]}])
+        );
+        policy["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .expect("an expression")
+            .to_owned()
+    };
+    assert_eq!(
+        condition(&rendered_objects(&[])),
+        r#"request.userInfo.username == "system:serviceaccount:kruise-system:kruise-rs-manager""#
+    );
+    assert_eq!(
+        condition(&rendered_objects(&["--set=namespaces.manager=kr-sys"])),
+        r#"request.userInfo.username == "system:serviceaccount:kr-sys:kruise-rs-manager""#
+    );
+
+    let off = rendered_objects(&["--set=managerPolicy.dryRunPodsOnly=false"]);
+    assert!(
+        !off.keys().any(|k| k.contains(POLICY)),
+        "managerPolicy.dryRunPodsOnly=false still renders: {:?}",
+        off.keys()
+    );
+
+    let chart = chart_dir();
+    let out = helm_output(&[
+        "template",
+        RELEASE,
+        chart.to_str().expect("UTF-8 path"),
+        "--set",
+        "managerPolicy.dryRunPodsOnly=maybe",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("/managerPolicy/dryRunPodsOnly"),
+        "expected a schema error at /managerPolicy/dryRunPodsOnly, got {}:\n{stderr}",
+        out.status
+    );
+}
+
 /// The values of the chart that mounted the host's whole /var/run are refused with what to set
 /// now, rather than rendering a daemon that cannot start.
 #[test]
