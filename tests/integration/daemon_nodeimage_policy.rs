@@ -69,7 +69,12 @@ fn apply_manifests(cluster: &TestCluster) {
 
 /// A token for `account` of `namespace`, bound to `pod` when given (a Pod's token carries its
 /// Node).
-async fn token(admin: &Client, namespace: &str, account: &str, pod: Option<&Pod>) -> String {
+pub(crate) async fn token(
+    admin: &Client,
+    namespace: &str,
+    account: &str,
+    pod: Option<&Pod>,
+) -> String {
     let bound_object_ref = pod.map(|pod| BoundObjectReference {
         api_version: Some("v1".to_owned()),
         kind: Some("Pod".to_owned()),
@@ -95,7 +100,7 @@ async fn token(admin: &Client, namespace: &str, account: &str, pod: Option<&Pod>
 }
 
 /// A client for the test cluster that authenticates with `token` alone.
-async fn client_with_token(cluster: &TestCluster, token: &str) -> Client {
+pub(crate) async fn client_with_token(cluster: &TestCluster, token: &str) -> Client {
     let mut config = cluster.config().await;
     config.auth_info =
         serde_json::from_value::<AuthInfo>(json!({ "token": token })).expect("an AuthInfo");

@@ -11,6 +11,7 @@ mod helm;
 mod imagepulljob;
 mod leader_election;
 mod manager;
+mod manager_dry_run_pods_policy;
 mod metrics;
 mod node_infra;
 mod nodeimage;
