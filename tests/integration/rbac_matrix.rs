@@ -127,7 +127,8 @@ const MANAGER: &[Grant] = &[
     grant(SYSTEM, "pods", &["create"],
         "the SidecarSet webhook dry-runs (dryRun=All, never stored) a pod holding the \
          SidecarSet's containers for Kubernetes' pod validation; RBAC counts a dry-run create \
-         as a create; this namespace skips the pod webhook (decision 0012)"),
+         as a create; this namespace skips the pod webhook; the ValidatingAdmissionPolicy \
+         refuses the manager any create that is not a dry run (decision 0012)"),
     grant(SYSTEM, "leases.coordination.k8s.io", &["create"],
         "leader election: the Lease is created once (create cannot be limited by name)"),
     named(SYSTEM, "leases.coordination.k8s.io", &["kruise-rs-manager"], &["get", "update"],
