@@ -345,3 +345,69 @@ async fn sidecar_upgraded_in_place_by_the_kubelet_after_predownload() {
     // The sidecar's 3 s grace period keeps each pod in flight for seconds: seen by the watcher.
     assert_eq!(most_unavailable, 1, "the watcher saw the pods in flight");
 }
+
+/// The chart's manager validates SidecarSets by a dry-run pod under its own ServiceAccount,
+/// which the chart's ValidatingAdmissionPolicy `kruise-rs-manager-dry-run-pods-only` allows
+/// only dry runs (decision 0012): a sidecar only Kubernetes' pod validation refuses is refused
+/// naming its field (a policy in the way would have the webhook fail open and admit it), and
+/// the manager's identity cannot store a pod in its namespace.
+#[tokio::test]
+async fn sidecarset_dry_run_pod_passes_the_charts_manager_policy() {
+    const POLICY: &str = "kruise-rs-manager-dry-run-pods-only";
+    let installed = support::installed().await;
+    let cluster = installed.cluster;
+
+    let name = support::unique_name("e2e-dry-run");
+    let invalid: SidecarSet = serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1",
+        "kind": "SidecarSet",
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "containers": [{"name": "sidecar", "image": cluster.app_image("v1"),
+                            "securityContext": {"runAsUser": -1}}],
+        },
+    }))
+    .expect("a SidecarSet");
+    match Api::<SidecarSet>::all(cluster.client())
+        .create(&PostParams::default(), &invalid)
+        .await
+    {
+        Err(kube::Error::Api(status)) => {
+            let message = &status.message;
+            assert!(
+                message.contains("spec.containers[0].securityContext.runAsUser")
+                    && message.contains("pod validation"),
+                "refused, but not by the dry-run pod: {message}"
+            );
+        }
+        other => panic!("a sidecar with runAsUser -1 should have been refused: {other:?}"),
+    }
+
+    // The manager's identity (impersonated) stores no pod; a dry run passes.
+    let manager = cluster.client_as(&format!(
+        "system:serviceaccount:{}:{}",
+        support::SYSTEM_NAMESPACE,
+        support::MANAGER
+    ));
+    let pods: Api<Pod> = Api::namespaced(manager, support::SYSTEM_NAMESPACE);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": support::unique_name("e2e-manager-pod")},
+        "spec": {"automountServiceAccountToken": false,
+                 "containers": [{"name": "app", "image": cluster.app_image("v1")}]},
+    }))
+    .expect("a pod");
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    pods.create(&dry_run, &pod)
+        .await
+        .expect("the manager's dry-run pod");
+    match pods.create(&PostParams::default(), &pod).await {
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            assert!(status.message.contains(POLICY), "{}", status.message);
+        }
+        other => panic!("the manager storing a pod: expected the policy's 403, got {other:?}"),
+    }
+}

@@ -149,6 +149,13 @@ impl Cluster {
         Client::try_from(self.config.clone()).expect("a client")
     }
 
+    /// A client that impersonates `user` (the cluster's admin may).
+    pub fn client_as(&self, user: &str) -> Client {
+        let mut config = self.config.clone();
+        config.auth_info.impersonate = Some(user.to_owned());
+        Client::try_from(config).expect("an impersonating client")
+    }
+
     pub fn app_image(&self, tag: &str) -> String {
         format!("{}/{APP_REPOSITORY}:{tag}", self.registry)
     }
