@@ -82,17 +82,17 @@ fn params(dry_run: bool) -> PostParams {
     }
 }
 
-/// The policy's denial: 403 Forbidden naming the policy; the message, for further checks.
-fn denial<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) -> String {
+/// A denial by `policy`: 403 Forbidden naming it; the message, for further checks.
+fn denial<T: std::fmt::Debug>(result: Result<T, kube::Error>, policy: &str, what: &str) -> String {
     match result {
         Err(kube::Error::Api(status))
             if status.code == 403
                 && status.reason == "Forbidden"
-                && status.message.contains(POLICY) =>
+                && status.message.contains(policy) =>
         {
             status.message
         }
-        Err(e) => panic!("{what}: expected a 403 Forbidden from {POLICY}, got {e}"),
+        Err(e) => panic!("{what}: expected a 403 Forbidden from {policy}, got {e}"),
         Ok(created) => panic!("{what}: expected a denial, the create passed: {created:?}"),
     }
 }
@@ -152,6 +152,7 @@ async fn manager_dry_run_pods_policy_lets_the_manager_create_pods_only_as_dry_ru
     let fresh = support::unique_name("dry-run-pods-fresh");
     let message = denial(
         manager_pods.create(&params(false), &pod(&fresh)).await,
+        POLICY,
         "the manager creating a stored pod",
     );
     for part in [
@@ -210,6 +211,7 @@ async fn manager_dry_run_pods_policy_lets_the_manager_create_pods_only_as_dry_ru
     );
     let message = denial(
         dynamic.create(&params(false), &object).await,
+        POLICY,
         "the manager storing the webhook's synthetic pod",
     );
     assert!(
@@ -286,6 +288,137 @@ subjects: [{{kind: ServiceAccount, name: {other}, namespace: {NAMESPACE}}}]
         &format!("serviceaccount/{other}"),
         &format!("role/{other}"),
         &format!("rolebinding/{other}"),
+    ]);
+    let out = cmd.output().expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The shipped policy matches pod CREATE in every namespace, not only the manager's: a wider
+/// grant added later gains no stored pod either. The manager's RBAC allows pods in
+/// `kruise-system` only, so here the shipped policy text, renamed and pointed at a
+/// ServiceAccount of this test's own namespace, meets an account that RBAC lets create pods in
+/// every namespace.
+#[tokio::test]
+async fn manager_dry_run_pods_policy_holds_in_every_namespace() {
+    let cluster = support::cluster().await;
+    let admin = cluster.client().await;
+    let namespace = cluster.namespace("dry-run-pods-policy").await;
+    let ns = namespace.name();
+    let other = cluster.namespace("dry-run-pods-elsewhere").await;
+    let elsewhere = other.name();
+    let name = format!("{ns}-dry-run-pods-only");
+
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/manifests");
+    let shipped = std::fs::read_to_string(dir.join("09-manager-dry-run-pods-policy.yaml"))
+        .expect("the shipped policy");
+    let shipped_user = format!("system:serviceaccount:{NAMESPACE}:{MANAGER_SA}");
+    assert!(shipped.contains(&shipped_user) && shipped.contains(POLICY));
+    let policy = shipped
+        .replace(
+            &shipped_user,
+            &format!("system:serviceaccount:{ns}:{MANAGER_SA}"),
+        )
+        .replace(POLICY, &name);
+    let wider_rbac = format!(
+        r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: {MANAGER_SA}, namespace: {ns}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: {name}}}
+rules:
+  - apiGroups: [""]
+    resources: ["pods"]
+    verbs: ["create"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {name}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {name}}}
+subjects: [{{kind: ServiceAccount, name: {MANAGER_SA}, namespace: {ns}}}]
+"#
+    );
+    let mut cmd = cluster.kubectl();
+    cmd.args(["apply", "-f", "-"]);
+    let out = support::run_with_stdin(cmd, &format!("{policy}\n---\n{wider_rbac}"));
+    assert!(
+        out.status.success(),
+        "applying the renamed policy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let account = client_with_token(cluster, &token(&admin, ns, MANAGER_SA, None).await).await;
+    // In a namespace that is neither the manager's nor the account's own.
+    let pods: Api<Pod> = Api::namespaced(account, elsewhere);
+    let stored = |name: &str| {
+        let mut pod = pod(name);
+        pod.metadata.namespace = Some(elsewhere.to_owned());
+        pod
+    };
+    // Probe with a stored create of a name the admin already stored there, as above: 409 (or
+    // 403 from RBAC) until the renamed policy is effective, then its refusal; nothing is stored.
+    let existing = support::unique_name("dry-run-pods-existing");
+    Api::<Pod>::namespaced(admin.clone(), elsewhere)
+        .create(&params(false), &stored(&existing))
+        .await
+        .unwrap_or_else(|e| panic!("the admin creating pod {existing}: {e}"));
+    wait_for(
+        "the renamed policy to refuse a stored pod in another namespace",
+        PROPAGATION,
+        || {
+            let (pods, existing, name, stored) = (&pods, &existing, &name, &stored);
+            async move {
+                match pods.create(&params(false), &stored(existing)).await {
+                    Err(kube::Error::Api(status)) if status.message.contains(name.as_str()) => {
+                        Some(())
+                    }
+                    Err(kube::Error::Api(status)) if status.code == 409 || status.code == 403 => {
+                        None
+                    }
+                    other => panic!("the account creating pod {existing}: {other:?}"),
+                }
+            }
+        },
+    )
+    .await;
+    let probe = support::unique_name("dry-run-pods-probe");
+    let message = denial(
+        pods.create(&params(false), &stored(&probe)).await,
+        &name,
+        "a stored pod in another namespace",
+    );
+    for part in [
+        name.as_str(),
+        RULE,
+        &format!("CREATE of pod {probe} in namespace {elsewhere} without dryRun refused"),
+    ] {
+        assert!(message.contains(part), "{message:?} lacks {part:?}");
+    }
+    pods.create(&params(true), &stored(&probe))
+        .await
+        .unwrap_or_else(|e| panic!("the dry-run create in {elsewhere}: {e}"));
+    assert!(
+        Api::<Pod>::namespaced(admin.clone(), elsewhere)
+            .get_opt(&probe)
+            .await
+            .expect("reading the probe pod")
+            .is_none()
+    );
+
+    // The renamed policy and the wider RBAC are this test's alone: remove them.
+    let mut cmd = cluster.kubectl();
+    cmd.args([
+        "delete",
+        "--ignore-not-found",
+        &format!("validatingadmissionpolicy/{name}"),
+        &format!("validatingadmissionpolicybinding/{name}"),
+        &format!("clusterrole/{name}"),
+        &format!("clusterrolebinding/{name}"),
     ]);
     let out = cmd.output().expect("kubectl runs");
     assert!(
