@@ -7,6 +7,7 @@
 
 mod support;
 
+mod hot_upgrade;
 mod imagepulljob;
 mod lifecycle;
 mod predownload;
