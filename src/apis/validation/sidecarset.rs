@@ -21,8 +21,10 @@
 //!    valid and non-empty; `partition`/`maxUnavailable` non-negative integers or percents;
 //!    `priorityStrategy` one of weight/order, weights 0–100, non-empty valid selectors,
 //!    non-empty ordered keys; `scatterStrategy` non-empty keys, no duplicate key/value.
-//! 7. **containers**: at least one container or init container; per container: no `HotUpgrade`
-//!    (not supported by kruise-rs yet: denied, never ignored); `resourcesPolicy` as upstream
+//! 7. **containers**: at least one container or init container; per container: with
+//!    `HotUpgrade`, a `hotUpgradeEmptyImage` that is a valid reference other than the sidecar's
+//!    image (upstream checks nothing; stricter, see `docs/upstream-differences.md`);
+//!    `resourcesPolicy` as upstream
 //!    (only on native-sidecar init containers, never with explicit resources, a non-empty
 //!    compilable regex, limits or requests, valid expressions); image a valid reference; `transferEnv[].sourceContainerNameFrom.fieldRef` `v1` and
 //!    `metadata.labels['k']` / `metadata.annotations['k']` with a valid key; then Kubernetes' pod
@@ -810,14 +812,39 @@ fn validate_resources_policy(
     }
 }
 
+/// A hot-upgrade sidecar (a container, or a native-sidecar init container) needs
+/// `hotUpgradeEmptyImage`, a valid reference other than its own image: its idle twin runs it.
+/// Upstream checks none of it and injects an idle twin the apiserver refuses (an empty image),
+/// or two twins of the same image that never go idle; we refuse the SidecarSet instead.
+fn validate_hot_upgrade(c: &SidecarContainer, path: &str, errs: &mut Vec<FieldError>) {
+    let field = child(path, "hotUpgradeEmptyImage");
+    let empty = c
+        .upgrade_strategy
+        .as_ref()
+        .and_then(|s| s.hot_upgrade_empty_image.as_deref())
+        .unwrap_or_default();
+    if empty.trim().is_empty() {
+        errs.push(FieldError::required(
+            field,
+            "upgradeType HotUpgrade needs the image the idle twin runs",
+        ));
+    } else if let Err(e) = ImageRef::parse(empty) {
+        errs.push(FieldError::invalid(field, empty, e.kind().to_string()));
+    } else if c.container.image.as_deref() == Some(empty) {
+        errs.push(FieldError::invalid(
+            field,
+            empty,
+            "must differ from the sidecar's image: the idle twin is told apart by it",
+        ));
+    }
+}
+
 /// The SidecarSet-specific fields of one container. Upstream checks transferEnv on containers
 /// only and reports it at `…transferEnv.fieldRef`; we check both lists at the exact index.
 fn validate_sidecar_fields(c: &SidecarContainer, path: &str, errs: &mut Vec<FieldError>) {
-    if upgrade_type(c) == SidecarContainerUpgradeType::HotUpgrade {
-        errs.push(FieldError::forbidden(
-            child(&child(path, "upgradeStrategy"), "upgradeType"),
-            "HotUpgrade is not supported by kruise-rs yet; use ColdUpgrade",
-        ));
+    let init = path.starts_with("spec.initContainers");
+    if upgrade_type(c) == SidecarContainerUpgradeType::HotUpgrade && (!init || is_native_sidecar(&c.container)) {
+        validate_hot_upgrade(c, &child(path, "upgradeStrategy"), errs);
     }
     // Docker's grammar: a reference no runtime can pull fails every injected pod at pull time
     // and the image pre-download at once; refuse it here. (Empty is pod_spec's "Required".)

@@ -21,7 +21,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
-    SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_UPGRADABLE_CONDITION,
+    SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_UPGRADABLE_CONDITION, SIDECARSET_VERSION_ALT_PREFIX,
+    SIDECARSET_VERSION_PREFIX, SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
 };
 
 /// The pod conditions a summary keeps.
@@ -111,18 +112,29 @@ impl k8s_openapi::Metadata for PodSummary {
 
 /// The annotations the controllers read (only the SidecarSet controller reads any); a stored
 /// pod keeps only these.
-const READ_ANNOTATIONS: [&str; 4] = [
+const READ_ANNOTATIONS: [&str; 5] = [
     SIDECARSET_HASH,
     SIDECARSET_HASH_WITHOUT_IMAGE,
     SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE,
+    SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
 ];
+
+/// Prefixes of the per-container annotations the controllers read (hot upgrade's twin
+/// versions, one key per twin).
+const READ_ANNOTATION_PREFIXES: [&str; 2] =
+    [SIDECARSET_VERSION_PREFIX, SIDECARSET_VERSION_ALT_PREFIX];
 
 /// Keeps only the annotations the controllers read; the rest of a [`PodSummary`] is what they
 /// read already. What remains is also what the SidecarSet upgrade patch needs, except the other
 /// annotations `patchPodMetadata` may touch (the controller reads the live pod then).
 pub fn strip_pod(pod: &mut PodSummary) {
-    pod.retain_annotations(&READ_ANNOTATIONS);
+    if let Some(all) = pod.metadata.annotations.as_mut() {
+        all.retain(|k, _| {
+            READ_ANNOTATIONS.contains(&k.as_str())
+                || READ_ANNOTATION_PREFIXES.iter().any(|p| k.starts_with(p))
+        });
+    }
 }
 
 impl PodSummary {

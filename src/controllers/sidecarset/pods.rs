@@ -3,7 +3,9 @@
 //! A SidecarSet owns a pod (upstream's `getMatchingPods`) when the pod's
 //! `kruise.io/sidecarset-injected-list` names it, the SidecarSet's selector and namespace
 //! selector match it, and every sidecar container of the SidecarSet is in the pod. Pods that
-//! predate the SidecarSet were never injected and are not its to upgrade.
+//! predate the SidecarSet were never injected and are not its to upgrade. A hot-upgrade sidecar
+//! is in the pod when both its twins are and the pod's working annotation has an entry for it
+//! (upstream's `IsPodConsistentWithSidecarSet`); its twins are two sidecar containers below.
 //!
 //! Whether a sidecar container *runs its spec image* (upstream's `IsPodStateConsistent`):
 //! - the pod must report as many container statuses as it has containers;
@@ -24,6 +26,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::hot_upgrade::others_on_empty_image;
 use super::strategy::{PodPhase, PodView, SidecarView};
 use crate::apis::sidecarset::SidecarSet;
 use crate::apis::well_known::{
@@ -36,6 +39,7 @@ use crate::controllers::shared::pod_summary::{
 use crate::image::ImageRef;
 use crate::sidecar::annotations::{parse_injected_list, pod_entry};
 use crate::sidecar::gojson::html_escape_compact_json;
+use crate::sidecar::hot_upgrade::{is_hot_upgrade, is_twin_of, pod_has_twins, working_twins};
 use crate::sidecar::matching::{pod_namespace, sidecarset_matches_pod};
 
 /// Namespace name to labels, for namespace selectors.
@@ -85,13 +89,45 @@ pub fn owns(set: &SidecarSet, pod: &PodSummary, namespaces: &NamespaceLabels) ->
     if !sidecarset_matches_pod(set, pod, ns_labels).unwrap_or(false) {
         return false;
     }
-    let containers = pod.spec.as_ref().map(|s| s.containers.as_slice());
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    let working = working_twins(pod.metadata.annotations.as_ref());
     set.spec.containers.iter().all(|sidecar| {
-        containers
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.name == sidecar.container.name)
+        let name = &sidecar.container.name;
+        if is_hot_upgrade(sidecar) {
+            pod_has_twins(name, containers.iter().map(|c| c.name.as_str()), &working)
+        } else {
+            containers.iter().any(|c| &c.name == name)
+        }
     })
+}
+
+/// The names `set`'s sidecar containers have in `pod`: a sidecar's own name, or both twins of
+/// a hot-upgrade sidecar; only those the pod has.
+pub fn sidecar_containers<'a>(set: &SidecarSet, pod: &'a PodSummary) -> Vec<&'a ContainerSummary> {
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    set.spec
+        .containers
+        .iter()
+        .flat_map(|sidecar| {
+            let name = &sidecar.container.name;
+            let hot = is_hot_upgrade(sidecar);
+            containers.iter().filter(move |c| {
+                if hot {
+                    is_twin_of(&c.name, name)
+                } else {
+                    &c.name == name
+                }
+            })
+        })
+        .collect()
 }
 
 /// One SidecarSet's record in `kruise.io/sidecarset-inplace-update-state` (upstream's
@@ -223,12 +259,7 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
         .and_then(|s| s.container_statuses.as_deref())
         .unwrap_or_default();
     let all_reported = statuses.len() == containers.len();
-    let sidecar_containers: Vec<&ContainerSummary> = set
-        .spec
-        .containers
-        .iter()
-        .filter_map(|s| containers.iter().find(|c| c.name == s.container.name))
-        .collect();
+    let sidecar_containers = sidecar_containers(set, pod);
     let all_digests = sidecar_containers.iter().all(|c| {
         ImageRef::parse(c.image.as_deref().unwrap_or_default()).is_ok_and(|r| r.digest().is_some())
     });
@@ -269,7 +300,9 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
         },
         node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         phase,
-        ready: phase == PodPhase::Running && ready_condition.is_some_and(|c| c.status == "True"),
+        ready: phase == PodPhase::Running
+            && ready_condition.is_some_and(|c| c.status == "True")
+            && others_on_empty_image(set, pod),
         ready_since: ready_condition
             .and_then(|c| c.last_transition_time.as_ref())
             .map(|t| t.0),

@@ -70,6 +70,7 @@ use crate::apis::well_known::{
     SIDECARSET_NAME_LABEL,
 };
 use crate::image::ImageRef;
+use crate::sidecar::hot_upgrade::{is_hot_upgrade, is_twin_of};
 
 /// Status condition: where the pre-download stands.
 pub const IMAGE_PREDOWNLOAD: &str = "ImagePreDownload";
@@ -301,7 +302,9 @@ pub fn job_name(base: &str) -> String {
 }
 
 /// The images `pod` needs on its node: the SidecarSet's containers whose image the pod does not
-/// run in its spec yet, as (container, image).
+/// run in its spec yet, as (container, image). A hot-upgrade sidecar needs it when neither twin
+/// has it (its empty image is on the node already: a twin runs it); the job keeps the
+/// sidecar's own name.
 fn missing_images<'a>(set: &'a SidecarSet, pod: &PodSummary) -> Vec<(&'a str, &'a str)> {
     let containers = pod
         .spec
@@ -313,11 +316,19 @@ fn missing_images<'a>(set: &'a SidecarSet, pod: &PodSummary) -> Vec<(&'a str, &'
         .iter()
         .filter_map(|sidecar| {
             let wanted = sidecar.container.image.as_deref()?;
-            let current = containers
-                .iter()
-                .find(|c| c.name == sidecar.container.name)?;
-            (current.image.as_deref() != Some(wanted))
-                .then_some((sidecar.container.name.as_str(), wanted))
+            let name = sidecar.container.name.as_str();
+            let mut current = containers.iter().filter(|c| {
+                if is_hot_upgrade(sidecar) {
+                    is_twin_of(&c.name, name)
+                } else {
+                    c.name == name
+                }
+            });
+            let first = current.next()?;
+            let has = std::iter::once(first)
+                .chain(current)
+                .any(|c| c.image.as_deref() == Some(wanted));
+            (!has).then_some((name, wanted))
         })
         .collect()
 }

@@ -11,6 +11,11 @@
 //!   has restarted it (an existing record keeps its revision and time, as upstream's);
 //! - `patchPodMetadata`, as at injection.
 //!
+//! A hot-upgrade sidecar's new image goes to one of its twins ([`twin_to_upgrade`]), which the
+//! same patch records as working with its version annotations
+//! ([`crate::sidecar::hot_upgrade::record_upgrade`]); the old twin is reset later
+//! ([`super::hot_upgrade::flip_patch`]).
+//!
 //! The patch first *tests* the annotation values it was computed from and the container names
 //! at the indexes it writes. Two SidecarSets upgrading one pod at once, or a stale cache, make
 //! the apiserver refuse it instead of one writer erasing the other's entry; the controller then
@@ -24,8 +29,9 @@ use crate::controllers::shared::pod_summary::PodSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
+use super::hot_upgrade::{hot_sidecars, twin_to_upgrade};
 use super::pods::{
-    InPlaceUpdateState, LastContainerStatus, parse_update_states, render_update_states,
+    InPlaceUpdateState, LastContainerStatus, parse_update_states, render_update_states, view,
 };
 use super::strategy::CurrentHashes;
 use crate::apis::sidecarset::SidecarSet;
@@ -34,6 +40,7 @@ use crate::apis::well_known::{
 };
 use crate::sidecar::annotations::{SidecarSetUpgradeSpec, parse_hashes, render_hashes};
 use crate::sidecar::hash::is_native_sidecar;
+use crate::sidecar::hot_upgrade::{is_hot_upgrade, record_upgrade, twin_name};
 use crate::sidecar::metadata::{MetadataPatchError, patch_pod_metadata};
 
 /// Why a pod cannot be upgraded as it is.
@@ -58,8 +65,28 @@ fn token(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 
-fn annotation_path(key: &str) -> String {
+pub(super) fn annotation_path(key: &str) -> String {
     format!("/metadata/annotations/{}", token(key))
+}
+
+/// The operations that turn the annotations `before` into `after`: a `test` of each value that
+/// changes (`tests`) and an `add` of each new value (`writes`). Annotations are never removed.
+pub(super) fn annotation_ops(
+    before: &BTreeMap<String, String>,
+    after: &BTreeMap<String, String>,
+    tests: &mut Vec<Value>,
+    writes: &mut Vec<Value>,
+) {
+    for (key, value) in after {
+        let old = before.get(key);
+        if old == Some(value) {
+            continue;
+        }
+        if let Some(old) = old {
+            tests.push(json!({"op": "test", "path": annotation_path(key), "value": old}));
+        }
+        writes.push(json!({"op": "add", "path": annotation_path(key), "value": value}));
+    }
 }
 
 /// The names upstream lists in a hash entry: the containers and native-sidecar init
@@ -104,11 +131,36 @@ pub fn upgrade_patch(
         .map(|s| s.containers.as_slice())
         .unwrap_or_default();
     let mut changed = Vec::new();
+    let mut after = annotations.clone();
+    // Twin readiness and state consistency, for the choice of the twin to upgrade.
+    let settled: BTreeMap<String, bool> = if hot_sidecars(set).next().is_some() {
+        view(set, pod)
+            .sidecars
+            .into_iter()
+            .map(|s| (s.name, s.ready && s.image_running))
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+    let resource_version = set.metadata.resource_version.as_deref().unwrap_or_default();
     for sidecar in &set.spec.containers {
+        let twin = if is_hot_upgrade(sidecar) {
+            let settled = |c: &str| settled.get(c).copied().unwrap_or(false);
+            let Some(twin) = twin_to_upgrade(sidecar, pod, settled) else {
+                continue;
+            };
+            Some(twin)
+        } else {
+            None
+        };
+        let target = match twin {
+            Some(twin) => twin_name(&sidecar.container.name, twin),
+            None => sidecar.container.name.clone(),
+        };
         let Some((i, container)) = containers
             .iter()
             .enumerate()
-            .find(|(_, c)| c.name == sidecar.container.name)
+            .find(|(_, c)| c.name == target)
         else {
             continue;
         };
@@ -118,9 +170,11 @@ pub fn upgrade_patch(
         ops.push(json!({"op": "test", "path": format!("/spec/containers/{i}/name"), "value": container.name}));
         writes.push(json!({"op": "replace", "path": format!("/spec/containers/{i}/image"), "value": sidecar.container.image}));
         changed.push(container.name.clone());
+        if let Some(twin) = twin {
+            record_upgrade(&mut after, &sidecar.container.name, twin, resource_version);
+        }
     }
 
-    let mut after = annotations.clone();
     let old_hashes = annotations.get(SIDECARSET_HASH);
     let mut hashes = match old_hashes {
         Some(value) => parse_hashes(SIDECARSET_HASH, value)?,
@@ -178,16 +232,7 @@ pub fn upgrade_patch(
 
     patch_pod_metadata(&mut after, &set.spec.patch_pod_metadata)?;
 
-    for (key, value) in &after {
-        let before = annotations.get(key);
-        if before == Some(value) {
-            continue;
-        }
-        if let Some(before) = before {
-            ops.push(json!({"op": "test", "path": annotation_path(key), "value": before}));
-        }
-        writes.push(json!({"op": "add", "path": annotation_path(key), "value": value}));
-    }
+    annotation_ops(annotations, &after, &mut ops, &mut writes);
     ops.extend(writes);
     let patch = serde_json::from_value(Value::Array(ops))
         .expect("the operations are well-formed JSON patch operations");

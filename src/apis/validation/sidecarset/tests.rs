@@ -647,23 +647,58 @@ fn resources_policy_on_a_plain_init_container_is_refused() {
 }
 
 #[test]
-fn hot_upgrade_is_denied_not_ignored() {
-    let s = set(
-        "test-sidecarset",
-        with(
-            base_json(),
-            json!({"containers": [{"name": "test-sidecar", "image": "test-image",
-            "upgradeStrategy": {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"}}]}),
-        ),
-    );
-    assert_eq!(
-        create(&s)
+fn hot_upgrade_needs_an_empty_image_of_its_own() {
+    let hot = |list: &str, strategy: Value, extra: Value| {
+        let mut container = json!({"name": "test-sidecar", "image": "test-image",
+            "upgradeStrategy": strategy});
+        for (k, v) in extra.as_object().expect("object") {
+            container[k] = v.clone();
+        }
+        set("test-sidecarset", with(base_json(), json!({ list: [container] })))
+    };
+    let errors = |s: &SidecarSet| {
+        create(s)
             .iter()
             .map(ToString::to_string)
-            .collect::<Vec<_>>(),
-        [
-            "spec.containers[0].upgradeStrategy.upgradeType: Forbidden: HotUpgrade is not supported by kruise-rs yet; use ColdUpgrade"
-        ]
+            .collect::<Vec<_>>()
+    };
+    let served = json!({"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"});
+    assert_eq!(errors(&hot("containers", served.clone(), json!({}))), Vec::<String>::new());
+    assert_eq!(
+        errors(&hot("containers", json!({"upgradeType": "HotUpgrade"}), json!({}))),
+        ["spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage: Required value: upgradeType HotUpgrade needs the image the idle twin runs"]
+    );
+    assert_eq!(
+        errors(&hot(
+            "containers",
+            json!({"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "Bad Image"}),
+            json!({})
+        )),
+        [r#"spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage: Invalid value: "Bad Image": repository path component "Bad Image" must be lowercase letters and digits separated by '.', '_', '__' or dashes"#]
+    );
+    assert_eq!(
+        errors(&hot(
+            "containers",
+            json!({"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "test-image"}),
+            json!({})
+        )),
+        [r#"spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage: Invalid value: "test-image": must differ from the sidecar's image: the idle twin is told apart by it"#]
+    );
+    // A native-sidecar init container gets twins too (with NotUpdate, the only update type
+    // its hot upgrade allows), a plain init container does not (upstream ignores the field).
+    let not_update = json!({"updateStrategy": {"type": "NotUpdate"}});
+    let native = hot("initContainers", json!({"upgradeType": "HotUpgrade"}), json!({"restartPolicy": "Always"}));
+    let native = set("test-sidecarset", with(serde_json::to_value(&native.spec).expect("spec"), not_update));
+    assert!(
+        errors(&native).iter().any(|e| e.starts_with("spec.initContainers[0].upgradeStrategy.hotUpgradeEmptyImage: Required value")),
+        "{:?}",
+        errors(&native)
+    );
+    let plain = hot("initContainers", json!({"upgradeType": "HotUpgrade"}), json!({}));
+    assert!(
+        !errors(&plain).iter().any(|e| e.contains("hotUpgradeEmptyImage")),
+        "{:?}",
+        errors(&plain)
     );
 }
 
@@ -1351,7 +1386,7 @@ fn upgrade_type_is_immutable() {
     assert_eq!(
         errs.iter().map(ToString::to_string).collect::<Vec<_>>(),
         [
-            "spec.containers[0].upgradeStrategy.upgradeType: Forbidden: HotUpgrade is not supported by kruise-rs yet; use ColdUpgrade",
+            "spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage: Required value: upgradeType HotUpgrade needs the image the idle twin runs",
             r#"spec.containers[0].upgradeStrategy.upgradeType: Invalid value: "HotUpgrade": container test upgradeType is immutable"#,
         ]
     );
