@@ -1256,6 +1256,7 @@ fn refusal_kind(e: &InjectionError) -> &'static str {
         InjectionError::PatchPodMetadata { .. } => "inject: patchPodMetadata",
         InjectionError::Annotation(_) => "inject: annotation",
         InjectionError::NameConflict { .. } => "inject: name conflict",
+        InjectionError::HotUpgrade { .. } => "inject: hot upgrade",
     }
 }
 
