@@ -369,7 +369,11 @@ fn twins(
         .remove(SIDECARSET_WORKING_HOTUPGRADE_CONTAINER)
         .is_some();
     hot.versions.extend(expansion.annotations);
-    Ok(expansion.containers.into_iter().map(|c| c.container).collect())
+    Ok(expansion
+        .containers
+        .into_iter()
+        .map(|c| c.container)
+        .collect())
 }
 
 /// The RFC 6902 patch that turns `old` into `new` (what the webhook returns).

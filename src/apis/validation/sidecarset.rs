@@ -817,6 +817,15 @@ fn validate_resources_policy(
 /// Upstream checks none of it and injects an idle twin the apiserver refuses (an empty image),
 /// or two twins of the same image that never go idle; we refuse the SidecarSet instead.
 fn validate_hot_upgrade(c: &SidecarContainer, path: &str, errs: &mut Vec<FieldError>) {
+    // The twins are `<name>-1` and `<name>-2`, and container names are DNS labels (63 at most).
+    let name = &c.container.name;
+    if name.len() > 61 {
+        errs.push(FieldError::invalid(
+            child(path.trim_end_matches(".upgradeStrategy"), "name"),
+            name,
+            "must be no more than 61 characters with upgradeType HotUpgrade: its twins add \"-1\" and \"-2\"",
+        ));
+    }
     let field = child(path, "hotUpgradeEmptyImage");
     let empty = c
         .upgrade_strategy
@@ -843,7 +852,9 @@ fn validate_hot_upgrade(c: &SidecarContainer, path: &str, errs: &mut Vec<FieldEr
 /// only and reports it at `…transferEnv.fieldRef`; we check both lists at the exact index.
 fn validate_sidecar_fields(c: &SidecarContainer, path: &str, errs: &mut Vec<FieldError>) {
     let init = path.starts_with("spec.initContainers");
-    if upgrade_type(c) == SidecarContainerUpgradeType::HotUpgrade && (!init || is_native_sidecar(&c.container)) {
+    if upgrade_type(c) == SidecarContainerUpgradeType::HotUpgrade
+        && (!init || is_native_sidecar(&c.container))
+    {
         validate_hot_upgrade(c, &child(path, "upgradeStrategy"), errs);
     }
     // Docker's grammar: a reference no runtime can pull fails every injected pod at pull time

@@ -21,8 +21,9 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
-    SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_UPGRADABLE_CONDITION, SIDECARSET_VERSION_ALT_PREFIX,
-    SIDECARSET_VERSION_PREFIX, SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
+    SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_UPGRADABLE_CONDITION,
+    SIDECARSET_VERSION_ALT_PREFIX, SIDECARSET_VERSION_PREFIX,
+    SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
 };
 
 /// The pod conditions a summary keeps.
@@ -348,5 +349,35 @@ mod tests {
             .map(|(k, _)| k)
             .collect();
         assert_eq!(keys, ["kruise.io/sidecarset-injected-list"]);
+    }
+
+    #[test]
+    fn stripping_keeps_the_sidecarset_annotations_and_the_twin_versions() {
+        let mut pod: PodSummary = serde_json::from_value(json!({"metadata": {"annotations": {
+            "kruise.io/sidecarset-hash": "{}",
+            "kruise.io/sidecarset-working-hotupgrade-container": "{\"proxy\":\"proxy-1\"}",
+            "version.sidecarset.kruise.io/proxy-1": "1",
+            "versionalt.sidecarset.kruise.io/proxy-1": "0",
+            "deployment.kubernetes.io/revision": "3",
+            "team": "a",
+        }}}))
+        .expect("parses");
+        strip_pod(&mut pod);
+        let keys: Vec<&str> = pod
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "kruise.io/sidecarset-hash",
+                "kruise.io/sidecarset-working-hotupgrade-container",
+                "version.sidecarset.kruise.io/proxy-1",
+                "versionalt.sidecarset.kruise.io/proxy-1",
+            ]
+        );
     }
 }

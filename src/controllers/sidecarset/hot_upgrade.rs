@@ -21,7 +21,9 @@ use super::pods::{
     InPlaceUpdateState, LastContainerStatus, parse_update_states, render_update_states,
 };
 use crate::apis::sidecarset::{SidecarContainer, SidecarSet};
-use crate::apis::well_known::{SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_WORKING_HOTUPGRADE_CONTAINER};
+use crate::apis::well_known::{
+    SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
+};
 use crate::controllers::shared::pod_summary::{ContainerSummary, PodSummary};
 use crate::sidecar::hot_upgrade::{
     Twin, TwinRoles, is_hot_upgrade, record_flip, twin_name, twin_of, twin_roles, working_twins,
@@ -52,7 +54,10 @@ fn containers(pod: &PodSummary) -> &[ContainerSummary] {
 
 /// The container `name` of `pod` and its index.
 pub fn container<'a>(pod: &'a PodSummary, name: &str) -> Option<(usize, &'a ContainerSummary)> {
-    containers(pod).iter().enumerate().find(|(_, c)| c.name == name)
+    containers(pod)
+        .iter()
+        .enumerate()
+        .find(|(_, c)| c.name == name)
 }
 
 fn image_of<'a>(pod: &'a PodSummary, name: &str) -> Option<&'a str> {
@@ -193,10 +198,12 @@ pub fn flip_patch(
         .get(SIDECARSET_INPLACE_UPDATE_STATE)
         .and_then(|v| parse_update_states(v))
         .unwrap_or_default();
-    let state = states.entry(set_name).or_insert_with(|| InPlaceUpdateState {
-        revision: String::new(),
-        ..Default::default()
-    });
+    let state = states
+        .entry(set_name)
+        .or_insert_with(|| InPlaceUpdateState {
+            revision: String::new(),
+            ..Default::default()
+        });
     let statuses = pod
         .status
         .as_ref()
@@ -205,10 +212,16 @@ pub fn flip_patch(
     let mut reset = Vec::new();
     for (roles, sidecar) in &resets {
         let (i, c) = container(pod, &roles.other)?;
-        tests.push(json!({"op": "test", "path": format!("/spec/containers/{i}/name"), "value": c.name}));
-        tests.push(json!({"op": "test", "path": format!("/spec/containers/{i}/image"), "value": c.image}));
-        writes.push(json!({"op": "replace", "path": format!("/spec/containers/{i}/image"),
-            "value": empty_image(sidecar)}));
+        tests.push(
+            json!({"op": "test", "path": format!("/spec/containers/{i}/name"), "value": c.name}),
+        );
+        tests.push(
+            json!({"op": "test", "path": format!("/spec/containers/{i}/image"), "value": c.image}),
+        );
+        writes.push(
+            json!({"op": "replace", "path": format!("/spec/containers/{i}/image"),
+            "value": empty_image(sidecar)}),
+        );
         let image_id = statuses
             .iter()
             .find(|s| s.name == c.name)
@@ -225,7 +238,10 @@ pub fn flip_patch(
         render_update_states(&states),
     );
     if pod.metadata.annotations.is_none() {
-        writes.insert(0, json!({"op": "add", "path": "/metadata/annotations", "value": {}}));
+        writes.insert(
+            0,
+            json!({"op": "add", "path": "/metadata/annotations", "value": {}}),
+        );
     }
     super::upgrade::annotation_ops(annotations, &after, &mut tests, &mut writes);
     tests.extend(writes);

@@ -14,9 +14,9 @@ use serde_json::Value;
 
 use super::hot_upgrade::{Flip, flip_patch, hot_sidecars};
 use super::pods::{NamespaceLabels, owns, parse_update_states, view};
-use super::strategy::Hold;
 use super::predownload::{self, Decision, IMAGE_PREDOWNLOAD, Knobs, Progress};
 use super::status::{PODS_UPGRADABLE, StatusReport, compute_status, unsupported_condition};
+use super::strategy::Hold;
 use super::strategy::{Batch, CurrentHashes, PodState, PodView, classify, next_batch};
 use super::upgrade::{upgradable_condition, upgraded_condition};
 use crate::apis::imagepulljob::ImagePullJob;

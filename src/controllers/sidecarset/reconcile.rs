@@ -419,7 +419,10 @@ async fn flip_one(
                 "SidecarSet {}: reset sidecar container(s) {containers} to the hot-upgrade empty image",
                 set.name_any()
             );
-            (Ok(true), Some((EventType::Normal, "ResetContainerSucceed", note)))
+            (
+                Ok(true),
+                Some((EventType::Normal, "ResetContainerSucceed", note)),
+            )
         }
         Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => (Ok(false), None),
         Err(source) => {
@@ -432,7 +435,10 @@ async fn flip_one(
                 set.name_any()
             );
             let err = Error::UpgradePod { pod: key, source };
-            (Err(err), Some((EventType::Warning, "ResetContainerFailed", note)))
+            (
+                Err(err),
+                Some((EventType::Warning, "ResetContainerFailed", note)),
+            )
         }
     };
     if let Some((type_, reason, note)) = event {

@@ -654,7 +654,10 @@ fn hot_upgrade_needs_an_empty_image_of_its_own() {
         for (k, v) in extra.as_object().expect("object") {
             container[k] = v.clone();
         }
-        set("test-sidecarset", with(base_json(), json!({ list: [container] })))
+        set(
+            "test-sidecarset",
+            with(base_json(), json!({ list: [container] })),
+        )
     };
     let errors = |s: &SidecarSet| {
         create(s)
@@ -663,10 +666,19 @@ fn hot_upgrade_needs_an_empty_image_of_its_own() {
             .collect::<Vec<_>>()
     };
     let served = json!({"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"});
-    assert_eq!(errors(&hot("containers", served.clone(), json!({}))), Vec::<String>::new());
     assert_eq!(
-        errors(&hot("containers", json!({"upgradeType": "HotUpgrade"}), json!({}))),
-        ["spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage: Required value: upgradeType HotUpgrade needs the image the idle twin runs"]
+        errors(&hot("containers", served.clone(), json!({}))),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        errors(&hot(
+            "containers",
+            json!({"upgradeType": "HotUpgrade"}),
+            json!({})
+        )),
+        [
+            "spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage: Required value: upgradeType HotUpgrade needs the image the idle twin runs"
+        ]
     );
     assert_eq!(
         errors(&hot(
@@ -674,7 +686,9 @@ fn hot_upgrade_needs_an_empty_image_of_its_own() {
             json!({"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "Bad Image"}),
             json!({})
         )),
-        [r#"spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage: Invalid value: "Bad Image": repository path component "Bad Image" must be lowercase letters and digits separated by '.', '_', '__' or dashes"#]
+        [
+            r#"spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage: Invalid value: "Bad Image": repository path component "Bad Image" must be lowercase letters and digits separated by '.', '_', '__' or dashes"#
+        ]
     );
     assert_eq!(
         errors(&hot(
@@ -682,21 +696,53 @@ fn hot_upgrade_needs_an_empty_image_of_its_own() {
             json!({"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "test-image"}),
             json!({})
         )),
-        [r#"spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage: Invalid value: "test-image": must differ from the sidecar's image: the idle twin is told apart by it"#]
+        [
+            r#"spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage: Invalid value: "test-image": must differ from the sidecar's image: the idle twin is told apart by it"#
+        ]
+    );
+    let long = hot(
+        "containers",
+        served.clone(),
+        json!({"name": "n".repeat(62)}),
+    );
+    assert_eq!(
+        errors(&long),
+        [format!(
+            r#"spec.containers[0].name: Invalid value: "{}": must be no more than 61 characters with upgradeType HotUpgrade: its twins add "-1" and "-2""#,
+            "n".repeat(62)
+        )]
     );
     // A native-sidecar init container gets twins too (with NotUpdate, the only update type
     // its hot upgrade allows), a plain init container does not (upstream ignores the field).
     let not_update = json!({"updateStrategy": {"type": "NotUpdate"}});
-    let native = hot("initContainers", json!({"upgradeType": "HotUpgrade"}), json!({"restartPolicy": "Always"}));
-    let native = set("test-sidecarset", with(serde_json::to_value(&native.spec).expect("spec"), not_update));
+    let native = hot(
+        "initContainers",
+        json!({"upgradeType": "HotUpgrade"}),
+        json!({"restartPolicy": "Always"}),
+    );
+    let native = set(
+        "test-sidecarset",
+        with(
+            serde_json::to_value(&native.spec).expect("spec"),
+            not_update,
+        ),
+    );
     assert!(
-        errors(&native).iter().any(|e| e.starts_with("spec.initContainers[0].upgradeStrategy.hotUpgradeEmptyImage: Required value")),
+        errors(&native).iter().any(|e| e.starts_with(
+            "spec.initContainers[0].upgradeStrategy.hotUpgradeEmptyImage: Required value"
+        )),
         "{:?}",
         errors(&native)
     );
-    let plain = hot("initContainers", json!({"upgradeType": "HotUpgrade"}), json!({}));
+    let plain = hot(
+        "initContainers",
+        json!({"upgradeType": "HotUpgrade"}),
+        json!({}),
+    );
     assert!(
-        !errors(&plain).iter().any(|e| e.contains("hotUpgradeEmptyImage")),
+        !errors(&plain)
+            .iter()
+            .any(|e| e.contains("hotUpgradeEmptyImage")),
         "{:?}",
         errors(&plain)
     );

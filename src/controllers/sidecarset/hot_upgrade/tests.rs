@@ -45,9 +45,7 @@ fn id(image: &str) -> String {
 /// A pod as injection leaves it and the kubelet runs it: `proxy-1` on `first`, `proxy-2` on
 /// `second`, `proxy-1` working, everything ready.
 fn pod(first: &str, second: &str) -> PodSummary {
-    let status = |name: &str, image: &str| {
-        json!({"name": name, "image": image, "imageID": id(image), "ready": true, "restartCount": 0})
-    };
+    let status = |name: &str, image: &str| json!({"name": name, "image": image, "imageID": id(image), "ready": true, "restartCount": 0});
     serde_json::from_value(json!({
         "metadata": {
             "name": "web-0", "namespace": "shop", "labels": {"app": "web"},
@@ -147,7 +145,10 @@ fn images(pod: &PodSummary) -> Vec<&str> {
 fn upgrade_flip_and_upgrade_back_as_upstreams_e2e() {
     let v2 = set("proxy:2", "100");
     let mut pod = pod("proxy:1", EMPTY);
-    assert!(view(&v2, &pod).ready, "steady: the idle twin is on the empty image");
+    assert!(
+        view(&v2, &pod).ready,
+        "steady: the idle twin is on the empty image"
+    );
 
     // The twin on the empty image takes the new image and becomes the working one.
     let upgrade = upgrade_patch(&pod, &v2, &current(), &now()).expect("patch");
@@ -204,7 +205,12 @@ fn upgrade_flip_and_upgrade_back_as_upstreams_e2e() {
     );
     // The app container was never touched.
     assert_eq!(
-        pod.status.as_ref().expect("status").container_statuses.as_ref().expect("statuses")[3]
+        pod.status
+            .as_ref()
+            .expect("status")
+            .container_statuses
+            .as_ref()
+            .expect("statuses")[3]
             .restart_count,
         0
     );
@@ -214,7 +220,12 @@ fn upgrade_flip_and_upgrade_back_as_upstreams_e2e() {
 fn a_failed_image_never_flips_and_a_good_one_goes_to_the_twin_that_is_not_ready() {
     let bad = set("proxy:bad", "100");
     let mut pod = pod("proxy:1", EMPTY);
-    pod = apply(&pod, &upgrade_patch(&pod, &bad, &current(), &now()).expect("patch").patch);
+    pod = apply(
+        &pod,
+        &upgrade_patch(&pod, &bad, &current(), &now())
+            .expect("patch")
+            .patch,
+    );
     kubelet_restarts(&mut pod, "proxy-2", false);
     assert!(flip_of(&bad, &pod).is_none(), "the old twin keeps serving");
     assert_eq!(image_of(&pod, "proxy-1"), Some("proxy:1"));
@@ -263,13 +274,13 @@ fn the_twin_to_upgrade_follows_upstreams_order() {
         Some(Twin::First)
     );
     // Both or neither settled: the one not working (proxy-1 works here).
-    assert_eq!(twin_to_upgrade(sidecar, &both, |_| true), Some(Twin::Second));
+    assert_eq!(
+        twin_to_upgrade(sidecar, &both, |_| true),
+        Some(Twin::Second)
+    );
     assert_eq!(twin_to_upgrade(sidecar, &both, none), Some(Twin::Second));
     // The twin not chosen already runs the new image: nothing to change.
-    assert_eq!(
-        twin_to_upgrade(sidecar, &pod("proxy:9", EMPTY), none),
-        None
-    );
+    assert_eq!(twin_to_upgrade(sidecar, &pod("proxy:9", EMPTY), none), None);
 }
 
 #[test]
@@ -287,7 +298,12 @@ fn a_pod_already_running_the_image_only_gets_its_hash_entry() {
 fn the_flip_waits_for_the_rest_of_the_pod() {
     let v2 = set("proxy:2", "100");
     let mut pod = pod("proxy:1", EMPTY);
-    pod = apply(&pod, &upgrade_patch(&pod, &v2, &current(), &now()).expect("patch").patch);
+    pod = apply(
+        &pod,
+        &upgrade_patch(&pod, &v2, &current(), &now())
+            .expect("patch")
+            .patch,
+    );
     kubelet_restarts(&mut pod, "proxy-2", true);
     // The app container is not ready: the pod is neither Ready nor ready apart from the old twin.
     let mut not_ready = pod.clone();
@@ -314,7 +330,12 @@ fn the_flip_waits_for_the_rest_of_the_pod() {
 fn the_flip_patch_refuses_a_pod_that_changed() {
     let v2 = set("proxy:2", "100");
     let mut pod = pod("proxy:1", EMPTY);
-    pod = apply(&pod, &upgrade_patch(&pod, &v2, &current(), &now()).expect("patch").patch);
+    pod = apply(
+        &pod,
+        &upgrade_patch(&pod, &v2, &current(), &now())
+            .expect("patch")
+            .patch,
+    );
     kubelet_restarts(&mut pod, "proxy-2", true);
     let flip = flip_of(&v2, &pod).expect("flip");
     // Another writer moved the working twin meanwhile.
@@ -365,4 +386,48 @@ fn ownership_needs_both_twins_and_a_working_entry() {
     let mut cold = owned;
     cold.spec.as_mut().expect("spec").containers[1].name = "proxy".into();
     assert!(!owns(&v2, &cold, &namespaces));
+}
+
+#[test]
+fn flips_wait_for_a_paused_or_not_update_rollout_and_leave_the_batch() {
+    use crate::controllers::sidecarset::plan::flips;
+    use crate::controllers::sidecarset::strategy::{Batch, Hold};
+    use std::sync::Arc;
+
+    let v2 = set("proxy:2", "100");
+    let mut mid = pod("proxy:1", EMPTY);
+    mid = apply(
+        &mid,
+        &upgrade_patch(&mid, &v2, &current(), &now())
+            .expect("patch")
+            .patch,
+    );
+    kubelet_restarts(&mut mid, "proxy-2", true);
+    let owned = vec![Arc::new(pod("proxy:1", EMPTY)), Arc::new(mid)];
+    let views: Vec<_> = owned.iter().map(|p| view(&v2, p)).collect();
+
+    let mut batch = Batch {
+        upgrade: vec![0, 1],
+        ..Default::default()
+    };
+    let found = flips(&v2, &owned, &views, &mut batch);
+    assert_eq!(found.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [1]);
+    assert_eq!(batch.upgrade, [0], "the flipping pod is not upgraded too");
+
+    for hold in [Hold::Paused, Hold::NotUpdate] {
+        let mut batch = Batch {
+            hold: Some(hold.clone()),
+            ..Default::default()
+        };
+        assert!(
+            flips(&v2, &owned, &views, &mut batch).is_empty(),
+            "{hold:?}"
+        );
+    }
+    // Other holds (maxUnavailable, partition) do not stop a flip: it finishes an upgrade.
+    let mut batch = Batch {
+        hold: Some(Hold::Partition { partition: 1 }),
+        ..Default::default()
+    };
+    assert_eq!(flips(&v2, &owned, &views, &mut batch).len(), 1);
 }
