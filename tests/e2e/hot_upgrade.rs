@@ -3,12 +3,15 @@
 //! image change starts the idle twin on the new image, and once the kubelet runs it the old twin
 //! is restarted on the empty image. The pod and its app container stay.
 //!
-//! Images: `e2e/app:v1` is the empty image (`hotUpgradeEmptyImage`), `v2` and `v3` the sidecar's
-//! versions; all are busybox, so every twin runs the sidecar's command whatever its image. That
+//! Images: the test images copied to a repository of these tests' own, `e2e/hot` (the
+//! ImagePullJob test needs `e2e/app:v3` to reach the node through its job only): `v1` is the
+//! empty image (`hotUpgradeEmptyImage`), `v2` and `v3` the sidecar's versions; all are busybox,
+//! so every twin runs the sidecar's command whatever its image. That
 //! command prints the two version variables the twin got through the downward API when it
 //! started, so the test reads them from the container's log, as the sidecar itself sees them.
 
 use std::collections::BTreeMap;
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use futures::TryStreamExt;
@@ -18,6 +21,7 @@ use kruise_rs::apis::SidecarSet;
 use kube::api::{Api, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
+use tokio::sync::OnceCell;
 
 use crate::sidecarset::{deployment, ready, running_pods, status};
 use crate::support::{self, Cluster, TIMEOUT, wait_for};
@@ -315,10 +319,40 @@ struct Images {
     v3: (String, String),
 }
 
+/// The repository the hot-upgrade tests pull from.
+const REPOSITORY: &str = "e2e/hot";
+static COPIED: OnceCell<()> = OnceCell::const_new();
+
 impl Images {
-    fn new(cluster: &Cluster) -> Images {
+    /// `e2e/app:{v1,v2,v3}` copied, registry to registry, to [`REPOSITORY`] (once per run).
+    async fn new(cluster: &Cluster) -> Images {
+        let image = |tag: &str| format!("{}/{REPOSITORY}:{tag}", cluster.registry);
+        COPIED
+            .get_or_init(|| async {
+                for tag in ["v1", "v2", "v3"] {
+                    let out = Command::new("skopeo")
+                        .args([
+                            "copy",
+                            "-q",
+                            "--src-tls-verify=false",
+                            "--dest-tls-verify=false",
+                        ])
+                        .arg(format!("docker://{}", cluster.app_image(tag)))
+                        .arg(format!("docker://{}", image(tag)))
+                        .output()
+                        .expect("running skopeo");
+                    assert!(
+                        out.status.success(),
+                        "skopeo copy {} {}: {}",
+                        cluster.app_image(tag),
+                        image(tag),
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+            })
+            .await;
         let pair = |tag: &str| {
-            let image = cluster.app_image(tag);
+            let image = image(tag);
             let digest = support::registry_digest(&image);
             (image, digest)
         };
@@ -343,7 +377,7 @@ async fn hot_sidecar_twins_swap_on_a_real_kubelet() {
     let cluster = installed.cluster;
     let ns = cluster.namespace("e2e-hot", json!({})).await;
     let name = support::unique_name("hot");
-    let images = Images::new(cluster);
+    let images = Images::new(cluster).await;
     let (empty, v2, v3) = (&images.v1.0, &images.v2.0, &images.v3.0);
 
     create_hot_sidecarset(
@@ -555,7 +589,7 @@ async fn a_failing_hot_image_leaves_the_old_twin_serving() {
     let cluster = installed.cluster;
     let ns = cluster.namespace("e2e-hot-fail", json!({})).await;
     let name = support::unique_name("hot-fail");
-    let images = Images::new(cluster);
+    let images = Images::new(cluster).await;
     let (empty, v2, v3) = (&images.v1.0, &images.v2.0, &images.v3.0);
     let bad = cluster.app_image("no-such-tag");
 
