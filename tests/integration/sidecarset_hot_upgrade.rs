@@ -945,6 +945,111 @@ async fn a_change_beyond_the_image_does_not_upgrade_hot_twins() {
     assert_eq!(working(&after[0]), TWIN1);
 }
 
+// --- Init containers ---------------------------------------------------------------------------
+
+fn init_json(pod: &Pod, name: &str) -> Option<Value> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten())
+        .find(|c| c.name == name)
+        .map(|c| serde_json::to_value(c).expect("a container serializes"))
+}
+
+fn init_names(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten())
+        .map(|c| c.name.clone())
+        .collect()
+}
+
+/// Upstream's injection rule for init containers: a native sidecar (`restartPolicy: Always`)
+/// with `HotUpgrade` gets its twins like a container does, a plain init container is injected
+/// as written whatever its upgrade type; the working map covers every hot sidecar of the pod,
+/// in Go's bytes (keys sorted). The pod is counted by its container twins.
+#[tokio::test]
+async fn native_sidecar_init_containers_get_twins_and_plain_ones_do_not() {
+    let fx = Fixture::new("hot-init").await;
+    let mut spec = hot_set(&fx.name, &fx.app, &fx.ns);
+    // Native sidecars cannot be rolled (validation): NotUpdate, as upstream requires.
+    spec["spec"]["updateStrategy"] = json!({"type": "NotUpdate"});
+    spec["spec"]["initContainers"] = json!([
+        {
+            "name": "netproxy",
+            "image": OLD_IMAGE,
+            "command": ["tail", "-f", "/dev/null"],
+            "restartPolicy": "Always",
+            "upgradeStrategy": {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": EMPTY_IMAGE},
+        },
+        {
+            "name": "setup",
+            "image": EMPTY_IMAGE,
+            "command": ["/bin/sh", "-c", "true"],
+            "upgradeStrategy": {"upgradeType": "HotUpgrade"},
+        },
+    ]);
+    let set = create_sidecarset(&fx.client, &spec).await;
+    let name = fx.start_pods(1, &set).await.remove(0);
+    let pod = fx.pod(&name).await;
+
+    let names = init_names(&pod);
+    for expected in ["netproxy-1", "netproxy-2", "setup"] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "init containers {names:?}"
+        );
+    }
+    assert!(
+        !names
+            .iter()
+            .any(|n| n == "netproxy" || n.starts_with("setup-")),
+        "init containers {names:?}"
+    );
+    let position = |n: &str| names.iter().position(|m| m == n);
+    assert!(position("netproxy-1") < position("netproxy-2"), "{names:?}");
+    let first = init_json(&pod, "netproxy-1").expect("netproxy-1");
+    let second = init_json(&pod, "netproxy-2").expect("netproxy-2");
+    assert_eq!(first["image"], json!(OLD_IMAGE));
+    assert_eq!(second["image"], json!(EMPTY_IMAGE));
+    assert_eq!(first["restartPolicy"], json!("Always"));
+    assert_eq!(second["restartPolicy"], json!("Always"));
+    for (twin, container) in [("netproxy-1", &first), ("netproxy-2", &second)] {
+        let env = container["env"].as_array().cloned().unwrap_or_default();
+        let paths: Vec<&str> = env
+            .iter()
+            .filter_map(|e| e["valueFrom"]["fieldRef"]["fieldPath"].as_str())
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                format!("metadata.annotations['{SIDECARSET_VERSION_PREFIX}{twin}']"),
+                format!("metadata.annotations['{SIDECARSET_VERSION_ALT_PREFIX}{twin}']"),
+            ],
+            "{twin}: {env:?}"
+        );
+    }
+    let setup = init_json(&pod, "setup").expect("setup");
+    assert_eq!(setup["image"], json!(EMPTY_IMAGE));
+    assert!(
+        !setup["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["name"] == SIDECARSET_VERSION_ENV),
+        "a plain init container gets no version env: {setup}"
+    );
+    assert_eq!(
+        annotation(&pod, SIDECARSET_WORKING_HOTUPGRADE_CONTAINER),
+        Some(r#"{"mesh":"mesh-1","netproxy":"netproxy-1"}"#)
+    );
+    for (twin, v, alt) in [("netproxy-1", "1", "0"), ("netproxy-2", "0", "1")] {
+        assert_eq!(version(&pod, twin), Some(v), "{twin}");
+        assert_eq!(version_alt(&pod, twin), Some(alt), "{twin}");
+    }
+    assert_eq!(versions(&pod), some(["1", "0", "0", "1"]));
+    fx.wait(false, counts(1, 1, 1, 1), |_, _| Ok(())).await;
+}
+
 // --- Validation --------------------------------------------------------------------------------
 
 /// Upstream injects a hot sidecar without `hotUpgradeEmptyImage` as an idle twin with no image,
