@@ -11,8 +11,10 @@
 //! 2. **canary** (`apps.kruise.io/sidecarset-canary: "true"` with `apps.kruise.io/sidecarset-base`):
 //!    the base is not the SidecarSet itself, does not change on update, exists among the others
 //!    and is not a canary itself; a canary uses `updateStrategy.type: NotUpdate`.
-//! 3. **native sidecars**: an init container with `restartPolicy: Always` cannot be upgraded in
-//!    place, so its SidecarSet must use `NotUpdate` (the default is `RollingUpdate`).
+//! 3. **native sidecars**: an init container with `restartPolicy: Always` is upgraded in place
+//!    like a container, so any update strategy is accepted (upstream requires `NotUpdate`:
+//!    #1671); but no init container may use `HotUpgrade` (for a native sidecar of a SidecarSet
+//!    that updates pods, the error names the in-place upgrade that applies instead).
 //! 4. **selectors**: `selector` required, valid, non-empty; `namespaceSelector` valid and
 //!    non-empty when set; v1alpha1's `namespace` an RFC 1123 label when set.
 //! 5. **injectionStrategy.revision**: `revisionName` or `customVersion` set, and naming one of
@@ -22,7 +24,7 @@
 //!    `priorityStrategy` one of weight/order, weights 0–100, non-empty valid selectors,
 //!    non-empty ordered keys; `scatterStrategy` non-empty keys, no duplicate key/value.
 //! 7. **containers**: at least one container or init container; per container: no `HotUpgrade`
-//!    (not supported by kruise-rs yet: denied, never ignored); `resourcesPolicy` as upstream
+//!    in `spec.containers` (not supported by kruise-rs yet: denied, never ignored); `resourcesPolicy` as upstream
 //!    (only on native-sidecar init containers, never with explicit resources, a non-empty
 //!    compilable regex, limits or requests, valid expressions); image a valid reference; `transferEnv[].sourceContainerNameFrom.fieldRef` `v1` and
 //!    `metadata.labels['k']` / `metadata.annotations['k']` with a valid key; then Kubernetes' pod
@@ -520,26 +522,29 @@ fn validate_spec(set: &SidecarSet, ctx: &SidecarSetContext<'_>, errs: &mut Vec<F
     validate_patch_pod_metadata(set, ctx.patch_pod_metadata, errs);
 }
 
-/// Upstream reports one `Required` error at `spec.updateStrategy` per native sidecar; we report
-/// one error at the type, naming them.
+/// Native sidecars are upgraded in place by their image, as containers are, so `RollingUpdate`
+/// is accepted with them (upstream refuses it with one `Required` error at
+/// `spec.updateStrategy` per native sidecar: #1671). `HotUpgrade` on an init container is
+/// refused at its `upgradeStrategy.upgradeType`: on a native sidecar of a SidecarSet that
+/// updates pods, naming the in-place upgrade that applies instead; otherwise as not supported
+/// (hot upgrade is for `spec.containers`).
 fn validate_native_sidecars(spec: &SidecarSetSpec, errs: &mut Vec<FieldError>) {
-    if update_type(&spec.update_strategy) != SidecarSetUpdateStrategyType::RollingUpdate {
-        return;
-    }
-    let native: Vec<&str> = spec
-        .init_containers
-        .iter()
-        .filter(|c| is_native_sidecar(&c.container))
-        .map(|c| c.container.name.as_str())
-        .collect();
-    if !native.is_empty() {
-        errs.push(FieldError::invalid(
-            "spec.updateStrategy.type",
-            "RollingUpdate",
-            format!(
-                "the initContainer in-place upgrade is not currently supported: init containers {:?} have restartPolicy Always (native sidecars); use NotUpdate",
-                native
-            ),
+    let updates = update_type(&spec.update_strategy) != SidecarSetUpdateStrategyType::NotUpdate;
+    for (i, c) in spec.init_containers.iter().enumerate() {
+        if upgrade_type(c) != SidecarContainerUpgradeType::HotUpgrade {
+            continue;
+        }
+        let path = child(
+            &child(&index("spec.initContainers", i), "upgradeStrategy"),
+            "upgradeType",
+        );
+        errs.push(FieldError::forbidden(
+            path,
+            if updates && is_native_sidecar(&c.container) {
+                "HotUpgrade is not supported for native sidecars (init containers with restartPolicy Always) of a SidecarSet that updates pods: kruise-rs upgrades them in place by their image; use ColdUpgrade"
+            } else {
+                "HotUpgrade is not supported for init containers by kruise-rs; use ColdUpgrade"
+            },
         ));
     }
 }
@@ -712,6 +717,15 @@ fn validate_containers(spec: &SidecarSetSpec, errs: &mut Vec<FieldError>) {
         ("spec.containers", &spec.containers),
     ] {
         for (i, c) in containers.iter().enumerate() {
+            // Init containers: `validate_native_sidecars`.
+            if list == "spec.containers"
+                && upgrade_type(c) == SidecarContainerUpgradeType::HotUpgrade
+            {
+                errs.push(FieldError::forbidden(
+                    child(&child(&index(list, i), "upgradeStrategy"), "upgradeType"),
+                    "HotUpgrade is not supported by kruise-rs yet; use ColdUpgrade",
+                ));
+            }
             validate_sidecar_fields(c, &index(list, i), errs);
             if let Some(policy) = &c.resources_policy {
                 let path = child(&index(list, i), "resourcesPolicy");
@@ -813,12 +827,6 @@ fn validate_resources_policy(
 /// The SidecarSet-specific fields of one container. Upstream checks transferEnv on containers
 /// only and reports it at `…transferEnv.fieldRef`; we check both lists at the exact index.
 fn validate_sidecar_fields(c: &SidecarContainer, path: &str, errs: &mut Vec<FieldError>) {
-    if upgrade_type(c) == SidecarContainerUpgradeType::HotUpgrade {
-        errs.push(FieldError::forbidden(
-            child(&child(path, "upgradeStrategy"), "upgradeType"),
-            "HotUpgrade is not supported by kruise-rs yet; use ColdUpgrade",
-        ));
-    }
     // Docker's grammar: a reference no runtime can pull fails every injected pod at pull time
     // and the image pre-download at once; refuse it here. (Empty is pod_spec's "Required".)
     if let Some(image) = c

@@ -2,11 +2,14 @@
 //!
 //! A SidecarSet owns a pod (upstream's `getMatchingPods`) when the pod's
 //! `kruise.io/sidecarset-injected-list` names it, the SidecarSet's selector and namespace
-//! selector match it, and every sidecar container of the SidecarSet is in the pod. Pods that
-//! predate the SidecarSet were never injected and are not its to upgrade.
+//! selector match it, and every sidecar container of the SidecarSet is in the pod, its native
+//! sidecars (init containers with `restartPolicy: Always`) among the pod's init containers. Pods
+//! that predate the SidecarSet were never injected and are not its to upgrade.
 //!
-//! Whether a sidecar container *runs its spec image* (upstream's `IsPodStateConsistent`):
-//! - the pod must report as many container statuses as it has containers;
+//! Whether a sidecar container *runs its spec image* (upstream's `IsPodStateConsistent`; a
+//! native sidecar is read from `initContainerStatuses`, by the same rules):
+//! - the pod must report as many container statuses as it has containers (and, for a native
+//!   sidecar, as many init container statuses as it has init containers);
 //! - when every sidecar image of the SidecarSet in the pod is pinned by digest, the status
 //!   imageID must carry that digest;
 //! - otherwise the `kruise.io/sidecarset-inplace-update-state` annotation records each upgraded
@@ -25,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::strategy::{PodPhase, PodView, SidecarView};
-use crate::apis::sidecarset::SidecarSet;
+use crate::apis::sidecarset::{SidecarContainer, SidecarSet};
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE,
@@ -36,6 +39,7 @@ use crate::controllers::shared::pod_summary::{
 use crate::image::ImageRef;
 use crate::sidecar::annotations::{parse_injected_list, pod_entry};
 use crate::sidecar::gojson::html_escape_compact_json;
+use crate::sidecar::hash::is_native_sidecar;
 use crate::sidecar::matching::{pod_namespace, sidecarset_matches_pod};
 
 /// Namespace name to labels, for namespace selectors.
@@ -91,7 +95,28 @@ pub fn owns(set: &SidecarSet, pod: &PodSummary, namespaces: &NamespaceLabels) ->
             .unwrap_or_default()
             .iter()
             .any(|c| c.name == sidecar.container.name)
-    })
+    }) && native_sidecars(set, pod).count() == native_sidecar_specs(set).count()
+}
+
+/// The SidecarSet's native sidecars: its init containers with `restartPolicy: Always`.
+fn native_sidecar_specs(set: &SidecarSet) -> impl Iterator<Item = &SidecarContainer> {
+    set.spec
+        .init_containers
+        .iter()
+        .filter(|c| is_native_sidecar(c))
+}
+
+/// The pod's init containers that are `set`'s native sidecars, in the SidecarSet's order.
+fn native_sidecars<'a>(
+    set: &'a SidecarSet,
+    pod: &'a PodSummary,
+) -> impl Iterator<Item = &'a ContainerSummary> {
+    let init = pod
+        .spec
+        .as_ref()
+        .map(|s| s.init_containers.as_slice())
+        .unwrap_or_default();
+    native_sidecar_specs(set).filter_map(move |s| init.iter().find(|c| c.name == s.container.name))
 }
 
 /// One SidecarSet's record in `kruise.io/sidecarset-inplace-update-state` (upstream's
@@ -229,9 +254,21 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
         .iter()
         .filter_map(|s| containers.iter().find(|c| c.name == s.container.name))
         .collect();
-    let all_digests = sidecar_containers.iter().all(|c| {
-        ImageRef::parse(c.image.as_deref().unwrap_or_default()).is_ok_and(|r| r.digest().is_some())
-    });
+    let native_containers: Vec<&ContainerSummary> = native_sidecars(set, pod).collect();
+    let init_statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_deref())
+        .unwrap_or_default();
+    let init_count = pod.spec.as_ref().map_or(0, |s| s.init_containers.len());
+    let init_reported = all_reported && init_statuses.len() == init_count;
+    let all_digests = sidecar_containers
+        .iter()
+        .chain(&native_containers)
+        .all(|c| {
+            ImageRef::parse(c.image.as_deref().unwrap_or_default())
+                .is_ok_and(|r| r.digest().is_some())
+        });
     let states = annotations
         .and_then(|a| a.get(SIDECARSET_INPLACE_UPDATE_STATE))
         .map(|v| parse_update_states(v));
@@ -257,6 +294,15 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
                     && runs_spec_image(c, status, all_digests, before(&c.name)),
             }
         })
+        .chain(native_containers.iter().map(|c| {
+            let status = init_statuses.iter().find(|s| s.name == c.name);
+            SidecarView {
+                name: c.name.clone(),
+                ready: status.is_some_and(|s| s.ready),
+                image_running: init_reported
+                    && runs_spec_image(c, status, all_digests, before(&c.name)),
+            }
+        }))
         .collect();
     let ready_condition = pod_condition(pod, "Ready");
     let phase = phase(pod);

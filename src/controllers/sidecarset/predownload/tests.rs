@@ -754,3 +754,26 @@ fn listed_nodes_stay_and_new_targets_are_appended() {
     keep_listed_nodes(&mut plans, &existing);
     assert_eq!(plans[0].nodes, ["n1", "n2", "n3"]);
 }
+
+#[test]
+fn native_sidecar_images_are_pre_downloaded_too() {
+    let mut s = set(json!({"type": "RollingUpdate"}), &[]);
+    s.spec.init_containers = serde_json::from_value(json!([
+        {"name": "setup", "image": "setup:2"},
+        {"name": "agent", "image": "agent:2", "restartPolicy": "Always"},
+    ]))
+    .expect("init containers");
+    let mut p = (*old("web-0", "node-1")).clone();
+    p.spec.as_mut().expect("spec").init_containers = serde_json::from_value(json!([
+        {"name": "setup", "image": "setup:1"},
+        {"name": "agent", "image": "agent:1"},
+    ]))
+    .expect("init containers");
+    // The plain init container `setup` never runs again: its image is not wanted.
+    assert_eq!(
+        missing_images(&s, &p),
+        [("proxy", "proxy:2"), ("agent", "agent:2")]
+    );
+    p.spec.as_mut().expect("spec").init_containers[1].image = Some("agent:2".into());
+    assert_eq!(missing_images(&s, &p), [("proxy", "proxy:2")]);
+}
