@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use kruise_rs::apis::SidecarSet;
+use kruise_rs::apis::well_known::{SIDECARSET_CONTAINER_LABEL, SIDECARSET_NAME_LABEL};
+use kruise_rs::apis::{ImagePullJob, SidecarSet};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
@@ -85,10 +86,11 @@ fn in_flight(pod: &Pod, image: &str, digest: &str) -> bool {
 
 /// The measurement of docs/decisions/0013-native-sidecars-upgraded-in-place.md as a test,
 /// through the controller: two pods of a Deployment run a native sidecar on v1; the SidecarSet
-/// moves it to v2; each pod's init container is patched and restarted by the kubelet on v2 (the
-/// new imageID, one more restart) while the app container keeps running (same restartCount and
-/// startedAt, same pod UID), at most one pod unavailable at once, and the SidecarSet reports
-/// every pod updated and ready.
+/// moves it to v2, paused first while the daemon pre-downloads v2 (an ImagePullJob for the
+/// native sidecar, no pod patched); once resumed, each pod's init container is patched and
+/// restarted by the kubelet on v2 (the new imageID, one more restart) while the app container
+/// keeps running (same restartCount and startedAt, same pod UID), at most one pod unavailable
+/// at once, and the SidecarSet reports every pod updated and ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn native_sidecar_upgraded_in_place_by_the_kubelet() {
     let installed = support::installed().await;
@@ -162,15 +164,57 @@ async fn native_sidecar_upgraded_in_place_by_the_kubelet() {
             }
         })
     };
+    // Pre-download, proved by pausing the rollout: the SidecarSet's ImagePullJob for the native
+    // sidecar pulls v2 onto the node while no pod is patched.
+    sidecarsets
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "initContainers": init_containers(&v2),
+                "updateStrategy": {"paused": true},
+            }})),
+        )
+        .await
+        .expect("changing the native sidecar's image, paused");
+    let jobs: Api<ImagePullJob> = Api::all(cluster.client());
+    let job_selector = ListParams::default().labels(&format!(
+        "{SIDECARSET_NAME_LABEL}={name},{SIDECARSET_CONTAINER_LABEL}={NATIVE}"
+    ));
+    wait_for(
+        "the native sidecar's image pulled by the SidecarSet's ImagePullJob",
+        TIMEOUT,
+        || async {
+            let list = jobs.list(&job_selector).await.ok()?.items;
+            let job = list.first()?;
+            assert_eq!(
+                job.spec.image, v2,
+                "the job pulls the new native sidecar image"
+            );
+            let status = job.status.as_ref()?;
+            (status.succeeded >= 1).then_some(())
+        },
+    )
+    .await;
+    for pod in pods.list(&ListParams::default()).await.expect("pods").items {
+        if pod.metadata.labels.as_ref().and_then(|l| l.get("app")) == Some(&name) {
+            assert_eq!(
+                init_spec_image(&pod, NATIVE).as_deref(),
+                Some(v1.as_str()),
+                "paused: not patched yet"
+            );
+        }
+    }
+
     let started = Instant::now();
     sidecarsets
         .patch(
             &name,
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"initContainers": init_containers(&v2)}})),
+            &Patch::Merge(json!({"spec": {"updateStrategy": {"paused": false}}})),
         )
         .await
-        .expect("changing the native sidecar's image");
+        .expect("resuming the rollout");
     wait_for(
         "the SidecarSet to report every pod updated and ready",
         TIMEOUT,
