@@ -9,5 +9,6 @@ mod support;
 
 mod imagepulljob;
 mod lifecycle;
+mod native_sidecar;
 mod predownload;
 mod sidecarset;

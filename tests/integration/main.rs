@@ -16,6 +16,7 @@ mod node_infra;
 mod nodeimage;
 mod rbac_matrix;
 mod sidecarset_crash;
+mod sidecarset_native;
 mod sidecarset_predownload;
 mod sidecarset_predownload_e2e;
 mod sidecarset_resources_policy;
