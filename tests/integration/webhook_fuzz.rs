@@ -823,7 +823,7 @@ fn generate_sidecarset(
     let has_native = init_containers
         .iter()
         .any(|c| c["restartPolicy"] == json!("Always"));
-    // Native sidecars need NotUpdate (the validator denies the others: that is tested too).
+    // NotUpdate mostly with native sidecars (RollingUpdate upgrades them in place: both valid).
     if (has_native && rng.chance(85)) || rng.chance(15) {
         spec["updateStrategy"] = json!({"type": "NotUpdate"});
     }

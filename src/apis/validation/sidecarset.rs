@@ -11,8 +11,11 @@
 //! 2. **canary** (`apps.kruise.io/sidecarset-canary: "true"` with `apps.kruise.io/sidecarset-base`):
 //!    the base is not the SidecarSet itself, does not change on update, exists among the others
 //!    and is not a canary itself; a canary uses `updateStrategy.type: NotUpdate`.
-//! 3. **native sidecars**: an init container with `restartPolicy: Always` cannot be upgraded in
-//!    place, so its SidecarSet must use `NotUpdate` (the default is `RollingUpdate`).
+//! 3. **native sidecars**: an init container with `restartPolicy: Always` is upgraded in place
+//!    like a container, so any update strategy is accepted (upstream requires `NotUpdate`:
+//!    #1671); `HotUpgrade` only on a native sidecar of a `NotUpdate` SidecarSet (injected as
+//!    twins, never upgraded; for one that updates pods, the error names the in-place upgrade
+//!    that applies instead; a plain init container never).
 //! 4. **selectors**: `selector` required, valid, non-empty; `namespaceSelector` valid and
 //!    non-empty when set; v1alpha1's `namespace` an RFC 1123 label when set.
 //! 5. **injectionStrategy.revision**: `revisionName` or `customVersion` set, and naming one of
@@ -522,26 +525,33 @@ fn validate_spec(set: &SidecarSet, ctx: &SidecarSetContext<'_>, errs: &mut Vec<F
     validate_patch_pod_metadata(set, ctx.patch_pod_metadata, errs);
 }
 
-/// Upstream reports one `Required` error at `spec.updateStrategy` per native sidecar; we report
-/// one error at the type, naming them.
+/// Native sidecars are upgraded in place by their image, as containers are, so `RollingUpdate`
+/// is accepted with them (upstream refuses it with one `Required` error at
+/// `spec.updateStrategy` per native sidecar: #1671). `HotUpgrade` on an init container is
+/// refused at its `upgradeStrategy.upgradeType`: on a native sidecar of a SidecarSet that
+/// updates pods, naming the in-place upgrade that applies instead; on a plain init container
+/// as not supported (upstream ignores it there). A native sidecar of a `NotUpdate` SidecarSet
+/// may use it: it is injected as twins, as upstream does, and never upgraded.
 fn validate_native_sidecars(spec: &SidecarSetSpec, errs: &mut Vec<FieldError>) {
-    if update_type(&spec.update_strategy) != SidecarSetUpdateStrategyType::RollingUpdate {
-        return;
-    }
-    let native: Vec<&str> = spec
-        .init_containers
-        .iter()
-        .filter(|c| is_native_sidecar(&c.container))
-        .map(|c| c.container.name.as_str())
-        .collect();
-    if !native.is_empty() {
-        errs.push(FieldError::invalid(
-            "spec.updateStrategy.type",
-            "RollingUpdate",
-            format!(
-                "the initContainer in-place upgrade is not currently supported: init containers {:?} have restartPolicy Always (native sidecars); use NotUpdate",
-                native
-            ),
+    let updates = update_type(&spec.update_strategy) != SidecarSetUpdateStrategyType::NotUpdate;
+    for (i, c) in spec.init_containers.iter().enumerate() {
+        let native = is_native_sidecar(&c.container);
+        // Twins at injection, as upstream's; never upgraded (`validate_sidecar_fields` checks
+        // the empty image).
+        if upgrade_type(c) != SidecarContainerUpgradeType::HotUpgrade || (native && !updates) {
+            continue;
+        }
+        let path = child(
+            &child(&index("spec.initContainers", i), "upgradeStrategy"),
+            "upgradeType",
+        );
+        errs.push(FieldError::forbidden(
+            path,
+            if native {
+                "HotUpgrade is not supported for native sidecars (init containers with restartPolicy Always) of a SidecarSet that updates pods: kruise-rs upgrades them in place by their image; use ColdUpgrade"
+            } else {
+                "HotUpgrade is not supported for init containers by kruise-rs; use ColdUpgrade"
+            },
         ));
     }
 }

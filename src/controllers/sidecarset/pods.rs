@@ -2,13 +2,17 @@
 //!
 //! A SidecarSet owns a pod (upstream's `getMatchingPods`) when the pod's
 //! `kruise.io/sidecarset-injected-list` names it, the SidecarSet's selector and namespace
-//! selector match it, and every sidecar container of the SidecarSet is in the pod. Pods that
-//! predate the SidecarSet were never injected and are not its to upgrade. A hot-upgrade sidecar
-//! is in the pod when both its twins are and the pod's working annotation has an entry for it
-//! (upstream's `IsPodConsistentWithSidecarSet`); its twins are two sidecar containers below.
+//! selector match it, and every sidecar container of the SidecarSet is in the pod, its native
+//! sidecars (init containers with `restartPolicy: Always`) among the pod's init containers. Pods
+//! that predate the SidecarSet were never injected and are not its to upgrade. A hot-upgrade
+//! sidecar is in the pod when both its twins are and the pod's working annotation has an entry
+//! for it (upstream's `IsPodConsistentWithSidecarSet`); its twins are two sidecar containers
+//! below.
 //!
-//! Whether a sidecar container *runs its spec image* (upstream's `IsPodStateConsistent`):
-//! - the pod must report as many container statuses as it has containers;
+//! Whether a sidecar container *runs its spec image* (upstream's `IsPodStateConsistent`; a
+//! native sidecar is read from `initContainerStatuses`, by the same rules):
+//! - the pod must report as many container statuses as it has containers (and, for a native
+//!   sidecar, as many init container statuses as it has init containers);
 //! - when every sidecar image of the SidecarSet in the pod is pinned by digest, the status
 //!   imageID must carry that digest;
 //! - otherwise the `kruise.io/sidecarset-inplace-update-state` annotation records each upgraded
@@ -28,7 +32,7 @@ use serde_json::Value;
 
 use super::hot_upgrade::others_on_empty_image;
 use super::strategy::{PodPhase, PodView, SidecarView};
-use crate::apis::sidecarset::SidecarSet;
+use crate::apis::sidecarset::{SidecarContainer, SidecarSet};
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE,
@@ -39,7 +43,8 @@ use crate::controllers::shared::pod_summary::{
 use crate::image::ImageRef;
 use crate::sidecar::annotations::{parse_injected_list, pod_entry};
 use crate::sidecar::gojson::html_escape_compact_json;
-use crate::sidecar::hot_upgrade::{is_hot_upgrade, is_twin_of, pod_has_twins, working_twins};
+use crate::sidecar::hash::is_native_sidecar;
+use crate::sidecar::hot_upgrade::{injects_twins, is_twin_of, pod_has_twins, working_twins};
 use crate::sidecar::matching::{pod_namespace, sidecarset_matches_pod};
 
 /// Namespace name to labels, for namespace selectors.
@@ -94,20 +99,80 @@ pub fn owns(set: &SidecarSet, pod: &PodSummary, namespaces: &NamespaceLabels) ->
         .as_ref()
         .map(|s| s.containers.as_slice())
         .unwrap_or_default();
+    let init = pod
+        .spec
+        .as_ref()
+        .map(|s| s.init_containers.as_slice())
+        .unwrap_or_default();
     let working = working_twins(pod.metadata.annotations.as_ref());
-    set.spec.containers.iter().all(|sidecar| {
-        let name = &sidecar.container.name;
-        if is_hot_upgrade(sidecar) {
-            pod_has_twins(name, containers.iter().map(|c| c.name.as_str()), &working)
+    set.spec
+        .containers
+        .iter()
+        .all(|sidecar| in_pod(sidecar, false, containers, &working))
+        && native_sidecar_specs(set).all(|sidecar| in_pod(sidecar, true, init, &working))
+}
+
+/// Whether `sidecar` is among `containers` (the pod's containers, or with `init_container` its
+/// init containers): by name, or as both twins with a working entry.
+fn in_pod(
+    sidecar: &SidecarContainer,
+    init_container: bool,
+    containers: &[ContainerSummary],
+    working: &BTreeMap<String, String>,
+) -> bool {
+    let name = &sidecar.container.name;
+    if injects_twins(sidecar, init_container) {
+        pod_has_twins(name, containers.iter().map(|c| c.name.as_str()), working)
+    } else {
+        containers.iter().any(|c| &c.name == name)
+    }
+}
+
+/// The containers of `containers` that are `sidecar` in a pod: itself by name, or its twins.
+fn named_in_pod<'a>(
+    sidecar: &'a SidecarContainer,
+    init_container: bool,
+    containers: &'a [ContainerSummary],
+) -> impl Iterator<Item = &'a ContainerSummary> {
+    let name = &sidecar.container.name;
+    let twins = injects_twins(sidecar, init_container);
+    containers.iter().filter(move |c| {
+        if twins {
+            is_twin_of(&c.name, name)
         } else {
-            containers.iter().any(|c| &c.name == name)
+            &c.name == name
         }
     })
 }
 
-/// The names `set`'s sidecar containers have in `pod`: a sidecar's own name, or both twins of
-/// a hot-upgrade sidecar; only those the pod has.
-pub fn sidecar_containers<'a>(set: &SidecarSet, pod: &'a PodSummary) -> Vec<&'a ContainerSummary> {
+/// The SidecarSet's native sidecars: its init containers with `restartPolicy: Always`.
+fn native_sidecar_specs(set: &SidecarSet) -> impl Iterator<Item = &SidecarContainer> {
+    set.spec
+        .init_containers
+        .iter()
+        .filter(|c| is_native_sidecar(c))
+}
+
+/// The pod's init containers that are `set`'s native sidecars (or their twins), in the
+/// SidecarSet's order.
+fn native_sidecars<'a>(
+    set: &'a SidecarSet,
+    pod: &'a PodSummary,
+) -> impl Iterator<Item = &'a ContainerSummary> {
+    let init = pod
+        .spec
+        .as_ref()
+        .map(|s| s.init_containers.as_slice())
+        .unwrap_or_default();
+    native_sidecar_specs(set).flat_map(move |s| named_in_pod(s, true, init))
+}
+
+/// The containers of `pod` that are `set`'s sidecar containers (not its native sidecars): a
+/// sidecar's own name, or both twins of a hot-upgrade sidecar; only those the pod has.
+pub fn sidecar_containers<'a>(
+    set: &'a SidecarSet,
+    pod: &'a PodSummary,
+) -> Vec<&'a ContainerSummary> {
     let containers = pod
         .spec
         .as_ref()
@@ -116,17 +181,7 @@ pub fn sidecar_containers<'a>(set: &SidecarSet, pod: &'a PodSummary) -> Vec<&'a 
     set.spec
         .containers
         .iter()
-        .flat_map(|sidecar| {
-            let name = &sidecar.container.name;
-            let hot = is_hot_upgrade(sidecar);
-            containers.iter().filter(move |c| {
-                if hot {
-                    is_twin_of(&c.name, name)
-                } else {
-                    &c.name == name
-                }
-            })
-        })
+        .flat_map(|sidecar| named_in_pod(sidecar, false, containers))
         .collect()
 }
 
@@ -260,9 +315,21 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
         .unwrap_or_default();
     let all_reported = statuses.len() == containers.len();
     let sidecar_containers = sidecar_containers(set, pod);
-    let all_digests = sidecar_containers.iter().all(|c| {
-        ImageRef::parse(c.image.as_deref().unwrap_or_default()).is_ok_and(|r| r.digest().is_some())
-    });
+    let native_containers: Vec<&ContainerSummary> = native_sidecars(set, pod).collect();
+    let init_statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_deref())
+        .unwrap_or_default();
+    let init_count = pod.spec.as_ref().map_or(0, |s| s.init_containers.len());
+    let init_reported = all_reported && init_statuses.len() == init_count;
+    let all_digests = sidecar_containers
+        .iter()
+        .chain(&native_containers)
+        .all(|c| {
+            ImageRef::parse(c.image.as_deref().unwrap_or_default())
+                .is_ok_and(|r| r.digest().is_some())
+        });
     let states = annotations
         .and_then(|a| a.get(SIDECARSET_INPLACE_UPDATE_STATE))
         .map(|v| parse_update_states(v));
@@ -288,6 +355,15 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
                     && runs_spec_image(c, status, all_digests, before(&c.name)),
             }
         })
+        .chain(native_containers.iter().map(|c| {
+            let status = init_statuses.iter().find(|s| s.name == c.name);
+            SidecarView {
+                name: c.name.clone(),
+                ready: status.is_some_and(|s| s.ready),
+                image_running: init_reported
+                    && runs_spec_image(c, status, all_digests, before(&c.name)),
+            }
+        }))
         .collect();
     let ready_condition = pod_condition(pod, "Ready");
     let phase = phase(pod);

@@ -2,8 +2,10 @@
 //! the pod condition that says a pod cannot be upgraded in place.
 //!
 //! The upgrade is one JSON patch:
-//! - the `image` of each of the SidecarSet's containers whose image differs, and nothing else of
-//!   the spec (Kubernetes allows no other in-place change; init containers are never touched);
+//! - the `image` of each of the SidecarSet's containers and native sidecars (init containers
+//!   with `restartPolicy: Always`, which kubelet restarts on their new image) whose image
+//!   differs, and nothing else of the spec (Kubernetes allows no other in-place change; plain
+//!   init containers are never touched);
 //! - this SidecarSet's entry in `kruise.io/sidecarset-hash`: the current hash, the latest
 //!   ControllerRevision, the sidecar list and now; the other SidecarSets' entries unchanged;
 //! - this SidecarSet's record in `kruise.io/sidecarset-inplace-update-state`: each changed
@@ -56,7 +58,7 @@ pub enum UpgradeError {
 #[derive(Debug)]
 pub struct Upgrade {
     pub patch: json_patch::Patch,
-    /// The containers whose image changes.
+    /// The containers (native sidecars included) whose image changes.
     pub changed: Vec<String>,
 }
 
@@ -174,6 +176,31 @@ pub fn upgrade_patch(
             record_upgrade(&mut after, &sidecar.container.name, twin, resource_version);
         }
     }
+    let init_containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.init_containers.as_slice())
+        .unwrap_or_default();
+    for sidecar in set
+        .spec
+        .init_containers
+        .iter()
+        .filter(|c| is_native_sidecar(c))
+    {
+        let Some((i, container)) = init_containers
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.name == sidecar.container.name)
+        else {
+            continue;
+        };
+        if container.image == sidecar.container.image {
+            continue;
+        }
+        ops.push(json!({"op": "test", "path": format!("/spec/initContainers/{i}/name"), "value": container.name}));
+        writes.push(json!({"op": "replace", "path": format!("/spec/initContainers/{i}/image"), "value": sidecar.container.image}));
+        changed.push(container.name.clone());
+    }
 
     let old_hashes = annotations.get(SIDECARSET_HASH);
     let mut hashes = match old_hashes {
@@ -209,14 +236,18 @@ pub fn upgrade_patch(
                 update_timestamp: Some(now.clone()),
                 ..Default::default()
             });
-        let statuses = pod
-            .status
-            .as_ref()
+        let status = pod.status.as_ref();
+        let statuses = status
             .and_then(|s| s.container_statuses.as_deref())
             .unwrap_or_default();
+        let init_statuses = status
+            .and_then(|s| s.init_container_statuses.as_deref())
+            .unwrap_or_default();
         for container in &changed {
+            // Names are unique across a pod's containers and init containers.
             let image_id = statuses
                 .iter()
+                .chain(init_statuses)
                 .find(|s| &s.name == container)
                 .map(|s| s.image_id.clone())
                 .unwrap_or_default();

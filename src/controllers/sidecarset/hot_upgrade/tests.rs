@@ -431,3 +431,41 @@ fn flips_wait_for_a_paused_or_not_update_rollout_and_leave_the_batch() {
     };
     assert_eq!(flips(&v2, &owned, &views, &mut batch).len(), 1);
 }
+
+#[test]
+fn native_sidecar_twins_are_owned_and_viewed_never_flipped() {
+    let spec: SidecarSetSpec = serde_json::from_value(json!({
+        "selector": {"matchLabels": {"app": "web"}},
+        "initContainers": [{"name": "envoy", "image": "envoy:2", "restartPolicy": "Always",
+            "upgradeStrategy": {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": EMPTY}}],
+        "updateStrategy": {"type": "NotUpdate"},
+    }))
+    .expect("spec");
+    let set = SidecarSet::new("mesh", spec);
+    let mut pod = pod("proxy:1", EMPTY);
+    let annotations = pod.metadata.annotations.as_mut().expect("annotations");
+    annotations.insert(
+        SIDECARSET_WORKING_HOTUPGRADE_CONTAINER.into(),
+        r#"{"envoy":"envoy-1","proxy":"proxy-1"}"#.into(),
+    );
+    let spec = pod.spec.as_mut().expect("spec");
+    spec.init_containers = serde_json::from_value(json!([
+        {"name": "envoy-1", "image": "envoy:1"},
+        {"name": "envoy-2", "image": EMPTY},
+    ]))
+    .expect("init containers");
+    assert!(owns(&set, &pod, &Default::default()));
+    let names: Vec<String> = view(&set, &pod)
+        .sidecars
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(names, ["envoy-1", "envoy-2"]);
+    assert!(
+        flip_of(&set, &pod).is_none(),
+        "init twins are never flipped"
+    );
+    // Without its twins the pod is not this SidecarSet's.
+    pod.spec.as_mut().expect("spec").init_containers.truncate(1);
+    assert!(!owns(&set, &pod, &Default::default()));
+}

@@ -788,3 +788,26 @@ fn a_hot_sidecar_needs_its_image_when_neither_twin_has_it() {
     cold.spec.as_mut().expect("spec").containers.truncate(0);
     assert!(missing_images(&hot, &cold).is_empty());
 }
+
+#[test]
+fn native_sidecar_images_are_pre_downloaded_too() {
+    let mut s = set(json!({"type": "RollingUpdate"}), &[]);
+    s.spec.init_containers = serde_json::from_value(json!([
+        {"name": "setup", "image": "setup:2"},
+        {"name": "agent", "image": "agent:2", "restartPolicy": "Always"},
+    ]))
+    .expect("init containers");
+    let mut p = (*old("web-0", "node-1")).clone();
+    p.spec.as_mut().expect("spec").init_containers = serde_json::from_value(json!([
+        {"name": "setup", "image": "setup:1"},
+        {"name": "agent", "image": "agent:1"},
+    ]))
+    .expect("init containers");
+    // The plain init container `setup` never runs again: its image is not wanted.
+    assert_eq!(
+        missing_images(&s, &p),
+        [("proxy", "proxy:2"), ("agent", "agent:2")]
+    );
+    p.spec.as_mut().expect("spec").init_containers[1].image = Some("agent:2".into());
+    assert_eq!(missing_images(&s, &p), [("proxy", "proxy:2")]);
+}
