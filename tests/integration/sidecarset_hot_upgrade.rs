@@ -964,9 +964,10 @@ fn init_names(pod: &Pod) -> Vec<String> {
 }
 
 /// Upstream's injection rule for init containers: a native sidecar (`restartPolicy: Always`)
-/// with `HotUpgrade` gets its twins like a container does, a plain init container is injected
-/// as written whatever its upgrade type; the working map covers every hot sidecar of the pod,
-/// in Go's bytes (keys sorted). The pod is counted by its container twins.
+/// with `HotUpgrade` gets its twins like a container does (kruise-rs admits that in a
+/// `NotUpdate` SidecarSet only), a plain init container is injected as written; the working
+/// map covers every hot sidecar of the pod, in Go's bytes (keys sorted). The pod is counted by
+/// its container twins.
 #[tokio::test]
 async fn native_sidecar_init_containers_get_twins_and_plain_ones_do_not() {
     let fx = Fixture::new("hot-init").await;
@@ -985,7 +986,6 @@ async fn native_sidecar_init_containers_get_twins_and_plain_ones_do_not() {
             "name": "setup",
             "image": EMPTY_IMAGE,
             "command": ["/bin/sh", "-c", "true"],
-            "upgradeStrategy": {"upgradeType": "HotUpgrade"},
         },
     ]);
     let set = create_sidecarset(&fx.client, &spec).await;
@@ -1061,7 +1061,7 @@ async fn hot_upgrade_without_an_empty_image_is_refused_naming_the_field() {
     let mut spec = hot_set(&name, "x", "x");
     spec["spec"]["containers"][0]["upgradeStrategy"] = json!({"upgradeType": "HotUpgrade"});
     let set: SidecarSet = serde_json::from_value(spec).expect("a SidecarSet");
-    let result = Api::<SidecarSet>::all(client)
+    let result = Api::<SidecarSet>::all(client.clone())
         .create(&PostParams::default(), &set)
         .await;
     let message = match result {
@@ -1074,4 +1074,29 @@ async fn hot_upgrade_without_an_empty_image_is_refused_naming_the_field() {
         message.contains("spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage"),
         "{message}"
     );
+
+    // On init containers: a plain one never (upstream ignores it there); a native sidecar only
+    // in a SidecarSet that does not update pods (kruise-rs upgrades native sidecars in place).
+    let hot = json!({"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": EMPTY_IMAGE});
+    let mut spec = hot_set(&unique_name("hot-init-bad"), "x", "x");
+    spec["spec"]["initContainers"] = json!([
+        {"name": "native", "image": OLD_IMAGE, "restartPolicy": "Always", "upgradeStrategy": hot},
+        {"name": "plain", "image": OLD_IMAGE, "upgradeStrategy": {"upgradeType": "HotUpgrade"}},
+    ]);
+    let set: SidecarSet = serde_json::from_value(spec).expect("a SidecarSet");
+    let message = match Api::<SidecarSet>::all(client)
+        .create(&PostParams::default(), &set)
+        .await
+    {
+        Err(kube::Error::Api(status)) => status.message,
+        other => {
+            panic!("HotUpgrade init containers of a rolling SidecarSet were admitted: {other:?}")
+        }
+    };
+    for field in [
+        "spec.initContainers[0].upgradeStrategy.upgradeType",
+        "spec.initContainers[1].upgradeStrategy.upgradeType",
+    ] {
+        assert!(message.contains(field), "{field}: {message}");
+    }
 }
