@@ -569,6 +569,72 @@ async fn an_image_change_upgrades_the_idle_twin_then_empties_the_old_one() {
     assert_eq!(restarts(back, "main"), restarts(&before, "main"));
 }
 
+/// Upstream checks a paused rollout before it flips: a pod upgraded before the pause keeps
+/// its old twin on the old image, even once the new twin runs, until the rollout resumes.
+#[tokio::test]
+async fn a_paused_rollout_holds_the_flip_until_it_resumes() {
+    let fx = Fixture::new("hot-paused").await;
+    let mut spec = hot_set(&fx.name, &fx.app, &fx.ns);
+    let set = create_sidecarset(&fx.client, &spec).await;
+    let name = fx.start_pods(1, &set).await.remove(0);
+    fx.wait(false, counts(1, 1, 1, 1), |set, _| rollout_done(set))
+        .await;
+
+    let containers = containers_with(&mut spec, "image", json!(NEW_IMAGE));
+    update_spec(&fx.client, &fx.name, json!({"containers": containers})).await;
+    fx.wait(false, counts(1, 1, 0, 0), |_, pods| {
+        (spec_image(&pods[0], TWIN2) == NEW_IMAGE)
+            .then_some(())
+            .ok_or_else(|| "mesh-2 not upgraded yet".to_owned())
+    })
+    .await;
+    update_spec(
+        &fx.client,
+        &fx.name,
+        json!({"updateStrategy": {"paused": true}}),
+    )
+    .await;
+    fx.wait(false, counts(1, 1, 0, 0), |_, _| Ok(())).await;
+    kubelet::restart_changed(&fx.pods, &name)
+        .await
+        .expect("mesh-2 had a new image to run");
+    // A spec change after the restart: once its generation is observed, the controller has
+    // seen the new twin running, paused.
+    update_spec(
+        &fx.client,
+        &fx.name,
+        json!({"updateStrategy": {"paused": true, "maxUnavailable": 2}}),
+    )
+    .await;
+    // (Every pod is updated, so `RolloutHeld` says `Updated`, not `Paused`: no pod waits for
+    // the batch; the flip is held all the same.)
+    let (_, pods) = fx.wait(false, counts(1, 1, 0, 0), |_, _| Ok(())).await;
+    let pod = &pods[0];
+    assert!(
+        kubelet::runs(pod, TWIN2, NEW_IMAGE),
+        "{}",
+        describe_twins(pod)
+    );
+    assert_eq!(
+        spec_image(pod, TWIN1),
+        OLD_IMAGE,
+        "paused: no flip; {}",
+        describe_twins(pod)
+    );
+
+    update_spec(
+        &fx.client,
+        &fx.name,
+        json!({"updateStrategy": {"paused": false}}),
+    )
+    .await;
+    fx.wait(true, counts(1, 1, 1, 1), |set, pods| {
+        rollout_done(set)?;
+        all_at_rest(pods, TWIN2, NEW_IMAGE)
+    })
+    .await;
+}
+
 // --- 3. maxUnavailable -------------------------------------------------------------------------
 
 /// Whether the pod is in the middle of a hot upgrade to `image`: its hash is `hash` (updated),
