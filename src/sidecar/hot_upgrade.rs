@@ -2,10 +2,9 @@
 //! annotations that say which twin works and which version each runs. Pure, in upstream's
 //! names and bytes, so pods that upstream's webhook injected are read the same way.
 //!
-//! **Not wired in yet.** Injection still leaves out SidecarSets that use `HotUpgrade`
-//! ([`super::unsupported`]) and the controller still owns pods by exact container names. This
-//! module is used by injection once the controller side lands (the upgrade and the flip, see
-//! `docs/hot-upgrade-plan.md`); until then nothing outside its tests calls it.
+//! Injection ([`super::injection`]) builds the twins with [`expand`]; the controller reads the
+//! annotations to upgrade one twin and later reset the other
+//! (`controllers::sidecarset::hot_upgrade`).
 //!
 //! # The shape of a hot-upgrade sidecar in a pod
 //!
@@ -391,7 +390,7 @@ pub fn twin_versions<'a>(
 /// controller does in the same pod update as the image change: the working map names
 /// `upgraded`; `version.<upgraded>` = `resource_version`; `versionalt.<upgraded>` = the other
 /// twin's version (`""` when it has none, as upstream copies a missing value);
-/// `versionalt.<other>` = `resource_version`. For the controller side (not called yet). Several
+/// `versionalt.<other>` = `resource_version`. Several
 /// hot sidecars of one pod are recorded one after the other on the same map, as upstream does.
 pub fn record_upgrade(
     annotations: &mut BTreeMap<String, String>,
@@ -418,7 +417,7 @@ pub fn record_upgrade(
 
 /// Records in a pod's annotations that the other twin of a hot-upgrade sidecar went back to the
 /// empty image (upstream's flip): `version.<other>` = `"0"`, `versionalt.<working>` = `"0"`.
-/// For the controller side (not called yet).
+///
 pub fn record_flip(annotations: &mut BTreeMap<String, String>, roles: &TwinRoles) {
     annotations.insert(version_annotation(&roles.other), EMPTY_VERSION.to_owned());
     annotations.insert(

@@ -18,11 +18,15 @@
 //!    alike, one whose name the pod already has replaces it in place, the others go in front
 //!    (`BeforeAppContainer`, in encounter order) or at the end (`AfterAppContainer`). An unset
 //!    policy means what defaulting writes: containers in front, init containers at the end.
-//! 5. When anything was injected, the hash annotations get an entry per injecting SidecarSet
+//! 5. A hot-upgrade sidecar (`upgradeType: HotUpgrade`, on a container or a native-sidecar
+//!    init container) is injected as its two twins, built from the container of step 2
+//!    ([`super::hot_upgrade`]), with their version annotations and the pod's
+//!    `kruise.io/sidecarset-working-hotupgrade-container` map (its old entries kept).
+//! 6. When anything was injected, the hash annotations get an entry per injecting SidecarSet
 //!    and `kruise.io/sidecarset-injected-list` becomes the union of the old list and every
 //!    selected SidecarSet. When nothing was injected, only the metadata patches remain.
 //!
-//! SidecarSets using a feature kruise-rs does not serve yet are screened out before this runs
+//! SidecarSets using a feature kruise-rs does not serve are screened out before this runs
 //! ([`super::unsupported`]); what is passed here is injected as asked.
 //!
 //! A sidecar with `resourcesPolicy` gets the resources computed from the pod's containers as
@@ -36,7 +40,7 @@
 //! processed in name order (upstream: informer order); a volume an injected container uses but
 //! neither the SidecarSet nor the pod defines is reported as a warning.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, LocalObjectReference, Pod, PodSpec, Volume, VolumeDevice, VolumeMount,
@@ -48,6 +52,7 @@ use crate::apis::sidecarset::{
 };
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
+    SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
 };
 
 use super::annotations::{
@@ -55,6 +60,7 @@ use super::annotations::{
     render_injected_list,
 };
 use super::hash::is_native_sidecar;
+use super::hot_upgrade::{HotUpgradeError, expand, working_annotation, working_twins};
 use super::metadata::{MetadataPatchError, patch_pod_metadata};
 use super::resources::{ResourcesPolicyError, apply_resources_policy};
 use super::revision::SelectedSidecarSet;
@@ -88,6 +94,12 @@ pub enum InjectionError {
         sidecarset: String,
         #[source]
         source: MetadataPatchError,
+    },
+    #[error("SidecarSet {sidecarset}: {source}")]
+    HotUpgrade {
+        sidecarset: String,
+        #[source]
+        source: HotUpgradeError,
     },
     #[error(transparent)]
     Annotation(#[from] AnnotationError),
@@ -135,6 +147,11 @@ pub fn inject(
     )?;
     let mut injected_list =
         parse_injected_list(annotations.get(SIDECARSET_INJECTED_LIST).unwrap_or(&empty));
+    // Hot-upgrade twins: the pod's working map (carried across SidecarSets) and their versions.
+    let mut hot = HotTwins {
+        working: working_twins(Some(&annotations)),
+        ..Default::default()
+    };
 
     // 2. and 3. Build every injected container, collecting volumes and pull secrets.
     let spec = out.spec.clone().unwrap_or_default();
@@ -191,13 +208,17 @@ pub fn inject(
                 &mut warnings,
             );
             let container = build_container(sidecar, &context, &set.name, &mut warnings);
-            init_containers.push(Injected {
-                container: with_resources(sidecar, container, &set.name)?,
-                policy: sidecar
-                    .pod_inject_policy
-                    .unwrap_or(PodInjectPolicy::AfterAppContainer),
-                sidecarset: set.name.clone(),
-            });
+            let container = with_resources(sidecar, container, &set.name)?;
+            let policy = sidecar
+                .pod_inject_policy
+                .unwrap_or(PodInjectPolicy::AfterAppContainer);
+            for container in twins(sidecar, container, true, &set.name, &mut hot)? {
+                init_containers.push(Injected {
+                    container,
+                    policy,
+                    sidecarset: set.name.clone(),
+                });
+            }
             injected_any = true;
         }
         secrets.extend(set.spec.image_pull_secrets.iter().cloned());
@@ -213,13 +234,17 @@ pub fn inject(
                 &mut warnings,
             );
             let container = build_container(sidecar, &context, &set.name, &mut warnings);
-            containers.push(Injected {
-                container: with_resources(sidecar, container, &set.name)?,
-                policy: sidecar
-                    .pod_inject_policy
-                    .unwrap_or(PodInjectPolicy::BeforeAppContainer),
-                sidecarset: set.name.clone(),
-            });
+            let container = with_resources(sidecar, container, &set.name)?;
+            let policy = sidecar
+                .pod_inject_policy
+                .unwrap_or(PodInjectPolicy::BeforeAppContainer);
+            for container in twins(sidecar, container, false, &set.name, &mut hot)? {
+                containers.push(Injected {
+                    container,
+                    policy,
+                    sidecarset: set.name.clone(),
+                });
+            }
             injected_any = true;
         }
 
@@ -293,6 +318,13 @@ pub fn inject(
         SIDECARSET_INJECTED_LIST.to_owned(),
         render_injected_list(&injected_list),
     );
+    if hot.any {
+        annotations.extend(hot.versions);
+        annotations.insert(
+            SIDECARSET_WORKING_HOTUPGRADE_CONTAINER.to_owned(),
+            working_annotation(&hot.working),
+        );
+    }
     out.metadata.annotations = Some(annotations);
 
     Ok(Injection {
@@ -300,6 +332,48 @@ pub fn inject(
         injected,
         warnings,
     })
+}
+
+/// The hot-upgrade twins injected so far into one pod.
+#[derive(Default)]
+struct HotTwins {
+    /// Sidecar name to working twin: the pod's annotation, plus each sidecar injected here.
+    working: BTreeMap<String, String>,
+    /// The version annotations of every twin injected.
+    versions: BTreeMap<String, String>,
+    any: bool,
+}
+
+/// The containers injected for `sidecar` once built as `container`: itself, or for a
+/// hot-upgrade sidecar its two twins ([`expand`]), recorded in `hot`.
+fn twins(
+    sidecar: &SidecarContainer,
+    container: Container,
+    init_container: bool,
+    sidecarset: &str,
+    hot: &mut HotTwins,
+) -> Result<Vec<Container>, InjectionError> {
+    let built = SidecarContainer {
+        container,
+        ..sidecar.clone()
+    };
+    let mut expansion = expand([built], init_container, &mut hot.working).map_err(|source| {
+        InjectionError::HotUpgrade {
+            sidecarset: sidecarset.to_owned(),
+            source,
+        }
+    })?;
+    // The working map's annotation is written once, from the whole map, at the end.
+    hot.any |= expansion
+        .annotations
+        .remove(SIDECARSET_WORKING_HOTUPGRADE_CONTAINER)
+        .is_some();
+    hot.versions.extend(expansion.annotations);
+    Ok(expansion
+        .containers
+        .into_iter()
+        .map(|c| c.container)
+        .collect())
 }
 
 /// The RFC 6902 patch that turns `old` into `new` (what the webhook returns).

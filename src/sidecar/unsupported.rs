@@ -1,4 +1,4 @@
-//! SidecarSet features kruise-rs does not serve yet, and what a new pod does about them.
+//! SidecarSet features kruise-rs does not serve, and what a new pod does about them.
 //!
 //! [`FEATURES`] lists each such feature with its detector (which sidecar containers use it).
 //! A pod matching a SidecarSet that uses one is admitted **without that SidecarSet**: the
@@ -26,22 +26,33 @@ pub struct Feature {
     pub name: &'static str,
     /// The field, as a user writes it.
     pub field: &'static str,
+    /// Why kruise-rs cannot serve it, after the field in messages ("which kruise-rs does not
+    /// support yet").
+    pub problem: &'static str,
     /// The names of the sidecar containers that use it.
     pub containers: fn(&SidecarSetSpec) -> Vec<String>,
 }
 
-/// The features kruise-rs does not serve yet.
+/// The features kruise-rs does not serve. HotUpgrade itself is served
+/// ([`super::hot_upgrade`]); a HotUpgrade sidecar without `hotUpgradeEmptyImage`, which
+/// upstream admitted, is not: its idle twin would have no image and the apiserver would refuse
+/// the pod.
 pub const FEATURES: &[Feature] = &[Feature {
-    name: "HotUpgrade",
-    field: "upgradeStrategy.upgradeType HotUpgrade",
-    containers: hot_upgrade,
+    name: "HotUpgradeWithoutEmptyImage",
+    field: "upgradeStrategy.upgradeType HotUpgrade without upgradeStrategy.hotUpgradeEmptyImage",
+    problem: "so its idle twin would have no image",
+    containers: hot_upgrade_without_empty_image,
 }];
 
 /// Upstream honours HotUpgrade on containers and on native-sidecar init containers only.
-fn hot_upgrade(spec: &SidecarSetSpec) -> Vec<String> {
+fn hot_upgrade_without_empty_image(spec: &SidecarSetSpec) -> Vec<String> {
     let hot = |c: &&SidecarContainer| {
         c.upgrade_strategy.as_ref().and_then(|s| s.upgrade_type)
             == Some(SidecarContainerUpgradeType::HotUpgrade)
+            && c.upgrade_strategy
+                .as_ref()
+                .and_then(|s| s.hot_upgrade_empty_image.as_deref())
+                .is_none_or(str::is_empty)
     };
     let native = spec.init_containers.iter().filter(|c| is_native_sidecar(c));
     names(spec.containers.iter().chain(native).filter(hot))
@@ -58,6 +69,8 @@ pub struct Found {
     pub feature: &'static str,
     /// [`Feature::field`].
     pub field: &'static str,
+    /// [`Feature::problem`].
+    pub problem: &'static str,
     /// The sidecar containers that use it.
     pub containers: Vec<String>,
 }
@@ -67,10 +80,11 @@ impl fmt::Display for Found {
         let plural = if self.containers.len() == 1 { "" } else { "s" };
         write!(
             f,
-            "container{plural} {} use{} {}, which kruise-rs does not support yet",
+            "container{plural} {} use{} {}, {}",
             self.containers.join(", "),
             if plural.is_empty() { "s" } else { "" },
-            self.field
+            self.field,
+            self.problem
         )
     }
 }
@@ -84,6 +98,7 @@ pub fn detect(spec: &SidecarSetSpec) -> Vec<Found> {
             (!containers.is_empty()).then_some(Found {
                 feature: f.name,
                 field: f.field,
+                problem: f.problem,
                 containers,
             })
         })

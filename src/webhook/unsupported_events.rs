@@ -149,6 +149,7 @@ mod tests {
         let found = Found {
             feature: "HotUpgrade",
             field: "upgradeStrategy.upgradeType HotUpgrade",
+            problem: "which kruise-rs does not support yet",
             containers: vec!["hot".into()],
         };
         let pod: Pod = serde_json::from_value(json!({

@@ -7,7 +7,9 @@
 
 mod support;
 
+mod hot_upgrade;
 mod imagepulljob;
 mod lifecycle;
+mod native_sidecar;
 mod predownload;
 mod sidecarset;

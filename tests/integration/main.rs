@@ -17,6 +17,8 @@ mod node_infra;
 mod nodeimage;
 mod rbac_matrix;
 mod sidecarset_crash;
+mod sidecarset_hot_upgrade;
+mod sidecarset_native;
 mod sidecarset_predownload;
 mod sidecarset_predownload_e2e;
 mod sidecarset_resources_policy;

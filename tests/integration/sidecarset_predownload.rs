@@ -2147,3 +2147,88 @@ async fn a_refused_job_create_is_retried_until_it_succeeds() {
     .await;
     daemon.assert_ok();
 }
+
+/// A hot-upgrade sidecar (issue 18): its new image is pre-downloaded under the sidecar's own
+/// name (`proxy`, not a twin's), the empty image never is, and each pod waits for its node's
+/// pull before its idle twin gets the image. A later image change needs a pull on every node
+/// again: the working twin runs the previous image, the idle one the empty image.
+#[tokio::test]
+async fn a_hot_sidecar_image_is_pulled_before_its_idle_twin_is_upgraded() {
+    let env = Env::new("pd-hot", 1).await;
+    let nodes = env.nodes(2).await;
+    let daemon = Daemon::spawn(&env);
+    let log = JobLog::spawn(&env.client, &env.name);
+    let mut spec = env.set_spec(&[PROXY]);
+    spec["spec"]["containers"][0]["upgradeStrategy"] =
+        json!({"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "busybox:1.36"});
+    let set = create_sidecarset(&env.client, &spec).await;
+    let pods = env.start_pods(&set, &nodes).await;
+    env.wait("the two pods counted", Kubelet::Off, |v| {
+        v.expect_counts(counts(2, 2, 2, 2))
+    })
+    .await;
+    let idle = format!("{PROXY}-2");
+
+    let image2 = env.image(PROXY, "2");
+    env.set_images(&mut spec, &[(PROXY, "2")], json!({})).await;
+    let view = env
+        .wait("the job, and the rollout held for it", Kubelet::On, |v| {
+            v.expect_jobs(1)?;
+            v.expect_counts(counts(2, 0, 2, 0))?;
+            v.expect_condition(ROLLOUT_HELD, "True", "WaitingForPreDownload")?;
+            v.expect_condition(PRE_DOWNLOAD, "True", "Pulling")
+        })
+        .await;
+    check_job(&view.jobs[0], &view.set, &Want::new(PROXY, &image2, &nodes))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let first_job = view.jobs[0].clone();
+
+    // The first node pulled: its pod's idle twin takes the image, the twins swap, the other
+    // pod waits for its node.
+    daemon.finish(&nodes[0], ImagePullPhase::Succeeded);
+    let view = env
+        .wait("the first pod upgraded and flipped", Kubelet::On, |v| {
+            v.expect_counts(counts(2, 1, 2, 1))?;
+            v.expect_condition(ROLLOUT_HELD, "True", "WaitingForPreDownload")
+        })
+        .await;
+    assert_eq!(
+        view.pods_on(&idle, &image2),
+        BTreeSet::from([pods[0].clone()]),
+        "{}",
+        view.describe()
+    );
+    daemon.finish(&nodes[1], ImagePullPhase::Succeeded);
+    env.wait("both pods upgraded, the job deleted", Kubelet::On, |v| {
+        v.expect_counts(counts(2, 2, 2, 2))?;
+        v.expect_condition(ROLLOUT_HELD, "False", "Updated")?;
+        v.expect_jobs(0)?;
+        let upgraded = v.pods_on(&idle, &image2);
+        (upgraded.len() == 2)
+            .then_some(())
+            .ok_or_else(|| format!("pods with {idle} on {image2}: {upgraded:?}"))
+    })
+    .await;
+
+    // The next image: neither twin runs it on either node.
+    let image3 = env.image(PROXY, "3");
+    env.set_images(&mut spec, &[(PROXY, "3")], json!({"paused": true}))
+        .await;
+    let view = env
+        .wait("the next revision's job on both nodes", Kubelet::Off, |v| {
+            v.expect_jobs(1)?;
+            v.expect_condition(ROLLOUT_HELD, "True", "Paused")?;
+            check_job(
+                &v.jobs[0],
+                &v.set,
+                &Want {
+                    ordered: false,
+                    ..Want::new(PROXY, &image3, &nodes)
+                },
+            )
+        })
+        .await;
+    log.expect_exactly(&[job_key(&first_job), job_key(&view.jobs[0])])
+        .await;
+    daemon.assert_ok();
+}

@@ -175,10 +175,10 @@ async fn invalid_sidecarsets_are_denied_with_the_field_named() {
     );
     let message = denial(
         sets.create(&PostParams::default(), &hot).await,
-        "HotUpgrade",
+        "HotUpgrade without hotUpgradeEmptyImage",
     );
     assert!(
-        message.contains("HotUpgrade") && message.contains("not supported"),
+        message.contains("spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage: Required value"),
         "{message}"
     );
 

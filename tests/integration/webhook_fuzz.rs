@@ -45,6 +45,7 @@ use kruise_rs::apis::validation::sidecarset::{
     KnownRevision, PatchPodMetadataPolicy, SidecarSetContext, validate_create,
 };
 use kruise_rs::sidecar::hash::{sidecarset_hash, sidecarset_hash_without_image};
+use kruise_rs::sidecar::hot_upgrade::{injects_twins, twin_names};
 use kruise_rs::sidecar::{InjectionError, inject, plan_for_new_pod, pod_patch};
 use kruise_rs::webhook::dry_run::{self, Outcome as Outcome0012};
 use kube::api::{Api, PostParams};
@@ -429,6 +430,13 @@ fn sidecar(
     }
     if rng.chance(20) {
         c["upgradeStrategy"] = json!({"upgradeType": "ColdUpgrade"});
+    } else if rng.chance(10) {
+        // Twins `<name>-1`/`-2`; sometimes without the empty image (refused).
+        c["upgradeStrategy"] = if rng.chance(80) {
+            json!({"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "busybox:1.36"})
+        } else {
+            json!({"upgradeType": "HotUpgrade"})
+        };
     }
     let mut transfer = Vec::new();
     for _ in 0..rng.usize(0..=2) {
@@ -815,7 +823,7 @@ fn generate_sidecarset(
     let has_native = init_containers
         .iter()
         .any(|c| c["restartPolicy"] == json!("Always"));
-    // Native sidecars need NotUpdate (the validator denies the others: that is tested too).
+    // NotUpdate mostly with native sidecars (RollingUpdate upgrades them in place: both valid).
     if (has_native && rng.chance(85)) || rng.chance(15) {
         spec["updateStrategy"] = json!({"type": "NotUpdate"});
     }
@@ -1224,13 +1232,21 @@ fn check_injection(
             .iter()
             .find(|s| s.metadata.name.as_ref() == Some(name))
             .expect("an injected SidecarSet was accepted");
-        for sidecar in set.spec.containers.iter().chain(&set.spec.init_containers) {
-            let found = all.iter().find(|c| c.name == sidecar.container.name);
-            let marked = found.is_some_and(|c| {
-                c.env
-                    .iter()
-                    .flatten()
-                    .any(|e| e.name == "IS_INJECTED" && e.value.as_deref() == Some("true"))
+        let init = set.spec.init_containers.iter().map(|c| (c, true));
+        for (sidecar, is_init) in set.spec.containers.iter().map(|c| (c, false)).chain(init) {
+            // A hot-upgrade sidecar is there as its two twins.
+            let names = if injects_twins(sidecar, is_init) {
+                twin_names(&sidecar.container.name).to_vec()
+            } else {
+                vec![sidecar.container.name.clone()]
+            };
+            let marked = names.iter().all(|name| {
+                all.iter().find(|c| &c.name == name).is_some_and(|c| {
+                    c.env
+                        .iter()
+                        .flatten()
+                        .any(|e| e.name == "IS_INJECTED" && e.value.as_deref() == Some("true"))
+                })
             });
             if !marked {
                 problems.push(format!(
@@ -1256,6 +1272,7 @@ fn refusal_kind(e: &InjectionError) -> &'static str {
         InjectionError::PatchPodMetadata { .. } => "inject: patchPodMetadata",
         InjectionError::Annotation(_) => "inject: annotation",
         InjectionError::NameConflict { .. } => "inject: name conflict",
+        InjectionError::HotUpgrade { .. } => "inject: hot upgrade",
     }
 }
 

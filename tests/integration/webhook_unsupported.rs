@@ -1,4 +1,6 @@
-//! A pod matching a SidecarSet that uses a feature kruise-rs does not serve (HotUpgrade) is
+//! A pod matching a SidecarSet that uses a feature kruise-rs does not serve (HotUpgrade without
+//! `hotUpgradeEmptyImage`, which upstream admitted and we cannot inject: the idle twin would
+//! have no image) is
 //! admitted without that SidecarSet, through a real apiserver and the manager's webhook: the
 //! other SidecarSets still inject, `kubectl` prints the admission warning, a Warning event is
 //! recorded on the SidecarSet and the controller sets its `UnsupportedFeatures` condition. A
@@ -45,7 +47,7 @@ fn sidecarset(name: &str, app: &str, container: Value, refuse: bool) -> SidecarS
 
 fn hot_container() -> Value {
     json!({"name": "hot", "image": "busybox:1.36",
-           "upgradeStrategy": {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "busybox:1.36"}})
+           "upgradeStrategy": {"upgradeType": "HotUpgrade"}})
 }
 
 fn pod(app: &str) -> Value {
@@ -155,7 +157,7 @@ async fn a_pod_is_admitted_without_a_sidecarset_using_an_unsupported_feature() {
     );
     assert!(
         stderr.contains(
-            "Warning: SidecarSet hot was not injected: container hot uses upgradeStrategy.upgradeType HotUpgrade"
+            "Warning: SidecarSet hot was not injected: container hot uses upgradeStrategy.upgradeType HotUpgrade without upgradeStrategy.hotUpgradeEmptyImage, so its idle twin would have no image"
         ),
         "{stderr}"
     );
@@ -222,7 +224,7 @@ async fn a_pod_is_admitted_without_a_sidecarset_using_an_unsupported_feature() {
     .await;
     assert_eq!(
         (condition.status.as_str(), condition.reason.as_str()),
-        ("True", "HotUpgrade")
+        ("True", "HotUpgradeWithoutEmptyImage")
     );
     assert!(
         condition.message.contains("container hot"),

@@ -11,8 +11,11 @@
 //! 2. **canary** (`apps.kruise.io/sidecarset-canary: "true"` with `apps.kruise.io/sidecarset-base`):
 //!    the base is not the SidecarSet itself, does not change on update, exists among the others
 //!    and is not a canary itself; a canary uses `updateStrategy.type: NotUpdate`.
-//! 3. **native sidecars**: an init container with `restartPolicy: Always` cannot be upgraded in
-//!    place, so its SidecarSet must use `NotUpdate` (the default is `RollingUpdate`).
+//! 3. **native sidecars**: an init container with `restartPolicy: Always` is upgraded in place
+//!    like a container, so any update strategy is accepted (upstream requires `NotUpdate`:
+//!    #1671); `HotUpgrade` only on a native sidecar of a `NotUpdate` SidecarSet (injected as
+//!    twins, never upgraded; for one that updates pods, the error names the in-place upgrade
+//!    that applies instead; a plain init container never).
 //! 4. **selectors**: `selector` required, valid, non-empty; `namespaceSelector` valid and
 //!    non-empty when set; v1alpha1's `namespace` an RFC 1123 label when set.
 //! 5. **injectionStrategy.revision**: `revisionName` or `customVersion` set, and naming one of
@@ -21,8 +24,10 @@
 //!    valid and non-empty; `partition`/`maxUnavailable` non-negative integers or percents;
 //!    `priorityStrategy` one of weight/order, weights 0–100, non-empty valid selectors,
 //!    non-empty ordered keys; `scatterStrategy` non-empty keys, no duplicate key/value.
-//! 7. **containers**: at least one container or init container; per container: no `HotUpgrade`
-//!    (not supported by kruise-rs yet: denied, never ignored); `resourcesPolicy` as upstream
+//! 7. **containers**: at least one container or init container; per container: with
+//!    `HotUpgrade`, a `hotUpgradeEmptyImage` that is a valid reference other than the sidecar's
+//!    image (upstream checks nothing; stricter, see `docs/upstream-differences.md`);
+//!    `resourcesPolicy` as upstream
 //!    (only on native-sidecar init containers, never with explicit resources, a non-empty
 //!    compilable regex, limits or requests, valid expressions); image a valid reference; `transferEnv[].sourceContainerNameFrom.fieldRef` `v1` and
 //!    `metadata.labels['k']` / `metadata.annotations['k']` with a valid key; then Kubernetes' pod
@@ -520,26 +525,33 @@ fn validate_spec(set: &SidecarSet, ctx: &SidecarSetContext<'_>, errs: &mut Vec<F
     validate_patch_pod_metadata(set, ctx.patch_pod_metadata, errs);
 }
 
-/// Upstream reports one `Required` error at `spec.updateStrategy` per native sidecar; we report
-/// one error at the type, naming them.
+/// Native sidecars are upgraded in place by their image, as containers are, so `RollingUpdate`
+/// is accepted with them (upstream refuses it with one `Required` error at
+/// `spec.updateStrategy` per native sidecar: #1671). `HotUpgrade` on an init container is
+/// refused at its `upgradeStrategy.upgradeType`: on a native sidecar of a SidecarSet that
+/// updates pods, naming the in-place upgrade that applies instead; on a plain init container
+/// as not supported (upstream ignores it there). A native sidecar of a `NotUpdate` SidecarSet
+/// may use it: it is injected as twins, as upstream does, and never upgraded.
 fn validate_native_sidecars(spec: &SidecarSetSpec, errs: &mut Vec<FieldError>) {
-    if update_type(&spec.update_strategy) != SidecarSetUpdateStrategyType::RollingUpdate {
-        return;
-    }
-    let native: Vec<&str> = spec
-        .init_containers
-        .iter()
-        .filter(|c| is_native_sidecar(&c.container))
-        .map(|c| c.container.name.as_str())
-        .collect();
-    if !native.is_empty() {
-        errs.push(FieldError::invalid(
-            "spec.updateStrategy.type",
-            "RollingUpdate",
-            format!(
-                "the initContainer in-place upgrade is not currently supported: init containers {:?} have restartPolicy Always (native sidecars); use NotUpdate",
-                native
-            ),
+    let updates = update_type(&spec.update_strategy) != SidecarSetUpdateStrategyType::NotUpdate;
+    for (i, c) in spec.init_containers.iter().enumerate() {
+        let native = is_native_sidecar(&c.container);
+        // Twins at injection, as upstream's; never upgraded (`validate_sidecar_fields` checks
+        // the empty image).
+        if upgrade_type(c) != SidecarContainerUpgradeType::HotUpgrade || (native && !updates) {
+            continue;
+        }
+        let path = child(
+            &child(&index("spec.initContainers", i), "upgradeStrategy"),
+            "upgradeType",
+        );
+        errs.push(FieldError::forbidden(
+            path,
+            if native {
+                "HotUpgrade is not supported for native sidecars (init containers with restartPolicy Always) of a SidecarSet that updates pods: kruise-rs upgrades them in place by their image; use ColdUpgrade"
+            } else {
+                "HotUpgrade is not supported for init containers by kruise-rs; use ColdUpgrade"
+            },
         ));
     }
 }
@@ -810,14 +822,50 @@ fn validate_resources_policy(
     }
 }
 
+/// A hot-upgrade sidecar (a container, or a native-sidecar init container) needs
+/// `hotUpgradeEmptyImage`, a valid reference other than its own image: its idle twin runs it.
+/// Upstream checks none of it and injects an idle twin the apiserver refuses (an empty image),
+/// or two twins of the same image that never go idle; we refuse the SidecarSet instead.
+fn validate_hot_upgrade(c: &SidecarContainer, path: &str, errs: &mut Vec<FieldError>) {
+    // The twins are `<name>-1` and `<name>-2`, and container names are DNS labels (63 at most).
+    let name = &c.container.name;
+    if name.len() > 61 {
+        errs.push(FieldError::invalid(
+            child(path.trim_end_matches(".upgradeStrategy"), "name"),
+            name,
+            "must be no more than 61 characters with upgradeType HotUpgrade: its twins add \"-1\" and \"-2\"",
+        ));
+    }
+    let field = child(path, "hotUpgradeEmptyImage");
+    let empty = c
+        .upgrade_strategy
+        .as_ref()
+        .and_then(|s| s.hot_upgrade_empty_image.as_deref())
+        .unwrap_or_default();
+    if empty.trim().is_empty() {
+        errs.push(FieldError::required(
+            field,
+            "upgradeType HotUpgrade needs the image the idle twin runs",
+        ));
+    } else if let Err(e) = ImageRef::parse(empty) {
+        errs.push(FieldError::invalid(field, empty, e.kind().to_string()));
+    } else if c.container.image.as_deref() == Some(empty) {
+        errs.push(FieldError::invalid(
+            field,
+            empty,
+            "must differ from the sidecar's image: the idle twin is told apart by it",
+        ));
+    }
+}
+
 /// The SidecarSet-specific fields of one container. Upstream checks transferEnv on containers
 /// only and reports it at `…transferEnv.fieldRef`; we check both lists at the exact index.
 fn validate_sidecar_fields(c: &SidecarContainer, path: &str, errs: &mut Vec<FieldError>) {
-    if upgrade_type(c) == SidecarContainerUpgradeType::HotUpgrade {
-        errs.push(FieldError::forbidden(
-            child(&child(path, "upgradeStrategy"), "upgradeType"),
-            "HotUpgrade is not supported by kruise-rs yet; use ColdUpgrade",
-        ));
+    let init = path.starts_with("spec.initContainers");
+    if upgrade_type(c) == SidecarContainerUpgradeType::HotUpgrade
+        && (!init || is_native_sidecar(&c.container))
+    {
+        validate_hot_upgrade(c, &child(path, "upgradeStrategy"), errs);
     }
     // Docker's grammar: a reference no runtime can pull fails every injected pod at pull time
     // and the image pre-download at once; refuse it here. (Empty is pod_spec's "Required".)

@@ -9,9 +9,10 @@
 //!
 //! Kept: name, namespace, uid, resourceVersion, creation and deletion timestamps, labels and
 //! annotations (the controllers drop the annotations they do not read before storing); the
-//! node name and each container's name and image; the phase, the `Ready` and
-//! `SidecarSetUpgradable` conditions, and each container status's name, image, imageID,
-//! readiness and restart count.
+//! node name and each container's and init container's name and image (native sidecars are
+//! init containers); the phase, the `Ready` and `SidecarSetUpgradable` conditions, and each
+//! container status's and init container status's name, image, imageID, readiness and restart
+//! count.
 
 use std::collections::BTreeMap;
 
@@ -22,6 +23,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_UPGRADABLE_CONDITION,
+    SIDECARSET_VERSION_ALT_PREFIX, SIDECARSET_VERSION_PREFIX,
+    SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
 };
 
 /// The pod conditions a summary keeps.
@@ -44,6 +47,14 @@ pub struct PodSpecSummary {
     pub node_name: Option<String>,
     #[serde(default, deserialize_with = "compact_vec")]
     pub containers: Vec<ContainerSummary>,
+    /// All of them, in spec order (a patch addresses one by its index); native sidecars are
+    /// among them.
+    #[serde(
+        default,
+        deserialize_with = "compact_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub init_containers: Vec<ContainerSummary>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -71,6 +82,12 @@ pub struct PodStatusSummary {
         skip_serializing_if = "Option::is_none"
     )]
     pub container_statuses: Option<Vec<ContainerStatusSummary>>,
+    #[serde(
+        default,
+        deserialize_with = "compact_option_vec",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub init_container_statuses: Option<Vec<ContainerStatusSummary>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -111,18 +128,29 @@ impl k8s_openapi::Metadata for PodSummary {
 
 /// The annotations the controllers read (only the SidecarSet controller reads any); a stored
 /// pod keeps only these.
-const READ_ANNOTATIONS: [&str; 4] = [
+const READ_ANNOTATIONS: [&str; 5] = [
     SIDECARSET_HASH,
     SIDECARSET_HASH_WITHOUT_IMAGE,
     SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE,
+    SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
 ];
+
+/// Prefixes of the per-container annotations the controllers read (hot upgrade's twin
+/// versions, one key per twin).
+const READ_ANNOTATION_PREFIXES: [&str; 2] =
+    [SIDECARSET_VERSION_PREFIX, SIDECARSET_VERSION_ALT_PREFIX];
 
 /// Keeps only the annotations the controllers read; the rest of a [`PodSummary`] is what they
 /// read already. What remains is also what the SidecarSet upgrade patch needs, except the other
 /// annotations `patchPodMetadata` may touch (the controller reads the live pod then).
 pub fn strip_pod(pod: &mut PodSummary) {
-    pod.retain_annotations(&READ_ANNOTATIONS);
+    if let Some(all) = pod.metadata.annotations.as_mut() {
+        all.retain(|k, _| {
+            READ_ANNOTATIONS.contains(&k.as_str())
+                || READ_ANNOTATION_PREFIXES.iter().any(|p| k.starts_with(p))
+        });
+    }
 }
 
 impl PodSummary {
@@ -221,7 +249,10 @@ mod tests {
                      "resources": {"limits": {"memory": "64Mi"}}, "volumeMounts": [{"name": "v", "mountPath": "/v"}]},
                     {"name": "app", "image": "shop:1", "ports": [{"containerPort": 80}]},
                 ],
-                "initContainers": [{"name": "init", "image": "init:1"}],
+                "initContainers": [
+                    {"name": "init", "image": "init:1", "command": ["true"]},
+                    {"name": "agent", "image": "agent:1", "restartPolicy": "Always"},
+                ],
             },
             "status": {
                 "phase": "Running",
@@ -235,6 +266,12 @@ mod tests {
                     {"name": "proxy", "image": "proxy:1", "imageID": "proxy@sha256:p", "ready": true,
                      "restartCount": 2, "started": true, "state": {"running": {"startedAt": "2026-11-29T10:00:30Z"}}},
                     {"name": "app", "image": "shop:1", "imageID": "shop@sha256:a", "ready": false, "restartCount": 0},
+                ],
+                "initContainerStatuses": [
+                    {"name": "init", "image": "init:1", "imageID": "init@sha256:i", "ready": false, "restartCount": 0,
+                     "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+                    {"name": "agent", "image": "agent:1", "imageID": "agent@sha256:g", "ready": true, "restartCount": 1,
+                     "started": true, "state": {"running": {"startedAt": "2026-11-29T10:00:10Z"}}},
                 ],
             }
         })
@@ -265,6 +302,12 @@ mod tests {
             containers,
             [("proxy", Some("proxy:1")), ("app", Some("shop:1"))]
         );
+        let init: Vec<(&str, Option<&str>)> = spec
+            .init_containers
+            .iter()
+            .map(|c| (c.name.as_str(), c.image.as_deref()))
+            .collect();
+        assert_eq!(init, [("init", Some("init:1")), ("agent", Some("agent:1"))]);
 
         let status = pod.status.as_ref().expect("status");
         assert_eq!(status.phase.as_deref(), Some("Running"));
@@ -287,6 +330,21 @@ mod tests {
             }
         );
         assert!(!statuses[1].ready);
+        let init = status
+            .init_container_statuses
+            .as_ref()
+            .expect("init statuses");
+        assert_eq!(
+            init[1],
+            ContainerStatusSummary {
+                name: "agent".into(),
+                image: "agent:1".into(),
+                image_id: "agent@sha256:g".into(),
+                ready: true,
+                restart_count: 1,
+            }
+        );
+        assert_eq!(init[0].name, "init");
     }
 
     #[test]
@@ -309,6 +367,20 @@ mod tests {
             status.container_statuses.expect("statuses")[0].restart_count,
             2
         );
+        assert_eq!(
+            status.init_container_statuses.expect("init statuses")[1].image_id,
+            "agent@sha256:g"
+        );
+        let init = spec.init_containers.expect("init containers");
+        assert_eq!(init[1].name, "agent");
+        assert_eq!(init[1].image.as_deref(), Some("agent:1"));
+        // A pod without init containers serializes without the list.
+        let plain = PodSummary {
+            spec: Some(PodSpecSummary::default()),
+            ..PodSummary::default()
+        };
+        let json = serde_json::to_value(&plain).expect("json");
+        assert!(json["spec"].get("initContainers").is_none(), "{json}");
     }
 
     #[test]
@@ -336,5 +408,35 @@ mod tests {
             .map(|(k, _)| k)
             .collect();
         assert_eq!(keys, ["kruise.io/sidecarset-injected-list"]);
+    }
+
+    #[test]
+    fn stripping_keeps_the_sidecarset_annotations_and_the_twin_versions() {
+        let mut pod: PodSummary = serde_json::from_value(json!({"metadata": {"annotations": {
+            "kruise.io/sidecarset-hash": "{}",
+            "kruise.io/sidecarset-working-hotupgrade-container": "{\"proxy\":\"proxy-1\"}",
+            "version.sidecarset.kruise.io/proxy-1": "1",
+            "versionalt.sidecarset.kruise.io/proxy-1": "0",
+            "deployment.kubernetes.io/revision": "3",
+            "team": "a",
+        }}}))
+        .expect("parses");
+        strip_pod(&mut pod);
+        let keys: Vec<&str> = pod
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "kruise.io/sidecarset-hash",
+                "kruise.io/sidecarset-working-hotupgrade-container",
+                "version.sidecarset.kruise.io/proxy-1",
+                "versionalt.sidecarset.kruise.io/proxy-1",
+            ]
+        );
     }
 }

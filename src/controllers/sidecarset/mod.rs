@@ -23,6 +23,7 @@
 //! caught up, so a lagging cache never lets more than `maxUnavailable` pods be in flight.
 
 pub mod expectations;
+pub mod hot_upgrade;
 pub mod plan;
 pub mod pod_events;
 pub mod pods;

@@ -12,9 +12,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use serde_json::Value;
 
+use super::hot_upgrade::{Flip, flip_patch, hot_sidecars};
 use super::pods::{NamespaceLabels, owns, parse_update_states, view};
 use super::predownload::{self, Decision, IMAGE_PREDOWNLOAD, Knobs, Progress};
 use super::status::{PODS_UPGRADABLE, StatusReport, compute_status, unsupported_condition};
+use super::strategy::Hold;
 use super::strategy::{Batch, CurrentHashes, PodState, PodView, classify, next_batch};
 use super::upgrade::{upgradable_condition, upgraded_condition};
 use crate::apis::imagepulljob::ImagePullJob;
@@ -34,6 +36,9 @@ pub struct Plan<'a> {
     pub batch: Batch,
     pub report: StatusReport,
     pub predownload: Decision,
+    /// Pods (by index in the owned pods) whose old hot-upgrade twins go back to the empty image
+    /// now; the batch leaves them out (see [`flips`]).
+    pub flips: Vec<(usize, Flip)>,
 }
 
 /// What the pre-download part of a plan reads besides the pods.
@@ -132,12 +137,46 @@ pub fn plan<'a>(
         previous.unwrap_or_default(),
         now,
     ));
+    let flips = flips(set, owned, &views, &mut batch);
     Plan {
         views,
         batch,
         report,
         predownload: decision,
+        flips,
     }
+}
+
+/// The hot-upgrade flips of this round ([`flip_patch`] for every owned pod), unless the
+/// rollout is `NotUpdate` or paused (upstream checks those first too). Selection does not
+/// matter: a pod that got a twin upgraded finishes it. A flipping pod leaves `batch.upgrade`:
+/// both patches would test the same annotations and the second would fail. Upstream ends the
+/// round after flipping; here the batch goes on, since it already counts flipping pods as in
+/// flight (updated, not ready) against `maxUnavailable`.
+pub fn flips(
+    set: &SidecarSet,
+    owned: &[Arc<PodSummary>],
+    views: &[PodView<'_>],
+    batch: &mut Batch,
+) -> Vec<(usize, Flip)> {
+    if hot_sidecars(set).next().is_none()
+        || matches!(batch.hold, Some(Hold::NotUpdate | Hold::Paused))
+    {
+        return Vec::new();
+    }
+    let flips: Vec<(usize, Flip)> = owned
+        .iter()
+        .zip(views)
+        .enumerate()
+        .filter(|(_, (_, v))| v.is_active())
+        .filter_map(|(i, (pod, v))| {
+            let names: Vec<String> = v.sidecars.iter().map(|s| s.name.clone()).collect();
+            let settled = |c: &str| v.sidecars.iter().any(|s| s.name == c && s.image_running);
+            flip_patch(set, pod, &names, settled).map(|f| (i, f))
+        })
+        .collect();
+    batch.upgrade.retain(|i| !flips.iter().any(|(f, _)| f == i));
+    flips
 }
 
 /// The ControllerRevision `pod`'s hash entry for `set` records.

@@ -6,7 +6,8 @@
 //! or after the change) are reconciled:
 //! - a pod appears or goes away (its deletion frees a maxUnavailable slot: #1168);
 //! - it starts or stops being active (deletion timestamp, finished phase), ready, or changes
-//!   its containers' images, container statuses (readiness, image, imageID), the SidecarSet
+//!   its containers' or init containers' images (native sidecars are init containers), their
+//!   statuses (readiness, image, imageID), the SidecarSet
 //!   annotations or its `SidecarSetUpgradable` condition: what consistency, status counts and
 //!   the next batch read;
 //! - its labels change. Upstream wakes only SidecarSets with an update selector here, but the
@@ -46,7 +47,7 @@ pub fn signature(pod: &PodSummary) -> PodSignature {
     meta.annotations.hash(&mut h);
     if let Some(spec) = &pod.spec {
         spec.node_name.hash(&mut h);
-        for c in &spec.containers {
+        for c in spec.containers.iter().chain(&spec.init_containers) {
             (&c.name, &c.image).hash(&mut h);
         }
     }
@@ -57,7 +58,8 @@ pub fn signature(pod: &PodSummary) -> PodSignature {
                 (&c.type_, &c.status, &c.message).hash(&mut h);
             }
         }
-        for c in status.container_statuses.iter().flatten() {
+        let init = status.init_container_statuses.iter().flatten();
+        for c in status.container_statuses.iter().flatten().chain(init) {
             (&c.name, &c.image, &c.image_id, c.ready).hash(&mut h);
         }
     }

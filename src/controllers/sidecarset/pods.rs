@@ -2,11 +2,17 @@
 //!
 //! A SidecarSet owns a pod (upstream's `getMatchingPods`) when the pod's
 //! `kruise.io/sidecarset-injected-list` names it, the SidecarSet's selector and namespace
-//! selector match it, and every sidecar container of the SidecarSet is in the pod. Pods that
-//! predate the SidecarSet were never injected and are not its to upgrade.
+//! selector match it, and every sidecar container of the SidecarSet is in the pod, its native
+//! sidecars (init containers with `restartPolicy: Always`) among the pod's init containers. Pods
+//! that predate the SidecarSet were never injected and are not its to upgrade. A hot-upgrade
+//! sidecar is in the pod when both its twins are and the pod's working annotation has an entry
+//! for it (upstream's `IsPodConsistentWithSidecarSet`); its twins are two sidecar containers
+//! below.
 //!
-//! Whether a sidecar container *runs its spec image* (upstream's `IsPodStateConsistent`):
-//! - the pod must report as many container statuses as it has containers;
+//! Whether a sidecar container *runs its spec image* (upstream's `IsPodStateConsistent`; a
+//! native sidecar is read from `initContainerStatuses`, by the same rules):
+//! - the pod must report as many container statuses as it has containers (and, for a native
+//!   sidecar, as many init container statuses as it has init containers);
 //! - when every sidecar image of the SidecarSet in the pod is pinned by digest, the status
 //!   imageID must carry that digest;
 //! - otherwise the `kruise.io/sidecarset-inplace-update-state` annotation records each upgraded
@@ -24,8 +30,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::hot_upgrade::others_on_empty_image;
 use super::strategy::{PodPhase, PodView, SidecarView};
-use crate::apis::sidecarset::SidecarSet;
+use crate::apis::sidecarset::{SidecarContainer, SidecarSet};
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE,
@@ -36,6 +43,8 @@ use crate::controllers::shared::pod_summary::{
 use crate::image::ImageRef;
 use crate::sidecar::annotations::{parse_injected_list, pod_entry};
 use crate::sidecar::gojson::html_escape_compact_json;
+use crate::sidecar::hash::is_native_sidecar;
+use crate::sidecar::hot_upgrade::{injects_twins, is_twin_of, pod_has_twins, working_twins};
 use crate::sidecar::matching::{pod_namespace, sidecarset_matches_pod};
 
 /// Namespace name to labels, for namespace selectors.
@@ -85,13 +94,95 @@ pub fn owns(set: &SidecarSet, pod: &PodSummary, namespaces: &NamespaceLabels) ->
     if !sidecarset_matches_pod(set, pod, ns_labels).unwrap_or(false) {
         return false;
     }
-    let containers = pod.spec.as_ref().map(|s| s.containers.as_slice());
-    set.spec.containers.iter().all(|sidecar| {
-        containers
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.name == sidecar.container.name)
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    let init = pod
+        .spec
+        .as_ref()
+        .map(|s| s.init_containers.as_slice())
+        .unwrap_or_default();
+    let working = working_twins(pod.metadata.annotations.as_ref());
+    set.spec
+        .containers
+        .iter()
+        .all(|sidecar| in_pod(sidecar, false, containers, &working))
+        && native_sidecar_specs(set).all(|sidecar| in_pod(sidecar, true, init, &working))
+}
+
+/// Whether `sidecar` is among `containers` (the pod's containers, or with `init_container` its
+/// init containers): by name, or as both twins with a working entry.
+fn in_pod(
+    sidecar: &SidecarContainer,
+    init_container: bool,
+    containers: &[ContainerSummary],
+    working: &BTreeMap<String, String>,
+) -> bool {
+    let name = &sidecar.container.name;
+    if injects_twins(sidecar, init_container) {
+        pod_has_twins(name, containers.iter().map(|c| c.name.as_str()), working)
+    } else {
+        containers.iter().any(|c| &c.name == name)
+    }
+}
+
+/// The containers of `containers` that are `sidecar` in a pod: itself by name, or its twins.
+fn named_in_pod<'a>(
+    sidecar: &'a SidecarContainer,
+    init_container: bool,
+    containers: &'a [ContainerSummary],
+) -> impl Iterator<Item = &'a ContainerSummary> {
+    let name = &sidecar.container.name;
+    let twins = injects_twins(sidecar, init_container);
+    containers.iter().filter(move |c| {
+        if twins {
+            is_twin_of(&c.name, name)
+        } else {
+            &c.name == name
+        }
     })
+}
+
+/// The SidecarSet's native sidecars: its init containers with `restartPolicy: Always`.
+fn native_sidecar_specs(set: &SidecarSet) -> impl Iterator<Item = &SidecarContainer> {
+    set.spec
+        .init_containers
+        .iter()
+        .filter(|c| is_native_sidecar(c))
+}
+
+/// The pod's init containers that are `set`'s native sidecars (or their twins), in the
+/// SidecarSet's order.
+fn native_sidecars<'a>(
+    set: &'a SidecarSet,
+    pod: &'a PodSummary,
+) -> impl Iterator<Item = &'a ContainerSummary> {
+    let init = pod
+        .spec
+        .as_ref()
+        .map(|s| s.init_containers.as_slice())
+        .unwrap_or_default();
+    native_sidecar_specs(set).flat_map(move |s| named_in_pod(s, true, init))
+}
+
+/// The containers of `pod` that are `set`'s sidecar containers (not its native sidecars): a
+/// sidecar's own name, or both twins of a hot-upgrade sidecar; only those the pod has.
+pub fn sidecar_containers<'a>(
+    set: &'a SidecarSet,
+    pod: &'a PodSummary,
+) -> Vec<&'a ContainerSummary> {
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    set.spec
+        .containers
+        .iter()
+        .flat_map(|sidecar| named_in_pod(sidecar, false, containers))
+        .collect()
 }
 
 /// One SidecarSet's record in `kruise.io/sidecarset-inplace-update-state` (upstream's
@@ -223,15 +314,22 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
         .and_then(|s| s.container_statuses.as_deref())
         .unwrap_or_default();
     let all_reported = statuses.len() == containers.len();
-    let sidecar_containers: Vec<&ContainerSummary> = set
-        .spec
-        .containers
+    let sidecar_containers = sidecar_containers(set, pod);
+    let native_containers: Vec<&ContainerSummary> = native_sidecars(set, pod).collect();
+    let init_statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_deref())
+        .unwrap_or_default();
+    let init_count = pod.spec.as_ref().map_or(0, |s| s.init_containers.len());
+    let init_reported = all_reported && init_statuses.len() == init_count;
+    let all_digests = sidecar_containers
         .iter()
-        .filter_map(|s| containers.iter().find(|c| c.name == s.container.name))
-        .collect();
-    let all_digests = sidecar_containers.iter().all(|c| {
-        ImageRef::parse(c.image.as_deref().unwrap_or_default()).is_ok_and(|r| r.digest().is_some())
-    });
+        .chain(&native_containers)
+        .all(|c| {
+            ImageRef::parse(c.image.as_deref().unwrap_or_default())
+                .is_ok_and(|r| r.digest().is_some())
+        });
     let states = annotations
         .and_then(|a| a.get(SIDECARSET_INPLACE_UPDATE_STATE))
         .map(|v| parse_update_states(v));
@@ -257,6 +355,15 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
                     && runs_spec_image(c, status, all_digests, before(&c.name)),
             }
         })
+        .chain(native_containers.iter().map(|c| {
+            let status = init_statuses.iter().find(|s| s.name == c.name);
+            SidecarView {
+                name: c.name.clone(),
+                ready: status.is_some_and(|s| s.ready),
+                image_running: init_reported
+                    && runs_spec_image(c, status, all_digests, before(&c.name)),
+            }
+        }))
         .collect();
     let ready_condition = pod_condition(pod, "Ready");
     let phase = phase(pod);
@@ -269,7 +376,9 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
         },
         node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         phase,
-        ready: phase == PodPhase::Running && ready_condition.is_some_and(|c| c.status == "True"),
+        ready: phase == PodPhase::Running
+            && ready_condition.is_some_and(|c| c.status == "True")
+            && others_on_empty_image(set, pod),
         ready_since: ready_condition
             .and_then(|c| c.last_transition_time.as_ref())
             .map(|t| t.0),

@@ -7,8 +7,8 @@
 //!
 //! The *targets* are the pods of the rollout queue ([`next_batch`](super::strategy::next_batch)'s `queue`: upgradable in place,
 //! within the update selector, not held back by the partition, in rollout order) whose sidecar
-//! containers run another image than the SidecarSet's; for each such container, the pod's node
-//! needs the new image. The decision ([`decide`]), in this order:
+//! containers (native sidecars included) run another image than the SidecarSet's; for each such
+//! container, the pod's node needs the new image. The decision ([`decide`]), in this order:
 //! - the manager runs with `--sidecarset-predownload=false`: off, as upstream (which has no
 //!   SidecarSet pre-download): no job, no pod waits, the annotations are not read ([`knobs_when`]);
 //! - `updateStrategy.type: NotUpdate`: skipped, nothing will be upgraded;
@@ -70,6 +70,8 @@ use crate::apis::well_known::{
     SIDECARSET_NAME_LABEL,
 };
 use crate::image::ImageRef;
+use crate::sidecar::hash::is_native_sidecar;
+use crate::sidecar::hot_upgrade::{is_hot_upgrade, is_twin_of};
 
 /// Status condition: where the pre-download stands.
 pub const IMAGE_PREDOWNLOAD: &str = "ImagePreDownload";
@@ -300,24 +302,41 @@ pub fn job_name(base: &str) -> String {
     format!("{start}-{hash}")
 }
 
-/// The images `pod` needs on its node: the SidecarSet's containers whose image the pod does not
-/// run in its spec yet, as (container, image).
+/// The images `pod` needs on its node: the SidecarSet's containers and native sidecars (init
+/// containers with `restartPolicy: Always`) whose image the pod does not run in its spec yet,
+/// as (container, image). A hot-upgrade sidecar needs it when neither twin has it (its empty
+/// image is on the node already: a twin runs it); the job keeps the sidecar's own name.
 fn missing_images<'a>(set: &'a SidecarSet, pod: &PodSummary) -> Vec<(&'a str, &'a str)> {
-    let containers = pod
-        .spec
-        .as_ref()
-        .map(|s| s.containers.as_slice())
+    let spec = pod.spec.as_ref();
+    let containers = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
+    let init = spec
+        .map(|s| s.init_containers.as_slice())
         .unwrap_or_default();
+    let native = set
+        .spec
+        .init_containers
+        .iter()
+        .filter(|c| is_native_sidecar(c));
     set.spec
         .containers
         .iter()
-        .filter_map(|sidecar| {
+        .map(|c| (c, containers))
+        .chain(native.map(|c| (c, init)))
+        .filter_map(|(sidecar, containers)| {
             let wanted = sidecar.container.image.as_deref()?;
-            let current = containers
-                .iter()
-                .find(|c| c.name == sidecar.container.name)?;
-            (current.image.as_deref() != Some(wanted))
-                .then_some((sidecar.container.name.as_str(), wanted))
+            let name = sidecar.container.name.as_str();
+            let mut current = containers.iter().filter(|c| {
+                if is_hot_upgrade(sidecar) {
+                    is_twin_of(&c.name, name)
+                } else {
+                    c.name == name
+                }
+            });
+            let first = current.next()?;
+            let has = std::iter::once(first)
+                .chain(current)
+                .any(|c| c.image.as_deref() == Some(wanted));
+            (!has).then_some((name, wanted))
         })
         .collect()
 }

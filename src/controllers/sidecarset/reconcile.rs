@@ -1,6 +1,6 @@
 //! One reconcile of a SidecarSet: fetch from the stores, [`plan`](super::plan), write —
-//! the revisions, the status and its events, the pods' upgradable conditions, the batch of pod
-//! upgrades and the pre-download jobs.
+//! the revisions, the status and its events, the pods' upgradable conditions, the hot-upgrade
+//! flips, the batch of pod upgrades and the pre-download jobs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +18,7 @@ use kube::{Resource, ResourceExt};
 use tracing::{debug, info, instrument, warn};
 
 use super::expectations::pod_key;
+use super::hot_upgrade::Flip;
 use super::plan::{
     Plan, PreDownloadInputs, is_job, labelled_history, newly_not_upgradable, newly_skipped,
     own_jobs, owned_pods, plan, pod_condition, revisions_in_use, status_patch, unwanted_jobs,
@@ -108,6 +109,7 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
         batch,
         report,
         predownload: decision,
+        flips,
     } = plan(
         set,
         &owned,
@@ -140,6 +142,7 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
     let current = CurrentHashes::of(set);
     mark_upgradable(ctx, set, &owned, &views, &current, &now).await?;
 
+    let flipped = flip_pods(ctx, set, &owned, flips).await;
     let targets: Vec<Arc<PodSummary>> = batch.upgrade.iter().map(|&i| owned[i].clone()).collect();
     let outcome = upgrade_pods(ctx, set, &current, targets, &now).await;
 
@@ -154,8 +157,9 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
     }
 
     jobs_synced?;
+    let flips_refused = flipped?;
     match outcome? {
-        UpgradeOutcome { refused: 0, .. } => Ok(Action::requeue(RESYNC)),
+        UpgradeOutcome { refused: 0, .. } if flips_refused == 0 => Ok(Action::requeue(RESYNC)),
         UpgradeOutcome { refused, .. } => {
             debug!(sidecarset = %name, refused, "pods changed while being upgraded; trying again");
             Ok(Action::requeue(RETRY_CHANGED_POD))
@@ -356,6 +360,100 @@ async fn upgrade_one(
         Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => Ok(PodUpgrade::Changed),
         Err(source) => Err(upgrade_failed(ctx, set, key, source).await),
     }
+}
+
+/// Puts the old hot-upgrade twins of `flips` back on their empty image, a few pods at a time,
+/// with a `ResetContainerSucceed` / `ResetContainerFailed` event on each pod. Returns how many
+/// patches were refused because the pod changed since it was read; the first other failure is
+/// returned after the rest were tried.
+async fn flip_pods(
+    ctx: &Context,
+    set: &SidecarSet,
+    owned: &[Arc<PodSummary>],
+    flips: Vec<(usize, Flip)>,
+) -> Result<usize, Error> {
+    let results: Vec<_> = futures::stream::iter(flips)
+        .map(|(i, flip)| flip_one(ctx, set, owned[i].clone(), flip))
+        .buffer_unordered(UPGRADE_CONCURRENCY)
+        .collect()
+        .await;
+    let mut refused = 0;
+    let mut first_error = None;
+    for result in results {
+        match result {
+            Ok(true) => {}
+            Ok(false) => refused += 1,
+            Err(err) => {
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+    first_error.map_or(Ok(refused), Err)
+}
+
+/// One pod's flip; `Ok(false)` when the pod changed or is gone.
+async fn flip_one(
+    ctx: &Context,
+    set: &SidecarSet,
+    pod: Arc<PodSummary>,
+    flip: Flip,
+) -> Result<bool, Error> {
+    let key = pod_key(&pod);
+    let api = Api::<PodSummary>::namespaced(
+        ctx.client.clone(),
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+    );
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    };
+    let containers = flip.reset.join(", ");
+    let (result, event) = match api
+        .patch(&pod.name_any(), &params, &Patch::<()>::Json(flip.patch))
+        .await
+    {
+        Ok(written) => {
+            debug!(pod = %key, containers, "old hot-upgrade twins reset to the empty image");
+            ctx.remember(written);
+            let note = format!(
+                "SidecarSet {}: reset sidecar container(s) {containers} to the hot-upgrade empty image",
+                set.name_any()
+            );
+            (
+                Ok(true),
+                Some((EventType::Normal, "ResetContainerSucceed", note)),
+            )
+        }
+        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => (Ok(false), None),
+        Err(source) => {
+            let cause = match &source {
+                kube::Error::Api(status) => status.message.clone(),
+                other => error_chain(other),
+            };
+            let note = format!(
+                "SidecarSet {}: cannot reset sidecar container(s) {containers} to the hot-upgrade empty image: {cause}",
+                set.name_any()
+            );
+            let err = Error::UpgradePod { pod: key, source };
+            (
+                Err(err),
+                Some((EventType::Warning, "ResetContainerFailed", note)),
+            )
+        }
+    };
+    if let Some((type_, reason, note)) = event {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: "HotUpgrade".into(),
+            secondary: Some(set.object_ref(&())),
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &pod.object_ref(&())).await {
+            warn!(error = %e, "cannot publish an event");
+        }
+    }
+    result
 }
 
 /// A pod the apiserver would not let us read or patch (RBAC, a webhook, a timeout): said on the

@@ -2,14 +2,21 @@
 //! the pod condition that says a pod cannot be upgraded in place.
 //!
 //! The upgrade is one JSON patch:
-//! - the `image` of each of the SidecarSet's containers whose image differs, and nothing else of
-//!   the spec (Kubernetes allows no other in-place change; init containers are never touched);
+//! - the `image` of each of the SidecarSet's containers and native sidecars (init containers
+//!   with `restartPolicy: Always`, which kubelet restarts on their new image) whose image
+//!   differs, and nothing else of the spec (Kubernetes allows no other in-place change; plain
+//!   init containers are never touched);
 //! - this SidecarSet's entry in `kruise.io/sidecarset-hash`: the current hash, the latest
 //!   ControllerRevision, the sidecar list and now; the other SidecarSets' entries unchanged;
 //! - this SidecarSet's record in `kruise.io/sidecarset-inplace-update-state`: each changed
 //!   container's imageID from before the upgrade, by which [`super::pods`] tells that kubelet
 //!   has restarted it (an existing record keeps its revision and time, as upstream's);
 //! - `patchPodMetadata`, as at injection.
+//!
+//! A hot-upgrade sidecar's new image goes to one of its twins ([`twin_to_upgrade`]), which the
+//! same patch records as working with its version annotations
+//! ([`crate::sidecar::hot_upgrade::record_upgrade`]); the old twin is reset later
+//! ([`super::hot_upgrade::flip_patch`]).
 //!
 //! The patch first *tests* the annotation values it was computed from and the container names
 //! at the indexes it writes. Two SidecarSets upgrading one pod at once, or a stale cache, make
@@ -24,8 +31,9 @@ use crate::controllers::shared::pod_summary::PodSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
+use super::hot_upgrade::{hot_sidecars, twin_to_upgrade};
 use super::pods::{
-    InPlaceUpdateState, LastContainerStatus, parse_update_states, render_update_states,
+    InPlaceUpdateState, LastContainerStatus, parse_update_states, render_update_states, view,
 };
 use super::strategy::CurrentHashes;
 use crate::apis::sidecarset::SidecarSet;
@@ -34,6 +42,7 @@ use crate::apis::well_known::{
 };
 use crate::sidecar::annotations::{SidecarSetUpgradeSpec, parse_hashes, render_hashes};
 use crate::sidecar::hash::is_native_sidecar;
+use crate::sidecar::hot_upgrade::{is_hot_upgrade, record_upgrade, twin_name};
 use crate::sidecar::metadata::{MetadataPatchError, patch_pod_metadata};
 
 /// Why a pod cannot be upgraded as it is.
@@ -49,7 +58,7 @@ pub enum UpgradeError {
 #[derive(Debug)]
 pub struct Upgrade {
     pub patch: json_patch::Patch,
-    /// The containers whose image changes.
+    /// The containers (native sidecars included) whose image changes.
     pub changed: Vec<String>,
 }
 
@@ -58,8 +67,28 @@ fn token(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 
-fn annotation_path(key: &str) -> String {
+pub(super) fn annotation_path(key: &str) -> String {
     format!("/metadata/annotations/{}", token(key))
+}
+
+/// The operations that turn the annotations `before` into `after`: a `test` of each value that
+/// changes (`tests`) and an `add` of each new value (`writes`). Annotations are never removed.
+pub(super) fn annotation_ops(
+    before: &BTreeMap<String, String>,
+    after: &BTreeMap<String, String>,
+    tests: &mut Vec<Value>,
+    writes: &mut Vec<Value>,
+) {
+    for (key, value) in after {
+        let old = before.get(key);
+        if old == Some(value) {
+            continue;
+        }
+        if let Some(old) = old {
+            tests.push(json!({"op": "test", "path": annotation_path(key), "value": old}));
+        }
+        writes.push(json!({"op": "add", "path": annotation_path(key), "value": value}));
+    }
 }
 
 /// The names upstream lists in a hash entry: the containers and native-sidecar init
@@ -104,11 +133,36 @@ pub fn upgrade_patch(
         .map(|s| s.containers.as_slice())
         .unwrap_or_default();
     let mut changed = Vec::new();
+    let mut after = annotations.clone();
+    // Twin readiness and state consistency, for the choice of the twin to upgrade.
+    let settled: BTreeMap<String, bool> = if hot_sidecars(set).next().is_some() {
+        view(set, pod)
+            .sidecars
+            .into_iter()
+            .map(|s| (s.name, s.ready && s.image_running))
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+    let resource_version = set.metadata.resource_version.as_deref().unwrap_or_default();
     for sidecar in &set.spec.containers {
+        let twin = if is_hot_upgrade(sidecar) {
+            let settled = |c: &str| settled.get(c).copied().unwrap_or(false);
+            let Some(twin) = twin_to_upgrade(sidecar, pod, settled) else {
+                continue;
+            };
+            Some(twin)
+        } else {
+            None
+        };
+        let target = match twin {
+            Some(twin) => twin_name(&sidecar.container.name, twin),
+            None => sidecar.container.name.clone(),
+        };
         let Some((i, container)) = containers
             .iter()
             .enumerate()
-            .find(|(_, c)| c.name == sidecar.container.name)
+            .find(|(_, c)| c.name == target)
         else {
             continue;
         };
@@ -118,9 +172,36 @@ pub fn upgrade_patch(
         ops.push(json!({"op": "test", "path": format!("/spec/containers/{i}/name"), "value": container.name}));
         writes.push(json!({"op": "replace", "path": format!("/spec/containers/{i}/image"), "value": sidecar.container.image}));
         changed.push(container.name.clone());
+        if let Some(twin) = twin {
+            record_upgrade(&mut after, &sidecar.container.name, twin, resource_version);
+        }
+    }
+    let init_containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.init_containers.as_slice())
+        .unwrap_or_default();
+    for sidecar in set
+        .spec
+        .init_containers
+        .iter()
+        .filter(|c| is_native_sidecar(c))
+    {
+        let Some((i, container)) = init_containers
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.name == sidecar.container.name)
+        else {
+            continue;
+        };
+        if container.image == sidecar.container.image {
+            continue;
+        }
+        ops.push(json!({"op": "test", "path": format!("/spec/initContainers/{i}/name"), "value": container.name}));
+        writes.push(json!({"op": "replace", "path": format!("/spec/initContainers/{i}/image"), "value": sidecar.container.image}));
+        changed.push(container.name.clone());
     }
 
-    let mut after = annotations.clone();
     let old_hashes = annotations.get(SIDECARSET_HASH);
     let mut hashes = match old_hashes {
         Some(value) => parse_hashes(SIDECARSET_HASH, value)?,
@@ -155,14 +236,18 @@ pub fn upgrade_patch(
                 update_timestamp: Some(now.clone()),
                 ..Default::default()
             });
-        let statuses = pod
-            .status
-            .as_ref()
+        let status = pod.status.as_ref();
+        let statuses = status
             .and_then(|s| s.container_statuses.as_deref())
             .unwrap_or_default();
+        let init_statuses = status
+            .and_then(|s| s.init_container_statuses.as_deref())
+            .unwrap_or_default();
         for container in &changed {
+            // Names are unique across a pod's containers and init containers.
             let image_id = statuses
                 .iter()
+                .chain(init_statuses)
                 .find(|s| &s.name == container)
                 .map(|s| s.image_id.clone())
                 .unwrap_or_default();
@@ -178,16 +263,7 @@ pub fn upgrade_patch(
 
     patch_pod_metadata(&mut after, &set.spec.patch_pod_metadata)?;
 
-    for (key, value) in &after {
-        let before = annotations.get(key);
-        if before == Some(value) {
-            continue;
-        }
-        if let Some(before) = before {
-            ops.push(json!({"op": "test", "path": annotation_path(key), "value": before}));
-        }
-        writes.push(json!({"op": "add", "path": annotation_path(key), "value": value}));
-    }
+    annotation_ops(annotations, &after, &mut ops, &mut writes);
     ops.extend(writes);
     let patch = serde_json::from_value(Value::Array(ops))
         .expect("the operations are well-formed JSON patch operations");

@@ -71,6 +71,33 @@ fn image_changes_move_only_the_full_hash() {
     );
 }
 
+/// A native sidecar's new image is an in-place upgrade, as a container's: only the full hash
+/// moves. Any other change to it is not.
+#[test]
+fn a_native_sidecar_image_change_moves_only_the_full_hash() {
+    let native = |image: &str, args: Value| {
+        spec(json!({
+            "containers": [{"name": "c", "image": "i:1"}],
+            "initContainers": [
+                {"name": "setup", "image": "setup:1"},
+                {"name": "agent", "image": image, "restartPolicy": "Always", "args": args},
+            ],
+        }))
+    };
+    let a = native("agent:1", Value::Null);
+    let b = native("agent:2", Value::Null);
+    assert_ne!(sidecarset_hash(&a), sidecarset_hash(&b));
+    assert_eq!(
+        sidecarset_hash_without_image(&a),
+        sidecarset_hash_without_image(&b)
+    );
+    let c = native("agent:1", json!(["-v"]));
+    assert_ne!(
+        sidecarset_hash_without_image(&a),
+        sidecarset_hash_without_image(&c)
+    );
+}
+
 #[test]
 fn volumes_secrets_and_metadata_do_not_change_the_hash() {
     let a = spec(json!({"containers": [{"name": "c", "image": "i"}]}));

@@ -1558,3 +1558,99 @@ fn injecting_an_injected_pod_changes_nothing() {
     }
     assert!(checked > 200, "only {checked} pods injected");
 }
+
+#[test]
+fn hot_upgrade_sidecars_are_injected_as_twins_built_like_any_sidecar() {
+    let hot = json!({"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"});
+    let mesh = selected(json!({
+        "metadata": {"name": "mesh"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "suxing-test"}},
+            "containers": [{"name": "proxy", "image": "proxy:1", "upgradeStrategy": hot,
+                            "shareVolumePolicy": {"type": "enabled"}}],
+        }
+    }));
+    let edge = selected(json!({
+        "metadata": {"name": "edge"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "suxing-test"}},
+            "initContainers": [{"name": "envoy", "image": "envoy:1", "restartPolicy": "Always",
+                                "upgradeStrategy": hot}],
+        }
+    }));
+    let mut p = pod1();
+    // An entry from an earlier injection stays in the working map.
+    p["metadata"]["annotations"] =
+        json!({"kruise.io/sidecarset-working-hotupgrade-container": r#"{"old":"old-2"}"#});
+    let out = run(&pod(p), &[mesh, edge]).pod;
+
+    assert_eq!(container_names(&out), ["proxy-1", "proxy-2", "nginx"]);
+    assert_eq!(init_names(&out), ["init-0", "envoy-1", "envoy-2"]);
+    let spec = spec(&out);
+    let (first, second) = (
+        container(&spec.containers, "proxy-1"),
+        container(&spec.containers, "proxy-2"),
+    );
+    assert_eq!(first.image.as_deref(), Some("proxy:1"));
+    assert_eq!(second.image.as_deref(), Some("empty:1"));
+    for twin in [first, second] {
+        // Built from the injected container: shared mounts and IS_INJECTED, then the versions.
+        assert_eq!(mount_paths(twin), ["/a/b", "/e/f"]);
+        assert_eq!(
+            env_names(twin),
+            [
+                SIDECAR_ENV_KEY,
+                "SIDECARSET_VERSION",
+                "SIDECARSET_VERSION_ALT"
+            ]
+        );
+    }
+    let init = spec.init_containers.as_deref().expect("init containers");
+    assert_eq!(container(init, "envoy-2").image.as_deref(), Some("empty:1"));
+    assert_eq!(
+        container(init, "envoy-2").restart_policy.as_deref(),
+        Some("Always")
+    );
+
+    assert_eq!(
+        annotation(&out, "kruise.io/sidecarset-working-hotupgrade-container"),
+        Some(r#"{"envoy":"envoy-1","old":"old-2","proxy":"proxy-1"}"#)
+    );
+    for (twin, version, alt) in [
+        ("proxy-1", "1", "0"),
+        ("proxy-2", "0", "1"),
+        ("envoy-1", "1", "0"),
+    ] {
+        assert_eq!(
+            annotation(&out, &format!("version.sidecarset.kruise.io/{twin}")),
+            Some(version)
+        );
+        assert_eq!(
+            annotation(&out, &format!("versionalt.sidecarset.kruise.io/{twin}")),
+            Some(alt)
+        );
+    }
+    // The hash entry lists the sidecar, not its twins.
+    let hashes = parse_hashes(
+        SIDECARSET_HASH,
+        annotation(&out, SIDECARSET_HASH).expect("hash"),
+    )
+    .expect("hashes");
+    assert_eq!(hashes["mesh"].sidecar_list, Some(vec!["proxy".to_owned()]));
+}
+
+#[test]
+fn a_twin_named_like_a_pod_container_is_a_conflict() {
+    let mesh = selected(json!({
+        "metadata": {"name": "mesh"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "suxing-test"}},
+            "containers": [{"name": "nginx", "image": "proxy:1",
+                "upgradeStrategy": {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"}}],
+        }
+    }));
+    let mut p = pod1();
+    p["spec"]["initContainers"] = json!([{"name": "nginx-2", "image": "busybox"}]);
+    let err = inject(&pod(p), &[mesh], now()).expect_err("conflict");
+    assert!(err.to_string().contains("nginx-2"), "{err}");
+}

@@ -27,22 +27,38 @@ fn hot(name: &str) -> SelectedSidecarSet {
         json!([
             {"name": "cold", "image": "busybox"},
             {"name": "hot", "image": "busybox",
-             "upgradeStrategy": {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"}},
+             "upgradeStrategy": {"upgradeType": "HotUpgrade"}},
         ]),
         json!([]),
     )
 }
 
+const FIELD: &str =
+    "upgradeStrategy.upgradeType HotUpgrade without upgradeStrategy.hotUpgradeEmptyImage";
+
 #[test]
-fn hot_upgrade_is_found_on_containers_and_native_sidecar_init_containers_only() {
+fn hot_upgrade_without_empty_image_is_found_on_containers_and_native_sidecar_init_containers_only()
+{
     assert_eq!(
         detect(&hot("s").spec),
         [Found {
-            feature: "HotUpgrade",
-            field: "upgradeStrategy.upgradeType HotUpgrade",
+            feature: "HotUpgradeWithoutEmptyImage",
+            field: FIELD,
+            problem: "so its idle twin would have no image",
             containers: vec!["hot".into()],
         }]
     );
+    // Served: HotUpgrade with its empty image (also an empty string is no image).
+    let with_empty = |empty: &str| {
+        selected(
+            "s",
+            json!([{"name": "hot", "image": "busybox",
+                    "upgradeStrategy": {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": empty}}]),
+            json!([]),
+        )
+    };
+    assert!(detect(&with_empty("empty:1").spec).is_empty());
+    assert_eq!(detect(&with_empty("").spec)[0].containers, ["hot"]);
     let strategy = json!({"upgradeType": "HotUpgrade"});
     let native = selected(
         "s",
@@ -89,7 +105,7 @@ fn screening_skips_only_the_sidecarsets_using_an_unsupported_feature() {
     assert_eq!(
         screened.warnings(),
         [
-            "SidecarSet b was not injected: container hot uses upgradeStrategy.upgradeType HotUpgrade, which kruise-rs does not support yet"
+            "SidecarSet b was not injected: container hot uses upgradeStrategy.upgradeType HotUpgrade without upgradeStrategy.hotUpgradeEmptyImage, so its idle twin would have no image"
         ]
     );
 }
@@ -139,18 +155,12 @@ fn several_containers_and_features_are_all_named() {
     let found = detect(&set.spec);
     assert_eq!(
         found[0].to_string(),
-        "containers a, b use upgradeStrategy.upgradeType HotUpgrade, which kruise-rs does not support yet"
+        format!("containers a, b use {FIELD}, so its idle twin would have no image")
     );
     let skipped = Skipped {
         sidecarset: "s".into(),
         found,
         refuse: false,
     };
-    assert_eq!(
-        skipped
-            .message()
-            .matches("which kruise-rs does not support yet")
-            .count(),
-        FEATURES.len()
-    );
+    assert_eq!(skipped.message().matches(" use").count(), FEATURES.len());
 }

@@ -14,6 +14,10 @@
 //!   `ErrImagePull`;
 //! - stopping for a restart ([`mark_not_ready`]): the old image and imageID, not ready.
 //!
+//! A native sidecar (an init container with `restartPolicy: Always`) is reported in
+//! `initContainerStatuses` as a container is, restarts included (kubelet restarts it on a new
+//! spec image, the app containers untouched); a plain init container as completed.
+//!
 //! The pod is `Running`, its `Ready` and `ContainersReady` conditions True exactly when every
 //! container is ready.
 
@@ -63,10 +67,29 @@ fn spec_images(pod: &Pod) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The spec image of each native sidecar (init container with `restartPolicy: Always`), in
+/// spec order.
+fn native_sidecar_images(pod: &Pod) -> Vec<(String, String)> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten())
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+        .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+        .collect()
+}
+
 fn container_statuses(pod: &Pod) -> BTreeMap<&str, &ContainerStatus> {
     pod.status
         .iter()
         .flat_map(|s| s.container_statuses.iter().flatten())
+        .map(|s| (s.name.as_str(), s))
+        .collect()
+}
+
+fn init_container_statuses(pod: &Pod) -> BTreeMap<&str, &ContainerStatus> {
+    pod.status
+        .iter()
+        .flat_map(|s| s.init_container_statuses.iter().flatten())
         .map(|s| (s.name.as_str(), s))
         .collect()
 }
@@ -94,19 +117,27 @@ pub fn pod_ready(pod: &Pod) -> bool {
 /// Whether a container's spec image differs from the image its status reports (the kubelet
 /// has an in-place restart to do). Containers without a status do not count.
 pub fn has_changed_containers(pod: &Pod) -> bool {
-    let statuses = container_statuses(pod);
-    spec_images(pod).iter().any(|(name, image)| {
-        statuses
-            .get(name.as_str())
-            .is_some_and(|s| &s.image != image)
-    })
+    let changed = |images: Vec<(String, String)>, statuses: BTreeMap<&str, &ContainerStatus>| {
+        images.iter().any(|(name, image)| {
+            statuses
+                .get(name.as_str())
+                .is_some_and(|s| &s.image != image)
+        })
+    };
+    changed(spec_images(pod), container_statuses(pod))
+        || changed(native_sidecar_images(pod), init_container_statuses(pod))
 }
 
 /// Whether container `name` runs `image` (reported image and imageID) and is ready.
 pub fn runs(pod: &Pod, name: &str, image: &str) -> bool {
-    container_statuses(pod).get(name).is_some_and(|s| {
-        s.image == image && s.image_id == image_id(image) && s.ready && is_running(s)
-    })
+    let statuses = container_statuses(pod);
+    let init = init_container_statuses(pod);
+    statuses
+        .get(name)
+        .or_else(|| init.get(name))
+        .is_some_and(|s| {
+            s.image == image && s.image_id == image_id(image) && s.ready && is_running(s)
+        })
 }
 
 fn running_status(name: &str, image: &str, restarts: i32) -> Value {
@@ -183,33 +214,86 @@ fn conditions(pod: &Pod, ready: bool) -> Value {
 /// The status a kubelet would report for `pod` once it has acted on its spec: every container
 /// whose spec image `is_bad` fails to pull it, every other one runs its spec image. `None` when
 /// that is what the pod reports already.
-fn converged_status(pod: &Pod, is_bad: &(dyn Fn(&str) -> bool + Sync)) -> Option<Value> {
-    let statuses = container_statuses(pod);
-    let mut changed = statuses.len() != spec_images(pod).len();
+/// What one container (or native sidecar) reports once the kubelet has acted on its spec
+/// `image`, given what it reported before: `(status, changed, ready)`.
+fn converged_container(
+    name: &str,
+    image: &str,
+    previous: Option<&ContainerStatus>,
+    is_bad: &(dyn Fn(&str) -> bool + Sync),
+) -> (Value, bool, bool) {
+    let restarts = previous.map_or(0, |s| s.restart_count);
+    let same_image = previous.is_some_and(|s| s.image == image);
+    let restarts_now = restarts + i32::from(previous.is_some() && !same_image);
+    if is_bad(image) {
+        let failing =
+            same_image && previous.is_some_and(|s| waiting_reason(s) == Some(IMAGE_PULL_ERROR));
+        if failing {
+            let kept = serde_json::to_value(previous).expect("a status serializes");
+            (kept, false, false)
+        } else {
+            (failing_status(name, image, restarts_now), true, false)
+        }
+    } else if previous.is_some_and(|s| same_image && s.ready && is_running(s)) {
+        let kept = serde_json::to_value(previous).expect("a status serializes");
+        (kept, false, true)
+    } else {
+        (running_status(name, image, restarts_now), true, true)
+    }
+}
+
+/// The init container statuses once the kubelet has acted: a native sidecar as a container
+/// (restarted on a new spec image, one more restart), a plain init container completed;
+/// `(statuses, changed, every native sidecar ready)`.
+fn converged_init_statuses(
+    pod: &Pod,
+    is_bad: &(dyn Fn(&str) -> bool + Sync),
+) -> (Vec<Value>, bool, bool) {
+    let statuses = init_container_statuses(pod);
+    let mut changed = false;
     let mut all_ready = true;
     let mut out = Vec::new();
-    for (name, image) in spec_images(pod) {
-        let previous = statuses.get(name.as_str()).copied();
-        let restarts = previous.map_or(0, |s| s.restart_count);
-        let same_image = previous.is_some_and(|s| s.image == image);
-        if is_bad(&image) {
-            all_ready = false;
-            let failing =
-                same_image && previous.is_some_and(|s| waiting_reason(s) == Some(IMAGE_PULL_ERROR));
-            if failing {
-                out.push(serde_json::to_value(previous).expect("a status serializes"));
-            } else {
-                changed = true;
-                let restarts = restarts + i32::from(previous.is_some() && !same_image);
-                out.push(failing_status(&name, &image, restarts));
-            }
-        } else if previous.is_some_and(|s| same_image && s.ready && is_running(s)) {
+    for c in pod
+        .spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten())
+    {
+        let image = c.image.clone().unwrap_or_default();
+        let previous = statuses.get(c.name.as_str()).copied();
+        if c.restart_policy.as_deref() == Some("Always") {
+            let (status, moved, ready) = converged_container(&c.name, &image, previous, is_bad);
+            changed |= moved;
+            all_ready &= ready;
+            out.push(status);
+        } else if let Some(previous) = previous {
             out.push(serde_json::to_value(previous).expect("a status serializes"));
         } else {
             changed = true;
-            let restarts = restarts + i32::from(previous.is_some() && !same_image);
-            out.push(running_status(&name, &image, restarts));
+            out.push(json!({
+                "name": c.name,
+                "image": image,
+                "imageID": image_id(&image),
+                "ready": true,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+            }));
         }
+    }
+    (out, changed, all_ready)
+}
+
+fn converged_status(pod: &Pod, is_bad: &(dyn Fn(&str) -> bool + Sync)) -> Option<Value> {
+    let statuses = container_statuses(pod);
+    let (init_out, init_changed, init_ready) = converged_init_statuses(pod, is_bad);
+    let mut changed = statuses.len() != spec_images(pod).len() || init_changed;
+    let mut all_ready = init_ready;
+    let mut out = Vec::new();
+    for (name, image) in spec_images(pod) {
+        let previous = statuses.get(name.as_str()).copied();
+        let (status, moved, ready) = converged_container(&name, &image, previous, is_bad);
+        changed |= moved;
+        all_ready &= ready;
+        out.push(status);
     }
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     changed |= phase != Some("Running") || pod_ready(pod) != all_ready;
@@ -231,24 +315,8 @@ fn converged_status(pod: &Pod, is_bad: &(dyn Fn(&str) -> bool + Sync)) -> Option
         status["hostIP"] = json!("127.0.0.1");
         status["podIP"] = json!("127.0.0.1");
     }
-    let init_containers: Vec<Value> = pod
-        .spec
-        .iter()
-        .flat_map(|s| s.init_containers.iter().flatten())
-        .map(|c| {
-            let image = c.image.clone().unwrap_or_default();
-            json!({
-                "name": c.name,
-                "image": image,
-                "imageID": image_id(&image),
-                "ready": true,
-                "restartCount": 0,
-                "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
-            })
-        })
-        .collect();
-    if !init_containers.is_empty() {
-        status["initContainerStatuses"] = Value::Array(init_containers);
+    if !init_out.is_empty() {
+        status["initContainerStatuses"] = Value::Array(init_out);
     }
     Some(status)
 }
@@ -259,24 +327,41 @@ fn converged_status(pod: &Pod, is_bad: &(dyn Fn(&str) -> bool + Sync)) -> Option
 fn stopping_status(pod: &Pod) -> Option<Value> {
     let statuses = container_statuses(pod);
     let mut changed = false;
-    let mut out = Vec::new();
-    for (name, image) in spec_images(pod) {
-        let previous = *statuses.get(name.as_str())?;
+    let stop = |previous: &ContainerStatus, image: &str, changed: &mut bool| {
         let mut value = serde_json::to_value(previous).expect("a status serializes");
         if previous.image != image && previous.ready {
-            changed = true;
+            *changed = true;
             value["ready"] = json!(false);
             value["started"] = json!(false);
             value["state"] = json!({"waiting": {"reason": "ContainerCreating"}});
         }
-        out.push(value);
+        value
+    };
+    let mut out = Vec::new();
+    for (name, image) in spec_images(pod) {
+        let previous = *statuses.get(name.as_str())?;
+        out.push(stop(previous, &image, &mut changed));
     }
+    let natives: BTreeMap<String, String> = native_sidecar_images(pod).into_iter().collect();
+    let init_out: Vec<Value> = pod
+        .status
+        .iter()
+        .flat_map(|s| s.init_container_statuses.iter().flatten())
+        .map(|previous| match natives.get(&previous.name) {
+            Some(image) => stop(previous, image, &mut changed),
+            None => serde_json::to_value(previous).expect("a status serializes"),
+        })
+        .collect();
     changed.then(|| {
-        json!({
+        let mut status = json!({
             "phase": "Running",
             "conditions": conditions(pod, false),
             "containerStatuses": out,
-        })
+        });
+        if !init_out.is_empty() {
+            status["initContainerStatuses"] = Value::Array(init_out);
+        }
+        status
     })
 }
 
@@ -499,5 +584,62 @@ mod tests {
         assert_ne!(id, image_id("nginx:1.27"));
         assert!(image_id("localhost:5000/team/proxy:v2").starts_with("localhost:5000/team/proxy@"));
         assert!(image_id("localhost:5000/proxy").starts_with("localhost:5000/proxy@"));
+    }
+
+    /// A pod with the plain init container `setup`, the native sidecar `agent` on `agent` and
+    /// the container `app`, started on `agent:1`.
+    fn native_pod(agent: &str) -> Pod {
+        let mut pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "initContainers": [
+                    {"name": "setup", "image": "setup:1"},
+                    {"name": "agent", "image": "agent:1", "restartPolicy": "Always"},
+                ],
+                "containers": [{"name": "app", "image": "app:1"}],
+            },
+        }))
+        .expect("a pod");
+        let status = converged_status(&pod, &never_bad).expect("a first status");
+        pod.status = Some(serde_json::from_value(status).expect("a status"));
+        pod.spec
+            .as_mut()
+            .expect("spec")
+            .init_containers
+            .as_mut()
+            .expect("init")[1]
+            .image = Some(agent.to_owned());
+        pod
+    }
+
+    #[test]
+    fn a_native_sidecar_with_a_new_image_is_restarted_alone() {
+        let pod = native_pod("agent:1");
+        assert!(runs(&pod, "agent", "agent:1") && runs(&pod, "app", "app:1"));
+        assert!(pod_ready(&pod));
+        assert!(!has_changed_containers(&pod));
+        assert!(
+            converged_status(&pod, &never_bad).is_none(),
+            "nothing to do"
+        );
+
+        let mut pod = native_pod("agent:2");
+        assert!(has_changed_containers(&pod));
+        let stopping = stopping_status(&pod).expect("the sidecar stops");
+        assert_eq!(stopping["initContainerStatuses"][1]["ready"], json!(false));
+        assert_eq!(stopping["containerStatuses"][0]["ready"], json!(true));
+        let app_before = container_statuses(&pod)["app"].clone();
+        let status = converged_status(&pod, &never_bad).expect("a restart");
+        pod.status = Some(serde_json::from_value(status).expect("a status"));
+        assert!(runs(&pod, "agent", "agent:2"));
+        let init = init_container_statuses(&pod);
+        assert_eq!(init["agent"].restart_count, 1);
+        assert_eq!(init["setup"].image, "setup:1");
+        assert_eq!(
+            container_statuses(&pod)["app"],
+            &app_before,
+            "the app is untouched"
+        );
+        assert!(!has_changed_containers(&pod) && pod_ready(&pod));
     }
 }

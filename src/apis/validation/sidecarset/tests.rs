@@ -397,8 +397,9 @@ fn known_revisions_come_from_controller_revisions() {
     );
 }
 
+/// Upstream refuses this spec (#1671); kruise-rs upgrades native sidecars in place.
 #[test]
-fn upstream_native_sidecar_with_rolling_update() {
+fn native_sidecars_accept_rolling_update() {
     let native = json!({"initContainers": [{"name": "test-sidecar", "image": "test-image", "restartPolicy": "Always"}], "containers": null});
     let s = set(
         "test-sidecarset",
@@ -406,21 +407,12 @@ fn upstream_native_sidecar_with_rolling_update() {
             base_json(),
             with(
                 native.clone(),
-                json!({"updateStrategy": {"type": "RollingUpdate"}}),
+                json!({"updateStrategy": {"type": "RollingUpdate", "maxUnavailable": 1}}),
             ),
         ),
     );
-    let errs = create(&s);
-    assert_eq!(paths(&errs), ["spec.updateStrategy.type"]);
-    assert!(
-        errs[0]
-            .message
-            .contains("in-place upgrade is not currently supported"),
-        "{}",
-        errs[0]
-    );
-    assert!(errs[0].message.contains("test-sidecar"));
-    // The default type is RollingUpdate, so an unset type is refused too.
+    assert_eq!(create(&s), []);
+    // The default type, RollingUpdate, too.
     let s = set(
         "test-sidecarset",
         with(
@@ -432,12 +424,66 @@ fn upstream_native_sidecar_with_rolling_update() {
         s.spec.update_strategy.type_,
         Some(SidecarSetUpdateStrategyType::RollingUpdate)
     );
-    assert_eq!(paths(&create(&s)), ["spec.updateStrategy.type"]);
-    // NotUpdate is the way.
+    assert_eq!(create(&s), []);
     assert_eq!(
         create(&set("test-sidecarset", with(base_json(), native))),
         []
     );
+}
+
+#[test]
+fn a_native_sidecar_asks_for_hot_upgrade_only_when_never_updated() {
+    let init = |restart: Value, strategy: &str| {
+        set(
+            "test-sidecarset",
+            with(
+                base_json(),
+                json!({
+                    "initContainers": [
+                        {"name": "plain", "image": "test-image"},
+                        {"name": "native", "image": "test-image", "restartPolicy": restart,
+                         "upgradeStrategy": {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"}},
+                    ],
+                    "updateStrategy": {"type": strategy},
+                }),
+            ),
+        )
+    };
+    let text = |s: &SidecarSet| {
+        create(s)
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+    };
+    let errs = text(&init(json!("Always"), "RollingUpdate"));
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].starts_with(
+            "spec.initContainers[1].upgradeStrategy.upgradeType: Forbidden: HotUpgrade is not supported for native sidecars"
+        ) && errs[0].contains("use ColdUpgrade"),
+        "{errs:?}"
+    );
+    // Under NotUpdate a native sidecar gets twins at injection and is never upgraded, as
+    // upstream's; on a plain init container hot upgrade is refused as unsupported.
+    assert_eq!(
+        text(&init(json!("Always"), "NotUpdate")),
+        Vec::<String>::new()
+    );
+    for s in [
+        init(Value::Null, "RollingUpdate"),
+        init(Value::Null, "NotUpdate"),
+    ] {
+        assert_eq!(
+            text(&s),
+            [
+                "spec.initContainers[1].upgradeStrategy.upgradeType: Forbidden: HotUpgrade is not supported for init containers by kruise-rs; use ColdUpgrade"
+            ]
+        );
+    }
+    // ColdUpgrade, said or implied, is fine.
+    let mut cold = init(json!("Always"), "RollingUpdate");
+    cold.spec.init_containers[1].upgrade_strategy = None;
+    assert_eq!(create(&cold), []);
 }
 
 /// The errors (as text) of a SidecarSet whose one container in `list` is `container`.
@@ -647,23 +693,104 @@ fn resources_policy_on_a_plain_init_container_is_refused() {
 }
 
 #[test]
-fn hot_upgrade_is_denied_not_ignored() {
-    let s = set(
-        "test-sidecarset",
-        with(
-            base_json(),
-            json!({"containers": [{"name": "test-sidecar", "image": "test-image",
-            "upgradeStrategy": {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"}}]}),
-        ),
-    );
-    assert_eq!(
-        create(&s)
+fn hot_upgrade_needs_an_empty_image_of_its_own() {
+    let hot = |list: &str, strategy: Value, extra: Value| {
+        let mut container = json!({"name": "test-sidecar", "image": "test-image",
+            "upgradeStrategy": strategy});
+        for (k, v) in extra.as_object().expect("object") {
+            container[k] = v.clone();
+        }
+        set(
+            "test-sidecarset",
+            with(base_json(), json!({ list: [container] })),
+        )
+    };
+    let errors = |s: &SidecarSet| {
+        create(s)
             .iter()
             .map(ToString::to_string)
-            .collect::<Vec<_>>(),
+            .collect::<Vec<_>>()
+    };
+    let served = json!({"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"});
+    assert_eq!(
+        errors(&hot("containers", served.clone(), json!({}))),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        errors(&hot(
+            "containers",
+            json!({"upgradeType": "HotUpgrade"}),
+            json!({})
+        )),
         [
-            "spec.containers[0].upgradeStrategy.upgradeType: Forbidden: HotUpgrade is not supported by kruise-rs yet; use ColdUpgrade"
+            "spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage: Required value: upgradeType HotUpgrade needs the image the idle twin runs"
         ]
+    );
+    assert_eq!(
+        errors(&hot(
+            "containers",
+            json!({"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "Bad Image"}),
+            json!({})
+        )),
+        [
+            r#"spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage: Invalid value: "Bad Image": repository path component "Bad Image" must be lowercase letters and digits separated by '.', '_', '__' or dashes"#
+        ]
+    );
+    assert_eq!(
+        errors(&hot(
+            "containers",
+            json!({"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "test-image"}),
+            json!({})
+        )),
+        [
+            r#"spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage: Invalid value: "test-image": must differ from the sidecar's image: the idle twin is told apart by it"#
+        ]
+    );
+    let long = hot(
+        "containers",
+        served.clone(),
+        json!({"name": "n".repeat(62)}),
+    );
+    assert_eq!(
+        errors(&long),
+        [format!(
+            r#"spec.containers[0].name: Invalid value: "{}": must be no more than 61 characters with upgradeType HotUpgrade: its twins add "-1" and "-2""#,
+            "n".repeat(62)
+        )]
+    );
+    // A native-sidecar init container gets twins too (with NotUpdate, the only update type
+    // its hot upgrade allows), a plain init container does not (upstream ignores the field).
+    let not_update = json!({"updateStrategy": {"type": "NotUpdate"}});
+    let native = hot(
+        "initContainers",
+        json!({"upgradeType": "HotUpgrade"}),
+        json!({"restartPolicy": "Always"}),
+    );
+    let native = set(
+        "test-sidecarset",
+        with(
+            serde_json::to_value(&native.spec).expect("spec"),
+            not_update,
+        ),
+    );
+    assert!(
+        errors(&native).iter().any(|e| e.starts_with(
+            "spec.initContainers[0].upgradeStrategy.hotUpgradeEmptyImage: Required value"
+        )),
+        "{:?}",
+        errors(&native)
+    );
+    let plain = hot(
+        "initContainers",
+        json!({"upgradeType": "HotUpgrade"}),
+        json!({}),
+    );
+    assert!(
+        !errors(&plain)
+            .iter()
+            .any(|e| e.contains("hotUpgradeEmptyImage")),
+        "{:?}",
+        errors(&plain)
     );
 }
 
@@ -1351,7 +1478,7 @@ fn upgrade_type_is_immutable() {
     assert_eq!(
         errs.iter().map(ToString::to_string).collect::<Vec<_>>(),
         [
-            "spec.containers[0].upgradeStrategy.upgradeType: Forbidden: HotUpgrade is not supported by kruise-rs yet; use ColdUpgrade",
+            "spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage: Required value: upgradeType HotUpgrade needs the image the idle twin runs",
             r#"spec.containers[0].upgradeStrategy.upgradeType: Invalid value: "HotUpgrade": container test upgradeType is immutable"#,
         ]
     );

@@ -10,7 +10,10 @@ fn pod(name: &str, list: &str) -> PodSummary {
             "labels": {"app": "web"},
             "annotations": {SIDECARSET_INJECTED_LIST: list},
         },
-        "spec": {"containers": [{"name": "proxy", "image": "proxy:1"}]},
+        "spec": {
+            "containers": [{"name": "proxy", "image": "proxy:1"}],
+            "initContainers": [{"name": "agent", "image": "agent:1", "restartPolicy": "Always"}],
+        },
         "status": {
             "phase": "Running",
             "conditions": [
@@ -18,6 +21,7 @@ fn pod(name: &str, list: &str) -> PodSummary {
                 {"type": "ContainersReady", "status": "True"},
             ],
             "containerStatuses": [{"name": "proxy", "image": "proxy:1", "imageID": "a", "ready": true, "restartCount": 0}],
+            "initContainerStatuses": [{"name": "agent", "image": "agent:1", "imageID": "g", "ready": true, "restartCount": 0}],
         }
     }))
     .expect("pod")
@@ -59,6 +63,27 @@ fn changes_that_matter_wake_the_pods_sidecarsets() {
                 .as_mut()
                 .unwrap()[0]
                 .image_id = "b".into()
+        }),
+        ("native sidecar image", |p| {
+            p.spec.as_mut().unwrap().init_containers[0].image = Some("agent:2".into())
+        }),
+        ("native sidecar imageID", |p| {
+            p.status
+                .as_mut()
+                .unwrap()
+                .init_container_statuses
+                .as_mut()
+                .unwrap()[0]
+                .image_id = "h".into()
+        }),
+        ("native sidecar ready", |p| {
+            p.status
+                .as_mut()
+                .unwrap()
+                .init_container_statuses
+                .as_mut()
+                .unwrap()[0]
+                .ready = false
         }),
         ("container ready", |p| {
             p.status

@@ -206,6 +206,141 @@ fn ownership_needs_the_injected_list_the_selector_and_every_sidecar() {
     assert!(!owns(&s, &missing, &namespaces));
 }
 
+/// `mesh` with `proxy` on `proxy:1` and a native sidecar `agent` on `agent`.
+fn native_set(agent: &str) -> SidecarSet {
+    let mut s = set("proxy:1");
+    s.spec.init_containers = serde_json::from_value(json!([
+        {"name": "setup", "image": "setup:1"},
+        {"name": "agent", "image": agent, "restartPolicy": "Always"},
+    ]))
+    .expect("init containers");
+    s
+}
+
+/// [`pod`] (proxy on `proxy:1`) with init containers `setup` (done) and the native sidecar
+/// `agent` on `agent`, reported as `status_image` / `image_id`, ready or not.
+fn native_pod(agent: &str, status_image: &str, image_id: &str, ready: bool) -> PodSummary {
+    let mut p = pod("proxy:1", "proxy:1", "proxy@sha256:11");
+    let spec = p.spec.as_mut().expect("spec");
+    spec.init_containers = serde_json::from_value(json!([
+        {"name": "setup", "image": "setup:1"},
+        {"name": "agent", "image": agent},
+    ]))
+    .expect("init containers");
+    p.status.as_mut().expect("status").init_container_statuses = Some(
+        serde_json::from_value(json!([
+            {"name": "setup", "image": "setup:1", "imageID": "setup@sha256:s", "ready": false, "restartCount": 0},
+            {"name": "agent", "image": status_image, "imageID": image_id, "ready": ready, "restartCount": 0},
+        ]))
+        .expect("init statuses"),
+    );
+    p
+}
+
+#[test]
+fn ownership_needs_the_native_sidecars_among_the_init_containers() {
+    let namespaces = NamespaceLabels::new();
+    let s = native_set("agent:1");
+    let p = native_pod("agent:1", "agent:1", "agent@sha256:1", true);
+    assert!(owns(&s, &p, &namespaces));
+    // A plain init container of the SidecarSet is not required (it may have been dropped).
+    let mut without_setup = p.clone();
+    without_setup
+        .spec
+        .as_mut()
+        .expect("spec")
+        .init_containers
+        .remove(0);
+    assert!(owns(&s, &without_setup, &namespaces));
+    // Without the native sidecar, or with it only among the containers, the pod is not owned.
+    let mut missing = p.clone();
+    missing
+        .spec
+        .as_mut()
+        .expect("spec")
+        .init_containers
+        .remove(1);
+    assert!(!owns(&s, &missing, &namespaces));
+    let spec = missing.spec.as_mut().expect("spec");
+    spec.containers.push(ContainerSummary {
+        name: "agent".into(),
+        image: Some("agent:1".into()),
+    });
+    assert!(!owns(&s, &missing, &namespaces));
+}
+
+#[test]
+fn native_sidecars_are_viewed_from_the_init_container_statuses() {
+    let s = native_set("agent:1");
+    let p = native_pod("agent:1", "agent:1", "agent@sha256:1", false);
+    let v = view(&s, &p);
+    let sidecars: Vec<(&str, bool, bool)> = v
+        .sidecars
+        .iter()
+        .map(|c| (c.name.as_str(), c.ready, c.image_running))
+        .collect();
+    // The plain init container `setup` is no sidecar.
+    assert_eq!(sidecars, [("proxy", true, true), ("agent", false, true)]);
+}
+
+#[test]
+fn after_an_upgrade_a_native_sidecar_runs_its_image_once_the_image_id_changes() {
+    let s = native_set("agent:2");
+    let record = r#"{"mesh":{"revision":"h2","updateTimestamp":"2026-11-29T11:00:00Z","lastContainerStatuses":{"agent":{"imageID":"agent@sha256:1"}}}}"#;
+    let waiting = with_state(
+        native_pod("agent:2", "agent:1", "agent@sha256:1", true),
+        record,
+    );
+    let v = view(&s, &waiting);
+    assert!(!v.sidecars[1].image_running && v.sidecars[1].ready);
+    assert!(!v.images_running());
+    let done = with_state(
+        native_pod("agent:2", "agent:2", "agent@sha256:2", true),
+        record,
+    );
+    assert!(view(&s, &done).images_running());
+    // Init container statuses that do not cover every init container: not running yet.
+    let mut partial = done.clone();
+    partial
+        .status
+        .as_mut()
+        .expect("status")
+        .init_container_statuses
+        .as_mut()
+        .expect("init statuses")
+        .remove(0);
+    let v = view(&s, &partial);
+    assert!(v.sidecars[0].image_running && !v.sidecars[1].image_running);
+}
+
+#[test]
+fn digest_pinned_native_sidecars_compare_the_digest() {
+    let digest = format!("sha256:{}", "b".repeat(64));
+    let proxy = format!("proxy@sha256:{}", "a".repeat(64));
+    let agent = format!("agent@{digest}");
+    let mut s = native_set(&agent);
+    s.spec.containers[0].container.image = Some(proxy.clone());
+    let mut p = native_pod(&agent, &agent, &format!("docker.io/library/{agent}"), true);
+    p.spec.as_mut().expect("spec").containers[0].image = Some(proxy.clone());
+    p.status
+        .as_mut()
+        .expect("status")
+        .container_statuses
+        .as_mut()
+        .expect("s")[0]
+        .image_id = format!("docker.io/library/{proxy}");
+    assert!(view(&s, &p).images_running());
+    p.status
+        .as_mut()
+        .expect("status")
+        .init_container_statuses
+        .as_mut()
+        .expect("s")[1]
+        .image_id = "agent@sha256:other".into();
+    let v = view(&s, &p);
+    assert!(v.sidecars[0].image_running && !v.sidecars[1].image_running);
+}
+
 #[test]
 fn ownership_follows_the_namespace_selector() {
     let mut s = set("proxy:1");

@@ -754,3 +754,60 @@ fn listed_nodes_stay_and_new_targets_are_appended() {
     keep_listed_nodes(&mut plans, &existing);
     assert_eq!(plans[0].nodes, ["n1", "n2", "n3"]);
 }
+
+#[test]
+fn a_hot_sidecar_needs_its_image_when_neither_twin_has_it() {
+    let mut hot = set(json!({}), &[]);
+    hot.spec.containers[0].upgrade_strategy = Some(
+        serde_json::from_value(
+            json!({"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"}),
+        )
+        .expect("strategy"),
+    );
+    let twins = |first: &str, second: &str| -> PodSummary {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "shop"},
+            "spec": {"nodeName": "n1", "containers": [
+                {"name": "proxy-1", "image": first},
+                {"name": "proxy-2", "image": second},
+                {"name": "logs", "image": "logs:1"},
+            ]}
+        }))
+        .expect("pod")
+    };
+    // The job keeps the sidecar's own name.
+    assert_eq!(
+        missing_images(&hot, &twins("proxy:1", "empty:1")),
+        [("proxy", "proxy:2")]
+    );
+    // Either twin on the new image: nothing to pull (mid-upgrade, or working on it).
+    assert!(missing_images(&hot, &twins("empty:1", "proxy:2")).is_empty());
+    assert!(missing_images(&hot, &twins("proxy:2", "proxy:1")).is_empty());
+    // No twin at all (not this SidecarSet's pod shape): nothing.
+    let mut cold = twins("proxy:1", "empty:1");
+    cold.spec.as_mut().expect("spec").containers.truncate(0);
+    assert!(missing_images(&hot, &cold).is_empty());
+}
+
+#[test]
+fn native_sidecar_images_are_pre_downloaded_too() {
+    let mut s = set(json!({"type": "RollingUpdate"}), &[]);
+    s.spec.init_containers = serde_json::from_value(json!([
+        {"name": "setup", "image": "setup:2"},
+        {"name": "agent", "image": "agent:2", "restartPolicy": "Always"},
+    ]))
+    .expect("init containers");
+    let mut p = (*old("web-0", "node-1")).clone();
+    p.spec.as_mut().expect("spec").init_containers = serde_json::from_value(json!([
+        {"name": "setup", "image": "setup:1"},
+        {"name": "agent", "image": "agent:1"},
+    ]))
+    .expect("init containers");
+    // The plain init container `setup` never runs again: its image is not wanted.
+    assert_eq!(
+        missing_images(&s, &p),
+        [("proxy", "proxy:2"), ("agent", "agent:2")]
+    );
+    p.spec.as_mut().expect("spec").init_containers[1].image = Some("agent:2".into());
+    assert_eq!(missing_images(&s, &p), [("proxy", "proxy:2")]);
+}

@@ -416,7 +416,7 @@ fn the_unsupported_features_condition_comes_from_the_spec() {
     let c = unsupported_condition(&s, &[], &now).expect("HotUpgrade");
     assert_eq!(c.type_, UNSUPPORTED);
     assert_eq!(c.status, "True");
-    assert_eq!(c.reason, "HotUpgrade");
+    assert_eq!(c.reason, "HotUpgradeWithoutEmptyImage");
     assert_eq!(c.observed_generation, Some(7));
     assert_eq!(c.last_transition_time, now);
     assert!(

@@ -138,6 +138,101 @@ fn an_existing_record_keeps_its_revision_and_time_and_gains_containers() {
     );
 }
 
+/// `mesh` with the plain init container `setup` and the native sidecar `agent` on `agent`.
+fn native_mesh(proxy: &str, agent: &str) -> SidecarSet {
+    set(json!({
+        "selector": {"matchLabels": {"app": "web"}},
+        "containers": [{"name": "proxy", "image": proxy}, {"name": "logs", "image": "logs:1"}],
+        "initContainers": [
+            {"name": "setup", "image": "setup:9"},
+            {"name": "agent", "image": agent, "restartPolicy": "Always"},
+        ],
+    }))
+}
+
+/// [`pod`] with the native sidecar `agent` (on `agent:1`) after `setup`.
+fn native_pod() -> PodSummary {
+    let mut p = pod();
+    p.spec
+        .as_mut()
+        .expect("spec")
+        .init_containers
+        .push(serde_json::from_value(json!({"name": "agent", "image": "agent:1"})).expect("c"));
+    p.status.as_mut().expect("status").init_container_statuses = Some(
+        serde_json::from_value(json!([
+            {"name": "setup", "image": "setup:1", "imageID": "setup@sha256:s1", "ready": false, "restartCount": 0},
+            {"name": "agent", "image": "agent:1", "imageID": "agent@sha256:g1", "ready": true, "restartCount": 0},
+        ]))
+        .expect("init statuses"),
+    );
+    p
+}
+
+#[test]
+fn a_native_sidecar_image_is_replaced_in_the_init_containers() {
+    let before = native_pod();
+    let upgrade = upgrade_patch(
+        &before,
+        &native_mesh("proxy:2", "agent:2"),
+        &current(),
+        &now(),
+    )
+    .expect("patch");
+    assert_eq!(upgrade.changed, ["proxy", "agent"]);
+    let after = apply(&before, &upgrade);
+    let mut expected = before.spec.clone().expect("spec");
+    expected.containers[1].image = Some("proxy:2".into());
+    expected.init_containers[1].image = Some("agent:2".into());
+    assert_eq!(
+        after.spec,
+        Some(expected),
+        "the plain init container `setup` keeps its image"
+    );
+    assert_eq!(
+        annotation(&after, SIDECARSET_INPLACE_UPDATE_STATE),
+        r#"{"mesh":{"revision":"h2","updateTimestamp":"2026-11-29T12:00:00Z","lastContainerStatuses":{"agent":{"imageID":"agent@sha256:g1"},"proxy":{"imageID":"proxy@sha256:p1"}}}}"#
+    );
+    assert!(
+        annotation(&after, SIDECARSET_HASH).contains(r#""sidecarList":["agent","logs","proxy"]"#)
+    );
+    // The index it writes is guarded by the name there.
+    let value = serde_json::to_value(&upgrade.patch).expect("json");
+    let ops = value.as_array().expect("ops");
+    assert!(ops.iter().any(|op| op["op"] == "test"
+        && op["path"] == "/spec/initContainers/1/name"
+        && op["value"] == "agent"));
+    let mut reordered = before.clone();
+    reordered
+        .spec
+        .as_mut()
+        .expect("spec")
+        .init_containers
+        .swap(0, 1);
+    let mut doc = serde_json::to_value(&reordered).expect("json");
+    assert!(json_patch::patch(&mut doc, &upgrade.patch).is_err());
+}
+
+#[test]
+fn only_a_native_sidecar_image_changes_when_only_it_differs() {
+    let upgrade = upgrade_patch(
+        &native_pod(),
+        &native_mesh("proxy:1", "agent:2"),
+        &current(),
+        &now(),
+    )
+    .expect("patch");
+    assert_eq!(upgrade.changed, ["agent"]);
+    let value = serde_json::to_value(&upgrade.patch).expect("json");
+    let replaced: Vec<&str> = value
+        .as_array()
+        .expect("ops")
+        .iter()
+        .filter(|op| op["op"] == "replace")
+        .map(|op| op["path"].as_str().expect("path"))
+        .collect();
+    assert_eq!(replaced, ["/spec/initContainers/1/image"]);
+}
+
 #[test]
 fn the_patch_tests_what_it_was_computed_from() {
     let upgrade = upgrade_patch(&pod(), &mesh("proxy:2"), &current(), &now()).expect("patch");
