@@ -353,6 +353,7 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
                 ready: status.is_some_and(|s| s.ready),
                 image_running: all_reported
                     && runs_spec_image(c, status, all_digests, before(&c.name)),
+                native: false,
             }
         })
         .chain(native_containers.iter().map(|c| {
@@ -362,11 +363,13 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
                 ready: status.is_some_and(|s| s.ready),
                 image_running: init_reported
                     && runs_spec_image(c, status, all_digests, before(&c.name)),
+                native: true,
             }
         }))
         .collect();
     let ready_condition = pod_condition(pod, "Ready");
     let phase = phase(pod);
+    let hash_entry = pod_entry(annotations, SIDECARSET_HASH, name);
     PodView {
         namespace: Cow::Borrowed(pod.metadata.namespace.as_deref().unwrap_or_default()),
         name: Cow::Borrowed(pod.metadata.name.as_deref().unwrap_or_default()),
@@ -385,7 +388,11 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
         restarts: statuses.iter().map(|s| s.restart_count).max().unwrap_or(0),
         created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
         deleting: pod.metadata.deletion_timestamp.is_some(),
-        hash: pod_entry(annotations, SIDECARSET_HASH, name).map(|e| e.hash),
+        hash: hash_entry.as_ref().map(|e| e.hash.clone()),
+        hash_written: hash_entry
+            .as_ref()
+            .and_then(|e| e.update_timestamp.as_ref())
+            .map(|t| t.0),
         hash_without_image: pod_entry(annotations, SIDECARSET_HASH_WITHOUT_IMAGE, name)
             .map(|e| e.hash),
         sidecars,

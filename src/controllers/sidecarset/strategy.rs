@@ -128,6 +128,8 @@ pub struct SidecarView {
     /// this container: digest comparison, or the `kruise.io/sidecarset-inplace-update-state`
     /// record). Must be false when the pod's container statuses do not cover its containers.
     pub image_running: bool,
+    /// A native sidecar (an init container with `restartPolicy: Always`).
+    pub native: bool,
 }
 
 /// What the upgrade decision needs to know about one matched pod, filled by the controller.
@@ -155,6 +157,8 @@ pub struct PodView<'a> {
     pub hash: Option<String>,
     /// This SidecarSet's entry in the pod's `kruise.io/sidecarset-hash-without-image`.
     pub hash_without_image: Option<String>,
+    /// When the `kruise.io/sidecarset-hash` entry was written: the last upgrade (or injection).
+    pub hash_written: Option<Timestamp>,
     /// The SidecarSet's sidecar containers in this pod.
     pub sidecars: Vec<SidecarView>,
     /// The new sidecar images are being pre-downloaded to the pod's node and are not there

@@ -77,7 +77,8 @@ fn the_view_reads_hashes_readiness_and_order_fields() {
         [SidecarView {
             name: "proxy".into(),
             ready: true,
-            image_running: true
+            image_running: true,
+            native: false,
         }]
     );
 }
@@ -281,6 +282,24 @@ fn native_sidecars_are_viewed_from_the_init_container_statuses() {
         .collect();
     // The plain init container `setup` is no sidecar.
     assert_eq!(sidecars, [("proxy", true, true), ("agent", false, true)]);
+    let native: Vec<bool> = v.sidecars.iter().map(|c| c.native).collect();
+    assert_eq!(native, [false, true]);
+}
+
+#[test]
+fn the_view_knows_when_the_hash_entry_was_written() {
+    let s = set("proxy:1");
+    let mut p = pod("proxy:1", "proxy:1", "id");
+    assert_eq!(view(&s, &p).hash_written, None, "null in the entry");
+    p.metadata.annotations.as_mut().expect("annotations").insert(
+        SIDECARSET_HASH.into(),
+        r#"{"mesh":{"updateTimestamp":"2026-11-29T11:00:00Z","hash":"h1","sidecarSetName":"mesh"}}"#
+            .into(),
+    );
+    assert_eq!(
+        view(&s, &p).hash_written,
+        Some("2026-11-29T11:00:00Z".parse().expect("time"))
+    );
 }
 
 #[test]

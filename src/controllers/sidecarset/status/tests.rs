@@ -5,7 +5,7 @@ use serde_json::json;
 use super::*;
 use crate::apis::sidecarset::SidecarSetSpec;
 use crate::apis::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
-use crate::controllers::sidecarset::strategy::{PodPhase, SidecarView, next_batch};
+use crate::controllers::sidecarset::strategy::{SidecarView, next_batch};
 
 fn set(strategy: serde_json::Value) -> SidecarSet {
     let spec: SidecarSetSpec = serde_json::from_value(json!({
@@ -37,6 +37,7 @@ fn pod(name: &str) -> PodView<'static> {
             name: "proxy".into(),
             ready: true,
             image_running: true,
+            native: false,
         }],
         ..Default::default()
     }
@@ -467,4 +468,67 @@ fn several_unsupported_features_make_one_reason() {
             .chars()
             .all(|ch| ch.is_ascii_alphanumeric() || ch == ',')
     );
+}
+
+/// An updated pod whose native sidecar `agent` has not run its new image since `written`.
+fn native_behind(name: &str, written: &str) -> PodView<'static> {
+    let mut p = updated(name);
+    p.ready = false;
+    p.hash_written = Some(written.parse().expect("time"));
+    p.sidecars.push(SidecarView {
+        name: "agent".into(),
+        ready: true,
+        image_running: false,
+        native: true,
+    });
+    p
+}
+
+#[test]
+fn a_native_sidecar_the_kubelet_never_restarts_is_named_after_the_grace() {
+    let s = set(json!({"maxUnavailable": 1}));
+    // Upgraded 4 minutes ago: still within the grace, only maxUnavailable holds.
+    let recent = [native_behind("a", "2026-11-29T11:56:00Z"), pod("b")];
+    let r = report(&s, &recent);
+    assert!(matches!(r.stalls[0], Stall::MaxUnavailableReached { .. }));
+    // Upgraded 5 minutes ago and still on the old image: named first, RolloutHeld says why.
+    let stuck = [native_behind("a", "2026-11-29T11:55:00Z"), pod("b")];
+    let r = report(&s, &stuck);
+    assert_eq!(
+        r.stalls[0],
+        Stall::NativeSidecarNotRestarted {
+            pods: 1,
+            examples: vec!["ns/a".into()]
+        }
+    );
+    let held = r
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == ROLLOUT_HELD)
+        .expect("RolloutHeld");
+    assert_eq!(
+        (held.status.as_str(), held.reason.as_str()),
+        ("True", "NativeSidecarNotRestarted")
+    );
+    assert!(
+        held.message.contains("ns/a") && held.message.contains("kubelet"),
+        "{}",
+        held.message
+    );
+    // A container (not native) behind, a pod not running, or a pod not updated: not this.
+    let mut container = native_behind("a", "2026-11-29T11:00:00Z");
+    container.sidecars[1].native = false;
+    let mut pending = native_behind("a", "2026-11-29T11:00:00Z");
+    pending.phase = PodPhase::Pending;
+    let mut old = native_behind("a", "2026-11-29T11:00:00Z");
+    old.hash = Some("old".into());
+    for p in [container, pending, old] {
+        assert!(
+            !report(&s, &[p])
+                .stalls
+                .iter()
+                .any(|s| matches!(s, Stall::NativeSidecarNotRestarted { .. }))
+        );
+    }
 }

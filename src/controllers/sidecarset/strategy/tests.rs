@@ -52,6 +52,7 @@ fn pod(i: usize) -> PodView<'static> {
             name: "test-sidecar".into(),
             ready: true,
             image_running: true,
+            native: false,
         }],
         ..Default::default()
     }
@@ -590,6 +591,7 @@ fn in_flight_means_updated_and_not_ready_or_not_running_the_new_image() {
         name: "second".into(),
         ready: true,
         image_running: false,
+        native: false,
     });
     assert_eq!(
         classify(&p, &current, true),
@@ -1112,6 +1114,7 @@ fn random_case(rng: &mut Rng) -> (SidecarSet, Vec<PodView<'static>>) {
                     name: format!("s{c}"),
                     ready: chance(rng, 85),
                     image_running: chance(rng, 85),
+                    native: false,
                 })
                 .collect();
             p
