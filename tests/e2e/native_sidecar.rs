@@ -4,9 +4,7 @@
 //! stay (upstream refuses `RollingUpdate` for native sidecars: #1671).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
@@ -15,7 +13,7 @@ use kruise_rs::apis::{ImagePullJob, SidecarSet};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::sidecarset::{deployment, ready, running_pods, status};
+use crate::sidecarset::{UnavailableWatch, deployment, running_pods, status};
 use crate::support::{self, TIMEOUT, wait_for};
 
 /// The native sidecar's name.
@@ -144,25 +142,9 @@ async fn native_sidecar_upgraded_in_place_by_the_kubelet() {
     }
 
     let v2_digest = support::registry_digest(&v2);
-    let most_unavailable = Arc::new(AtomicUsize::new(0));
-    let done = Arc::new(AtomicBool::new(false));
-    let watcher = {
-        let (pods, most_unavailable, done) = (pods.clone(), most_unavailable.clone(), done.clone());
+    let watch = {
         let (v2, v2_digest) = (v2.clone(), v2_digest.clone());
-        let selector = ListParams::default().labels(&format!("app={name}"));
-        tokio::spawn(async move {
-            while !done.load(Ordering::Relaxed) {
-                if let Ok(list) = pods.list(&selector).await {
-                    let unavailable = list
-                        .items
-                        .iter()
-                        .filter(|p| !ready(p) || in_flight(p, &v2, &v2_digest))
-                        .count();
-                    most_unavailable.fetch_max(unavailable, Ordering::Relaxed);
-                }
-                tokio::time::sleep(Duration::from_millis(150)).await;
-            }
-        })
+        UnavailableWatch::start(pods.clone(), &name, move |p| in_flight(p, &v2, &v2_digest))
     };
     // Pre-download, proved by pausing the rollout: the SidecarSet's ImagePullJob for the native
     // sidecar pulls v2 onto the node while no pod is patched.
@@ -232,8 +214,7 @@ async fn native_sidecar_upgraded_in_place_by_the_kubelet() {
     .await;
     let after = running_pods(cluster, &ns.name, &name, 2).await;
     let elapsed = started.elapsed();
-    done.store(true, Ordering::Relaxed);
-    watcher.await.expect("the readiness watcher");
+    let most_unavailable = watch.stop().await;
 
     let before: BTreeMap<_, _> = before
         .iter()
@@ -277,7 +258,6 @@ async fn native_sidecar_upgraded_in_place_by_the_kubelet() {
             native.ready
         );
     }
-    let most_unavailable = most_unavailable.load(Ordering::Relaxed);
     println!(
         "in-place upgrade of a native sidecar in 2 pods: {elapsed:?} from the SidecarSet change \
          to both updated and ready, at most {most_unavailable} pod(s) unavailable at once \

@@ -118,6 +118,51 @@ fn in_flight(pod: &Pod, image: &str, digest: &str) -> bool {
     patched && status(pod, "sidecar").is_none_or(|s| !s.image_id.ends_with(digest) || !s.ready)
 }
 
+/// Samples the pods labelled `app=<app>` until stopped and keeps the most that were unavailable
+/// at once: not Ready, or `in_flight` (patched, not yet running the new image). Sampling, not
+/// waiting: a rollout's in-flight window is seconds long, longer than the 150 ms between lists.
+pub struct UnavailableWatch {
+    most: Arc<AtomicUsize>,
+    done: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl UnavailableWatch {
+    pub fn start(
+        pods: Api<Pod>,
+        app: &str,
+        in_flight: impl Fn(&Pod) -> bool + Send + 'static,
+    ) -> Self {
+        let most = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let selector = ListParams::default().labels(&format!("app={app}"));
+        let task = {
+            let (most, done) = (most.clone(), done.clone());
+            tokio::spawn(async move {
+                while !done.load(Ordering::Relaxed) {
+                    if let Ok(list) = pods.list(&selector).await {
+                        let unavailable = list
+                            .items
+                            .iter()
+                            .filter(|p| !ready(p) || in_flight(p))
+                            .count();
+                        most.fetch_max(unavailable, Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                }
+            })
+        };
+        Self { most, done, task }
+    }
+
+    /// Stops sampling; the most pods seen unavailable at once.
+    pub async fn stop(self) -> usize {
+        self.done.store(true, Ordering::Relaxed);
+        self.task.await.expect("the readiness watcher");
+        self.most.load(Ordering::Relaxed)
+    }
+}
+
 fn running_started_at(status: &ContainerStatus) -> Option<String> {
     let started = status
         .state
@@ -250,25 +295,9 @@ async fn sidecar_upgraded_in_place_by_the_kubelet_after_predownload() {
     // Watch the pods through the rollout: a pod is unavailable while it is not Ready or its
     // sidecar is patched but not yet running the new image.
     let v2_digest = support::registry_digest(&v2);
-    let most_unavailable = Arc::new(AtomicUsize::new(0));
-    let done = Arc::new(AtomicBool::new(false));
-    let watcher = {
-        let (pods, most_unavailable, done) = (pods.clone(), most_unavailable.clone(), done.clone());
+    let watch = {
         let (v2, v2_digest) = (v2.clone(), v2_digest.clone());
-        let selector = ListParams::default().labels(&format!("app={name}"));
-        tokio::spawn(async move {
-            while !done.load(Ordering::Relaxed) {
-                if let Ok(list) = pods.list(&selector).await {
-                    let unavailable = list
-                        .items
-                        .iter()
-                        .filter(|p| !ready(p) || in_flight(p, &v2, &v2_digest))
-                        .count();
-                    most_unavailable.fetch_max(unavailable, Ordering::Relaxed);
-                }
-                tokio::time::sleep(Duration::from_millis(150)).await;
-            }
-        })
+        UnavailableWatch::start(pods.clone(), &name, move |p| in_flight(p, &v2, &v2_digest))
     };
     sidecarsets
         .patch(
@@ -294,8 +323,7 @@ async fn sidecar_upgraded_in_place_by_the_kubelet_after_predownload() {
     )
     .await;
     let after = running_pods(cluster, &ns.name, &name, 3).await;
-    done.store(true, Ordering::Relaxed);
-    watcher.await.expect("the readiness watcher");
+    let most_unavailable = watch.stop().await;
 
     let before: BTreeMap<_, _> = before
         .iter()
@@ -333,7 +361,6 @@ async fn sidecar_upgraded_in_place_by_the_kubelet_after_predownload() {
             sidecar.image_id
         );
     }
-    let most_unavailable = most_unavailable.load(Ordering::Relaxed);
     println!(
         "in-place upgrade of 3 pods: at most {most_unavailable} pod(s) unavailable at once \
          (maxUnavailable 1)"
