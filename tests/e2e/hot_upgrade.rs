@@ -23,7 +23,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
-use crate::sidecarset::{deployment, ready, running_pods, status};
+use crate::sidecarset::{create_sidecarset_injecting, deployment, ready, running_pods, status};
 use crate::support::{self, Cluster, TIMEOUT, wait_for};
 
 const SIDECAR: &str = "mesh";
@@ -69,34 +69,7 @@ fn hot_sidecarset(
 
 /// Creates the SidecarSet and waits until the webhook injects its twins into a dry-run pod.
 async fn create_hot_sidecarset(cluster: &Cluster, set: &SidecarSet, namespace: &str) {
-    let api: Api<SidecarSet> = Api::all(cluster.client());
-    api.create(&PostParams::default(), set)
-        .await
-        .expect("creating the SidecarSet");
-    let name = set.metadata.name.clone().expect("named");
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), namespace);
-    let probe: Pod = serde_json::from_value(json!({
-        "metadata": {"generateName": "probe-", "labels": {"app": name}},
-        "spec": {"containers": [{"name": "app", "image": cluster.app_image("v1")}]}
-    }))
-    .expect("a pod");
-    let dry_run = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    wait_for(
-        "the webhook to inject the hot SidecarSet",
-        TIMEOUT,
-        || async {
-            let pod = pods.create(&dry_run, &probe).await.ok()?;
-            let spec = pod.spec?;
-            spec.containers
-                .iter()
-                .any(|c| c.name == TWIN1)
-                .then_some(())
-        },
-    )
-    .await;
+    create_sidecarset_injecting(cluster, set, namespace, TWIN1).await;
 }
 
 async fn set_image(cluster: &Cluster, name: &str, image: &str, empty: &str) {

@@ -62,6 +62,16 @@ pub fn deployment(name: &str, image: &str, replicas: i32) -> Deployment {
 /// Creates `sidecarset` and waits until the webhook injects it (a dry-run pod in `namespace`
 /// comes back with the sidecar): the webhook's cache lags the create a little.
 pub async fn create_sidecarset(cluster: &Cluster, sidecarset: &SidecarSet, namespace: &str) {
+    create_sidecarset_injecting(cluster, sidecarset, namespace, "sidecar").await;
+}
+
+/// [`create_sidecarset`], waiting for a dry-run pod with the container `injected`.
+pub async fn create_sidecarset_injecting(
+    cluster: &Cluster,
+    sidecarset: &SidecarSet,
+    namespace: &str,
+    injected: &str,
+) {
     let api: Api<SidecarSet> = Api::all(cluster.client());
     api.create(&PostParams::default(), sidecarset)
         .await
@@ -85,7 +95,7 @@ pub async fn create_sidecarset(cluster: &Cluster, sidecarset: &SidecarSet, names
             let spec = pod.spec?;
             spec.containers
                 .iter()
-                .any(|c| c.name == "sidecar")
+                .any(|c| c.name == injected)
                 .then_some(())
         },
     )

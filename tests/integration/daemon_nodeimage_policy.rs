@@ -40,6 +40,52 @@ fn manifest(file: &str) -> PathBuf {
         .join(file)
 }
 
+/// Applies the shipped policy in `file` (named `policy`) renamed to `name` and matching the
+/// ServiceAccount `account` (namespace, name) instead of the chart's, with that account created
+/// and granted `rules` (YAML list items) cluster-wide: the shipped rule tried on an identity that
+/// RBAC lets do more.
+pub(crate) fn apply_renamed_policy(
+    cluster: &TestCluster,
+    file: &str,
+    policy: &str,
+    name: &str,
+    (ns, sa): (&str, &str),
+    rules: &str,
+) {
+    let shipped = std::fs::read_to_string(manifest(file)).expect("the shipped policy");
+    let shipped_user = format!("system:serviceaccount:{NAMESPACE}:{sa}");
+    assert!(shipped.contains(&shipped_user) && shipped.contains(policy));
+    let renamed = shipped
+        .replace(&shipped_user, &format!("system:serviceaccount:{ns}:{sa}"))
+        .replace(policy, name);
+    let wider_rbac = format!(
+        r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: {sa}, namespace: {ns}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: {name}}}
+rules:
+{rules}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {name}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {name}}}
+subjects: [{{kind: ServiceAccount, name: {sa}, namespace: {ns}}}]
+"#
+    );
+    let mut cmd = cluster.kubectl();
+    cmd.args(["apply", "-f", "-"]);
+    let out = support::run_with_stdin(cmd, &format!("{renamed}\n---\n{wider_rbac}"));
+    assert!(
+        out.status.success(),
+        "applying the renamed policy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Server-side applies the shipped namespaces, ServiceAccounts, RBAC and the policy. The same
 /// objects `deploy.rs` applies, with the same content, so the two tests never conflict.
 fn apply_manifests(cluster: &TestCluster) {
@@ -368,43 +414,15 @@ async fn daemon_nodeimage_policy_holds_for_create_and_delete_too() {
     let ns = namespace.name();
     let name = format!("{ns}-own-nodeimage");
 
-    let shipped = std::fs::read_to_string(manifest("08-daemon-nodeimage-policy.yaml"))
-        .expect("the shipped policy");
-    let shipped_user = format!("system:serviceaccount:{NAMESPACE}:{DAEMON_SA}");
-    assert!(shipped.contains(&shipped_user) && shipped.contains(POLICY));
-    let policy = shipped
-        .replace(
-            &shipped_user,
-            &format!("system:serviceaccount:{ns}:{DAEMON_SA}"),
-        )
-        .replace(POLICY, &name);
-    let wider_rbac = format!(
-        r#"apiVersion: v1
-kind: ServiceAccount
-metadata: {{name: {DAEMON_SA}, namespace: {ns}}}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {{name: {name}}}
-rules:
-  - apiGroups: ["apps.kruise.io"]
+    apply_renamed_policy(
+        cluster,
+        "08-daemon-nodeimage-policy.yaml",
+        POLICY,
+        &name,
+        (ns, DAEMON_SA),
+        r#"  - apiGroups: ["apps.kruise.io"]
     resources: ["nodeimages"]
-    verbs: ["get", "create", "delete"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {{name: {name}}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {name}}}
-subjects: [{{kind: ServiceAccount, name: {DAEMON_SA}, namespace: {ns}}}]
-"#
-    );
-    let mut cmd = cluster.kubectl();
-    cmd.args(["apply", "-f", "-"]);
-    let out = support::run_with_stdin(cmd, &format!("{policy}\n---\n{wider_rbac}"));
-    assert!(
-        out.status.success(),
-        "applying the renamed policy: {}",
-        String::from_utf8_lossy(&out.stderr)
+    verbs: ["get", "create", "delete"]"#,
     );
 
     let node_a = support::unique_name("own-nodeimage-a");

@@ -14,7 +14,7 @@ use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::daemon_nodeimage_policy::{client_with_token, token};
+use crate::daemon_nodeimage_policy::{apply_renamed_policy, client_with_token, token};
 use crate::support::{self, TestCluster, wait_for};
 
 /// Where the manifests put the manager, its ServiceAccount and its `create pods` Role.
@@ -312,44 +312,15 @@ async fn manager_dry_run_pods_policy_holds_in_every_namespace() {
     let elsewhere = other.name();
     let name = format!("{ns}-dry-run-pods-only");
 
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/manifests");
-    let shipped = std::fs::read_to_string(dir.join("09-manager-dry-run-pods-policy.yaml"))
-        .expect("the shipped policy");
-    let shipped_user = format!("system:serviceaccount:{NAMESPACE}:{MANAGER_SA}");
-    assert!(shipped.contains(&shipped_user) && shipped.contains(POLICY));
-    let policy = shipped
-        .replace(
-            &shipped_user,
-            &format!("system:serviceaccount:{ns}:{MANAGER_SA}"),
-        )
-        .replace(POLICY, &name);
-    let wider_rbac = format!(
-        r#"apiVersion: v1
-kind: ServiceAccount
-metadata: {{name: {MANAGER_SA}, namespace: {ns}}}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {{name: {name}}}
-rules:
-  - apiGroups: [""]
+    apply_renamed_policy(
+        cluster,
+        "09-manager-dry-run-pods-policy.yaml",
+        POLICY,
+        &name,
+        (ns, MANAGER_SA),
+        r#"  - apiGroups: [""]
     resources: ["pods"]
-    verbs: ["create"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {{name: {name}}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {name}}}
-subjects: [{{kind: ServiceAccount, name: {MANAGER_SA}, namespace: {ns}}}]
-"#
-    );
-    let mut cmd = cluster.kubectl();
-    cmd.args(["apply", "-f", "-"]);
-    let out = support::run_with_stdin(cmd, &format!("{policy}\n---\n{wider_rbac}"));
-    assert!(
-        out.status.success(),
-        "applying the renamed policy: {}",
-        String::from_utf8_lossy(&out.stderr)
+    verbs: ["create"]"#,
     );
 
     let account = client_with_token(cluster, &token(&admin, ns, MANAGER_SA, None).await).await;
