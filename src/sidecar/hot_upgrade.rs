@@ -122,16 +122,6 @@ pub fn is_twin_of(container: &str, sidecar: &str) -> bool {
     twin_of(container, sidecar).is_some()
 }
 
-/// The names the sidecar's containers have in a pod: its twins for a hot-upgrade sidecar, else
-/// its own name (upstream's `GetSidecarContainersInPod`, per sidecar).
-pub fn names_in_pod(sidecar: &SidecarContainer) -> Vec<String> {
-    if is_hot_upgrade(sidecar) {
-        twin_names(&sidecar.container.name).into()
-    } else {
-        vec![sidecar.container.name.clone()]
-    }
-}
-
 /// The pod annotation holding the twin `container`'s version: `version.sidecarset.kruise.io/mesh-1`.
 pub fn version_annotation(container: &str) -> String {
     format!("{SIDECARSET_VERSION_PREFIX}{container}")
@@ -335,7 +325,7 @@ pub struct TwinRoles {
 
 /// Which twin of `sidecar` works, by upstream's rule (`GetPodHotUpgradeContainers`): `-1` if
 /// the working map names `<sidecar>-1`, otherwise `-2`, including when the map has no entry
-/// for it or names something else. Use [`recorded_working_twin`] to tell those cases apart.
+/// for it or names something else (the controller owns a pod only with an entry: [`pod_has_twins`]).
 pub fn twin_roles(sidecar: &str, working: &BTreeMap<String, String>) -> TwinRoles {
     let [first, second] = twin_names(sidecar);
     if working.get(sidecar) == Some(&first) {
@@ -349,11 +339,6 @@ pub fn twin_roles(sidecar: &str, working: &BTreeMap<String, String>) -> TwinRole
             other: first,
         }
     }
-}
-
-/// The working twin of `sidecar` as recorded, only when the record names one of its twins.
-pub fn recorded_working_twin(sidecar: &str, working: &BTreeMap<String, String>) -> Option<Twin> {
-    working.get(sidecar).and_then(|c| twin_of(c, sidecar))
 }
 
 /// The versions one twin reads through its env, from the pod's annotations.

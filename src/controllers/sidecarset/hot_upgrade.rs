@@ -69,15 +69,6 @@ pub fn roles(pod: &PodSummary, sidecar: &str) -> TwinRoles {
     twin_roles(sidecar, &working_twins(pod.metadata.annotations.as_ref()))
 }
 
-/// The twins of every hot sidecar of `set` whose role in `pod` is "the other one" (idle, or
-/// mid-upgrade the old version): the containers that must sit on their empty image for the
-/// pod to count as ready.
-pub fn other_twins(set: &SidecarSet, pod: &PodSummary) -> Vec<String> {
-    hot_sidecars(set)
-        .map(|s| roles(pod, &s.container.name).other)
-        .collect()
-}
-
 /// Every other twin of `set`'s hot sidecars runs its empty image in the pod's spec (upstream's
 /// extra condition in `IsPodReady`).
 pub fn others_on_empty_image(set: &SidecarSet, pod: &PodSummary) -> bool {
