@@ -83,6 +83,16 @@ fn apply(pod: &PodSummary, patch: &json_patch::Patch) -> PodSummary {
     serde_json::from_value(doc).expect("still a pod")
 }
 
+/// `pod` after `set`'s upgrade patch.
+fn upgraded(pod: &PodSummary, set: &SidecarSet) -> PodSummary {
+    apply(
+        pod,
+        &upgrade_patch(pod, set, &current(), &now())
+            .expect("patch")
+            .patch,
+    )
+}
+
 /// The kubelet restarts `container` on its spec image; `ready` says whether it becomes ready.
 fn kubelet_restarts(pod: &mut PodSummary, container: &str, ready: bool) {
     let image = image_of(pod, container).expect("container").to_owned();
@@ -220,12 +230,7 @@ fn upgrade_flip_and_upgrade_back_as_upstreams_e2e() {
 fn a_failed_image_never_flips_and_a_good_one_goes_to_the_twin_that_is_not_ready() {
     let bad = set("proxy:bad", "100");
     let mut pod = pod("proxy:1", EMPTY);
-    pod = apply(
-        &pod,
-        &upgrade_patch(&pod, &bad, &current(), &now())
-            .expect("patch")
-            .patch,
-    );
+    pod = upgraded(&pod, &bad);
     kubelet_restarts(&mut pod, "proxy-2", false);
     assert!(flip_of(&bad, &pod).is_none(), "the old twin keeps serving");
     assert_eq!(image_of(&pod, "proxy-1"), Some("proxy:1"));
@@ -298,12 +303,7 @@ fn a_pod_already_running_the_image_only_gets_its_hash_entry() {
 fn the_flip_waits_for_the_rest_of_the_pod() {
     let v2 = set("proxy:2", "100");
     let mut pod = pod("proxy:1", EMPTY);
-    pod = apply(
-        &pod,
-        &upgrade_patch(&pod, &v2, &current(), &now())
-            .expect("patch")
-            .patch,
-    );
+    pod = upgraded(&pod, &v2);
     kubelet_restarts(&mut pod, "proxy-2", true);
     // The app container is not ready: the pod is neither Ready nor ready apart from the old twin.
     let mut not_ready = pod.clone();
@@ -330,12 +330,7 @@ fn the_flip_waits_for_the_rest_of_the_pod() {
 fn the_flip_patch_refuses_a_pod_that_changed() {
     let v2 = set("proxy:2", "100");
     let mut pod = pod("proxy:1", EMPTY);
-    pod = apply(
-        &pod,
-        &upgrade_patch(&pod, &v2, &current(), &now())
-            .expect("patch")
-            .patch,
-    );
+    pod = upgraded(&pod, &v2);
     kubelet_restarts(&mut pod, "proxy-2", true);
     let flip = flip_of(&v2, &pod).expect("flip");
     // Another writer moved the working twin meanwhile.
@@ -396,12 +391,7 @@ fn flips_wait_for_a_paused_or_not_update_rollout_and_leave_the_batch() {
 
     let v2 = set("proxy:2", "100");
     let mut mid = pod("proxy:1", EMPTY);
-    mid = apply(
-        &mid,
-        &upgrade_patch(&mid, &v2, &current(), &now())
-            .expect("patch")
-            .patch,
-    );
+    mid = upgraded(&mid, &v2);
     kubelet_restarts(&mut mid, "proxy-2", true);
     let owned = vec![Arc::new(pod("proxy:1", EMPTY)), Arc::new(mid)];
     let views: Vec<_> = owned.iter().map(|p| view(&v2, p)).collect();
