@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
-use kruise_rs::apis::imagepulljob::{ImagePullJob, ImagePullJobSpec};
+use kruise_rs::apis::imagepulljob::{ImagePullJob, ImagePullJobSpec, ImagePullJobTemplate};
 use kruise_rs::apis::nodeimage::NodeImage;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -184,15 +184,17 @@ async fn bench(n: usize) -> Result<()> {
     let jobs: Api<ImagePullJob> = Api::namespaced(client.clone(), NAMESPACE);
     let idle = ImagePullJobSpec {
         image: "baseline:1".into(),
-        selector: Some(kruise_rs::apis::imagepulljob::ImagePullJobNodeSelector {
-            names: vec!["no-such-node".into()],
-            ..Default::default()
-        }),
-        completion_policy: kruise_rs::apis::imagepulljob::CompletionPolicy {
-            type_: Some(kruise_rs::apis::imagepulljob::CompletionPolicyType::Never),
+        template: ImagePullJobTemplate {
+            selector: Some(kruise_rs::apis::imagepulljob::ImagePullJobNodeSelector {
+                names: vec!["no-such-node".into()],
+                ..Default::default()
+            }),
+            completion_policy: kruise_rs::apis::imagepulljob::CompletionPolicy {
+                type_: Some(kruise_rs::apis::imagepulljob::CompletionPolicyType::Never),
+                ..Default::default()
+            },
             ..Default::default()
         },
-        ..Default::default()
     };
     let owner = jobs
         .create(&PostParams::default(), &ImagePullJob::new("baseline", idle))
@@ -232,14 +234,16 @@ async fn bench(n: usize) -> Result<()> {
         let before = nodeimage_patches(&client).await?;
         let spec = ImagePullJobSpec {
             image: format!("{image}:{tag}"),
-            parallelism: Some(
-                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(parallelism),
-            ),
-            selector: Some(kruise_rs::apis::imagepulljob::ImagePullJobNodeSelector {
-                match_labels: Some(BTreeMap::from([(LABEL.to_owned(), "true".to_owned())])),
+            template: ImagePullJobTemplate {
+                parallelism: Some(
+                    k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(parallelism),
+                ),
+                selector: Some(kruise_rs::apis::imagepulljob::ImagePullJobNodeSelector {
+                    match_labels: Some(BTreeMap::from([(LABEL.to_owned(), "true".to_owned())])),
+                    ..Default::default()
+                }),
                 ..Default::default()
-            }),
-            ..Default::default()
+            },
         };
         let t = Instant::now();
         jobs.create(

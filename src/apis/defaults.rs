@@ -251,14 +251,19 @@ pub fn default_volume(v: &mut Volume) {
 /// added here: the controller adds it when the job holds secret copies.
 pub fn default_imagepulljob(job: &mut ImagePullJob) {
     let spec = &mut job.spec;
-    spec.completion_policy
+    spec.template
+        .completion_policy
         .type_
         .get_or_insert(CompletionPolicyType::Always);
-    let pull = spec.pull_policy.get_or_insert_with(PullPolicy::default);
+    let pull = spec
+        .template
+        .pull_policy
+        .get_or_insert_with(PullPolicy::default);
     pull.timeout_seconds
         .get_or_insert(DEFAULT_PULL_TIMEOUT_SECONDS);
     pull.backoff_limit.get_or_insert(DEFAULT_PULL_BACKOFF_LIMIT);
-    spec.image_pull_policy
+    spec.template
+        .image_pull_policy
         .get_or_insert(ImagePullPolicy::IfNotPresent);
 }
 

@@ -38,6 +38,16 @@ pub struct ImagePullJobSpec {
     #[schemars(length(min = 1))]
     pub image: String,
 
+    /// Everything but the image, as an ImageListPullJob gives it to each of its jobs.
+    #[serde(flatten)]
+    pub template: ImagePullJobTemplate,
+}
+
+/// How to pull, on which nodes and until when: the part of an ImagePullJob an ImageListPullJob
+/// copies into the job of each of its images.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImagePullJobTemplate {
     /// Secrets in the job's namespace used to pull the image. Immutable.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pull_secrets: Vec<String>,
@@ -176,12 +186,15 @@ mod tests {
         let yaml = include_str!("../../tests/fixtures/seed-003-imagepulljob.yaml");
         let job: ImagePullJob = serde_yaml::from_str(yaml).expect("parses");
         assert_eq!(job.spec.image, "nginx");
-        assert_eq!(job.spec.parallelism, Some(IntOrString::Int(10)));
-        let sandbox = job.spec.sandbox_config.expect("sandboxConfig");
+        assert_eq!(job.spec.template.parallelism, Some(IntOrString::Int(10)));
+        let sandbox = job.spec.template.sandbox_config.expect("sandboxConfig");
         assert_eq!(sandbox.labels["app"], "foo");
         // completionPolicy is absent in the seed: the schema default fills it server-side, and
         // the Rust type reads its absence as the same default.
-        assert_eq!(job.spec.completion_policy, CompletionPolicy::default());
+        assert_eq!(
+            job.spec.template.completion_policy,
+            CompletionPolicy::default()
+        );
     }
 
     #[test]

@@ -77,11 +77,18 @@ pub fn job_reads(
     old: Option<&ImagePullJob>,
 ) -> Vec<SecretRead> {
     let before: BTreeSet<&str> = old
-        .map(|old| old.spec.pull_secrets.iter().map(String::as_str).collect())
+        .map(|old| {
+            old.spec
+                .template
+                .pull_secrets
+                .iter()
+                .map(String::as_str)
+                .collect()
+        })
         .unwrap_or_default();
     let mut seen = BTreeSet::new();
     let mut reads = Vec::new();
-    for (i, name) in job.spec.pull_secrets.iter().enumerate() {
+    for (i, name) in job.spec.template.pull_secrets.iter().enumerate() {
         if name.is_empty() || before.contains(name.as_str()) || !seen.insert(name.as_str()) {
             continue;
         }

@@ -305,7 +305,7 @@ async fn seed_manifests_apply_and_keep_sandbox_config_owners_and_pull_policy() {
         .expect("job");
     let sandbox = job
         .spec
-        .sandbox_config
+        .template.sandbox_config
         .as_ref()
         .expect("sandboxConfig kept");
     assert_eq!(
@@ -314,16 +314,16 @@ async fn seed_manifests_apply_and_keep_sandbox_config_owners_and_pull_policy() {
     );
     // Upstream's webhook defaults, applied here by the schema.
     assert_eq!(
-        job.spec.completion_policy.type_,
+        job.spec.template.completion_policy.type_,
         Some(kruise_rs::apis::imagepulljob::CompletionPolicyType::Always)
     );
-    let pull = job.spec.pull_policy.as_ref().expect("pullPolicy defaulted");
+    let pull = job.spec.template.pull_policy.as_ref().expect("pullPolicy defaulted");
     assert_eq!(
         (pull.timeout_seconds, pull.backoff_limit),
         (Some(600), Some(3))
     );
     assert_eq!(
-        job.spec.image_pull_policy,
+        job.spec.template.image_pull_policy,
         Some(kruise_rs::apis::common::ImagePullPolicy::IfNotPresent)
     );
 

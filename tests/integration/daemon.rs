@@ -1042,8 +1042,8 @@ async fn the_seed_job_pulls_through_the_manager_and_the_daemon() {
     job.metadata.namespace = None;
     job.metadata.labels = Some(BTreeMap::from([("kruise-rs-test".to_owned(), run.clone())]));
     job.spec.image = format!("{image}:v1");
-    job.spec.pull_secrets = vec!["reg".to_owned()];
-    job.spec.selector = Some(kruise_rs::apis::imagepulljob::ImagePullJobNodeSelector {
+    job.spec.template.pull_secrets = vec!["reg".to_owned()];
+    job.spec.template.selector = Some(kruise_rs::apis::imagepulljob::ImagePullJobNodeSelector {
         names: vec![node.clone()],
         ..Default::default()
     });

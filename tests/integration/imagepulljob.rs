@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kruise_rs::apis::imagepulljob::{
     CompletionPolicy, CompletionPolicyType, ImagePullJob, ImagePullJobNodeSelector,
-    ImagePullJobSpec,
+    ImagePullJobSpec, ImagePullJobTemplate,
 };
 use kruise_rs::apis::nodeimage::{ImageTagSpec, NodeImage};
 use kruise_rs::apis::well_known::FAKE_NODEIMAGE;
@@ -160,11 +160,13 @@ fn spec(
 ) -> ImagePullJobSpec {
     ImagePullJobSpec {
         image: image.into(),
-        selector,
-        parallelism: Some(
-            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(parallelism),
-        ),
-        ..Default::default()
+        template: ImagePullJobTemplate {
+            selector,
+            parallelism: Some(
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(parallelism),
+            ),
+            ..Default::default()
+        },
     }
 }
 
@@ -302,7 +304,7 @@ async fn the_active_deadline_ends_a_job_whose_nodes_do_not_answer() {
     let env = env("ipj-deadline").await;
     env.nodes(2).await;
     let mut s = spec("nginx:d", env.selector(), 2);
-    s.completion_policy = CompletionPolicy {
+    s.template.completion_policy = CompletionPolicy {
         active_deadline_seconds: Some(2),
         ..Default::default()
     };
@@ -323,7 +325,7 @@ async fn ttl_deletes_a_finished_job_and_its_tags_are_collected() {
     let env = env("ipj-ttl").await;
     let nodes = env.nodes(1).await;
     let mut s = spec("nginx:ttl", env.selector(), 1);
-    s.completion_policy = CompletionPolicy {
+    s.template.completion_policy = CompletionPolicy {
         ttl_seconds_after_finished: Some(1),
         ..Default::default()
     };
@@ -358,7 +360,7 @@ async fn a_never_job_picks_up_a_node_added_later() {
     let env = env("ipj-never").await;
     let nodes = env.nodes(1).await;
     let mut s = spec("nginx:nv", env.selector(), 5);
-    s.completion_policy = CompletionPolicy {
+    s.template.completion_policy = CompletionPolicy {
         type_: Some(CompletionPolicyType::Never),
         ..Default::default()
     };
@@ -395,7 +397,7 @@ async fn jobs_sharing_a_node_and_an_image_lose_nothing() {
     };
     // Four jobs at once, on the same nodes: two tags of one image, one tag asked twice.
     let mut with_sandbox = spec("nginx:a", env.selector(), 10);
-    with_sandbox.sandbox_config = Some(sandbox.clone());
+    with_sandbox.template.sandbox_config = Some(sandbox.clone());
     let (a, b, c, d) = tokio::join!(
         env.job("a", with_sandbox),
         env.job("b", spec("nginx:b", env.selector(), 10)),
@@ -469,7 +471,7 @@ async fn a_pod_selector_job_follows_the_pods_nodes_in_order() {
     }
     let watch = PullingWatch::start(&env, "nginx", "pods");
     let mut s = spec("nginx:pods", None, 1);
-    s.pod_selector = Some(
+    s.template.pod_selector = Some(
         k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
             match_labels: Some(BTreeMap::from([("app".to_owned(), "web".to_owned())])),
             ..Default::default()
@@ -496,7 +498,7 @@ async fn the_seed_job_puts_its_sandbox_config_on_every_target_nodeimage() {
     let mut seed: ImagePullJob =
         serde_yaml::from_str(&std::fs::read_to_string(path).expect("seed")).expect("parses");
     // The seed targets every node in the cluster; keep it to this test's nodes.
-    seed.spec.selector = env.selector();
+    seed.spec.template.selector = env.selector();
     seed.metadata.namespace = None;
     env.label(&mut seed.metadata);
     env.jobs()
@@ -704,7 +706,7 @@ async fn pull_secrets_are_copied_for_the_daemons_and_released_when_the_job_finis
     let nodes = env.nodes(1).await;
     registry_secret(&env, "reg").await;
     let mut s = spec("127.0.0.1:5000/private/app:1", env.selector(), 1);
-    s.pull_secrets = vec!["reg".into()];
+    s.template.pull_secrets = vec!["reg".into()];
     env.job("pull", s).await;
 
     let daemon_ns = support::test_controller_options().daemon_config_namespace;
@@ -777,7 +779,7 @@ async fn deleting_a_running_job_releases_its_secret_copies() {
     env.nodes(1).await;
     registry_secret(&env, "reg").await;
     let mut s = spec("127.0.0.1:5000/private/app:2", env.selector(), 1);
-    s.pull_secrets = vec!["reg".into()];
+    s.template.pull_secrets = vec!["reg".into()];
     env.job("pull", s).await;
     let (copies, copy, _) = wait_secret_copy(&env).await;
     delete_job_and_wait(&env, "pull").await;
@@ -809,7 +811,7 @@ async fn a_secret_that_is_no_pull_secret_is_reported_and_not_copied() {
     env.nodes(1).await;
     typed_secret(&env, "opaque", "Opaque").await;
     let mut s = spec("127.0.0.1:5000/private/app:3", env.selector(), 1);
-    s.pull_secrets = vec!["opaque".into()];
+    s.template.pull_secrets = vec!["opaque".into()];
     env.job("pull", s).await;
 
     let source = format!("{}/opaque", env.ns);
@@ -852,7 +854,7 @@ async fn a_foreign_secret_at_the_copy_name_is_left_alone_and_reported() {
         .await
         .expect("create the squatting Secret");
     let mut s = spec("127.0.0.1:5000/private/app:4", env.selector(), 1);
-    s.pull_secrets = vec!["reg".into()];
+    s.template.pull_secrets = vec!["reg".into()];
     env.job("pull", s).await;
 
     let source = format!("{}/reg", env.ns);
@@ -918,7 +920,7 @@ async fn copies_named_the_old_way_go_with_the_last_job_that_references_them() {
             .expect("create an old-named copy");
     }
     let mut s = spec("127.0.0.1:5000/private/app:5", env.selector(), 1);
-    s.pull_secrets = vec!["reg".into()];
+    s.template.pull_secrets = vec!["reg".into()];
     env.job("pull", s).await;
     let (copies, copy, _) = wait_secret_copy(&env).await;
 
@@ -977,7 +979,7 @@ async fn a_node_that_recovers_leaves_failed_nodes() {
     let env = env("ipj-recover").await;
     let nodes = env.nodes(1).await;
     let mut s = spec("nginx:rec", env.selector(), 1);
-    s.completion_policy = CompletionPolicy {
+    s.template.completion_policy = CompletionPolicy {
         type_: Some(CompletionPolicyType::Never),
         ..Default::default()
     };

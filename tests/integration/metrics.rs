@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kruise_rs::apis::imagepulljob::{ImagePullJob, ImagePullJobNodeSelector, ImagePullJobSpec};
+use kruise_rs::apis::imagepulljob::{
+    ImagePullJob, ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate,
+};
 use kruise_rs::apis::nodeimage::NodeImage;
 use kruise_rs::apis::sidecarset::SidecarSet;
 use kruise_rs::apis::well_known::FAKE_NODEIMAGE;
@@ -132,11 +134,13 @@ async fn manager_metrics_count_reconciles_and_report_progress() {
         &job_name,
         ImagePullJobSpec {
             image: "busybox:1.36".into(),
-            selector: Some(ImagePullJobNodeSelector {
-                names: vec![fake_node.clone()],
+            template: ImagePullJobTemplate {
+                selector: Some(ImagePullJobNodeSelector {
+                    names: vec![fake_node.clone()],
+                    ..Default::default()
+                }),
                 ..Default::default()
-            }),
-            ..Default::default()
+            },
         },
     );
     job.metadata.labels = Some([(LABEL.to_owned(), value.clone())].into());

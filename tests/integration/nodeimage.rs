@@ -11,7 +11,9 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kruise_rs::apis::imagepulljob::{ImagePullJob, ImagePullJobNodeSelector, ImagePullJobSpec};
+use kruise_rs::apis::imagepulljob::{
+    ImagePullJob, ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate,
+};
 use kruise_rs::apis::nodeimage::{
     ImagePullPhase, ImageSpec, ImageTagPullPolicy, ImageTagSpec, NodeImage,
 };
@@ -182,12 +184,14 @@ impl Env {
     async fn job(&self, ns: &TestNamespace, name: &str) -> ImagePullJob {
         let spec = ImagePullJobSpec {
             image: self.image("owner"),
-            selector: Some(ImagePullJobNodeSelector {
-                names: vec![format!("{}-no-such-node", self.run)],
+            template: ImagePullJobTemplate {
+                selector: Some(ImagePullJobNodeSelector {
+                    names: vec![format!("{}-no-such-node", self.run)],
+                    ..Default::default()
+                }),
+                parallelism: Some(IntOrString::Int(0)),
                 ..Default::default()
-            }),
-            parallelism: Some(IntOrString::Int(0)),
-            ..Default::default()
+            },
         };
         Api::<ImagePullJob>::namespaced(self.client.clone(), ns.name())
             .create(&PostParams::default(), &ImagePullJob::new(name, spec))

@@ -575,7 +575,7 @@ async fn live_jobs(client: &Client, set: &str) -> Vec<ImagePullJob> {
 /// The job's `selector.names`.
 fn job_nodes(job: &ImagePullJob) -> Vec<String> {
     job.spec
-        .selector
+        .template.selector
         .as_ref()
         .map(|s| s.names.clone())
         .unwrap_or_default()
@@ -747,7 +747,7 @@ fn check_job(job: &ImagePullJob, set: &SidecarSet, want: &Want) -> Result<(), St
             spec["imagePullPolicy"]
         ));
     }
-    let secrets: Vec<String> = job.spec.pull_secrets.clone();
+    let secrets: Vec<String> = job.spec.template.pull_secrets.clone();
     if secrets != want.pull_secrets {
         wrong.push(format!(
             "pullSecrets {secrets:?}, wanted {:?}",
@@ -1679,7 +1679,7 @@ async fn no_job_until_enough_updated_pods_are_ready() {
             v.expect_counts(counts(4, 1, 3, 0))?;
             v.expect_condition(PRE_DOWNLOAD, "True", "Pulling")?;
             v.expect_jobs(1)?;
-            let parallelism = serde_json::to_value(&v.jobs[0].spec.parallelism).unwrap_or_default();
+            let parallelism = serde_json::to_value(&v.jobs[0].spec.template.parallelism).unwrap_or_default();
             (parallelism == json!(2))
                 .then_some(())
                 .ok_or_else(|| format!("parallelism 2 wanted, found {parallelism}"))

@@ -596,7 +596,7 @@ fn describe_timeline(
         let _ = writeln!(
             out,
             "  job {name}: selector.names {:?} when first seen, deleted {}",
-            job.first.spec.selector.as_ref().map(|s| &s.names),
+            job.first.spec.template.selector.as_ref().map(|s| &s.names),
             job.deleted
         );
     }
@@ -882,7 +882,7 @@ async fn each_node_has_the_new_sidecar_image_before_its_pods_are_upgraded() {
     let job = &seen_job.first;
     let names: Vec<String> = job
         .spec
-        .selector
+        .template.selector
         .as_ref()
         .map(|s| s.names.clone())
         .unwrap_or_default();

@@ -39,10 +39,10 @@ pub fn validate_create(job: &ImagePullJob) -> Result<(), ValidationErrors> {
 /// Validates an update from `old` to `new`.
 pub fn validate_update(old: &ImagePullJob, new: &ImagePullJob) -> Result<(), ValidationErrors> {
     let mut errs = Vec::new();
-    if old.spec.pull_secrets != new.spec.pull_secrets {
+    if old.spec.template.pull_secrets != new.spec.template.pull_secrets {
         errs.push(FieldError::invalid_json(
             "spec.pullSecrets",
-            &new.spec.pull_secrets,
+            &new.spec.template.pull_secrets,
             "field is immutable",
         ));
     }
@@ -66,7 +66,7 @@ pub fn validate_raw_enums(raw: &serde_json::Value) -> Result<(), ValidationError
 fn validate_spec(spec: &ImagePullJobSpec) -> Vec<FieldError> {
     let mut errs = Vec::new();
 
-    if let Some(selector) = &spec.selector {
+    if let Some(selector) = &spec.template.selector {
         let has_labels = selector.match_labels.is_some() || selector.match_expressions.is_some();
         if has_labels && !selector.names.is_empty() {
             errs.push(FieldError::forbidden(
@@ -86,8 +86,8 @@ fn validate_spec(spec: &ImagePullJobSpec) -> Vec<FieldError> {
             "spec.selector",
         ));
     }
-    if let Some(pod_selector) = &spec.pod_selector {
-        if spec.selector.is_some() {
+    if let Some(pod_selector) = &spec.template.pod_selector {
+        if spec.template.selector.is_some() {
             errs.push(FieldError::forbidden(
                 "spec.podSelector",
                 "can not set both selector and podSelector",
@@ -106,14 +106,15 @@ fn validate_spec(spec: &ImagePullJobSpec) -> Vec<FieldError> {
         ));
     }
 
-    if let Some(parallelism) = &spec.parallelism {
+    if let Some(parallelism) = &spec.template.parallelism {
         errs.extend(validate_parallelism(parallelism));
     }
 
-    let completion = &spec.completion_policy;
+    let completion = &spec.template.completion_policy;
     match completion.type_.unwrap_or_default() {
         CompletionPolicyType::Always => {
             let timeout = spec
+                .template
                 .pull_policy
                 .as_ref()
                 .and_then(|p| p.timeout_seconds)

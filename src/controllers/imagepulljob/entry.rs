@@ -42,8 +42,8 @@ impl JobRequest {
         tag: String,
         pull_secrets: Vec<ReferenceObject>,
     ) -> Self {
-        let pull = job.spec.pull_policy.clone().unwrap_or_default();
-        let completion = &job.spec.completion_policy;
+        let pull = job.spec.template.pull_policy.clone().unwrap_or_default();
+        let completion = &job.spec.template.completion_policy;
         Self {
             name,
             tag,
@@ -60,8 +60,8 @@ impl JobRequest {
             completion: completion.type_.unwrap_or_default(),
             ttl_seconds_after_finished: completion.ttl_seconds_after_finished,
             active_deadline_seconds: completion.active_deadline_seconds,
-            image_pull_policy: job.spec.image_pull_policy.unwrap_or_default(),
-            sandbox_config: job.spec.sandbox_config.clone(),
+            image_pull_policy: job.spec.template.image_pull_policy.unwrap_or_default(),
+            sandbox_config: job.spec.template.sandbox_config.clone(),
             pull_secrets,
         }
     }

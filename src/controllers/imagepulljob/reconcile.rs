@@ -97,7 +97,7 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
 
     // The daemons may read secrets only in their own namespace: copy the job's there, and keep
     // the job from vanishing before the copies are released.
-    let (pull_secrets, notes) = if job.spec.pull_secrets.is_empty() {
+    let (pull_secrets, notes) = if job.spec.template.pull_secrets.is_empty() {
         (Vec::new(), Vec::new())
     } else {
         if !set_finalizer(&jobs, job, true).await? {
@@ -109,7 +109,7 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
             daemon_ns,
             &namespace,
             &name,
-            &job.spec.pull_secrets,
+            &job.spec.template.pull_secrets,
         )
         .await?;
         // Each Secret left out: a Warning event, and the reason in the status message.

@@ -11,7 +11,7 @@ use crate::apis::imagepulljob::{CompletionPolicyType, ImagePullJob, ImagePullJob
 /// How many nodes may pull at once: `spec.parallelism` as an integer (a numeric string is
 /// accepted, as upstream does), default 1. `Err` quotes a value that is neither.
 pub fn parallelism(job: &ImagePullJob) -> Result<usize, String> {
-    match &job.spec.parallelism {
+    match &job.spec.template.parallelism {
         None => Ok(1),
         Some(IntOrString::Int(n)) if *n >= 0 => Ok(*n as usize),
         Some(IntOrString::String(s)) => s
@@ -39,7 +39,7 @@ pub fn nodes_to_start(targets: &[Target], parallelism: usize) -> Vec<&str> {
 }
 
 fn deadline(job: &ImagePullJob, start: &Time) -> Option<Timestamp> {
-    let policy = &job.spec.completion_policy;
+    let policy = &job.spec.template.completion_policy;
     if policy.type_.unwrap_or_default() == CompletionPolicyType::Never {
         return None;
     }
@@ -82,7 +82,13 @@ pub fn compute_status(job: &ImagePullJob, targets: &[Target], now: &Time) -> Ima
         };
     }
 
-    let never = job.spec.completion_policy.type_.unwrap_or_default() == CompletionPolicyType::Never;
+    let never = job
+        .spec
+        .template
+        .completion_policy
+        .type_
+        .unwrap_or_default()
+        == CompletionPolicyType::Never;
     let complete = !never && finished;
     let message = if complete {
         "job has completed".to_owned()
@@ -127,7 +133,11 @@ pub fn with_notes(mut status: ImagePullJobStatus, notes: &[String]) -> ImagePull
 pub fn next_deadline(job: &ImagePullJob, status: &ImagePullJobStatus) -> Option<Timestamp> {
     match &status.completion_time {
         Some(done) => {
-            let ttl = job.spec.completion_policy.ttl_seconds_after_finished?;
+            let ttl = job
+                .spec
+                .template
+                .completion_policy
+                .ttl_seconds_after_finished?;
             done.0
                 .checked_add(SignedDuration::from_secs(i64::from(ttl)))
                 .ok()

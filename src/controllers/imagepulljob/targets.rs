@@ -78,7 +78,7 @@ pub fn select_nodes<'a>(
     let existing: HashSet<String> = nodeimages.iter().map(|n| n.name_any()).collect();
     let mut seen = HashSet::new();
     let spec = &job.spec;
-    if let Some(pod_selector) = spec.pod_selector.clone() {
+    if let Some(pod_selector) = spec.template.pod_selector.clone() {
         let sel = selector("podSelector", pod_selector)?;
         let namespace = job.namespace();
         let mut pods: Vec<&PodSummary> = pods
@@ -99,7 +99,7 @@ pub fn select_nodes<'a>(
             .map(str::to_owned)
             .collect());
     }
-    let label_selector = match &spec.selector {
+    let label_selector = match &spec.template.selector {
         Some(node_selector) if !node_selector.names.is_empty() => {
             return Ok(node_selector
                 .names

@@ -52,7 +52,7 @@ fn jobs_for_nodeimage(
                 .uid
                 .as_deref()
                 .is_some_and(|u| owners.contains(&u));
-            let may_target = match &job.spec.selector {
+            let may_target = match &job.spec.template.selector {
                 Some(sel) if !sel.names.is_empty() => sel.names.contains(&node),
                 _ => true,
             };
@@ -68,7 +68,7 @@ fn jobs_for_pod(jobs: &Store<ImagePullJob>, pod: &PodSummary) -> Vec<ObjectRef<I
     jobs.state()
         .into_iter()
         .filter(|job| {
-            job.spec.pod_selector.is_some()
+            job.spec.template.pod_selector.is_some()
                 && job.namespace() == namespace
                 && job
                     .status

@@ -194,6 +194,7 @@ pub fn sidecarsets_pulling_on<'a>(
     jobs.into_iter()
         .filter(|j| {
             j.spec
+                .template
                 .selector
                 .as_ref()
                 .is_some_and(|s| s.names.iter().any(|n| n == node))

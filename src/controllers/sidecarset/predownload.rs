@@ -60,7 +60,7 @@ use super::strategy::{Batch, PodView, max_unavailable_count, partition_count};
 use crate::apis::common::{ImagePullPolicy, SandboxConfig};
 use crate::apis::imagepulljob::{
     CompletionPolicy, CompletionPolicyType, ImagePullJob, ImagePullJobNodeSelector,
-    ImagePullJobSpec, PullPolicy,
+    ImagePullJobSpec, ImagePullJobTemplate, PullPolicy,
 };
 use crate::apis::nodeimage::{ImagePullPhase, NodeImage};
 use crate::apis::sidecarset::{SidecarSet, SidecarSetUpdateStrategyType};
@@ -453,6 +453,7 @@ pub fn keep_listed_nodes(plans: &mut [JobPlan], existing: &[Arc<ImagePullJob>]) 
         };
         let mut nodes: Vec<String> = job
             .spec
+            .template
             .selector
             .as_ref()
             .map(|s| s.names.clone())
@@ -545,30 +546,32 @@ pub fn job(set: &SidecarSet, plan: &JobPlan, knobs: &Knobs) -> ImagePullJob {
 fn job_spec(plan: &JobPlan, knobs: &Knobs, set_name: &str, hash: &str) -> ImagePullJobSpec {
     ImagePullJobSpec {
         image: plan.image.clone(),
-        pull_secrets: plan.pull_secrets.clone(),
-        selector: Some(ImagePullJobNodeSelector {
-            names: plan.nodes.clone(),
-            ..Default::default()
-        }),
-        pod_selector: None,
-        parallelism: Some(IntOrString::Int(knobs.parallelism)),
-        pull_policy: Some(PullPolicy {
-            timeout_seconds: Some(knobs.timeout_seconds),
-            backoff_limit: Some(BACKOFF_LIMIT),
-        }),
-        completion_policy: CompletionPolicy {
-            type_: Some(CompletionPolicyType::Never),
-            active_deadline_seconds: None,
-            ttl_seconds_after_finished: None,
+        template: ImagePullJobTemplate {
+            pull_secrets: plan.pull_secrets.clone(),
+            selector: Some(ImagePullJobNodeSelector {
+                names: plan.nodes.clone(),
+                ..Default::default()
+            }),
+            pod_selector: None,
+            parallelism: Some(IntOrString::Int(knobs.parallelism)),
+            pull_policy: Some(PullPolicy {
+                timeout_seconds: Some(knobs.timeout_seconds),
+                backoff_limit: Some(BACKOFF_LIMIT),
+            }),
+            completion_policy: CompletionPolicy {
+                type_: Some(CompletionPolicyType::Never),
+                active_deadline_seconds: None,
+                ttl_seconds_after_finished: None,
+            },
+            sandbox_config: Some(SandboxConfig {
+                labels: BTreeMap::from([
+                    (SIDECARSET_NAME_LABEL.to_owned(), set_name.to_owned()),
+                    (CONTROLLER_REVISION_HASH.to_owned(), hash.to_owned()),
+                ]),
+                annotations: BTreeMap::new(),
+            }),
+            image_pull_policy: Some(ImagePullPolicy::IfNotPresent),
         },
-        sandbox_config: Some(SandboxConfig {
-            labels: BTreeMap::from([
-                (SIDECARSET_NAME_LABEL.to_owned(), set_name.to_owned()),
-                (CONTROLLER_REVISION_HASH.to_owned(), hash.to_owned()),
-            ]),
-            annotations: BTreeMap::new(),
-        }),
-        image_pull_policy: Some(ImagePullPolicy::IfNotPresent),
     }
 }
 
@@ -577,22 +580,33 @@ fn job_spec(plan: &JobPlan, knobs: &Knobs, set_name: &str, hash: &str) -> ImageP
 pub fn job_update(existing: &ImagePullJob, wanted: &ImagePullJob) -> Option<serde_json::Value> {
     let (have, want) = (&existing.spec, &wanted.spec);
     let mut spec = serde_json::Map::new();
-    let names = |s: &ImagePullJobSpec| s.selector.as_ref().map(|s| s.names.clone());
+    let names = |s: &ImagePullJobSpec| s.template.selector.as_ref().map(|s| s.names.clone());
     if names(have) != names(want) {
         spec.insert("selector".into(), serde_json::json!({"names": names(want)}));
     }
-    if have.parallelism != want.parallelism {
-        spec.insert("parallelism".into(), serde_json::json!(want.parallelism));
+    if have.template.parallelism != want.template.parallelism {
+        spec.insert(
+            "parallelism".into(),
+            serde_json::json!(want.template.parallelism),
+        );
     }
-    let timeout = |s: &ImagePullJobSpec| s.pull_policy.as_ref().and_then(|p| p.timeout_seconds);
+    let timeout = |s: &ImagePullJobSpec| {
+        s.template
+            .pull_policy
+            .as_ref()
+            .and_then(|p| p.timeout_seconds)
+    };
     if timeout(have) != timeout(want) {
         spec.insert(
             "pullPolicy".into(),
             serde_json::json!({"timeoutSeconds": timeout(want)}),
         );
     }
-    if have.pull_secrets != want.pull_secrets {
-        spec.insert("pullSecrets".into(), serde_json::json!(want.pull_secrets));
+    if have.template.pull_secrets != want.template.pull_secrets {
+        spec.insert(
+            "pullSecrets".into(),
+            serde_json::json!(want.template.pull_secrets),
+        );
     }
     (!spec.is_empty()).then(|| serde_json::json!({ "spec": spec }))
 }

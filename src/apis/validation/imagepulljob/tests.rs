@@ -232,7 +232,7 @@ fn an_update_that_keeps_the_spec_is_not_revalidated() {
     let mut new = old.clone();
     new.metadata.finalizers = Some(vec![]);
     assert_eq!(errors(validate_update(&old, &new)), Vec::<String>::new());
-    new.spec.parallelism = Some(IntOrString::Int(2));
+    new.spec.template.parallelism = Some(IntOrString::Int(2));
     assert_eq!(errors(validate_update(&old, &new)).len(), 1);
 }
 

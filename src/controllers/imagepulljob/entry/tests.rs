@@ -1,5 +1,7 @@
 use super::*;
-use crate::apis::imagepulljob::{CompletionPolicy, ImagePullJobSpec, PullPolicy};
+use crate::apis::imagepulljob::{
+    CompletionPolicy, ImagePullJobSpec, ImagePullJobTemplate, PullPolicy,
+};
 use crate::apis::nodeimage::{ImagePullPhase, ImageStatus, ImageTagStatus};
 use k8s_openapi::jiff::Timestamp;
 
@@ -12,13 +14,15 @@ fn job(uid: &str, policy: CompletionPolicy, sandbox: Option<SandboxConfig>) -> I
         &format!("job-{uid}"),
         ImagePullJobSpec {
             image: "nginx:1".into(),
-            completion_policy: policy,
-            sandbox_config: sandbox,
-            pull_policy: Some(PullPolicy {
-                timeout_seconds: Some(100),
-                backoff_limit: Some(2),
-            }),
-            ..Default::default()
+            template: ImagePullJobTemplate {
+                completion_policy: policy,
+                sandbox_config: sandbox,
+                pull_policy: Some(PullPolicy {
+                    timeout_seconds: Some(100),
+                    backoff_limit: Some(2),
+                }),
+                ..Default::default()
+            },
         },
     );
     j.metadata.namespace = Some("ns".into());

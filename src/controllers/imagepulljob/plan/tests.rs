@@ -52,7 +52,7 @@ fn a_finished_job_expires_ttl_seconds_after_its_completion() {
         ..Default::default()
     });
     assert_eq!(next_step(&j), Step::Finished { expiry: None });
-    j.spec.completion_policy = CompletionPolicy {
+    j.spec.template.completion_policy = CompletionPolicy {
         ttl_seconds_after_finished: Some(30),
         ..Default::default()
     };
@@ -73,7 +73,7 @@ fn a_bad_image_or_parallelism_refuses_the_job_naming_the_field() {
     assert!(message.starts_with("spec.image: "), "{message}");
 
     let mut j = job("nginx:1.27");
-    j.spec.parallelism = Some(IntOrString::String("many".into()));
+    j.spec.template.parallelism = Some(IntOrString::String("many".into()));
     let Step::Refuse { reason, message } = next_step(&j) else {
         panic!("a non-numeric parallelism is refused");
     };
@@ -84,7 +84,7 @@ fn a_bad_image_or_parallelism_refuses_the_job_naming_the_field() {
 #[test]
 fn a_valid_running_job_runs_with_its_parallelism() {
     let mut j = job("nginx:1.27");
-    j.spec.parallelism = Some(IntOrString::Int(3));
+    j.spec.template.parallelism = Some(IntOrString::Int(3));
     let Step::Run { image, parallelism } = next_step(&j) else {
         panic!("a valid job runs");
     };
@@ -101,7 +101,7 @@ fn a_valid_running_job_runs_with_its_parallelism() {
 #[test]
 fn targets_are_the_named_nodes_that_have_a_nodeimage_in_their_order() {
     let mut j = job("nginx:1.27");
-    j.spec.selector = Some(ImagePullJobNodeSelector {
+    j.spec.template.selector = Some(ImagePullJobNodeSelector {
         names: vec!["c".into(), "gone".into(), "a".into()],
         ..Default::default()
     });
@@ -145,7 +145,7 @@ fn a_node_whose_entry_lists_the_job_is_pulling() {
 #[test]
 fn a_selector_that_does_not_parse_is_an_error() {
     let mut j = job("nginx:1.27");
-    j.spec.pod_selector = Some(LabelSelector {
+    j.spec.template.pod_selector = Some(LabelSelector {
         match_expressions: Some(vec![LabelSelectorRequirement {
             key: "a".into(),
             operator: "Sometimes".into(),

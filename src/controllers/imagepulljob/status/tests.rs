@@ -1,5 +1,5 @@
 use super::*;
-use crate::apis::imagepulljob::{CompletionPolicy, ImagePullJobSpec};
+use crate::apis::imagepulljob::{CompletionPolicy, ImagePullJobSpec, ImagePullJobTemplate};
 
 fn t(seconds: i64) -> Time {
     Time(Timestamp::from_second(seconds).unwrap())
@@ -10,8 +10,10 @@ fn job(policy: CompletionPolicy, status: Option<ImagePullJobStatus>) -> ImagePul
         "j",
         ImagePullJobSpec {
             image: "nginx".into(),
-            completion_policy: policy,
-            ..Default::default()
+            template: ImagePullJobTemplate {
+                completion_policy: policy,
+                ..Default::default()
+            },
         },
     );
     j.status = status;
@@ -34,13 +36,13 @@ use NodeState::*;
 fn parallelism_defaults_to_one_and_takes_numeric_strings() {
     let mut j = job(Default::default(), None);
     assert_eq!(parallelism(&j), Ok(1));
-    j.spec.parallelism = Some(IntOrString::Int(0));
+    j.spec.template.parallelism = Some(IntOrString::Int(0));
     assert_eq!(parallelism(&j), Ok(0));
-    j.spec.parallelism = Some(IntOrString::String("7".into()));
+    j.spec.template.parallelism = Some(IntOrString::String("7".into()));
     assert_eq!(parallelism(&j), Ok(7));
-    j.spec.parallelism = Some(IntOrString::String("50%".into()));
+    j.spec.template.parallelism = Some(IntOrString::String("50%".into()));
     assert!(parallelism(&j).unwrap_err().contains("50%"));
-    j.spec.parallelism = Some(IntOrString::Int(-1));
+    j.spec.template.parallelism = Some(IntOrString::Int(-1));
     assert!(parallelism(&j).is_err());
 }
 

@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
-use crate::apis::imagepulljob::{ImagePullJobNodeSelector, ImagePullJobSpec};
+use crate::apis::imagepulljob::{ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate};
 use crate::apis::nodeimage::{
     ImageSpec, ImageStatus, ImageTagSpec, ImageTagStatus, NodeImageStatus,
 };
@@ -72,11 +72,13 @@ fn no_selector_means_every_node_by_name() {
 fn names_keep_the_users_order_and_skip_unknown_and_repeated_nodes() {
     let j = job(ImagePullJobSpec {
         image: "nginx".into(),
-        selector: Some(ImagePullJobNodeSelector {
-            names: vec!["n3".into(), "gone".into(), "n1".into(), "n3".into()],
+        template: ImagePullJobTemplate {
+            selector: Some(ImagePullJobNodeSelector {
+                names: vec!["n3".into(), "gone".into(), "n1".into(), "n3".into()],
+                ..Default::default()
+            }),
             ..Default::default()
-        }),
-        ..Default::default()
+        },
     });
     assert_eq!(select_nodes(&j, &nodes(), []).unwrap(), ["n3", "n1"]);
 }
@@ -85,11 +87,13 @@ fn names_keep_the_users_order_and_skip_unknown_and_repeated_nodes() {
 fn label_selector_matches_nodeimage_labels() {
     let j = job(ImagePullJobSpec {
         image: "nginx".into(),
-        selector: Some(ImagePullJobNodeSelector {
-            match_labels: Some(BTreeMap::from([("zone".to_owned(), "a".to_owned())])),
+        template: ImagePullJobTemplate {
+            selector: Some(ImagePullJobNodeSelector {
+                match_labels: Some(BTreeMap::from([("zone".to_owned(), "a".to_owned())])),
+                ..Default::default()
+            }),
             ..Default::default()
-        }),
-        ..Default::default()
+        },
     });
     assert_eq!(select_nodes(&j, &nodes(), []).unwrap(), ["n2", "n3"]);
 }
@@ -98,11 +102,13 @@ fn label_selector_matches_nodeimage_labels() {
 fn pod_selector_follows_pods_oldest_first_once_per_node() {
     let j = job(ImagePullJobSpec {
         image: "nginx".into(),
-        pod_selector: Some(LabelSelector {
-            match_labels: Some(BTreeMap::from([("app".to_owned(), "web".to_owned())])),
+        template: ImagePullJobTemplate {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([("app".to_owned(), "web".to_owned())])),
+                ..Default::default()
+            }),
             ..Default::default()
-        }),
-        ..Default::default()
+        },
     });
     let mut deleting = pod("d", "ns", "n1", 1, "Running");
     deleting.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(5).unwrap()));
@@ -122,17 +128,19 @@ fn pod_selector_follows_pods_oldest_first_once_per_node() {
 fn a_bad_selector_is_an_error_naming_the_field() {
     let j = job(ImagePullJobSpec {
         image: "nginx".into(),
-        pod_selector: Some(LabelSelector {
-            match_expressions: Some(vec![
-                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
-                    key: "a".into(),
-                    operator: "Sometimes".into(),
-                    values: None,
-                },
-            ]),
+        template: ImagePullJobTemplate {
+            pod_selector: Some(LabelSelector {
+                match_expressions: Some(vec![
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                        key: "a".into(),
+                        operator: "Sometimes".into(),
+                        values: None,
+                    },
+                ]),
+                ..Default::default()
+            }),
             ..Default::default()
-        }),
-        ..Default::default()
+        },
     });
     let err = select_nodes(&j, &nodes(), []).unwrap_err();
     assert!(err.to_string().starts_with("spec.podSelector"), "{err}");

@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
 use serde_json::{Value, json};
 
 use super::*;
-use crate::apis::imagepulljob::{ImagePullJobNodeSelector, ImagePullJobSpec};
+use crate::apis::imagepulljob::{ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate};
 use crate::apis::sidecarset::SidecarSetSpec;
 use crate::apis::well_known::{SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST};
 use crate::controllers::sidecarset::pods::namespace_labels;
@@ -95,11 +95,13 @@ fn job(name: &str, set_label: Option<&str>, owner_uid: &str, nodes: &[&str]) -> 
         name,
         ImagePullJobSpec {
             image: "proxy:2".into(),
-            selector: Some(ImagePullJobNodeSelector {
-                names: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            template: ImagePullJobTemplate {
+                selector: Some(ImagePullJobNodeSelector {
+                    names: nodes.iter().map(|n| (*n).to_owned()).collect(),
+                    ..Default::default()
+                }),
                 ..Default::default()
-            }),
-            ..Default::default()
+            },
         },
     );
     job.metadata.namespace = Some("shop".into());
