@@ -92,6 +92,10 @@ pub struct ImageTagSpec {
     pub version: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<ImagePullPolicy>,
+    /// The sandbox metadata of this tag's owners, passed to CRI `PullImage` for this tag (a
+    /// kruise-rs addition: upstream keeps one per image). Unset: the image's `sandboxConfig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_config: Option<SandboxConfig>,
 }
 
 /// How one tag is pulled.

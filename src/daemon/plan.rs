@@ -121,7 +121,14 @@ pub fn plan(
                     .filter(|s| *s > 0)
                     .map(|s| Duration::from_secs(s.unsigned_abs())),
                 if_not_present: tag.image_pull_policy == Some(ImagePullPolicy::IfNotPresent),
-                sandbox: image_spec.sandbox_config.clone().unwrap_or_default(),
+                // The tag's own metadata; tags written without it (by upstream's manager or an
+                // older kruise-rs) get the image's.
+                sandbox: tag
+                    .sandbox_config
+                    .as_ref()
+                    .or(image_spec.sandbox_config.as_ref())
+                    .cloned()
+                    .unwrap_or_default(),
                 pull_secrets: image_spec.pull_secrets.clone(),
                 started_at: reported
                     .filter(|s| s.phase == ImagePullPhase::Pulling)

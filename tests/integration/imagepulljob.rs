@@ -1001,3 +1001,169 @@ async fn a_node_that_recovers_leaves_failed_nodes() {
     assert_eq!(status.failed, 0);
     assert!(status.failed_nodes.is_empty(), "{:?}", status.failed_nodes);
 }
+
+fn sandbox_labels(pairs: &[(&str, &str)]) -> kruise_rs::apis::common::SandboxConfig {
+    kruise_rs::apis::common::SandboxConfig {
+        labels: pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// #2221: an edit reaches the nodes a job already wrote, not only those it starts next.
+#[tokio::test]
+async fn an_edit_reaches_the_node_already_pulling() {
+    let env = env("ipj-edit").await;
+    let nodes = env.nodes(2).await;
+    let mut s = spec("nginx:edit", None, 1);
+    s.template.selector = Some(ImagePullJobNodeSelector {
+        names: nodes.clone(),
+        ..Default::default()
+    });
+    env.job("pull", s).await;
+    let first = env.wait_entry(&nodes[0], "nginx", "edit").await;
+    let timeout = |t: &ImageTagSpec| t.pull_policy.as_ref().and_then(|p| p.timeout_seconds);
+    assert_eq!((timeout(&first), first.version), (Some(600), Some(0)));
+
+    // The first node is pulling (no report yet): the longer timeout restarts its pull.
+    let edit = json!({"spec": {
+        "pullPolicy": {"timeoutSeconds": 1200},
+        "sandboxConfig": {"labels": {"app": "edited"}}
+    }});
+    env.jobs()
+        .patch("pull", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .expect("edit the job");
+    let api = env.nodeimages();
+    let node = nodes[0].clone();
+    let edited = wait_for("the edit on the first node", TIMEOUT, || {
+        let (api, node) = (api.clone(), node.clone());
+        async move {
+            let ni = api.get(&node).await.ok()?;
+            let tag = tag_entry(&ni, "nginx", "edit")?;
+            (timeout(&tag) == Some(1200)).then_some((ni, tag))
+        }
+    })
+    .await;
+    let (ni, tag) = edited;
+    assert_eq!(tag.version, Some(1), "a pull in flight restarts to get more time");
+    assert_eq!(tag.created_at, first.created_at, "the same request");
+    assert_eq!(tag.sandbox_config, Some(sandbox_labels(&[("app", "edited")])));
+    assert_eq!(
+        ni.spec.images["nginx"].sandbox_config,
+        Some(sandbox_labels(&[("app", "edited")]))
+    );
+    let second = env.nodeimages().get(&nodes[1]).await.expect("second node");
+    assert!(
+        tag_entry(&second, "nginx", "edit").is_none(),
+        "parallelism 1 still holds"
+    );
+
+    // Done on the first node: the second starts with the edited values.
+    env.report(&nodes[0], "nginx", "edit", "Succeeded").await;
+    let next = env.wait_entry(&nodes[1], "nginx", "edit").await;
+    assert_eq!((timeout(&next), next.version), (Some(1200), Some(0)));
+
+    // A finished round keeps its verdict: shrinking the timeout rewrites it, no new round.
+    let shrink = json!({"spec": {"pullPolicy": {"timeoutSeconds": 30}}});
+    env.jobs()
+        .patch("pull", &PatchParams::default(), &Patch::Merge(&shrink))
+        .await
+        .expect("edit the job again");
+    let node = nodes[0].clone();
+    let done = wait_for("the shorter timeout on the first node", TIMEOUT, || {
+        let (api, node) = (api.clone(), node.clone());
+        async move {
+            let tag = tag_entry(&api.get(&node).await.ok()?, "nginx", "edit")?;
+            (timeout(&tag) == Some(30)).then_some(tag)
+        }
+    })
+    .await;
+    assert_eq!(done.version, Some(1), "no new round for a finished pull");
+}
+
+/// What only a deleted job asked for goes with it; what another owner asks stays.
+#[tokio::test]
+async fn deleting_one_of_two_jobs_takes_its_sandbox_labels_and_patience_with_it() {
+    let env = env("ipj-leave").await;
+    let nodes = env.nodes(1).await;
+    let mut a = spec("nginx:shared", env.selector(), 1);
+    a.template.sandbox_config = Some(sandbox_labels(&[("app", "a"), ("both", "x")]));
+    a.template.pull_policy = Some(kruise_rs::apis::imagepulljob::PullPolicy {
+        timeout_seconds: Some(3000),
+        backoff_limit: None,
+    });
+    let mut b = spec("nginx:shared", env.selector(), 1);
+    b.template.sandbox_config = Some(sandbox_labels(&[("team", "b"), ("both", "x")]));
+    let mut other_tag = spec("nginx:other", env.selector(), 1);
+    other_tag.template.sandbox_config = Some(sandbox_labels(&[("tag", "other")]));
+    let job_a = env.job("a", a).await;
+    env.wait_entry(&nodes[0], "nginx", "shared").await;
+    let job_b = env.job("b", b).await;
+    env.job("c", other_tag).await;
+    let api = env.nodeimages();
+    let node = nodes[0].clone();
+    let uid = |j: &ImagePullJob| j.metadata.uid.clone().unwrap();
+    let (ua, ub) = (uid(&job_a), uid(&job_b));
+    let owners = |t: &ImageTagSpec| -> Vec<String> {
+        t.owner_references
+            .iter()
+            .filter_map(|o| o.uid.clone())
+            .collect()
+    };
+    let ni = wait_for("both jobs on the shared tag, and tag other", TIMEOUT, || {
+        let (api, node) = (api.clone(), node.clone());
+        let want = vec![ua.clone(), ub.clone()];
+        async move {
+            let ni = api.get(&node).await.ok()?;
+            let shared = tag_entry(&ni, "nginx", "shared")?;
+            tag_entry(&ni, "nginx", "other")?;
+            (owners(&shared) == want).then_some(ni)
+        }
+    })
+    .await;
+    let shared = tag_entry(&ni, "nginx", "shared").unwrap();
+    assert_eq!(
+        shared.sandbox_config,
+        Some(sandbox_labels(&[("app", "a"), ("both", "x"), ("team", "b")]))
+    );
+    assert_eq!(
+        shared.pull_policy.as_ref().unwrap().timeout_seconds,
+        Some(3000)
+    );
+    assert_eq!(
+        tag_entry(&ni, "nginx", "other").unwrap().sandbox_config,
+        Some(sandbox_labels(&[("tag", "other")])),
+        "each tag its own"
+    );
+
+    delete_job_and_wait(&env, "a").await;
+    let node = nodes[0].clone();
+    let ni = wait_for("job a's owner reference collected", TIMEOUT, || {
+        let (api, node) = (api.clone(), node.clone());
+        let want = vec![ub.clone()];
+        async move {
+            let ni = api.get(&node).await.ok()?;
+            (owners(&tag_entry(&ni, "nginx", "shared")?) == want).then_some(ni)
+        }
+    })
+    .await;
+    let shared = tag_entry(&ni, "nginx", "shared").unwrap();
+    assert_eq!(
+        shared.sandbox_config,
+        Some(sandbox_labels(&[("both", "x"), ("team", "b")])),
+        "app=a went with job a; both=x stays, job b sets it too"
+    );
+    assert_eq!(
+        shared.pull_policy.as_ref().unwrap().timeout_seconds,
+        Some(600),
+        "job a's patience went with it"
+    );
+    assert_eq!(
+        ni.spec.images["nginx"].sandbox_config,
+        Some(sandbox_labels(&[("both", "x"), ("tag", "other"), ("team", "b")])),
+        "the image's metadata is its tags' merge"
+    );
+}

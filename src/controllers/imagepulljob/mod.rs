@@ -10,6 +10,11 @@
 //! - `reconcile.rs`: fetch, plan, write: secrets, the NodeImage writes, the status, events;
 //! - [`secrets`]: the pull-secret copies in the daemons' namespace.
 //!
+//! A job's spec edits reach every node it owns, not only nodes not yet written: after each new
+//! `generation` a reconcile recomputes the job's tags everywhere (see
+//! [`tag_values`](super::shared::tag_values)), and the NodeImage controller does the same for the
+//! remaining owners when a job is gone.
+//!
 //! Writes go through [`update_images`](super::shared::nodeimage_images::update_images) (guarded
 //! JSON patches), so jobs sharing a node never lose each other's entries. The NodeImage store can lag behind our own writes; the objects our
 //! patches return are kept until the store catches up (`Context::fresher`), so a reconcile
@@ -27,6 +32,9 @@ pub use self::watch::run_with_pods;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
 
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
@@ -36,6 +44,8 @@ use super::ControllerOptions;
 use super::shared::backoff::Backoff;
 use super::shared::nodeimage_images::ImagesWriteError;
 use super::shared::pod_summary::PodSummary;
+use super::shared::tag_values::{OwnerAsk, PullTerms};
+use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
 use crate::events::Recorder;
 
@@ -79,6 +89,10 @@ pub struct Context {
     caches_ready: tokio::sync::watch::Receiver<bool>,
     nodeimages: Store<NodeImage>,
     pods: Store<PodSummary>,
+    /// Every ImagePullJob: what the other owners of a shared tag ask of it.
+    jobs: Store<ImagePullJob>,
+    /// Per job uid, the generation whose values every node it owns has been brought up to.
+    refreshed: Mutex<HashMap<String, i64>>,
     /// NodeImages as our own patches returned them, until the store has caught up with them.
     written: Mutex<HashMap<String, Arc<NodeImage>>>,
     backoff: Backoff,
@@ -112,6 +126,48 @@ impl Context {
                 .get(&ObjectRef::new(name))
                 .is_some_and(|stored| stored.metadata.generation < ours.metadata.generation)
         });
+    }
+
+    /// What another owner of a tag asks of it on `node`: `None` for an owner that is not an
+    /// ImagePullJob in the store with this uid (gone, replaced, not listed yet), whose tags are
+    /// then left as they are.
+    fn other_owner_ask(
+        &self,
+        owner: &ObjectReference,
+        node: &str,
+        extra_ttl: Duration,
+    ) -> Option<OwnerAsk> {
+        if owner.kind.as_deref() != Some("ImagePullJob") {
+            return None;
+        }
+        let (name, namespace, uid) = (
+            owner.name.as_deref()?,
+            owner.namespace.as_deref()?,
+            owner.uid.as_deref()?,
+        );
+        let job = self
+            .jobs
+            .get(&ObjectRef::new(name).within(namespace))
+            .filter(|job| job.metadata.uid.as_deref() == Some(uid))?;
+        Some(PullTerms::of(&job.spec.template).ask(uid, node, extra_ttl))
+    }
+
+    fn refreshed_generation(&self, job: &ImagePullJob) -> Option<i64> {
+        let refreshed = self.refreshed.lock().unwrap_or_else(|e| e.into_inner());
+        refreshed.get(job.metadata.uid.as_deref()?).copied()
+    }
+
+    /// Records that every node `job` owns carries its values as of `generation`; `None` forgets
+    /// the job (it is done writing).
+    fn refreshed(&self, job: &ImagePullJob, generation: Option<i64>) {
+        let Some(uid) = job.metadata.uid.clone() else {
+            return;
+        };
+        let mut refreshed = self.refreshed.lock().unwrap_or_else(|e| e.into_inner());
+        match generation {
+            Some(generation) => refreshed.insert(uid, generation),
+            None => refreshed.remove(&uid),
+        };
     }
 
     fn remember(&self, mut written: NodeImage) {

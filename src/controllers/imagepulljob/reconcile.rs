@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -73,10 +74,12 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
 
     let (image, parallelism) = match plan::next_step(job) {
         Step::LetGo => {
+            ctx.refreshed(job, None);
             let_go(ctx, &jobs, job).await?;
             return Ok(Action::await_change());
         }
         Step::Finished { expiry } => {
+            ctx.refreshed(job, None);
             let_go(ctx, &jobs, job).await?;
             return match expiry {
                 Some(expiry) if expiry <= Timestamp::now() => {
@@ -137,24 +140,33 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
             Err(err) => return refuse(job, ctx, &jobs, "InvalidSelector", err.to_string()).await,
         };
 
-    // Start the next nodes, within the parallelism budget.
-    let start: Vec<String> = nodes_to_start(&targets, parallelism)
-        .into_iter()
-        .map(str::to_owned)
+    // Start the next nodes, within the parallelism budget; after a spec change (or our own
+    // start), bring the nodes already written up to date too (#2221).
+    let start = nodes_to_start(&targets, parallelism);
+    let generation = job.metadata.generation.unwrap_or_default();
+    let refresh_all = ctx.refreshed_generation(job) != Some(generation);
+    let write: Vec<String> = targets
+        .iter()
+        .filter(|t| {
+            start.contains(&t.node.as_str()) || (refresh_all && t.state != NodeState::NotSynced)
+        })
+        .map(|t| t.node.clone())
         .collect();
     let api: Api<NodeImage> = Api::all(ctx.client.clone());
     let now_time = now();
+    let extra_ttl = ctx.opts.default_ttl_for_always_nodeimage;
     // One node after the other, in target order: the order of the writes is the order in which
     // nodes start pulling, which is the point of keeping the order at all.
-    let mut results = Vec::with_capacity(start.len());
-    for node in start {
+    let mut results = Vec::with_capacity(write.len());
+    for node in write {
         let current = (*by_name[&node]).clone();
-        let extra_ttl = ctx.opts.default_ttl_for_always_nodeimage;
+        let others = |owner: &ObjectReference| ctx.other_owner_ask(owner, &node, extra_ttl);
         let result = update_images(&api, FIELD_MANAGER, current, |ni| {
             with_job_entry(
                 &ni.spec.images,
                 ni.status.as_ref(),
                 &req,
+                others,
                 &node,
                 &now_time,
                 extra_ttl,
@@ -170,7 +182,10 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
                 if let Some(written) = written {
                     ctx.remember(written);
                 }
-                if let Some(t) = targets.iter_mut().find(|t| t.node == node) {
+                if let Some(t) = targets
+                    .iter_mut()
+                    .find(|t| t.node == node && t.state == NodeState::NotSynced)
+                {
                     t.state = NodeState::Pulling;
                 }
             }
@@ -183,6 +198,9 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
         }
     }
 
+    if first_error.is_none() {
+        ctx.refreshed(job, Some(generation));
+    }
     let status = with_notes(compute_status(job, &targets, &now_time), &notes);
     write_status(&jobs, job, &status).await?;
     if let Some(err) = first_error {

@@ -149,6 +149,8 @@ pub async fn run_with_pods(
         client,
         nodeimages,
         pods,
+        jobs: controller.store(),
+        refreshed: Mutex::default(),
         written: Mutex::default(),
         backoff: Backoff::default(),
         opts,

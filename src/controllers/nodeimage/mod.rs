@@ -17,7 +17,7 @@
 //!
 //! Three watches feed three stores, each stripped before storing ([`watch`]): Nodes (labels,
 //! deletion, Ready condition only), NodeImages (all but managedFields) and ImagePullJobs
-//! (metadata only: name, namespace, uid). One router turns what changed into requests:
+//! (identity and spec). One router turns what changed into requests:
 //! a Node change wakes both appliers for its name; a NodeImage change wakes the NodeImage
 //! applier, and its disappearance wakes the Node applier (to recreate it); a job deleted or
 //! replaced wakes every NodeImage that has a tag owned by its uid.
@@ -56,7 +56,6 @@ pub use self::watch::run;
 
 use std::time::Duration;
 
-use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::Store;
 use kube::{Api, Client};
 
@@ -77,7 +76,10 @@ struct Context {
     nodeimages: Api<NodeImage>,
     nodes: Store<NodeSummary>,
     nodeimage_store: Store<NodeImage>,
-    jobs: Store<PartialObjectMeta<ImagePullJob>>,
+    /// Every ImagePullJob, identity and spec ([`watch::strip_job`]).
+    jobs: Store<ImagePullJob>,
+    /// The manager's `--default-ttlseconds-for-always-nodeimage`.
+    extra_ttl: Duration,
     recorder: Recorder,
     creation_delay: Duration,
     response_timeout: Duration,

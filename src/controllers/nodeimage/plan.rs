@@ -22,6 +22,7 @@ use crate::apis::nodeimage::{
     NodeImageStatus,
 };
 use crate::apis::well_known::{FAKE_NODEIMAGE, GROUP, VIRTUAL_KUBELET_TYPE};
+use crate::controllers::shared::tag_values::{OwnerAsk, in_flight, refresh_image};
 
 /// Never requeue sooner than this after a reconcile, even when an instant is closer (or past).
 pub const MIN_REQUEUE: Duration = Duration::from_secs(1);
@@ -256,6 +257,10 @@ pub struct Collected {
 /// Liveness is passed as the set of uids *known* gone, not the set known alive: a job the
 /// caller could not check (an API error, a reference that appeared after a re-read) stays.
 ///
+/// An image that lost an owner or a tag has its tags' values recomputed from the owners left
+/// ([`refresh_image`], `ask` answering for one owner): what only the gone job asked for —
+/// patience, `Always`, sandbox metadata — goes with it.
+///
 /// Unlike upstream, a tag without `createdAt` is not dropped: an older writer or a user may
 /// omit it, and it says nothing about whether the tag is still wanted. It only means its
 /// creation time is unknown, so [`timeouts`] cannot time it out.
@@ -263,6 +268,7 @@ pub fn collect(
     spec: &NodeImageSpec,
     status: &NodeImageStatus,
     gone_jobs: &BTreeSet<String>,
+    ask: impl Fn(&ObjectReference) -> Option<OwnerAsk>,
     now: Timestamp,
 ) -> Collected {
     let mut wake = None;
@@ -291,15 +297,19 @@ pub fn collect(
             }
             tags.push(tag);
         }
-        if !tags.is_empty() {
-            images.insert(
-                name.clone(),
-                ImageSpec {
-                    tags,
-                    ..image.clone()
-                },
-            );
+        if tags.is_empty() {
+            continue;
         }
+        let collected = ImageSpec {
+            tags,
+            ..image.clone()
+        };
+        let image = if collected == *image {
+            collected
+        } else {
+            refresh_image(&collected, &ask, |tag| in_flight(Some(status), name, tag))
+        };
+        images.insert(name.clone(), image);
     }
     Collected { images, wake }
 }
@@ -498,7 +508,7 @@ pub fn next_wake(
     response_timeout: Duration,
 ) -> Option<Timestamp> {
     let status = nodeimage.status.clone().unwrap_or_default();
-    let gc = collect(&nodeimage.spec, &status, &BTreeSet::new(), now).wake;
+    let gc = collect(&nodeimage.spec, &status, &BTreeSet::new(), |_| None, now).wake;
     let timeouts = timeouts(&nodeimage.spec, &status, now, response_timeout).wake;
     earliest(gc, timeouts)
 }

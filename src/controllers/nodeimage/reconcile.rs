@@ -22,6 +22,7 @@ use super::{Context, FIELD_MANAGER, patches};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::{NodeImage, NodeImageSpec};
 use crate::controllers::shared::nodeimage_images::{ImagesWriteError, update_images};
+use crate::controllers::shared::tag_values::PullTerms;
 use crate::error_chain::error_chain;
 
 /// How often a refused status patch is re-read and retried within one reconcile.
@@ -309,9 +310,24 @@ async fn collect_garbage(
 ) -> Result<Option<NodeImage>, Error> {
     let name = current.name_any();
     let gone = gone_jobs(ctx, &current.spec).await;
+    let ask = |owner: &ObjectReference| {
+        let (name_, namespace, uid) = (
+            owner.name.as_deref()?,
+            owner.namespace.as_deref()?,
+            owner.uid.as_deref()?,
+        );
+        if !plan::is_image_pull_job(owner) || gone.contains(uid) {
+            return None;
+        }
+        let job = ctx
+            .jobs
+            .get(&ObjectRef::new(name_).within(namespace))
+            .filter(|job| job.metadata.uid.as_deref() == Some(uid))?;
+        Some(PullTerms::of(&job.spec.template).ask(uid, &name, ctx.extra_ttl))
+    };
     let decide = |ni: &NodeImage| {
         let status = ni.status.clone().unwrap_or_default();
-        let collected = plan::collect(&ni.spec, &status, &gone, now);
+        let collected = plan::collect(&ni.spec, &status, &gone, ask, now);
         (collected.images != ni.spec.images).then_some(collected.images)
     };
     if decide(&current).is_none() {

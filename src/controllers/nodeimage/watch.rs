@@ -16,7 +16,6 @@ use futures::channel::mpsc::{UnboundedSender, unbounded};
 use futures::{FutureExt, Stream, StreamExt, future, stream};
 use k8s_openapi::api::core::v1::NodeCondition;
 use kube::api::ObjectMeta;
-use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, applier, controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -64,17 +63,18 @@ pub fn strip_nodeimage(mut nodeimage: NodeImage) -> NodeImage {
     nodeimage
 }
 
-/// Of an ImagePullJob, only its identity matters: it exists, with this uid.
-pub fn strip_job(job: PartialObjectMeta<ImagePullJob>) -> PartialObjectMeta<ImagePullJob> {
-    PartialObjectMeta {
-        types: job.types,
+/// Of an ImagePullJob, its identity (it exists, with this uid) and its spec (what it asks of
+/// the tags it owns, recomputed when another owner is gone).
+pub fn strip_job(job: ImagePullJob) -> ImagePullJob {
+    ImagePullJob {
         metadata: ObjectMeta {
             name: job.metadata.name,
             namespace: job.metadata.namespace,
             uid: job.metadata.uid,
             ..ObjectMeta::default()
         },
-        _phantom: Default::default(),
+        spec: job.spec,
+        status: None,
     }
 }
 
@@ -201,7 +201,7 @@ pub fn equal<K: PartialEq>(a: &K, b: &K) -> bool {
 }
 
 /// `same` for ImagePullJobs: only a different uid (a job replaced under the same name) counts.
-pub fn same_uid(a: &PartialObjectMeta<ImagePullJob>, b: &PartialObjectMeta<ImagePullJob>) -> bool {
+pub fn same_uid(a: &ImagePullJob, b: &ImagePullJob) -> bool {
     a.uid() == b.uid()
 }
 
@@ -217,7 +217,7 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
     let label_selector = opts.label_selector.clone();
     let node_api: Api<NodeSummary> = Api::all(client.clone());
     let nodeimage_api: Api<NodeImage> = Api::all(client.clone());
-    let job_api: Api<PartialObjectMeta<ImagePullJob>> = Api::all(client.clone());
+    let job_api: Api<ImagePullJob> = Api::all(client.clone());
     let unscoped = opts.watch_config();
     let scoped = opts.scoped_watch_config();
 
@@ -253,6 +253,7 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
         nodes: nodes.clone(),
         nodeimage_store: nodeimage_store.clone(),
         jobs,
+        extra_ttl: opts.default_ttl_for_always_nodeimage,
         recorder: Recorder::for_manager(client),
         creation_delay: opts.nodeimage_creation_delay,
         response_timeout: opts.nodeimage_response_timeout,
@@ -348,7 +349,7 @@ where
 enum Changed {
     Node(Change<NodeSummary>),
     NodeImage(Change<NodeImage>),
-    Job(Change<PartialObjectMeta<ImagePullJob>>),
+    Job(Change<ImagePullJob>),
 }
 
 /// Turns store changes into reconcile requests.

@@ -10,3 +10,4 @@ pub mod nodeimage_images;
 pub mod pod_feed;
 pub mod pod_summary;
 pub mod shutdown;
+pub mod tag_values;

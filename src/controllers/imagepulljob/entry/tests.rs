@@ -1,4 +1,5 @@
 use super::*;
+use crate::apis::common::{ImagePullPolicy, SandboxConfig};
 use crate::apis::imagepulljob::{
     CompletionPolicy, ImagePullJobSpec, ImagePullJobTemplate, PullPolicy,
 };
@@ -41,10 +42,26 @@ fn req(uid: &str, policy: CompletionPolicy, sandbox: Option<SandboxConfig>) -> J
 
 const EXTRA: Duration = Duration::from_secs(300);
 
+/// `with_job_entry` with `known` as the job store the other owners are looked up in.
+fn entry(
+    images: &BTreeMap<String, ImageSpec>,
+    status: Option<&NodeImageStatus>,
+    r: &JobRequest,
+    known: &[&JobRequest],
+    now: i64,
+) -> Option<BTreeMap<String, ImageSpec>> {
+    let others = |owner: &ObjectReference| {
+        let uid = owner.uid.as_deref()?;
+        let other = known.iter().find(|k| k.owner.uid.as_deref() == Some(uid))?;
+        Some(other.terms.ask(uid, "n", EXTRA))
+    };
+    with_job_entry(images, status, r, others, "n", &t(now), EXTRA)
+}
+
 #[test]
 fn a_new_tag_entry_has_owner_version_policy_and_creation_time() {
     let r = req("u1", Default::default(), None);
-    let images = with_job_entry(&BTreeMap::new(), None, &r, "n1", &t(50), EXTRA).expect("changed");
+    let images = entry(&BTreeMap::new(), None, &r, &[], 50).expect("changed");
     let tag = &images["nginx"].tags[0];
     assert_eq!(tag.tag, "1");
     assert_eq!(tag.version, Some(0));
@@ -64,10 +81,7 @@ fn a_new_tag_entry_has_owner_version_policy_and_creation_time() {
         ),
         (Some(100), Some(2), None)
     );
-    assert!(
-        with_job_entry(&images, None, &r, "n1", &t(60), EXTRA).is_none(),
-        "idempotent"
-    );
+    assert!(entry(&images, None, &r, &[], 60).is_none(), "idempotent");
 }
 
 #[test]
@@ -84,35 +98,22 @@ fn a_new_entry_continues_after_the_last_reported_round() {
         )]),
         ..Default::default()
     };
-    let images = with_job_entry(
-        &BTreeMap::new(),
-        Some(&status),
-        &req("u1", Default::default(), None),
-        "n",
-        &t(1),
-        EXTRA,
-    )
-    .unwrap();
+    let r = req("u1", Default::default(), None);
+    let images = entry(&BTreeMap::new(), Some(&status), &r, &[], 1).unwrap();
     assert_eq!(images["nginx"].tags[0].version, Some(5));
 }
 
 #[test]
 fn a_second_job_joins_the_tag_with_a_new_round_and_the_more_patient_policy() {
-    let first = with_job_entry(
-        &BTreeMap::new(),
-        None,
-        &req("u1", Default::default(), None),
-        "n",
-        &t(1),
-        EXTRA,
-    )
-    .unwrap();
+    let u1 = req("u1", Default::default(), None);
+    let first = entry(&BTreeMap::new(), None, &u1, &[], 1).unwrap();
     let deadline = CompletionPolicy {
         active_deadline_seconds: Some(900),
         ttl_seconds_after_finished: Some(10),
         ..Default::default()
     };
-    let both = with_job_entry(&first, None, &req("u2", deadline, None), "n", &t(2), EXTRA).unwrap();
+    let u2 = req("u2", deadline, None);
+    let both = entry(&first, None, &u2, &[&u1], 2).unwrap();
     let tag = &both["nginx"].tags[0];
     assert_eq!(both["nginx"].tags.len(), 1);
     let owners: Vec<_> = tag
@@ -121,7 +122,7 @@ fn a_second_job_joins_the_tag_with_a_new_round_and_the_more_patient_policy() {
         .map(|o| o.uid.as_deref().unwrap())
         .collect();
     assert_eq!(owners, ["u1", "u2"]);
-    assert_eq!(tag.version, Some(1));
+    assert_eq!(tag.version, Some(1), "one new round, not two");
     assert_eq!(tag.created_at, Some(t(2)));
     let p = tag.pull_policy.as_ref().unwrap();
     assert_eq!(
@@ -135,41 +136,71 @@ fn a_second_job_joins_the_tag_with_a_new_round_and_the_more_patient_policy() {
 }
 
 #[test]
-fn sandbox_config_merges_and_is_never_wiped() {
+fn an_unknown_owner_leaves_the_tag_alone() {
+    // u1 is not in the store (deleted, or not listed yet): it may need more than u2 asks, so
+    // the tag is not recomputed without it; u2 still joins.
+    let u1 = req("u1", Default::default(), None);
+    let first = entry(&BTreeMap::new(), None, &u1, &[], 1).unwrap();
+    let mut u2 = req("u2", Default::default(), None);
+    u2.terms.timeout_seconds = 10;
+    let both = entry(&first, None, &u2, &[], 2).unwrap();
+    let tag = &both["nginx"].tags[0];
+    assert_eq!(tag.owner_references.len(), 2);
+    assert_eq!(
+        tag.pull_policy, first["nginx"].tags[0].pull_policy,
+        "not shrunk to u2's"
+    );
+}
+
+fn labels(pairs: &[(&str, &str)]) -> SandboxConfig {
+    SandboxConfig {
+        labels: pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn sandbox_config_is_kept_per_tag_and_merged_per_image() {
     let a = SandboxConfig {
-        labels: BTreeMap::from([("app".to_owned(), "foo".to_owned())]),
         annotations: BTreeMap::from([(
             "io.kubernetes.image.metrics.tags".to_owned(),
             "app=foo".to_owned(),
         )]),
+        ..labels(&[("app", "foo")])
     };
-    let first = with_job_entry(
-        &BTreeMap::new(),
-        None,
-        &req("u1", Default::default(), Some(a.clone())),
-        "n",
-        &t(1),
-        EXTRA,
-    )
-    .unwrap();
-    let mut other = req("u2", Default::default(), None);
-    other.tag = "2".into();
-    let second = with_job_entry(&first, None, &other, "n", &t(2), EXTRA).unwrap();
+    let u1 = req("u1", Default::default(), Some(a.clone()));
+    let first = entry(&BTreeMap::new(), None, &u1, &[], 1).unwrap();
+    let mut u2 = req("u2", Default::default(), None);
+    u2.tag = "2".into();
+    let second = entry(&first, None, &u2, &[&u1], 2).unwrap();
+    assert_eq!(second["nginx"].sandbox_config.as_ref(), Some(&a));
+    let tag = |images: &BTreeMap<String, ImageSpec>, name: &str| {
+        images["nginx"]
+            .tags
+            .iter()
+            .find(|t| t.tag == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(tag(&second, "1").sandbox_config, Some(a.clone()));
     assert_eq!(
-        second["nginx"].sandbox_config.as_ref(),
-        Some(&a),
-        "a job without sandboxConfig keeps the other's"
+        tag(&second, "2").sandbox_config,
+        Some(SandboxConfig::default()),
+        "tag 2 is pulled with no metadata, not with tag 1's"
     );
-    let b = SandboxConfig {
-        labels: BTreeMap::from([("team".to_owned(), "x".to_owned())]),
-        ..Default::default()
-    };
-    let mut third = req("u3", Default::default(), Some(b));
-    third.tag = "3".into();
-    let merged = with_job_entry(&second, None, &third, "n", &t(3), EXTRA).unwrap();
+    let mut u3 = req("u3", Default::default(), Some(labels(&[("team", "x")])));
+    u3.tag = "3".into();
+    let merged = entry(&second, None, &u3, &[&u1, &u2], 3).unwrap();
     let sc = merged["nginx"].sandbox_config.as_ref().unwrap();
     assert_eq!(sc.labels.len(), 2);
     assert_eq!(sc.annotations.len(), 1);
+    assert_eq!(
+        tag(&merged, "3").sandbox_config,
+        Some(labels(&[("team", "x")]))
+    );
     let tags: Vec<_> = merged["nginx"]
         .tags
         .iter()
@@ -187,54 +218,113 @@ fn pull_secrets_are_added_once() {
     };
     let mut r = req("u1", Default::default(), None);
     r.pull_secrets = vec![secret.clone(), secret.clone()];
-    let images = with_job_entry(&BTreeMap::new(), None, &r, "n", &t(1), EXTRA).unwrap();
+    let images = entry(&BTreeMap::new(), None, &r, &[], 1).unwrap();
     assert_eq!(images["nginx"].pull_secrets, [secret]);
 }
 
-#[test]
-fn tag_ttls_follow_upstreams_rules() {
-    let always = tag_pull_policy(&req("u", Default::default(), None), "n", EXTRA);
-    let ttl = i64::from(always.ttl_seconds_after_finished.unwrap());
-    assert!(
-        (200 + 300..200 + 600).contains(&ttl),
-        "timeout x backoff + extra + jitter: {ttl}"
-    );
-    let with_ttl = CompletionPolicy {
-        ttl_seconds_after_finished: Some(1000),
-        active_deadline_seconds: Some(50),
+/// A status reporting tag "1" of nginx at `version` in `phase`.
+fn reported(version: i64, phase: ImagePullPhase) -> NodeImageStatus {
+    let done = matches!(phase, ImagePullPhase::Succeeded | ImagePullPhase::Failed);
+    NodeImageStatus {
+        image_statuses: BTreeMap::from([(
+            "nginx".to_owned(),
+            ImageStatus {
+                tags: vec![ImageTagStatus {
+                    version: Some(version),
+                    completion_time: done.then(|| t(5)),
+                    ..ImageTagStatus::new("1", phase)
+                }],
+            },
+        )]),
         ..Default::default()
-    };
-    let p = tag_pull_policy(&req("u", with_ttl, None), "n", Duration::ZERO);
-    assert!((1000..1300).contains(&p.ttl_seconds_after_finished.unwrap()));
-    assert_eq!(p.active_deadline_seconds, Some(50));
-    let never = CompletionPolicy {
-        type_: Some(CompletionPolicyType::Never),
-        ..Default::default()
-    };
-    let p = tag_pull_policy(&req("u", never, None), "n", EXTRA);
-    assert!((86_400 - 600..86_400 + 600).contains(&p.ttl_seconds_after_finished.unwrap()));
-    assert_eq!(p.active_deadline_seconds, Some(1800));
-    let a = tag_pull_policy(&req("u", Default::default(), None), "node-a", EXTRA);
-    assert_eq!(
-        a,
-        tag_pull_policy(&req("u", Default::default(), None), "node-a", EXTRA),
-        "stable per node"
-    );
+    }
 }
 
 #[test]
-fn jitter_is_pinned_across_builds() {
-    // Written into NodeImages: a new toolchain must not change it (golden values from
-    // `printf 'uid-1\0node-a' | sha256sum`, first 8 bytes big-endian, modulo the range).
-    assert_eq!(jitter("uid-1", "node-a", 300), 12);
-    assert_eq!(jitter("uid-1", "node-a", 1200), 612);
+fn an_edit_reaches_a_node_already_pulling_and_restarts_it_when_it_asks_for_more() {
+    let u1 = req("u1", Default::default(), None);
+    let first = entry(&BTreeMap::new(), None, &u1, &[], 1).unwrap();
+    let pulling = reported(0, ImagePullPhase::Pulling);
+    let mut edited = u1.clone();
+    edited.terms.timeout_seconds = 1200;
+    let out = entry(&first, Some(&pulling), &edited, &[], 2).expect("changed");
+    let tag = &out["nginx"].tags[0];
     assert_eq!(
-        jitter("uid-1", "node-a", 0),
-        0,
-        "an empty range gives no spread"
+        tag.pull_policy.as_ref().unwrap().timeout_seconds,
+        Some(1200)
     );
-    assert_ne!(
-        jitter("uid-1", "node-a", 1200),
-        jitter("uid-1", "node-b", 1200)
+    assert_eq!(
+        tag.version,
+        Some(1),
+        "the pull restarts with the longer timeout"
     );
+    assert_eq!(tag.created_at, Some(t(1)), "still the same request");
+    assert!(
+        entry(&out, Some(&pulling), &edited, &[], 3).is_none(),
+        "idempotent"
+    );
+
+    // Less patience applies to the next round: the pull in flight goes on.
+    let mut shorter = u1.clone();
+    shorter.terms.timeout_seconds = 30;
+    let out = entry(&first, Some(&pulling), &shorter, &[], 2).expect("changed");
+    let tag = &out["nginx"].tags[0];
+    assert_eq!(tag.pull_policy.as_ref().unwrap().timeout_seconds, Some(30));
+    assert_eq!(tag.version, Some(0));
+
+    // A new sandbox label reaches CRI only through a new pull.
+    let labelled = req("u1", Default::default(), Some(labels(&[("app", "web")])));
+    let out = entry(&first, Some(&pulling), &labelled, &[], 2).expect("changed");
+    assert_eq!(out["nginx"].tags[0].version, Some(1));
+    assert_eq!(out["nginx"].sandbox_config, Some(labels(&[("app", "web")])));
+
+    // Only the TTL: the manager's business, no restart.
+    let mut ttl = u1.clone();
+    ttl.terms.ttl_seconds_after_finished = Some(5000);
+    let out = entry(&first, Some(&pulling), &ttl, &[], 2).expect("changed");
+    assert_eq!(out["nginx"].tags[0].version, Some(0));
+}
+
+#[test]
+fn an_edit_never_restarts_a_finished_round() {
+    let u1 = req("u1", Default::default(), None);
+    let first = entry(&BTreeMap::new(), None, &u1, &[], 1).unwrap();
+    let mut edited = u1.clone();
+    edited.terms.timeout_seconds = 1200;
+    edited.terms.image_pull_policy = ImagePullPolicy::Always;
+    for phase in [ImagePullPhase::Succeeded, ImagePullPhase::Failed] {
+        let done = reported(0, phase);
+        let out = entry(&first, Some(&done), &edited, &[], 2).expect("changed");
+        let tag = &out["nginx"].tags[0];
+        assert_eq!(
+            tag.pull_policy.as_ref().unwrap().timeout_seconds,
+            Some(1200)
+        );
+        assert_eq!(tag.image_pull_policy, Some(ImagePullPolicy::Always));
+        assert_eq!(tag.version, Some(0), "{phase:?} stands");
+    }
+    // A status of an older round does not count as this round's end.
+    let old = reported(-1, ImagePullPhase::Succeeded);
+    let out = entry(&first, Some(&old), &edited, &[], 2).expect("changed");
+    assert_eq!(out["nginx"].tags[0].version, Some(1));
+}
+
+#[test]
+fn always_wins_and_the_values_shrink_back_with_the_owners() {
+    let u1 = req("u1", Default::default(), None);
+    let mut u2 = req("u2", Default::default(), None);
+    u2.terms.image_pull_policy = ImagePullPolicy::Always;
+    u2.terms.timeout_seconds = 900;
+    let first = entry(&BTreeMap::new(), None, &u1, &[], 1).unwrap();
+    let both = entry(&first, None, &u2, &[&u1], 2).unwrap();
+    let tag = &both["nginx"].tags[0];
+    assert_eq!(tag.image_pull_policy, Some(ImagePullPolicy::Always));
+    assert_eq!(tag.pull_policy.as_ref().unwrap().timeout_seconds, Some(900));
+    // u2 edited back to u1's terms: the tag follows, since it is recomputed, not accumulated.
+    let mut calmer = u2.clone();
+    calmer.terms = u1.terms.clone();
+    let out = entry(&both, None, &calmer, &[&u1], 3).expect("changed");
+    let tag = &out["nginx"].tags[0];
+    assert_eq!(tag.image_pull_policy, Some(ImagePullPolicy::IfNotPresent));
+    assert_eq!(tag.pull_policy.as_ref().unwrap().timeout_seconds, Some(100));
 }

@@ -412,7 +412,7 @@ fn upstream_normal_case_without_modification() {
         uid: Some("uid1".into()),
         ..Default::default()
     });
-    let out = collect(&s, &NodeImageStatus::default(), &gone(&[]), at(0));
+    let out = collect(&s, &NodeImageStatus::default(), &gone(&[]), |_| None, at(0));
     assert_eq!(out.images, s.images);
     assert_eq!(out.wake, None);
 }
@@ -421,7 +421,7 @@ fn upstream_normal_case_without_modification() {
 fn upstream_missing_created_at_is_kept_here() {
     let mut s = base();
     s.images.get_mut("nginx").expect("nginx").tags[0].created_at = None;
-    let out = collect(&s, &NodeImageStatus::default(), &gone(&[]), at(0));
+    let out = collect(&s, &NodeImageStatus::default(), &gone(&[]), |_| None, at(0));
     assert_eq!(out.images, s.images, "upstream drops it; we do not");
 }
 
@@ -437,7 +437,13 @@ fn upstream_non_image_pull_job_owner_is_kept() {
         ..Default::default()
     }];
     // Even if its uid were somehow listed as gone.
-    let out = collect(&s, &NodeImageStatus::default(), &gone(&["dep-uid1"]), at(0));
+    let out = collect(
+        &s,
+        &NodeImageStatus::default(),
+        &gone(&["dep-uid1"]),
+        |_| None,
+        at(0),
+    );
     assert_eq!(out.images, s.images);
 }
 
@@ -448,6 +454,7 @@ fn upstream_gone_or_replaced_job_removes_the_owner_then_tag_then_image() {
         &base(),
         &NodeImageStatus::default(),
         &gone(&["uid1"]),
+        |_| None,
         at(0),
     );
     assert!(out.images.is_empty());
@@ -459,6 +466,7 @@ fn upstream_running_or_completed_job_keeps_the_owner() {
         &base(),
         &NodeImageStatus::default(),
         &gone(&["other"]),
+        |_| None,
         at(0),
     );
     assert_eq!(out.images, base().images);
@@ -470,7 +478,13 @@ fn upstream_partial_owner_removal_keeps_the_tag() {
     s.images.get_mut("nginx").expect("nginx").tags[0]
         .owner_references
         .push(job("job2", "uid2"));
-    let out = collect(&s, &NodeImageStatus::default(), &gone(&["uid1"]), at(0));
+    let out = collect(
+        &s,
+        &NodeImageStatus::default(),
+        &gone(&["uid1"]),
+        |_| None,
+        at(0),
+    );
     assert_eq!(tag_counts(&out.images), BTreeMap::from([("nginx", 1)]));
     assert_eq!(
         out.images["nginx"].tags[0].owner_references,
@@ -487,7 +501,13 @@ fn upstream_partial_tag_removal_keeps_the_image() {
         Some(0),
         &[job("job2", "another-uid")],
     ));
-    let out = collect(&s, &NodeImageStatus::default(), &gone(&["uid1"]), at(0));
+    let out = collect(
+        &s,
+        &NodeImageStatus::default(),
+        &gone(&["uid1"]),
+        |_| None,
+        at(0),
+    );
     assert_eq!(tag_counts(&out.images), BTreeMap::from([("nginx", 1)]));
     assert_eq!(out.images["nginx"].tags[0].tag, "1.20");
 }
@@ -506,7 +526,7 @@ fn upstream_ttl_exceeded_removes_the_tag() {
         "nginx",
         vec![st("latest", ImagePullPhase::Succeeded, 1, Some(0))],
     )]);
-    let out = collect(&s, &done, &gone(&[]), at(61));
+    let out = collect(&s, &done, &gone(&[]), |_| None, at(61));
     assert!(out.images.is_empty());
     assert_eq!(out.wake, None);
 }
@@ -525,7 +545,7 @@ fn upstream_ttl_not_exceeded_sets_the_wake_up() {
         "nginx",
         vec![st("latest", ImagePullPhase::Succeeded, 1, Some(0))],
     )]);
-    let out = collect(&s, &done, &gone(&[]), at(30));
+    let out = collect(&s, &done, &gone(&[]), |_| None, at(30));
     assert_eq!(out.images, s.images);
     assert_eq!(out.wake, Some(at(60)));
 }
@@ -545,7 +565,7 @@ fn upstream_multiple_images_all_alive() {
             vec![tag("alpine", 1, Some(0), &[job("job3", "uid3")])],
         ),
     ]);
-    let out = collect(&s, &NodeImageStatus::default(), &gone(&[]), at(0));
+    let out = collect(&s, &NodeImageStatus::default(), &gone(&[]), |_| None, at(0));
     assert_eq!(
         tag_counts(&out.images),
         BTreeMap::from([("nginx", 2), ("redis", 1)])
@@ -565,8 +585,15 @@ fn ttl_exactly_at_the_boundary_removes_the_tag() {
         )],
     )]);
     let done = status(&[("nginx", vec![st("1", ImagePullPhase::Failed, 1, Some(10))])]);
-    assert_eq!(collect(&s, &done, &gone(&[]), at(69)).wake, Some(at(70)));
-    assert!(collect(&s, &done, &gone(&[]), at(70)).images.is_empty());
+    assert_eq!(
+        collect(&s, &done, &gone(&[]), |_| None, at(69)).wake,
+        Some(at(70))
+    );
+    assert!(
+        collect(&s, &done, &gone(&[]), |_| None, at(70))
+            .images
+            .is_empty()
+    );
     let zero = spec(&[(
         "nginx",
         vec![with_policy(
@@ -575,7 +602,11 @@ fn ttl_exactly_at_the_boundary_removes_the_tag() {
             None,
         )],
     )]);
-    assert!(collect(&zero, &done, &gone(&[]), at(10)).images.is_empty());
+    assert!(
+        collect(&zero, &done, &gone(&[]), |_| None, at(10))
+            .images
+            .is_empty()
+    );
     let negative = spec(&[(
         "nginx",
         vec![with_policy(
@@ -585,7 +616,7 @@ fn ttl_exactly_at_the_boundary_removes_the_tag() {
         )],
     )]);
     assert!(
-        collect(&negative, &done, &gone(&[]), at(10))
+        collect(&negative, &done, &gone(&[]), |_| None, at(10))
             .images
             .is_empty()
     );
@@ -606,12 +637,15 @@ fn ttl_counts_only_from_a_completion_of_the_same_version() {
         "nginx",
         vec![st("1", ImagePullPhase::Succeeded, 1, Some(0))],
     )]);
-    let out = collect(&s, &old, &gone(&[]), at(1000));
+    let out = collect(&s, &old, &gone(&[]), |_| None, at(1000));
     assert_eq!(out.images, s.images);
     assert_eq!(out.wake, None);
     // Same version but still running: no completion time, no TTL.
     let running = status(&[("nginx", vec![st("1", ImagePullPhase::Pulling, 2, None)])]);
-    assert_eq!(collect(&s, &running, &gone(&[]), at(1000)).images, s.images);
+    assert_eq!(
+        collect(&s, &running, &gone(&[]), |_| None, at(1000)).images,
+        s.images
+    );
     // Missing versions count as 0 on both sides.
     let mut unversioned = s.clone();
     unversioned.images.get_mut("nginx").expect("nginx").tags[0].version = None;
@@ -621,7 +655,7 @@ fn ttl_counts_only_from_a_completion_of_the_same_version() {
     )]);
     done.image_statuses.get_mut("nginx").expect("nginx").tags[0].version = None;
     assert!(
-        collect(&unversioned, &done, &gone(&[]), at(10))
+        collect(&unversioned, &done, &gone(&[]), |_| None, at(10))
             .images
             .is_empty()
     );
@@ -634,7 +668,7 @@ fn no_ttl_or_no_status_keeps_the_tag_without_wake_up() {
         "nginx",
         vec![st("1", ImagePullPhase::Succeeded, 1, Some(0))],
     )]);
-    let out = collect(&s, &done, &gone(&[]), at(1_000_000));
+    let out = collect(&s, &done, &gone(&[]), |_| None, at(1_000_000));
     assert_eq!((out.images, out.wake), (s.images.clone(), None));
     let ttl = spec(&[(
         "nginx",
@@ -644,7 +678,13 @@ fn no_ttl_or_no_status_keeps_the_tag_without_wake_up() {
             None,
         )],
     )]);
-    let out = collect(&ttl, &NodeImageStatus::default(), &gone(&[]), at(1_000_000));
+    let out = collect(
+        &ttl,
+        &NodeImageStatus::default(),
+        &gone(&[]),
+        |_| None,
+        at(1_000_000),
+    );
     assert_eq!((out.images, out.wake), (ttl.images.clone(), None));
     // The status of another image with the same tag name does not count.
     let other = status(&[(
@@ -652,7 +692,7 @@ fn no_ttl_or_no_status_keeps_the_tag_without_wake_up() {
         vec![st("1", ImagePullPhase::Succeeded, 1, Some(0))],
     )]);
     assert_eq!(
-        collect(&ttl, &other, &gone(&[]), at(1_000_000)).images,
+        collect(&ttl, &other, &gone(&[]), |_| None, at(1_000_000)).images,
         ttl.images
     );
 }
@@ -661,7 +701,14 @@ fn no_ttl_or_no_status_keeps_the_tag_without_wake_up() {
 fn a_tag_that_never_had_owners_is_kept() {
     let s = spec(&[("nginx", vec![tag("1", 1, Some(0), &[])])]);
     assert_eq!(
-        collect(&s, &NodeImageStatus::default(), &gone(&["u"]), at(0)).images,
+        collect(
+            &s,
+            &NodeImageStatus::default(),
+            &gone(&["u"]),
+            |_| None,
+            at(0)
+        )
+        .images,
         s.images
     );
 }
@@ -688,7 +735,13 @@ fn an_image_without_tags_is_dropped_and_others_keep_secrets_and_sandbox() {
         labels: labels(&[("app", "x")]),
         ..Default::default()
     });
-    let out = collect(&s, &NodeImageStatus::default(), &gone(&["v"]), at(0));
+    let out = collect(
+        &s,
+        &NodeImageStatus::default(),
+        &gone(&["v"]),
+        |_| None,
+        at(0),
+    );
     assert_eq!(tag_counts(&out.images), BTreeMap::from([("nginx", 1)]));
     let kept = &out.images["nginx"];
     assert_eq!(kept.pull_secrets, s.images["nginx"].pull_secrets);
@@ -725,9 +778,9 @@ fn the_earliest_ttl_of_several_tags_and_images_wakes_us() {
         ),
         ("redis", vec![st("7", ImagePullPhase::Failed, 1, Some(0))]),
     ]);
-    let out = collect(&s, &done, &gone(&[]), at(5));
+    let out = collect(&s, &done, &gone(&[]), |_| None, at(5));
     assert_eq!(out.wake, Some(at(10)));
-    let out = collect(&s, &done, &gone(&[]), at(20));
+    let out = collect(&s, &done, &gone(&[]), |_| None, at(20));
     assert_eq!(
         tag_counts(&out.images),
         BTreeMap::from([("nginx", 1), ("redis", 1)])

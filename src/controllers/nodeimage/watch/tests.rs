@@ -80,25 +80,27 @@ fn a_stripped_node_keeps_labels_deletion_and_ready_only() {
 }
 
 #[test]
-fn a_stripped_job_keeps_its_identity() {
-    let job = PartialObjectMeta::<ImagePullJob> {
-        metadata: ObjectMeta {
-            name: Some("j".into()),
-            namespace: Some("ns".into()),
-            uid: Some("u".into()),
-            labels: Some(BTreeMap::from([("a".into(), "b".into())])),
-            managed_fields: Some(vec![Default::default()]),
-            resource_version: Some("9".into()),
-            ..Default::default()
-        },
+fn a_stripped_job_keeps_its_identity_and_spec() {
+    let mut job = ImagePullJob::new("j", Default::default());
+    job.spec.image = "nginx:1".into();
+    job.metadata = ObjectMeta {
+        name: Some("j".into()),
+        namespace: Some("ns".into()),
+        uid: Some("u".into()),
+        labels: Some(BTreeMap::from([("a".into(), "b".into())])),
+        managed_fields: Some(vec![Default::default()]),
+        resource_version: Some("9".into()),
         ..Default::default()
     };
+    job.status = Some(Default::default());
     let job = strip_job(job);
     assert_eq!(
         (job.name_any(), job.namespace(), job.uid()),
         ("j".to_owned(), Some("ns".to_owned()), Some("u".to_owned()))
     );
+    assert_eq!(job.spec.image, "nginx:1");
     assert!(job.metadata.labels.is_none() && job.metadata.resource_version.is_none());
+    assert!(job.status.is_none());
 }
 
 fn node_named(name: &str, zone: &str) -> NodeSummary {

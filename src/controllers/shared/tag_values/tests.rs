@@ -1,0 +1,318 @@
+use super::*;
+use crate::apis::imagepulljob::{CompletionPolicy, PullPolicy};
+use crate::apis::nodeimage::ImagePullPhase;
+
+const EXTRA: Duration = Duration::from_secs(300);
+
+fn terms(completion: CompletionPolicy) -> PullTerms {
+    PullTerms::of(&ImagePullJobTemplate {
+        completion_policy: completion,
+        pull_policy: Some(PullPolicy {
+            timeout_seconds: Some(100),
+            backoff_limit: Some(2),
+        }),
+        ..Default::default()
+    })
+}
+
+fn labels(pairs: &[(&str, &str)]) -> SandboxConfig {
+    SandboxConfig {
+        labels: pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn ask(timeout: i32, always: bool, sandbox: SandboxConfig) -> OwnerAsk {
+    OwnerAsk {
+        pull_policy: ImageTagPullPolicy {
+            timeout_seconds: Some(timeout),
+            backoff_limit: Some(3),
+            ttl_seconds_after_finished: Some(600),
+            active_deadline_seconds: None,
+        },
+        image_pull_policy: if always {
+            ImagePullPolicy::Always
+        } else {
+            ImagePullPolicy::IfNotPresent
+        },
+        sandbox,
+    }
+}
+
+fn owner(uid: &str) -> ObjectReference {
+    ObjectReference {
+        kind: Some("ImagePullJob".into()),
+        uid: Some(uid.into()),
+        ..Default::default()
+    }
+}
+
+fn tag(name: &str, owners: &[&str]) -> ImageTagSpec {
+    ImageTagSpec {
+        tag: name.into(),
+        owner_references: owners.iter().map(|u| owner(u)).collect(),
+        version: Some(0),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn tag_ttls_follow_upstreams_rules() {
+    let always = tag_pull_policy(&terms(Default::default()), "u", "n", EXTRA);
+    let ttl = i64::from(always.ttl_seconds_after_finished.unwrap());
+    assert!(
+        (200 + 300..200 + 600).contains(&ttl),
+        "timeout x backoff + extra + jitter: {ttl}"
+    );
+    let with_ttl = CompletionPolicy {
+        ttl_seconds_after_finished: Some(1000),
+        active_deadline_seconds: Some(50),
+        ..Default::default()
+    };
+    let p = tag_pull_policy(&terms(with_ttl), "u", "n", Duration::ZERO);
+    assert!((1000..1300).contains(&p.ttl_seconds_after_finished.unwrap()));
+    assert_eq!(p.active_deadline_seconds, Some(50));
+    let never = CompletionPolicy {
+        type_: Some(CompletionPolicyType::Never),
+        ..Default::default()
+    };
+    let p = tag_pull_policy(&terms(never), "u", "n", EXTRA);
+    assert!((86_400 - 600..86_400 + 600).contains(&p.ttl_seconds_after_finished.unwrap()));
+    assert_eq!(p.active_deadline_seconds, Some(1800));
+    let a = tag_pull_policy(&terms(Default::default()), "u", "node-a", EXTRA);
+    assert_eq!(
+        a,
+        tag_pull_policy(&terms(Default::default()), "u", "node-a", EXTRA),
+        "stable per node"
+    );
+}
+
+#[test]
+fn jitter_is_pinned_across_builds() {
+    // Written into NodeImages: a new toolchain must not change it (golden values from
+    // `printf 'uid-1\0node-a' | sha256sum`, first 8 bytes big-endian, modulo the range).
+    assert_eq!(jitter("uid-1", "node-a", 300), 12);
+    assert_eq!(jitter("uid-1", "node-a", 1200), 612);
+    assert_eq!(
+        jitter("uid-1", "node-a", 0),
+        0,
+        "an empty range gives no spread"
+    );
+    assert_ne!(
+        jitter("uid-1", "node-a", 1200),
+        jitter("uid-1", "node-b", 1200)
+    );
+}
+
+#[test]
+fn terms_default_like_upstream() {
+    let t = PullTerms::of(&ImagePullJobTemplate::default());
+    assert_eq!(
+        (t.timeout_seconds, t.backoff_limit, t.image_pull_policy),
+        (600, 3, ImagePullPolicy::IfNotPresent)
+    );
+    assert_eq!(t.completion, CompletionPolicyType::Always);
+}
+
+#[test]
+fn merge_keeps_the_most_patient_always_and_every_label_later_owner_winning() {
+    assert_eq!(merge([]), None);
+    let a = ask(100, false, labels(&[("app", "a"), ("team", "x")]));
+    let b = ask(300, true, labels(&[("app", "b")]));
+    let m = merge([&a, &b]).unwrap();
+    assert_eq!(m.pull_policy.timeout_seconds, Some(300));
+    assert_eq!(m.image_pull_policy, ImagePullPolicy::Always);
+    assert_eq!(m.sandbox, labels(&[("app", "b"), ("team", "x")]));
+    let m = merge([&b, &a]).unwrap();
+    assert_eq!(m.sandbox.labels["app"], "a", "the later owner wins a key");
+}
+
+#[test]
+fn most_patient_drops_a_deadline_only_one_side_has() {
+    let with = ImageTagPullPolicy {
+        active_deadline_seconds: Some(10),
+        ..Default::default()
+    };
+    let other = ImageTagPullPolicy {
+        active_deadline_seconds: Some(20),
+        ..Default::default()
+    };
+    assert_eq!(
+        most_patient(&with, &ImageTagPullPolicy::default()).active_deadline_seconds,
+        None
+    );
+    assert_eq!(
+        most_patient(&with, &other).active_deadline_seconds,
+        Some(20)
+    );
+}
+
+#[test]
+fn restarts_only_for_more() {
+    let base = ask(100, false, labels(&[("app", "a")]));
+    let mut old = tag("1", &["u"]);
+    old.pull_policy = Some(base.pull_policy.clone());
+    old.image_pull_policy = Some(ImagePullPolicy::IfNotPresent);
+    old.sandbox_config = Some(base.sandbox.clone());
+    let values = |a: &OwnerAsk| merge([a]).unwrap();
+
+    assert!(!must_restart(&old, None, &values(&base)), "nothing new");
+    assert!(must_restart(
+        &old,
+        None,
+        &values(&ask(200, false, base.sandbox.clone()))
+    ));
+    assert!(!must_restart(
+        &old,
+        None,
+        &values(&ask(50, false, base.sandbox.clone()))
+    ));
+    assert!(must_restart(
+        &old,
+        None,
+        &values(&ask(100, true, base.sandbox.clone()))
+    ));
+    assert!(must_restart(
+        &old,
+        None,
+        &values(&ask(100, false, labels(&[("app", "b")])))
+    ));
+    assert!(
+        !must_restart(
+            &old,
+            None,
+            &values(&ask(100, false, SandboxConfig::default()))
+        ),
+        "fewer labels: the pull carries extra ones, harmless"
+    );
+    let mut more_tries = base.clone();
+    more_tries.pull_policy.backoff_limit = Some(9);
+    assert!(must_restart(&old, None, &values(&more_tries)));
+    let mut ttl = base.clone();
+    ttl.pull_policy.ttl_seconds_after_finished = Some(1);
+    assert!(!must_restart(&old, None, &values(&ttl)), "the TTL never");
+
+    // Deadlines: a later one, or none, is more.
+    let mut bounded = old.clone();
+    bounded
+        .pull_policy
+        .as_mut()
+        .unwrap()
+        .active_deadline_seconds = Some(100);
+    assert!(
+        must_restart(&bounded, None, &values(&base)),
+        "no deadline now"
+    );
+    let mut later = base.clone();
+    later.pull_policy.active_deadline_seconds = Some(200);
+    assert!(must_restart(&bounded, None, &values(&later)));
+    later.pull_policy.active_deadline_seconds = Some(50);
+    assert!(!must_restart(&bounded, None, &values(&later)));
+
+    // A tag without its own metadata was pulled with the image's.
+    let mut legacy = old.clone();
+    legacy.sandbox_config = None;
+    let image_level = labels(&[("app", "a")]);
+    assert!(!must_restart(&legacy, Some(&image_level), &values(&base)));
+    assert!(must_restart(&legacy, None, &values(&base)));
+}
+
+#[test]
+fn refresh_recomputes_known_tags_and_merges_the_image_sandbox() {
+    let image = ImageSpec {
+        tags: vec![tag("1", &["a"]), tag("2", &["b", "c"])],
+        sandbox_config: Some(labels(&[("stale", "x")])),
+        ..Default::default()
+    };
+    let asks = |o: &ObjectReference| match o.uid.as_deref() {
+        Some("a") => Some(ask(100, false, labels(&[("app", "a")]))),
+        Some("b") => Some(ask(200, false, labels(&[("team", "b")]))),
+        Some("c") => Some(ask(50, true, SandboxConfig::default())),
+        _ => None,
+    };
+    let out = refresh_image(&image, asks, |_| false);
+    assert_eq!(out.tags[0].sandbox_config, Some(labels(&[("app", "a")])));
+    assert_eq!(
+        out.tags[1].pull_policy.as_ref().unwrap().timeout_seconds,
+        Some(200)
+    );
+    assert_eq!(out.tags[1].image_pull_policy, Some(ImagePullPolicy::Always));
+    assert_eq!(
+        out.sandbox_config,
+        Some(labels(&[("app", "a"), ("team", "b")])),
+        "every tag recomputed: the stale key goes"
+    );
+    assert_eq!(
+        (out.tags[0].version, out.tags[1].version),
+        (Some(0), Some(0)),
+        "nothing in flight"
+    );
+    let again = refresh_image(&out, asks, |_| true);
+    assert_eq!(again, out, "a fixed point");
+
+    // In flight, the tag that now asks for more restarts; the other does not.
+    let in_flight = refresh_image(&image, asks, |_| true);
+    assert_eq!(
+        (in_flight.tags[0].version, in_flight.tags[1].version),
+        (Some(1), Some(1)),
+        "both tags gained labels they were not pulled with"
+    );
+}
+
+#[test]
+fn refresh_leaves_a_tag_with_an_unknown_owner_and_its_image_metadata() {
+    let mut legacy = tag("1", &["gone"]);
+    legacy.pull_policy = Some(ImageTagPullPolicy {
+        timeout_seconds: Some(999),
+        ..Default::default()
+    });
+    let image = ImageSpec {
+        tags: vec![legacy.clone(), tag("2", &["b"])],
+        // Written by a manager that kept metadata per image only: it may be tag 1's.
+        sandbox_config: Some(labels(&[("old", "x")])),
+        ..Default::default()
+    };
+    let asks = |o: &ObjectReference| {
+        (o.uid.as_deref() == Some("b")).then(|| ask(100, false, labels(&[("team", "b")])))
+    };
+    let out = refresh_image(&image, asks, |_| true);
+    assert_eq!(out.tags[0], legacy, "left alone");
+    assert_eq!(
+        out.sandbox_config,
+        Some(labels(&[("old", "x"), ("team", "b")]))
+    );
+}
+
+#[test]
+fn in_flight_until_the_node_reports_this_round_finished() {
+    let status = |version: i64, done: bool| NodeImageStatus {
+        image_statuses: BTreeMap::from([(
+            "nginx".to_owned(),
+            crate::apis::nodeimage::ImageStatus {
+                tags: vec![ImageTagStatus {
+                    version: Some(version),
+                    completion_time: done.then_some(
+                        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                        ),
+                    ),
+                    ..ImageTagStatus::new("1", ImagePullPhase::Succeeded)
+                }],
+            },
+        )]),
+        ..Default::default()
+    };
+    let mut t = tag("1", &["u"]);
+    t.version = Some(2);
+    assert!(in_flight(None, "nginx", &t), "not reported yet");
+    assert!(in_flight(Some(&status(2, false)), "nginx", &t));
+    assert!(!in_flight(Some(&status(2, true)), "nginx", &t));
+    assert!(
+        in_flight(Some(&status(1, true)), "nginx", &t),
+        "an older round"
+    );
+    assert!(in_flight(Some(&status(2, true)), "other", &t));
+}
