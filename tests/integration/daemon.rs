@@ -1092,3 +1092,107 @@ async fn the_seed_job_pulls_through_the_manager_and_the_daemon() {
     );
     daemon.stop().await;
 }
+
+/// sandboxConfig per tag: two jobs for two tags of one image, each with its own metadata, and
+/// each tag reaches CRI with its own job's labels and none of the other's (upstream keeps one
+/// sandboxConfig per image, so both pulls carried the merge).
+#[tokio::test]
+async fn two_tags_of_one_image_reach_cri_each_with_its_own_jobs_sandbox_labels() {
+    use kruise_rs::apis::imagepulljob::{
+        ImagePullJob, ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate,
+    };
+    let env = node_env().await;
+    let cluster = cluster().await;
+    cluster.start_controllers();
+    let namespace = cluster.namespace("daemon-tag-sandbox").await;
+    let client = cluster.client().await;
+    let image = format!("{}/{}", env.registry(), unique_name("per-tag"));
+    env.push(Variant::V1, &format!("{image}:v1"));
+    env.push(Variant::V2, &format!("{image}:v2"));
+
+    let node = unique_name("daemon-tag-sandbox");
+    let run = unique_name("run");
+    let nodeimage: NodeImage = serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1", "kind": "NodeImage",
+        // The test controllers serve only objects with the test label.
+        "metadata": {"name": &node, "labels": {
+            "apps.kruise.io/fake-nodeimage": "true", support::CONTROLLED_LABEL: &run}},
+        "spec": {}
+    }))
+    .expect("NodeImage");
+    nodeimages()
+        .await
+        .create(&PostParams::default(), &nodeimage)
+        .await
+        .expect("create NodeImage");
+    let proxy = CriProxy::start(env.containerd_socket());
+    let daemon = start_daemon(&node, proxy.socket()).await;
+
+    let jobs = Api::<ImagePullJob>::namespaced(client.clone(), namespace.name());
+    // One after the other: when job two pulls v2, job one's metadata is already on the image.
+    for (name, tag) in [("one", "v1"), ("two", "v2")] {
+        let mut job = ImagePullJob::new(
+            name,
+            ImagePullJobSpec {
+                image: format!("{image}:{tag}"),
+                template: ImagePullJobTemplate {
+                    selector: Some(ImagePullJobNodeSelector {
+                        names: vec![node.clone()],
+                        ..Default::default()
+                    }),
+                    sandbox_config: Some(kruise_rs::apis::common::SandboxConfig {
+                        labels: BTreeMap::from([(format!("job-{name}"), "yes".to_owned())]),
+                        annotations: BTreeMap::from([(
+                            "io.kubernetes.image.metrics.tags".to_owned(),
+                            format!("job={name}"),
+                        )]),
+                    }),
+                    ..Default::default()
+                },
+            },
+        );
+        job.metadata.labels = Some(BTreeMap::from([(
+            support::CONTROLLED_LABEL.to_owned(),
+            run.clone(),
+        )]));
+        jobs.create(&PostParams::default(), &job)
+            .await
+            .expect("create job");
+        let done = wait_for(&format!("job {name} to complete"), WAIT, || async {
+            jobs.get(name)
+                .await
+                .ok()
+                .and_then(|j| j.status)
+                .filter(|s| s.completion_time.is_some())
+        })
+        .await;
+        assert_eq!((done.succeeded, done.failed), (1, 0), "{name}: {done:?}");
+    }
+
+    let requests = proxy.pull_requests();
+    for (job, tag, other) in [("one", "v1", "two"), ("two", "v2", "one")] {
+        let reference = format!("{image}:{tag}");
+        let pulls: Vec<_> = requests
+            .iter()
+            .filter(|r| r.image.as_ref().is_some_and(|i| i.image == reference))
+            .collect();
+        assert!(
+            !pulls.is_empty(),
+            "{reference} was never pulled: {requests:?}"
+        );
+        for pull in pulls {
+            let sandbox = pull.sandbox_config.as_ref().expect("sandbox_config");
+            let labels: Vec<&str> = sandbox.labels.keys().map(String::as_str).collect();
+            assert_eq!(labels, [format!("job-{job}")], "{reference}: {sandbox:?}");
+            assert_eq!(
+                sandbox
+                    .annotations
+                    .get("io.kubernetes.image.metrics.tags")
+                    .map(String::as_str),
+                Some(&*format!("job={job}")),
+                "{reference} must not carry job {other}'s: {sandbox:?}"
+            );
+        }
+    }
+    daemon.stop().await;
+}

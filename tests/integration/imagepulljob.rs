@@ -1048,9 +1048,16 @@ async fn an_edit_reaches_the_node_already_pulling() {
     })
     .await;
     let (ni, tag) = edited;
-    assert_eq!(tag.version, Some(1), "a pull in flight restarts to get more time");
+    assert_eq!(
+        tag.version,
+        Some(1),
+        "a pull in flight restarts to get more time"
+    );
     assert_eq!(tag.created_at, first.created_at, "the same request");
-    assert_eq!(tag.sandbox_config, Some(sandbox_labels(&[("app", "edited")])));
+    assert_eq!(
+        tag.sandbox_config,
+        Some(sandbox_labels(&[("app", "edited")]))
+    );
     assert_eq!(
         ni.spec.images["nginx"].sandbox_config,
         Some(sandbox_labels(&[("app", "edited")]))
@@ -1113,21 +1120,29 @@ async fn deleting_one_of_two_jobs_takes_its_sandbox_labels_and_patience_with_it(
             .filter_map(|o| o.uid.clone())
             .collect()
     };
-    let ni = wait_for("both jobs on the shared tag, and tag other", TIMEOUT, || {
-        let (api, node) = (api.clone(), node.clone());
-        let want = vec![ua.clone(), ub.clone()];
-        async move {
-            let ni = api.get(&node).await.ok()?;
-            let shared = tag_entry(&ni, "nginx", "shared")?;
-            tag_entry(&ni, "nginx", "other")?;
-            (owners(&shared) == want).then_some(ni)
-        }
-    })
+    let ni = wait_for(
+        "both jobs on the shared tag, and tag other",
+        TIMEOUT,
+        || {
+            let (api, node) = (api.clone(), node.clone());
+            let want = vec![ua.clone(), ub.clone()];
+            async move {
+                let ni = api.get(&node).await.ok()?;
+                let shared = tag_entry(&ni, "nginx", "shared")?;
+                tag_entry(&ni, "nginx", "other")?;
+                (owners(&shared) == want).then_some(ni)
+            }
+        },
+    )
     .await;
     let shared = tag_entry(&ni, "nginx", "shared").unwrap();
     assert_eq!(
         shared.sandbox_config,
-        Some(sandbox_labels(&[("app", "a"), ("both", "x"), ("team", "b")]))
+        Some(sandbox_labels(&[
+            ("app", "a"),
+            ("both", "x"),
+            ("team", "b")
+        ]))
     );
     assert_eq!(
         shared.pull_policy.as_ref().unwrap().timeout_seconds,
@@ -1163,7 +1178,11 @@ async fn deleting_one_of_two_jobs_takes_its_sandbox_labels_and_patience_with_it(
     );
     assert_eq!(
         ni.spec.images["nginx"].sandbox_config,
-        Some(sandbox_labels(&[("both", "x"), ("tag", "other"), ("team", "b")])),
+        Some(sandbox_labels(&[
+            ("both", "x"),
+            ("tag", "other"),
+            ("team", "b")
+        ])),
         "the image's metadata is its tags' merge"
     );
 }

@@ -199,3 +199,31 @@ fn an_empty_spec_stops_everything() {
     assert_eq!(keys(&plan.stop), [("nginx", "1")]);
     assert!(plan.start.is_empty());
 }
+
+#[test]
+fn a_tags_own_sandbox_config_wins_over_the_images() {
+    let s = spec(json!({"images": {"nginx": {
+        "sandboxConfig": {"labels": {"image": "level", "a": "1"}},
+        "tags": [
+            {"tag": "1", "sandboxConfig": {"labels": {"a": "1"}}},
+            {"tag": "2", "sandboxConfig": {}},
+            {"tag": "3"}
+        ]
+    }}}));
+    let plan = plan(&s, None, &BTreeMap::new());
+    let labels = |i: usize| -> Vec<&str> {
+        plan.start[i]
+            .sandbox
+            .labels
+            .keys()
+            .map(String::as_str)
+            .collect()
+    };
+    assert_eq!(labels(0), ["a"], "its own");
+    assert!(labels(1).is_empty(), "its own, empty: not the image's");
+    assert_eq!(
+        labels(2),
+        ["a", "image"],
+        "none of its own: the image's (older writers)"
+    );
+}

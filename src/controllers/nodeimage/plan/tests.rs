@@ -1070,3 +1070,57 @@ fn counts() {
         }
     );
 }
+
+#[test]
+fn an_image_that_lost_an_owner_is_recomputed_from_the_owners_left() {
+    use crate::apis::common::{ImagePullPolicy, SandboxConfig};
+    use crate::controllers::shared::tag_values::OwnerAsk;
+    let label = |k: &str| SandboxConfig {
+        labels: BTreeMap::from([(k.to_owned(), "x".to_owned())]),
+        ..Default::default()
+    };
+    let ask = |timeout: i32, key: &str| OwnerAsk {
+        pull_policy: ImageTagPullPolicy {
+            timeout_seconds: Some(timeout),
+            ..Default::default()
+        },
+        image_pull_policy: ImagePullPolicy::IfNotPresent,
+        sandbox: label(key),
+    };
+    let mut shared = tag(
+        "latest",
+        1,
+        Some(0),
+        &[job("a", "uid-a"), job("b", "uid-b")],
+    );
+    shared.pull_policy = Some(ImageTagPullPolicy {
+        timeout_seconds: Some(900),
+        ..Default::default()
+    });
+    let mut both = label("a");
+    both.labels.insert("b".into(), "x".into());
+    shared.sandbox_config = Some(both);
+    let s = spec(&[("nginx", vec![shared])]);
+    let asks = |o: &ObjectReference| match o.uid.as_deref() {
+        Some("uid-a") => Some(ask(900, "a")),
+        Some("uid-b") => Some(ask(100, "b")),
+        _ => None,
+    };
+    // Nothing gone: the image is left exactly as it is, even where it differs from the asks.
+    let out = collect(&s, &NodeImageStatus::default(), &gone(&[]), asks, at(0));
+    assert_eq!(out.images, s.images);
+
+    let out = collect(
+        &s,
+        &NodeImageStatus::default(),
+        &gone(&["uid-a"]),
+        asks,
+        at(0),
+    );
+    let image = &out.images["nginx"];
+    let tag = &image.tags[0];
+    assert_eq!(tag.pull_policy.as_ref().unwrap().timeout_seconds, Some(100));
+    assert_eq!(tag.sandbox_config, Some(label("b")));
+    assert_eq!(image.sandbox_config, Some(label("b")));
+    assert_eq!(tag.version, Some(1), "less asked: no new round");
+}
