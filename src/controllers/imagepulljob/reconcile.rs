@@ -2,6 +2,7 @@
 //! write (NodeImage entries, one node after the other in target order; the job's status,
 //! finalizer and events).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -140,9 +141,9 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
             Err(err) => return refuse(job, ctx, &jobs, "InvalidSelector", err.to_string()).await,
         };
 
-    // Start the next nodes, within the parallelism budget; after a spec change (or our own
-    // start), bring the nodes already written up to date too (#2221).
-    let start = nodes_to_start(&targets, parallelism);
+    // Start the next nodes, within the parallelism budget; after a spec change (and once after
+    // the manager starts), bring the nodes already written up to date too (#2221).
+    let start: HashSet<&str> = nodes_to_start(&targets, parallelism).into_iter().collect();
     let generation = job.metadata.generation.unwrap_or_default();
     let refresh_all = ctx.refreshed_generation(job) != Some(generation);
     let write: Vec<String> = targets
