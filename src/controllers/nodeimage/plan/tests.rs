@@ -126,6 +126,16 @@ fn gone(uids: &[&str]) -> BTreeSet<String> {
     uids.iter().map(|u| (*u).to_owned()).collect()
 }
 
+/// [`collect`] with the uids in `gone_uids` gone and no owner's spec known.
+fn gc(
+    spec: &NodeImageSpec,
+    status: &NodeImageStatus,
+    gone_uids: &[&str],
+    now: Timestamp,
+) -> Collected {
+    collect(spec, status, &gone(gone_uids), |_| None, now)
+}
+
 fn tag_counts(images: &BTreeMap<String, ImageSpec>) -> BTreeMap<&str, usize> {
     images
         .iter()
@@ -412,7 +422,7 @@ fn upstream_normal_case_without_modification() {
         uid: Some("uid1".into()),
         ..Default::default()
     });
-    let out = collect(&s, &NodeImageStatus::default(), &gone(&[]), |_| None, at(0));
+    let out = gc(&s, &NodeImageStatus::default(), &[], at(0));
     assert_eq!(out.images, s.images);
     assert_eq!(out.wake, None);
 }
@@ -421,7 +431,7 @@ fn upstream_normal_case_without_modification() {
 fn upstream_missing_created_at_is_kept_here() {
     let mut s = base();
     s.images.get_mut("nginx").expect("nginx").tags[0].created_at = None;
-    let out = collect(&s, &NodeImageStatus::default(), &gone(&[]), |_| None, at(0));
+    let out = gc(&s, &NodeImageStatus::default(), &[], at(0));
     assert_eq!(out.images, s.images, "upstream drops it; we do not");
 }
 
@@ -437,38 +447,20 @@ fn upstream_non_image_pull_job_owner_is_kept() {
         ..Default::default()
     }];
     // Even if its uid were somehow listed as gone.
-    let out = collect(
-        &s,
-        &NodeImageStatus::default(),
-        &gone(&["dep-uid1"]),
-        |_| None,
-        at(0),
-    );
+    let out = gc(&s, &NodeImageStatus::default(), &["dep-uid1"], at(0));
     assert_eq!(out.images, s.images);
 }
 
 #[test]
 fn upstream_gone_or_replaced_job_removes_the_owner_then_tag_then_image() {
     // "not found" and "uid mismatch" both reach here as a gone uid.
-    let out = collect(
-        &base(),
-        &NodeImageStatus::default(),
-        &gone(&["uid1"]),
-        |_| None,
-        at(0),
-    );
+    let out = gc(&base(), &NodeImageStatus::default(), &["uid1"], at(0));
     assert!(out.images.is_empty());
 }
 
 #[test]
 fn upstream_running_or_completed_job_keeps_the_owner() {
-    let out = collect(
-        &base(),
-        &NodeImageStatus::default(),
-        &gone(&["other"]),
-        |_| None,
-        at(0),
-    );
+    let out = gc(&base(), &NodeImageStatus::default(), &["other"], at(0));
     assert_eq!(out.images, base().images);
 }
 
@@ -478,13 +470,7 @@ fn upstream_partial_owner_removal_keeps_the_tag() {
     s.images.get_mut("nginx").expect("nginx").tags[0]
         .owner_references
         .push(job("job2", "uid2"));
-    let out = collect(
-        &s,
-        &NodeImageStatus::default(),
-        &gone(&["uid1"]),
-        |_| None,
-        at(0),
-    );
+    let out = gc(&s, &NodeImageStatus::default(), &["uid1"], at(0));
     assert_eq!(tag_counts(&out.images), BTreeMap::from([("nginx", 1)]));
     assert_eq!(
         out.images["nginx"].tags[0].owner_references,
@@ -501,13 +487,7 @@ fn upstream_partial_tag_removal_keeps_the_image() {
         Some(0),
         &[job("job2", "another-uid")],
     ));
-    let out = collect(
-        &s,
-        &NodeImageStatus::default(),
-        &gone(&["uid1"]),
-        |_| None,
-        at(0),
-    );
+    let out = gc(&s, &NodeImageStatus::default(), &["uid1"], at(0));
     assert_eq!(tag_counts(&out.images), BTreeMap::from([("nginx", 1)]));
     assert_eq!(out.images["nginx"].tags[0].tag, "1.20");
 }
@@ -526,7 +506,7 @@ fn upstream_ttl_exceeded_removes_the_tag() {
         "nginx",
         vec![st("latest", ImagePullPhase::Succeeded, 1, Some(0))],
     )]);
-    let out = collect(&s, &done, &gone(&[]), |_| None, at(61));
+    let out = gc(&s, &done, &[], at(61));
     assert!(out.images.is_empty());
     assert_eq!(out.wake, None);
 }
@@ -545,7 +525,7 @@ fn upstream_ttl_not_exceeded_sets_the_wake_up() {
         "nginx",
         vec![st("latest", ImagePullPhase::Succeeded, 1, Some(0))],
     )]);
-    let out = collect(&s, &done, &gone(&[]), |_| None, at(30));
+    let out = gc(&s, &done, &[], at(30));
     assert_eq!(out.images, s.images);
     assert_eq!(out.wake, Some(at(60)));
 }
@@ -565,7 +545,7 @@ fn upstream_multiple_images_all_alive() {
             vec![tag("alpine", 1, Some(0), &[job("job3", "uid3")])],
         ),
     ]);
-    let out = collect(&s, &NodeImageStatus::default(), &gone(&[]), |_| None, at(0));
+    let out = gc(&s, &NodeImageStatus::default(), &[], at(0));
     assert_eq!(
         tag_counts(&out.images),
         BTreeMap::from([("nginx", 2), ("redis", 1)])
@@ -585,15 +565,8 @@ fn ttl_exactly_at_the_boundary_removes_the_tag() {
         )],
     )]);
     let done = status(&[("nginx", vec![st("1", ImagePullPhase::Failed, 1, Some(10))])]);
-    assert_eq!(
-        collect(&s, &done, &gone(&[]), |_| None, at(69)).wake,
-        Some(at(70))
-    );
-    assert!(
-        collect(&s, &done, &gone(&[]), |_| None, at(70))
-            .images
-            .is_empty()
-    );
+    assert_eq!(gc(&s, &done, &[], at(69)).wake, Some(at(70)));
+    assert!(gc(&s, &done, &[], at(70)).images.is_empty());
     let zero = spec(&[(
         "nginx",
         vec![with_policy(
@@ -602,11 +575,7 @@ fn ttl_exactly_at_the_boundary_removes_the_tag() {
             None,
         )],
     )]);
-    assert!(
-        collect(&zero, &done, &gone(&[]), |_| None, at(10))
-            .images
-            .is_empty()
-    );
+    assert!(gc(&zero, &done, &[], at(10)).images.is_empty());
     let negative = spec(&[(
         "nginx",
         vec![with_policy(
@@ -615,11 +584,7 @@ fn ttl_exactly_at_the_boundary_removes_the_tag() {
             None,
         )],
     )]);
-    assert!(
-        collect(&negative, &done, &gone(&[]), |_| None, at(10))
-            .images
-            .is_empty()
-    );
+    assert!(gc(&negative, &done, &[], at(10)).images.is_empty());
 }
 
 #[test]
@@ -637,15 +602,12 @@ fn ttl_counts_only_from_a_completion_of_the_same_version() {
         "nginx",
         vec![st("1", ImagePullPhase::Succeeded, 1, Some(0))],
     )]);
-    let out = collect(&s, &old, &gone(&[]), |_| None, at(1000));
+    let out = gc(&s, &old, &[], at(1000));
     assert_eq!(out.images, s.images);
     assert_eq!(out.wake, None);
     // Same version but still running: no completion time, no TTL.
     let running = status(&[("nginx", vec![st("1", ImagePullPhase::Pulling, 2, None)])]);
-    assert_eq!(
-        collect(&s, &running, &gone(&[]), |_| None, at(1000)).images,
-        s.images
-    );
+    assert_eq!(gc(&s, &running, &[], at(1000)).images, s.images);
     // Missing versions count as 0 on both sides.
     let mut unversioned = s.clone();
     unversioned.images.get_mut("nginx").expect("nginx").tags[0].version = None;
@@ -654,11 +616,7 @@ fn ttl_counts_only_from_a_completion_of_the_same_version() {
         vec![st("1", ImagePullPhase::Succeeded, 0, Some(0))],
     )]);
     done.image_statuses.get_mut("nginx").expect("nginx").tags[0].version = None;
-    assert!(
-        collect(&unversioned, &done, &gone(&[]), |_| None, at(10))
-            .images
-            .is_empty()
-    );
+    assert!(gc(&unversioned, &done, &[], at(10)).images.is_empty());
 }
 
 #[test]
@@ -668,7 +626,7 @@ fn no_ttl_or_no_status_keeps_the_tag_without_wake_up() {
         "nginx",
         vec![st("1", ImagePullPhase::Succeeded, 1, Some(0))],
     )]);
-    let out = collect(&s, &done, &gone(&[]), |_| None, at(1_000_000));
+    let out = gc(&s, &done, &[], at(1_000_000));
     assert_eq!((out.images, out.wake), (s.images.clone(), None));
     let ttl = spec(&[(
         "nginx",
@@ -678,37 +636,21 @@ fn no_ttl_or_no_status_keeps_the_tag_without_wake_up() {
             None,
         )],
     )]);
-    let out = collect(
-        &ttl,
-        &NodeImageStatus::default(),
-        &gone(&[]),
-        |_| None,
-        at(1_000_000),
-    );
+    let out = gc(&ttl, &NodeImageStatus::default(), &[], at(1_000_000));
     assert_eq!((out.images, out.wake), (ttl.images.clone(), None));
     // The status of another image with the same tag name does not count.
     let other = status(&[(
         "redis",
         vec![st("1", ImagePullPhase::Succeeded, 1, Some(0))],
     )]);
-    assert_eq!(
-        collect(&ttl, &other, &gone(&[]), |_| None, at(1_000_000)).images,
-        ttl.images
-    );
+    assert_eq!(gc(&ttl, &other, &[], at(1_000_000)).images, ttl.images);
 }
 
 #[test]
 fn a_tag_that_never_had_owners_is_kept() {
     let s = spec(&[("nginx", vec![tag("1", 1, Some(0), &[])])]);
     assert_eq!(
-        collect(
-            &s,
-            &NodeImageStatus::default(),
-            &gone(&["u"]),
-            |_| None,
-            at(0)
-        )
-        .images,
+        gc(&s, &NodeImageStatus::default(), &["u"], at(0)).images,
         s.images
     );
 }
@@ -735,13 +677,7 @@ fn an_image_without_tags_is_dropped_and_others_keep_secrets_and_sandbox() {
         labels: labels(&[("app", "x")]),
         ..Default::default()
     });
-    let out = collect(
-        &s,
-        &NodeImageStatus::default(),
-        &gone(&["v"]),
-        |_| None,
-        at(0),
-    );
+    let out = gc(&s, &NodeImageStatus::default(), &["v"], at(0));
     assert_eq!(tag_counts(&out.images), BTreeMap::from([("nginx", 1)]));
     let kept = &out.images["nginx"];
     assert_eq!(kept.pull_secrets, s.images["nginx"].pull_secrets);
@@ -778,9 +714,9 @@ fn the_earliest_ttl_of_several_tags_and_images_wakes_us() {
         ),
         ("redis", vec![st("7", ImagePullPhase::Failed, 1, Some(0))]),
     ]);
-    let out = collect(&s, &done, &gone(&[]), |_| None, at(5));
+    let out = gc(&s, &done, &[], at(5));
     assert_eq!(out.wake, Some(at(10)));
-    let out = collect(&s, &done, &gone(&[]), |_| None, at(20));
+    let out = gc(&s, &done, &[], at(20));
     assert_eq!(
         tag_counts(&out.images),
         BTreeMap::from([("nginx", 1), ("redis", 1)])
