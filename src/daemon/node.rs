@@ -32,7 +32,7 @@ use super::metrics::DaemonMetrics;
 use super::plan::{PullTask, Running, TagKey, plan};
 use super::pull::{self, PullInput};
 use crate::apis::nodeimage::{ImagePullPhase, ImageTagStatus, NodeImage, ReferenceObject};
-use crate::image::ImageRef;
+use crate::image::{ImageRef, joined_ref};
 
 /// Longest event note the apiserver accepts (events.k8s.io/v1 allows 1 kB).
 const NOTE_MAX_BYTES: usize = 1000;
@@ -287,7 +287,7 @@ async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: O
         return;
     }
     shared.metrics.pull_finished(result.is_ok(), seconds);
-    let image = format!("{}:{}", task.key.image, task.key.tag);
+    let image = joined_ref(&task.key.image, &task.key.tag);
     match result {
         Ok(image_id) => {
             info!(%image, %image_id, seconds, "image pulled");

@@ -279,6 +279,18 @@ async fn pulls_by_digest() {
     assert_eq!(tag.image_id.as_deref(), Some(&*format!("{image}@{digest}")));
     // Upstream asked for `name:sha256:…` (kruise#2534); this is the reference CRI can pull.
     assert_eq!(pulls_of(&proxy, &format!("{image}@{digest}")), 1);
+    // The event names it as the same reference, not `name:sha256:…`.
+    let client = cluster().await.client().await;
+    let event = wait_for("a PullImageSucceed event", WAIT, || async {
+        events_for(&client, &node)
+            .await
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("PullImageSucceed"))
+    })
+    .await;
+    let note = event.message.unwrap_or_default();
+    assert!(note.contains(&format!("Image {image}@{digest},")), "{note}");
+    assert!(!note.contains(&format!("{image}:sha256:")), "{note}");
     daemon.stop().await;
 }
 
