@@ -52,6 +52,7 @@ impl Daemon {
             probe_addr: "127.0.0.1:0".parse().expect("address"),
             cri_liveness_timeout,
             max_concurrent_pulls,
+            credential_providers: daemon::CredentialProviderOptions::default(),
         };
         let (serving_tx, serving) = oneshot::channel();
         let (stop, stopping) = oneshot::channel::<()>();
