@@ -51,6 +51,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -799,8 +800,10 @@ struct Provider {
     path: PathBuf,
     timeout: Duration,
     cache: Mutex<Cache>,
-    /// Runs in flight by requested image, shared by concurrent lookups of that image.
-    in_flight: Mutex<HashMap<String, InFlight>>,
+    /// Runs in flight by requested image, shared by concurrent lookups of that image, with an
+    /// id for each run.
+    in_flight: Mutex<HashMap<String, (u64, InFlight)>>,
+    next_run: AtomicU64,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -818,19 +821,24 @@ impl Provider {
             return Ok(hit);
         }
         let requested = image.name().to_owned();
-        let run = lock(&self.in_flight)
+        let (id, run) = lock(&self.in_flight)
             .entry(requested.clone())
             .or_insert_with(|| {
                 let provider = self.clone();
                 let image = image.clone();
-                async move { provider.run(&image).await }.boxed().shared()
+                let id = self.next_run.fetch_add(1, Ordering::Relaxed);
+                (
+                    id,
+                    async move { provider.run(&image).await }.boxed().shared(),
+                )
             })
             .clone();
-        let result = run.clone().await;
+        // A finished `Shared` forgets its identity, hence the id to remove it by.
+        let result = run.await;
         let mut in_flight = lock(&self.in_flight);
         if in_flight
             .get(&requested)
-            .is_some_and(|current| current.ptr_eq(&run))
+            .is_some_and(|(current, _)| *current == id)
         {
             in_flight.remove(&requested);
         }
@@ -935,6 +943,7 @@ impl CredentialProviders {
                         timeout,
                         cache: Mutex::default(),
                         in_flight: Mutex::default(),
+                        next_run: AtomicU64::new(0),
                     })
                 })
                 .collect(),
@@ -943,6 +952,19 @@ impl CredentialProviders {
 
     pub fn is_empty(&self) -> bool {
         self.providers.is_empty()
+    }
+
+    /// How many lookups wait for the run in flight for `image` (the repository name) of the
+    /// provider `name`.
+    #[cfg(test)]
+    fn waiting(&self, name: &str, image: &str) -> usize {
+        self.providers
+            .iter()
+            .filter(|p| p.config.name == name)
+            .filter_map(|p| lock(&p.in_flight).get(image)?.1.strong_count())
+            // The map holds one handle; each waiting lookup holds one.
+            .map(|handles| handles.saturating_sub(1))
+            .sum()
     }
 
     /// The credentials the matching providers give for `image`, as a keyring whose keys are
