@@ -81,7 +81,7 @@ const RESPONSE_KIND: &str = "CredentialProviderResponse";
 /// How long one plugin run may take before it is killed: the kubelet's catch-all minute.
 pub const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest stderr quoted in an error, in characters.
-const STDERR_MAX_CHARS: usize = 500;
+pub const STDERR_MAX_CHARS: usize = 500;
 
 // --- config ------------------------------------------------------------------------------------
 
