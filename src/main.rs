@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kruise_rs::controllers::ControllerOptions;
 use kruise_rs::controllers::shared::initial_list::StreamingLists;
-use kruise_rs::daemon::{self, DaemonOptions};
+use kruise_rs::daemon::{self, CredentialProviderOptions, DaemonOptions};
 use kruise_rs::manager::{self, LeaderElection, ManagerOptions};
 use kruise_rs::webhook::{CertSource, Endpoint, FailurePolicy, WebhookOptions};
 use tokio::signal::unix::{SignalKind, signal};
@@ -323,6 +323,18 @@ struct DaemonArgs {
     /// runtime's new one).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     cri_liveness_timeout: Duration,
+
+    /// A kubelet CredentialProviderConfig (kubelet.config.k8s.io/v1, YAML or JSON) naming
+    /// credential provider plugins for images no pull secret covers. When given, the file must
+    /// exist and be valid or the daemon does not start. Default: /kruise/CredentialProviderPlugin.yaml
+    /// if it exists (upstream's path), else no plugins.
+    #[arg(long, value_name = "PATH")]
+    plugin_config_file: Option<PathBuf>,
+
+    /// The directory of the credential provider plugin executables named in
+    /// --plugin-config-file (the kubelet's --image-credential-provider-bin-dir).
+    #[arg(long, value_name = "DIR", default_value = daemon::credential_provider::DEFAULT_BIN_DIR)]
+    plugin_bin_dir: PathBuf,
 }
 
 /// Parses `90`, `90s`, `10m`, `1h`, `500ms` (a plain number is seconds).
@@ -412,6 +424,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 probe_addr: args.probe_addr,
                 cri_liveness_timeout: args.cri_liveness_timeout,
                 max_concurrent_pulls: usize::from(args.max_concurrent_pulls),
+                credential_providers: CredentialProviderOptions {
+                    config_file: args.plugin_config_file,
+                    bin_dir: args.plugin_bin_dir,
+                    ..CredentialProviderOptions::default()
+                },
             };
             daemon::run(opts, shutdown, None).await?;
             Ok(())
@@ -625,6 +642,27 @@ mod tests {
             args.cri_liveness_timeout,
             kruise_rs::daemon::DEFAULT_CRI_LIVENESS_TIMEOUT
         );
+        assert_eq!(args.plugin_config_file, None);
+        assert_eq!(args.plugin_bin_dir, PathBuf::from("/kruise/plugins"));
+        let cli = Cli::try_parse_from([
+            "kruise-rs",
+            "daemon",
+            "--node-name",
+            "n1",
+            "--plugin-config-file",
+            "/etc/kruise/providers.yaml",
+            "--plugin-bin-dir",
+            "/opt/plugins",
+        ])
+        .unwrap();
+        let Command::Daemon(args) = cli.command else {
+            panic!("not the daemon: {:?}", cli.command);
+        };
+        assert_eq!(
+            args.plugin_config_file,
+            Some(PathBuf::from("/etc/kruise/providers.yaml"))
+        );
+        assert_eq!(args.plugin_bin_dir, PathBuf::from("/opt/plugins"));
         let zero = [
             "kruise-rs",
             "daemon",

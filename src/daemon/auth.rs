@@ -70,7 +70,7 @@ impl Credential {
     }
 
     /// Whether both would authenticate the same way, wherever they were written.
-    fn same_material(&self, other: &Credential) -> bool {
+    pub(crate) fn same_material(&self, other: &Credential) -> bool {
         self.username == other.username
             && self.password == other.password
             && self.identity_token == other.identity_token
@@ -201,6 +201,24 @@ impl Keyring {
         let added = entries.len();
         self.entries.extend(entries);
         Ok(added)
+    }
+
+    /// Adds one credential written for the registry key `key` (matched as a secret's keys are),
+    /// e.g. an `auth` entry of a credential provider plugin's response. Returns whether it was
+    /// added: a credential without user name, password or token, or a key no image could
+    /// match, is left out as [`Keyring::add_secret`] leaves such entries out.
+    pub fn add_credential(&mut self, key: &str, credential: Credential) -> bool {
+        if credential.is_empty() {
+            return false;
+        }
+        let Some(pattern) = RegistryPattern::parse(key) else {
+            return false;
+        };
+        self.entries.push(Entry {
+            pattern,
+            credential,
+        });
+        true
     }
 
     /// Credentials whose key matches the image, in the order to try them: keys with a longer
@@ -424,9 +442,11 @@ fn decode_auth(auth: &str) -> Result<(String, String), AuthProblem> {
     Ok((username.to_owned(), password.to_owned()))
 }
 
-/// A registry key, parsed for matching: `[scheme://]host[:port][/path]`.
+/// A registry key, parsed for matching: `[scheme://]host[:port][/path]`. Also the matcher of
+/// a credential provider's `matchImages` (`super::credential_provider`), whose patterns
+/// kubelet matches by the same rules as keyring keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct RegistryPattern {
+pub(crate) struct RegistryPattern {
     /// Lower-case host labels, possibly with `*`; Docker Hub aliases are `docker`, `io`.
     labels: Vec<String>,
     port: Option<String>,
@@ -440,7 +460,7 @@ impl RegistryPattern {
     /// The scheme, a query or fragment, empty path segments (so a trailing `/`) and a leading
     /// `v1` or `v2` path segment (the registry API version in `https://index.docker.io/v1/`,
     /// which kubelet and docker drop too) are ignored.
-    fn parse(key: &str) -> Option<RegistryPattern> {
+    pub(crate) fn parse(key: &str) -> Option<RegistryPattern> {
         let key = key.trim();
         let rest = match key.split_once("://") {
             Some((scheme, rest)) if is_scheme(scheme) => rest,
@@ -488,6 +508,11 @@ impl RegistryPattern {
             port,
             path,
         })
+    }
+
+    /// Whether the image's registry and repository match this pattern.
+    pub(crate) fn matches_image(&self, image: &ImageRef) -> bool {
+        self.matches(&Target::new(image))
     }
 
     fn matches(&self, target: &Target<'_>) -> bool {

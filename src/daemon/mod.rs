@@ -6,13 +6,15 @@
 //! 2. find the CRI image service (`--cri-socket`, or the usual containerd / CRI-O / cri-dockerd
 //!    sockets under the host's run directory), retrying every few seconds while none answers;
 //! 3. watch the node's own NodeImage (`node.rs`), plan workers from it ([`plan`]), pull
-//!    ([`pull`], credentials from [`auth`]), and report (`report.rs`, the status from [`status`]);
+//!    ([`pull`], credentials from the pull secrets ([`auth`]), then from the kubelet credential
+//!    provider plugins ([`credential_provider`])), and report (`report.rs`, the status from [`status`]);
 //! 4. keep checking the runtime: `/readyz` answers 200 only while the runtime answers and the
 //!    NodeImage watch has synced, and `/healthz` fails once it has not answered for
 //!    `--cri-liveness-timeout` ([`liveness`]: a restarted runtime's new socket needs a new mount);
 //! 5. on shutdown, stop the workers (a restarted daemon resumes them from the status) and return.
 
 pub mod auth;
+pub mod credential_provider;
 pub mod cri;
 pub mod liveness;
 mod metrics;
@@ -37,6 +39,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore, oneshot, watch};
 use tracing::{info, warn};
 
+pub use self::credential_provider::CredentialProviderOptions;
+use self::credential_provider::{ConfigError, CredentialProviders};
 pub use self::cri::{CANDIDATE_SOCKETS, Cri, DetectError};
 pub use self::liveness::DEFAULT_CRI_LIVENESS_TIMEOUT;
 use self::liveness::RuntimeSilence;
@@ -70,6 +74,8 @@ pub struct DaemonOptions {
     pub cri_liveness_timeout: Duration,
     /// Pulls in flight at once on this node (at least 1).
     pub max_concurrent_pulls: usize,
+    /// The kubelet credential provider plugins (`--plugin-config-file`, `--plugin-bin-dir`).
+    pub credential_providers: CredentialProviderOptions,
 }
 
 /// Why the daemon could not start, or stopped other than by request.
@@ -81,6 +87,8 @@ pub enum DaemonError {
     NoNodeName,
     #[error(transparent)]
     Connect(#[from] ConnectError),
+    #[error(transparent)]
+    CredentialProviders(#[from] ConfigError),
     #[error(
         "cannot listen on {addr} for the probe and metrics server; choose another --probe-addr \
          or stop what is using it"
@@ -110,6 +118,7 @@ pub async fn run(
         return Err(DaemonError::NoNodeName);
     }
     info!(version = env!("CARGO_PKG_VERSION"), node = %opts.node_name, "starting the daemon");
+    let providers = CredentialProviders::load(&opts.credential_providers)?;
     let mut shutdown = pin!(shutdown);
     let client = connect(opts.kubeconfig.as_deref()).await?;
     let listener =
@@ -153,6 +162,7 @@ pub async fn run(
             client: client.clone(),
             nodeimages: Api::all(client.clone()),
             cri,
+            providers: providers.clone(),
             slots: Semaphore::new(opts.max_concurrent_pulls.max(1)),
             state: Mutex::new(State::default()),
             dirty: Notify::new(),
@@ -304,6 +314,7 @@ mod tests {
             probe_addr: "127.0.0.1:0".parse().unwrap(),
             cri_liveness_timeout: DEFAULT_CRI_LIVENESS_TIMEOUT,
             max_concurrent_pulls: 2,
+            credential_providers: CredentialProviderOptions::default(),
         }
     }
 
@@ -313,6 +324,18 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, DaemonError::NoNodeName), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_explicit_plugin_config_stops_the_start() {
+        let mut opts = opts("n1");
+        opts.credential_providers.config_file = Some("/nonexistent/plugins.yaml".into());
+        let err = run(opts, std::future::pending(), None).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the credential provider config /nonexistent/plugins.yaml (--plugin-config-file) \
+             does not exist"
+        );
     }
 
     #[tokio::test]

@@ -27,12 +27,13 @@ use tokio::time::Instant;
 use tracing::{debug, info, instrument, warn};
 
 use super::auth::Keyring;
+use super::credential_provider::CredentialProviders;
 use super::cri::Cri;
 use super::metrics::DaemonMetrics;
 use super::plan::{PullTask, Running, TagKey, plan};
 use super::pull::{self, PullInput};
 use crate::apis::nodeimage::{ImagePullPhase, ImageTagStatus, NodeImage, ReferenceObject};
-use crate::image::ImageRef;
+use crate::image::{ImageRef, joined_ref};
 
 /// Longest event note the apiserver accepts (events.k8s.io/v1 allows 1 kB).
 const NOTE_MAX_BYTES: usize = 1000;
@@ -43,6 +44,8 @@ pub(super) struct Shared {
     pub client: Client,
     pub nodeimages: Api<NodeImage>,
     pub cri: Cri,
+    /// The kubelet credential provider plugins (none when not configured).
+    pub providers: CredentialProviders,
     /// The node-wide cap on pulls in flight.
     pub slots: Semaphore,
     pub state: Mutex<State>,
@@ -287,7 +290,7 @@ async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: O
         return;
     }
     shared.metrics.pull_finished(result.is_ok(), seconds);
-    let image = format!("{}:{}", task.key.image, task.key.tag);
+    let image = joined_ref(&task.key.image, &task.key.tag);
     match result {
         Ok(image_id) => {
             info!(%image, %image_id, seconds, "image pulled");
@@ -333,14 +336,23 @@ async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: O
 async fn pull_task(shared: &Shared, task: &PullTask, elapsed: Duration) -> Result<String, String> {
     let reference = ImageRef::from_nodeimage(&task.key.image, &task.key.tag)
         .map_err(|err| format!("cannot pull: {err}"))?;
-    let (keyring, secret_problems) = load_keyring(&shared.client, &task.pull_secrets).await;
-    let credentials = keyring.lookup(&reference);
+    // The pull secrets' credentials first, then the plugins', each source's own order kept and
+    // a credential repeated by a later source left out; anonymous only when none matched.
+    let (keyring, mut problems) = load_keyring(&shared.client, &task.pull_secrets).await;
+    let mut credentials = keyring.lookup(&reference);
+    let (plugin_keyring, plugin_problems) = shared.providers.credentials(&reference).await;
+    problems.extend(plugin_problems);
+    for credential in plugin_keyring.lookup(&reference) {
+        if !credentials.iter().any(|c| c.same_material(credential)) {
+            credentials.push(credential);
+        }
+    }
     let image = reference.to_pull_ref();
     let input = PullInput {
         image: &image,
         name: reference.name(),
         credentials: &credentials,
-        secret_problems: &secret_problems,
+        credential_problems: &problems,
         elapsed,
     };
     pull::pull(&shared.cri, task, &input).await

@@ -54,8 +54,9 @@ pub struct PullInput<'a> {
     pub name: &'a str,
     /// Credentials matching the image's registry, most specific first.
     pub credentials: &'a [&'a Credential],
-    /// Why some pull secrets gave no credentials, appended to a failure message.
-    pub secret_problems: &'a [String],
+    /// Why some pull secrets or credential provider plugins gave no credentials, appended to
+    /// a failure message.
+    pub credential_problems: &'a [String],
     /// How long the task has been running already (across a daemon restart).
     pub elapsed: Duration,
 }
@@ -134,7 +135,7 @@ fn failure(summary: &str, last_error: &str, input: &PullInput<'_>) -> String {
         message.push_str(": ");
         message.push_str(last_error);
     }
-    for problem in input.secret_problems {
+    for problem in input.credential_problems {
         message.push_str("; ");
         message.push_str(problem);
     }

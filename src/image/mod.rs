@@ -24,7 +24,7 @@ mod reference;
 
 pub use reference::{
     DEFAULT_REGISTRY, DEFAULT_TAG, ImageRef, ImageRefError, ImageRefErrorKind, NAME_MAX_LEN,
-    pull_ref_for,
+    joined_ref, pull_ref_for,
 };
 
 #[cfg(test)]

@@ -51,12 +51,8 @@ impl ImageRef {
     /// (normally a familiar name; any name without tag or digest is accepted) and `tag` a
     /// `tags[].tag`, which is a digest (`sha256:…`) when it contains a `:`, since tags cannot.
     pub fn from_nodeimage(name: &str, tag: &str) -> Result<ImageRef, ImageRefError> {
-        let is_digest = tag.contains(':');
-        let joined = if is_digest {
-            format!("{name}@{tag}")
-        } else {
-            format!("{name}:{tag}")
-        };
+        let is_digest = is_digest_tag(tag);
+        let joined = joined_ref(name, tag);
         let fail = |kind| ImageRefError::new(&joined, kind);
         // Parse the name alone so that a tag or digest inside it cannot be mistaken for the one
         // passed separately.
@@ -130,6 +126,23 @@ impl ImageRef {
             Some(digest) => format!("{}@{digest}", self.name),
             None => format!("{}:{}", self.name, self.nodeimage_tag()),
         }
+    }
+}
+
+/// Whether a NodeImage `tags[].tag` is a digest (`sha256:…`): tags cannot contain a `:`.
+fn is_digest_tag(tag: &str) -> bool {
+    tag.contains(':')
+}
+
+/// A NodeImage entry (`spec.images` key, `tags[].tag`) as one reference, for messages, events
+/// and logs: `nginx:1.25`, or `ghcr.io/org/app@sha256:…` for a digest entry (never
+/// `name:sha256:…`, which is no reference). Nothing is validated or normalized, so any pair,
+/// even an invalid one, reads back as written.
+pub fn joined_ref(name: &str, tag: &str) -> String {
+    if is_digest_tag(tag) {
+        format!("{name}@{tag}")
+    } else {
+        format!("{name}:{tag}")
     }
 }
 

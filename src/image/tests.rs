@@ -172,6 +172,33 @@ fn pull_ref_for_digest_uses_at_not_colon() {
     assert_eq!((r.tag(), r.digest()), (Some("v1"), None));
 }
 
+#[test]
+fn joined_ref_names_a_digest_with_at_and_keeps_the_name_as_written() {
+    let d = sha256();
+    assert_eq!(joined_ref("nginx", "1.25"), "nginx:1.25");
+    assert_eq!(joined_ref("nginx", &d), format!("nginx@{d}"));
+    assert_eq!(
+        joined_ref("127.0.0.1:5000/team/app", &d),
+        format!("127.0.0.1:5000/team/app@{d}")
+    );
+    // A registry port is part of the name, not a tag.
+    assert_eq!(
+        joined_ref("localhost:5000/app", "5000"),
+        "localhost:5000/app:5000"
+    );
+    // Not validated: what the user wrote reads back, even when it is no valid reference.
+    assert_eq!(joined_ref("Bad Name", "v 1"), "Bad Name:v 1");
+    assert_eq!(joined_ref("", ""), ":");
+    // Any algorithm counts as a digest, as in `from_nodeimage`.
+    assert_eq!(joined_ref("app", "sha512:ab"), "app@sha512:ab");
+    // The parsed pair displays the same reference in its fully qualified form.
+    let parsed = ImageRef::from_nodeimage("127.0.0.1:5000/team/app", &d).expect("valid");
+    assert_eq!(
+        parsed.to_string(),
+        joined_ref("127.0.0.1:5000/team/app", &d)
+    );
+}
+
 #[rustfmt::skip]
 fn bad_pairs() -> Vec<(String, String, ImageRefErrorKind)> {
     let d = sha256();

@@ -26,7 +26,7 @@ use crate::support::node::{NodeEnv, Variant, node_env};
 use crate::support::{self, KillOnDrop, cluster, http_get, unique_name, wait_for};
 
 /// Long enough for a pull on a loaded 2-core CI machine; a passing test takes far less.
-const WAIT: Duration = Duration::from_secs(60);
+pub(crate) const WAIT: Duration = Duration::from_secs(60);
 
 /// The daemon of `node` in this process, on the shared cluster, pulling through `socket`.
 async fn start_daemon(node: &str, socket: &Path) -> Daemon {
@@ -39,7 +39,7 @@ async fn nodeimages() -> Api<NodeImage> {
 
 /// Creates the NodeImage `node` with `images` as its `spec.images`. Not labelled for the
 /// in-process manager, which leaves it alone (it has no Node).
-async fn create_nodeimage(node: &str, images: Value) -> NodeImage {
+pub(crate) async fn create_nodeimage(node: &str, images: Value) -> NodeImage {
     let object: NodeImage = serde_json::from_value(json!({
         "apiVersion": "apps.kruise.io/v1beta1",
         "kind": "NodeImage",
@@ -54,7 +54,7 @@ async fn create_nodeimage(node: &str, images: Value) -> NodeImage {
         .unwrap_or_else(|e| panic!("creating NodeImage {node}: {e}"))
 }
 
-async fn patch_spec(node: &str, patch: Value) {
+pub(crate) async fn patch_spec(node: &str, patch: Value) {
     nodeimages()
         .await
         .patch(
@@ -67,7 +67,7 @@ async fn patch_spec(node: &str, patch: Value) {
 }
 
 /// The reported state of one tag, once `done` holds for it.
-async fn wait_tag(
+pub(crate) async fn wait_tag(
     node: &str,
     image: &str,
     tag: &str,
@@ -89,12 +89,12 @@ async fn wait_tag(
     .await
 }
 
-fn finished_at(phase: ImagePullPhase, version: i64) -> impl Fn(&ImageTagStatus) -> bool {
+pub(crate) fn finished_at(phase: ImagePullPhase, version: i64) -> impl Fn(&ImageTagStatus) -> bool {
     move |t| t.phase == phase && t.version == Some(version) && t.completion_time.is_some()
 }
 
 /// PullImage requests the proxy saw for `image`.
-fn pulls_of(proxy: &CriProxy, image: &str) -> usize {
+pub(crate) fn pulls_of(proxy: &CriProxy, image: &str) -> usize {
     proxy
         .pull_requests()
         .iter()
@@ -136,7 +136,7 @@ impl Drop for BlackHole {
     }
 }
 
-async fn events_for(client: &Client, node: &str) -> Vec<Event> {
+pub(crate) async fn events_for(client: &Client, node: &str) -> Vec<Event> {
     let params = ListParams::default().fields(&format!("involvedObject.name={node}"));
     Api::<Event>::namespaced(client.clone(), "default")
         .list(&params)
@@ -279,6 +279,18 @@ async fn pulls_by_digest() {
     assert_eq!(tag.image_id.as_deref(), Some(&*format!("{image}@{digest}")));
     // Upstream asked for `name:sha256:…` (kruise#2534); this is the reference CRI can pull.
     assert_eq!(pulls_of(&proxy, &format!("{image}@{digest}")), 1);
+    // The event names it as the same reference, not `name:sha256:…`.
+    let client = cluster().await.client().await;
+    let event = wait_for("a PullImageSucceed event", WAIT, || async {
+        events_for(&client, &node)
+            .await
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("PullImageSucceed"))
+    })
+    .await;
+    let note = event.message.unwrap_or_default();
+    assert!(note.contains(&format!("Image {image}@{digest},")), "{note}");
+    assert!(!note.contains(&format!("{image}:sha256:")), "{note}");
     daemon.stop().await;
 }
 
@@ -385,7 +397,7 @@ async fn always_pulls_again_on_a_version_bump() {
     daemon.stop().await;
 }
 
-fn docker_config_secret(
+pub(crate) fn docker_config_secret(
     namespace: &str,
     name: &str,
     registry: &str,

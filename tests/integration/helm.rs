@@ -535,6 +535,14 @@ fn helm_refuses_invalid_values() {
         ("daemon.criSocket=run/crio/crio.sock", "/daemon/criSocket"),
         ("daemon.criSocketGroup=-1", "/daemon/criSocketGroup"),
         (
+            "daemon.credentialProvider.binDir=plugins",
+            "/daemon/credentialProvider/binDir",
+        ),
+        (
+            "daemon.credentialProvider.enabled=maybe",
+            "/daemon/credentialProvider/enabled",
+        ),
+        (
             "manager.leaderElection.leaseName=Kruise_Manager",
             "/manager/leaderElection/leaseName",
         ),
@@ -699,4 +707,180 @@ fn helm_refuses_the_old_cri_values_saying_what_replaced_them() {
             out.status
         );
     }
+}
+
+/// `daemon.credentialProvider`: off by default (no ConfigMap, flag, volume or mount); on, the
+/// config rendered into a ConfigMap the daemon accepts, or an existing ConfigMap, mounted with
+/// the plugins' directory (read-only hostPath) and passed as `--plugin-config-file` and
+/// `--plugin-bin-dir`; on without a config is refused.
+#[test]
+fn helm_daemon_credential_provider_values() {
+    const CONFIG_MAP: &str = "ConfigMap kruise-system/kruise-rs-daemon-credential-provider";
+    const DAEMON: &str = "DaemonSet kruise-system/kruise-rs-daemon";
+    let pod = |objects: &BTreeMap<String, Value>| find(objects, DAEMON)["spec"]["template"].clone();
+    let args = |pod: &Value| -> Vec<String> {
+        pod["spec"]["containers"][0]["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| a.as_str().expect("string arg").to_owned())
+            .collect()
+    };
+    let names = |list: &Value| -> Vec<String> {
+        list.as_array()
+            .expect("a list")
+            .iter()
+            .map(|v| v["name"].as_str().expect("a name").to_owned())
+            .collect()
+    };
+
+    let defaults = rendered_objects(&[]);
+    assert!(!defaults.contains_key(CONFIG_MAP), "{:?}", defaults.keys());
+    let default_pod = pod(&defaults);
+    assert!(
+        !args(&default_pod)
+            .iter()
+            .any(|a| a.starts_with("--plugin-")),
+        "{:?}",
+        args(&default_pod)
+    );
+    assert_eq!(names(&default_pod["spec"]["volumes"]), ["cri-socket"]);
+    assert_eq!(
+        names(&default_pod["spec"]["containers"][0]["volumeMounts"]),
+        ["cri-socket"]
+    );
+    assert!(default_pod["metadata"].get("annotations").is_none());
+
+    let config = serde_json::json!({
+        "apiVersion": "kubelet.config.k8s.io/v1",
+        "kind": "CredentialProviderConfig",
+        "providers": [{
+            "name": "ecr-credential-provider",
+            "matchImages": ["*.dkr.ecr.*.amazonaws.com"],
+            "defaultCacheDuration": "12h",
+            "apiVersion": "credentialprovider.kubelet.k8s.io/v1",
+            "args": ["get-credentials"],
+            "env": [{"name": "AWS_PROFILE", "value": "nodes"}],
+        }],
+    });
+    let set_config = format!("daemon.credentialProvider.config={config}");
+    let on = rendered_objects(&[
+        "--set=daemon.credentialProvider.enabled=true",
+        "--set-json",
+        &set_config,
+    ]);
+    let rendered = find(&on, CONFIG_MAP)["data"]["CredentialProviderPlugin.yaml"]
+        .as_str()
+        .expect("the config's key")
+        .to_owned();
+    let back: Value = serde_yaml::from_str(&rendered).expect("YAML");
+    assert_eq!(back, config);
+    // The daemon accepts what the chart renders.
+    let providers = kruise_rs::daemon::credential_provider::parse_config(&rendered)
+        .expect("a config the daemon accepts");
+    assert_eq!(providers[0].name, "ecr-credential-provider");
+    let on_pod = pod(&on);
+    let on_args = args(&on_pod);
+    for wanted in [
+        "--plugin-config-file=/etc/kruise-rs/credential-provider/CredentialProviderPlugin.yaml",
+        "--plugin-bin-dir=/kruise/plugins",
+    ] {
+        assert!(
+            on_args.iter().any(|a| a == wanted),
+            "{on_args:?} lack {wanted}"
+        );
+    }
+    assert_eq!(
+        on_pod["spec"]["volumes"],
+        serde_json::json!([
+            {"name": "cri-socket", "hostPath": {"path": "/run/containerd/containerd.sock", "type": "Socket"}},
+            {"name": "credential-provider-config", "configMap": {"name": "kruise-rs-daemon-credential-provider"}},
+            {"name": "credential-provider-plugins", "hostPath": {
+                "path": "/usr/libexec/kubernetes/kubelet-plugins/credential-provider/exec",
+                "type": "Directory"
+            }},
+        ])
+    );
+    assert_eq!(
+        on_pod["spec"]["containers"][0]["volumeMounts"],
+        serde_json::json!([
+            {"name": "cri-socket", "mountPath": "/run/cri/cri.sock", "readOnly": true},
+            {"name": "credential-provider-config", "mountPath": "/etc/kruise-rs/credential-provider", "readOnly": true},
+            {"name": "credential-provider-plugins", "mountPath": "/kruise/plugins", "readOnly": true},
+        ])
+    );
+    // A changed config rolls the daemons.
+    let annotation = |pod: &Value| {
+        pod["metadata"]["annotations"]["kruise-rs.io/credential-provider-config"].clone()
+    };
+    assert!(annotation(&on_pod).is_string(), "{}", on_pod["metadata"]);
+    let mut changed = config.clone();
+    changed["providers"][0]["defaultCacheDuration"] = "1h".into();
+    let changed = rendered_objects(&[
+        "--set=daemon.credentialProvider.enabled=true",
+        "--set-json",
+        &format!("daemon.credentialProvider.config={changed}"),
+    ]);
+    assert_ne!(annotation(&pod(&changed)), annotation(&on_pod));
+
+    // A YAML string is rendered as written.
+    let text =
+        "apiVersion: kubelet.config.k8s.io/v1\nkind: CredentialProviderConfig\nproviders: []\n";
+    let as_string = rendered_objects(&[
+        "--set=daemon.credentialProvider.enabled=true",
+        "--set-json",
+        &format!(
+            "daemon.credentialProvider.config={}",
+            serde_json::json!(text)
+        ),
+    ]);
+    assert_eq!(
+        find(&as_string, CONFIG_MAP)["data"]["CredentialProviderPlugin.yaml"]
+            .as_str()
+            .map(str::trim_end),
+        Some(text.trim_end())
+    );
+
+    // An existing ConfigMap, another key and another plugins' directory.
+    let existing = rendered_objects(&[
+        "--set=daemon.credentialProvider.enabled=true",
+        "--set=daemon.credentialProvider.existingConfigMap=node-credentials",
+        "--set=daemon.credentialProvider.configKey=config.json",
+        "--set=daemon.credentialProvider.binDir=/etc/eks/image-credential-provider",
+    ]);
+    assert!(!existing.contains_key(CONFIG_MAP), "{:?}", existing.keys());
+    let existing_pod = pod(&existing);
+    assert!(
+        args(&existing_pod)
+            .iter()
+            .any(|a| a == "--plugin-config-file=/etc/kruise-rs/credential-provider/config.json"),
+        "{:?}",
+        args(&existing_pod)
+    );
+    let volumes = &existing_pod["spec"]["volumes"];
+    assert_eq!(volumes[1]["configMap"]["name"], "node-credentials");
+    assert_eq!(
+        volumes[2]["hostPath"]["path"],
+        "/etc/eks/image-credential-provider"
+    );
+    assert!(existing_pod["metadata"].get("annotations").is_none());
+
+    // On without a config: refused, saying what is missing.
+    let chart = chart_dir();
+    let out = helm_output(&[
+        "template",
+        RELEASE,
+        chart.to_str().expect("UTF-8 path"),
+        "--set",
+        "daemon.credentialProvider.enabled=true",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains(
+                "daemon.credentialProvider.enabled needs daemon.credentialProvider.config"
+            ),
+        "{}:\n{stderr}",
+        out.status
+    );
 }

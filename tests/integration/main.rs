@@ -1,6 +1,7 @@
 mod api_objects;
 mod cutover;
 mod daemon;
+mod daemon_credential_provider;
 mod daemon_nodeimage_policy;
 mod demo;
 mod deploy;

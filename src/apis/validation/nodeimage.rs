@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use super::{FieldError, ValidationErrors, check_raw_enum, child, index, key};
 use crate::apis::nodeimage::{ImageTagSpec, NodeImage};
+use crate::image::joined_ref;
 
 /// Most images one NodeImage may list (upstream's `defaultMaxImagesPerNode`).
 pub const MAX_IMAGES_PER_NODE: usize = 256;
@@ -104,7 +105,9 @@ fn validate(node: &NodeImage, old: Option<&NodeImage>) -> Vec<FieldError> {
 
 fn validate_tag(name: &str, tag: &ImageTagSpec, path: &str) -> Vec<FieldError> {
     let mut errs = Vec::new();
-    let full = format!("{name}/{}", tag.tag);
+    // As a reference (`nginx:1.25`, `app@sha256:…`); upstream wrote `name/tag`, which reads as
+    // a repository.
+    let full = joined_ref(name, &tag.tag);
     if tag.created_at.is_none() {
         errs.push(FieldError::required(
             child(path, "createdAt"),

@@ -23,6 +23,7 @@ use crate::apis::nodeimage::{
 };
 use crate::apis::well_known::{FAKE_NODEIMAGE, GROUP, VIRTUAL_KUBELET_TYPE};
 use crate::controllers::shared::tag_values::{OwnerAsk, in_flight, refresh_image};
+use crate::image::joined_ref;
 
 /// Never requeue sooner than this after a reconcile, even when an instant is closer (or past).
 pub const MIN_REQUEUE: Duration = Duration::from_secs(1);
@@ -330,8 +331,9 @@ impl FailedTag {
     /// The event note, for the owners and the NodeImage alike.
     pub fn note(&self, node: &str) -> String {
         format!(
-            "Failed to pull image {}:{} on node {node}: {}",
-            self.image, self.tag, self.message
+            "Failed to pull image {} on node {node}: {}",
+            joined_ref(&self.image, &self.tag),
+            self.message
         )
     }
 }

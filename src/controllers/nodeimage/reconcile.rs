@@ -24,6 +24,7 @@ use crate::apis::nodeimage::{NodeImage, NodeImageSpec};
 use crate::controllers::shared::nodeimage_images::{ImagesWriteError, update_images};
 use crate::controllers::shared::tag_values::PullTerms;
 use crate::error_chain::error_chain;
+use crate::image::joined_ref;
 
 /// How often a refused status patch is re-read and retried within one reconcile.
 const STATUS_ATTEMPTS: usize = 5;
@@ -350,7 +351,7 @@ async fn collect_garbage(
 fn tag_names(spec: &NodeImageSpec) -> BTreeSet<String> {
     spec.images
         .iter()
-        .flat_map(|(image, s)| s.tags.iter().map(move |t| format!("{image}:{}", t.tag)))
+        .flat_map(|(image, s)| s.tags.iter().map(move |t| joined_ref(image, &t.tag)))
         .collect()
 }
 

@@ -1329,3 +1329,32 @@ fn arbitrary_bytes_are_errors_not_panics() {
     let err = add_err(DOCKER_CONFIG_JSON_TYPE, &config_json(&deep));
     assert!(matches!(err, SecretError::InvalidJson { .. }));
 }
+
+#[test]
+fn added_credentials_match_like_secret_keys() {
+    let credential = |user: &str| Credential {
+        username: user.into(),
+        password: "pw".into(),
+        identity_token: String::new(),
+        registry_token: String::new(),
+        server_address: String::new(),
+        source: "credential provider p".into(),
+    };
+    let mut keyring = Keyring::default();
+    assert!(keyring.add_credential("https://r.io/team", credential("team")));
+    assert!(keyring.add_credential("*.r.io", credential("wild")));
+    assert!(keyring.add_credential("r.io", credential("host")));
+    // No host an image could have, or nothing to authenticate with: left out.
+    assert!(!keyring.add_credential("bad host", credential("x")));
+    assert!(!keyring.add_credential(
+        "r.io",
+        Credential {
+            username: String::new(),
+            password: String::new(),
+            ..credential("")
+        }
+    ));
+    assert_eq!(keyring.len(), 3);
+    assert_eq!(users(&keyring, "r.io/team/app"), ["team", "host"]);
+    assert_eq!(users(&keyring, "eu.r.io/app"), ["wild"]);
+}

@@ -94,7 +94,7 @@ fn input<'a>(credentials: &'a [&'a Credential]) -> PullInput<'a> {
         image: IMAGE,
         name: NAME,
         credentials,
-        secret_problems: &[],
+        credential_problems: &[],
         elapsed: Duration::ZERO,
     }
 }
@@ -290,12 +290,12 @@ async fn the_second_credential_can_succeed() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn secret_problems_are_part_of_the_failure() {
+async fn credential_problems_are_part_of_the_failure() {
     let rt = Scripted::new();
     rt.pulls.lock().unwrap().push_back(Err("401 Unauthorized"));
     let problems = ["pull secret ns/s cannot be read: secrets \"s\" not found".to_owned()];
     let mut inp = input(&[]);
-    inp.secret_problems = &problems;
+    inp.credential_problems = &problems;
     let err = pull(&rt, &task(1), &inp).await.unwrap_err();
     assert!(
         err.ends_with(

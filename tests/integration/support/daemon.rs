@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kruise_rs::daemon::{self, DaemonError, DaemonOptions};
+use kruise_rs::daemon::{self, CredentialProviderOptions, DaemonError, DaemonOptions};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -44,15 +44,44 @@ impl Daemon {
         max_concurrent_pulls: usize,
         cri_liveness_timeout: Duration,
     ) -> Daemon {
-        let opts = DaemonOptions {
+        let mut opts = Self::options(node, socket, kubeconfig, max_concurrent_pulls);
+        opts.cri_liveness_timeout = cri_liveness_timeout;
+        Self::start_opts(opts).await
+    }
+
+    /// [`Self::start`] with credential provider plugins (`--plugin-config-file`,
+    /// `--plugin-bin-dir`).
+    pub async fn start_with_credential_providers(
+        node: &str,
+        socket: &Path,
+        kubeconfig: &Path,
+        credential_providers: CredentialProviderOptions,
+    ) -> Daemon {
+        let mut opts = Self::options(node, socket, kubeconfig, 4);
+        opts.credential_providers = credential_providers;
+        Self::start_opts(opts).await
+    }
+
+    fn options(
+        node: &str,
+        socket: &Path,
+        kubeconfig: &Path,
+        max_concurrent_pulls: usize,
+    ) -> DaemonOptions {
+        DaemonOptions {
             node_name: node.to_owned(),
             kubeconfig: Some(kubeconfig.to_owned()),
             cri_socket: Some(socket.to_owned()),
             host_run_dir: PathBuf::from("/nonexistent"),
             probe_addr: "127.0.0.1:0".parse().expect("address"),
-            cri_liveness_timeout,
+            cri_liveness_timeout: daemon::DEFAULT_CRI_LIVENESS_TIMEOUT,
             max_concurrent_pulls,
-        };
+            credential_providers: CredentialProviderOptions::default(),
+        }
+    }
+
+    async fn start_opts(opts: DaemonOptions) -> Daemon {
+        let node = opts.node_name.clone();
         let (serving_tx, serving) = oneshot::channel();
         let (stop, stopping) = oneshot::channel::<()>();
         let task = tokio::spawn(daemon::run(

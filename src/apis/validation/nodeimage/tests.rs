@@ -90,10 +90,10 @@ fn tags_need_created_at_pull_policy_ttl_and_a_non_negative_version() {
     assert_eq!(
         errors(validate_create(&n)),
         [
-            "spec.images[nginx].tags[0].createdAt: Required value: createdAt field for nginx/a can not be empty",
-            "spec.images[nginx].tags[0].pullPolicy: Required value: pullPolicy of nginx/a must be set",
-            "spec.images[nginx].tags[1].version: Invalid value: -1: version for nginx/b can not be less than 0",
-            "spec.images[nginx].tags[1].pullPolicy.ttlSecondsAfterFinished: Required value: pullPolicy.ttlSecondsAfterFinished of nginx/b must be set",
+            "spec.images[nginx].tags[0].createdAt: Required value: createdAt field for nginx:a can not be empty",
+            "spec.images[nginx].tags[0].pullPolicy: Required value: pullPolicy of nginx:a must be set",
+            "spec.images[nginx].tags[1].version: Invalid value: -1: version for nginx:b can not be less than 0",
+            "spec.images[nginx].tags[1].pullPolicy.ttlSecondsAfterFinished: Required value: pullPolicy.ttlSecondsAfterFinished of nginx:b must be set",
         ]
     );
     // Defaulting fills createdAt and pullPolicy, but not the TTL.
@@ -101,7 +101,7 @@ fn tags_need_created_at_pull_policy_ttl_and_a_non_negative_version() {
     assert_eq!(
         errors(validate_create(&n)),
         [
-            "spec.images[nginx].tags[0].pullPolicy.ttlSecondsAfterFinished: Required value: pullPolicy.ttlSecondsAfterFinished of nginx/a must be set"
+            "spec.images[nginx].tags[0].pullPolicy.ttlSecondsAfterFinished: Required value: pullPolicy.ttlSecondsAfterFinished of nginx:a must be set"
         ]
     );
 }
@@ -132,7 +132,7 @@ fn an_update_only_checks_new_or_changed_tags() {
     assert_eq!(
         errors(validate_update(&old, &new)),
         [
-            "spec.images[nginx].tags[0].pullPolicy: Required value: pullPolicy of nginx/new must be set"
+            "spec.images[nginx].tags[0].pullPolicy: Required value: pullPolicy of nginx:new must be set"
         ]
     );
 }

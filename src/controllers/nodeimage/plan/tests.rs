@@ -769,6 +769,23 @@ fn an_unanswered_tag_fails_after_the_response_timeout() {
 }
 
 #[test]
+fn a_timed_out_digest_is_named_as_a_reference() {
+    let digest = format!("sha256:{}", "a".repeat(64));
+    let failed = FailedTag {
+        image: "ghcr.io/org/app".into(),
+        tag: digest.clone(),
+        message: "node has not responded for 10m0s".into(),
+        owners: Vec::new(),
+    };
+    assert_eq!(
+        failed.note("node-a"),
+        format!(
+            "Failed to pull image ghcr.io/org/app@{digest} on node node-a: node has not responded for 10m0s"
+        )
+    );
+}
+
+#[test]
 fn a_status_of_another_version_is_no_answer() {
     let s = spec(&[("nginx", vec![tag("1", 2, Some(100), &[job("j", "u")])])]);
     let mut old = status(&[(
