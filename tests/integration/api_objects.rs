@@ -305,7 +305,8 @@ async fn seed_manifests_apply_and_keep_sandbox_config_owners_and_pull_policy() {
         .expect("job");
     let sandbox = job
         .spec
-        .template.sandbox_config
+        .template
+        .sandbox_config
         .as_ref()
         .expect("sandboxConfig kept");
     assert_eq!(
@@ -317,7 +318,12 @@ async fn seed_manifests_apply_and_keep_sandbox_config_owners_and_pull_policy() {
         job.spec.template.completion_policy.type_,
         Some(kruise_rs::apis::imagepulljob::CompletionPolicyType::Always)
     );
-    let pull = job.spec.template.pull_policy.as_ref().expect("pullPolicy defaulted");
+    let pull = job
+        .spec
+        .template
+        .pull_policy
+        .as_ref()
+        .expect("pullPolicy defaulted");
     assert_eq!(
         (pull.timeout_seconds, pull.backoff_limit),
         (Some(600), Some(3))

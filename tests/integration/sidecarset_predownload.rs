@@ -575,7 +575,8 @@ async fn live_jobs(client: &Client, set: &str) -> Vec<ImagePullJob> {
 /// The job's `selector.names`.
 fn job_nodes(job: &ImagePullJob) -> Vec<String> {
     job.spec
-        .template.selector
+        .template
+        .selector
         .as_ref()
         .map(|s| s.names.clone())
         .unwrap_or_default()
@@ -1679,7 +1680,8 @@ async fn no_job_until_enough_updated_pods_are_ready() {
             v.expect_counts(counts(4, 1, 3, 0))?;
             v.expect_condition(PRE_DOWNLOAD, "True", "Pulling")?;
             v.expect_jobs(1)?;
-            let parallelism = serde_json::to_value(&v.jobs[0].spec.template.parallelism).unwrap_or_default();
+            let parallelism =
+                serde_json::to_value(&v.jobs[0].spec.template.parallelism).unwrap_or_default();
             (parallelism == json!(2))
                 .then_some(())
                 .ok_or_else(|| format!("parallelism 2 wanted, found {parallelism}"))

@@ -882,7 +882,8 @@ async fn each_node_has_the_new_sidecar_image_before_its_pods_are_upgraded() {
     let job = &seen_job.first;
     let names: Vec<String> = job
         .spec
-        .template.selector
+        .template
+        .selector
         .as_ref()
         .map(|s| s.names.clone())
         .unwrap_or_default();
