@@ -936,6 +936,7 @@ async fn switching_from_upstream_with_kubectl_only_and_migrating_stored_versions
             "sidecarsets.apps.kruise.io",
             "imagepulljobs.apps.kruise.io",
             "nodeimages.apps.kruise.io",
+            "imagelistpulljobs.apps.kruise.io",
         ],
     );
     assert_crds_are_ours(&client).await;
