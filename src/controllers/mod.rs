@@ -4,6 +4,7 @@
 //! decisions in pure functions (a `plan.rs` each) that carry the unit tests. [`run`] starts them
 //! all and returns when `shutdown` fires.
 
+pub mod imagelistpulljob;
 pub mod imagepulljob;
 pub mod nodeimage;
 pub mod shared;
