@@ -10,3 +10,145 @@
 //! (`Context::family`), so a reconcile never creates a second child for an image, nor counts a
 //! child it just deleted.
 pub mod plan;
+mod reconcile;
+mod watch;
+
+pub use self::watch::run;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::runtime::reflector::Store;
+use kube::{Client, ResourceExt};
+
+use super::shared::backoff::Backoff;
+use crate::apis::imagepulljob::ImagePullJob;
+use crate::events::Recorder;
+
+/// Field manager of everything this controller writes.
+pub const FIELD_MANAGER: &str = "kruise-rs-imagelistpulljob";
+/// The controller's name in metrics and in [`super::CacheSync`].
+pub const NAME: &str = "imagelistpulljob";
+
+/// How long our own creates and deletes are overlaid on a store that has not shown them (a
+/// watch that lags this long has been re-listed, and the store is then authoritative again).
+const OVERLAY_TTL: Duration = Duration::from_secs(120);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the ImagePullJob cache is not filled yet")]
+    CachesNotReady,
+    #[error("labelling ImageListPullJob {name} with its template hash")]
+    Label {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("writing the status of ImageListPullJob {name}")]
+    WriteStatus {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("deleting the finished ImageListPullJob {name}")]
+    Delete {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{verb} ImagePullJob {name} of ImageListPullJob {list}")]
+    Child {
+        verb: &'static str,
+        name: String,
+        list: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Our writes the ImagePullJob store may not show yet, for one list.
+#[derive(Default)]
+struct Overlay {
+    created: Vec<(Arc<ImagePullJob>, Instant)>,
+    deleted: Vec<(String, Instant)>,
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    client: Client,
+    /// Every ImagePullJob the manager sees; a list's children are those it controls.
+    jobs: Store<ImagePullJob>,
+    /// True once the ImagePullJob store holds a first full list.
+    jobs_ready: tokio::sync::watch::Receiver<bool>,
+    /// Per list uid: children we created or deleted that the store has not caught up with.
+    overlay: Mutex<HashMap<String, Overlay>>,
+    backoff: Backoff,
+    recorder: Recorder,
+}
+
+impl Context {
+    /// The children of the list `uid`: the store's, with our creates it does not show yet
+    /// added and our deletes it still shows removed. Entries the store has caught up with (or
+    /// older than [`OVERLAY_TTL`]) are forgotten.
+    fn family(&self, uid: &str) -> Vec<Arc<ImagePullJob>> {
+        let mut stored: Vec<Arc<ImagePullJob>> = self
+            .jobs
+            .state()
+            .into_iter()
+            .filter(|job| plan::controlled_by(job, uid))
+            .collect();
+        let mut overlays = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(overlay) = overlays.get_mut(uid) else {
+            return stored;
+        };
+        let has = |stored: &[Arc<ImagePullJob>], child_uid: &str| {
+            stored
+                .iter()
+                .any(|j| j.metadata.uid.as_deref() == Some(child_uid))
+        };
+        let fresh = |at: &Instant| at.elapsed() < OVERLAY_TTL;
+        overlay.created.retain(|(job, at)| {
+            fresh(at) && !has(&stored, job.metadata.uid.as_deref().unwrap_or_default())
+        });
+        overlay
+            .deleted
+            .retain(|(child_uid, at)| fresh(at) && has(&stored, child_uid));
+        stored.retain(|j| {
+            !overlay
+                .deleted
+                .iter()
+                .any(|(child_uid, _)| j.metadata.uid.as_deref() == Some(child_uid.as_str()))
+        });
+        stored.extend(overlay.created.iter().map(|(job, _)| job.clone()));
+        if overlay.created.is_empty() && overlay.deleted.is_empty() {
+            overlays.remove(uid);
+        }
+        stored
+    }
+
+    fn created(&self, list_uid: &str, mut job: ImagePullJob) {
+        job.managed_fields_mut().clear();
+        let mut overlays = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        overlays
+            .entry(list_uid.to_owned())
+            .or_default()
+            .created
+            .push((Arc::new(job), Instant::now()));
+    }
+
+    fn deleted(&self, list_uid: &str, child_uid: &str) {
+        let mut overlays = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        overlays
+            .entry(list_uid.to_owned())
+            .or_default()
+            .deleted
+            .push((child_uid.to_owned(), Instant::now()));
+    }
+
+    /// Forgets the overlay of a list that is gone.
+    fn forget(&self, list_uid: &str) {
+        let mut overlays = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        overlays.remove(list_uid);
+    }
+}
