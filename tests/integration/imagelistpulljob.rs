@@ -456,6 +456,27 @@ async fn a_finished_list_is_deleted_by_its_ttl_and_its_children_are_never_recrea
         ttl_seconds_after_finished: Some(0),
         ..Default::default()
     };
+    // Every child the test's controllers may see, from before the list exists.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+    let watch = {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, watcher};
+        let config = watcher::Config::default().labels(&format!(
+            "{}={}",
+            support::CONTROLLED_LABEL,
+            env.run
+        ));
+        let stream = watcher(env.jobs(), config).applied_objects();
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(Ok(job)) = stream.next().await {
+                if let (Some(uid), Ok(mut seen)) = (job.metadata.uid, seen.lock()) {
+                    seen.insert(uid);
+                }
+            }
+        })
+    };
     let list = env
         .list("pull", &["nginx:ttl", "busybox:ttl"], template)
         .await;
@@ -493,8 +514,9 @@ async fn a_finished_list_is_deleted_by_its_ttl_and_its_children_are_never_recrea
         }
     })
     .await;
-    // Every child ever made for the list is one of the first two: none was recreated. (They
-    // are left to the garbage collector, which a bare control plane does not run.)
+    // The children are the first two, still there: never deleted by their own TTL, never
+    // recreated. A bare control plane runs no garbage collector; on a real cluster it deletes
+    // them with the list.
     let left: BTreeSet<String> = env
         .jobs()
         .list(&ListParams::default())
@@ -509,7 +531,15 @@ async fn a_finished_list_is_deleted_by_its_ttl_and_its_children_are_never_recrea
         })
         .filter_map(|j| j.metadata.uid)
         .collect();
-    assert!(left.is_subset(&uids), "recreated: {left:?} vs {uids:?}");
+    if support::cluster().await.is_local() {
+        assert_eq!(left, uids, "the children of the deleted list");
+    } else {
+        assert!(left.is_subset(&uids), "recreated: {left:?} vs {uids:?}");
+    }
+    // Seen the whole time by a watch: two children were ever created.
+    let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    assert_eq!(seen, uids, "every child the list ever had");
+    watch.abort();
 }
 
 #[tokio::test]
