@@ -727,3 +727,78 @@ async fn the_webhook_refuses_bad_images_naming_the_entry() {
         Some(CompletionPolicyType::Always)
     );
 }
+
+/// The whole path on a real node: a list of three images (pushed to the loopback registry)
+/// fans out into three ImagePullJobs, the manager writes them into the node's NodeImage, the
+/// real daemon pulls each through containerd, and the list completes from what it reported.
+#[tokio::test]
+async fn a_list_of_three_images_is_pulled_by_the_daemon_through_containerd() {
+    use crate::support::daemon::Daemon;
+    use crate::support::node::{Variant, node_env};
+    use kruise_rs::apis::nodeimage::ImagePullPhase;
+
+    let node_env = node_env().await;
+    let env = env("ilpj-node").await;
+    let repo = support::unique_name("list");
+    let images: Vec<String> = Variant::ALL
+        .iter()
+        .map(|v| {
+            let image = format!("{}/{repo}:{}", node_env.registry(), v.tag());
+            node_env.push(*v, &image);
+            image
+        })
+        .collect();
+    let node = env.nodes(1).await.remove(0);
+    let daemon = Daemon::start(
+        &node,
+        node_env.containerd_socket(),
+        support::cluster().await.kubeconfig_path(),
+        4,
+    )
+    .await;
+
+    let refs: Vec<&str> = images.iter().map(String::as_str).collect();
+    let mut template = env.template();
+    template.pull_policy = Some(kruise_rs::apis::imagepulljob::PullPolicy {
+        timeout_seconds: Some(60),
+        backoff_limit: Some(1),
+    });
+    env.list("pull", &refs, template).await;
+    let done = wait_for("the list to complete", Duration::from_secs(90), || async {
+        env.lists().get("pull").await.ok().filter(completed)
+    })
+    .await;
+    let status = done.status.expect("status");
+    assert_eq!(
+        (
+            status.desired,
+            status.completed,
+            status.succeeded,
+            status.active
+        ),
+        (3, 3, 3, 0),
+        "{status:?}"
+    );
+    let ni = env.nodeimages().get(&node).await.expect("NodeImage");
+    let reported = ni
+        .status
+        .expect("the daemon reported")
+        .image_statuses
+        .get(&format!("{}/{repo}", node_env.registry()))
+        .cloned()
+        .expect("the repository's tags");
+    let mut succeeded: Vec<(String, ImagePullPhase)> = reported
+        .tags
+        .iter()
+        .map(|t| (t.tag.clone(), t.phase.clone()))
+        .collect();
+    succeeded.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        succeeded,
+        Variant::ALL
+            .iter()
+            .map(|v| (v.tag().to_owned(), ImagePullPhase::Succeeded))
+            .collect::<Vec<_>>()
+    );
+    daemon.stop().await;
+}
