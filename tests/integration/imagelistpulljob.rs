@@ -790,7 +790,7 @@ async fn a_list_of_three_images_is_pulled_by_the_daemon_through_containerd() {
     let mut succeeded: Vec<(String, ImagePullPhase)> = reported
         .tags
         .iter()
-        .map(|t| (t.tag.clone(), t.phase.clone()))
+        .map(|t| (t.tag.clone(), t.phase))
         .collect();
     succeeded.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(
