@@ -67,38 +67,22 @@ pub enum Error {
     },
 }
 
-/// Our writes the ImagePullJob store may not show yet, for one list.
+/// Our writes the ImagePullJob store may not show yet, per list uid.
+#[derive(Default)]
+struct Overlays(Mutex<HashMap<String, Overlay>>);
+
 #[derive(Default)]
 struct Overlay {
     created: Vec<(Arc<ImagePullJob>, Instant)>,
     deleted: Vec<(String, Instant)>,
 }
 
-/// What every reconcile shares.
-pub struct Context {
-    client: Client,
-    /// Every ImagePullJob the manager sees; a list's children are those it controls.
-    jobs: Store<ImagePullJob>,
-    /// True once the ImagePullJob store holds a first full list.
-    jobs_ready: tokio::sync::watch::Receiver<bool>,
-    /// Per list uid: children we created or deleted that the store has not caught up with.
-    overlay: Mutex<HashMap<String, Overlay>>,
-    backoff: Backoff,
-    recorder: Recorder,
-}
-
-impl Context {
-    /// The children of the list `uid`: the store's, with our creates it does not show yet
-    /// added and our deletes it still shows removed. Entries the store has caught up with (or
-    /// older than [`OVERLAY_TTL`]) are forgotten.
-    fn family(&self, uid: &str) -> Vec<Arc<ImagePullJob>> {
-        let mut stored: Vec<Arc<ImagePullJob>> = self
-            .jobs
-            .state()
-            .into_iter()
-            .filter(|job| plan::controlled_by(job, uid))
-            .collect();
-        let mut overlays = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+impl Overlays {
+    /// `stored` (the children of list `uid` in the store) with our creates it does not show
+    /// yet added and our deletes it still shows removed. Entries the store has caught up with,
+    /// or older than [`OVERLAY_TTL`], are forgotten.
+    fn merge(&self, uid: &str, mut stored: Vec<Arc<ImagePullJob>>) -> Vec<Arc<ImagePullJob>> {
+        let mut overlays = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let Some(overlay) = overlays.get_mut(uid) else {
             return stored;
         };
@@ -129,7 +113,7 @@ impl Context {
 
     fn created(&self, list_uid: &str, mut job: ImagePullJob) {
         job.managed_fields_mut().clear();
-        let mut overlays = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        let mut overlays = self.0.lock().unwrap_or_else(|e| e.into_inner());
         overlays
             .entry(list_uid.to_owned())
             .or_default()
@@ -138,7 +122,7 @@ impl Context {
     }
 
     fn deleted(&self, list_uid: &str, child_uid: &str) {
-        let mut overlays = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        let mut overlays = self.0.lock().unwrap_or_else(|e| e.into_inner());
         overlays
             .entry(list_uid.to_owned())
             .or_default()
@@ -146,9 +130,98 @@ impl Context {
             .push((child_uid.to_owned(), Instant::now()));
     }
 
+    fn forget(&self, list_uid: &str) {
+        let mut overlays = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        overlays.remove(list_uid);
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    client: Client,
+    /// Every ImagePullJob the manager sees; a list's children are those it controls.
+    jobs: Store<ImagePullJob>,
+    /// True once the ImagePullJob store holds a first full list.
+    jobs_ready: tokio::sync::watch::Receiver<bool>,
+    /// Children we created or deleted that the store has not caught up with.
+    overlays: Overlays,
+    backoff: Backoff,
+    recorder: Recorder,
+}
+
+impl Context {
+    /// The children of the list `uid`, as the store has them and as our own writes left them.
+    fn family(&self, uid: &str) -> Vec<Arc<ImagePullJob>> {
+        let stored = self
+            .jobs
+            .state()
+            .into_iter()
+            .filter(|job| plan::controlled_by(job, uid))
+            .collect();
+        self.overlays.merge(uid, stored)
+    }
+
+    fn created(&self, list_uid: &str, job: ImagePullJob) {
+        self.overlays.created(list_uid, job);
+    }
+
+    fn deleted(&self, list_uid: &str, child_uid: &str) {
+        self.overlays.deleted(list_uid, child_uid);
+    }
+
     /// Forgets the overlay of a list that is gone.
     fn forget(&self, list_uid: &str) {
-        let mut overlays = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
-        overlays.remove(list_uid);
+        self.overlays.forget(list_uid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(uid: &str) -> ImagePullJob {
+        let mut j = ImagePullJob::new(uid, Default::default());
+        j.metadata.uid = Some(uid.into());
+        j
+    }
+
+    fn uids(jobs: &[Arc<ImagePullJob>]) -> Vec<&str> {
+        jobs.iter()
+            .filter_map(|j| j.metadata.uid.as_deref())
+            .collect()
+    }
+
+    #[test]
+    fn our_writes_count_until_the_store_shows_them() {
+        let overlays = Overlays::default();
+        overlays.created("list", job("new"));
+        overlays.deleted("list", "old");
+        let stored = vec![Arc::new(job("kept")), Arc::new(job("old"))];
+        // The store lags: the new child counts, the deleted one does not.
+        assert_eq!(
+            uids(&overlays.merge("list", stored.clone())),
+            ["kept", "new"]
+        );
+        // Other lists are not concerned.
+        assert_eq!(uids(&overlays.merge("other", stored)), ["kept", "old"]);
+        // The store caught up: the overlay is empty and forgotten.
+        let caught_up = vec![Arc::new(job("kept")), Arc::new(job("new"))];
+        assert_eq!(
+            uids(&overlays.merge("list", caught_up.clone())),
+            ["kept", "new"]
+        );
+        assert!(overlays.0.lock().unwrap().is_empty());
+        assert_eq!(uids(&overlays.merge("list", caught_up)), ["kept", "new"]);
+    }
+
+    #[test]
+    fn a_gone_list_forgets_its_overlay() {
+        let overlays = Overlays::default();
+        overlays.created("list", job("new"));
+        overlays.forget("list");
+        assert_eq!(
+            uids(&overlays.merge("list", Vec::new())),
+            Vec::<&str>::new()
+        );
     }
 }

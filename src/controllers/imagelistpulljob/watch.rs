@@ -2,11 +2,12 @@
 //! fields stripped), a change of which wakes the list that controls it.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use kube::api::Api;
-use kube::runtime::controller::Controller;
+use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -82,13 +83,15 @@ pub async fn run(
         client,
         jobs,
         jobs_ready: jobs_ready_rx,
-        overlay: Mutex::default(),
+        overlays: Default::default(),
         backoff: Backoff::default(),
     });
     let list_store = controller.store();
     let shutdown = shutdown.shared();
     let running = controller
         .watches_stream(job_events, |job| list_of(&job))
+        // A list's children report together while it runs; one reconcile serves them.
+        .with_config(controller::Config::default().debounce(Duration::from_millis(50)))
         .graceful_shutdown_on(shutdown.clone())
         .run(
             move |list, ctx| metrics.timed(NAME, reconcile(list, ctx)),
