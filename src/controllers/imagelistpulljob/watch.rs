@@ -35,6 +35,16 @@ fn list_of(job: &ImagePullJob) -> Option<ObjectRef<ImageListPullJob>> {
     Some(ObjectRef::new(&owner.name).within(&job.namespace()?))
 }
 
+/// What the store keeps of an ImagePullJob: no managed fields, and of a job no list controls
+/// (the SidecarSet's, the users') only its metadata: no decision here reads more of it.
+fn strip(job: &mut ImagePullJob) {
+    job.managed_fields_mut().clear();
+    if list_of(job).is_none() {
+        job.spec = Default::default();
+        job.status = None;
+    }
+}
+
 /// Runs the ImageListPullJob controller until `shutdown` resolves.
 pub async fn run(
     client: Client,
@@ -47,7 +57,7 @@ pub async fn run(
     let (jobs, job_writer) = reflector::store();
     let job_events = watcher(Api::<ImagePullJob>::all(client.clone()), scoped.clone())
         .default_backoff()
-        .modify(|j: &mut ImagePullJob| j.managed_fields_mut().clear())
+        .modify(strip)
         .reflect(job_writer)
         .touched_objects();
 
@@ -128,5 +138,22 @@ mod tests {
             .for_each(|o| o.controller = None);
         assert_eq!(list_of(&job), None);
         assert_eq!(list_of(&ImagePullJob::new("j", Default::default())), None);
+    }
+
+    #[test]
+    fn only_children_keep_their_spec_and_status_in_the_store() {
+        let mut list = ImageListPullJob::new("list", ImageListPullJobSpec::default());
+        list.metadata.namespace = Some("ns".into());
+        let mut kept = child(&list, "nginx", "h");
+        kept.status = Some(Default::default());
+        let mut stripped = kept.clone();
+        stripped.metadata.owner_references = None;
+        let before = kept.clone();
+        strip(&mut kept);
+        strip(&mut stripped);
+        assert_eq!((&kept.spec, &kept.status), (&before.spec, &before.status));
+        assert_eq!(stripped.spec, Default::default());
+        assert_eq!(stripped.status, None);
+        assert_eq!(stripped.metadata.labels, before.metadata.labels);
     }
 }
