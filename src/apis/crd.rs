@@ -12,6 +12,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 };
 use kube::CustomResourceExt;
 
+use super::imagelistpulljob::ImageListPullJob;
 use super::imagepulljob::ImagePullJob;
 use super::nodeimage::NodeImage;
 use super::sidecarset::SidecarSet;
@@ -37,6 +38,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         serve_legacy_version(SidecarSet::crd()),
         image_pull_job,
         serve_legacy_version(NodeImage::crd()),
+        serve_legacy_version(ImageListPullJob::crd()),
     ]
 }
 

@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::imagelistpulljob::ImageListPullJob;
 use super::imagepulljob::{CompletionPolicyType, ImagePullJob, ImagePullPolicy, PullPolicy};
 use super::nodeimage::{ImageTagPullPolicy, NodeImage};
 use super::sidecarset::{
@@ -265,6 +266,23 @@ pub fn default_imagepulljob(job: &mut ImagePullJob) {
     spec.template
         .image_pull_policy
         .get_or_insert(ImagePullPolicy::IfNotPresent);
+}
+
+// --- ImageListPullJob ---------------------------------------------------------------------------
+
+/// Upstream's ImageListPullJob defaulting: `completionPolicy.type` Always, `pullPolicy {600, 3}`.
+/// `imagePullPolicy` is left alone, as upstream does (each image's ImagePullJob gets it from its
+/// own defaulting; the schema default sets it here anyway).
+pub fn default_imagelistpulljob(job: &mut ImageListPullJob) {
+    let template = &mut job.spec.template;
+    template
+        .completion_policy
+        .type_
+        .get_or_insert(CompletionPolicyType::Always);
+    let pull = template.pull_policy.get_or_insert_with(PullPolicy::default);
+    pull.timeout_seconds
+        .get_or_insert(DEFAULT_PULL_TIMEOUT_SECONDS);
+    pull.backoff_limit.get_or_insert(DEFAULT_PULL_BACKOFF_LIMIT);
 }
 
 // --- NodeImage ----------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 pub mod common;
 pub mod crd;
 pub mod defaults;
+pub mod imagelistpulljob;
 pub mod imagepulljob;
 pub mod nodeimage;
 pub mod sidecarset;
@@ -12,6 +13,7 @@ pub mod validation;
 pub mod well_known;
 
 pub use crd::{crds, crds_yaml};
+pub use imagelistpulljob::{ImageListPullJob, ImageListPullJobSpec, ImageListPullJobStatus};
 pub use imagepulljob::{ImagePullJob, ImagePullJobSpec, ImagePullJobStatus};
 pub use nodeimage::{NodeImage, NodeImageSpec, NodeImageStatus};
 pub use sidecarset::{SidecarSet, SidecarSetSpec, SidecarSetStatus};

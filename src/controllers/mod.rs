@@ -4,6 +4,7 @@
 //! decisions in pure functions (a `plan.rs` each) that carry the unit tests. [`run`] starts them
 //! all and returns when `shutdown` fires.
 
+pub mod imagelistpulljob;
 pub mod imagepulljob;
 pub mod nodeimage;
 pub mod shared;
@@ -24,7 +25,12 @@ use tokio::sync::watch;
 pub use self::shared::initial_list::InitialList;
 
 /// The controllers [`run`] starts, by the names they report their caches under.
-pub const CONTROLLERS: [&str; 3] = [nodeimage::NAME, imagepulljob::NAME, sidecarset::NAME];
+pub const CONTROLLERS: [&str; 4] = [
+    nodeimage::NAME,
+    imagepulljob::NAME,
+    imagelistpulljob::NAME,
+    sidecarset::NAME,
+];
 
 /// Settings shared by the controllers, from the command line.
 #[derive(Clone, Debug)]
@@ -152,8 +158,13 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
         // Boxed: each controller's future holds its watches and stores inline; unboxed, `run`'s
         // future was 54 KB in a debug build (15 KB boxed) and the manager's 159 KB (80 KB), and
         // a test awaiting the manager in place overflowed its 2 MiB thread stack.
-        futures::future::join3(
+        futures::future::join4(
             Box::pin(nodeimage::run(client.clone(), opts.clone(), stopped())),
+            Box::pin(imagelistpulljob::run(
+                client.clone(),
+                opts.clone(),
+                stopped(),
+            )),
             Box::pin(imagepulljob::run_with_pods(
                 client.clone(),
                 opts.clone(),

@@ -22,10 +22,11 @@ use super::ManagerError;
 use crate::apis::well_known::{LEGACY_VERSION, STORAGE_VERSION};
 
 /// The CRDs the manager needs; it refuses to start unless every one is usable ([`check_crds`]).
-pub const REQUIRED_CRDS: [&str; 3] = [
+pub const REQUIRED_CRDS: [&str; 4] = [
     "sidecarsets.apps.kruise.io",
     "imagepulljobs.apps.kruise.io",
     "nodeimages.apps.kruise.io",
+    "imagelistpulljobs.apps.kruise.io",
 ];
 
 /// The versions that must be served: the controllers and the webhooks read and write `v1beta1`;

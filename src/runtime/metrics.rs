@@ -73,7 +73,13 @@ impl Default for Metrics {
 pub use crate::controllers::CONTROLLERS;
 
 /// The resource kinds the admission webhooks serve.
-pub const ADMISSION_KINDS: [&str; 4] = ["pods", "sidecarsets", "imagepulljobs", "nodeimages"];
+pub const ADMISSION_KINDS: [&str; 5] = [
+    "pods",
+    "sidecarsets",
+    "imagepulljobs",
+    "imagelistpulljobs",
+    "nodeimages",
+];
 
 /// The states of a SidecarSet's pods, as its status counts them.
 pub const SIDECARSET_POD_STATES: [&str; 4] = ["matched", "updated", "ready", "updated_ready"];

@@ -85,6 +85,8 @@ pub const MUTATE_SIDECARSET: &str = "/mutate-sidecarset";
 pub const VALIDATE_SIDECARSET: &str = "/validate-sidecarset";
 pub const MUTATE_IMAGEPULLJOB: &str = "/mutate-imagepulljob";
 pub const VALIDATE_IMAGEPULLJOB: &str = "/validate-imagepulljob";
+pub const MUTATE_IMAGELISTPULLJOB: &str = "/mutate-imagelistpulljob";
+pub const VALIDATE_IMAGELISTPULLJOB: &str = "/validate-imagelistpulljob";
 pub const MUTATE_NODEIMAGE: &str = "/mutate-nodeimage";
 pub const VALIDATE_NODEIMAGE: &str = "/validate-nodeimage";
 
@@ -117,6 +119,15 @@ const MUTATING: &[Route] = &[
         namespaced: true,
     },
     Route {
+        name: "mutate-imagelistpulljobs.kruise-rs.io",
+        path: MUTATE_IMAGELISTPULLJOB,
+        group: GROUP,
+        versions: KRUISE_VERSIONS,
+        resource: "imagelistpulljobs",
+        operations: CREATE_UPDATE,
+        namespaced: true,
+    },
+    Route {
         name: "mutate-nodeimages.kruise-rs.io",
         path: MUTATE_NODEIMAGE,
         group: GROUP,
@@ -143,6 +154,15 @@ const VALIDATING: &[Route] = &[
         group: GROUP,
         versions: KRUISE_VERSIONS,
         resource: "imagepulljobs",
+        operations: CREATE_UPDATE,
+        namespaced: true,
+    },
+    Route {
+        name: "validate-imagelistpulljobs.kruise-rs.io",
+        path: VALIDATE_IMAGELISTPULLJOB,
+        group: GROUP,
+        versions: KRUISE_VERSIONS,
+        resource: "imagelistpulljobs",
         operations: CREATE_UPDATE,
         namespaced: true,
     },

@@ -23,8 +23,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::configuration::{
-    MUTATE_IMAGEPULLJOB, MUTATE_NODEIMAGE, MUTATE_POD, MUTATE_SIDECARSET, VALIDATE_IMAGEPULLJOB,
-    VALIDATE_NODEIMAGE, VALIDATE_SIDECARSET,
+    MUTATE_IMAGELISTPULLJOB, MUTATE_IMAGEPULLJOB, MUTATE_NODEIMAGE, MUTATE_POD, MUTATE_SIDECARSET,
+    VALIDATE_IMAGELISTPULLJOB, VALIDATE_IMAGEPULLJOB, VALIDATE_NODEIMAGE, VALIDATE_SIDECARSET,
 };
 use super::dry_run;
 use super::secret_access;
@@ -39,6 +39,7 @@ use kube::api::ListParams;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::apis::defaults;
+use crate::apis::imagelistpulljob::ImageListPullJob;
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
 use crate::apis::sidecarset::SidecarSet;
@@ -170,6 +171,8 @@ impl Admit for Handlers {
                 VALIDATE_SIDECARSET => self.validate_sidecarset(request).await,
                 MUTATE_IMAGEPULLJOB => self.mutate_imagepulljob(request),
                 VALIDATE_IMAGEPULLJOB => self.validate_imagepulljob(request).await,
+                MUTATE_IMAGELISTPULLJOB => self.mutate_imagelistpulljob(request),
+                VALIDATE_IMAGELISTPULLJOB => self.validate_imagelistpulljob(request).await,
                 MUTATE_NODEIMAGE => self.mutate_nodeimage(request),
                 VALIDATE_NODEIMAGE => self.validate_nodeimage(request),
                 other => Verdict::Deny(format!("kruise-rs has no webhook at {other}")),
@@ -493,6 +496,56 @@ impl Handlers {
             .unwrap_or_default();
         let reads = secret_access::job_reads(&job, &namespace, old.as_ref());
         self.author_may_read(request, &reads, secret_access::JOB_RULE, "ImagePullJob")
+            .await
+    }
+
+    fn mutate_imagelistpulljob(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+        let (job, _) = match decode_checked::<ImageListPullJob>(
+            request,
+            validation::imagelistpulljob::validate_raw_enums,
+        ) {
+            Ok(decoded) => decoded,
+            Err(verdict) => return verdict,
+        };
+        let mut defaulted = job.clone();
+        defaults::default_imagelistpulljob(&mut defaulted);
+        patch_between(&job, &defaulted)
+    }
+
+    async fn validate_imagelistpulljob(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+    ) -> Verdict {
+        let (job, old) = match decode_checked::<ImageListPullJob>(
+            request,
+            validation::imagelistpulljob::validate_raw_enums,
+        ) {
+            Ok(decoded) => decoded,
+            Err(verdict) => return verdict,
+        };
+        let result = match &old {
+            Some(old) => validation::imagelistpulljob::validate_update(old, &job),
+            None => validation::imagelistpulljob::validate_create(&job),
+        };
+        if let Err(errors) = result {
+            return deny("ImageListPullJob", &request.name, &errors);
+        }
+        // The manager gives these Secrets to the ImagePullJob of each image, which copies them
+        // where every node can read them: only their readers may name them (decision 0009).
+        let namespace = job
+            .metadata
+            .namespace
+            .clone()
+            .filter(|ns| !ns.is_empty())
+            .or_else(|| request.namespace.clone())
+            .unwrap_or_default();
+        let reads = secret_access::pull_secret_reads(
+            &job.spec.template.pull_secrets,
+            &namespace,
+            old.as_ref()
+                .map(|old| old.spec.template.pull_secrets.as_slice()),
+        );
+        self.author_may_read(request, &reads, secret_access::JOB_RULE, "ImageListPullJob")
             .await
     }
 

@@ -76,19 +76,25 @@ pub fn job_reads(
     namespace: &str,
     old: Option<&ImagePullJob>,
 ) -> Vec<SecretRead> {
-    let before: BTreeSet<&str> = old
-        .map(|old| {
-            old.spec
-                .template
-                .pull_secrets
-                .iter()
-                .map(String::as_str)
-                .collect()
-        })
-        .unwrap_or_default();
+    pull_secret_reads(
+        &job.spec.template.pull_secrets,
+        namespace,
+        old.map(|old| old.spec.template.pull_secrets.as_slice()),
+    )
+}
+
+/// [`job_reads`] for any object whose `spec.pullSecrets` the manager will copy (an
+/// ImageListPullJob's go into the ImagePullJob of each of its images): `pull_secrets` now,
+/// `old` on UPDATE.
+pub fn pull_secret_reads(
+    pull_secrets: &[String],
+    namespace: &str,
+    old: Option<&[String]>,
+) -> Vec<SecretRead> {
+    let before: BTreeSet<&str> = old.into_iter().flatten().map(String::as_str).collect();
     let mut seen = BTreeSet::new();
     let mut reads = Vec::new();
-    for (i, name) in job.spec.template.pull_secrets.iter().enumerate() {
+    for (i, name) in pull_secrets.iter().enumerate() {
         if name.is_empty() || before.contains(name.as_str()) || !seen.insert(name.as_str()) {
             continue;
         }

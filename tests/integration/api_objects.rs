@@ -12,10 +12,11 @@ use serde_json::Value;
 
 use crate::support::{self, TestCluster};
 
-const KINDS: [(&str, &str); 3] = [
+const KINDS: [(&str, &str); 4] = [
     ("SidecarSet", "sidecarsets"),
     ("ImagePullJob", "imagepulljobs"),
     ("NodeImage", "nodeimages"),
+    ("ImageListPullJob", "imagelistpulljobs"),
 ];
 
 fn repo_path(rel: &str) -> PathBuf {
@@ -481,6 +482,7 @@ async fn kubectl_get_shows_upstreams_columns() {
         format!("apiVersion: apps.kruise.io/v1beta1\nkind: SidecarSet\nmetadata: {{name: {}}}\nspec: {{selector: {{matchLabels: {{a: b}}}}}}", support::unique_name("cols")),
         "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata: {name: cols}\nspec: {image: nginx}".to_owned(),
         format!("apiVersion: apps.kruise.io/v1beta1\nkind: NodeImage\nmetadata: {{name: {}}}\nspec: {{}}", support::unique_name("cols")),
+        "apiVersion: apps.kruise.io/v1beta1\nkind: ImageListPullJob\nmetadata: {name: cols}\nspec: {images: [nginx]}".to_owned(),
     ];
     for yaml in &manifests {
         let mut cmd = cluster.kubectl();
@@ -510,6 +512,14 @@ async fn kubectl_get_shows_upstreams_columns() {
         (
             "nodeimages",
             vec!["NAME", "DESIRED", "PULLING", "SUCCEED", "FAILED", "AGE"],
+        ),
+        (
+            "imagelistpulljobs",
+            vec!["NAME", "TOTAL", "SUCCEEDED", "COMPLETED", "AGE"],
+        ),
+        (
+            "imagelistpulljobs.v1alpha1.apps.kruise.io",
+            vec!["NAME", "TOTAL", "SUCCEEDED", "COMPLETED", "AGE"],
         ),
     ];
     for (resource, columns) in expected {

@@ -670,7 +670,13 @@ async fn switching_from_upstream_with_crds_install_keeps_every_object_in_both_ve
         String::from_utf8_lossy(&out.stderr)
     );
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines.len(), 3, "{stdout}");
+    // One line per CRD: the three kinds with objects here, then ImageListPullJob (none made).
+    assert_eq!(lines.len(), 4, "{stdout}");
+    assert_eq!(
+        lines[3],
+        "customresourcedefinition/imagelistpulljobs.apps.kruise.io: updated, Established; \
+         no objects yet"
+    );
     assert_eq!(
         lines[0],
         "customresourcedefinition/sidecarsets.apps.kruise.io: removed a conversion webhook \
@@ -708,7 +714,7 @@ async fn switching_from_upstream_with_crds_install_keeps_every_object_in_both_ve
             "{line}"
         );
     }
-    assert_eq!(stdout.lines().count(), 3, "{stdout}");
+    assert_eq!(stdout.lines().count(), 4, "{stdout}");
 
     let stored = assert_crds_are_ours(&client).await;
     for kind in Kind::ALL {
@@ -936,6 +942,7 @@ async fn switching_from_upstream_with_kubectl_only_and_migrating_stored_versions
             "sidecarsets.apps.kruise.io",
             "imagepulljobs.apps.kruise.io",
             "nodeimages.apps.kruise.io",
+            "imagelistpulljobs.apps.kruise.io",
         ],
     );
     assert_crds_are_ours(&client).await;

@@ -350,6 +350,63 @@ fn chart_crds_are_copies_of_crds() {
     }
 }
 
+/// Every kind the manager serves ships with the chart, and the manager's ClusterRole covers
+/// it: ImageListPullJob (its CRD, its controller's grants, the start-up CRD check).
+#[test]
+fn the_chart_ships_and_grants_every_kind_the_manager_serves() {
+    let crds: Vec<String> = kruise_rs::apis::crds()
+        .iter()
+        .map(kruise_rs::apis::crd::file_name)
+        .collect();
+    for name in &crds {
+        assert!(
+            chart_dir().join("crds").join(name).is_file(),
+            "the chart lacks crds/{name}"
+        );
+    }
+    assert!(crds.contains(&"apps.kruise.io_imagelistpulljobs.yaml".to_owned()));
+    let objects = rendered_objects(&[]);
+    let role = find(&objects, "ClusterRole kruise-rs-manager");
+    let verbs = |resource: &str| -> Vec<String> {
+        role["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| {
+                r["resources"]
+                    .as_array()
+                    .is_some_and(|rs| rs.iter().any(|x| x == resource))
+                    && r["resourceNames"].is_null()
+            })
+            .flat_map(|r| r["verbs"].as_array().cloned().unwrap_or_default())
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(
+        verbs("imagelistpulljobs"),
+        ["get", "list", "watch", "patch", "delete"]
+    );
+    assert_eq!(verbs("imagelistpulljobs/status"), ["patch"]);
+    assert_eq!(verbs("imagelistpulljobs/finalizers"), ["update"]);
+    for verb in ["create", "delete"] {
+        assert!(verbs("imagepulljobs").iter().any(|v| v == verb), "{verb}");
+    }
+    let checked = role["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["resources"][0] == "customresourcedefinitions")
+        .expect("the CRD check rule");
+    for name in kruise_rs::manager::crds::REQUIRED_CRDS {
+        assert!(
+            checked["resourceNames"]
+                .as_array()
+                .is_some_and(|n| n.iter().any(|x| x == name)),
+            "{name} is not readable for the start-up check"
+        );
+    }
+}
+
 /// The documented values reach the fields they are documented to set.
 #[test]
 fn helm_values_change_the_rendered_objects() {

@@ -9,6 +9,7 @@ mod events;
 #[path = "../harness/mod.rs"]
 mod harness;
 mod helm;
+mod imagelistpulljob;
 mod imagepulljob;
 mod leader_election;
 mod manager;

@@ -93,6 +93,7 @@ async fn manager_refuses_to_start_without_crds_and_says_how_to_install_them() {
         "sidecarsets.apps.kruise.io",
         "imagepulljobs.apps.kruise.io",
         "nodeimages.apps.kruise.io",
+        "imagelistpulljobs.apps.kruise.io",
         "kruise-rs crds | kubectl apply --server-side -f -",
     ] {
         assert!(

@@ -66,7 +66,12 @@ async fn manager_metrics_count_reconciles_and_report_progress() {
 
     // Every fixed series is there from the start.
     let text = scrape(addr).await;
-    for controller in ["sidecarset", "imagepulljob", "nodeimage"] {
+    for controller in [
+        "sidecarset",
+        "imagepulljob",
+        "imagelistpulljob",
+        "nodeimage",
+    ] {
         for result in ["ok", "error"] {
             let series = format!(
                 "kruise_rs_manager_reconciles_total{{controller=\"{controller}\",result=\"{result}\"}}"

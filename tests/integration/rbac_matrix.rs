@@ -85,6 +85,15 @@ const MANAGER: &[Grant] = &[
          patches and deletes its own jobs in the pods' namespaces); NodeImage GC reads jobs"),
     grant(Cluster, "imagepulljobs.apps.kruise.io/status", &["patch"],
         "the ImagePullJob controller writes status"),
+    grant(Cluster, "imagelistpulljobs.apps.kruise.io", &["get", "list", "watch", "patch", "delete"],
+        "the ImageListPullJob controller labels lists with their template hash and deletes \
+         them when ttlSecondsAfterFinished passes; it creates and deletes their ImagePullJobs \
+         under the imagepulljobs grant"),
+    grant(Cluster, "imagelistpulljobs.apps.kruise.io/status", &["patch"],
+        "the ImageListPullJob controller writes status"),
+    grant(Cluster, "imagelistpulljobs.apps.kruise.io/finalizers", &["update"],
+        "the ImagePullJobs of a list carry a blocking ownerReference to it, which \
+         OwnerReferencesPermissionEnforcement allows only to who may update its finalizers"),
     grant(Cluster, "nodeimages.apps.kruise.io", OWN,
         "one NodeImage per Node (created, deleted with it); job work written into spec"),
     grant(Cluster, "nodeimages.apps.kruise.io/status", &["patch"],
@@ -104,9 +113,9 @@ const MANAGER: &[Grant] = &[
         "the ImagePullJob and SidecarSet webhooks ask whether the author may read the pull \
          secrets they name"),
     named(Cluster, "customresourcedefinitions.apiextensions.k8s.io",
-        &["imagepulljobs.apps.kruise.io", "nodeimages.apps.kruise.io",
-          "sidecarsets.apps.kruise.io"],
-        &["get"], "startup check that the three CRDs are installed and Established"),
+        &["imagelistpulljobs.apps.kruise.io", "imagepulljobs.apps.kruise.io",
+          "nodeimages.apps.kruise.io", "sidecarsets.apps.kruise.io"],
+        &["get"], "startup check that the four CRDs are installed and Established"),
     named(Cluster, "mutatingwebhookconfigurations.admissionregistration.k8s.io",
         &["kruise-rs-mutating-webhook-configuration"], &["patch"],
         "the manager applies its webhook rules and caBundle to the shipped placeholder"),
@@ -114,7 +123,7 @@ const MANAGER: &[Grant] = &[
         &["kruise-rs-validating-webhook-configuration"], &["patch"],
         "the same, for the validating configuration"),
     grant(Cluster, "events", RECORD,
-        "events on SidecarSets, ImagePullJobs and NodeImages (core API)"),
+        "events on SidecarSets, ImagePullJobs, ImageListPullJobs and NodeImages (core API)"),
     grant(Cluster, "events.events.k8s.io", RECORD, "the same, events.k8s.io API"),
     grant(SYSTEM, "secrets", &["create"],
         "self-managed webhook certificates: the first manager creates the Secret \

@@ -645,7 +645,13 @@ async fn admissions_are_counted_by_kind_and_verdict_and_timed() {
         assert!(is > was, "{series} went from {was} to {is}");
     }
     // Every kind and verdict has its series from the start, so rates need no "absent" case.
-    for kind in ["pods", "sidecarsets", "imagepulljobs", "nodeimages"] {
+    for kind in [
+        "pods",
+        "sidecarsets",
+        "imagepulljobs",
+        "imagelistpulljobs",
+        "nodeimages",
+    ] {
         for verdict in ["allowed", "patched", "denied"] {
             value(&before, &admissions(kind, verdict));
         }

@@ -241,6 +241,64 @@ async fn a_job_may_name_only_secrets_its_author_can_read() {
     assert!(by_admin.is_ok(), "{by_admin:?}");
 }
 
+/// An ImageListPullJob's pull Secrets go into the ImagePullJob of each image, which the manager
+/// creates and whose Secrets it copies for the daemons: the list's author must be able to read
+/// them, as a job's.
+#[tokio::test]
+async fn an_image_list_may_name_only_secrets_its_author_can_read() {
+    use kruise_rs::apis::imagelistpulljob::ImageListPullJob;
+    let cluster = webhook_cluster();
+    let admin = cluster.client().await;
+    let ns = cluster.namespace("wh-list-secrets").await;
+    let user = unique_name("alice");
+    create_secret(&admin, &ns, "regcred").await;
+    grant(
+        &admin,
+        Some(&ns),
+        &user,
+        json!([{"apiGroups": ["apps.kruise.io"], "resources": ["imagelistpulljobs"], "verbs": ["create", "get"]}]),
+    )
+    .await;
+    let alice = Api::<ImageListPullJob>::namespaced(impersonating(&user).await, &ns);
+    let create = || {
+        let alice = alice.clone();
+        async move {
+            let list: ImageListPullJob = serde_json::from_value(json!({
+                "apiVersion": "apps.kruise.io/v1beta1", "kind": "ImageListPullJob",
+                "metadata": {"name": unique_name("list")},
+                "spec": {"images": ["busybox:1.36", "nginx:1.27"], "pullSecrets": ["regcred"]}
+            }))
+            .expect("a list");
+            outcome(alice.create(&PostParams::default(), &list).await)
+        }
+    };
+    let refused = create_until(
+        "alice's list to reach the webhook",
+        create,
+        reached_the_webhook,
+    )
+    .await;
+    let Outcome::Denied(message) = refused else {
+        panic!("a list naming a Secret alice cannot read was not refused: {refused:?}");
+    };
+    assert!(
+        message.contains(&format!(
+            "spec.pullSecrets[0]: user \"{user}\" may not get Secret \"{ns}/regcred\""
+        )),
+        "{message}"
+    );
+    assert!(message.contains("ImageListPullJob"), "{message}");
+    grant(
+        &admin,
+        Some(&ns),
+        &user,
+        json!([{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["regcred"], "verbs": ["get"]}]),
+    )
+    .await;
+    let allowed = create_until("alice's list to be admitted", create, admitted).await;
+    assert!(matches!(allowed, Outcome::Admitted), "{allowed:?}");
+}
+
 fn v1alpha1_sidecarsets(client: &Client) -> Api<DynamicObject> {
     let resource = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("apps.kruise.io", "v1alpha1", "SidecarSet"),

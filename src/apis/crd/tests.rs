@@ -85,6 +85,15 @@ fn printer_columns_are_upstreams() {
     }
     assert_eq!(columns("ImagePullJob", "v1beta1"), cols(&job));
     assert_eq!(columns("ImagePullJob", "v1alpha1"), cols(&job_legacy));
+    let list = cols(&[
+        ("TOTAL", "integer", ".status.desired"),
+        ("SUCCEEDED", "integer", ".status.succeeded"),
+        ("COMPLETED", "integer", ".status.completed"),
+        age,
+    ]);
+    for version in ["v1alpha1", "v1beta1"] {
+        assert_eq!(columns("ImageListPullJob", version), list);
+    }
 }
 
 #[test]
@@ -117,7 +126,12 @@ fn scopes_and_names_are_upstreams() {
                 "Cluster".into(),
                 "apps.kruise.io_nodeimages.yaml".into()
             ),
-        ] as [(String, String, String); 3]
+            (
+                "imagelistpulljobs.apps.kruise.io".into(),
+                "Namespaced".into(),
+                "apps.kruise.io_imagelistpulljobs.yaml".into()
+            ),
+        ] as [(String, String, String); 4]
     );
 }
 

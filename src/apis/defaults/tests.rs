@@ -298,3 +298,32 @@ fn nodeimage_defaults_created_at_and_pull_policy_and_sorts_tags() {
     default_nodeimage(&mut node, &time("2027-01-01T00:00:00Z"));
     assert_eq!(node, once);
 }
+
+#[test]
+fn imagelistpulljob_defaults_leave_the_image_pull_policy_alone() {
+    let mut job = ImageListPullJob::new(
+        "list",
+        serde_json::from_value(json!({
+            "images": ["nginx"],
+            "pullPolicy": {"timeoutSeconds": 30}
+        }))
+        .expect("spec"),
+    );
+    default_imagelistpulljob(&mut job);
+    let template = &job.spec.template;
+    assert_eq!(
+        template.completion_policy.type_,
+        Some(CompletionPolicyType::Always)
+    );
+    assert_eq!(
+        template.pull_policy,
+        Some(PullPolicy {
+            timeout_seconds: Some(30),
+            backoff_limit: Some(3)
+        })
+    );
+    assert_eq!(template.image_pull_policy, None);
+    let once = job.clone();
+    default_imagelistpulljob(&mut job);
+    assert_eq!(job, once);
+}

@@ -25,7 +25,9 @@ use super::{
     FieldError, ValidationErrors, check_raw_enum, index, validate_label_selector,
     validate_nonnegative, validate_selector_parts,
 };
-use crate::apis::imagepulljob::{CompletionPolicyType, ImagePullJob, ImagePullJobSpec};
+use crate::apis::imagepulljob::{
+    CompletionPolicyType, ImagePullJob, ImagePullJobSpec, ImagePullJobTemplate,
+};
 use crate::image::ImageRef;
 
 /// `pullPolicy.timeoutSeconds` when unset (upstream's default).
@@ -64,9 +66,26 @@ pub fn validate_raw_enums(raw: &serde_json::Value) -> Result<(), ValidationError
 }
 
 fn validate_spec(spec: &ImagePullJobSpec) -> Vec<FieldError> {
+    let mut errs = validate_template(&spec.template);
+    if spec.image.is_empty() {
+        errs.push(FieldError::required("spec.image", "image can not be empty"));
+    } else if let Err(e) = ImageRef::parse(&spec.image) {
+        errs.push(FieldError::invalid(
+            "spec.image",
+            &spec.image,
+            e.kind().to_string(),
+        ));
+    }
+    errs
+}
+
+/// The rules on everything but the image: `selector`, `podSelector`, `parallelism` and
+/// `completionPolicy`, with paths under `spec` (an ImageListPullJob's template is inline in
+/// its spec, so its paths are the same).
+pub fn validate_template(template: &ImagePullJobTemplate) -> Vec<FieldError> {
     let mut errs = Vec::new();
 
-    if let Some(selector) = &spec.template.selector {
+    if let Some(selector) = &template.selector {
         let has_labels = selector.match_labels.is_some() || selector.match_expressions.is_some();
         if has_labels && !selector.names.is_empty() {
             errs.push(FieldError::forbidden(
@@ -86,8 +105,8 @@ fn validate_spec(spec: &ImagePullJobSpec) -> Vec<FieldError> {
             "spec.selector",
         ));
     }
-    if let Some(pod_selector) = &spec.template.pod_selector {
-        if spec.template.selector.is_some() {
+    if let Some(pod_selector) = &template.pod_selector {
+        if template.selector.is_some() {
             errs.push(FieldError::forbidden(
                 "spec.podSelector",
                 "can not set both selector and podSelector",
@@ -96,25 +115,14 @@ fn validate_spec(spec: &ImagePullJobSpec) -> Vec<FieldError> {
         errs.extend(validate_label_selector(pod_selector, "spec.podSelector"));
     }
 
-    if spec.image.is_empty() {
-        errs.push(FieldError::required("spec.image", "image can not be empty"));
-    } else if let Err(e) = ImageRef::parse(&spec.image) {
-        errs.push(FieldError::invalid(
-            "spec.image",
-            &spec.image,
-            e.kind().to_string(),
-        ));
-    }
-
-    if let Some(parallelism) = &spec.template.parallelism {
+    if let Some(parallelism) = &template.parallelism {
         errs.extend(validate_parallelism(parallelism));
     }
 
-    let completion = &spec.template.completion_policy;
+    let completion = &template.completion_policy;
     match completion.type_.unwrap_or_default() {
         CompletionPolicyType::Always => {
-            let timeout = spec
-                .template
+            let timeout = template
                 .pull_policy
                 .as_ref()
                 .and_then(|p| p.timeout_seconds)

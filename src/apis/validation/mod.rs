@@ -18,6 +18,7 @@
 //! rules (`k8s.io/apimachinery/pkg/util/validation`), label-selector validation and upstream's
 //! selector-overlap test.
 
+pub mod imagelistpulljob;
 pub mod imagepulljob;
 pub mod nodeimage;
 pub mod pod_spec;

@@ -15,6 +15,7 @@ use super::status::parallelism;
 use super::targets::{SelectorError, Target, node_state, select_nodes};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
+use crate::apis::well_known::GROUP;
 use crate::controllers::shared::pod_summary::PodSummary;
 use crate::image::ImageRef;
 
@@ -25,7 +26,8 @@ pub enum Step {
     /// collected by the NodeImage controller once it is gone.
     LetGo,
     /// Finished: release as above, then delete the job at `expiry`
-    /// (`ttlSecondsAfterFinished`), or keep it when there is none.
+    /// (`ttlSecondsAfterFinished`), or keep it when there is none. A job an ImageListPullJob
+    /// controls has none: it goes with its list (docs/decisions/0016-*).
     Finished { expiry: Option<Timestamp> },
     /// It cannot run as written: a Warning event with `reason`, and `message` in its status.
     Refuse {
@@ -42,9 +44,14 @@ pub fn next_step(job: &ImagePullJob) -> Step {
         return Step::LetGo;
     }
     if let Some(status) = job.status.as_ref().filter(|s| s.completion_time.is_some()) {
-        return Step::Finished {
-            expiry: super::status::next_deadline(job, status),
+        // The list's own TTL removes the whole family: a child deleted by its own TTL before
+        // the list saw it finish would be recreated (upstream's defect, reference §10.16).
+        let expiry = if controlled_by_a_list(job) {
+            None
+        } else {
+            super::status::next_deadline(job, status)
         };
+        return Step::Finished { expiry };
     }
     let image = match ImageRef::parse(&job.spec.image) {
         Ok(image) => image,
@@ -62,6 +69,15 @@ pub fn next_step(job: &ImagePullJob) -> Step {
             message,
         },
     }
+}
+
+/// Whether the job's controller owner is an ImageListPullJob (`apps.kruise.io`, any version).
+fn controlled_by_a_list(job: &ImagePullJob) -> bool {
+    job.owner_references().iter().any(|o| {
+        o.controller == Some(true)
+            && o.kind == "ImageListPullJob"
+            && o.api_version.split('/').next() == Some(GROUP)
+    })
 }
 
 /// The job's target nodes in pull order, each with where it stands for `req`, among the nodes

@@ -8,6 +8,7 @@ use super::*;
 
 const SIDECARSETS: &str = "sidecarsets.apps.kruise.io";
 const IMAGEPULLJOBS: &str = "imagepulljobs.apps.kruise.io";
+const IMAGELISTPULLJOBS: &str = "imagelistpulljobs.apps.kruise.io";
 const NODEIMAGES: &str = "nodeimages.apps.kruise.io";
 
 fn state(name: &str, established: bool) -> CrdState {
@@ -110,7 +111,10 @@ fn not_established_is_reported_separately_with_a_wait_hint() {
 fn missing_and_not_established_both_reported() {
     let found = vec![state(SIDECARSETS, false)];
     let err = check_crds(&found).unwrap_err();
-    assert_eq!(err.missing, strings(&[IMAGEPULLJOBS, NODEIMAGES]));
+    assert_eq!(
+        err.missing,
+        strings(&[IMAGEPULLJOBS, NODEIMAGES, IMAGELISTPULLJOBS])
+    );
     assert_eq!(err.not_established, strings(&[SIDECARSETS]));
     let message = err.to_string();
     assert!(message.contains("not installed"), "{message}");

@@ -65,6 +65,46 @@ fn a_finished_job_expires_ttl_seconds_after_its_completion() {
 }
 
 #[test]
+fn a_finished_job_an_imagelistpulljob_controls_never_expires_by_its_own_ttl() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    let owner = |kind: &str, api_version: &str, controller: Option<bool>| OwnerReference {
+        api_version: api_version.into(),
+        kind: kind.into(),
+        name: "list".into(),
+        uid: "uid-list".into(),
+        controller,
+        block_owner_deletion: Some(true),
+    };
+    let mut j = job("nginx:1.27");
+    j.spec.template.completion_policy = CompletionPolicy {
+        ttl_seconds_after_finished: Some(0),
+        ..Default::default()
+    };
+    j.status = Some(ImagePullJobStatus {
+        completion_time: Some(t(100)),
+        ..Default::default()
+    });
+    let expires = Step::Finished {
+        expiry: Some(Timestamp::from_second(100).unwrap()),
+    };
+    for version in ["apps.kruise.io/v1beta1", "apps.kruise.io/v1alpha1"] {
+        j.metadata.owner_references = Some(vec![owner("ImageListPullJob", version, Some(true))]);
+        assert_eq!(next_step(&j), Step::Finished { expiry: None }, "{version}");
+    }
+    // Only a controller owner of that kind and group counts.
+    for other in [
+        owner("ImageListPullJob", "apps.kruise.io/v1beta1", None),
+        owner("ImageListPullJob", "example.com/v1", Some(true)),
+        owner("SidecarSet", "apps.kruise.io/v1beta1", Some(true)),
+    ] {
+        j.metadata.owner_references = Some(vec![other.clone()]);
+        assert_eq!(next_step(&j), expires, "{other:?}");
+    }
+    j.metadata.owner_references = None;
+    assert_eq!(next_step(&j), expires);
+}
+
+#[test]
 fn a_bad_image_or_parallelism_refuses_the_job_naming_the_field() {
     let Step::Refuse { reason, message } = next_step(&job("Bad Image")) else {
         panic!("an unparsable image is refused");
