@@ -236,8 +236,12 @@ pub fn must_restart(
 }
 
 /// `image` with every tag's values recomputed from its owners' asks (`ask` answers for one owner
-/// reference; `None` when that owner's spec is unknown, e.g. a job already deleted or not yet in
-/// a store: the tag is then left as it is, since the unknown owner may need more).
+/// reference; `None` when that owner's spec is unknown: a job already deleted, outside this
+/// manager's label selector, or not yet in a store).
+///
+/// A tag whose owners are all known gets exactly their merge, so its values can shrink. A tag
+/// with an unknown owner never shrinks, since that owner may need what the tag holds: its
+/// current values count as one more ask, and the known owners' asks can only add to them.
 ///
 /// A tag whose values change gets a new `version` when `in_flight` says its current round is
 /// still pulling and [`must_restart`] says the pull must start over; a finished round keeps its
@@ -254,15 +258,42 @@ pub fn refresh_image(
     let mut refreshed = image.clone();
     let mut keep_old_image_sandbox = false;
     for tag in &mut refreshed.tags {
-        let asks: Option<Vec<OwnerAsk>> = tag.owner_references.iter().map(&ask).collect();
-        let Some(values) = asks.as_deref().and_then(merge) else {
+        let asks: Vec<Option<OwnerAsk>> = tag.owner_references.iter().map(&ask).collect();
+        let all_known = asks.iter().all(Option::is_some);
+        let mut known: Vec<OwnerAsk> = asks.into_iter().flatten().collect();
+        if known.is_empty() {
             keep_old_image_sandbox |= tag.sandbox_config.is_none();
+            continue;
+        }
+        // What the pull was (or will be) started with.
+        let pulled_with = tag
+            .sandbox_config
+            .as_ref()
+            .or(image.sandbox_config.as_ref())
+            .cloned()
+            .unwrap_or_default();
+        if !all_known {
+            known.insert(
+                0,
+                OwnerAsk {
+                    pull_policy: tag.pull_policy.clone().unwrap_or_default(),
+                    image_pull_policy: tag.image_pull_policy.unwrap_or_default(),
+                    sandbox: pulled_with.clone(),
+                },
+            );
+        }
+        let Some(values) = merge(&known) else {
             continue;
         };
         let old = tag.clone();
         tag.pull_policy = Some(values.pull_policy.clone());
         tag.image_pull_policy = Some(values.image_pull_policy);
-        tag.sandbox_config = Some(values.sandbox.clone());
+        if all_known || tag.sandbox_config.is_some() || values.sandbox != pulled_with {
+            tag.sandbox_config = Some(values.sandbox.clone());
+        } else {
+            // Written without metadata of its own, and the known owners add none.
+            keep_old_image_sandbox = true;
+        }
         if *tag != old
             && in_flight(&old)
             && must_restart(&old, image.sandbox_config.as_ref(), &values)

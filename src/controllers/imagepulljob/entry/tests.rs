@@ -136,20 +136,32 @@ fn a_second_job_joins_the_tag_with_a_new_round_and_the_more_patient_policy() {
 }
 
 #[test]
-fn an_unknown_owner_leaves_the_tag_alone() {
-    // u1 is not in the store (deleted, or not listed yet): it may need more than u2 asks, so
-    // the tag is not recomputed without it; u2 still joins.
-    let u1 = req("u1", Default::default(), None);
+fn an_unknown_owner_keeps_what_the_tag_holds_and_known_owners_add_to_it() {
+    // u1 is not in the store (deleted, outside this manager's selector, not listed yet): it may
+    // need what the tag holds, so the tag never shrinks without it; u2 and u3 still get theirs.
+    let u1 = req("u1", Default::default(), Some(labels(&[("app", "one")])));
     let first = entry(&BTreeMap::new(), None, &u1, &[], 1).unwrap();
     let mut u2 = req("u2", Default::default(), None);
     u2.terms.timeout_seconds = 10;
     let both = entry(&first, None, &u2, &[], 2).unwrap();
     let tag = &both["nginx"].tags[0];
     assert_eq!(tag.owner_references.len(), 2);
+    let timeout = |t: &ImageTagSpec| t.pull_policy.as_ref().unwrap().timeout_seconds;
+    assert_eq!(timeout(tag), Some(100), "not shrunk to u2's");
+    assert_eq!(tag.sandbox_config, Some(labels(&[("app", "one")])));
+
+    let mut u3 = req("u3", Default::default(), Some(labels(&[("team", "three")])));
+    u3.terms.timeout_seconds = 5000;
+    u3.terms.image_pull_policy = ImagePullPolicy::Always;
+    let three = entry(&both, None, &u3, &[&u2], 3).unwrap();
+    let tag = &three["nginx"].tags[0];
+    assert_eq!(timeout(tag), Some(5000));
+    assert_eq!(tag.image_pull_policy, Some(ImagePullPolicy::Always));
     assert_eq!(
-        tag.pull_policy, first["nginx"].tags[0].pull_policy,
-        "not shrunk to u2's"
+        tag.sandbox_config,
+        Some(labels(&[("app", "one"), ("team", "three")]))
     );
+    assert_eq!(tag.version, Some(2), "one new round per joiner");
 }
 
 fn labels(pairs: &[(&str, &str)]) -> SandboxConfig {

@@ -316,3 +316,40 @@ fn in_flight_until_the_node_reports_this_round_finished() {
     );
     assert!(in_flight(Some(&status(2, true)), "other", &t));
 }
+
+#[test]
+fn an_unknown_owner_never_lets_a_tag_shrink_but_known_asks_add() {
+    let mut shared = tag("1", &["gone", "b"]);
+    shared.pull_policy = Some(ImageTagPullPolicy {
+        timeout_seconds: Some(999),
+        ..Default::default()
+    });
+    shared.image_pull_policy = Some(ImagePullPolicy::IfNotPresent);
+    let image = ImageSpec {
+        tags: vec![shared],
+        sandbox_config: Some(labels(&[("old", "x")])),
+        ..Default::default()
+    };
+    let asks = |o: &ObjectReference| {
+        (o.uid.as_deref() == Some("b")).then(|| ask(100, true, labels(&[("team", "b")])))
+    };
+    let out = refresh_image(&image, asks, |_| true);
+    let tag = &out.tags[0];
+    assert_eq!(
+        tag.pull_policy.as_ref().unwrap().timeout_seconds,
+        Some(999),
+        "kept"
+    );
+    assert_eq!(
+        tag.image_pull_policy,
+        Some(ImagePullPolicy::Always),
+        "added"
+    );
+    assert_eq!(
+        tag.sandbox_config,
+        Some(labels(&[("old", "x"), ("team", "b")])),
+        "what it was pulled with, plus b's"
+    );
+    assert_eq!(tag.version, Some(1), "in flight, asked for more");
+    assert_eq!(refresh_image(&out, asks, |_| true), out, "a fixed point");
+}
