@@ -32,9 +32,6 @@ pub use self::watch::run_with_pods;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use k8s_openapi::api::core::v1::ObjectReference;
 
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
@@ -44,7 +41,6 @@ use super::ControllerOptions;
 use super::shared::backoff::Backoff;
 use super::shared::nodeimage_images::ImagesWriteError;
 use super::shared::pod_summary::PodSummary;
-use super::shared::tag_values::{OwnerAsk, PullTerms};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
 use crate::events::Recorder;
@@ -126,30 +122,6 @@ impl Context {
                 .get(&ObjectRef::new(name))
                 .is_some_and(|stored| stored.metadata.generation < ours.metadata.generation)
         });
-    }
-
-    /// What another owner of a tag asks of it on `node`: `None` for an owner that is not an
-    /// ImagePullJob in the store with this uid (gone, replaced, not listed yet), whose tags are
-    /// then left as they are.
-    fn other_owner_ask(
-        &self,
-        owner: &ObjectReference,
-        node: &str,
-        extra_ttl: Duration,
-    ) -> Option<OwnerAsk> {
-        if owner.kind.as_deref() != Some("ImagePullJob") {
-            return None;
-        }
-        let (name, namespace, uid) = (
-            owner.name.as_deref()?,
-            owner.namespace.as_deref()?,
-            owner.uid.as_deref()?,
-        );
-        let job = self
-            .jobs
-            .get(&ObjectRef::new(name).within(namespace))
-            .filter(|job| job.metadata.uid.as_deref() == Some(uid))?;
-        Some(PullTerms::of(&job.spec.template).ask(uid, node, extra_ttl))
     }
 
     fn refreshed_generation(&self, job: &ImagePullJob) -> Option<i64> {

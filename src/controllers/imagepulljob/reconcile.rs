@@ -24,6 +24,7 @@ use crate::apis::imagepulljob::{ImagePullJob, ImagePullJobStatus};
 use crate::apis::nodeimage::NodeImage;
 use crate::apis::well_known::DELETION_PROTECTION_FINALIZER;
 use crate::controllers::shared::nodeimage_images::{ImagesWriteError, update_images};
+use crate::controllers::shared::tag_values::stored_owner_ask;
 use crate::error_chain::error_chain;
 
 /// How long a reconcile waits for the first lists of NodeImages and Pods.
@@ -161,7 +162,7 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
     let mut results = Vec::with_capacity(write.len());
     for node in write {
         let current = (*by_name[&node]).clone();
-        let others = |owner: &ObjectReference| ctx.other_owner_ask(owner, &node, extra_ttl);
+        let others = |owner: &ObjectReference| stored_owner_ask(&ctx.jobs, owner, &node, extra_ttl);
         let result = update_images(&api, FIELD_MANAGER, current, |ni| {
             with_job_entry(
                 &ni.spec.images,

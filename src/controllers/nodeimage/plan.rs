@@ -21,7 +21,8 @@ use crate::apis::nodeimage::{
     ImagePullPhase, ImageSpec, ImageStatus, ImageTagSpec, ImageTagStatus, NodeImage, NodeImageSpec,
     NodeImageStatus,
 };
-use crate::apis::well_known::{FAKE_NODEIMAGE, GROUP, VIRTUAL_KUBELET_TYPE};
+use crate::apis::well_known::{FAKE_NODEIMAGE, VIRTUAL_KUBELET_TYPE};
+pub use crate::controllers::shared::tag_values::is_image_pull_job;
 use crate::controllers::shared::tag_values::{OwnerAsk, in_flight, refresh_image};
 use crate::image::joined_ref;
 
@@ -187,17 +188,6 @@ pub fn lifecycle(
 }
 
 // --- spec garbage collection --------------------------------------------------------------------
-
-/// Whether an owner reference points at an `apps.kruise.io` ImagePullJob (any version). Others
-/// (other kinds, or no apiVersion at all) are never collected.
-pub fn is_image_pull_job(owner: &ObjectReference) -> bool {
-    let group = owner
-        .api_version
-        .as_deref()
-        .and_then(|v| v.rsplit_once('/'))
-        .map_or("", |(group, _)| group);
-    owner.kind.as_deref() == Some("ImagePullJob") && group == GROUP
-}
 
 /// The ImagePullJob owner references of a spec, each once (by uid), for liveness checks.
 pub fn job_owners(spec: &NodeImageSpec) -> Vec<&ObjectReference> {

@@ -22,7 +22,7 @@ use super::{Context, FIELD_MANAGER, patches};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::{NodeImage, NodeImageSpec};
 use crate::controllers::shared::nodeimage_images::{ImagesWriteError, update_images};
-use crate::controllers::shared::tag_values::PullTerms;
+use crate::controllers::shared::tag_values::stored_owner_ask;
 use crate::error_chain::error_chain;
 use crate::image::joined_ref;
 
@@ -312,19 +312,11 @@ async fn collect_garbage(
     let name = current.name_any();
     let gone = gone_jobs(ctx, &current.spec).await;
     let ask = |owner: &ObjectReference| {
-        let (name_, namespace, uid) = (
-            owner.name.as_deref()?,
-            owner.namespace.as_deref()?,
-            owner.uid.as_deref()?,
-        );
-        if !plan::is_image_pull_job(owner) || gone.contains(uid) {
+        let gone_now = owner.uid.as_ref().is_some_and(|uid| gone.contains(uid));
+        if gone_now {
             return None;
         }
-        let job = ctx
-            .jobs
-            .get(&ObjectRef::new(name_).within(namespace))
-            .filter(|job| job.metadata.uid.as_deref() == Some(uid))?;
-        Some(PullTerms::of(&job.spec.template).ask(uid, &name, ctx.extra_ttl))
+        stored_owner_ask(&ctx.jobs, owner, &name, ctx.extra_ttl)
     };
     let decide = |ni: &NodeImage| {
         let status = ni.status.clone().unwrap_or_default();

@@ -17,10 +17,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ObjectReference;
 
 use crate::apis::common::{ImagePullPolicy, SandboxConfig};
-use crate::apis::imagepulljob::{CompletionPolicyType, ImagePullJobTemplate};
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::apis::imagepulljob::{CompletionPolicyType, ImagePullJob, ImagePullJobTemplate};
 use crate::apis::nodeimage::{
     ImageSpec, ImageTagPullPolicy, ImageTagSpec, ImageTagStatus, NodeImageStatus,
 };
+use crate::apis::well_known::GROUP;
 
 /// Upstream's per-pull defaults.
 pub const DEFAULT_TIMEOUT_SECONDS: i32 = 600;
@@ -61,6 +64,40 @@ impl PullTerms {
             sandbox: self.sandbox_config.clone().unwrap_or_default(),
         }
     }
+}
+
+/// Whether an owner reference points at an `apps.kruise.io` ImagePullJob (any version). Others
+/// (other kinds, or no apiVersion at all) are never collected.
+pub fn is_image_pull_job(owner: &ObjectReference) -> bool {
+    let group = owner
+        .api_version
+        .as_deref()
+        .and_then(|v| v.rsplit_once('/'))
+        .map_or("", |(group, _)| group);
+    owner.kind.as_deref() == Some("ImagePullJob") && group == GROUP
+}
+
+/// What `owner` asks of its tag on `node`, read from the ImagePullJobs in `jobs`: `None` for an
+/// owner that is not an ImagePullJob there with this uid (gone, replaced, outside this manager's
+/// label selector, not listed yet), which [`refresh_image`] then treats as unknown.
+pub fn stored_owner_ask(
+    jobs: &Store<ImagePullJob>,
+    owner: &ObjectReference,
+    node: &str,
+    extra_ttl: Duration,
+) -> Option<OwnerAsk> {
+    if !is_image_pull_job(owner) {
+        return None;
+    }
+    let (name, namespace, uid) = (
+        owner.name.as_deref()?,
+        owner.namespace.as_deref()?,
+        owner.uid.as_deref()?,
+    );
+    let job = jobs
+        .get(&ObjectRef::new(name).within(namespace))
+        .filter(|job| job.metadata.uid.as_deref() == Some(uid))?;
+    Some(PullTerms::of(&job.spec.template).ask(uid, node, extra_ttl))
 }
 
 /// What one owner job asks of one tag on one node.
