@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, future};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::admission::{AdmissionRequest, Operation};
-use kube::core::{DynamicObject, PartialObjectMeta};
+use kube::core::{DynamicObject, ObjectMeta, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -221,6 +221,16 @@ pub(super) fn patch_between<T: serde::Serialize>(before: &T, after: &T) -> Verdi
 }
 
 /// A denial naming every field that is wrong.
+/// The namespace of a namespaced object under admission: its own, or the request's when the
+/// object leaves it out (a create through a namespaced URL).
+fn namespace_of(meta: &ObjectMeta, request: &AdmissionRequest<DynamicObject>) -> String {
+    meta.namespace
+        .clone()
+        .filter(|ns| !ns.is_empty())
+        .or_else(|| request.namespace.clone())
+        .unwrap_or_default()
+}
+
 fn deny(kind: &str, name: &str, errors: &ValidationErrors) -> Verdict {
     Verdict::Deny(format!("{kind} {name:?} is invalid: {errors}"))
 }
@@ -487,13 +497,7 @@ impl Handlers {
         }
         // The manager copies these Secrets where every node can read them: only their readers
         // may name them (decision 0009).
-        let namespace = job
-            .metadata
-            .namespace
-            .clone()
-            .filter(|ns| !ns.is_empty())
-            .or_else(|| request.namespace.clone())
-            .unwrap_or_default();
+        let namespace = namespace_of(&job.metadata, request);
         let reads = secret_access::job_reads(&job, &namespace, old.as_ref());
         self.author_may_read(request, &reads, secret_access::JOB_RULE, "ImagePullJob")
             .await
@@ -532,13 +536,7 @@ impl Handlers {
         }
         // The manager gives these Secrets to the ImagePullJob of each image, which copies them
         // where every node can read them: only their readers may name them (decision 0009).
-        let namespace = job
-            .metadata
-            .namespace
-            .clone()
-            .filter(|ns| !ns.is_empty())
-            .or_else(|| request.namespace.clone())
-            .unwrap_or_default();
+        let namespace = namespace_of(&job.metadata, request);
         let reads = secret_access::pull_secret_reads(
             &job.spec.template.pull_secrets,
             &namespace,

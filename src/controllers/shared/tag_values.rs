@@ -285,8 +285,8 @@ pub fn must_restart(
 /// verdict, and the new values apply to the next round.
 ///
 /// The image's `sandboxConfig` becomes the merge of its tags' (in tag order), plus what it held
-/// before when a tag has none of its own and could not be recomputed: that metadata may be
-/// that tag's, written by a manager that kept it per image only.
+/// before when a tag is left without metadata of its own (an owner unknown, and the known ones
+/// add none): that metadata may be that tag's, written by a manager that kept it per image only.
 pub fn refresh_image(
     image: &ImageSpec,
     ask: impl Fn(&ObjectReference) -> Option<OwnerAsk>,
