@@ -41,6 +41,17 @@ impl Backoff {
     }
 }
 
+/// `delay` stretched by a random share of up to `factor` of itself (`delay * (1 + [0, factor))`),
+/// so that many clients failing at once do not retry in step (client-go's `wait.Jitter`).
+/// A `factor` that is not positive leaves `delay` as it is.
+pub fn jittered(delay: Duration, factor: f64) -> Duration {
+    if factor.is_nan() || factor <= 0.0 {
+        return delay;
+    }
+    let extra = delay.as_secs_f64() * factor * fastrand::f64();
+    Duration::try_from_secs_f64(extra).map_or(delay, |extra| delay.saturating_add(extra))
+}
+
 impl Default for Backoff {
     fn default() -> Self {
         Self::new(Duration::from_millis(500), Duration::from_secs(300))
@@ -59,6 +70,17 @@ mod tests {
         assert_eq!(b.failed("b").as_secs(), 1, "keys are independent");
         b.succeeded("a");
         assert_eq!(b.failed("a").as_secs(), 1);
+    }
+
+    #[test]
+    fn jitter_stays_within_its_factor_and_varies() {
+        let d = Duration::from_secs(10);
+        let samples: Vec<_> = (0..200).map(|_| jittered(d, 0.5)).collect();
+        assert!(samples.iter().all(|s| *s >= d && *s < Duration::from_secs(15)));
+        assert!(samples.iter().any(|s| *s != samples[0]), "not one fixed value");
+        assert_eq!(jittered(d, 0.0), d);
+        assert_eq!(jittered(d, f64::NAN), d);
+        assert_eq!(jittered(Duration::MAX, 1.0), Duration::MAX, "saturates");
     }
 
     #[test]
