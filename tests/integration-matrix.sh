@@ -39,6 +39,10 @@ if [[ -n ${KUBECONFIG:-} ]]; then
   unset KUBECONFIG
 fi
 read -r -a cargo_flags <<<"${CARGO_TEST_FLAGS:---locked}"
+# Each run's output is kept so that the reasons of failures can be repeated after the summary: a
+# CI log is often read from its end, where run 1's failures would otherwise be far above.
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
 summary=()
 failed=0
 n=0
@@ -52,10 +56,32 @@ for run in "${runs[@]}"; do
   start=$(date +%s)
   rc=0
   KUBE_VERSION=$version KRUISE_RS_APISERVER_ARGS=$api_args \
-    cargo test "${cargo_flags[@]}" --test integration -- "${args[@]}" || rc=$?
+    cargo test "${cargo_flags[@]}" --test integration -- "${args[@]}" 2>&1 \
+    | tee "$logs/$n.log" || rc=$?
   secs=$(($(date +%s) - start))
   if ((rc == 0)); then result=passed; else result="FAILED (exit $rc)"; failed=1; fi
   summary+=("$(printf '  %d. %-17s %4d s  %s' "$n" "$result" "$secs" "$label")")
+done
+
+# failure_excerpt LOG: libtest's "failures:" section of LOG (each failed test's output and panic),
+# at most its first 20 and last 150 lines.
+failure_excerpt() {
+  awk '/^failures:$/ {on = 1} on {print} /^test result:/ {on = 0}' "$1" \
+    | awk -v head=20 -v tail=150 '
+        {line[NR] = $0}
+        END {
+          for (i = 1; i <= NR; i++)
+            if (i <= head || i > NR - tail) print line[i]
+            else if (i == head + 1) printf "    [... %d lines left out ...]\n", NR - head - tail
+        }'
+}
+n=0
+for run in "${runs[@]}"; do
+  n=$((n + 1))
+  if [[ ${summary[n - 1]} == *FAILED* ]]; then
+    printf '\n==> why integration run %d failed (%s):\n' "$n" "${run%%|*}" >&2
+    failure_excerpt "$logs/$n.log" >&2
+  fi
 done
 
 printf '\n==> integration matrix:\n' >&2

@@ -146,7 +146,8 @@ start_real_node() {
   # stops containerd by them.
   node_state=$(mktemp -d "${TMPDIR:-/tmp}/kruise-rs-node.XXXXXX")
   if ! env=$("$repo/tests/node/start.sh" --owner-pid $$ "$node_state" 2>"$state/node-start.log"); then
-    echo "    tests/node/start.sh failed (see $state/node-start.log): node-c is played like the others" >&2
+    echo "    tests/node/start.sh failed: node-c is played like the others. Its last words:" >&2
+    tail -n 15 "$state/node-start.log" | sed 's/^/      /' >&2
     return 1
   fi
   while IFS='=' read -r key value; do
@@ -270,7 +271,8 @@ watch_until() {
     if "$@"; then return 0; fi
     sleep 1
   done
-  echo "    (still not finished after ${demo_timeout}s: see $log)" >&2
+  echo "    (still not finished after ${demo_timeout}s: see $log; its last lines:)" >&2
+  tail -n 25 "$log" | sed 's/^/      /' >&2
   finished=false
 }
 rollout_done() {
