@@ -49,6 +49,9 @@ fn the_demo_pulls_on_a_real_node_and_finishes_the_rollout() {
         // The played kubelet: the real node's demo runs in tests/cluster/e2e.sh.
         .env("KRUISE_RS_NODE", "played")
         .env("KRUISE_RS_DEMO_TIMEOUT", STEP_TIMEOUT)
+        // node-c's containerd and registry start while the whole suite starts too: patience, or
+        // node-c would quietly be played and the checks below fail for no fault of the demo.
+        .env("KRUISE_RS_NODE_TIMEOUT", "180")
         .env("KRUISE_RS_BIN", env!("CARGO_BIN_EXE_kruise-rs"))
         .env("KRUISE_RS_PROBE_ADDR", free_addr())
         .env("KRUISE_RS_WEBHOOK_ADDR", free_addr())
