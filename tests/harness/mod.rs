@@ -12,6 +12,7 @@
 
 pub mod bench;
 pub mod controlplane;
+pub mod fault_proxy;
 pub mod objects;
 pub mod process;
 pub mod procfs;

@@ -6,6 +6,7 @@ mod daemon_nodeimage_policy;
 mod demo;
 mod deploy;
 mod events;
+mod faults;
 #[path = "../harness/mod.rs"]
 mod harness;
 mod helm;
