@@ -499,3 +499,83 @@ pub fn describe(injected: &Injected) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(faults: Faults, budget: u64, seed: u64) -> FaultState {
+        FaultState {
+            faults,
+            rng: fastrand::Rng::with_seed(seed),
+            budget,
+            injected: Injected::default(),
+        }
+    }
+
+    fn fates(state: &mut FaultState, n: usize, watch: bool) -> Vec<String> {
+        (0..n)
+            .map(|_| format!("{:?}", state.decide(watch)))
+            .collect()
+    }
+
+    #[test]
+    fn the_budget_bounds_the_faults_and_then_everything_is_forwarded() {
+        let mut s = state(Faults::everything(), 25, 7);
+        fates(&mut s, 2000, true);
+        assert_eq!(s.injected.total(), 25);
+        assert_eq!(s.budget, 0);
+        let after = fates(&mut s, 100, true);
+        assert!(
+            after
+                .iter()
+                .all(|f| f.starts_with("Forward { delay: None, cut_after: None, stall: None")),
+            "{after:?}"
+        );
+    }
+
+    #[test]
+    fn no_faults_while_none_are_given() {
+        let mut s = state(Faults::default(), 1000, 7);
+        fates(&mut s, 500, true);
+        assert_eq!(s.injected.total(), 0);
+        assert_eq!(s.injected.forwarded, 500);
+    }
+
+    #[test]
+    fn one_seed_one_sequence_of_fates() {
+        let a = fates(&mut state(Faults::everything(), 1000, 42), 300, true);
+        let b = fates(&mut state(Faults::everything(), 1000, 42), 300, true);
+        let c = fates(&mut state(Faults::everything(), 1000, 43), 300, true);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn watch_faults_only_meet_watches() {
+        let faults = Faults {
+            cut_watch: 1.0,
+            stall_watch: 1.0,
+            max_watch_life: Duration::from_secs(1),
+            max_stall: Duration::from_secs(1),
+            ..Faults::default()
+        };
+        let mut s = state(faults, 1000, 1);
+        fates(&mut s, 50, false);
+        assert_eq!(s.injected.total(), 0);
+        fates(&mut s, 50, true);
+        assert_eq!(
+            (s.injected.cut_watches, s.injected.stalled_watches),
+            (50, 50)
+        );
+    }
+
+    #[test]
+    fn watches_are_told_by_their_query() {
+        assert!(is_watch(Some("watch=true&resourceVersion=5")));
+        assert!(is_watch(Some("labelSelector=a&watch=1")));
+        assert!(!is_watch(Some("labelSelector=watch%3Dtrue")));
+        assert!(!is_watch(Some("watch=false")));
+        assert!(!is_watch(None));
+    }
+}
