@@ -20,6 +20,7 @@ use kube::{Api, Client};
 
 use super::ManagerError;
 use crate::apis::well_known::{LEGACY_VERSION, STORAGE_VERSION};
+use crate::runtime::{START_UP_PATIENCE, retry_transient};
 
 /// The CRDs the manager needs; it refuses to start unless every one is usable ([`check_crds`]).
 pub const REQUIRED_CRDS: [&str; 4] = [
@@ -344,7 +345,8 @@ pub async fn ensure_installed(client: &Client) -> Result<(), ManagerError> {
     let found = try_join_all(REQUIRED_CRDS.iter().map(|&name| {
         let api = &api;
         async move {
-            api.get_opt(name)
+            let what = format!("reading the CustomResourceDefinition {name}");
+            retry_transient(&what, START_UP_PATIENCE, || api.get_opt(name))
                 .await
                 .map_err(|source| ManagerError::ReadCrd { name, source })
         }

@@ -40,7 +40,10 @@ pub use self::crds::{CrdState, REQUIRED_CRDS, UnusableCrds, check_crds};
 pub use self::leader::LeaderElection;
 use self::readiness::Controllers;
 pub use self::server_version::ServerTooOld;
-use crate::runtime::{self, ConnectError, ManagerMetrics, Metrics, ProbeState, connect};
+use crate::runtime::{
+    self, ConnectError, ManagerMetrics, Metrics, ProbeState, START_UP_PATIENCE, connect,
+    retry_transient,
+};
 
 /// How long in-flight reconciles may take to finish once shutdown has begun.
 const CONTROLLERS_STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -397,10 +400,13 @@ impl Drop for ForgetObjects {
 /// list, probe listener.
 async fn start(opts: &ManagerOptions) -> Result<(Client, TcpListener, InitialList), ManagerError> {
     let client = connect(opts.kubeconfig.as_deref()).await?;
-    let info = client
-        .apiserver_version()
-        .await
-        .map_err(ManagerError::ReadServerVersion)?;
+    let info = retry_transient(
+        "reading the API server's version",
+        START_UP_PATIENCE,
+        || client.apiserver_version(),
+    )
+    .await
+    .map_err(ManagerError::ReadServerVersion)?;
     match server_version::check(&info.major, &info.minor, &info.git_version)? {
         Some(version) => info!(server = %info.git_version, %version, "API server"),
         None => warn!(

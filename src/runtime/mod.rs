@@ -4,7 +4,9 @@
 mod client;
 mod metrics;
 mod server;
+mod transient;
 
 pub use self::client::{ConnectError, connect};
 pub use self::metrics::{ADMISSION_KINDS, CONTENT_TYPE, ManagerMetrics, Metrics};
 pub use self::server::{LivenessCheck, ProbeState, router, serve};
+pub use self::transient::{START_UP_PATIENCE, is_transient, retry_transient, retry_while};

@@ -42,6 +42,7 @@ use tracing::{info, warn};
 use self::certs::{Certificates, Decision, ServingNames};
 pub use self::configuration::{ConfigurationParams, Endpoint, FailurePolicy};
 use self::server::{Admit, Server};
+use crate::runtime::{self, START_UP_PATIENCE, retry_while};
 
 /// Field manager of the webhook configurations.
 pub const FIELD_MANAGER: &str = "kruise-rs-webhook";
@@ -111,6 +112,13 @@ pub enum WebhookError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl WebhookError {
+    /// Whether the API server refused for a moment (429, 5xx, unreachable): start-up asks again.
+    fn is_transient(&self) -> bool {
+        matches!(self, WebhookError::Api { source, .. } if runtime::is_transient(source))
+    }
 }
 
 fn api_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> WebhookError {
@@ -328,7 +336,13 @@ pub async fn run(
     on_ready: Option<oneshot::Sender<SocketAddr>>,
 ) -> Result<(), WebhookError> {
     let mut shutdown = pin!(shutdown);
-    let loaded = load(&client, &opts).await?;
+    let loaded = retry_while(
+        "loading the webhook certificates",
+        START_UP_PATIENCE,
+        WebhookError::is_transient,
+        || load(&client, &opts),
+    )
+    .await?;
     let tls = server::tls_config(&loaded.cert, &loaded.key)
         .await
         .map_err(WebhookError::Tls)?;
@@ -339,7 +353,14 @@ pub async fn run(
             source,
         })?;
     let mut ca = loaded.ca.clone();
-    apply_configurations(&client, &configuration_params(&opts, ca.clone())).await?;
+    let params = configuration_params(&opts, ca.clone());
+    retry_while(
+        "registering the webhooks",
+        START_UP_PATIENCE,
+        WebhookError::is_transient,
+        || apply_configurations(&client, &params),
+    )
+    .await?;
     info!(addr = %server.addr, endpoint = ?opts.endpoint, "webhooks serving");
     if let Some(on_ready) = on_ready {
         let _ = on_ready.send(server.addr);
