@@ -21,10 +21,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::Pod;
 use kruise_rs::apis::imagepulljob::{
     ImagePullJob, ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate,
 };
 use kruise_rs::apis::nodeimage::NodeImage;
+use kruise_rs::apis::sidecarset::SidecarSet;
 use kruise_rs::apis::well_known::FAKE_NODEIMAGE;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -33,8 +35,15 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::harness::controlplane::{ControlPlane, Crds, config_for};
-use crate::harness::fault_proxy::{FaultProxy, Faults, describe, restart_control_plane_process};
+use crate::harness::fault_proxy::{
+    FaultProxy, Faults, Injected, describe, restart_control_plane_process,
+};
 use crate::harness::objects::create_namespace;
+use crate::sidecarset_crash::{InFlightRecord, track_in_flight};
+use crate::sidecarset_upgrade::{
+    NEW_IMAGE, SIDECAR, admit_injected, base_pod, counts, counts_of, describe_set, one_sidecar_set,
+};
+use crate::support::kubelet::{self, BackgroundKubelet};
 
 const SEED_VAR: &str = "KRUISE_FAULT_SEED";
 const LONG_VAR: &str = "KRUISE_FAULT_LONG";
@@ -201,7 +210,10 @@ struct Manager {
     logs: Vec<PathBuf>,
     kubeconfig: PathBuf,
     dir: PathBuf,
-    exited_on_its_own: usize,
+    /// Flags beyond the ones every start gets (webhooks, say).
+    args: Vec<String>,
+    /// Each time it ended without being killed, with its last log line.
+    exits: Vec<String>,
 }
 
 impl Manager {
@@ -212,13 +224,14 @@ impl Manager {
             .arg("manager")
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
-            .args(["--probe-addr", "127.0.0.1:0", "--disable-webhooks"])
+            .args(["--probe-addr", "127.0.0.1:0"])
             .args(["--nodeimage-creation-delay", "0"])
             // Short, in the defaults' proportions: each start after a kill waits out the lease
             // the killed process held.
             .args(["--leader-election-lease-duration", "3s"])
             .args(["--leader-election-renew-deadline", "2s"])
             .args(["--leader-election-retry-period", "500ms"])
+            .args(&self.args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("the log file"))
@@ -231,8 +244,18 @@ impl Manager {
 
     fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            if let Ok(Some(_)) = child.try_wait() {
-                self.exited_on_its_own += 1;
+            if let Ok(Some(status)) = child.try_wait() {
+                let last = self.logs.last().and_then(|log| {
+                    let text = std::fs::read_to_string(log).ok()?;
+                    text.lines().last().map(str::to_owned)
+                });
+                let exit = format!(
+                    "start {} exited on its own ({status}): {}",
+                    self.logs.len(),
+                    last.unwrap_or_default()
+                );
+                eprintln!("faults: manager {exit}");
+                self.exits.push(exit);
             }
             let _ = child.kill();
             let _ = child.wait();
@@ -300,36 +323,130 @@ async fn restart(plane_state: &Path, client: &Client, name: &'static str) {
     wait_apiserver(client, &format!("restarting {name}")).await;
 }
 
+/// What both tests share: a control plane of their own, the proxy in front of it, the manager
+/// behind the proxy, and the seed.
+struct Rig {
+    seed: u64,
+    rng: fastrand::Rng,
+    started: Instant,
+    plane: ControlPlane,
+    /// Straight to the apiserver: the test's own requests meet no faults.
+    client: Client,
+    proxy: FaultProxy,
+    manager: Manager,
+    _logs: tempfile::TempDir,
+}
+
+impl Rig {
+    async fn start(what: &str, manager_args: Vec<String>) -> Rig {
+        let seed = seed();
+        eprintln!("faults, {what}: seed {seed} ({SEED_VAR}={seed} replays it)");
+        let plane = tokio::task::spawn_blocking(|| {
+            let plane = ControlPlane::start("kruise-rs-faults-")?;
+            plane.install_crds(Crds::Repository)?;
+            Ok::<_, String>(plane)
+        })
+        .await
+        .expect("the start task")
+        .unwrap_or_else(|e| panic!("seed {seed}: the fault test's control plane: {e}"));
+        let client = plane.client().await.expect("a client");
+        create_namespace(&client, "kruise-system", &[])
+            .await
+            .expect("namespace kruise-system");
+        let mut upstream_config = config_for(plane.kubeconfig()).await.expect("a config");
+        upstream_config.read_timeout = None;
+        let upstream = Client::try_from(upstream_config).expect("the proxy's client");
+        let proxy = FaultProxy::start(upstream, seed)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let logs = tempfile::Builder::new()
+            .prefix("kruise-rs-faults-logs-")
+            .tempdir()
+            .expect("a log directory");
+        let manager = Manager {
+            child: None,
+            logs: Vec::new(),
+            kubeconfig: proxy.kubeconfig().to_owned(),
+            dir: logs.path().to_owned(),
+            args: manager_args,
+            exits: Vec::new(),
+        };
+        Rig {
+            seed,
+            rng: fastrand::Rng::with_seed(seed),
+            started: Instant::now(),
+            plane,
+            client,
+            proxy,
+            manager,
+            _logs: logs,
+        }
+    }
+
+    /// Faults on; the manager killed `kills` times, a kill every 3–7 s (each new process first
+    /// waits out the killed one's 3 s Lease); the apiserver restarted after a third of the kills,
+    /// etcd after two thirds; then calm, the manager running. Returns what the proxy injected.
+    async fn faults_and_kills(&mut self, kills: usize, budget: u64) -> Injected {
+        self.proxy.set(Faults::everything(), budget);
+        for kill in 1..=kills {
+            // A random moment to strike, not a wait for something to happen.
+            tokio::time::sleep(Duration::from_millis(self.rng.u64(3000..7000))).await;
+            self.manager.kill();
+            if kill == kills / 3 {
+                restart(self.plane.state_dir(), &self.client, "kube-apiserver").await;
+            }
+            if kill == 2 * kills / 3 {
+                restart(self.plane.state_dir(), &self.client, "etcd").await;
+            }
+            self.manager.start();
+        }
+        self.proxy.calm();
+        self.proxy.injected()
+    }
+
+    /// What every test asserts at its end: no panic in any manager log, no manager that gave
+    /// up and exited (a refused request is asked again; a lost Lease makes it follow), every
+    /// kind of fault injected at least once.
+    fn assert_no_panic_and_every_fault(&self, injected: &Injected) {
+        let seed = self.seed;
+        let panics = self.manager.panics();
+        assert!(
+            panics.is_empty(),
+            "seed {seed}: the manager panicked: {panics:#?}"
+        );
+        assert!(
+            self.manager.exits.is_empty(),
+            "seed {seed}: the manager exited on its own: {:#?}",
+            self.manager.exits
+        );
+        for (kind, count) in [
+            ("429", injected.too_many_requests),
+            ("5xx", injected.server_errors),
+            ("delays", injected.delays),
+            ("hangs", injected.hangs),
+            ("watch cuts", injected.cut_watches),
+            ("watch stalls", injected.stalled_watches),
+        ] {
+            assert!(
+                count > 0,
+                "seed {seed}: no {kind} injected: the proxy did not do its job"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_image_pull_job_keeps_parallelism_and_completes_through_faults_restarts_and_kills() {
-    let seed = seed();
     let scale = scale();
-    let started = Instant::now();
-    eprintln!(
-        "faults: seed {seed} ({SEED_VAR}={seed} replays it), {} nodes, parallelism {}, \
-         {} manager kills",
-        scale.nodes, scale.parallelism, scale.kills
-    );
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let plane = tokio::task::spawn_blocking(|| {
-        let plane = ControlPlane::start("kruise-rs-faults-")?;
-        plane.install_crds(Crds::Repository)?;
-        Ok::<_, String>(plane)
-    })
-    .await
-    .expect("the start task")
-    .unwrap_or_else(|e| panic!("seed {seed}: the fault test's control plane: {e}"));
-    let client = plane.client().await.expect("a client");
-    create_namespace(&client, "kruise-system", &[])
-        .await
-        .expect("namespace kruise-system");
-
-    let mut upstream_config = config_for(plane.kubeconfig()).await.expect("a config");
-    upstream_config.read_timeout = None;
-    let upstream = Client::try_from(upstream_config).expect("the proxy's client");
-    let proxy = FaultProxy::start(upstream, seed)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut rig = Rig::start(
+        &format!(
+            "ImagePullJob over {} nodes, parallelism {}, {} manager kills",
+            scale.nodes, scale.parallelism, scale.kills
+        ),
+        vec!["--disable-webhooks".to_owned()],
+    )
+    .await;
+    let (seed, client) = (rig.seed, rig.client.clone());
 
     // The nodes: NodeImages only (the fake label keeps the manager from collecting them).
     let nodeimages: Api<NodeImage> = Api::all(client.clone());
@@ -365,20 +482,7 @@ async fn an_image_pull_job_keeps_parallelism_and_completes_through_faults_restar
         })
     };
     let daemons = play_daemons(client.clone(), seed);
-
-    let dir = tempfile::Builder::new()
-        .prefix("kruise-rs-faults-logs-")
-        .tempdir()
-        .expect("a log directory");
-    let mut manager = Manager {
-        child: None,
-        logs: Vec::new(),
-        kubeconfig: proxy.kubeconfig().to_owned(),
-        dir: dir.path().to_owned(),
-        exited_on_its_own: 0,
-    };
-    proxy.set(Faults::everything(), scale.faults);
-    manager.start();
+    rig.manager.start();
 
     let job = ImagePullJob::new(
         "fan-out",
@@ -403,21 +507,7 @@ async fn an_image_pull_job_keeps_parallelism_and_completes_through_faults_restar
         .await
         .expect("creating the job");
 
-    // The schedule: a kill every 3–7 s (each new process first waits out the killed one's
-    // 3 s Lease); the apiserver restarted after a third of them, etcd after two thirds.
-    for kill in 1..=scale.kills {
-        tokio::time::sleep(Duration::from_millis(rng.u64(3000..7000))).await;
-        manager.kill();
-        if kill == scale.kills / 3 {
-            restart(plane.state_dir(), &client, "kube-apiserver").await;
-        }
-        if kill == 2 * scale.kills / 3 {
-            restart(plane.state_dir(), &client, "etcd").await;
-        }
-        manager.start();
-    }
-    proxy.calm();
-    let injected = proxy.injected();
+    let injected = rig.faults_and_kills(scale.kills, scale.faults).await;
     let faults_over = Instant::now();
     let (written, pulling) = {
         let o = observed.lock().unwrap();
@@ -425,13 +515,13 @@ async fn an_image_pull_job_keeps_parallelism_and_completes_through_faults_restar
     };
     eprintln!(
         "faults: over after {:.0?}, {written} nodes started ({pulling} pulling): {}",
-        started.elapsed(),
+        rig.started.elapsed(),
         describe(&injected)
     );
 
     let deadline = Instant::now() + FINISH_TIMEOUT;
     let status = loop {
-        manager.keep_running();
+        rig.manager.keep_running();
         let status = jobs.get("fan-out").await.ok().and_then(|j| j.status);
         if let Some(status) = status.filter(|s| s.completion_time.is_some()) {
             break status;
@@ -456,10 +546,10 @@ async fn an_image_pull_job_keeps_parallelism_and_completes_through_faults_restar
         "faults: seed {seed}: job complete {finished_in:.0?} after the faults stopped \
          ({:.0?} in all); at most {} nodes pulling at once; manager started {} times, {} of \
          them after exiting on its own",
-        started.elapsed(),
+        rig.started.elapsed(),
         o.max_pulling,
-        manager.logs.len(),
-        manager.exited_on_its_own,
+        rig.manager.logs.len(),
+        rig.manager.exits.len(),
     );
     assert_eq!(
         (status.succeeded, status.failed, status.desired),
@@ -487,22 +577,156 @@ async fn an_image_pull_job_keeps_parallelism_and_completes_through_faults_restar
         "seed {seed}: entries written more than once: {rewritten:#?}"
     );
     assert!(o.lost.is_empty(), "seed {seed}: entries lost: {:?}", o.lost);
-    let panics = manager.panics();
-    assert!(
-        panics.is_empty(),
-        "seed {seed}: the manager panicked: {panics:#?}"
+    rig.assert_no_panic_and_every_fault(&injected);
+}
+
+/// Pods of the SidecarSet rollout under faults.
+const ROLLOUT_PODS: usize = 30;
+const ROLLOUT_MAX_UNAVAILABLE: usize = 3;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sidecarset_rollout_keeps_max_unavailable_and_finishes_through_faults_restarts_and_kills()
+{
+    let scale = scale();
+    let webhook = crate::support::free_loopback_port();
+    let mut rig = Rig::start(
+        &format!(
+            "SidecarSet rollout over {ROLLOUT_PODS} pods, maxUnavailable \
+             {ROLLOUT_MAX_UNAVAILABLE}, {} manager kills",
+            scale.kills
+        ),
+        vec![
+            "--webhook-addr".to_owned(),
+            webhook.to_string(),
+            "--webhook-url".to_owned(),
+            format!("https://{webhook}"),
+        ],
+    )
+    .await;
+    let (seed, client) = (rig.seed, rig.client.clone());
+    rig.manager.start();
+
+    // Set up while nothing misbehaves: the webhook injects every pod.
+    let ns = "rollout";
+    create_namespace(&client, ns, &[])
+        .await
+        .expect("the pods' namespace");
+    let name = "faults";
+    let mut spec = one_sidecar_set(name, "web", ns);
+    spec["spec"]
+        .as_object_mut()
+        .expect("spec")
+        .remove("initContainers");
+    spec["spec"]["updateStrategy"]["maxUnavailable"] = json!(ROLLOUT_MAX_UNAVAILABLE);
+    let set: SidecarSet = serde_json::from_value(spec.clone()).expect("a SidecarSet");
+    let sets: Api<SidecarSet> = Api::all(client.clone());
+    let set = crate::sidecarset_upgrade::poll(
+        &format!("seed {seed}: the manager's webhooks to admit a SidecarSet"),
+        Duration::from_secs(60),
+        || {
+            let (sets, set) = (sets.clone(), set.clone());
+            async move {
+                sets.create(&PostParams::default(), &set)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        },
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let (pods_ref, set_ref) = (&pods, &set);
+    let created: Vec<String> = stream::iter(0..ROLLOUT_PODS)
+        .map(|_| async move {
+            let pod = admit_injected(pods_ref, &base_pod("web"), &[set_ref]).await;
+            kubelet::start(pods_ref, &pod.name_any()).await;
+            pod.name_any()
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    assert_eq!(created.len(), ROLLOUT_PODS);
+
+    let background_kubelet = BackgroundKubelet::spawn(pods.clone(), rig.rng.u64(..));
+    let record = Arc::new(InFlightRecord::default());
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
+    let tracker = tokio::spawn(track_in_flight(pods.clone(), record.clone(), listed_tx));
+    listed.await.expect("the in-flight tracker lists the pods");
+
+    spec["spec"]["containers"][0]["image"] = json!(NEW_IMAGE);
+    let patch = json!({"spec": {"containers": spec["spec"]["containers"].clone()}});
+    sets.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("seed {seed}: updating the SidecarSet's image: {e}"));
+
+    let injected = rig.faults_and_kills(scale.kills, scale.faults).await;
+    let faults_over = Instant::now();
+    eprintln!(
+        "faults: over after {:.0?}, {} pods on {NEW_IMAGE}: {}",
+        rig.started.elapsed(),
+        pods.list(&ListParams::default())
+            .await
+            .map(|l| l
+                .items
+                .iter()
+                .filter(|p| kubelet::runs(p, SIDECAR, NEW_IMAGE))
+                .count())
+            .unwrap_or(0),
+        describe(&injected)
     );
-    for (kind, count) in [
-        ("429", injected.too_many_requests),
-        ("5xx", injected.server_errors),
-        ("delays", injected.delays),
-        ("hangs", injected.hangs),
-        ("watch cuts", injected.cut_watches),
-        ("watch stalls", injected.stalled_watches),
-    ] {
+
+    let deadline = Instant::now() + FINISH_TIMEOUT;
+    loop {
+        rig.manager.keep_running();
+        let errors = background_kubelet.errors();
         assert!(
-            count > 0,
-            "seed {seed}: no {kind} injected: the proxy did not do its job"
+            errors.is_empty(),
+            "seed {seed}: the kubelet failed: {errors:?}"
         );
+        let done = pods
+            .list(&ListParams::default())
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter(|p| kubelet::pod_ready(p) && kubelet::runs(p, SIDECAR, NEW_IMAGE))
+                    .count()
+            })
+            .unwrap_or(0);
+        let set = sets.get(name).await.ok();
+        let counted = set.as_ref().map(counts_of);
+        let all = ROLLOUT_PODS as i32;
+        if done == ROLLOUT_PODS && counted == Some(counts(all, all, all, all)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "seed {seed}: the rollout did not finish within {FINISH_TIMEOUT:?} after the faults \
+             stopped: {done} pods ready on {NEW_IMAGE}; {}",
+            set.as_ref().map(describe_set).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    tracker.abort();
+    drop(background_kubelet);
+
+    let max = record.max.load(std::sync::atomic::Ordering::SeqCst);
+    let at_max = record.at_max.lock().unwrap().clone();
+    eprintln!(
+        "faults: seed {seed}: rollout done {:.0?} after the faults stopped ({:.0?} in all); at \
+         most {max} pods in flight; manager started {} times, {} of them after exiting on its own",
+        faults_over.elapsed(),
+        rig.started.elapsed(),
+        rig.manager.logs.len(),
+        rig.manager.exits.len(),
+    );
+    assert!(
+        max <= ROLLOUT_MAX_UNAVAILABLE,
+        "seed {seed}: {max} pods were in flight at once (maxUnavailable \
+         {ROLLOUT_MAX_UNAVAILABLE}): {at_max:?}"
+    );
+    assert!(
+        max >= 1,
+        "seed {seed}: the tracker never saw a pod in flight"
+    );
+    rig.assert_no_panic_and_every_fault(&injected);
 }

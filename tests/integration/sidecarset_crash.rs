@@ -63,16 +63,16 @@ fn seed() -> u64 {
 
 /// Whether the pod is in flight: its sidecar's spec image is the new one, but the kubelet does
 /// not report the pod ready with the new image running yet.
-fn in_flight(pod: &Pod) -> bool {
+pub(crate) fn in_flight(pod: &Pod) -> bool {
     spec_image(pod, SIDECAR) == NEW_IMAGE
         && !(kubelet::pod_ready(pod) && kubelet::runs(pod, SIDECAR, NEW_IMAGE))
 }
 
 /// The most pods in flight seen at once, and which they were.
 #[derive(Default)]
-struct InFlightRecord {
-    max: AtomicUsize,
-    at_max: Mutex<Vec<String>>,
+pub(crate) struct InFlightRecord {
+    pub(crate) max: AtomicUsize,
+    pub(crate) at_max: Mutex<Vec<String>>,
 }
 
 impl InFlightRecord {
@@ -91,7 +91,11 @@ impl InFlightRecord {
 /// Follows the pods of `pods`' namespace event by event (one watch, so events come in the
 /// order the apiserver applied them) and records the most pods in flight; says on `listed`
 /// once the initial list is in.
-async fn track_in_flight(pods: Api<Pod>, record: Arc<InFlightRecord>, listed: oneshot::Sender<()>) {
+pub(crate) async fn track_in_flight(
+    pods: Api<Pod>,
+    record: Arc<InFlightRecord>,
+    listed: oneshot::Sender<()>,
+) {
     let mut listed = Some(listed);
     let mut state = BTreeMap::new();
     let mut relist = BTreeMap::new();
