@@ -84,9 +84,9 @@ pub async fn pull<R: ImageRuntime>(
     input: &PullInput<'_>,
 ) -> Result<ImageId, String> {
     // No deadline when it lies beyond what the clock can hold: it is never reached anyway.
-    let deadline = task.active_deadline.and_then(|limit| {
-        Instant::now().checked_add(limit.saturating_sub(input.elapsed))
-    });
+    let deadline = task
+        .active_deadline
+        .and_then(|limit| Instant::now().checked_add(limit.saturating_sub(input.elapsed)));
     let deadline_message = || {
         let limit = task.active_deadline.unwrap_or_default().as_secs();
         format!(
@@ -113,8 +113,7 @@ pub async fn pull<R: ImageRuntime>(
             }
             None => task.timeout,
         };
-        let error = match tokio::time::timeout(budget, attempt_once(runtime, task, input)).await
-        {
+        let error = match tokio::time::timeout(budget, attempt_once(runtime, task, input)).await {
             Ok(Ok(id)) => return Ok(id),
             Ok(Err(err)) => err,
             Err(_) => CriError::answered(format!(
@@ -246,10 +245,14 @@ async fn attempt_once<R: ImageRuntime>(
         }
     };
     if task.if_not_present
-        && let Some(present) = runtime
-            .image_status(input.image)
-            .await
-            .map_err(reworded(format!("cannot ask the runtime for {}", input.image)))?
+        && let Some(present) =
+            runtime
+                .image_status(input.image)
+                .await
+                .map_err(reworded(format!(
+                    "cannot ask the runtime for {}",
+                    input.image
+                )))?
     {
         return Ok(image_id(input.name, &present));
     }
