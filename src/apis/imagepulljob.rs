@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub use super::common::{ImagePullPolicy, SandboxConfig};
+use super::limits;
 
 /// Desired state of an ImagePullJob.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -113,13 +114,13 @@ impl ImagePullJobNodeSelector {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PullPolicy {
-    /// Seconds one pull may take. Defaults to 600.
+    /// Seconds one pull may take, 1 to 86400. Defaults to 600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("default" = 600))]
+    #[schemars(extend("default" = 600), range(min = limits::MIN_TIMEOUT_SECONDS, max = limits::MAX_TIMEOUT_SECONDS))]
     pub timeout_seconds: Option<i32>,
-    /// Retries before a node counts as failed. Defaults to 3.
+    /// Retries before a node counts as failed, 0 to 1000. Defaults to 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("default" = 3))]
+    #[schemars(extend("default" = 3), range(min = limits::MIN_BACKOFF_LIMIT, max = limits::MAX_BACKOFF_LIMIT))]
     pub backoff_limit: Option<i32>,
 }
 
@@ -131,11 +132,15 @@ pub struct CompletionPolicy {
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = "Always"))]
     pub type_: Option<CompletionPolicyType>,
-    /// Seconds after the start time the job may stay active (`Always` only).
+    /// Seconds after the start time the job may stay active (`Always` only), 1 to 31536000
+    /// (365 days).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = limits::MIN_ACTIVE_DEADLINE_SECONDS, max = limits::MAX_ACTIVE_DEADLINE_SECONDS))]
     pub active_deadline_seconds: Option<i64>,
-    /// Seconds after finishing before the job is deleted (`Always` only).
+    /// Seconds after finishing before the job is deleted (`Always` only), 0 to 31536000
+    /// (365 days).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = limits::MIN_TTL_SECONDS, max = limits::MAX_JOB_TTL_SECONDS))]
     pub ttl_seconds_after_finished: Option<i32>,
 }
 

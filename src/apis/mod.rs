@@ -7,6 +7,7 @@ pub mod crd;
 pub mod defaults;
 pub mod imagelistpulljob;
 pub mod imagepulljob;
+pub mod limits;
 pub mod nodeimage;
 pub mod sidecarset;
 pub mod validation;

@@ -15,6 +15,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 pub use super::common::{ImagePullPolicy, SandboxConfig};
+use super::limits;
 
 /// Desired state of a NodeImage.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -102,19 +103,21 @@ pub struct ImageTagSpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageTagPullPolicy {
-    /// Seconds one pull may take. Defaults to 600.
+    /// Seconds one pull may take, 1 to 86400. Defaults to 600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("default" = 600))]
+    #[schemars(extend("default" = 600), range(min = limits::MIN_TIMEOUT_SECONDS, max = limits::MAX_TIMEOUT_SECONDS))]
     pub timeout_seconds: Option<i32>,
-    /// Retries before the tag counts as failed. Defaults to 3.
+    /// Retries before the tag counts as failed, 0 to 1000. Defaults to 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("default" = 3))]
+    #[schemars(extend("default" = 3), range(min = limits::MIN_BACKOFF_LIMIT, max = limits::MAX_BACKOFF_LIMIT))]
     pub backoff_limit: Option<i32>,
-    /// Seconds after the pull finished before the entry is removed.
+    /// Seconds after the pull finished before the entry is removed; not negative.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = limits::MIN_TTL_SECONDS))]
     pub ttl_seconds_after_finished: Option<i32>,
-    /// Seconds after creation the pull may stay active.
+    /// Seconds after creation the pull may stay active, 1 to 31536000 (365 days).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = limits::MIN_ACTIVE_DEADLINE_SECONDS, max = limits::MAX_ACTIVE_DEADLINE_SECONDS))]
     pub active_deadline_seconds: Option<i64>,
 }
 

@@ -40,6 +40,19 @@ const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 pub struct CriError {
     /// The runtime's own text (or the transport's, when the call never reached it).
     pub message: String,
+    /// The runtime could not be reached (the connection failed or broke), so the call says
+    /// nothing about the image: the runtime is down or restarting.
+    pub unreachable: bool,
+}
+
+impl CriError {
+    /// A failure the runtime reported, or one of ours: not a sign that the runtime is down.
+    pub fn answered(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            unreachable: false,
+        }
+    }
 }
 
 impl From<tonic::Status> for CriError {
@@ -49,8 +62,29 @@ impl From<tonic::Status> for CriError {
         } else {
             status.message().to_owned()
         };
-        Self { message }
+        Self {
+            message,
+            unreachable: is_unreachable(&status),
+        }
     }
+}
+
+/// Whether the call failed on the connection rather than in the runtime. A status the runtime
+/// sent carries no source, whatever its code (even `Unavailable`, which a runtime may send about
+/// a registry): that is its verdict on the pull. tonic builds a status from a connection that
+/// could not be made (`Unavailable`, over a [`tonic::ConnectError`]) or that broke mid-call (a
+/// transport error, often `Unknown`), and keeps that error as the source; an I/O error down its
+/// chain is what tells the two kinds apart from codec errors.
+fn is_unreachable(status: &tonic::Status) -> bool {
+    use std::error::Error;
+    let mut source = status.source();
+    while let Some(err) = source {
+        if err.is::<tonic::ConnectError>() || err.is::<std::io::Error>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// No CRI image service could be reached.
@@ -93,6 +127,7 @@ impl Cri {
             .await
             .map_err(|err| CriError {
                 message: format!("cannot connect: {}", error_chain(&err)),
+                unreachable: true,
             })?;
         let client = ImageServiceClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -139,6 +174,7 @@ impl Cri {
             Ok(answer) => answer.map(drop).map_err(CriError::from),
             Err(_elapsed) => Err(CriError {
                 message: format!("ImageFsInfo did not answer within {CONNECT_TIMEOUT:?}"),
+                unreachable: true,
             }),
         }
     }
@@ -219,6 +255,59 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err.tried, vec![(socket, "no such file".to_owned())]);
+    }
+
+    /// A connection to `socket` whose next call fails as the test's `server` makes it.
+    async fn call_through(socket: &Path) -> CriError {
+        let cri = Cri {
+            socket: socket.to_owned(),
+            client: ImageServiceClient::new(
+                Endpoint::from_static("http://[::1]:50051").connect_with_connector_lazy({
+                    let path = socket.to_owned();
+                    tower::service_fn(move |_: Uri| {
+                        let path = path.clone();
+                        async move {
+                            Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
+                        }
+                    })
+                }),
+            ),
+        };
+        cri.image_status("x").await.unwrap_err()
+    }
+
+    #[tokio::test]
+    async fn a_runtime_that_is_not_listening_is_unreachable() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = call_through(&dir.path().join("gone.sock")).await;
+        assert!(err.unreachable, "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn a_runtime_that_dies_mid_call_is_unreachable() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("dies.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        // Accepts, reads the start of the call, and closes: a runtime killed mid-call.
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 64];
+            let _ = conn.read(&mut buf).await;
+        });
+        let err = call_through(&socket).await;
+        assert!(err.unreachable, "{err:?}");
+    }
+
+    #[test]
+    fn a_status_the_runtime_sent_is_its_answer_whatever_its_code() {
+        for status in [
+            tonic::Status::unavailable("registry unavailable"),
+            tonic::Status::unknown("failed to resolve reference"),
+            tonic::Status::not_found("image not found"),
+        ] {
+            assert!(!CriError::from(status).unreachable);
+        }
     }
 
     #[test]

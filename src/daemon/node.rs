@@ -3,10 +3,10 @@
 //!
 //! The NodeImage watch (field selector on the node's name) replaces [`State::latest`] and runs
 //! the pure [`plan`](super::plan::plan) against the workers; each worker waits for a pull slot
-//! (the node-wide cap), pulls, and records its state; every change wakes the status reporter
-//! ([`super::report`]). A worker is stopped by aborting its task, which drops the CRI call in
-//! flight; its generation number keeps a worker that was stopped mid-step from writing into the
-//! entry of its successor.
+//! (the node-wide cap, given back during its pauses), pulls, and records its state; every
+//! change wakes the status reporter ([`super::report`]). A worker is stopped by aborting its
+//! task, which drops the CRI call in flight; its generation number keeps a worker that was
+//! stopped mid-step from writing into the entry of its successor.
 
 use std::collections::BTreeMap;
 use std::pin::pin;
@@ -251,7 +251,7 @@ impl Drop for ActiveWorker {
 async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: ObjectReference) {
     shared.metrics.active_workers.inc();
     let _active = ActiveWorker(shared.metrics.clone());
-    let Ok(_slot) = shared.slots.acquire().await else {
+    let Some(mut slot) = pull::Slot::acquire(&shared.slots).await else {
         return;
     };
     let now = now_time();
@@ -269,7 +269,8 @@ async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: O
         return;
     }
     let began = Instant::now();
-    let result = pull_task(&shared, &task, elapsed).await;
+    let result = pull_task(&shared, &mut slot, &task, elapsed).await;
+    drop(slot);
     let seconds = began.elapsed().as_secs_f64();
     let finished = shared.update(&task.key, generation, |s| {
         s.completion_time = Some(now_time());
@@ -333,7 +334,12 @@ async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: O
     }
 }
 
-async fn pull_task(shared: &Shared, task: &PullTask, elapsed: Duration) -> Result<String, String> {
+async fn pull_task(
+    shared: &Shared,
+    slot: &mut pull::Slot<'_>,
+    task: &PullTask,
+    elapsed: Duration,
+) -> Result<String, String> {
     let reference = ImageRef::from_nodeimage(&task.key.image, &task.key.tag)
         .map_err(|err| format!("cannot pull: {err}"))?;
     // The pull secrets' credentials first, then the plugins', each source's own order kept and
@@ -355,7 +361,7 @@ async fn pull_task(shared: &Shared, task: &PullTask, elapsed: Duration) -> Resul
         credential_problems: &problems,
         elapsed,
     };
-    pull::pull(&shared.cri, task, &input).await
+    pull::pull(&shared.cri, slot, task, &input).await
 }
 
 /// The credentials of the pull secrets, and why any of them gave none.

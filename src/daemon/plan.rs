@@ -15,6 +15,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::apis::limits;
 use crate::apis::nodeimage::{
     ImagePullPhase, ImagePullPolicy, ImageTagStatus, NodeImageSpec, NodeImageStatus,
     ReferenceObject, SandboxConfig,
@@ -116,10 +117,7 @@ pub fn plan(
                 version,
                 attempts: attempts(policy.backoff_limit),
                 timeout: timeout(policy.timeout_seconds),
-                active_deadline: policy
-                    .active_deadline_seconds
-                    .filter(|s| *s > 0)
-                    .map(|s| Duration::from_secs(s.unsigned_abs())),
+                active_deadline: active_deadline(policy.active_deadline_seconds),
                 if_not_present: tag.image_pull_policy == Some(ImagePullPolicy::IfNotPresent),
                 // The tag's own metadata; tags written without it (by upstream's manager or an
                 // older kruise-rs) get the image's.
@@ -155,9 +153,12 @@ fn reported<'a>(status: Option<&'a NodeImageStatus>, key: &TagKey) -> Option<&'a
         .find(|t| t.tag == key.tag)
 }
 
+// A NodeImage written while the webhook was off, or before the bounds of [`limits`] existed,
+// may hold any number: past a bound reads as the bound.
+
 fn attempts(backoff_limit: Option<i32>) -> u32 {
     let limit = match backoff_limit {
-        Some(limit) if limit >= 0 => limit.unsigned_abs(),
+        Some(limit) if limit >= 0 => limit.min(limits::MAX_BACKOFF_LIMIT).unsigned_abs(),
         _ => DEFAULT_BACKOFF_LIMIT,
     };
     limit.saturating_add(1)
@@ -165,9 +166,17 @@ fn attempts(backoff_limit: Option<i32>) -> u32 {
 
 fn timeout(seconds: Option<i32>) -> Duration {
     match seconds {
-        Some(s) if s > 0 => Duration::from_secs(u64::from(s.unsigned_abs())),
+        Some(s) if s > 0 => {
+            Duration::from_secs(u64::from(s.min(limits::MAX_TIMEOUT_SECONDS).unsigned_abs()))
+        }
         _ => DEFAULT_TIMEOUT,
     }
+}
+
+fn active_deadline(seconds: Option<i64>) -> Option<Duration> {
+    seconds
+        .filter(|s| *s > 0)
+        .map(|s| Duration::from_secs(s.min(limits::MAX_ACTIVE_DEADLINE_SECONDS).unsigned_abs()))
 }
 
 #[cfg(test)]

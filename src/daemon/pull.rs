@@ -6,6 +6,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use k8s_cri::v1::{AuthConfig, PodSandboxConfig};
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
 use super::auth::Credential;
@@ -29,6 +30,8 @@ pub trait ImageRuntime: Send + Sync {
         auth: Option<AuthConfig>,
         sandbox: PodSandboxConfig,
     ) -> impl Future<Output = Result<String, CriError>> + Send;
+    /// Whether the runtime answers at all.
+    fn check(&self) -> impl Future<Output = Result<(), CriError>> + Send;
 }
 
 impl ImageRuntime for Cri {
@@ -42,6 +45,9 @@ impl ImageRuntime for Cri {
         sandbox: PodSandboxConfig,
     ) -> Result<String, CriError> {
         Cri::pull_image(self, image, auth, sandbox).await
+    }
+    async fn check(&self) -> Result<(), CriError> {
+        Cri::check(self).await
     }
 }
 
@@ -65,14 +71,22 @@ pub struct PullInput<'a> {
 pub type ImageId = String;
 
 /// Pulls with up to `task.attempts` attempts; `Err` is the message for the status.
+///
+/// `slot` is the node-wide pull slot the worker holds: it is given back for every pause (a
+/// backoff, a wait for the runtime) and taken again for the next attempt, so a tag that keeps
+/// failing does not keep other tags from pulling. An attempt that failed because the runtime
+/// could not be reached (down, restarting) is not counted: the pull waits until the runtime
+/// answers again and repeats it, up to [`MAX_UNCOUNTED`] times, within the active deadline.
 pub async fn pull<R: ImageRuntime>(
     runtime: &R,
+    slot: &mut Slot<'_>,
     task: &PullTask,
     input: &PullInput<'_>,
 ) -> Result<ImageId, String> {
+    // No deadline when it lies beyond what the clock can hold: it is never reached anyway.
     let deadline = task
         .active_deadline
-        .map(|limit| Instant::now() + limit.saturating_sub(input.elapsed));
+        .and_then(|limit| Instant::now().checked_add(limit.saturating_sub(input.elapsed)));
     let deadline_message = || {
         let limit = task.active_deadline.unwrap_or_default().as_secs();
         format!(
@@ -81,7 +95,14 @@ pub async fn pull<R: ImageRuntime>(
         )
     };
     let mut last_error = String::new();
-    for attempt in 1..=task.attempts {
+    let mut attempt: u32 = 1;
+    let mut uncounted: u32 = 0;
+    loop {
+        match within(deadline, slot.hold()).await {
+            None => return Err(failure(&deadline_message(), &last_error, input)),
+            Some(false) => return Err(failure("the daemon is stopping", &last_error, input)),
+            Some(true) => {}
+        }
         let budget = match deadline {
             Some(deadline) => {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -92,25 +113,35 @@ pub async fn pull<R: ImageRuntime>(
             }
             None => task.timeout,
         };
-        match tokio::time::timeout(budget, attempt_once(runtime, task, input)).await {
+        let error = match tokio::time::timeout(budget, attempt_once(runtime, task, input)).await {
             Ok(Ok(id)) => return Ok(id),
-            Ok(Err(err)) => last_error = err,
-            Err(_) => {
-                last_error = format!("pull attempt timed out after {}s", budget.as_secs_f64())
-            }
-        }
-        tracing::debug!(image = input.image, attempt, error = %last_error, "pull attempt failed");
-        if attempt == task.attempts {
-            break;
-        }
-        let pause = backoff(attempt);
-        match deadline {
-            Some(deadline) if Instant::now() + pause >= deadline => {
-                tokio::time::sleep_until(deadline).await;
+            Ok(Err(err)) => err,
+            Err(_) => CriError::answered(format!(
+                "pull attempt timed out after {}s",
+                budget.as_secs_f64()
+            )),
+        };
+        last_error = error.message;
+        slot.release();
+        if error.unreachable && uncounted < MAX_UNCOUNTED {
+            uncounted += 1;
+            tracing::info!(image = input.image, attempt, error = %last_error, "the runtime cannot be reached; waiting for it, the attempt not counted");
+            if within(deadline, wait_for_runtime(runtime)).await.is_none() {
                 return Err(failure(&deadline_message(), &last_error, input));
             }
-            _ => tokio::time::sleep(pause).await,
+            continue;
         }
+        tracing::debug!(image = input.image, attempt, error = %last_error, "pull attempt failed");
+        if attempt >= task.attempts {
+            break;
+        }
+        if within(deadline, tokio::time::sleep(backoff(attempt)))
+            .await
+            .is_none()
+        {
+            return Err(failure(&deadline_message(), &last_error, input));
+        }
+        attempt += 1;
     }
     let summary = format!(
         "pulling {} failed after {} attempt{}",
@@ -119,6 +150,65 @@ pub async fn pull<R: ImageRuntime>(
         if task.attempts == 1 { "" } else { "s" }
     );
     Err(failure(&summary, &last_error, input))
+}
+
+/// Attempts a pull may repeat uncounted because the runtime could not be reached. Enough for
+/// any number of ordinary runtime restarts during one pull; a runtime that goes down on every
+/// pull of the image ends up counting them.
+pub const MAX_UNCOUNTED: u32 = 10;
+/// Longest pause between two checks of a runtime that does not answer.
+pub const MAX_RUNTIME_RECHECK: Duration = Duration::from_secs(5);
+
+/// Waits until the runtime answers, checking after 1s, 2s, 4s, then every
+/// [`MAX_RUNTIME_RECHECK`].
+async fn wait_for_runtime<R: ImageRuntime>(runtime: &R) {
+    let mut pause = FIRST_BACKOFF;
+    loop {
+        tokio::time::sleep(pause).await;
+        if runtime.check().await.is_ok() {
+            return;
+        }
+        pause = pause.saturating_mul(2).min(MAX_RUNTIME_RECHECK);
+    }
+}
+
+/// `work`'s output, or `None` once `deadline` passes first.
+async fn within<T>(deadline: Option<Instant>, work: impl Future<Output = T>) -> Option<T> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, work).await.ok(),
+        None => Some(work.await),
+    }
+}
+
+/// A worker's place among the node's concurrent pulls: held while it talks to the runtime,
+/// given back while it waits.
+#[derive(Debug)]
+pub struct Slot<'a> {
+    slots: &'a Semaphore,
+    held: Option<SemaphorePermit<'a>>,
+}
+
+impl<'a> Slot<'a> {
+    /// Waits for a slot; `None` once `slots` is closed.
+    pub async fn acquire(slots: &'a Semaphore) -> Option<Self> {
+        let mut slot = Self { slots, held: None };
+        slot.hold().await.then_some(slot)
+    }
+
+    /// Takes a slot unless one is held; `false` once `slots` is closed.
+    async fn hold(&mut self) -> bool {
+        if self.held.is_none() {
+            match self.slots.acquire().await {
+                Ok(permit) => self.held = Some(permit),
+                Err(_closed) => return false,
+            }
+        }
+        true
+    }
+
+    fn release(&mut self) {
+        self.held = None;
+    }
 }
 
 /// The pause after failed attempt number `attempt` (1-based): 1s, 2s, 4s, … capped at 30s.
@@ -142,25 +232,33 @@ fn failure(summary: &str, last_error: &str, input: &PullInput<'_>) -> String {
     message
 }
 
+/// One attempt; the error keeps whether the runtime could be reached at all.
 async fn attempt_once<R: ImageRuntime>(
     runtime: &R,
     task: &PullTask,
     input: &PullInput<'_>,
-) -> Result<ImageId, String> {
+) -> Result<ImageId, CriError> {
+    let reworded = |what: String| {
+        move |e: CriError| CriError {
+            message: format!("{what}: {}", e.message),
+            unreachable: e.unreachable,
+        }
+    };
     if task.if_not_present
-        && let Some(present) = runtime
-            .image_status(input.image)
-            .await
-            .map_err(|e| format!("cannot ask the runtime for {}: {e}", input.image))?
+        && let Some(present) =
+            runtime
+                .image_status(input.image)
+                .await
+                .map_err(reworded(format!(
+                    "cannot ask the runtime for {}",
+                    input.image
+                )))?
     {
         return Ok(image_id(input.name, &present));
     }
     let sandbox = sandbox_config(task);
     if input.credentials.is_empty() {
-        runtime
-            .pull_image(input.image, None, sandbox)
-            .await
-            .map_err(|e| e.message)?;
+        runtime.pull_image(input.image, None, sandbox).await?;
     } else {
         // Each matching credential in turn; never anonymous once a credential matched.
         let mut refusals = Vec::new();
@@ -174,6 +272,8 @@ async fn attempt_once<R: ImageRuntime>(
                     pulled = true;
                     break;
                 }
+                // The runtime is gone: the other credentials would say nothing either.
+                Err(e) if e.unreachable => return Err(e),
                 Err(e) => refusals.push(format!(
                     "with the credentials of {} for {}: {}",
                     credential.source, credential.server_address, e.message
@@ -181,14 +281,21 @@ async fn attempt_once<R: ImageRuntime>(
             }
         }
         if !pulled {
-            return Err(refusals.join("; "));
+            return Err(CriError::answered(refusals.join("; ")));
         }
     }
     let present = runtime
         .image_status(input.image)
         .await
-        .map_err(|e| format!("pulled, but cannot read the image's status: {e}"))?
-        .ok_or_else(|| format!("pulled, but the runtime does not list {}", input.image))?;
+        .map_err(reworded(
+            "pulled, but cannot read the image's status".to_owned(),
+        ))?
+        .ok_or_else(|| {
+            CriError::answered(format!(
+                "pulled, but the runtime does not list {}",
+                input.image
+            ))
+        })?;
     Ok(image_id(input.name, &present))
 }
 

@@ -449,6 +449,49 @@ async fn objects_with_wrong_types_or_unknown_enum_values_are_rejected_naming_the
             "apiVersion: apps.kruise.io/v1beta1\nkind: NodeImage\nmetadata: {name: dup-tag}\nspec: {images: {nginx: {tags: [{tag: v1}, {tag: v1}]}}}",
             &["spec.images[nginx].tags[1]", "Duplicate"],
         ),
+        // The bounds of decision 0019, in both API versions of each kind.
+        (
+            "v1alpha1 ImagePullJob with a negative backoffLimit",
+            "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata: {name: negative-backoff}\nspec: {image: nginx, pullPolicy: {backoffLimit: -1}}",
+            &["spec.pullPolicy.backoffLimit", "greater than or equal to 0"],
+        ),
+        (
+            "v1beta1 ImagePullJob with a deadline past 365 days",
+            "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata: {name: long-deadline}\nspec: {image: nginx, completionPolicy: {activeDeadlineSeconds: 9223372036854775807}}",
+            &[
+                "spec.completionPolicy.activeDeadlineSeconds",
+                "less than or equal to 31536000",
+            ],
+        ),
+        (
+            "v1alpha1 ImageListPullJob with a zero timeout",
+            "apiVersion: apps.kruise.io/v1alpha1\nkind: ImageListPullJob\nmetadata: {name: zero-timeout}\nspec: {images: [nginx], pullPolicy: {timeoutSeconds: 0}}",
+            &[
+                "spec.pullPolicy.timeoutSeconds",
+                "greater than or equal to 1",
+            ],
+        ),
+        (
+            "v1beta1 ImageListPullJob with 1001 retries",
+            "apiVersion: apps.kruise.io/v1beta1\nkind: ImageListPullJob\nmetadata: {name: many-retries}\nspec: {images: [nginx], pullPolicy: {backoffLimit: 1001}}",
+            &["spec.pullPolicy.backoffLimit", "less than or equal to 1000"],
+        ),
+        (
+            "v1alpha1 NodeImage tag with a negative TTL",
+            "apiVersion: apps.kruise.io/v1alpha1\nkind: NodeImage\nmetadata: {name: negative-ttl}\nspec: {images: {nginx: {tags: [{tag: v1, pullPolicy: {ttlSecondsAfterFinished: -1}}]}}}",
+            &[
+                "spec.images.nginx.tags[0].pullPolicy.ttlSecondsAfterFinished",
+                "greater than or equal to 0",
+            ],
+        ),
+        (
+            "v1beta1 NodeImage tag with a deadline past 365 days",
+            "apiVersion: apps.kruise.io/v1beta1\nkind: NodeImage\nmetadata: {name: long-tag-deadline}\nspec: {images: {nginx: {tags: [{tag: v1, pullPolicy: {activeDeadlineSeconds: 9223372036854775807}}]}}}",
+            &[
+                "spec.images.nginx.tags[0].pullPolicy.activeDeadlineSeconds",
+                "less than or equal to 31536000",
+            ],
+        ),
         (
             "NodeImage with a negative version",
             "apiVersion: apps.kruise.io/v1beta1\nkind: NodeImage\nmetadata: {name: bad-version}\nspec: {images: {nginx: {tags: [{tag: v1, version: -1}]}}}",

@@ -637,8 +637,10 @@ async fn a_pull_that_hangs_times_out() {
     daemon.stop().await;
 }
 
+/// A pull asked for while containerd is down waits for it without spending its only attempt
+/// (`backoffLimit: 0`), and ends Succeeded once containerd is back.
 #[tokio::test]
-async fn a_stopped_runtime_fails_the_pull_and_a_later_one_succeeds() {
+async fn a_pull_waits_out_a_runtime_restart_and_succeeds() {
     let env = node_env().await;
     let dir = tempfile::Builder::new()
         .prefix("ctrd")
@@ -653,36 +655,92 @@ async fn a_stopped_runtime_fails_the_pull_and_a_later_one_succeeds() {
     daemon.wait_ready(true, WAIT).await;
 
     containerd.stop();
-    let tags = |version: i64| json!([{"tag": "v1", "version": version, "imagePullPolicy": "Always", "pullPolicy": {"backoffLimit": 0}}]);
-    patch_spec(&node, json!({"images": {&image: {"tags": tags(1)}}})).await;
-    let failed = wait_tag(
-        &node,
-        &image,
-        "v1",
-        "failed",
-        finished_at(ImagePullPhase::Failed, 1),
-    )
+    let tags = json!([{"tag": "v1", "version": 1, "imagePullPolicy": "Always", "pullPolicy": {"backoffLimit": 0}}]);
+    patch_spec(&node, json!({"images": {&image: {"tags": tags}}})).await;
+    wait_tag(&node, &image, "v1", "pulling", |t| {
+        t.phase == ImagePullPhase::Pulling && t.version == Some(1)
+    })
     .await;
-    assert!(
-        failed
-            .message
-            .as_deref()
-            .is_some_and(|m| m.starts_with(&format!("pulling {image}:v1 failed after 1 attempt: "))),
-        "{failed:?}"
-    );
+    // The daemon has seen the runtime gone (its readiness check runs every 5 s), long after
+    // the pull's first call was refused: the pull is still waiting, not failed.
     daemon.wait_ready(false, WAIT).await;
+    let waiting = nodeimages()
+        .await
+        .get(&node)
+        .await
+        .expect("the NodeImage")
+        .status
+        .and_then(|s| s.image_statuses.get(&image).cloned())
+        .and_then(|i| i.tags.into_iter().find(|t| t.tag == "v1"))
+        .expect("the tag's status");
+    assert_eq!(
+        (waiting.phase, waiting.completion_time.as_ref()),
+        (ImagePullPhase::Pulling, None),
+        "{waiting:?}"
+    );
 
     containerd.start();
-    daemon.wait_ready(true, WAIT).await;
-    patch_spec(&node, json!({"images": {&image: {"tags": tags(2)}}})).await;
-    wait_tag(
+    let done = wait_tag(&node, &image, "v1", "finished", |t| {
+        t.version == Some(1) && t.completion_time.is_some()
+    })
+    .await;
+    assert_eq!(done.phase, ImagePullPhase::Succeeded, "{done:?}");
+    daemon.stop().await;
+}
+
+/// With a single pull slot, a tag waiting between attempts lets another tag pull.
+#[tokio::test]
+async fn a_failing_tag_in_backoff_does_not_hold_up_other_pulls() {
+    let env = node_env().await;
+    let node = unique_name("daemon-slot");
+    let missing = format!("{}/{}", env.registry(), unique_name("missing"));
+    let good = format!("{}/{}", env.registry(), unique_name("good"));
+    env.push(Variant::V1, &format!("{good}:v1"));
+    // Backoffs of 1+2+4+8+16+30 s: the missing tag fails only after a minute.
+    create_nodeimage(
         &node,
-        &image,
-        "v1",
-        "pulled",
-        finished_at(ImagePullPhase::Succeeded, 2),
+        json!({&missing: {"tags": [{"tag": "nope", "version": 1, "pullPolicy": {"backoffLimit": 6}}]}}),
     )
     .await;
+    let daemon = Daemon::start(
+        &node,
+        env.containerd_socket(),
+        cluster().await.kubeconfig_path(),
+        1,
+    )
+    .await;
+    // Pulling: its worker has taken the only slot.
+    wait_tag(&node, &missing, "nope", "pulling", |t| {
+        t.phase == ImagePullPhase::Pulling
+    })
+    .await;
+    patch_spec(
+        &node,
+        json!({"images": {&good: {"tags": [{"tag": "v1", "version": 1}]}}}),
+    )
+    .await;
+    wait_tag(
+        &node,
+        &good,
+        "v1",
+        "pulled",
+        finished_at(ImagePullPhase::Succeeded, 1),
+    )
+    .await;
+    let still = nodeimages()
+        .await
+        .get(&node)
+        .await
+        .expect("the NodeImage")
+        .status
+        .and_then(|s| s.image_statuses.get(&missing).cloned())
+        .and_then(|i| i.tags.into_iter().find(|t| t.tag == "nope"))
+        .expect("the missing tag's status");
+    assert_eq!(
+        (still.phase, still.completion_time.as_ref()),
+        (ImagePullPhase::Pulling, None),
+        "the missing tag is still retrying: {still:?}"
+    );
     daemon.stop().await;
 }
 

@@ -765,3 +765,72 @@ async fn patch_pod_metadata_defaults_allowed_admits_what_no_whitelist_rule_cover
     assert!(stopped.is_ok(), "{stopped:?}");
     drop(plane);
 }
+
+/// The webhook's bounds on pull durations and counts (decision 0019), in both API versions.
+/// Through the apiserver the CRD schema refuses these values before any validating webhook is
+/// called (`api_objects`), so each AdmissionReview goes straight to the webhook, as the
+/// apiserver would send it.
+#[tokio::test]
+async fn the_webhook_denies_pull_numbers_past_their_bounds_naming_the_field() {
+    let cluster = webhook_cluster();
+    let cases = [
+        (
+            "/validate-imagepulljob",
+            "ImagePullJob",
+            "imagepulljobs",
+            json!({"image": "nginx", "pullPolicy": {"backoffLimit": -1}}),
+            "spec.pullPolicy.backoffLimit: Invalid value: -1: must be between 0 and 1000, inclusive",
+        ),
+        (
+            "/validate-imagelistpulljob",
+            "ImageListPullJob",
+            "imagelistpulljobs",
+            json!({"images": ["nginx"], "completionPolicy": {"activeDeadlineSeconds": i64::MAX}}),
+            "spec.completionPolicy.activeDeadlineSeconds: Invalid value: 9223372036854775807: must be between 1 and 31536000, inclusive",
+        ),
+        (
+            "/validate-nodeimage",
+            "NodeImage",
+            "nodeimages",
+            json!({"images": {"nginx": {"tags": [{"tag": "v1", "createdAt": "2026-01-01T00:00:00Z",
+                "pullPolicy": {"ttlSecondsAfterFinished": 300, "timeoutSeconds": 0}}]}}}),
+            "spec.images[nginx].tags[0].pullPolicy.timeoutSeconds: Invalid value: 0: must be between 1 and 86400, inclusive",
+        ),
+    ];
+    for (path, kind, resource, spec, needle) in cases {
+        for version in ["v1alpha1", "v1beta1"] {
+            let review = json!({
+                "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {
+                    "uid": "4f0c6f0e-0000-4000-8000-000000000019",
+                    "kind": {"group": "apps.kruise.io", "version": version, "kind": kind},
+                    "resource": {"group": "apps.kruise.io", "version": version, "resource": resource},
+                    "name": "bounded", "namespace": "default", "operation": "CREATE",
+                    "userInfo": {"username": "admin", "groups": ["system:masters"]},
+                    "dryRun": false,
+                    "object": {
+                        "apiVersion": format!("apps.kruise.io/{version}"), "kind": kind,
+                        "metadata": {"name": "bounded", "namespace": "default"},
+                        "spec": spec,
+                    },
+                },
+            });
+            let mut curl = std::process::Command::new("curl");
+            // The manager's self-signed serving certificate; only loopback is contacted.
+            curl.args(["-sSk", "-X", "POST", "-H", "Content-Type: application/json"])
+                .args(["--data-binary", "@-"])
+                .arg(format!("https://{}{path}", cluster.webhook_addr));
+            let out = crate::support::run_with_stdin(curl, &review.to_string());
+            assert!(
+                out.status.success(),
+                "{kind} {version}: curl failed: {out:?}"
+            );
+            let answer: Value = serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|e| panic!("{kind} {version}: {e}: {out:?}"));
+            let response = &answer["response"];
+            assert_eq!(response["allowed"], false, "{kind} {version}: {answer}");
+            let message = response["status"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains(needle), "{kind} {version}: {message}");
+        }
+    }
+}

@@ -7,12 +7,15 @@
 //! - **podSelector**: not together with `selector`; valid.
 //! - **image**: required, and a reference docker's grammar accepts ([`ImageRef::parse`]).
 //! - **parallelism**: an integer (or a numeric string) ≥ 0; percentages are refused.
+//! - **pullPolicy**: `timeoutSeconds` 1 to 86400, `backoffLimit` 0 to 1000 ([`limits`]).
 //! - **completionPolicy**: `Always` (the default): `activeDeadlineSeconds`, when set, at least
-//!   `pullPolicy.timeoutSeconds` (default 600); `Never`: neither `activeDeadlineSeconds` nor
-//!   `ttlSecondsAfterFinished`. (The type is an enum; [`validate_raw_enums`] reports an unknown
+//!   `pullPolicy.timeoutSeconds` (default 600) and 1 to 365 days, `ttlSecondsAfterFinished` 0
+//!   to 365 days; `Never`: neither `activeDeadlineSeconds` nor `ttlSecondsAfterFinished`. (The type is an enum; [`validate_raw_enums`] reports an unknown
 //!   one from the raw JSON.)
 //!
-//! Differences from upstream: every problem is reported, not only the first; upstream's feature
+//! Differences from upstream: every problem is reported, not only the first; the bounds on
+//! durations and counts are ours (upstream has none, and reads a negative `backoffLimit` as 3:
+//! decision 0019); upstream's feature
 //! gates (`KruiseDaemon`, `ImagePullJobGate`) do not exist here; an update that leaves the spec
 //! alone (finalizers, labels, annotations) is not re-validated, so a job admitted under older
 //! rules can always lose its finalizer and be deleted.
@@ -23,11 +26,12 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{
     FieldError, ValidationErrors, check_raw_enum, index, validate_label_selector,
-    validate_nonnegative, validate_selector_parts,
+    validate_nonnegative, validate_range, validate_selector_parts,
 };
 use crate::apis::imagepulljob::{
     CompletionPolicyType, ImagePullJob, ImagePullJobSpec, ImagePullJobTemplate,
 };
+use crate::apis::limits;
 use crate::image::ImageRef;
 
 /// `pullPolicy.timeoutSeconds` when unset (upstream's default).
@@ -118,6 +122,13 @@ pub fn validate_template(template: &ImagePullJobTemplate) -> Vec<FieldError> {
     if let Some(parallelism) = &template.parallelism {
         errs.extend(validate_parallelism(parallelism));
     }
+    if let Some(policy) = &template.pull_policy {
+        errs.extend(validate_pull_policy(
+            policy.timeout_seconds,
+            policy.backoff_limit,
+            "spec.pullPolicy",
+        ));
+    }
 
     let completion = &template.completion_policy;
     match completion.type_.unwrap_or_default() {
@@ -138,6 +149,22 @@ pub fn validate_template(template: &ImagePullJobTemplate) -> Vec<FieldError> {
                     ),
                 ));
             }
+            if let Some(deadline) = completion.active_deadline_seconds {
+                errs.extend(validate_range(
+                    deadline,
+                    "spec.completionPolicy.activeDeadlineSeconds",
+                    limits::MIN_ACTIVE_DEADLINE_SECONDS,
+                    limits::MAX_ACTIVE_DEADLINE_SECONDS,
+                ));
+            }
+            if let Some(ttl) = completion.ttl_seconds_after_finished {
+                errs.extend(validate_range(
+                    ttl.into(),
+                    "spec.completionPolicy.ttlSecondsAfterFinished",
+                    limits::MIN_TTL_SECONDS.into(),
+                    limits::MAX_JOB_TTL_SECONDS.into(),
+                ));
+            }
         }
         CompletionPolicyType::Never => {
             let message = "activeDeadlineSeconds and ttlSecondsAfterFinished can only work with Always CompletionPolicyType";
@@ -154,6 +181,33 @@ pub fn validate_template(template: &ImagePullJobTemplate) -> Vec<FieldError> {
                 ));
             }
         }
+    }
+    errs
+}
+
+/// `timeoutSeconds` and `backoffLimit` within [`limits`], under `path` (a job's
+/// `spec.pullPolicy`, a NodeImage tag's `pullPolicy`).
+pub fn validate_pull_policy(
+    timeout_seconds: Option<i32>,
+    backoff_limit: Option<i32>,
+    path: &str,
+) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    if let Some(timeout) = timeout_seconds {
+        errs.extend(validate_range(
+            timeout.into(),
+            &format!("{path}.timeoutSeconds"),
+            limits::MIN_TIMEOUT_SECONDS.into(),
+            limits::MAX_TIMEOUT_SECONDS.into(),
+        ));
+    }
+    if let Some(limit) = backoff_limit {
+        errs.extend(validate_range(
+            limit.into(),
+            &format!("{path}.backoffLimit"),
+            limits::MIN_BACKOFF_LIMIT.into(),
+            limits::MAX_BACKOFF_LIMIT.into(),
+        ));
     }
     errs
 }

@@ -593,6 +593,19 @@ pub fn validate_nonnegative(value: i64, path: &str) -> Vec<FieldError> {
     }
 }
 
+/// A number within `min..=max` (Kubernetes' `InclusiveRangeError` wording).
+pub fn validate_range(value: i64, path: &str, min: i64, max: i64) -> Vec<FieldError> {
+    if (min..=max).contains(&value) {
+        Vec::new()
+    } else {
+        vec![FieldError::invalid_int(
+            path,
+            value,
+            format!("must be between {min} and {max}, inclusive"),
+        )]
+    }
+}
+
 /// A non-negative integer or a percent string such as `"20%"` (Kubernetes'
 /// `ValidatePositiveIntOrPercent`, which despite its name accepts 0).
 pub fn validate_int_or_percent(value: &IntOrString, path: &str) -> Vec<FieldError> {

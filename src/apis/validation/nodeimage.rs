@@ -10,7 +10,9 @@
 //! - at most 256 images (`spec.images`);
 //! - image names non-empty;
 //! - each tag: non-empty, unique within its image, `createdAt` set, `version` ≥ 0,
-//!   `pullPolicy` set with `ttlSecondsAfterFinished` (a tag must eventually expire).
+//!   `pullPolicy` set with `ttlSecondsAfterFinished` (a tag must eventually expire, and not
+//!   negative), `timeoutSeconds`, `backoffLimit` and `activeDeadlineSeconds` within
+//!   [`limits`].
 //!
 //! Differences from upstream: every problem is reported, not only the first; no feature gate.
 //! On update, a tag entry equal to the one already stored is not re-checked, and the image
@@ -22,7 +24,9 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::{FieldError, ValidationErrors, check_raw_enum, child, index, key};
+use super::imagepulljob::validate_pull_policy;
+use super::{FieldError, ValidationErrors, check_raw_enum, child, index, key, validate_range};
+use crate::apis::limits;
 use crate::apis::nodeimage::{ImageTagSpec, NodeImage};
 use crate::image::joined_ref;
 
@@ -126,13 +130,34 @@ fn validate_tag(name: &str, tag: &ImageTagSpec, path: &str) -> Vec<FieldError> {
             child(path, "pullPolicy"),
             format!("pullPolicy of {full} must be set"),
         )),
-        Some(policy) if policy.ttl_seconds_after_finished.is_none() => {
-            errs.push(FieldError::required(
-                child(&child(path, "pullPolicy"), "ttlSecondsAfterFinished"),
-                format!("pullPolicy.ttlSecondsAfterFinished of {full} must be set"),
+        Some(policy) => {
+            let policy_path = child(path, "pullPolicy");
+            match policy.ttl_seconds_after_finished {
+                None => errs.push(FieldError::required(
+                    child(&policy_path, "ttlSecondsAfterFinished"),
+                    format!("pullPolicy.ttlSecondsAfterFinished of {full} must be set"),
+                )),
+                Some(ttl) => errs.extend(validate_range(
+                    ttl.into(),
+                    &child(&policy_path, "ttlSecondsAfterFinished"),
+                    limits::MIN_TTL_SECONDS.into(),
+                    i32::MAX.into(),
+                )),
+            }
+            errs.extend(validate_pull_policy(
+                policy.timeout_seconds,
+                policy.backoff_limit,
+                &policy_path,
             ));
+            if let Some(deadline) = policy.active_deadline_seconds {
+                errs.extend(validate_range(
+                    deadline,
+                    &child(&policy_path, "activeDeadlineSeconds"),
+                    limits::MIN_ACTIVE_DEADLINE_SECONDS,
+                    limits::MAX_ACTIVE_DEADLINE_SECONDS,
+                ));
+            }
         }
-        Some(_) => {}
     }
     errs
 }

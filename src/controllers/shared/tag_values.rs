@@ -20,6 +20,7 @@ use crate::apis::common::{ImagePullPolicy, SandboxConfig};
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::apis::imagepulljob::{CompletionPolicyType, ImagePullJob, ImagePullJobTemplate};
+use crate::apis::limits;
 use crate::apis::nodeimage::{
     ImageSpec, ImageTagPullPolicy, ImageTagSpec, ImageTagStatus, NodeImageStatus,
 };
@@ -42,15 +43,32 @@ pub struct PullTerms {
 }
 
 impl PullTerms {
+    /// The terms of a job's template, within [`limits`] whatever is stored (a job admitted
+    /// before the bounds existed), so the tags they make pass the NodeImage schema: a timeout
+    /// that is not positive and a negative `backoffLimit` read as their defaults (the daemon's
+    /// and upstream's reading), anything past a bound as the bound.
     pub fn of(template: &ImagePullJobTemplate) -> Self {
         let pull = template.pull_policy.clone().unwrap_or_default();
         let completion = &template.completion_policy;
         Self {
-            timeout_seconds: pull.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS),
-            backoff_limit: pull.backoff_limit.unwrap_or(DEFAULT_BACKOFF_LIMIT),
+            timeout_seconds: pull
+                .timeout_seconds
+                .filter(|s| *s >= limits::MIN_TIMEOUT_SECONDS)
+                .unwrap_or(DEFAULT_TIMEOUT_SECONDS)
+                .min(limits::MAX_TIMEOUT_SECONDS),
+            backoff_limit: pull
+                .backoff_limit
+                .filter(|b| *b >= limits::MIN_BACKOFF_LIMIT)
+                .unwrap_or(DEFAULT_BACKOFF_LIMIT)
+                .min(limits::MAX_BACKOFF_LIMIT),
             completion: completion.type_.unwrap_or_default(),
             ttl_seconds_after_finished: completion.ttl_seconds_after_finished,
-            active_deadline_seconds: completion.active_deadline_seconds,
+            active_deadline_seconds: completion.active_deadline_seconds.map(|d| {
+                d.clamp(
+                    limits::MIN_ACTIVE_DEADLINE_SECONDS,
+                    limits::MAX_ACTIVE_DEADLINE_SECONDS,
+                )
+            }),
             image_pull_policy: template.image_pull_policy.unwrap_or_default(),
             sandbox_config: template.sandbox_config.clone(),
         }

@@ -62,6 +62,7 @@ use crate::apis::imagepulljob::{
     CompletionPolicy, CompletionPolicyType, ImagePullJob, ImagePullJobNodeSelector,
     ImagePullJobSpec, ImagePullJobTemplate, PullPolicy,
 };
+use crate::apis::limits;
 use crate::apis::nodeimage::{ImagePullPhase, NodeImage};
 use crate::apis::sidecarset::{SidecarSet, SidecarSetUpdateStrategyType};
 use crate::apis::well_known::{
@@ -167,9 +168,10 @@ pub fn knobs(set: &SidecarSet) -> (Knobs, Vec<KnobWarning>) {
     let timeout_seconds = knob(
         annotations,
         IMAGE_PREDOWNLOAD_TIMEOUT_SECONDS,
-        "a positive integer (seconds)",
+        "a positive integer (seconds) up to 86400",
         DEFAULT_TIMEOUT_SECONDS,
-        positive,
+        // Beyond the ImagePullJob's bound the job would be refused.
+        |v| positive(v).filter(|s| *s <= limits::MAX_TIMEOUT_SECONDS),
         &mut warnings,
     );
     let min_updated_ready = knob(

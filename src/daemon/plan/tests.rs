@@ -139,6 +139,31 @@ fn policy_defaults_follow_upstream() {
     );
 }
 
+/// A NodeImage stored while the webhook was off: numbers past the bounds read as the bounds.
+#[test]
+fn numbers_past_the_bounds_read_as_the_bounds() {
+    let spec = spec(json!({"images": {"nginx": {"tags": [
+        {"tag": "huge", "pullPolicy": {"backoffLimit": i32::MAX, "timeoutSeconds": i32::MAX,
+            "activeDeadlineSeconds": i64::MAX}},
+        {"tag": "lowest", "pullPolicy": {"backoffLimit": i32::MIN, "timeoutSeconds": i32::MIN,
+            "activeDeadlineSeconds": i64::MIN}}
+    ]}}}));
+    let plan = plan(&spec, None, &BTreeMap::new());
+    let by_tag = |tag: &str| {
+        let t = plan.start.iter().find(|t| t.key.tag == tag).unwrap();
+        (t.attempts, t.timeout, t.active_deadline)
+    };
+    assert_eq!(
+        by_tag("huge"),
+        (
+            1001,
+            Duration::from_secs(86_400),
+            Some(Duration::from_secs(365 * 86_400))
+        )
+    );
+    assert_eq!(by_tag("lowest"), (4, DEFAULT_TIMEOUT, None));
+}
+
 #[test]
 fn only_if_not_present_skips_present_images() {
     let spec = spec(json!({"images": {"nginx": {"tags": [

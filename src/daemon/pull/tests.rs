@@ -14,7 +14,12 @@ struct Scripted {
     pull_delay: Option<Duration>,
     calls: Mutex<Vec<(Duration, String)>>,
     started: Option<Instant>,
+    /// `Some(t)`: the runtime does not answer a check before `t` after the start.
+    down_until: Option<Duration>,
 }
+
+/// A scripted pull result: the runtime could not be reached.
+const DOWN: &str = "<transport error>";
 
 impl Scripted {
     fn new() -> Self {
@@ -61,11 +66,44 @@ impl ImageRuntime for Scripted {
         }
         match self.pulls.lock().unwrap().pop_front().unwrap_or(Ok(())) {
             Ok(()) => Ok("sha256:cfg".into()),
-            Err(message) => Err(CriError {
-                message: message.into(),
+            Err(DOWN) => Err(CriError {
+                message: "transport error".into(),
+                unreachable: true,
             }),
+            Err(message) => Err(CriError::answered(message)),
         }
     }
+    async fn check(&self) -> Result<(), CriError> {
+        let at = self.started.map(|s| s.elapsed()).unwrap_or_default();
+        self.record("check".into());
+        match self.down_until {
+            Some(until) if at < until => Err(CriError {
+                message: "connection refused".into(),
+                unreachable: true,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// [`pull`] holding the only slot of a node of its own.
+async fn pull<R: ImageRuntime>(
+    runtime: &R,
+    task: &PullTask,
+    input: &PullInput<'_>,
+) -> Result<ImageId, String> {
+    let slots = Semaphore::new(1);
+    let mut slot = Slot::acquire(&slots).await.unwrap();
+    super::pull(runtime, &mut slot, task, input).await
+}
+
+/// The times of the calls that start with `what`, in whole seconds.
+fn times_of(rt: &Scripted, what: &str) -> Vec<u64> {
+    rt.calls()
+        .iter()
+        .filter(|c| c.1.starts_with(what))
+        .map(|c| c.0.as_secs())
+        .collect()
 }
 
 fn task(attempts: u32) -> PullTask {
@@ -322,4 +360,132 @@ fn sandbox_config_carries_labels_annotations_and_the_daemon_mark() {
     assert_eq!(config.annotations["a"], "b");
     assert_eq!(config.annotations[PULLING_IMAGE_BY], PULLING_IMAGE_BY_VALUE);
     assert!(config.metadata.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_beyond_the_clock_is_no_deadline() {
+    for limit in [Duration::from_secs(i64::MAX.unsigned_abs()), Duration::MAX] {
+        let rt = Scripted::new();
+        rt.present
+            .lock()
+            .unwrap()
+            .push_back(Some(present("sha256:cfg", &[])));
+        let mut t = task(1);
+        t.active_deadline = Some(limit);
+        pull(&rt, &t, &input(&[])).await.unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_tag_in_backoff_lets_another_tag_pull() {
+    // One slot on the node. The failing tag holds it for a 1s attempt, then backs off.
+    let slots = Semaphore::new(1);
+    let failing = Scripted {
+        pull_delay: Some(Duration::from_secs(1)),
+        ..Scripted::new()
+    };
+    failing
+        .pulls
+        .lock()
+        .unwrap()
+        .extend([Err("not found"), Err("not found"), Err("not found")]);
+    let other = Scripted::new();
+    other
+        .present
+        .lock()
+        .unwrap()
+        .push_back(Some(present("sha256:cfg", &[])));
+    let first = async {
+        let mut slot = Slot::acquire(&slots).await.unwrap();
+        super::pull(&failing, &mut slot, &task(3), &input(&[])).await
+    };
+    let second = async {
+        // Queued behind the failing tag's first attempt.
+        tokio::task::yield_now().await;
+        let mut slot = Slot::acquire(&slots).await.unwrap();
+        super::pull(&other, &mut slot, &task(1), &input(&[])).await
+    };
+    let (failed, pulled) = tokio::join!(first, second);
+    assert!(failed.is_err());
+    pulled.unwrap();
+    // The failing tag's attempts at 0s, 2s (1s of pull, 1s of backoff) and 5s; the other tag
+    // pulls during the first backoff, not after the last attempt.
+    assert_eq!(times_of(&failing, "pull "), [0, 2, 5]);
+    assert_eq!(times_of(&other, "pull "), [1]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_runtime_that_cannot_be_reached_costs_no_attempt() {
+    let rt = Scripted {
+        down_until: Some(Duration::from_secs(20)),
+        ..Scripted::new()
+    };
+    rt.pulls.lock().unwrap().push_back(Err(DOWN));
+    rt.present
+        .lock()
+        .unwrap()
+        .push_back(Some(present("sha256:cfg", &[])));
+    // A single attempt, spent neither on the failed call nor on the wait.
+    pull(&rt, &task(1), &input(&[])).await.unwrap();
+    // Checks after 1s, 2s, 4s, then every 5s: the first one answered is at 22s.
+    assert_eq!(times_of(&rt, "check"), [1, 3, 7, 12, 17, 22]);
+    assert_eq!(times_of(&rt, "pull "), [0, 22]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_slot_is_free_while_the_runtime_is_waited_for() {
+    let slots = Semaphore::new(1);
+    let rt = Scripted {
+        down_until: Some(Duration::from_secs(20)),
+        ..Scripted::new()
+    };
+    rt.pulls.lock().unwrap().push_back(Err(DOWN));
+    let waiting = async {
+        let mut slot = Slot::acquire(&slots).await.unwrap();
+        super::pull(&rt, &mut slot, &task(1), &input(&[])).await
+    };
+    let free_at = async {
+        tokio::task::yield_now().await;
+        let _slot = slots.acquire().await.unwrap();
+        Instant::now()
+    };
+    let started = Instant::now();
+    let (_, free_at) = tokio::join!(waiting, free_at);
+    assert_eq!(free_at - started, Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_runtime_that_goes_down_on_every_pull_ends_up_counting() {
+    let rt = Scripted::new();
+    rt.pulls
+        .lock()
+        .unwrap()
+        .extend(std::iter::repeat_n(Err(DOWN), 20));
+    let err = pull(&rt, &task(1), &input(&[])).await.unwrap_err();
+    assert_eq!(
+        err,
+        format!("pulling {IMAGE} failed after 1 attempt: transport error")
+    );
+    assert_eq!(
+        times_of(&rt, "pull ").len(),
+        usize::try_from(MAX_UNCOUNTED).unwrap() + 1
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_active_deadline_ends_a_wait_for_the_runtime() {
+    let rt = Scripted {
+        down_until: Some(Duration::from_secs(3600)),
+        ..Scripted::new()
+    };
+    rt.pulls.lock().unwrap().push_back(Err(DOWN));
+    let mut t = task(3);
+    t.active_deadline = Some(Duration::from_secs(10));
+    let started = Instant::now();
+    let err = pull(&rt, &t, &input(&[])).await.unwrap_err();
+    assert_eq!(started.elapsed(), Duration::from_secs(10));
+    assert_eq!(
+        err,
+        format!("pulling {IMAGE} exceeded activeDeadlineSeconds (10s): transport error")
+    );
 }

@@ -121,3 +121,17 @@ fn an_update_that_leaves_the_spec_alone_is_not_revalidated() {
     let new = job(json!({"images": ["nginx"], "pullSecrets": ["b"]}));
     assert_eq!(errors(validate_update(&old, &new)), Vec::<String>::new());
 }
+
+#[test]
+fn the_template_durations_and_counts_are_bounded() {
+    assert_eq!(
+        create(
+            json!({"images": ["nginx"], "pullPolicy": {"backoffLimit": 2_000_000_000},
+            "completionPolicy": {"activeDeadlineSeconds": 40_000_000}})
+        ),
+        [
+            "spec.pullPolicy.backoffLimit: Invalid value: 2000000000: must be between 0 and 1000, inclusive",
+            "spec.completionPolicy.activeDeadlineSeconds: Invalid value: 40000000: must be between 1 and 31536000, inclusive",
+        ]
+    );
+}

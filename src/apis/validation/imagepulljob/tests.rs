@@ -248,3 +248,44 @@ fn raw_enums() {
     );
     assert!(validate_raw_enums(&json!({"spec": {"image": "x"}})).is_ok());
 }
+
+#[test]
+fn durations_and_counts_are_bounded() {
+    // At the bounds: accepted.
+    assert_eq!(
+        create(
+            json!({"image": "nginx", "pullPolicy": {"timeoutSeconds": 86400, "backoffLimit": 1000},
+            "completionPolicy": {"activeDeadlineSeconds": 31_536_000, "ttlSecondsAfterFinished": 31_536_000}})
+        ),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        create(
+            json!({"image": "nginx", "pullPolicy": {"timeoutSeconds": 1, "backoffLimit": 0},
+            "completionPolicy": {"activeDeadlineSeconds": 1, "ttlSecondsAfterFinished": 0}})
+        ),
+        Vec::<String>::new()
+    );
+    // Beyond them: each field named.
+    assert_eq!(
+        create(
+            json!({"image": "nginx", "pullPolicy": {"timeoutSeconds": 86401, "backoffLimit": -1},
+            "completionPolicy": {"activeDeadlineSeconds": i64::MAX, "ttlSecondsAfterFinished": -1}})
+        ),
+        [
+            "spec.pullPolicy.timeoutSeconds: Invalid value: 86401: must be between 1 and 86400, inclusive",
+            "spec.pullPolicy.backoffLimit: Invalid value: -1: must be between 0 and 1000, inclusive",
+            "spec.completionPolicy.activeDeadlineSeconds: Invalid value: 9223372036854775807: must be between 1 and 31536000, inclusive",
+            "spec.completionPolicy.ttlSecondsAfterFinished: Invalid value: -1: must be between 0 and 31536000, inclusive",
+        ]
+    );
+    assert_eq!(
+        create(
+            json!({"image": "nginx", "pullPolicy": {"timeoutSeconds": 0, "backoffLimit": 1001}})
+        ),
+        [
+            "spec.pullPolicy.timeoutSeconds: Invalid value: 0: must be between 1 and 86400, inclusive",
+            "spec.pullPolicy.backoffLimit: Invalid value: 1001: must be between 0 and 1000, inclusive",
+        ]
+    );
+}

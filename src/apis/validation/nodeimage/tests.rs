@@ -150,3 +150,23 @@ fn raw_enums() {
         ]
     );
 }
+
+#[test]
+fn a_tags_durations_and_counts_are_bounded() {
+    // Defaulting sorts the tags: "bad" comes first.
+    let n = defaulted(json!({"nginx": {"tags": [
+        {"tag": "ok", "pullPolicy": {"ttlSecondsAfterFinished": 2_147_483_647, "timeoutSeconds": 86400,
+            "backoffLimit": 1000, "activeDeadlineSeconds": 31_536_000}},
+        {"tag": "bad", "pullPolicy": {"ttlSecondsAfterFinished": -1, "timeoutSeconds": -5,
+            "backoffLimit": -1, "activeDeadlineSeconds": i64::MAX}}
+    ]}}));
+    assert_eq!(
+        errors(validate_create(&n)),
+        [
+            "spec.images[nginx].tags[0].pullPolicy.ttlSecondsAfterFinished: Invalid value: -1: must be between 0 and 2147483647, inclusive",
+            "spec.images[nginx].tags[0].pullPolicy.timeoutSeconds: Invalid value: -5: must be between 1 and 86400, inclusive",
+            "spec.images[nginx].tags[0].pullPolicy.backoffLimit: Invalid value: -1: must be between 0 and 1000, inclusive",
+            "spec.images[nginx].tags[0].pullPolicy.activeDeadlineSeconds: Invalid value: 9223372036854775807: must be between 1 and 31536000, inclusive",
+        ]
+    );
+}

@@ -170,3 +170,43 @@ fn notes_follow_the_progress_message_once() {
         Some("Secret x has type Opaque")
     );
 }
+
+/// A job stored while the webhook and the schema bounds were off: the extremes of each number
+/// neither panic nor invent a deadline.
+#[test]
+fn extreme_stored_deadlines_and_ttls_do_not_panic() {
+    let ts = targets(&[("a", Pulling)]);
+    for deadline in [i64::MAX, i64::MIN, 0] {
+        let policy = CompletionPolicy {
+            active_deadline_seconds: Some(deadline),
+            ..Default::default()
+        };
+        let started = ImagePullJobStatus {
+            start_time: Some(t(100)),
+            ..Default::default()
+        };
+        let j = job(policy, Some(started));
+        let status = compute_status(&j, &ts, &t(200));
+        let _ = next_deadline(&j, &status);
+    }
+    // i64::MAX seconds is past any timestamp: the job runs on, with nothing to wake for.
+    let policy = CompletionPolicy {
+        active_deadline_seconds: Some(i64::MAX),
+        ..Default::default()
+    };
+    let running = compute_status(&job(policy.clone(), None), &ts, &t(200));
+    assert_eq!(running.completion_time, None);
+    assert_eq!(next_deadline(&job(policy, None), &running), None);
+    for ttl in [i32::MAX, i32::MIN] {
+        let policy = CompletionPolicy {
+            ttl_seconds_after_finished: Some(ttl),
+            ..Default::default()
+        };
+        let done = ImagePullJobStatus {
+            completion_time: Some(t(10)),
+            ..Default::default()
+        };
+        let at = next_deadline(&job(policy, Some(done.clone())), &done);
+        assert!(at.is_some(), "{ttl}");
+    }
+}

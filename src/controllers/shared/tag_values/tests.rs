@@ -353,3 +353,54 @@ fn an_unknown_owner_never_lets_a_tag_shrink_but_known_asks_add() {
     assert_eq!(tag.version, Some(1), "in flight, asked for more");
     assert_eq!(refresh_image(&out, asks, |_| true), out, "a fixed point");
 }
+
+#[test]
+fn terms_stored_past_the_bounds_make_tags_the_nodeimage_schema_accepts() {
+    for (timeout, backoff, deadline, ttl) in [
+        (i32::MAX, i32::MAX, i64::MAX, i32::MAX),
+        (i32::MIN, i32::MIN, i64::MIN, i32::MIN),
+        (0, -1, 0, -1),
+    ] {
+        for completion in [CompletionPolicyType::Always, CompletionPolicyType::Never] {
+            let t = PullTerms::of(&ImagePullJobTemplate {
+                pull_policy: Some(PullPolicy {
+                    timeout_seconds: Some(timeout),
+                    backoff_limit: Some(backoff),
+                }),
+                completion_policy: CompletionPolicy {
+                    type_: Some(completion),
+                    active_deadline_seconds: Some(deadline),
+                    ttl_seconds_after_finished: Some(ttl),
+                },
+                ..Default::default()
+            });
+            let policy = tag_pull_policy(&t, "u", "n", Duration::MAX);
+            let tag: ImageTagSpec = serde_json::from_value(serde_json::json!({
+                "tag": "v1", "createdAt": "2026-01-01T00:00:00Z", "pullPolicy": policy,
+            }))
+            .unwrap();
+            let mut node = crate::apis::nodeimage::NodeImage::new("n", Default::default());
+            node.spec.images.insert(
+                "nginx".into(),
+                crate::apis::nodeimage::ImageSpec {
+                    tags: vec![tag],
+                    ..Default::default()
+                },
+            );
+            assert_eq!(
+                crate::apis::validation::nodeimage::validate_create(&node),
+                Ok(()),
+                "{timeout} {backoff} {deadline} {ttl} {completion:?}: {policy:?}"
+            );
+        }
+    }
+    // A negative backoffLimit reads as upstream reads it.
+    let t = PullTerms::of(&ImagePullJobTemplate {
+        pull_policy: Some(PullPolicy {
+            timeout_seconds: Some(0),
+            backoff_limit: Some(-1),
+        }),
+        ..Default::default()
+    });
+    assert_eq!((t.timeout_seconds, t.backoff_limit), (600, 3));
+}

@@ -179,6 +179,8 @@ fn bad_knobs_warn_with_the_annotation_the_value_and_the_default() {
         (IMAGE_PREDOWNLOAD_PARALLELISM, "-2", "1"),
         (IMAGE_PREDOWNLOAD_TIMEOUT_SECONDS, "0", "300"),
         (IMAGE_PREDOWNLOAD_TIMEOUT_SECONDS, "5m", "300"),
+        // Past the ImagePullJob's bound, which would refuse the job.
+        (IMAGE_PREDOWNLOAD_TIMEOUT_SECONDS, "86401", "300"),
         (IMAGE_PREDOWNLOAD_MIN_UPDATED_READY_PODS, "-1", "0"),
         (IMAGE_PREDOWNLOAD_MIN_UPDATED_READY_PODS, "half", "0"),
         (IMAGE_PREDOWNLOAD_MIN_UPDATED_READY_PODS, "%", "0"),
