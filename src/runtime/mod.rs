@@ -3,8 +3,10 @@
 
 mod client;
 mod metrics;
+pub mod rate_limit;
 mod server;
 
-pub use self::client::{ConnectError, connect};
+pub use self::client::{ConnectError, client, connect, load_config};
 pub use self::metrics::{ADMISSION_KINDS, CONTENT_TYPE, ManagerMetrics, Metrics};
+pub use self::rate_limit::RateLimit;
 pub use self::server::{LivenessCheck, ProbeState, router, serve};
