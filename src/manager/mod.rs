@@ -40,7 +40,9 @@ pub use self::crds::{CrdState, REQUIRED_CRDS, UnusableCrds, check_crds};
 pub use self::leader::LeaderElection;
 use self::readiness::Controllers;
 pub use self::server_version::ServerTooOld;
-use crate::runtime::{self, ConnectError, ManagerMetrics, Metrics, ProbeState, connect};
+use crate::runtime::{
+    self, ConnectError, ManagerMetrics, Metrics, ProbeState, RateLimit, load_config,
+};
 
 /// How long in-flight reconciles may take to finish once shutdown has begun.
 const CONTROLLERS_STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -65,6 +67,9 @@ pub struct ManagerOptions {
     pub leader_election: Option<LeaderElection>,
     /// Whether the controllers' watches stream their first list (`Auto`: where the server can).
     pub streaming_lists: StreamingLists,
+    /// The client-side limit on requests to the API server (`--kube-api-qps`/`--kube-api-burst`);
+    /// `None`: none. Shared by the controllers, the webhooks and leader election.
+    pub kube_api_rate: Option<RateLimit>,
 }
 
 /// Why the manager could not start, or stopped other than by request.
@@ -130,7 +135,12 @@ pub async fn run(
     }
     let mut shutdown = pin!(shutdown);
 
-    let (client, listener, initial_list) = tokio::select! {
+    let Started {
+        client,
+        lease_client,
+        listener,
+        initial_list,
+    } = tokio::select! {
         biased;
         () = &mut shutdown => {
             info!("shutting down before the manager started");
@@ -168,6 +178,7 @@ pub async fn run(
     });
     let mut controllers = pin!(run_controllers(
         client,
+        lease_client,
         controller_opts,
         opts.leader_election.clone(),
         Arc::new(controllers_state),
@@ -332,6 +343,7 @@ async fn reporting_sync(
 /// if they stop by themselves. `state` follows them, for `/readyz`.
 async fn run_controllers(
     client: Client,
+    lease_client: Client,
     opts: ControllerOptions,
     election: Option<LeaderElection>,
     state: Arc<watch::Sender<Controllers>>,
@@ -355,7 +367,7 @@ async fn run_controllers(
     let stop_timeout = CONTROLLERS_STOP_TIMEOUT
         .saturating_sub(election.renew_deadline.min(Duration::from_secs(3)));
     let _ = leader::run_while_leading(
-        client.clone(),
+        lease_client,
         election,
         shutdown,
         stop_timeout,
@@ -393,10 +405,22 @@ impl Drop for ForgetObjects {
     }
 }
 
-/// Start-up before the manager can serve: client, server version, CRD check, how the watches
+/// Start-up before the manager can serve: clients, server version, CRD check, how the watches
 /// list, probe listener.
-async fn start(opts: &ManagerOptions) -> Result<(Client, TcpListener, InitialList), ManagerError> {
-    let client = connect(opts.kubeconfig.as_deref()).await?;
+async fn start(opts: &ManagerOptions) -> Result<Started, ManagerError> {
+    let config = load_config(opts.kubeconfig.as_deref()).await?;
+    match opts.kube_api_rate {
+        Some(limit) => info!(
+            qps = limit.qps,
+            burst = limit.burst,
+            "client-side API request rate limit"
+        ),
+        None => info!("no client-side API request rate limit"),
+    }
+    // Leader election has a client of its own, outside the limit: a queue of controller
+    // requests must not hold up a renewal past the renew deadline (one request a retry period).
+    let lease_client = runtime::client(config.clone(), None)?;
+    let client = runtime::client(config, opts.kube_api_rate)?;
     let info = client
         .apiserver_version()
         .await
@@ -420,7 +444,20 @@ async fn start(opts: &ManagerOptions) -> Result<(Client, TcpListener, InitialLis
                 addr: opts.probe_addr,
                 source,
             })?;
-    Ok((client, listener, initial_list))
+    Ok(Started {
+        client,
+        lease_client,
+        listener,
+        initial_list,
+    })
+}
+
+/// What [`start`] made.
+struct Started {
+    client: Client,
+    lease_client: Client,
+    listener: TcpListener,
+    initial_list: InitialList,
 }
 
 #[cfg(test)]
@@ -437,6 +474,7 @@ mod tests {
             webhook: None,
             leader_election: None,
             streaming_lists: StreamingLists::Auto,
+            kube_api_rate: None,
         }
     }
 

@@ -111,6 +111,7 @@ impl Election {
                 retry_period: RETRY_PERIOD,
             }),
             streaming_lists: Default::default(),
+            kube_api_rate: None,
         };
         let (ready_tx, ready_rx) = oneshot::channel();
         let (stop, stop_rx) = oneshot::channel::<()>();
