@@ -156,9 +156,9 @@ struct ManagerArgs {
 
 #[derive(Debug, Args)]
 struct ApiArgs {
-    /// Requests a second the manager sends the API server on average (a client-side token
-    /// bucket shared by the controllers and the webhooks; requests over it wait); 0 for no
-    /// limit. Leader election is not counted. Upstream's name --rest-config-qps also works.
+    /// Requests a second the controllers send the API server on average (a client-side token
+    /// bucket they share; requests over it wait); 0 for no limit. The webhooks and leader
+    /// election are not counted. Upstream's name --rest-config-qps also works.
     #[arg(
         long,
         visible_alias = "rest-config-qps",
@@ -167,7 +167,7 @@ struct ApiArgs {
     )]
     kube_api_qps: f64,
 
-    /// Requests the manager may send at once above --kube-api-qps after a quiet spell (the
+    /// Requests the controllers may send at once above --kube-api-qps after a quiet spell (the
     /// bucket's size). Upstream's name --rest-config-burst also works.
     #[arg(
         long,

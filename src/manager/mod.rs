@@ -67,8 +67,9 @@ pub struct ManagerOptions {
     pub leader_election: Option<LeaderElection>,
     /// Whether the controllers' watches stream their first list (`Auto`: where the server can).
     pub streaming_lists: StreamingLists,
-    /// The client-side limit on requests to the API server (`--kube-api-qps`/`--kube-api-burst`);
-    /// `None`: none. Shared by the controllers, the webhooks and leader election.
+    /// The client-side limit on the controllers' requests to the API server
+    /// (`--kube-api-qps`/`--kube-api-burst`); `None`: none. The webhooks and leader election
+    /// are outside it.
     pub kube_api_rate: Option<RateLimit>,
 }
 
@@ -137,7 +138,7 @@ pub async fn run(
 
     let Started {
         client,
-        lease_client,
+        unlimited,
         listener,
         initial_list,
     } = tokio::select! {
@@ -165,7 +166,9 @@ pub async fn run(
     }));
 
     let (stop_controllers, controllers_stopping) = oneshot::channel::<()>();
-    let webhook_client = client.clone();
+    // Admission has deadlines (a dry-run pod within 5 s, an answer within the webhook timeout)
+    // and its rate is the apiserver's to govern: it must not queue behind a rollout's patches.
+    let webhook_client = unlimited.clone();
     let controller_opts = ControllerOptions {
         metrics: manager_metrics.clone(),
         initial_list,
@@ -178,7 +181,7 @@ pub async fn run(
     });
     let mut controllers = pin!(run_controllers(
         client,
-        lease_client,
+        unlimited,
         controller_opts,
         opts.leader_election.clone(),
         Arc::new(controllers_state),
@@ -340,7 +343,8 @@ async fn reporting_sync(
 
 /// Runs the controllers until `shutdown` resolves: all along, or with `election` only while
 /// this replica leads (then the Lease is released once they have stopped). Returns early only
-/// if they stop by themselves. `state` follows them, for `/readyz`.
+/// if they stop by themselves. `state` follows them, for `/readyz`. `lease_client` is for
+/// leader election alone.
 async fn run_controllers(
     client: Client,
     lease_client: Client,
@@ -417,9 +421,10 @@ async fn start(opts: &ManagerOptions) -> Result<Started, ManagerError> {
         ),
         None => info!("no client-side API request rate limit"),
     }
-    // Leader election has a client of its own, outside the limit: a queue of controller
-    // requests must not hold up a renewal past the renew deadline (one request a retry period).
-    let lease_client = runtime::client(config.clone(), None)?;
+    // Leader election and the webhooks have a client outside the limit: a queue of controller
+    // requests must not hold up a renewal past the renew deadline (leader election sends one
+    // request a retry period), nor an admission past its deadline.
+    let unlimited = runtime::client(config.clone(), None)?;
     let client = runtime::client(config, opts.kube_api_rate)?;
     let info = client
         .apiserver_version()
@@ -446,7 +451,7 @@ async fn start(opts: &ManagerOptions) -> Result<Started, ManagerError> {
             })?;
     Ok(Started {
         client,
-        lease_client,
+        unlimited,
         listener,
         initial_list,
     })
@@ -454,8 +459,10 @@ async fn start(opts: &ManagerOptions) -> Result<Started, ManagerError> {
 
 /// What [`start`] made.
 struct Started {
+    /// The controllers' client, behind `--kube-api-qps`.
     client: Client,
-    lease_client: Client,
+    /// The webhooks' and leader election's, outside it.
+    unlimited: Client,
     listener: TcpListener,
     initial_list: InitialList,
 }
