@@ -11,10 +11,11 @@ use std::{
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use kruise_rs::controllers::ControllerOptions;
 use kruise_rs::controllers::shared::initial_list::StreamingLists;
+use kruise_rs::controllers::{ControllerOptions, Workers};
 use kruise_rs::daemon::{self, CredentialProviderOptions, DaemonOptions};
 use kruise_rs::manager::{self, LeaderElection, ManagerOptions};
+use kruise_rs::runtime::RateLimit;
 use kruise_rs::webhook::{CertSource, Endpoint, FailurePolicy, WebhookOptions};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info};
@@ -147,7 +148,69 @@ struct ManagerArgs {
     leader_election: LeaderElectionArgs,
 
     #[command(flatten)]
+    api: ApiArgs,
+
+    #[command(flatten)]
     webhook: WebhookArgs,
+}
+
+#[derive(Debug, Args)]
+struct ApiArgs {
+    /// Requests a second the controllers send the API server on average (a client-side token
+    /// bucket they share; requests over it wait); 0 for no limit. The webhooks and leader
+    /// election are not counted. Upstream's name --rest-config-qps also works.
+    #[arg(
+        long,
+        visible_alias = "rest-config-qps",
+        value_name = "QPS",
+        default_value_t = 30.0
+    )]
+    kube_api_qps: f64,
+
+    /// Requests the controllers may send at once above --kube-api-qps after a quiet spell (the
+    /// bucket's size). Upstream's name --rest-config-burst also works.
+    #[arg(
+        long,
+        visible_alias = "rest-config-burst",
+        value_name = "N",
+        default_value_t = 50
+    )]
+    kube_api_burst: u32,
+
+    /// SidecarSets reconciled at once.
+    #[arg(long, value_name = "N", default_value_t = Workers::default().sidecarset,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    sidecarset_workers: u16,
+
+    /// ImagePullJobs reconciled at once.
+    #[arg(long, value_name = "N", default_value_t = Workers::default().imagepulljob,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    imagepulljob_workers: u16,
+
+    /// ImageListPullJobs reconciled at once.
+    #[arg(long, value_name = "N", default_value_t = Workers::default().imagelistpulljob,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    imagelistpulljob_workers: u16,
+
+    /// Nodes reconciled at once by the NodeImage controller, and as many NodeImages.
+    #[arg(long, value_name = "N", default_value_t = Workers::default().nodeimage,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    nodeimage_workers: u16,
+}
+
+impl ApiArgs {
+    fn rate_limit(&self) -> Result<Option<RateLimit>, String> {
+        RateLimit::from_flags(self.kube_api_qps, self.kube_api_burst)
+    }
+
+    fn workers(&self) -> Workers {
+        Workers {
+            sidecarset: self.sidecarset_workers,
+            imagepulljob: self.imagepulljob_workers,
+            imagelistpulljob: self.imagelistpulljob_workers,
+            nodeimage: self.nodeimage_workers,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -385,6 +448,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Manager(args) => {
             let args = *args;
+            let kube_api_rate = args.api.rate_limit().map_err(anyhow::Error::msg)?;
             let shutdown =
                 shutdown_signal().context("cannot install the SIGTERM and SIGINT handlers")?;
             let opts = ManagerOptions {
@@ -402,6 +466,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     sidecarset_predownload: args.sidecarset_predownload,
                     sidecarset_upgradable_condition_on_upgrade: args
                         .sidecarset_upgradable_condition_on_upgrade,
+                    workers: args.api.workers(),
                     // The manager puts in the set its /metrics serves, the mode it detects and
                     // the readiness it waits for.
                     ..Default::default()
@@ -409,6 +474,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 streaming_lists: args.streaming_lists,
                 leader_election: args.leader_election.options(&args.webhook.namespace),
                 webhook: args.webhook.options(),
+                kube_api_rate,
             };
             manager::run(opts, shutdown, None).await?;
             Ok(())
@@ -571,6 +637,69 @@ mod tests {
         assert_eq!(election.renew_deadline, Duration::from_secs(20));
         assert_eq!(election.retry_period, Duration::from_millis(500));
         assert!(Cli::try_parse_from(["kruise-rs", "manager", "--leader-elect=maybe"]).is_err());
+    }
+
+    #[test]
+    fn api_rate_and_workers_default_to_upstreams_and_take_its_flag_names() {
+        let defaults = manager_args(&[]);
+        assert_eq!(
+            defaults.api.rate_limit(),
+            Ok(Some(RateLimit {
+                qps: 30.0,
+                burst: 50
+            }))
+        );
+        assert_eq!(defaults.api.workers(), Workers::default());
+        assert_eq!(defaults.api.workers().sidecarset, 3);
+        let tuned = manager_args(&[
+            "--kube-api-qps",
+            "5",
+            "--kube-api-burst",
+            "10",
+            "--sidecarset-workers",
+            "1",
+            "--imagepulljob-workers",
+            "2",
+            "--imagelistpulljob-workers",
+            "4",
+            "--nodeimage-workers",
+            "8",
+        ]);
+        assert_eq!(
+            tuned.api.rate_limit(),
+            Ok(Some(RateLimit {
+                qps: 5.0,
+                burst: 10
+            }))
+        );
+        assert_eq!(
+            tuned.api.workers(),
+            Workers {
+                sidecarset: 1,
+                imagepulljob: 2,
+                imagelistpulljob: 4,
+                nodeimage: 8
+            }
+        );
+        let upstream = manager_args(&["--rest-config-qps=300", "--rest-config-burst=500"]);
+        assert_eq!(
+            upstream.api.rate_limit(),
+            Ok(Some(RateLimit {
+                qps: 300.0,
+                burst: 500
+            }))
+        );
+        assert_eq!(
+            manager_args(&["--kube-api-qps", "0"]).api.rate_limit(),
+            Ok(None)
+        );
+        assert!(
+            manager_args(&["--kube-api-qps=-1"])
+                .api
+                .rate_limit()
+                .is_err()
+        );
+        assert!(Cli::try_parse_from(["kruise-rs", "manager", "--nodeimage-workers", "0"]).is_err());
     }
 
     #[test]

@@ -26,6 +26,7 @@ use tokio::time::Instant;
 
 use super::crds::{Conversion, CrdState, conversion_reset_patch};
 use crate::apis::crd;
+use crate::controllers::shared::backoff::jittered;
 
 /// The field manager of everything `crds --install` writes.
 pub const FIELD_MANAGER: &str = "kruise-rs";
@@ -254,7 +255,7 @@ async fn install_one(
         })?;
         match established(&crd) {
             Ok(true) => break,
-            Ok(false) if Instant::now() < deadline => tokio::time::sleep(POLL).await,
+            Ok(false) if Instant::now() < deadline => tokio::time::sleep(jittered(POLL, 0.5)).await,
             Ok(false) => {
                 return Err(InstallError::NotEstablished {
                     name,
@@ -334,7 +335,7 @@ async fn read_back(
                 last_error,
             });
         }
-        tokio::time::sleep(POLL).await;
+        tokio::time::sleep(jittered(POLL, 0.5)).await;
     }
 }
 

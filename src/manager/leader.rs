@@ -4,10 +4,11 @@
 //! Every replica serves the webhooks and the probes; only the holder of the Lease runs the
 //! controllers ([`run_while_leading`]). The protocol:
 //!
-//! * **Acquire.** A replica that does not lead reads the Lease every retry period (creating it if
-//!   it is missing). When nobody holds it, or its holder has not renewed it for its
-//!   `leaseDurationSeconds` ([`decide`]), the replica writes itself in as holder (new
-//!   `acquireTime` and `renewTime`, `leaseTransitions` + 1). The write carries the
+//! * **Acquire.** A replica that does not lead reads the Lease about every retry period
+//!   (jittered, so that followers do not poll in step; creating it if it is missing). When
+//!   nobody holds it, or the record has not changed for `leaseDurationSeconds` since this
+//!   replica first saw it as it is ([`observe`], [`decide`]), the replica writes itself in as
+//!   holder (new `acquireTime` and `renewTime`, `leaseTransitions` + 1). The write carries the
 //!   `resourceVersion` it read, so of two replicas racing for it the apiserver lets one win and
 //!   answers the other 409 Conflict.
 //! * **Renew.** The holder rewrites `renewTime` every retry period. If it finds another holder,
@@ -18,26 +19,38 @@
 //!   `holderIdentity`, so that another replica takes over at its next retry instead of waiting
 //!   for the lease to expire.
 //!
-//! Expiry is judged on the `renewTime` the holder wrote against this replica's clock, so the
-//! replicas' clocks must agree to well within the lease duration (NTP does that).
+//! Expiry is measured on this replica's own monotonic clock, from when it saw the record last
+//! change (as client-go does), never by comparing the holder's `renewTime` with this replica's
+//! wall clock: replicas whose clocks disagree still never take a Lease that is being renewed
+//! (decision 0020). The price: a replica that has just started waits a whole lease duration
+//! before it takes a Lease whose holder is gone without releasing it.
 
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::pin::pin;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use crate::controllers::shared::backoff::jittered;
+
 /// Default name of the Lease.
 pub const DEFAULT_LEASE_NAME: &str = "kruise-rs-manager";
+
+/// How much a follower stretches its retry period, at random, so that followers started
+/// together do not read the Lease in step. client-go stretches by up to 1.2×; half keeps a
+/// takeover, which waits for up to two reads besides the lease duration, closer to it. The
+/// leader renews on the period itself.
+const FOLLOWER_JITTER: f64 = 0.5;
 
 /// How one replica takes part in the election.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,26 +139,45 @@ pub enum Decision {
     Acquire,
     /// This replica holds it: renew it.
     Renew,
-    /// `holder` holds it until `expires` (unless renewed).
-    Wait { holder: String, expires: Timestamp },
+    /// `holder` holds it until `expires`, on this replica's clock (unless it renews it first).
+    Wait { holder: String, expires: Instant },
 }
 
-/// The pure core of the protocol: what `me` does with `lease` at `now`.
-pub fn decide(lease: &LeaseSpec, me: &str, now: Timestamp) -> Decision {
+/// The Lease as this replica last read it, and when it first read it so, on its own clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observed {
+    spec: LeaseSpec,
+    since: Instant,
+}
+
+/// `last` brought up to date with `spec`, read at `now`: any change of the record (a renewal,
+/// a new holder, a transition) starts a new observation; the same record keeps the old one.
+pub fn observe(last: Option<Observed>, spec: &LeaseSpec, now: Instant) -> Observed {
+    match last {
+        Some(last) if last.spec == *spec => last,
+        _ => Observed {
+            spec: spec.clone(),
+            since: now,
+        },
+    }
+}
+
+/// The pure core of the protocol: what `me` does at `now` with the Lease it has `observed`.
+///
+/// A holder's Lease expires `leaseDurationSeconds` after this replica saw its record last
+/// change; the times written in it are the holder's clock and are not compared with ours.
+pub fn decide(observed: &Observed, me: &str, now: Instant) -> Decision {
+    let lease = &observed.spec;
     let Some(holder) = lease.holder_identity.as_deref().filter(|h| !h.is_empty()) else {
         return Decision::Acquire;
     };
     if holder == me {
         return Decision::Renew;
     }
-    let Some(renewed) = lease.renew_time.as_ref().or(lease.acquire_time.as_ref()) else {
-        return Decision::Acquire;
-    };
     let seconds = lease.lease_duration_seconds.unwrap_or(0).max(0);
-    let expires = renewed
-        .0
-        .saturating_add(SignedDuration::from_secs(i64::from(seconds)))
-        .unwrap_or(Timestamp::MAX);
+    let duration = Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
+    // At most 68 years on: no real clock overflows, and if one did the Lease would stay held.
+    let expires = observed.since.checked_add(duration).unwrap_or(now);
     if expires < now {
         Decision::Acquire
     } else {
@@ -193,9 +225,15 @@ fn is_conflict(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 409)
 }
 
-/// One round: read (or create) the Lease and acquire or renew it if [`decide`] says so.
-async fn attempt(api: &Api<Lease>, cfg: &LeaderElection) -> Result<Standing, kube::Error> {
-    let now = Timestamp::now();
+/// One round: read (or create) the Lease and acquire or renew it if [`decide`] says so, given
+/// what this replica `observed` of it before (updated here).
+async fn attempt(
+    api: &Api<Lease>,
+    cfg: &LeaderElection,
+    observed: &Mutex<Option<Observed>>,
+) -> Result<Standing, kube::Error> {
+    // Only written into the Lease, for whoever reads it; expiry is measured on `Instant`s.
+    let wall_now = Timestamp::now();
     let Some(lease) = api.get_opt(&cfg.lease_name).await? else {
         let lease = Lease {
             metadata: ObjectMeta {
@@ -203,31 +241,52 @@ async fn attempt(api: &Api<Lease>, cfg: &LeaderElection) -> Result<Standing, kub
                 namespace: Some(cfg.namespace.clone()),
                 ..ObjectMeta::default()
             },
-            spec: Some(claimed(LeaseSpec::default(), cfg, now)),
+            spec: Some(claimed(LeaseSpec::default(), cfg, wall_now)),
         };
         return match api.create(&PostParams::default(), &lease).await {
-            Ok(_) => Ok(Standing::Leading),
+            Ok(created) => {
+                remember(observed, created.spec, Instant::now());
+                Ok(Standing::Leading)
+            }
             Err(err) if is_conflict(&err) => Ok(Standing::Following(None)),
             Err(err) => Err(err),
         };
     };
+    let now = Instant::now();
     let spec = lease.spec.clone().unwrap_or_default();
-    match decide(&spec, &cfg.identity, now) {
+    let seen = observe(take(observed), &spec, now);
+    let decision = decide(&seen, &cfg.identity, now);
+    remember(observed, Some(seen.spec), seen.since);
+    match decision {
         Decision::Wait { holder, .. } => Ok(Standing::Following(Some(holder))),
         Decision::Acquire | Decision::Renew => {
             let mut next = lease;
-            next.spec = Some(claimed(spec, cfg, now));
+            next.spec = Some(claimed(spec, cfg, wall_now));
             // `next` keeps the resourceVersion we read: a concurrent writer makes this a 409.
             match api
                 .replace(&cfg.lease_name, &PostParams::default(), &next)
                 .await
             {
-                Ok(_) => Ok(Standing::Leading),
+                Ok(written) => {
+                    remember(observed, written.spec, Instant::now());
+                    Ok(Standing::Leading)
+                }
                 Err(err) if is_conflict(&err) => Ok(Standing::Following(None)),
                 Err(err) => Err(err),
             }
         }
     }
+}
+
+fn take(observed: &Mutex<Option<Observed>>) -> Option<Observed> {
+    observed.lock().unwrap_or_else(|e| e.into_inner()).take()
+}
+
+fn remember(observed: &Mutex<Option<Observed>>, spec: Option<LeaseSpec>, since: Instant) {
+    *observed.lock().unwrap_or_else(|e| e.into_inner()) = Some(Observed {
+        spec: spec.unwrap_or_default(),
+        since,
+    });
 }
 
 /// Clears `holderIdentity` if this replica still holds the Lease.
@@ -256,9 +315,10 @@ async fn elect(
     leading: watch::Sender<bool>,
     release_rx: oneshot::Receiver<()>,
 ) {
+    let observed = Mutex::new(None);
     elect_with(
         &cfg,
-        || attempt(&api, &cfg),
+        || attempt(&api, &cfg, &observed),
         || release(&api, &cfg),
         leading,
         release_rx,
@@ -357,6 +417,9 @@ async fn elect_with<A, FA, R, FR>(
                     warn!(lease = %cfg.lease_name, "the apiserver did not answer about the leader lease in time");
                 }
             }
+        }
+        if renewed_at.is_none() {
+            next_try = started + jittered(cfg.retry_period, FOLLOWER_JITTER);
         }
     }
     leading.send_replace(false);

@@ -41,8 +41,8 @@ pub use self::leader::LeaderElection;
 use self::readiness::Controllers;
 pub use self::server_version::ServerTooOld;
 use crate::runtime::{
-    self, ConnectError, ManagerMetrics, Metrics, ProbeState, START_UP_PATIENCE, connect,
-    retry_transient,
+    self, ConnectError, ManagerMetrics, Metrics, ProbeState, RateLimit, START_UP_PATIENCE,
+    load_config, retry_transient,
 };
 
 /// How long in-flight reconciles may take to finish once shutdown has begun.
@@ -68,6 +68,10 @@ pub struct ManagerOptions {
     pub leader_election: Option<LeaderElection>,
     /// Whether the controllers' watches stream their first list (`Auto`: where the server can).
     pub streaming_lists: StreamingLists,
+    /// The client-side limit on the controllers' requests to the API server
+    /// (`--kube-api-qps`/`--kube-api-burst`); `None`: none. The webhooks and leader election
+    /// are outside it.
+    pub kube_api_rate: Option<RateLimit>,
 }
 
 /// Why the manager could not start, or stopped other than by request.
@@ -133,7 +137,12 @@ pub async fn run(
     }
     let mut shutdown = pin!(shutdown);
 
-    let (client, listener, initial_list) = tokio::select! {
+    let Started {
+        client,
+        unlimited,
+        listener,
+        initial_list,
+    } = tokio::select! {
         biased;
         () = &mut shutdown => {
             info!("shutting down before the manager started");
@@ -158,7 +167,9 @@ pub async fn run(
     }));
 
     let (stop_controllers, controllers_stopping) = oneshot::channel::<()>();
-    let webhook_client = client.clone();
+    // Admission has deadlines (a dry-run pod within 5 s, an answer within the webhook timeout)
+    // and its rate is the apiserver's to govern: it must not queue behind a rollout's patches.
+    let webhook_client = unlimited.clone();
     let controller_opts = ControllerOptions {
         metrics: manager_metrics.clone(),
         initial_list,
@@ -171,6 +182,7 @@ pub async fn run(
     });
     let mut controllers = pin!(run_controllers(
         client,
+        unlimited,
         controller_opts,
         opts.leader_election.clone(),
         Arc::new(controllers_state),
@@ -332,9 +344,11 @@ async fn reporting_sync(
 
 /// Runs the controllers until `shutdown` resolves: all along, or with `election` only while
 /// this replica leads (then the Lease is released once they have stopped). Returns early only
-/// if they stop by themselves. `state` follows them, for `/readyz`.
+/// if they stop by themselves. `state` follows them, for `/readyz`. `lease_client` is for
+/// leader election alone.
 async fn run_controllers(
     client: Client,
+    lease_client: Client,
     opts: ControllerOptions,
     election: Option<LeaderElection>,
     state: Arc<watch::Sender<Controllers>>,
@@ -358,7 +372,7 @@ async fn run_controllers(
     let stop_timeout = CONTROLLERS_STOP_TIMEOUT
         .saturating_sub(election.renew_deadline.min(Duration::from_secs(3)));
     let _ = leader::run_while_leading(
-        client.clone(),
+        lease_client,
         election,
         shutdown,
         stop_timeout,
@@ -396,10 +410,23 @@ impl Drop for ForgetObjects {
     }
 }
 
-/// Start-up before the manager can serve: client, server version, CRD check, how the watches
+/// Start-up before the manager can serve: clients, server version, CRD check, how the watches
 /// list, probe listener.
-async fn start(opts: &ManagerOptions) -> Result<(Client, TcpListener, InitialList), ManagerError> {
-    let client = connect(opts.kubeconfig.as_deref()).await?;
+async fn start(opts: &ManagerOptions) -> Result<Started, ManagerError> {
+    let config = load_config(opts.kubeconfig.as_deref()).await?;
+    match opts.kube_api_rate {
+        Some(limit) => info!(
+            qps = limit.qps,
+            burst = limit.burst,
+            "client-side API request rate limit"
+        ),
+        None => info!("no client-side API request rate limit"),
+    }
+    // Leader election and the webhooks have a client outside the limit: a queue of controller
+    // requests must not hold up a renewal past the renew deadline (leader election sends one
+    // request a retry period), nor an admission past its deadline.
+    let unlimited = runtime::client(config.clone(), None)?;
+    let client = runtime::client(config, opts.kube_api_rate)?;
     let info = retry_transient(
         "reading the API server's version",
         START_UP_PATIENCE,
@@ -426,7 +453,22 @@ async fn start(opts: &ManagerOptions) -> Result<(Client, TcpListener, InitialLis
                 addr: opts.probe_addr,
                 source,
             })?;
-    Ok((client, listener, initial_list))
+    Ok(Started {
+        client,
+        unlimited,
+        listener,
+        initial_list,
+    })
+}
+
+/// What [`start`] made.
+struct Started {
+    /// The controllers' client, behind `--kube-api-qps`.
+    client: Client,
+    /// The webhooks' and leader election's, outside it.
+    unlimited: Client,
+    listener: TcpListener,
+    initial_list: InitialList,
 }
 
 #[cfg(test)]
@@ -443,6 +485,7 @@ mod tests {
             webhook: None,
             leader_election: None,
             streaming_lists: StreamingLists::Auto,
+            kube_api_rate: None,
         }
     }
 

@@ -4,9 +4,12 @@ use std::path::{Path, PathBuf};
 
 use kube::{
     Client, Config,
+    client::ClientBuilder,
     config::{InferConfigError, KubeConfigOptions, Kubeconfig, KubeconfigError},
 };
 use tracing::info;
+
+use super::rate_limit::{RateLimit, RateLimitLayer};
 
 /// Why no client could be built.
 #[derive(Debug, thiserror::Error)]
@@ -26,9 +29,14 @@ pub enum ConnectError {
     Client(#[source] kube::Error),
 }
 
-/// Builds a client the way `kube::Client::try_default` does, or from `kubeconfig` when given.
-/// Nothing is sent to the API server yet.
+/// Builds a client the way `kube::Client::try_default` does, or from `kubeconfig` when given,
+/// without a client-side rate limit. Nothing is sent to the API server yet.
 pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client, ConnectError> {
+    client(load_config(kubeconfig).await?, None)
+}
+
+/// The client configuration `kube::Client::try_default` would use, or `kubeconfig`'s.
+pub async fn load_config(kubeconfig: Option<&Path>) -> Result<Config, ConnectError> {
     let config = match kubeconfig {
         Some(path) => {
             let kubeconfig_error = |source| ConnectError::Kubeconfig {
@@ -45,5 +53,15 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client, ConnectError> 
         None => Config::infer().await.map_err(ConnectError::InferConfig)?,
     };
     info!(server = %config.cluster_url, "using the Kubernetes API server");
-    Client::try_from(config).map_err(ConnectError::Client)
+    Ok(config)
+}
+
+/// A client for `config` whose requests (all its clones' together) are held to `limit` when
+/// given: requests beyond it wait their turn, none fails. Nothing is sent yet.
+pub fn client(config: Config, limit: Option<RateLimit>) -> Result<Client, ConnectError> {
+    let builder = ClientBuilder::try_from(config).map_err(ConnectError::Client)?;
+    Ok(match limit {
+        Some(limit) => builder.with_layer(&RateLimitLayer::new(limit)).build(),
+        None => builder.build(),
+    })
 }

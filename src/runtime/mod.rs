@@ -3,10 +3,12 @@
 
 mod client;
 mod metrics;
+pub mod rate_limit;
 mod server;
 mod transient;
 
-pub use self::client::{ConnectError, connect};
+pub use self::client::{ConnectError, client, connect, load_config};
 pub use self::metrics::{ADMISSION_KINDS, CONTENT_TYPE, ManagerMetrics, Metrics};
+pub use self::rate_limit::RateLimit;
 pub use self::server::{LivenessCheck, ProbeState, router, serve};
 pub use self::transient::{START_UP_PATIENCE, is_transient, retry_transient, retry_while};

@@ -572,6 +572,7 @@ fn manager_options(kubeconfig: &Path) -> ManagerOptions {
             ..LeaderElection::new(UPSTREAM_NAMESPACE)
         }),
         streaming_lists: Default::default(),
+        kube_api_rate: None,
     }
 }
 

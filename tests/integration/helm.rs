@@ -416,6 +416,8 @@ fn helm_values_change_the_rendered_objects() {
         "--set=manager.replicas=1,manager.leaderElection.enabled=false",
         "--set=manager.webhook.failurePolicy=Ignore,manager.webhook.timeoutSeconds=5",
         "--set=manager.extraArgs={--label-selector=shard=a}",
+        "--set=manager.kubeApi.qps=2.5,manager.kubeApi.burst=7",
+        "--set=manager.workers.sidecarset=5,manager.workers.nodeimage=4",
         "--set=manager.resources.limits.memory=512Mi",
         "--set=daemon.criSocket=/run/k3s/containerd/containerd.sock,daemon.criSocketGroup=989",
         "--set=daemon.extraArgs={--max-concurrent-pulls=4}",
@@ -443,6 +445,10 @@ fn helm_values_change_the_rendered_objects() {
         "--webhook-failure-policy=ignore",
         "--webhook-timeout-seconds=5",
         "--label-selector=shard=a",
+        "--kube-api-qps=2.5",
+        "--kube-api-burst=7",
+        "--sidecarset-workers=5",
+        "--nodeimage-workers=4",
     ] {
         assert!(
             args.contains(&wanted),
@@ -614,6 +620,14 @@ fn helm_refuses_invalid_values() {
         (
             "manager.sidecarsetPatchPodMetadataDefaultsAllowed=maybe",
             "/manager/sidecarsetPatchPodMetadataDefaultsAllowed",
+        ),
+        ("manager.kubeApi.qps=-1", "/manager/kubeApi/qps"),
+        ("manager.kubeApi.qps=fast", "/manager/kubeApi/qps"),
+        ("manager.kubeApi.burst=0", "/manager/kubeApi/burst"),
+        ("manager.workers.nodeimage=0", "/manager/workers/nodeimage"),
+        (
+            "manager.workers.sidecarset=70000",
+            "/manager/workers/sidecarset",
         ),
     ] {
         let out = helm_output(&["template", RELEASE, chart, "--set", set]);

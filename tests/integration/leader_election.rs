@@ -34,6 +34,9 @@ const RETRY_PERIOD: Duration = Duration::from_millis(500);
 /// What a takeover may take beyond the protocol's own bound: the new leader's controllers list
 /// their caches and reconcile once.
 const MARGIN: Duration = Duration::from_secs(3);
+/// The longest a follower waits between two reads of the Lease: its retry period, stretched
+/// by up to half at random.
+const FOLLOWER_PERIOD: Duration = Duration::from_millis(750);
 /// How long a replica may take to start, and the controllers to reconcile a new object.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -108,6 +111,7 @@ impl Election {
                 retry_period: RETRY_PERIOD,
             }),
             streaming_lists: Default::default(),
+            kube_api_rate: None,
         };
         let (ready_tx, ready_rx) = oneshot::channel();
         let (stop, stop_rx) = oneshot::channel::<()>();
@@ -294,7 +298,10 @@ async fn an_aborted_leader_is_replaced_within_the_lease_duration() {
     let election = Election::new(cluster).await;
     let (a, b, set) = two_replicas(cluster, &election).await;
 
-    // A crash: no release, the Lease stays with `a` until it expires.
+    // A crash: no release, the Lease stays with `a` until it expires. For `b` it expires a
+    // lease duration after the read that saw `a`'s last renewal (up to one read late), and `b`
+    // takes it at its first read after that.
+    let bound = LEASE_DURATION + 2 * FOLLOWER_PERIOD + MARGIN;
     a.task.abort();
     let aborted_at = Instant::now();
     let after_abort = election.lease().await.expect("the Lease exists");
@@ -302,14 +309,12 @@ async fn an_aborted_leader_is_replaced_within_the_lease_duration() {
         after_abort.holder_identity.as_deref(),
         Some(a.identity.as_str())
     );
-    election
-        .wait_holder(&b.identity, LEASE_DURATION + MARGIN)
-        .await;
+    election.wait_holder(&b.identity, bound).await;
     let took_over = aborted_at.elapsed();
-    b.wait_reconciled(&set, LEASE_DURATION + MARGIN).await;
+    b.wait_reconciled(&set, bound).await;
     let acted = aborted_at.elapsed();
     assert!(
-        acted < LEASE_DURATION + MARGIN,
+        acted < bound,
         "b took the Lease after {took_over:?} and reconciled after {acted:?}"
     );
     drop(a);
@@ -381,4 +386,111 @@ async fn take_lease(election: &Election, holder: &str, seconds: i32) {
         },
     )
     .await;
+}
+
+/// How far behind ours the skewed holder's clock runs.
+const SKEW: Duration = Duration::from_secs(13);
+
+/// A holder on a machine whose clock runs [`SKEW`] behind this one's: it holds the Lease and
+/// renews it every retry period, stamping `renewTime` with its own (slow) clock, until stopped;
+/// then it stops renewing without releasing, as a crashed process does.
+struct SkewedHolder {
+    task: JoinHandle<()>,
+    errors: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl SkewedHolder {
+    const IDENTITY: &str = "skewed-holder";
+
+    fn clock() -> Timestamp {
+        Timestamp::now() - SKEW
+    }
+
+    async fn start(election: &Election) -> Self {
+        let lease: Lease = serde_json::from_value(json!({
+            "metadata": {"name": election.lease, "namespace": election.lease_ns.name()},
+            "spec": {
+                "holderIdentity": Self::IDENTITY,
+                "leaseDurationSeconds": LEASE_DURATION.as_secs(),
+                "acquireTime": MicroTime(Self::clock()),
+                "renewTime": MicroTime(Self::clock()),
+                "leaseTransitions": 0,
+            }
+        }))
+        .expect("a Lease");
+        let leases = election.leases();
+        leases
+            .create(&PostParams::default(), &lease)
+            .await
+            .expect("the skewed holder creates its Lease");
+        let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (name, recorded) = (election.lease.clone(), errors.clone());
+        let task = tokio::spawn(async move {
+            let mut every = tokio::time::interval(RETRY_PERIOD);
+            loop {
+                every.tick().await;
+                let renewed = async {
+                    let mut lease = leases.get(&name).await.map_err(|e| e.to_string())?;
+                    let spec = lease.spec.get_or_insert_with(Default::default);
+                    if spec.holder_identity.as_deref() != Some(Self::IDENTITY) {
+                        return Err(format!("the Lease was taken while renewed: {spec:?}"));
+                    }
+                    spec.renew_time = Some(MicroTime(Self::clock()));
+                    leases
+                        .replace(&name, &PostParams::default(), &lease)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| format!("renewing: {e}"))
+                };
+                if let Err(e) = renewed.await {
+                    recorded.lock().expect("errors lock").push(e);
+                }
+            }
+        });
+        SkewedHolder { task, errors }
+    }
+
+    /// Stops renewing; returns what went wrong while it renewed.
+    async fn stop(self) -> Vec<String> {
+        self.task.abort();
+        let _ = self.task.await;
+        self.errors.lock().expect("errors lock").clone()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_clock_runs_13_s_behind_keeps_its_lease_while_it_renews() {
+    let cluster = support::cluster().await;
+    let election = Election::new(cluster).await;
+    let holder = SkewedHolder::start(&election).await;
+    let replica = election.start(cluster, &unique_name("replica")).await;
+    let set = election.sidecarset().await;
+
+    // Every renewTime the replica reads is 13 s old by its clock, over four times the lease
+    // duration; the holder renews all along, so the Lease is live.
+    let until = Instant::now() + 3 * LEASE_DURATION;
+    while Instant::now() < until {
+        assert_eq!(
+            election.holder().await.as_deref(),
+            Some(SkewedHolder::IDENTITY),
+            "a live Lease stays with its holder, whatever its clock"
+        );
+        assert_eq!(replica.revisions_of(&set).await, 0);
+        tokio::time::sleep(RETRY_PERIOD / 2).await;
+    }
+    let errors = holder.stop().await;
+    assert!(errors.is_empty(), "the holder's renewals: {errors:?}");
+
+    // The renewals stop: a lease duration after the replica saw the last one (up to a read
+    // late), it takes the Lease at its next read.
+    let stopped_at = Instant::now();
+    let bound = LEASE_DURATION + 2 * FOLLOWER_PERIOD + MARGIN;
+    election.wait_holder(&replica.identity, bound).await;
+    let took = stopped_at.elapsed();
+    assert!(
+        took >= LEASE_DURATION - RETRY_PERIOD,
+        "the replica took the Lease {took:?} after the renewals stopped, before it expired"
+    );
+    replica.wait_reconciled(&set, START_TIMEOUT).await;
+    replica.stop().await;
 }

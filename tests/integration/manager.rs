@@ -33,6 +33,7 @@ fn options(kubeconfig: &std::path::Path) -> ManagerOptions {
         webhook: None,
         leader_election: None,
         streaming_lists: Default::default(),
+        kube_api_rate: None,
     }
 }
 

@@ -49,6 +49,7 @@ async fn manager_metrics_count_reconciles_and_report_progress() {
         webhook: None,
         leader_election: None,
         streaming_lists: Default::default(),
+        kube_api_rate: None,
     };
     let (ready_tx, ready_rx) = oneshot::channel();
     let (stop, stop_rx) = oneshot::channel::<()>();

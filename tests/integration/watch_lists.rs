@@ -41,6 +41,7 @@ fn options(kubeconfig: &Path, probe_addr: SocketAddr, mode: StreamingLists) -> M
         webhook: None,
         leader_election: None,
         streaming_lists: mode,
+        kube_api_rate: None,
     }
 }
 

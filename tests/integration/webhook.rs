@@ -694,6 +694,7 @@ async fn patch_pod_metadata_defaults_allowed_admits_what_no_whitelist_rule_cover
         webhook: Some(webhook),
         leader_election: None,
         streaming_lists: Default::default(),
+        kube_api_rate: None,
     };
     let (ready_tx, ready) = tokio::sync::oneshot::channel();
     let (stop, stopping) = tokio::sync::oneshot::channel::<()>();

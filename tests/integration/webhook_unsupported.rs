@@ -94,6 +94,7 @@ async fn a_pod_is_admitted_without_a_sidecarset_using_an_unsupported_feature() {
         webhook: Some(webhook_options(free_loopback_port(), FailurePolicy::Fail)),
         leader_election: None,
         streaming_lists: Default::default(),
+        kube_api_rate: None,
     };
     let manager = tokio::spawn(manager::run(
         opts,

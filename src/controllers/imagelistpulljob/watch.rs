@@ -54,6 +54,7 @@ pub async fn run(
     // Children carry their list's labels, so the manager's label selector (sharding, tests)
     // selects a list and its children alike.
     let scoped = opts.scoped_watch_config();
+    let workers = opts.workers.imagelistpulljob;
     let (jobs, job_writer) = reflector::store();
     let job_events = watcher(Api::<ImagePullJob>::all(client.clone()), scoped.clone())
         .default_backoff()
@@ -101,7 +102,11 @@ pub async fn run(
     let running = controller
         .watches_stream(job_events, |job| list_of(&job))
         // A list's children report together while it runs; one reconcile serves them.
-        .with_config(controller::Config::default().debounce(Duration::from_millis(50)))
+        .with_config(
+            controller::Config::default()
+                .debounce(Duration::from_millis(50))
+                .concurrency(workers),
+        )
         .graceful_shutdown_on(shutdown.clone())
         .run(
             move |list, ctx| metrics.timed(NAME, reconcile(list, ctx)),

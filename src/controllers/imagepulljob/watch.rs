@@ -91,6 +91,7 @@ pub async fn run_with_pods(
     // in memory, no "too old resourceVersion" re-lists (the bench logged those with cache-served
     // lists).
     let scoped = opts.scoped_watch_config();
+    let workers = opts.workers.imagepulljob;
     let (nodeimages, nodeimage_writer) = reflector::store();
     let nodeimage_events = watcher(Api::<NodeImage>::all(client.clone()), scoped.clone())
         .default_backoff()
@@ -161,7 +162,11 @@ pub async fn run_with_pods(
         .watches_stream(nodeimage_events, move |n| jobs_for_nodeimage(&jobs, &n))
         .reconcile_on(pod_triggers)
         // Many NodeImage events arrive together while a job fans out; one reconcile serves them.
-        .with_config(controller::Config::default().debounce(Duration::from_millis(50)))
+        .with_config(
+            controller::Config::default()
+                .debounce(Duration::from_millis(50))
+                .concurrency(workers),
+        )
         .graceful_shutdown_on(shutdown.clone())
         .run(
             move |job, ctx| metrics.timed(NAME, reconcile(job, ctx)),

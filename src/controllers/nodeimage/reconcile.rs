@@ -21,6 +21,7 @@ use super::plan::{self, FailedTag, Lifecycle};
 use super::{Context, FIELD_MANAGER, patches};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::{NodeImage, NodeImageSpec};
+use crate::controllers::shared::backoff::jittered;
 use crate::controllers::shared::nodeimage_images::{ImagesWriteError, update_images};
 use crate::controllers::shared::tag_values::stored_owner_ask;
 use crate::error_chain::error_chain;
@@ -181,7 +182,14 @@ pub(super) async fn nodeimage(
             match maintain(&ctx, (*nodeimage).clone(), now).await? {
                 Some(current) => {
                     let wake = plan::next_wake(&current, now, ctx.response_timeout);
-                    Action::requeue(plan::requeue_after(wake, now))
+                    let after = plan::requeue_after(wake, now);
+                    // A deadline is kept exactly; the hourly look is spread out, or every
+                    // NodeImage created in one fan-out would be looked at in the same second.
+                    if after == plan::MAX_REQUEUE {
+                        Action::requeue(jittered(after, 0.1))
+                    } else {
+                        Action::requeue(after)
+                    }
                 }
                 None => Action::await_change(),
             }

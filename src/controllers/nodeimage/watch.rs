@@ -205,9 +205,6 @@ pub fn same_uid(a: &ImagePullJob, b: &ImagePullJob) -> bool {
     a.uid() == b.uid()
 }
 
-/// Reconciles running at once, per applier.
-const CONCURRENCY: u16 = 16;
-
 /// Runs the NodeImage controller over every Node until `shutdown` resolves, then lets the
 /// reconciles in flight finish.
 ///
@@ -291,7 +288,8 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
         future::ready(())
     });
 
-    let config = controller::Config::default().concurrency(CONCURRENCY);
+    // `--nodeimage-workers` reconciles at once for Nodes, and as many for NodeImages.
+    let config = controller::Config::default().concurrency(opts.workers.nodeimage);
     // Node and NodeImage reconciles both count as the `nodeimage` controller's.
     let metrics = opts.metrics.clone();
     let node_metrics = metrics.clone();

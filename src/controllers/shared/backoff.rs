@@ -1,5 +1,7 @@
 //! Per-object exponential backoff for `error_policy`, which kube-runtime does not have
-//! (kube-rs#1916): a failure counter per object, reset by the next successful reconcile.
+//! (kube-rs#1916): a failure counter per object, reset by the next successful reconcile; and
+//! [`jittered`], which every retry and periodic requeue of the manager goes through, so that
+//! objects (or replicas) that failed together do not retry together.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -23,8 +25,14 @@ impl Backoff {
     }
 
     /// Records a failure of `key` and returns how long to wait before retrying it:
-    /// `base * 2^(failures-1)`, at most `cap`.
+    /// `base * 2^(failures-1)`, at most `cap`, stretched by up to [`BACKOFF_JITTER`] of itself
+    /// at random (so at most `cap * 1.2`).
     pub fn failed(&self, key: &str) -> Duration {
+        jittered(self.unjittered(key), BACKOFF_JITTER)
+    }
+
+    /// [`Self::failed`] before the jitter.
+    fn unjittered(&self, key: &str) -> Duration {
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         let n = failures.entry(key.to_owned()).or_insert(0);
         *n = n.saturating_add(1);
@@ -40,6 +48,10 @@ impl Backoff {
         failures.remove(key);
     }
 }
+
+/// The share of a backoff delay [`Backoff::failed`] may add at random: enough to spread a
+/// thousand objects that failed on the same apiserver outage over a fifth of the delay.
+pub const BACKOFF_JITTER: f64 = 0.2;
 
 /// `delay` stretched by a random share of up to `factor` of itself (`delay * (1 + [0, factor))`),
 /// so that many clients failing at once do not retry in step (client-go's `wait.Jitter`).
@@ -62,14 +74,32 @@ impl Default for Backoff {
 mod tests {
     use super::*;
 
+    /// Whether `delay` is `expected` seconds stretched by at most [`BACKOFF_JITTER`].
+    fn within_jitter(delay: Duration, expected: u64) -> bool {
+        let expected = Duration::from_secs(expected);
+        delay >= expected && delay <= expected.mul_f64(1.0 + BACKOFF_JITTER)
+    }
+
     #[test]
     fn doubles_per_failure_up_to_the_cap_and_resets_on_success() {
         let b = Backoff::new(Duration::from_secs(1), Duration::from_secs(10));
-        let delays: Vec<_> = (0..6).map(|_| b.failed("a").as_secs()).collect();
-        assert_eq!(delays, [1, 2, 4, 8, 10, 10]);
-        assert_eq!(b.failed("b").as_secs(), 1, "keys are independent");
+        let delays: Vec<_> = (0..6).map(|_| b.failed("a")).collect();
+        for (delay, expected) in delays.iter().zip([1, 2, 4, 8, 10, 10]) {
+            assert!(within_jitter(*delay, expected), "{delays:?}");
+        }
+        assert!(within_jitter(b.failed("b"), 1), "keys are independent");
         b.succeeded("a");
-        assert_eq!(b.failed("a").as_secs(), 1);
+        assert!(within_jitter(b.failed("a"), 1));
+    }
+
+    #[test]
+    fn objects_failing_together_do_not_retry_together() {
+        let b = Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
+        let keys: Vec<_> = (0..100).map(|i| format!("ns/{i}")).collect();
+        for _ in 0..5 {
+            let delays: std::collections::BTreeSet<_> = keys.iter().map(|k| b.failed(k)).collect();
+            assert!(delays.len() > 50, "only {} distinct delays", delays.len());
+        }
     }
 
     #[test]
@@ -94,7 +124,7 @@ mod tests {
     fn many_failures_do_not_overflow() {
         let b = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
         for _ in 0..100 {
-            assert!(b.failed("x") <= Duration::from_secs(60));
+            assert!(b.failed("x") <= Duration::from_secs(72));
         }
     }
 }

@@ -31,6 +31,7 @@ use super::upgrade::{UpgradeError, upgrade_patch};
 use super::{Context, Error, FIELD_MANAGER};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
+use crate::controllers::shared::backoff::jittered;
 use crate::controllers::shared::pod_summary::PodSummary;
 use crate::error_chain::error_chain;
 use crate::sidecar::revision::history::revisions_to_delete;
@@ -159,10 +160,14 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
     jobs_synced?;
     let flips_refused = flipped?;
     match outcome? {
-        UpgradeOutcome { refused: 0, .. } if flips_refused == 0 => Ok(Action::requeue(RESYNC)),
+        // Jittered: SidecarSets reconciled together (a restart) do not resync together, and
+        // sets whose pods changed under them do not retry in step.
+        UpgradeOutcome { refused: 0, .. } if flips_refused == 0 => {
+            Ok(Action::requeue(jittered(RESYNC, 0.1)))
+        }
         UpgradeOutcome { refused, .. } => {
             debug!(sidecarset = %name, refused, "pods changed while being upgraded; trying again");
-            Ok(Action::requeue(RETRY_CHANGED_POD))
+            Ok(Action::requeue(jittered(RETRY_CHANGED_POD, 0.5)))
         }
     }
 }

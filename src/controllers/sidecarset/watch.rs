@@ -53,6 +53,7 @@ pub async fn run_with_pods(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let scoped = opts.scoped_watch_config();
+    let workers = opts.workers.sidecarset;
 
     let tracker = PodTracker::default();
     let (pods, pods_ready, pod_triggers) = pods.into_triggers(move |event| {
@@ -215,7 +216,11 @@ pub async fn run_with_pods(
         .reconcile_all_on(namespace_changes)
         // A revision deleted by hand (or by someone else) is registered again.
         .reconcile_all_on(revision_events)
-        .with_config(controller::Config::default().debounce(Duration::from_millis(50)))
+        .with_config(
+            controller::Config::default()
+                .debounce(Duration::from_millis(50))
+                .concurrency(workers),
+        )
         .graceful_shutdown_on(shutdown.clone())
         .run(
             |set, ctx| {

@@ -24,67 +24,111 @@ fn cfg() -> LeaderElection {
     }
 }
 
+/// This replica's own clock, `seconds` after some start.
+fn mono(start: Instant, seconds: u64) -> Instant {
+    start + Duration::from_secs(seconds)
+}
+
+/// What `me` decides at `now` about `lease`, first seen as it is at `seen`.
+fn decide_at(lease: &LeaseSpec, seen: Instant, now: Instant) -> Decision {
+    decide(&observe(None, lease, seen), ME, now)
+}
+
 #[test]
 fn a_free_lease_is_acquired() {
-    assert_eq!(decide(&LeaseSpec::default(), ME, at(0)), Decision::Acquire);
+    let t = Instant::now();
+    assert_eq!(decide_at(&LeaseSpec::default(), t, t), Decision::Acquire);
     let released = LeaseSpec {
         holder_identity: Some(String::new()),
         ..held_by("x", 0, 15)
     };
-    assert_eq!(decide(&released, ME, at(1)), Decision::Acquire);
+    assert_eq!(decide_at(&released, t, t), Decision::Acquire);
     let cleared = LeaseSpec {
         holder_identity: None,
         ..held_by("x", 0, 15)
     };
-    assert_eq!(decide(&cleared, ME, at(1)), Decision::Acquire);
+    assert_eq!(decide_at(&cleared, t, t), Decision::Acquire);
 }
 
 #[test]
-fn an_expired_lease_is_acquired_a_live_one_is_waited_for() {
+fn a_lease_expires_its_duration_after_its_record_was_seen_to_change() {
+    let t = Instant::now();
     let lease = held_by("other", 10, 15);
+    let seen = observe(None, &lease, mono(t, 10));
     assert_eq!(
-        decide(&lease, ME, at(24)),
+        decide(&seen, ME, mono(t, 24)),
         Decision::Wait {
             holder: "other".to_owned(),
-            expires: at(25)
+            expires: mono(t, 25)
         }
     );
-    // Expiry is strict: at exactly renewTime + duration the holder still has it.
-    assert!(matches!(decide(&lease, ME, at(25)), Decision::Wait { .. }));
-    assert_eq!(decide(&lease, ME, at(26)), Decision::Acquire);
+    // Expiry is strict: at exactly the observation + duration the holder still has it.
+    assert!(matches!(
+        decide(&seen, ME, mono(t, 25)),
+        Decision::Wait { .. }
+    ));
+    assert_eq!(decide(&seen, ME, mono(t, 26)), Decision::Acquire);
+
+    // Read again unchanged, the observation keeps its start; any change restarts it.
+    assert_eq!(observe(Some(seen.clone()), &lease, mono(t, 20)), seen);
+    for changed in [
+        held_by("other", 12, 15),
+        held_by("third", 10, 15),
+        LeaseSpec {
+            lease_transitions: Some(4),
+            ..lease.clone()
+        },
+    ] {
+        let again = observe(Some(seen.clone()), &changed, mono(t, 20));
+        assert!(
+            matches!(decide(&again, ME, mono(t, 26)), Decision::Wait { .. }),
+            "{changed:?}"
+        );
+        assert_eq!(decide(&again, ME, mono(t, 36)), Decision::Acquire);
+    }
 }
 
 #[test]
 fn a_lease_held_by_me_is_renewed_even_when_expired() {
-    assert_eq!(decide(&held_by(ME, 10, 15), ME, at(11)), Decision::Renew);
-    assert_eq!(decide(&held_by(ME, 10, 15), ME, at(100)), Decision::Renew);
+    let t = Instant::now();
+    assert_eq!(
+        decide_at(&held_by(ME, 10, 15), t, mono(t, 1)),
+        Decision::Renew
+    );
+    assert_eq!(
+        decide_at(&held_by(ME, 10, 15), t, mono(t, 100)),
+        Decision::Renew
+    );
 }
 
 #[test]
 fn odd_leases_without_times_or_durations() {
+    let t = Instant::now();
+    // The times written in the Lease play no part: without them it still runs its duration.
     let no_times = LeaseSpec {
         holder_identity: Some("other".to_owned()),
+        lease_duration_seconds: Some(15),
         ..LeaseSpec::default()
     };
-    assert_eq!(decide(&no_times, ME, at(0)), Decision::Acquire);
-    // Only an acquireTime: it counts as the last renewal.
-    let acquired_only = LeaseSpec {
-        renew_time: None,
-        ..held_by("other", 0, 15)
-    };
     assert!(matches!(
-        decide(&acquired_only, ME, at(5)),
+        decide_at(&no_times, t, mono(t, 5)),
         Decision::Wait { .. }
     ));
-    assert_eq!(decide(&acquired_only, ME, at(16)), Decision::Acquire);
+    assert_eq!(decide_at(&no_times, t, mono(t, 16)), Decision::Acquire);
     // No duration (or a negative one): expired as soon as time moves on.
     let no_duration = LeaseSpec {
         lease_duration_seconds: None,
         ..held_by("other", 0, 15)
     };
-    assert_eq!(decide(&no_duration, ME, at(1)), Decision::Acquire);
+    assert_eq!(decide_at(&no_duration, t, mono(t, 1)), Decision::Acquire);
     let negative = held_by("other", 0, -5);
-    assert_eq!(decide(&negative, ME, at(1)), Decision::Acquire);
+    assert_eq!(decide_at(&negative, t, mono(t, 1)), Decision::Acquire);
+    // A duration past what the clock holds never expires, and does not panic.
+    let endless = held_by("other", 0, i32::MAX);
+    assert!(matches!(
+        decide_at(&endless, t, mono(t, 1_000_000)),
+        Decision::Wait { .. }
+    ));
 }
 
 #[test]
@@ -290,4 +334,67 @@ async fn the_standing_is_reported_until_the_election_ends() {
 #[test]
 fn default_identity_is_never_empty() {
     assert!(!default_identity().is_empty());
+}
+
+/// A holder that renews every `renew_every_ms` (on its own clock) until `stops_at_ms`, watched
+/// by a follower that polls every 2 s and whose wall clock reads `skew_ms` more than the
+/// holder's (so the holder's `renewTime`s look `skew_ms` older to it). Returns when (ms after
+/// the start, on the follower's own clock) the follower first decided to take the Lease, if it
+/// did within `run_for_ms`.
+fn takeover_after(
+    skew_ms: i64,
+    renew_every_ms: i64,
+    stops_at_ms: i64,
+    run_for_ms: i64,
+) -> Option<i64> {
+    let base = 1_800_000_000_000i64;
+    let wall = |ms: i64| Timestamp::from_millisecond(base + ms).unwrap();
+    let lease_at = |t: i64| {
+        let last = (t.min(stops_at_ms) / renew_every_ms) * renew_every_ms;
+        LeaseSpec {
+            holder_identity: Some("other".to_owned()),
+            acquire_time: Some(MicroTime(wall(-skew_ms))),
+            renew_time: Some(MicroTime(wall(last - skew_ms))),
+            lease_duration_seconds: Some(15),
+            lease_transitions: Some(3),
+            ..LeaseSpec::default()
+        }
+    };
+    let start = Instant::now();
+    let mut observed = None;
+    (1..)
+        .map(|n| n * 2000)
+        .take_while(|t| *t <= run_for_ms)
+        .find(|t| {
+            let now = start + Duration::from_millis(u64::try_from(*t).unwrap());
+            let seen = observe(observed.take(), &lease_at(*t), now);
+            let decision = decide(&seen, ME, now);
+            observed = Some(seen);
+            decision == Decision::Acquire
+        })
+}
+
+#[test]
+fn a_follower_whose_clock_runs_ahead_does_not_take_a_live_lease() {
+    // The holder renews every 3.5 s (a slow apiserver; well within its 10 s renew deadline).
+    for skew in [-13_000, 0, 13_000] {
+        assert_eq!(
+            takeover_after(skew, 3_500, i64::MAX, 120_000),
+            None,
+            "skew {skew} ms"
+        );
+    }
+}
+
+#[test]
+fn a_follower_takes_a_lease_its_lease_duration_after_the_renewals_stop_whatever_its_clock() {
+    // The last renewal is at 28 s, seen at the poll at 28 s; 15 s later the Lease has expired
+    // for the follower, which takes it at its next poll (44 s), whichever way its clock is off.
+    for skew in [-13_000, 0, 13_000] {
+        let at = takeover_after(skew, 3_500, 30_000, 120_000);
+        assert!(
+            at.is_some_and(|at| (43_000..=46_000).contains(&at)),
+            "skew {skew} ms: took over at {at:?} ms"
+        );
+    }
 }

@@ -93,6 +93,7 @@ fn start() -> Result<WebhookCluster, String> {
                     webhook: Some(webhook_options(addr, FailurePolicy::Fail)),
                     leader_election: None,
                     streaming_lists: Default::default(),
+                    kube_api_rate: None,
                 };
                 let run = manager::run(opts, std::future::pending(), Some(on_ready));
                 tokio::pin!(run);

@@ -1,0 +1,248 @@
+//! A client-side token bucket in front of the Kubernetes client, as client-go's `rest.Config`
+//! `QPS`/`Burst` give every Go controller: a runaway reconcile loop cannot flood the apiserver.
+//!
+//! Requests wait for a token; none fails for want of one. A watch is one request: opening it
+//! takes a token, its events take none.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
+use tower::{Layer, Service};
+
+/// How many requests may be sent: `qps` a second on average, `burst` at once after a quiet spell.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RateLimit {
+    /// Tokens added per second; must be positive and finite.
+    pub qps: f64,
+    /// The bucket's size, and what it holds at the start; at least 1.
+    pub burst: u32,
+}
+
+impl RateLimit {
+    /// `qps` and `burst` as the command line gives them: a `qps` of 0 means no limit.
+    pub fn from_flags(qps: f64, burst: u32) -> Result<Option<Self>, String> {
+        if qps == 0.0 {
+            return Ok(None);
+        }
+        if !qps.is_finite() || qps < 0.0 {
+            return Err(format!(
+                "the API request rate must be a positive number of requests per second, or 0 \
+                 for no limit (not {qps})"
+            ));
+        }
+        if burst == 0 {
+            return Err("the API request burst must be at least 1 when the rate is limited".into());
+        }
+        Ok(Some(Self { qps, burst }))
+    }
+}
+
+/// The bucket's arithmetic, on a clock the caller passes.
+#[derive(Debug)]
+struct TokenBucket {
+    limit: RateLimit,
+    tokens: f64,
+    updated: Instant,
+}
+
+impl TokenBucket {
+    fn full(limit: RateLimit, now: Instant) -> Self {
+        Self {
+            limit,
+            tokens: f64::from(limit.burst),
+            updated: now,
+        }
+    }
+
+    /// Takes a token at `now`, or says how long until one is there.
+    fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.limit.qps).min(f64::from(self.limit.burst));
+        self.updated = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return Ok(());
+        }
+        let wait = (1.0 - self.tokens) / self.limit.qps;
+        // At least a microsecond, so that rounding cannot spin on a zero wait.
+        Err(Duration::try_from_secs_f64(wait)
+            .unwrap_or(Duration::from_secs(1))
+            .max(Duration::from_micros(1)))
+    }
+}
+
+/// Wraps a service in a [`RateLimited`] one.
+#[derive(Clone, Copy, Debug)]
+pub struct RateLimitLayer(RateLimit);
+
+impl RateLimitLayer {
+    pub fn new(limit: RateLimit) -> Self {
+        Self(limit)
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimited<S>;
+
+    fn layer(&self, inner: S) -> RateLimited<S> {
+        RateLimited {
+            inner,
+            bucket: TokenBucket::full(self.0, Instant::now()),
+            holding: false,
+            sleep: None,
+        }
+    }
+}
+
+/// A service that is ready only when its bucket holds a token for the next request.
+///
+/// The kube `Client` puts a buffer in front of its stack, so one `RateLimited` (one bucket)
+/// serves every clone of the client, and callers queue in the buffer while it waits.
+pub struct RateLimited<S> {
+    inner: S,
+    bucket: TokenBucket,
+    /// A token was taken for the next `call` (readiness may be asked several times first).
+    holding: bool,
+    /// Made at the first wait (a `Sleep` needs the runtime), reset at each one after.
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S, R> Service<R> for RateLimited<S>
+where
+    S: Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        while !self.holding {
+            let now = Instant::now();
+            match self.bucket.take(now) {
+                Ok(()) => self.holding = true,
+                Err(wait) => {
+                    let sleep = match &mut self.sleep {
+                        Some(sleep) => {
+                            sleep.as_mut().reset(now + wait);
+                            sleep
+                        }
+                        None => self
+                            .sleep
+                            .insert(Box::pin(tokio::time::sleep_until(now + wait))),
+                    };
+                    ready!(sleep.as_mut().poll(cx));
+                }
+            }
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> S::Future {
+        // Only after `poll_ready` said ready, i.e. with a token in hand.
+        self.holding = false;
+        self.inner.call(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tower::{ServiceBuilder, ServiceExt};
+
+    use super::*;
+
+    fn limit(qps: f64, burst: u32) -> RateLimit {
+        RateLimit { qps, burst }
+    }
+
+    #[test]
+    fn flags_zero_is_no_limit_and_nonsense_is_refused() {
+        assert_eq!(RateLimit::from_flags(0.0, 0), Ok(None));
+        assert_eq!(RateLimit::from_flags(30.0, 50), Ok(Some(limit(30.0, 50))));
+        assert_eq!(RateLimit::from_flags(0.5, 1), Ok(Some(limit(0.5, 1))));
+        assert!(RateLimit::from_flags(-1.0, 10).is_err());
+        assert!(RateLimit::from_flags(f64::NAN, 10).is_err());
+        assert!(RateLimit::from_flags(f64::INFINITY, 10).is_err());
+        assert!(RateLimit::from_flags(5.0, 0).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_bucket_lets_a_burst_through_then_refills_at_the_rate() {
+        let start = Instant::now();
+        let mut bucket = TokenBucket::full(limit(10.0, 3), start);
+        for _ in 0..3 {
+            assert_eq!(bucket.take(start), Ok(()));
+        }
+        assert_eq!(bucket.take(start), Err(Duration::from_millis(100)));
+        assert_eq!(bucket.take(start + Duration::from_millis(100)), Ok(()));
+        // A long pause refills up to the burst, no more.
+        let later = start + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert_eq!(bucket.take(later), Ok(()));
+        }
+        assert!(bucket.take(later).is_err());
+    }
+
+    /// Sends `n` requests at once through a limited service on tokio's paused clock; returns
+    /// when each was answered, relative to the start.
+    async fn send_all(limit: RateLimit, n: usize) -> Vec<Duration> {
+        let start = Instant::now();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let service = ServiceBuilder::new()
+            .buffer(1024)
+            .layer(RateLimitLayer::new(limit))
+            .service_fn(move |()| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async move { Ok::<_, std::convert::Infallible>(start.elapsed()) }
+            });
+        let answers = futures::future::join_all((0..n).map(|_| service.clone().oneshot(())));
+        let times: Vec<_> = answers
+            .await
+            .into_iter()
+            .map(|r| r.expect("a limited request waits, it does not fail"))
+            .collect();
+        assert_eq!(calls.load(Ordering::SeqCst), n);
+        times
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_over_the_burst_wait_their_turn_and_none_fails() {
+        let mut times = send_all(limit(5.0, 10), 20).await;
+        times.sort();
+        // The first 10 at once; the other 10 one every 200 ms.
+        assert!(
+            times[..10].iter().all(|t| *t == Duration::ZERO),
+            "{times:?}"
+        );
+        for (i, t) in times[10..].iter().enumerate() {
+            let expected = Duration::from_millis(200 * (i as u64 + 1));
+            let diff = t.abs_diff(expected);
+            assert!(
+                diff < Duration::from_millis(5),
+                "request {} at {t:?}, not {expected:?}",
+                i + 10
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fractional_rate_spaces_requests_by_its_inverse() {
+        let mut times = send_all(limit(0.5, 1), 3).await;
+        times.sort();
+        assert_eq!(times[0], Duration::ZERO);
+        assert!(
+            times[1].abs_diff(Duration::from_secs(2)) < Duration::from_millis(5),
+            "{times:?}"
+        );
+        assert!(
+            times[2].abs_diff(Duration::from_secs(4)) < Duration::from_millis(5),
+            "{times:?}"
+        );
+    }
+}
