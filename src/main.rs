@@ -381,6 +381,16 @@ struct DaemonArgs {
           value_parser = clap::value_parser!(u16).range(1..))]
     max_concurrent_pulls: u16,
 
+    /// Requests a second the daemon sends the API server on average (a client-side token
+    /// bucket; requests over it wait); 0 for no limit. The default is client-go's, which
+    /// upstream's daemon keeps.
+    #[arg(long, value_name = "QPS", default_value_t = daemon::DEFAULT_KUBE_API_RATE.qps)]
+    kube_api_qps: f64,
+
+    /// Requests the daemon may send at once above --kube-api-qps after a quiet spell.
+    #[arg(long, value_name = "N", default_value_t = daemon::DEFAULT_KUBE_API_RATE.burst)]
+    kube_api_burst: u32,
+
     /// /healthz fails once the CRI runtime has not answered for this long, so a liveness probe
     /// restarts the daemon's container (whose new mount of the socket reaches a restarted
     /// runtime's new one).
@@ -482,7 +492,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Daemon(args) => {
             let shutdown =
                 shutdown_signal().context("cannot install the SIGTERM and SIGINT handlers")?;
+            let kube_api_rate = RateLimit::from_flags(args.kube_api_qps, args.kube_api_burst)
+                .map_err(anyhow::Error::msg)?;
             let opts = DaemonOptions {
+                kube_api_rate,
                 node_name: args.node_name,
                 kubeconfig: args.kubeconfig,
                 cri_socket: args.cri_socket,

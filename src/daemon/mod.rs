@@ -47,12 +47,19 @@ use self::liveness::RuntimeSilence;
 use self::metrics::DaemonMetrics;
 use self::node::{Shared, State};
 pub use self::report::FIELD_MANAGER;
-use crate::runtime::{self, ConnectError, Metrics, ProbeState, connect};
+use crate::runtime::{self, ConnectError, Metrics, ProbeState, RateLimit, load_config};
 
 /// Reporting controller of the daemon's events.
 pub const REPORTER: &str = "kruise-rs-daemon";
 /// How often the runtime is looked for while none answers, and checked once found.
 const RUNTIME_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+/// client-go's default request rate, which upstream's daemon keeps: one node's daemon needs a
+/// watch, a status write per change and an event now and then.
+pub const DEFAULT_KUBE_API_RATE: RateLimit = RateLimit {
+    qps: 5.0,
+    burst: 10,
+};
+
 /// How long open probe connections may take to finish once shutdown has begun.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -76,6 +83,8 @@ pub struct DaemonOptions {
     pub max_concurrent_pulls: usize,
     /// The kubelet credential provider plugins (`--plugin-config-file`, `--plugin-bin-dir`).
     pub credential_providers: CredentialProviderOptions,
+    /// The client-side request rate limit (`--kube-api-qps`, `--kube-api-burst`); `None`: none.
+    pub kube_api_rate: Option<RateLimit>,
 }
 
 /// Why the daemon could not start, or stopped other than by request.
@@ -120,7 +129,10 @@ pub async fn run(
     info!(version = env!("CARGO_PKG_VERSION"), node = %opts.node_name, "starting the daemon");
     let providers = CredentialProviders::load(&opts.credential_providers)?;
     let mut shutdown = pin!(shutdown);
-    let client = connect(opts.kubeconfig.as_deref()).await?;
+    let client = runtime::client(
+        load_config(opts.kubeconfig.as_deref()).await?,
+        opts.kube_api_rate,
+    )?;
     let listener =
         TcpListener::bind(opts.probe_addr)
             .await
@@ -315,6 +327,7 @@ mod tests {
             cri_liveness_timeout: DEFAULT_CRI_LIVENESS_TIMEOUT,
             max_concurrent_pulls: 2,
             credential_providers: CredentialProviderOptions::default(),
+            kube_api_rate: Some(DEFAULT_KUBE_API_RATE),
         }
     }
 

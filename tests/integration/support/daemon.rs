@@ -77,6 +77,7 @@ impl Daemon {
             cri_liveness_timeout: daemon::DEFAULT_CRI_LIVENESS_TIMEOUT,
             max_concurrent_pulls,
             credential_providers: CredentialProviderOptions::default(),
+            kube_api_rate: Some(daemon::DEFAULT_KUBE_API_RATE),
         }
     }
 
