@@ -76,8 +76,15 @@ mod tests {
     fn jitter_stays_within_its_factor_and_varies() {
         let d = Duration::from_secs(10);
         let samples: Vec<_> = (0..200).map(|_| jittered(d, 0.5)).collect();
-        assert!(samples.iter().all(|s| *s >= d && *s < Duration::from_secs(15)));
-        assert!(samples.iter().any(|s| *s != samples[0]), "not one fixed value");
+        assert!(
+            samples
+                .iter()
+                .all(|s| *s >= d && *s < Duration::from_secs(15))
+        );
+        assert!(
+            samples.iter().any(|s| *s != samples[0]),
+            "not one fixed value"
+        );
         assert_eq!(jittered(d, 0.0), d);
         assert_eq!(jittered(d, f64::NAN), d);
         assert_eq!(jittered(Duration::MAX, 1.0), Duration::MAX, "saturates");
