@@ -247,6 +247,12 @@ struct WebhookArgs {
     #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set,
           num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     sidecarset_patch_pod_metadata_defaults_allowed: bool,
+
+    /// After SIGTERM, how long the webhooks keep answering (with `/readyz` failing, so the
+    /// Service drops this replica) before the server stops. Keep it below the pod's
+    /// terminationGracePeriodSeconds minus its preStop sleep and about 15 s of stopping.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    webhook_shutdown_grace: Duration,
 }
 
 impl WebhookArgs {
@@ -279,6 +285,7 @@ impl WebhookArgs {
             namespace_selector: None,
             patch_pod_metadata_defaults_allowed: self
                 .sidecarset_patch_pod_metadata_defaults_allowed,
+            shutdown_grace: self.webhook_shutdown_grace,
         })
     }
 }

@@ -81,6 +81,9 @@ pub struct WebhookOptions {
     /// (`--sidecarset-patch-pod-metadata-defaults-allowed`, upstream's feature gate
     /// `SidecarSetPatchPodMetadataDefaultsAllowed`; off by default, as upstream).
     pub patch_pod_metadata_defaults_allowed: bool,
+    /// How long the server keeps answering once shutdown has begun (`/readyz` already failing),
+    /// so the apiserver stops sending requests before they can find it gone.
+    pub shutdown_grace: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -386,6 +389,11 @@ pub async fn run(
                 next_check = Duration::from_secs(60);
             }
         }
+    }
+    if !opts.shutdown_grace.is_zero() {
+        info!(grace = ?opts.shutdown_grace, "webhooks keep answering while the endpoints drop this replica");
+        server.drain();
+        tokio::time::sleep(opts.shutdown_grace).await;
     }
     server.stop(DRAIN).await;
     Ok(())

@@ -243,3 +243,270 @@ async fn an_unreadable_sidecarset_is_skipped_and_admissions_list_no_revisions() 
         .expect("join");
     assert!(stopped.is_ok(), "{stopped:?}");
 }
+
+/// A stand-in for the webhook Service: connections to it go to a backend whose `/readyz`
+/// answered 200 at the last check, made every [`ENDPOINTS_LAG`] (the endpoints controller and
+/// kube-proxy are not faster than that). A connection with no ready backend is closed.
+struct ServiceProxy {
+    addr: std::net::SocketAddr,
+    /// The backends connections go to now.
+    ready: std::sync::Arc<std::sync::Mutex<Vec<std::net::SocketAddr>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+const ENDPOINTS_LAG: Duration = Duration::from_secs(1);
+
+impl ServiceProxy {
+    /// `backends`: each replica's webhook and probe addresses.
+    async fn start(backends: Vec<(std::net::SocketAddr, std::net::SocketAddr)>) -> Self {
+        use std::sync::{Arc, Mutex};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let addr = listener.local_addr().expect("address");
+        let ready: Arc<Mutex<Vec<std::net::SocketAddr>>> = Arc::default();
+        let endpoints = ready.clone();
+        let watch = tokio::spawn(async move {
+            loop {
+                let mut now = Vec::new();
+                for (webhook, probe) in &backends {
+                    let probe = *probe;
+                    let answer = tokio::task::spawn_blocking(move || {
+                        crate::support::http_get(probe, "/readyz")
+                    })
+                    .await;
+                    if matches!(answer, Ok(Ok((200, _)))) {
+                        now.push(*webhook);
+                    }
+                }
+                *endpoints.lock().unwrap_or_else(|e| e.into_inner()) = now;
+                tokio::time::sleep(ENDPOINTS_LAG).await;
+            }
+        });
+        let routing = ready.clone();
+        let accept = tokio::spawn(async move {
+            let mut next = 0usize;
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                let backend = {
+                    let ready = ready.lock().unwrap_or_else(|e| e.into_inner());
+                    next = next.wrapping_add(1);
+                    (!ready.is_empty()).then(|| ready[next % ready.len()])
+                };
+                let Some(backend) = backend else { continue };
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(backend).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        ServiceProxy {
+            addr,
+            ready: routing,
+            tasks: vec![watch, accept],
+        }
+    }
+}
+
+impl ServiceProxy {
+    /// Waits until connections no longer go to `backend`.
+    async fn wait_dropped(&self, backend: std::net::SocketAddr) {
+        poll("the Service to drop the stopping replica", TIMEOUT, || {
+            let routed = self
+                .ready
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&backend);
+            async move {
+                if routed {
+                    Err("still routed to".to_owned())
+                } else {
+                    Ok(())
+                }
+            }
+        })
+        .await;
+    }
+}
+
+impl Drop for ServiceProxy {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// A manager replica with webhooks, reached through `service`; stops when `stop` is sent.
+struct Replica {
+    probe_addr: std::net::SocketAddr,
+    stop: oneshot::Sender<()>,
+    running: tokio::task::JoinHandle<Result<(), kruise_rs::manager::ManagerError>>,
+}
+
+async fn start_replica(
+    plane: &ExtraControlPlane,
+    webhook_addr: std::net::SocketAddr,
+    probe_addr: std::net::SocketAddr,
+    service: std::net::SocketAddr,
+    grace: Duration,
+) -> Replica {
+    let mut webhook = webhook_options(webhook_addr, FailurePolicy::Fail);
+    webhook.endpoint = kruise_rs::webhook::Endpoint::Url(format!("https://{service}"));
+    webhook.shutdown_grace = grace;
+    let opts = ManagerOptions {
+        kubeconfig: Some(plane.kubeconfig_path().to_owned()),
+        probe_addr,
+        controllers: kruise_rs::controllers::ControllerOptions {
+            namespace: MANAGER_NAMESPACE.to_owned(),
+            ..test_controller_options()
+        },
+        webhook: Some(webhook),
+        leader_election: None,
+        streaming_lists: Default::default(),
+    };
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let (stop, stopping) = oneshot::channel::<()>();
+    let running = tokio::spawn(manager::run(
+        opts,
+        async move {
+            let _ = stopping.await;
+        },
+        Some(ready_tx),
+    ));
+    let probe_addr = tokio::time::timeout(TIMEOUT, ready_rx)
+        .await
+        .expect("the replica becomes ready")
+        .expect("the replica reports ready");
+    Replica {
+        probe_addr,
+        stop,
+        running,
+    }
+}
+
+/// Issue 20: a replica told to stop (what SIGTERM does: `main` resolves the manager's shutdown
+/// future) used to stop serving at once, and admissions on their way to it failed ("write:
+/// broken pipe" in the e2e lifecycle test). It now fails `/readyz` and keeps answering for its
+/// grace period, closing each connection after its answer, so the apiserver moves to the other
+/// replica: pods created in a loop meanwhile are all admitted, by the webhook, under `Fail`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_created_while_a_replica_stops_are_all_admitted() {
+    let plane = tokio::task::spawn_blocking(|| {
+        let plane = ExtraControlPlane::start();
+        plane.install_crds();
+        plane
+    })
+    .await
+    .expect("join");
+    let client = client_for(plane.kubeconfig_path()).await;
+    let app = unique_name("web");
+    create_raw_sidecarset(
+        &client,
+        json!({
+            "apiVersion": "apps.kruise.io/v1beta1", "kind": "SidecarSet",
+            "metadata": {"name": "logger"},
+            "spec": {"selector": {"matchLabels": {"app": &app}},
+                     "containers": [{"name": "logger", "image": "busybox:1.36"}]}
+        }),
+    )
+    .await;
+
+    // Both replicas' addresses are known before either starts: the proxy needs them.
+    let (webhook_a, probe_a) = (free_loopback_port(), free_loopback_port());
+    let (webhook_b, probe_b) = (free_loopback_port(), free_loopback_port());
+    let service = ServiceProxy::start(vec![(webhook_a, probe_a), (webhook_b, probe_b)]).await;
+    let grace = Duration::from_secs(5);
+    let a = start_replica(&plane, webhook_a, probe_a, service.addr, grace).await;
+    let b = start_replica(&plane, webhook_b, probe_b, service.addr, grace).await;
+    assert_eq!((a.probe_addr, b.probe_addr), (probe_a, probe_b));
+
+    let ns = unique_name("avail-stop");
+    crate::harness::objects::create_namespace(&client, &ns, &[(WEBHOOK_NAMESPACE_LABEL, "true")])
+        .await
+        .expect("namespace");
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    let body: Pod = serde_json::from_value(web_pod(&app)).expect("pod");
+    let injected = |pod: &Pod| {
+        pod.spec
+            .as_ref()
+            .is_some_and(|s| s.containers.iter().any(|c| c.name == "logger"))
+    };
+    poll("a pod injected through the proxy", TIMEOUT, || {
+        let (pods, body) = (pods.clone(), body.clone());
+        async move {
+            let pod = pods
+                .create(&PostParams::default(), &body)
+                .await
+                .map_err(|e| e.to_string())?;
+            injected(&pod)
+                .then_some(())
+                .ok_or_else(|| "not injected yet".to_owned())
+        }
+    })
+    .await;
+
+    // Four loops creating pods, from before replica A is told to stop until after it has.
+    let creating = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let loops: Vec<_> = (0..4)
+        .map(|_| {
+            let (pods, body, creating) = (pods.clone(), body.clone(), creating.clone());
+            tokio::spawn(async move {
+                let (mut admitted, mut failures) = (0u32, Vec::new());
+                while creating.load(std::sync::atomic::Ordering::Relaxed) {
+                    match pods.create(&PostParams::default(), &body).await {
+                        Ok(pod) if injected(&pod) => admitted += 1,
+                        Ok(pod) => failures.push(format!("{} not injected", pod.name_any())),
+                        Err(e) => failures.push(e.to_string()),
+                    }
+                }
+                (admitted, failures)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stopping = std::time::Instant::now();
+    let _ = a.stop.send(());
+    // Requests may reach A until the Service has dropped it: A still answers then.
+    service.wait_dropped(webhook_a).await;
+    let served_until_dropped = std::net::TcpStream::connect(webhook_a).is_ok();
+    let stopped = tokio::time::timeout(TIMEOUT, a.running).await;
+    let took = stopping.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    creating.store(false, std::sync::atomic::Ordering::Relaxed);
+    let (mut admitted, mut failures) = (0, Vec::new());
+    for handle in loops {
+        let (n, f) = handle.await.expect("join");
+        admitted += n;
+        failures.extend(f);
+    }
+    // Everything is stopped before asserting.
+    let _ = b.stop.send(());
+    let _ = tokio::time::timeout(TIMEOUT, b.running).await;
+    drop(service);
+    assert!(
+        matches!(stopped, Ok(Ok(Ok(())))),
+        "replica A stops cleanly: {stopped:?}"
+    );
+    assert!(
+        served_until_dropped,
+        "replica A stopped serving before the Service dropped it"
+    );
+    println!(
+        "{admitted} pods admitted while replica A stopped (in {took:?}); {} failed",
+        failures.len()
+    );
+    assert!(
+        took >= grace,
+        "replica A stopped after {took:?}, before its grace"
+    );
+    assert!(admitted > 20, "only {admitted} pods were created");
+    assert!(
+        failures.is_empty(),
+        "{} failed: {failures:?}",
+        failures.len()
+    );
+}
