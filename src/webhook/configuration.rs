@@ -17,6 +17,9 @@ use kube::api::ObjectMeta;
 
 use crate::apis::well_known::{GROUP, LEGACY_VERSION, NAMESPACE_NAME_LABEL, STORAGE_VERSION};
 
+/// A namespace carrying this label (any value) is never sent to the pod webhook, as upstream.
+pub const CONTROL_PLANE_LABEL: &str = "control-plane";
+
 /// What the apiserver does with a request it cannot get an answer for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum FailurePolicy {
@@ -214,6 +217,22 @@ impl ConfigurationParams {
         }
     }
 
+    /// The pod webhook's namespaces: [`Self::namespace_selector`], less namespaces labelled
+    /// [`CONTROL_PLANE_LABEL`] (upstream's opt-out: the system's own namespaces can start pods
+    /// while the webhook is down).
+    fn pod_namespace_selector(&self) -> LabelSelector {
+        let mut selector = self.namespace_selector();
+        selector
+            .match_expressions
+            .get_or_insert_with(Vec::new)
+            .push(LabelSelectorRequirement {
+                key: CONTROL_PLANE_LABEL.to_owned(),
+                operator: "DoesNotExist".to_owned(),
+                values: None,
+            });
+        selector
+    }
+
     fn namespace_selector(&self) -> LabelSelector {
         let mut excluded = vec!["kube-system".to_owned()];
         for ns in &self.excluded_namespaces {
@@ -265,7 +284,11 @@ impl ConfigurationParams {
                         client_config: self.client_config(route.path),
                         failure_policy: Some(self.failure_policy.as_str().to_owned()),
                         match_policy: Some("Equivalent".to_owned()),
-                        namespace_selector: route.namespaced.then(|| self.namespace_selector()),
+                        namespace_selector: if route.path == MUTATE_POD {
+                            Some(self.pod_namespace_selector())
+                        } else {
+                            route.namespaced.then(|| self.namespace_selector())
+                        },
                         reinvocation_policy: Some("Never".to_owned()),
                         rules: Some(Self::rules(route)),
                         // The pod webhook records events (a SidecarSet left out for an
@@ -361,6 +384,25 @@ mod tests {
     }
 
     #[test]
+    fn namespaces_labelled_control_plane_opt_out_of_the_pod_webhook_only() {
+        let p = params(Endpoint::Url("https://x".into()));
+        let opted_out = |selector: &LabelSelector| {
+            selector.match_expressions.iter().flatten().any(|r| {
+                r.key == CONTROL_PLANE_LABEL && r.operator == "DoesNotExist" && r.values.is_none()
+            })
+        };
+        for webhook in p.mutating().webhooks.unwrap() {
+            let selector = webhook.namespace_selector.unwrap_or_default();
+            assert_eq!(
+                opted_out(&selector),
+                webhook.name == "mutate-pods.kruise-rs.io",
+                "{}",
+                webhook.name
+            );
+        }
+    }
+
+    #[test]
     fn cluster_scoped_kinds_have_no_namespace_selector() {
         let config = params(Endpoint::Url("https://x".into())).validating();
         for webhook in config.webhooks.unwrap() {
@@ -418,7 +460,8 @@ mod tests {
             selector.match_labels.as_ref().unwrap()["webhook-test"],
             "true"
         );
-        assert_eq!(selector.match_expressions.as_ref().unwrap().len(), 1);
+        // The exclusions and the control-plane opt-out.
+        assert_eq!(selector.match_expressions.as_ref().unwrap().len(), 2);
         assert_eq!(pods.failure_policy.as_deref(), Some("Ignore"));
     }
 }

@@ -510,3 +510,76 @@ async fn pods_created_while_a_replica_stops_are_all_admitted() {
         failures.len()
     );
 }
+
+/// Issue 20: upstream's opt-out. A namespace labelled `control-plane` is not sent to the pod
+/// webhook, so its pods are created even while the webhook is down under `Fail`; beside it, a
+/// namespace without the label has its pods refused (the webhook is consulted, and down).
+#[tokio::test]
+async fn a_namespace_labelled_control_plane_is_not_sent_to_the_pod_webhook() {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    use kruise_rs::webhook::{ConfigurationParams, Endpoint};
+
+    let cluster = crate::support::webhook::webhook_cluster();
+    let client = cluster.client().await;
+    // Only this test's namespaces carry `label`; nothing listens on `down`.
+    let label = unique_name("opt-out");
+    let down = free_loopback_port();
+    let params = ConfigurationParams {
+        name_prefix: unique_name("down"),
+        endpoint: Endpoint::Url(format!("https://{down}")),
+        ca_bundle: None,
+        failure_policy: FailurePolicy::Fail,
+        timeout_seconds: 2,
+        excluded_namespaces: vec![MANAGER_NAMESPACE.to_owned()],
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some([(label.clone(), "true".to_owned())].into()),
+            ..LabelSelector::default()
+        }),
+    };
+    let configurations = Api::<MutatingWebhookConfiguration>::all(client.clone());
+    configurations
+        .create(&PostParams::default(), &params.mutating())
+        .await
+        .expect("the configuration");
+    let sent = unique_name("sent");
+    let opted_out = unique_name("opted-out");
+    for (ns, labels) in [
+        (&sent, vec![(label.as_str(), "true")]),
+        (
+            &opted_out,
+            vec![(label.as_str(), "true"), ("control-plane", "")],
+        ),
+    ] {
+        crate::harness::objects::create_namespace(&client, ns, &labels)
+            .await
+            .expect("namespace");
+    }
+    let body: Pod = serde_json::from_value(web_pod("opt-out")).expect("pod");
+    let create = |ns: &str| {
+        let pods = Api::<Pod>::namespaced(client.clone(), ns);
+        let body = body.clone();
+        async move { pods.create(&PostParams::default(), &body).await }
+    };
+    // Once the apiserver has loaded the configuration, the webhook's absence refuses pods.
+    poll(
+        "a pod refused for the webhook being down",
+        TIMEOUT,
+        || async {
+            match create(&sent).await {
+                Err(kube::Error::Api(status))
+                    if status.message.contains("failed calling webhook") =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let admitted = create(&opted_out).await;
+    let _ = configurations
+        .delete(&params.mutating_name(), &Default::default())
+        .await;
+    admitted.expect("a pod in a namespace labelled control-plane is admitted");
+}
