@@ -583,3 +583,65 @@ async fn a_namespace_labelled_control_plane_is_not_sent_to_the_pod_webhook() {
         .await;
     admitted.expect("a pod in a namespace labelled control-plane is admitted");
 }
+
+/// The measurement behind the webhook timeout (decision 0018): 300 pod creations, each through
+/// the pod webhook with a SidecarSet to inject, on the local control plane. Prints p50/p99/max
+/// of the whole create (apiserver, webhook call, etcd): an upper bound of the webhook's share.
+/// The timeout (10 s) must stay far above the p99.
+#[tokio::test]
+async fn pod_admission_latency_is_far_below_the_webhook_timeout() {
+    let cluster = crate::support::webhook::webhook_cluster();
+    let client = cluster.client().await;
+    let ns = cluster.namespace("avail-latency").await;
+    let app = unique_name("lat");
+    create_raw_sidecarset(
+        &client,
+        json!({
+            "apiVersion": "apps.kruise.io/v1beta1", "kind": "SidecarSet",
+            "metadata": {"name": unique_name("lat")},
+            "spec": {"selector": {"matchLabels": {"app": &app}},
+                     "containers": [{"name": "logger", "image": "busybox:1.36"}]}
+        }),
+    )
+    .await;
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    let body: Pod = serde_json::from_value(web_pod(&app)).expect("pod");
+    let injected = |pod: &Pod| {
+        pod.spec
+            .as_ref()
+            .is_some_and(|s| s.containers.iter().any(|c| c.name == "logger"))
+    };
+    poll("a pod injected", TIMEOUT, || {
+        let (pods, body) = (pods.clone(), body.clone());
+        async move {
+            let pod = pods
+                .create(&PostParams::default(), &body)
+                .await
+                .map_err(|e| e.to_string())?;
+            injected(&pod)
+                .then_some(())
+                .ok_or_else(|| "not injected yet".to_owned())
+        }
+    })
+    .await;
+    let mut took = Vec::new();
+    for _ in 0..300 {
+        let start = std::time::Instant::now();
+        let pod = pods
+            .create(&PostParams::default(), &body)
+            .await
+            .expect("admitted");
+        took.push(start.elapsed());
+        assert!(injected(&pod));
+    }
+    took.sort();
+    let at = |q: f64| took[((took.len() as f64 * q) as usize).min(took.len() - 1)];
+    println!(
+        "pod create through the webhook, {} pods: p50 {:?}, p99 {:?}, max {:?}",
+        took.len(),
+        at(0.5),
+        at(0.99),
+        took[took.len() - 1]
+    );
+    assert!(at(0.99) < Duration::from_secs(1), "p99 {:?}", at(0.99));
+}
