@@ -67,6 +67,8 @@ pub struct ConfigurationParams {
     /// Extra requirements on the namespaces of pods and jobs (used by tests to confine the
     /// webhook to their own namespaces).
     pub namespace_selector: Option<LabelSelector>,
+    /// The pod webhook's `objectSelector`: only pods it selects are sent (none: every pod).
+    pub pod_object_selector: Option<LabelSelector>,
 }
 
 /// One webhook: its path on the server, and what it is for.
@@ -289,6 +291,9 @@ impl ConfigurationParams {
                         } else {
                             route.namespaced.then(|| self.namespace_selector())
                         },
+                        object_selector: (route.path == MUTATE_POD)
+                            .then(|| self.pod_object_selector.clone())
+                            .flatten(),
                         reinvocation_policy: Some("Never".to_owned()),
                         rules: Some(Self::rules(route)),
                         // The pod webhook records events (a SidecarSet left out for an
@@ -347,6 +352,7 @@ mod tests {
             timeout_seconds: 10,
             excluded_namespaces: vec!["kruise-system".into()],
             namespace_selector: None,
+            pod_object_selector: None,
         }
     }
 
@@ -399,6 +405,20 @@ mod tests {
                 "{}",
                 webhook.name
             );
+        }
+    }
+
+    #[test]
+    fn the_object_selector_applies_to_the_pod_webhook_only() {
+        let mut p = params(Endpoint::Url("https://x".into()));
+        let selector = LabelSelector {
+            match_labels: Some([("inject".to_owned(), "yes".to_owned())].into()),
+            ..LabelSelector::default()
+        };
+        p.pod_object_selector = Some(selector.clone());
+        for webhook in p.mutating().webhooks.unwrap() {
+            let expected = (webhook.name == "mutate-pods.kruise-rs.io").then(|| selector.clone());
+            assert_eq!(webhook.object_selector, expected, "{}", webhook.name);
         }
     }
 

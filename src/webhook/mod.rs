@@ -75,8 +75,11 @@ pub struct WebhookOptions {
     pub timeout_seconds: i32,
     /// Prefix of the configuration names.
     pub configuration_prefix: String,
-    /// Extra requirements on the namespaces of pods and jobs sent to the webhook.
+    /// Extra requirements on the namespaces of pods and jobs sent to the webhook (the
+    /// exclusions always apply).
     pub namespace_selector: Option<LabelSelector>,
+    /// The pod webhook's `objectSelector` (none: every pod).
+    pub pod_object_selector: Option<LabelSelector>,
     /// Allow SidecarSet `patchPodMetadata` that no rule of the whitelist ConfigMap covers
     /// (`--sidecarset-patch-pod-metadata-defaults-allowed`, upstream's feature gate
     /// `SidecarSetPatchPodMetadataDefaultsAllowed`; off by default, as upstream).
@@ -277,6 +280,7 @@ fn configuration_params(opts: &WebhookOptions, ca: Option<String>) -> Configurat
         timeout_seconds: opts.timeout_seconds,
         excluded_namespaces: vec![opts.namespace.clone()],
         namespace_selector: opts.namespace_selector.clone(),
+        pod_object_selector: opts.pod_object_selector.clone(),
     }
 }
 

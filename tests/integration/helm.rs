@@ -965,6 +965,7 @@ fn the_manager_stops_gracefully_and_is_prioritized() {
     let tuned = rendered_objects(&[
         "--set=manager.priorityClassName=,manager.preStopSleepSeconds=0",
         "--set=manager.terminationGracePeriodSeconds=90,manager.webhook.shutdownGrace=30s",
+        "--set=manager.webhook.podObjectSelector.matchLabels.inject=yes",
     ]);
     let spec =
         &find(&tuned, "Deployment kruise-system/kruise-rs-manager")["spec"]["template"]["spec"];
@@ -977,6 +978,16 @@ fn the_manager_stops_gracefully_and_is_prioritized() {
             .as_array()
             .expect("args")
             .contains(&Value::from("--webhook-shutdown-grace=30s")),
+        "{}",
+        container["args"]
+    );
+    assert!(
+        container["args"]
+            .as_array()
+            .expect("args")
+            .contains(&Value::from(
+                r#"--webhook-pod-object-selector={"matchLabels":{"inject":"yes"}}"#
+            )),
         "{}",
         container["args"]
     );

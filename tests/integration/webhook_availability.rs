@@ -536,6 +536,7 @@ async fn a_namespace_labelled_control_plane_is_not_sent_to_the_pod_webhook() {
             match_labels: Some([(label.clone(), "true".to_owned())].into()),
             ..LabelSelector::default()
         }),
+        pod_object_selector: None,
     };
     let configurations = Api::<MutatingWebhookConfiguration>::all(client.clone());
     configurations
