@@ -11,6 +11,7 @@ use std::{
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kruise_rs::controllers::shared::initial_list::StreamingLists;
 use kruise_rs::controllers::{ControllerOptions, Workers};
 use kruise_rs::daemon::{self, CredentialProviderOptions, DaemonOptions};
@@ -310,6 +311,22 @@ struct WebhookArgs {
     #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set,
           num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     sidecarset_patch_pod_metadata_defaults_allowed: bool,
+
+    /// After SIGTERM, how long the webhooks keep answering (with `/readyz` failing, so the
+    /// Service drops this replica) before the server stops. Keep it below the pod's
+    /// terminationGracePeriodSeconds minus its preStop sleep and about 15 s of stopping.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    webhook_shutdown_grace: Duration,
+
+    /// Extra requirements on the namespaces whose pods and jobs are sent to the webhooks, as a
+    /// JSON LabelSelector (`{"matchLabels":{"team":"a"}}`). kube-system, --namespace and, for
+    /// pods, namespaces labelled `control-plane` are excluded whatever it says.
+    #[arg(long, value_name = "JSON", value_parser = parse_label_selector)]
+    webhook_namespace_selector: Option<LabelSelector>,
+
+    /// Only pods this JSON LabelSelector selects are sent to the pod webhook (default: all).
+    #[arg(long, value_name = "JSON", value_parser = parse_label_selector)]
+    webhook_pod_object_selector: Option<LabelSelector>,
 }
 
 impl WebhookArgs {
@@ -339,9 +356,11 @@ impl WebhookArgs {
             failure_policy: self.webhook_failure_policy,
             timeout_seconds: self.webhook_timeout_seconds,
             configuration_prefix: "kruise-rs".to_owned(),
-            namespace_selector: None,
+            namespace_selector: self.webhook_namespace_selector,
+            pod_object_selector: self.webhook_pod_object_selector,
             patch_pod_metadata_defaults_allowed: self
                 .sidecarset_patch_pod_metadata_defaults_allowed,
+            shutdown_grace: self.webhook_shutdown_grace,
         })
     }
 }
@@ -411,6 +430,11 @@ struct DaemonArgs {
 }
 
 /// Parses `90`, `90s`, `10m`, `1h`, `500ms` (a plain number is seconds).
+/// A LabelSelector written as JSON (how the chart passes its YAML values).
+fn parse_label_selector(text: &str) -> Result<LabelSelector, String> {
+    serde_json::from_str(text).map_err(|e| format!("not a JSON LabelSelector: {e}"))
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (digits, unit) = text.split_at(
@@ -622,6 +646,32 @@ mod tests {
             panic!("not the manager: {:?}", cli.command);
         };
         *args
+    }
+
+    #[test]
+    fn webhook_selector_and_grace_flags() {
+        let args = manager_args(&[
+            "--webhook-shutdown-grace=3s",
+            r#"--webhook-pod-object-selector={"matchLabels":{"inject":"yes"}}"#,
+            r#"--webhook-namespace-selector={"matchExpressions":[{"key":"team","operator":"Exists"}]}"#,
+        ]);
+        let opts = args.webhook.options().expect("webhooks on");
+        assert_eq!(opts.shutdown_grace, Duration::from_secs(3));
+        let object = opts.pod_object_selector.expect("object selector");
+        assert_eq!(object.match_labels.unwrap()["inject"], "yes");
+        let namespace = opts.namespace_selector.expect("namespace selector");
+        assert_eq!(namespace.match_expressions.unwrap()[0].operator, "Exists");
+        assert!(
+            Cli::try_parse_from([
+                "kruise-rs",
+                "manager",
+                "--webhook-pod-object-selector=team=a"
+            ])
+            .is_err()
+        );
+        let defaults = manager_args(&[]).webhook.options().expect("webhooks on");
+        assert_eq!(defaults.shutdown_grace, Duration::from_secs(10));
+        assert!(defaults.pod_object_selector.is_none() && defaults.namespace_selector.is_none());
     }
 
     #[test]

@@ -12,8 +12,9 @@
 //!    [`ManagerOptions::leader_election`] only while this replica holds the leader Lease
 //!    ([`leader`]); the webhooks and probes run either way. `/readyz` answers 200 while the
 //!    webhooks' caches and, where they run, the controllers' caches have listed ([`readiness`]);
-//! 5. become unready (`/readyz` answers 503), stop the controllers (releasing the Lease), drain
-//!    the HTTP server and return.
+//! 5. become unready (`/readyz` answers 503), stop the controllers (releasing the Lease), keep
+//!    the webhooks answering for their grace period (the Service drops this replica meanwhile),
+//!    drain the HTTP servers and return.
 
 pub mod crd_install;
 pub mod crds;
@@ -290,11 +291,26 @@ pub async fn run(
     state.set_ready(false);
     let _ = stop_controllers.send(());
     let _ = stop_webhook.send(());
-    let _ = tokio::time::timeout(CONTROLLERS_STOP_TIMEOUT, &mut webhooks).await;
-    if tokio::time::timeout(CONTROLLERS_STOP_TIMEOUT, &mut controllers)
-        .await
-        .is_err()
-    {
+    // The webhooks answer through their grace period while the controllers stop.
+    let webhook_grace = opts
+        .webhook
+        .as_ref()
+        .map_or(Duration::ZERO, |w| w.shutdown_grace);
+    let stopping = async {
+        tokio::join!(
+            tokio::time::timeout(webhook_grace + CONTROLLERS_STOP_TIMEOUT, &mut webhooks),
+            tokio::time::timeout(CONTROLLERS_STOP_TIMEOUT, &mut controllers),
+        )
+        .1
+    };
+    // The probe server keeps answering meanwhile: `/readyz` must say 503, not time out.
+    let controllers_stopped = tokio::select! {
+        stopped = stopping => stopped,
+        result = &mut server => {
+            return Err(ManagerError::ServerStopped { source: result.err() });
+        }
+    };
+    if controllers_stopped.is_err() {
         warn!(timeout = ?CONTROLLERS_STOP_TIMEOUT, "controllers still busy after the stop timeout; leaving them");
     }
     let _ = stop_server.send(());

@@ -17,6 +17,9 @@ use kube::api::ObjectMeta;
 
 use crate::apis::well_known::{GROUP, LEGACY_VERSION, NAMESPACE_NAME_LABEL, STORAGE_VERSION};
 
+/// A namespace carrying this label (any value) is never sent to the pod webhook, as upstream.
+pub const CONTROL_PLANE_LABEL: &str = "control-plane";
+
 /// What the apiserver does with a request it cannot get an answer for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum FailurePolicy {
@@ -64,6 +67,8 @@ pub struct ConfigurationParams {
     /// Extra requirements on the namespaces of pods and jobs (used by tests to confine the
     /// webhook to their own namespaces).
     pub namespace_selector: Option<LabelSelector>,
+    /// The pod webhook's `objectSelector`: only pods it selects are sent (none: every pod).
+    pub pod_object_selector: Option<LabelSelector>,
 }
 
 /// One webhook: its path on the server, and what it is for.
@@ -214,6 +219,22 @@ impl ConfigurationParams {
         }
     }
 
+    /// The pod webhook's namespaces: [`Self::namespace_selector`], less namespaces labelled
+    /// [`CONTROL_PLANE_LABEL`] (upstream's opt-out: the system's own namespaces can start pods
+    /// while the webhook is down).
+    fn pod_namespace_selector(&self) -> LabelSelector {
+        let mut selector = self.namespace_selector();
+        selector
+            .match_expressions
+            .get_or_insert_with(Vec::new)
+            .push(LabelSelectorRequirement {
+                key: CONTROL_PLANE_LABEL.to_owned(),
+                operator: "DoesNotExist".to_owned(),
+                values: None,
+            });
+        selector
+    }
+
     fn namespace_selector(&self) -> LabelSelector {
         let mut excluded = vec!["kube-system".to_owned()];
         for ns in &self.excluded_namespaces {
@@ -265,7 +286,14 @@ impl ConfigurationParams {
                         client_config: self.client_config(route.path),
                         failure_policy: Some(self.failure_policy.as_str().to_owned()),
                         match_policy: Some("Equivalent".to_owned()),
-                        namespace_selector: route.namespaced.then(|| self.namespace_selector()),
+                        namespace_selector: if route.path == MUTATE_POD {
+                            Some(self.pod_namespace_selector())
+                        } else {
+                            route.namespaced.then(|| self.namespace_selector())
+                        },
+                        object_selector: (route.path == MUTATE_POD)
+                            .then(|| self.pod_object_selector.clone())
+                            .flatten(),
                         reinvocation_policy: Some("Never".to_owned()),
                         rules: Some(Self::rules(route)),
                         // The pod webhook records events (a SidecarSet left out for an
@@ -324,6 +352,7 @@ mod tests {
             timeout_seconds: 10,
             excluded_namespaces: vec!["kruise-system".into()],
             namespace_selector: None,
+            pod_object_selector: None,
         }
     }
 
@@ -358,6 +387,39 @@ mod tests {
                 .map(|b| b.0.as_slice()),
             Some(&b"PEM"[..])
         );
+    }
+
+    #[test]
+    fn namespaces_labelled_control_plane_opt_out_of_the_pod_webhook_only() {
+        let p = params(Endpoint::Url("https://x".into()));
+        let opted_out = |selector: &LabelSelector| {
+            selector.match_expressions.iter().flatten().any(|r| {
+                r.key == CONTROL_PLANE_LABEL && r.operator == "DoesNotExist" && r.values.is_none()
+            })
+        };
+        for webhook in p.mutating().webhooks.unwrap() {
+            let selector = webhook.namespace_selector.unwrap_or_default();
+            assert_eq!(
+                opted_out(&selector),
+                webhook.name == "mutate-pods.kruise-rs.io",
+                "{}",
+                webhook.name
+            );
+        }
+    }
+
+    #[test]
+    fn the_object_selector_applies_to_the_pod_webhook_only() {
+        let mut p = params(Endpoint::Url("https://x".into()));
+        let selector = LabelSelector {
+            match_labels: Some([("inject".to_owned(), "yes".to_owned())].into()),
+            ..LabelSelector::default()
+        };
+        p.pod_object_selector = Some(selector.clone());
+        for webhook in p.mutating().webhooks.unwrap() {
+            let expected = (webhook.name == "mutate-pods.kruise-rs.io").then(|| selector.clone());
+            assert_eq!(webhook.object_selector, expected, "{}", webhook.name);
+        }
     }
 
     #[test]
@@ -418,7 +480,8 @@ mod tests {
             selector.match_labels.as_ref().unwrap()["webhook-test"],
             "true"
         );
-        assert_eq!(selector.match_expressions.as_ref().unwrap().len(), 1);
+        // The exclusions and the control-plane opt-out.
+        assert_eq!(selector.match_expressions.as_ref().unwrap().len(), 2);
         assert_eq!(pods.failure_policy.as_deref(), Some("Ignore"));
     }
 }

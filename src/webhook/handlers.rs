@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, future};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::admission::{AdmissionRequest, Operation};
-use kube::core::{DynamicObject, ObjectMeta, PartialObjectMeta};
+use kube::core::{DeserializeGuard, DynamicObject, ObjectMeta, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -35,7 +35,6 @@ use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::ListParams;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::apis::defaults;
@@ -51,6 +50,7 @@ use crate::apis::validation::{self, ValidationErrors};
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_NAME_LABEL,
 };
+use crate::controllers::shared::unreadable;
 use crate::events::Recorder;
 use crate::sidecar::{self, hash, unsupported};
 
@@ -66,6 +66,8 @@ pub struct Handlers {
     pub(super) namespace: String,
     pub(super) sidecarsets: Store<SidecarSet>,
     pub(super) namespaces: Store<PartialObjectMeta<Namespace>>,
+    /// The ControllerRevisions of SidecarSets in `namespace`.
+    revisions: Store<ControllerRevision>,
     synced: watch::Receiver<bool>,
     /// Events on SidecarSets left out of pods for an unsupported feature, and their throttle.
     recorder: Arc<Recorder>,
@@ -96,14 +98,21 @@ impl Handlers {
     ) -> (Arc<Self>, impl Future<Output = ()> + Send + 'static + use<>) {
         let (sidecarsets, sidecarset_writer) = reflector::store();
         let (namespaces, namespace_writer) = reflector::store();
+        let (revisions, revision_writer) = reflector::store();
         let (synced_tx, synced) = watch::channel(false);
+        let recorder = Arc::new(Recorder::for_manager(client.clone()));
+        // Guarded: one SidecarSet our type refuses must not keep every other one (and every pod
+        // admission) waiting; it is reported and left out (decision 0018).
         let sidecarset_stream = reflector::reflector(
             sidecarset_writer,
-            watcher(
-                Api::<SidecarSet>::all(client.clone()),
-                watcher::Config::default(),
-            )
-            .default_backoff(),
+            unreadable::skip_unreadable(
+                watcher(
+                    Api::<DeserializeGuard<SidecarSet>>::all(client.clone()),
+                    watcher::Config::default(),
+                )
+                .default_backoff(),
+                unreadable::log_and_record::<SidecarSet>(recorder.clone(), "sidecar injection"),
+            ),
         )
         .for_each(|_| future::ready(()));
         let namespace_stream = reflector::reflector(
@@ -115,11 +124,23 @@ impl Handlers {
             .default_backoff(),
         )
         .for_each(|_| future::ready(()));
-        let (s, n) = (sidecarsets.clone(), namespaces.clone());
+        // SidecarSet revisions, read for every pod a pinning SidecarSet selects: cached, so an
+        // admission lists nothing.
+        let revision_stream = reflector::reflector(
+            revision_writer,
+            watcher(
+                Api::<ControllerRevision>::namespaced(client.clone(), namespace),
+                watcher::Config::default().labels(SIDECARSET_NAME_LABEL),
+            )
+            .default_backoff(),
+        )
+        .for_each(|_| future::ready(()));
+        let (s, n, r) = (sidecarsets.clone(), namespaces.clone(), revisions.clone());
         let caches = async move {
             let ready = async move {
                 let _ = s.wait_until_ready().await;
                 let _ = n.wait_until_ready().await;
+                let _ = r.wait_until_ready().await;
                 synced_tx.send_replace(true);
                 // Keep the sender alive: a dropped one would read as "caches gone".
                 std::future::pending::<()>().await;
@@ -127,11 +148,13 @@ impl Handlers {
             tokio::select! {
                 () = sidecarset_stream => {}
                 () = namespace_stream => {}
+                () = revision_stream => {}
                 () = ready => {}
             }
         };
         let handlers = Arc::new(Self {
-            recorder: Arc::new(Recorder::for_manager(client.clone())),
+            recorder,
+            revisions,
             unsupported_events: Mutex::default(),
             client,
             namespace: namespace.to_owned(),
@@ -292,10 +315,7 @@ impl Handlers {
         let cached = self.sidecarsets.state();
         let others = cached.iter().map(|set| set.as_ref());
         let name = set.metadata.name.clone().unwrap_or_default();
-        let revisions = match self.revisions(&name).await {
-            Ok(revisions) => revisions,
-            Err(message) => return Verdict::Deny(message),
-        };
+        let revisions = self.revisions(&name);
         let known: Vec<KnownRevision> = revisions
             .iter()
             .map(KnownRevision::from_controller_revision)
@@ -426,17 +446,17 @@ impl Handlers {
         }
     }
 
-    /// The ControllerRevisions of SidecarSet `name`.
-    async fn revisions(&self, name: &str) -> Result<Vec<ControllerRevision>, String> {
+    /// The ControllerRevisions of SidecarSet `name`, from the cache.
+    fn revisions(&self, name: &str) -> Vec<ControllerRevision> {
         if name.is_empty() {
-            return Ok(Vec::new());
+            return Vec::new();
         }
-        let params = ListParams::default().labels(&format!("{SIDECARSET_NAME_LABEL}={name}"));
-        Api::<ControllerRevision>::namespaced(self.client.clone(), &self.namespace)
-            .list(&params)
-            .await
-            .map(|list| list.items)
-            .map_err(|e| format!("cannot list the ControllerRevisions of SidecarSet {name}: {e}"))
+        self.revisions
+            .state()
+            .iter()
+            .filter(|r| r.labels().get(SIDECARSET_NAME_LABEL).map(String::as_str) == Some(name))
+            .map(|r| r.as_ref().clone())
+            .collect()
     }
 
     /// Which annotations `patchPodMetadata` may write, from the ConfigMap upstream uses (before
@@ -614,12 +634,7 @@ impl Handlers {
                 .as_ref()
                 .is_some_and(|r| r.revision_name.is_some() || r.custom_version.is_some());
             if pins && let Some(name) = &set.metadata.name {
-                match self.revisions(name).await {
-                    Ok(revisions) => {
-                        histories.insert(name.clone(), revisions);
-                    }
-                    Err(message) => return Verdict::Deny(message),
-                }
+                histories.insert(name.clone(), self.revisions(name));
             }
         }
         let plan = sidecar::plan_for_new_pod(

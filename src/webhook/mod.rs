@@ -76,12 +76,18 @@ pub struct WebhookOptions {
     pub timeout_seconds: i32,
     /// Prefix of the configuration names.
     pub configuration_prefix: String,
-    /// Extra requirements on the namespaces of pods and jobs sent to the webhook.
+    /// Extra requirements on the namespaces of pods and jobs sent to the webhook (the
+    /// exclusions always apply).
     pub namespace_selector: Option<LabelSelector>,
+    /// The pod webhook's `objectSelector` (none: every pod).
+    pub pod_object_selector: Option<LabelSelector>,
     /// Allow SidecarSet `patchPodMetadata` that no rule of the whitelist ConfigMap covers
     /// (`--sidecarset-patch-pod-metadata-defaults-allowed`, upstream's feature gate
     /// `SidecarSetPatchPodMetadataDefaultsAllowed`; off by default, as upstream).
     pub patch_pod_metadata_defaults_allowed: bool,
+    /// How long the server keeps answering once shutdown has begun (`/readyz` already failing),
+    /// so the apiserver stops sending requests before they can find it gone.
+    pub shutdown_grace: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -282,6 +288,7 @@ fn configuration_params(opts: &WebhookOptions, ca: Option<String>) -> Configurat
         timeout_seconds: opts.timeout_seconds,
         excluded_namespaces: vec![opts.namespace.clone()],
         namespace_selector: opts.namespace_selector.clone(),
+        pod_object_selector: opts.pod_object_selector.clone(),
     }
 }
 
@@ -407,6 +414,11 @@ pub async fn run(
                 next_check = Duration::from_secs(60);
             }
         }
+    }
+    if !opts.shutdown_grace.is_zero() {
+        info!(grace = ?opts.shutdown_grace, "webhooks keep answering while the endpoints drop this replica");
+        server.drain();
+        tokio::time::sleep(opts.shutdown_grace).await;
     }
     server.stop(DRAIN).await;
     Ok(())

@@ -9,12 +9,13 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum_server::Handle;
@@ -23,6 +24,7 @@ use base64::Engine as _;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use serde_json::{Value, json};
+use tower::util::MapResponseLayer;
 use tracing::Instrument;
 
 use crate::runtime::ManagerMetrics;
@@ -202,6 +204,8 @@ pub fn response(uid: &str, verdict: &Verdict) -> Value {
 pub struct Server {
     handle: Handle<SocketAddr>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// Set while shutting down: every answer closes its connection.
+    draining: Arc<AtomicBool>,
     pub addr: SocketAddr,
 }
 
@@ -213,6 +217,19 @@ impl Server {
         router: Router,
     ) -> std::io::Result<Self> {
         let handle = Handle::new();
+        let draining = Arc::new(AtomicBool::new(false));
+        let closing = draining.clone();
+        // The apiserver keeps HTTP/1.1 connections to a webhook open and reuses them. While the
+        // server drains, each answer closes its connection, so the next request dials again and
+        // reaches a replica that stays; none is left idle to be cut under a request at the end.
+        let router = router.layer(MapResponseLayer::new(move |mut response: Response| {
+            if closing.load(Ordering::Relaxed) {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            response
+        }));
         let server = axum_server::bind_rustls(addr, tls)
             .handle(handle.clone())
             .serve(router.into_make_service());
@@ -223,7 +240,17 @@ impl Server {
                 _ => std::io::Error::other("the webhook server stopped before listening"),
             });
         };
-        Ok(Self { handle, task, addr })
+        Ok(Self {
+            handle,
+            task,
+            draining,
+            addr,
+        })
+    }
+
+    /// Keeps serving, closing each connection after its answer (see [`Server::start`]).
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
     }
 
     /// Stops accepting, lets requests in flight finish for up to `grace`.

@@ -955,3 +955,54 @@ fn helm_daemon_credential_provider_values() {
         out.status
     );
 }
+
+/// Issue 20: the manager pods outlive their removal from the webhook Service (a preStop sleep,
+/// then `--webhook-shutdown-grace`, within terminationGracePeriodSeconds) and are scheduled as
+/// control plane; each of these is a value.
+#[test]
+fn the_manager_stops_gracefully_and_is_prioritized() {
+    let defaults = rendered_objects(&[]);
+    let spec =
+        &find(&defaults, "Deployment kruise-system/kruise-rs-manager")["spec"]["template"]["spec"];
+    assert_eq!(spec["priorityClassName"], "system-cluster-critical");
+    assert_eq!(spec["terminationGracePeriodSeconds"], 40);
+    let container = &spec["containers"][0];
+    assert_eq!(container["lifecycle"]["preStop"]["sleep"]["seconds"], 5);
+    let args = container["args"].as_array().expect("args");
+    assert!(
+        !args.iter().any(|a| a
+            .as_str()
+            .is_some_and(|a| a.starts_with("--webhook-shutdown-grace"))),
+        "the default grace passes no flag: {args:?}"
+    );
+
+    let tuned = rendered_objects(&[
+        "--set=manager.priorityClassName=,manager.preStopSleepSeconds=0",
+        "--set=manager.terminationGracePeriodSeconds=90,manager.webhook.shutdownGrace=30s",
+        "--set=manager.webhook.podObjectSelector.matchLabels.inject=yes",
+    ]);
+    let spec =
+        &find(&tuned, "Deployment kruise-system/kruise-rs-manager")["spec"]["template"]["spec"];
+    assert!(spec.get("priorityClassName").is_none(), "{spec}");
+    assert_eq!(spec["terminationGracePeriodSeconds"], 90);
+    let container = &spec["containers"][0];
+    assert!(container.get("lifecycle").is_none(), "{container}");
+    assert!(
+        container["args"]
+            .as_array()
+            .expect("args")
+            .contains(&Value::from("--webhook-shutdown-grace=30s")),
+        "{}",
+        container["args"]
+    );
+    assert!(
+        container["args"]
+            .as_array()
+            .expect("args")
+            .contains(&Value::from(
+                r#"--webhook-pod-object-selector={"matchLabels":{"inject":"yes"}}"#
+            )),
+        "{}",
+        container["args"]
+    );
+}

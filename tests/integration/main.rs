@@ -31,6 +31,7 @@ mod smoke;
 mod support;
 mod watch_lists;
 mod webhook;
+mod webhook_availability;
 mod webhook_dry_run;
 mod webhook_fuzz;
 mod webhook_pull_secrets;

@@ -338,6 +338,7 @@ async fn a_webhook_that_is_down_blocks_pods_under_fail_and_not_under_ignore() {
                     ..Default::default()
                 },
             ),
+            pod_object_selector: None,
         };
         let configs = Api::<MutatingWebhookConfiguration>::all(client.clone());
         // Only the pod webhook: the cluster-scoped kinds' webhooks have no namespace selector

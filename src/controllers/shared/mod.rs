@@ -11,3 +11,4 @@ pub mod pod_feed;
 pub mod pod_summary;
 pub mod shutdown;
 pub mod tag_values;
+pub mod unreadable;

@@ -11,6 +11,7 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
+use kube::core::DeserializeGuard;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
@@ -29,6 +30,7 @@ use crate::controllers::ControllerOptions;
 use crate::controllers::shared::backoff::Backoff;
 use crate::controllers::shared::pod_feed::{self, PodFeed};
 use crate::controllers::shared::shutdown::run_until_shutdown;
+use crate::controllers::shared::unreadable;
 use crate::error_chain::error_chain;
 use crate::events::Recorder;
 
@@ -155,10 +157,17 @@ pub async fn run_with_pods(
         }
     });
 
-    let sets = Api::<SidecarSet>::all(client.clone());
-    let set_stream = watcher(sets, scoped)
-        .default_backoff()
-        .modify(|s: &mut SidecarSet| s.managed_fields_mut().clear());
+    // Guarded: a SidecarSet our type refuses (its containers are schemaless, decision 0004) is
+    // reported and left out instead of failing the list, and with it every other SidecarSet.
+    let sets = Api::<DeserializeGuard<SidecarSet>>::all(client.clone());
+    let set_stream = unreadable::skip_unreadable(
+        watcher(sets, scoped).default_backoff(),
+        unreadable::log_and_record::<SidecarSet>(
+            Arc::new(Recorder::for_manager(client.clone())),
+            "the SidecarSet controller",
+        ),
+    )
+    .modify(|s: &mut SidecarSet| s.managed_fields_mut().clear());
     let (set_store, set_writer) = reflector::store();
     // A deleted SidecarSet's series go as soon as the store has let it go (on a relist, at
     // InitDone, when the store is swapped); a reconcile in flight that set them again removes

@@ -58,6 +58,9 @@ pub fn webhook_options(
             ..LabelSelector::default()
         }),
         patch_pod_metadata_defaults_allowed: false,
+        pod_object_selector: None,
+        // Tests stop their managers at once; webhook_availability sets one.
+        shutdown_grace: Duration::ZERO,
     }
 }
 
