@@ -383,14 +383,14 @@ impl Rig {
         }
     }
 
-    /// Faults on; the manager killed `kills` times, a kill every 3–7 s (each new process first
+    /// Faults on; the manager killed `kills` times, a kill every 2–4 s (each new process first
     /// waits out the killed one's 3 s Lease); the apiserver restarted after a third of the kills,
     /// etcd after two thirds; then calm, the manager running. Returns what the proxy injected.
     async fn faults_and_kills(&mut self, kills: usize, budget: u64) -> Injected {
         self.proxy.set(Faults::everything(), budget);
         for kill in 1..=kills {
             // A random moment to strike, not a wait for something to happen.
-            tokio::time::sleep(Duration::from_millis(self.rng.u64(3000..7000))).await;
+            tokio::time::sleep(Duration::from_millis(self.rng.u64(2000..4000))).await;
             self.manager.kill();
             if kill == kills / 3 {
                 restart(self.plane.state_dir(), &self.client, "kube-apiserver").await;
