@@ -966,6 +966,19 @@ fn the_manager_stops_gracefully_and_is_prioritized() {
         &find(&defaults, "Deployment kruise-system/kruise-rs-manager")["spec"]["template"]["spec"];
     assert_eq!(spec["priorityClassName"], "system-cluster-critical");
     assert_eq!(spec["terminationGracePeriodSeconds"], 40);
+    // GKE admits system-* priority pods outside kube-system only under a quota scoped to them.
+    let quota = find(
+        &defaults,
+        "ResourceQuota kruise-system/kruise-rs-critical-pods",
+    );
+    assert_eq!(
+        quota["spec"]["hard"]["pods"], "5",
+        "2 replicas, a surge, 2 stopping"
+    );
+    assert_eq!(
+        quota["spec"]["scopeSelector"]["matchExpressions"][0]["values"],
+        serde_json::json!(["system-cluster-critical"])
+    );
     let container = &spec["containers"][0];
     assert_eq!(container["lifecycle"]["preStop"]["sleep"]["seconds"], 5);
     let args = container["args"].as_array().expect("args");
@@ -984,6 +997,10 @@ fn the_manager_stops_gracefully_and_is_prioritized() {
     let spec =
         &find(&tuned, "Deployment kruise-system/kruise-rs-manager")["spec"]["template"]["spec"];
     assert!(spec.get("priorityClassName").is_none(), "{spec}");
+    assert!(
+        !tuned.contains_key("ResourceQuota kruise-system/kruise-rs-critical-pods"),
+        "no quota without a system-* priority class"
+    );
     assert_eq!(spec["terminationGracePeriodSeconds"], 90);
     let container = &spec["containers"][0];
     assert!(container.get("lifecycle").is_none(), "{container}");
