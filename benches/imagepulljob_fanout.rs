@@ -31,6 +31,7 @@ mod harness;
 use harness::bench::Result;
 use harness::controlplane::{ControlPlane, Crds, apiserver_requests};
 use harness::objects::create_ready_nodes;
+use harness::played_daemon::{PlayedDaemons, play_node_image_daemons};
 use harness::procfs::rss_mib;
 
 const NAMESPACE: &str = "default";
@@ -95,49 +96,6 @@ fn has_tag(ni: &NodeImage, image: &str, tag: &str) -> bool {
         .images
         .get(image)
         .is_some_and(|i| i.tags.iter().any(|t| t.tag == tag))
-}
-
-/// Plays every node's daemon: reports Succeeded for `image:tag` as soon as it appears.
-fn spawn_daemons(
-    client: Client,
-    image: &'static str,
-    tag: &'static str,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let api: Api<NodeImage> = Api::all(client);
-        let stream = watcher(api.clone(), watcher::Config::default()).applied_objects();
-        let mut stream = std::pin::pin!(stream);
-        let mut answered = HashSet::new();
-        while let Ok(Some(ni)) = stream.try_next().await {
-            let Some(entry) = ni
-                .spec
-                .images
-                .get(image)
-                .and_then(|i| i.tags.iter().find(|t| t.tag == tag))
-            else {
-                continue;
-            };
-            if !answered.insert((ni.name_any(), entry.version)) {
-                continue;
-            }
-            let now = k8s_openapi::jiff::fmt::strtime::format(
-                "%Y-%m-%dT%H:%M:%SZ",
-                k8s_openapi::jiff::Timestamp::now(),
-            )
-            .unwrap_or_default();
-            let status = json!({"status": {"imageStatuses": {image: {"tags": [{
-                "tag": tag, "phase": "Succeeded", "version": entry.version.unwrap_or(0),
-                "completionTime": now
-            }]}}}});
-            let _ = api
-                .patch_status(
-                    &ni.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&status),
-                )
-                .await;
-        }
-    })
 }
 
 async fn bench(n: usize) -> Result<()> {
@@ -230,7 +188,13 @@ async fn bench(n: usize) -> Result<()> {
     );
 
     for (parallelism, image, tag) in [(n as i32, "bench-wide", "1"), (50, "bench-narrow", "1")] {
-        let daemons = (parallelism < n as i32).then(|| spawn_daemons(client.clone(), image, tag));
+        let daemons = (parallelism < n as i32).then(|| {
+            let only = PlayedDaemons {
+                image: Some(image.to_owned()),
+                ..PlayedDaemons::default()
+            };
+            play_node_image_daemons(client.clone(), only)
+        });
         let before = nodeimage_patches(&client).await?;
         let spec = ImagePullJobSpec {
             image: format!("{image}:{tag}"),

@@ -19,7 +19,7 @@
 #[path = "../tests/harness/mod.rs"]
 mod harness;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,7 @@ use futures::StreamExt;
 use harness::bench::{Result, env_number};
 use harness::controlplane::{ControlPlane, Crds};
 use harness::objects::{create_namespace, create_ready_nodes};
+use harness::played_daemon::{PlayedDaemons, play_node_image_daemons};
 use harness::process::{ChildGuard, free_loopback_port};
 use harness::procfs::rss_mib;
 use k8s_openapi::api::core::v1::Pod;
@@ -147,47 +148,6 @@ fn play_kubelet(client: Client) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// Plays every node's daemon: each tag entry's version is reported Succeeded, once.
-fn play_daemons(client: Client) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let api: Api<NodeImage> = Api::all(client);
-        let stream = watcher(api.clone(), watcher::Config::default())
-            .default_backoff()
-            .applied_objects();
-        let mut stream = std::pin::pin!(stream);
-        let mut answered = HashSet::new();
-        while let Some(item) = stream.next().await {
-            let Ok(ni) = item else { continue };
-            let reported = ni.status.as_ref().map(|s| &s.image_statuses);
-            for (image, spec) in &ni.spec.images {
-                for tag in &spec.tags {
-                    let version = tag.version.unwrap_or(0);
-                    let done = reported
-                        .and_then(|r| r.get(image))
-                        .and_then(|i| i.tags.iter().find(|t| t.tag == tag.tag))
-                        .is_some_and(|t| t.version.unwrap_or(0) == version);
-                    let key = (ni.name_any(), image.clone(), tag.tag.clone(), version);
-                    if done || !answered.insert(key) {
-                        continue;
-                    }
-                    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-                    let status = json!({"status": {"imageStatuses": {image: {"tags": [{
-                        "tag": tag.tag, "phase": "Succeeded", "version": version,
-                        "completionTime": now, "progress": 100,
-                    }]}}}});
-                    let _ = api
-                        .patch_status(
-                            &ni.name_any(),
-                            &PatchParams::default(),
-                            &Patch::Merge(&status),
-                        )
-                        .await;
-                }
-            }
-        }
-    })
-}
-
 fn sidecarset(image: &str) -> Result<SidecarSet> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "apps.kruise.io/v1alpha1", "kind": "SidecarSet",
@@ -288,7 +248,7 @@ async fn soak(minutes: usize, nodes: usize, pods_wanted: usize) -> Result<()> {
         }
     }
     let kubelet = play_kubelet(client.clone());
-    let daemons = play_daemons(client.clone());
+    let daemons = play_node_image_daemons(client.clone(), PlayedDaemons::default());
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
 
     let start = Instant::now();

@@ -1,6 +1,7 @@
 //! The one harness the benches and the test binaries share: the loopback control plane
 //! (`tests/controlplane/start.sh`, stopped on drop), child processes that die with their owner,
-//! `/proc` figures (RSS, CPU time), Ready fake Nodes, unique names and deadline polling.
+//! `/proc` figures (RSS, CPU time), Ready fake Nodes, played node daemons, unique names and
+//! deadline polling.
 //!
 //! Included by path, one copy per target:
 //! - `benches/*.rs`: `#[path = "../tests/harness/mod.rs"] mod harness;`
@@ -14,6 +15,7 @@ pub mod bench;
 pub mod controlplane;
 pub mod fault_proxy;
 pub mod objects;
+pub mod played_daemon;
 pub mod process;
 pub mod procfs;
 pub mod shared;

@@ -14,11 +14,11 @@
 //! in every failure; `KRUISE_FAULT_SEED=<n>` replays it (timing still varies).
 //! `KRUISE_FAULT_LONG=1` runs the long version: 1,000 nodes, 30 kills, more faults.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
@@ -39,11 +39,13 @@ use crate::harness::fault_proxy::{
     FaultProxy, Faults, Injected, describe, restart_control_plane_process,
 };
 use crate::harness::objects::create_namespace;
+use crate::harness::played_daemon::{PlayedDaemons, play_node_image_daemons};
 use crate::sidecarset_crash::{InFlightRecord, track_in_flight};
 use crate::sidecarset_upgrade::{
     NEW_IMAGE, SIDECAR, admit_injected, base_pod, counts, counts_of, describe_set, one_sidecar_set,
 };
 use crate::support::kubelet::{self, BackgroundKubelet};
+use crate::support::seed_from_env;
 
 const SEED_VAR: &str = "KRUISE_FAULT_SEED";
 const LONG_VAR: &str = "KRUISE_FAULT_LONG";
@@ -78,18 +80,6 @@ fn scale() -> Scale {
             kills: 10,
             faults: 20_000,
         }
-    }
-}
-
-fn seed() -> u64 {
-    match std::env::var(SEED_VAR) {
-        Ok(text) => text
-            .parse()
-            .unwrap_or_else(|e| panic!("{SEED_VAR}={text:?} is not a u64: {e}")),
-        Err(_) => SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("after 1970")
-            .as_nanos() as u64,
     }
 }
 
@@ -154,53 +144,6 @@ fn observe(observed: &Mutex<Observed>, ni: &NodeImage) {
     }
     let now = o.pulling.values().filter(|p| **p).count();
     o.max_pulling = o.max_pulling.max(now);
-}
-
-/// Plays every node's daemon: each entry's version is reported Succeeded once, a random delay
-/// after it is first seen. Lists every 300 ms, so that it catches up after an apiserver restart
-/// without depending on the watch it would otherwise need to resume.
-fn play_daemons(client: Client, seed: u64) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let api: Api<NodeImage> = Api::all(client);
-        let answered: Arc<Mutex<HashSet<(String, i64)>>> = Arc::default();
-        let mut rng = fastrand::Rng::with_seed(seed ^ 0xdae_0000);
-        let lp = ListParams::default().labels(RUN_LABEL);
-        loop {
-            if let Ok(list) = api.list(&lp).await {
-                for ni in list {
-                    let Some(entry) = tag_entry(&ni) else {
-                        continue;
-                    };
-                    let version = entry_version(&entry);
-                    if finished_version(&ni) == Some(version) {
-                        continue;
-                    }
-                    let key = (ni.name_any(), version);
-                    if !answered.lock().unwrap().insert(key.clone()) {
-                        continue;
-                    }
-                    let delay = Duration::from_millis(rng.u64(300..2000));
-                    let (api, answered) = (api.clone(), answered.clone());
-                    tokio::spawn(async move {
-                        tokio::time::sleep(delay).await;
-                        let now = k8s_openapi::jiff::Timestamp::now().to_string();
-                        let status = json!({"status": {"imageStatuses": {IMAGE: {"tags": [{
-                            "tag": TAG, "phase": "Succeeded", "version": version,
-                            "completionTime": now, "progress": 100
-                        }]}}}});
-                        let written = api
-                            .patch_status(&key.0, &PatchParams::default(), &Patch::Merge(&status))
-                            .await;
-                        if written.is_err() {
-                            // Not answered after all: the next list tries again.
-                            answered.lock().unwrap().remove(&key);
-                        }
-                    });
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    })
 }
 
 /// The manager as a child process, its requests through the proxy, its output in a log file of
@@ -339,7 +282,7 @@ struct Rig {
 
 impl Rig {
     async fn start(what: &str, manager_args: Vec<String>) -> Rig {
-        let seed = seed();
+        let seed = seed_from_env(SEED_VAR);
         eprintln!("faults, {what}: seed {seed} ({SEED_VAR}={seed} replays it)");
         let plane = tokio::task::spawn_blocking(|| {
             let plane = ControlPlane::start("kruise-rs-faults-")?;
@@ -481,7 +424,15 @@ async fn an_image_pull_job_keeps_parallelism_and_completes_through_faults_restar
             }
         })
     };
-    let daemons = play_daemons(client.clone(), seed);
+    let daemons = play_node_image_daemons(
+        client.clone(),
+        PlayedDaemons {
+            label_selector: Some(RUN_LABEL.to_owned()),
+            image: None,
+            delay_ms: 300..2000,
+            seed: seed ^ 0xdae_0000,
+        },
+    );
     rig.manager.start();
 
     let job = ImagePullJob::new(

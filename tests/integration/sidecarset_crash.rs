@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
@@ -35,7 +35,7 @@ use crate::sidecarset_upgrade::{
 };
 use crate::support::kubelet::{self, BackgroundKubelet};
 use crate::support::webhook::{MANAGER_NAMESPACE, webhook_cluster};
-use crate::support::{test_controller_options, unique_name};
+use crate::support::{seed_from_env, test_controller_options, unique_name};
 
 const PODS: usize = 50;
 const MAX_UNAVAILABLE: usize = 3;
@@ -48,18 +48,6 @@ const FINISH_TIMEOUT: Duration = Duration::from_secs(180);
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
 /// Pods created or started at once while setting up.
 const SETUP_CONCURRENCY: usize = 8;
-
-fn seed() -> u64 {
-    match std::env::var(SEED_VAR) {
-        Ok(text) => text
-            .parse()
-            .unwrap_or_else(|e| panic!("{SEED_VAR}={text:?} is not a u64: {e}")),
-        Err(_) => SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("after 1970")
-            .as_nanos() as u64,
-    }
-}
 
 /// Whether the pod is in flight: its sidecar's spec image is the new one, but the kubelet does
 /// not report the pod ready with the new image running yet.
@@ -176,7 +164,7 @@ async fn upgraded_count(pods: &Api<Pod>) -> usize {
 
 #[tokio::test]
 async fn a_crashing_controller_keeps_max_unavailable_and_finishes_the_rollout() {
-    let seed = seed();
+    let seed = seed_from_env(SEED_VAR);
     eprintln!("sidecarset crash test: seed {seed} ({SEED_VAR}={seed} replays the random choices)");
     let mut rng = fastrand::Rng::with_seed(seed);
 

@@ -29,7 +29,7 @@ use serde::Deserialize;
 
 pub mod cri_proxy;
 pub mod daemon;
-pub use crate::harness::shared::{unique_name, wait_for};
+pub use crate::harness::shared::{seed_from_env, unique_name, wait_for};
 pub mod kubelet;
 pub mod node;
 pub mod scrape;
