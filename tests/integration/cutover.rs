@@ -556,13 +556,11 @@ fn kruise_rs(args: &[&str], kubeconfig: &Path) -> Output {
 /// Our manager as the runbook runs it during the switch: on upstream's Lease.
 fn manager_options(kubeconfig: &Path) -> ManagerOptions {
     ManagerOptions {
-        kubeconfig: Some(kubeconfig.to_owned()),
-        probe_addr: "127.0.0.1:0".parse().expect("address"),
+        // Every object: upstream's objects carry no test label.
         controllers: ControllerOptions {
             nodeimage_creation_delay: Duration::ZERO,
             ..ControllerOptions::default()
         },
-        webhook: None,
         leader_election: Some(LeaderElection {
             lease_name: UPSTREAM_LEASE.to_owned(),
             identity: OUR_IDENTITY.to_owned(),
@@ -571,8 +569,7 @@ fn manager_options(kubeconfig: &Path) -> ManagerOptions {
             retry_period: Duration::from_secs(1),
             ..LeaderElection::new(UPSTREAM_NAMESPACE)
         }),
-        streaming_lists: Default::default(),
-        kube_api_rate: None,
+        ..crate::support::manager_options(kubeconfig)
     }
 }
 
@@ -731,19 +728,10 @@ async fn switching_from_upstream_with_crds_install_keeps_every_object_in_both_ve
     // The manager starts, and waits while upstream's replica leads: a Node it would give a
     // NodeImage at once gets none, and the Lease stays upstream's.
     create_node(&client, "node-new").await;
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let running = tokio::spawn(manager::run(
-        manager_options(&kubeconfig),
-        async move {
-            let _ = stop_rx.await;
-        },
-        Some(ready_tx),
-    ));
-    let probe = tokio::time::timeout(TIMEOUT, ready_rx)
-        .await
-        .expect("the manager becomes ready")
-        .expect("the manager reports ready");
+    let manager =
+        crate::support::start_manager(manager_options(&kubeconfig), TIMEOUT, "beside upstream's")
+            .await;
+    let probe = manager.probe_addr;
     // Two lease durations and more of upstream renewing: our replica tries every second.
     upstream
         .renewed(2 * UPSTREAM_LEASE_SECONDS.unsigned_abs() + 1)
@@ -772,8 +760,8 @@ async fn switching_from_upstream_with_crds_install_keeps_every_object_in_both_ve
     assert_reconciled(&client, &objects).await;
     assert_eq!(leader_gauge(probe).await, "kruise_rs_manager_leader 1");
 
-    stop_tx.send(()).expect("the manager still runs");
-    let stopped = tokio::time::timeout(Duration::from_secs(15), running)
+    manager.stop.send(()).expect("the manager still runs");
+    let stopped = tokio::time::timeout(Duration::from_secs(15), manager.task)
         .await
         .expect("the manager stops")
         .expect("join");

@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kruise_rs::apis::sidecarset::SidecarSet;
 use kruise_rs::apis::well_known::SIDECARSET_NAME_LABEL;
-use kruise_rs::manager::{self, LeaderElection, ManagerError, ManagerOptions};
+use kruise_rs::manager::{LeaderElection, ManagerError, ManagerOptions};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -94,14 +94,11 @@ impl Election {
     async fn start(&self, cluster: &TestCluster, identity: &str) -> Replica {
         let revisions = cluster.namespace(identity).await;
         let opts = ManagerOptions {
-            kubeconfig: Some(cluster.kubeconfig_path().to_owned()),
-            probe_addr: "127.0.0.1:0".parse().expect("addr"),
             controllers: kruise_rs::controllers::ControllerOptions {
                 namespace: revisions.name().to_owned(),
                 label_selector: Some(format!("{LABEL}={}", self.label_value)),
                 ..support::test_controller_options()
             },
-            webhook: None,
             leader_election: Some(LeaderElection {
                 lease_name: self.lease.clone(),
                 namespace: self.lease_ns.name().to_owned(),
@@ -110,29 +107,16 @@ impl Election {
                 renew_deadline: RENEW_DEADLINE,
                 retry_period: RETRY_PERIOD,
             }),
-            streaming_lists: Default::default(),
-            kube_api_rate: None,
+            ..support::manager_options(cluster.kubeconfig_path())
         };
-        let (ready_tx, ready_rx) = oneshot::channel();
-        let (stop, stop_rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(manager::run(
-            opts,
-            async move {
-                let _ = stop_rx.await;
-            },
-            Some(ready_tx),
-        ));
-        let probe_addr = tokio::time::timeout(START_TIMEOUT, ready_rx)
-            .await
-            .unwrap_or_else(|_| panic!("{identity} becomes ready within {START_TIMEOUT:?}"))
-            .unwrap_or_else(|_| panic!("{identity} failed to start"));
+        let running = support::start_manager(opts, START_TIMEOUT, identity).await;
         Replica {
             identity: identity.to_owned(),
             revisions,
             client: self.client.clone(),
-            probe_addr,
-            stop: Some(stop),
-            task,
+            probe_addr: running.probe_addr,
+            stop: Some(running.stop),
+            task: running.task,
         }
     }
 

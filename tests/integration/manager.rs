@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use kruise_rs::apis::imagepulljob::ImagePullJob;
-use kruise_rs::manager::{self, ManagerError, ManagerOptions};
+use kruise_rs::manager::{self, ManagerError};
 use tokio::sync::oneshot;
 
 use crate::support::{self, ExtraControlPlane, KillOnDrop, free_loopback_port, http_get, wait_for};
@@ -25,18 +25,6 @@ async fn control_plane_with_crds() -> ExtraControlPlane {
     .expect("join")
 }
 
-fn options(kubeconfig: &std::path::Path) -> ManagerOptions {
-    ManagerOptions {
-        kubeconfig: Some(kubeconfig.to_owned()),
-        probe_addr: "127.0.0.1:0".parse().expect("addr"),
-        controllers: Default::default(),
-        webhook: None,
-        leader_election: None,
-        streaming_lists: Default::default(),
-        kube_api_rate: None,
-    }
-}
-
 async fn get(addr: SocketAddr, path: &'static str) -> (u16, String) {
     tokio::task::spawn_blocking(move || http_get(addr, path))
         .await
@@ -47,19 +35,13 @@ async fn get(addr: SocketAddr, path: &'static str) -> (u16, String) {
 #[tokio::test]
 async fn manager_becomes_ready_serves_probes_and_stops_on_request() {
     let cluster = control_plane_with_crds().await;
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let manager = tokio::spawn(manager::run(
-        options(cluster.kubeconfig_path()),
-        async move {
-            let _ = stop_rx.await;
-        },
-        Some(ready_tx),
-    ));
-    let addr = tokio::time::timeout(Duration::from_secs(30), ready_rx)
-        .await
-        .expect("the manager becomes ready within 30 s")
-        .expect("the manager reports its probe address");
+    let manager = support::start_manager(
+        support::manager_options(cluster.kubeconfig_path()),
+        Duration::from_secs(30),
+        "with its CRDs installed",
+    )
+    .await;
+    let addr = manager.probe_addr;
 
     assert_eq!(get(addr, "/healthz").await.0, 200);
     assert_eq!(get(addr, "/readyz").await.0, 200);
@@ -67,8 +49,8 @@ async fn manager_becomes_ready_serves_probes_and_stops_on_request() {
     assert_eq!(status, 200);
     assert!(metrics.contains("kruise_rs_build_info"), "{metrics}");
 
-    stop_tx.send(()).expect("manager still running");
-    let result = tokio::time::timeout(Duration::from_secs(10), manager)
+    manager.stop.send(()).expect("manager still running");
+    let result = tokio::time::timeout(Duration::from_secs(10), manager.task)
         .await
         .expect("the manager stops within 10 s")
         .expect("join");
@@ -82,7 +64,7 @@ async fn manager_refuses_to_start_without_crds_and_says_how_to_install_them() {
         .expect("join");
     let (ready_tx, ready_rx) = oneshot::channel();
     let result = manager::run(
-        options(empty.kubeconfig_path()),
+        support::manager_options(empty.kubeconfig_path()),
         std::future::pending(),
         Some(ready_tx),
     )

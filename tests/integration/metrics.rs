@@ -14,10 +14,9 @@ use kruise_rs::apis::imagepulljob::{
 use kruise_rs::apis::nodeimage::NodeImage;
 use kruise_rs::apis::sidecarset::SidecarSet;
 use kruise_rs::apis::well_known::FAKE_NODEIMAGE;
-use kruise_rs::manager::{self, ManagerOptions};
+use kruise_rs::manager::ManagerOptions;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tokio::sync::oneshot;
 
 use crate::support::scrape::{self, sample, scrape};
 use crate::support::{self, FIELD_MANAGER, unique_name, wait_for};
@@ -39,31 +38,15 @@ async fn manager_metrics_count_reconciles_and_report_progress() {
     let jobs_ns = cluster.namespace("metrics-jobs").await;
 
     let opts = ManagerOptions {
-        kubeconfig: Some(cluster.kubeconfig_path().to_owned()),
-        probe_addr: "127.0.0.1:0".parse().expect("addr"),
         controllers: kruise_rs::controllers::ControllerOptions {
             namespace: revisions.name().to_owned(),
             label_selector: Some(format!("{LABEL}={value}")),
             ..support::test_controller_options()
         },
-        webhook: None,
-        leader_election: None,
-        streaming_lists: Default::default(),
-        kube_api_rate: None,
+        ..support::manager_options(cluster.kubeconfig_path())
     };
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let (stop, stop_rx) = oneshot::channel::<()>();
-    let manager = tokio::spawn(manager::run(
-        opts,
-        async move {
-            let _ = stop_rx.await;
-        },
-        Some(ready_tx),
-    ));
-    let addr = tokio::time::timeout(TIMEOUT, ready_rx)
-        .await
-        .expect("the manager becomes ready")
-        .expect("the manager starts");
+    let manager = support::start_manager(opts, TIMEOUT, "metrics").await;
+    let addr = manager.probe_addr;
 
     // Every fixed series is there from the start.
     let text = scrape(addr).await;
@@ -262,8 +245,8 @@ async fn manager_metrics_count_reconciles_and_report_progress() {
         .delete(&fake_node, &DeleteParams::default())
         .await;
 
-    stop.send(()).expect("the manager still runs");
-    let result = tokio::time::timeout(TIMEOUT, manager)
+    manager.stop.send(()).expect("the manager still runs");
+    let result = tokio::time::timeout(TIMEOUT, manager.task)
         .await
         .expect("the manager stops")
         .expect("join");

@@ -32,16 +32,14 @@ async fn plane_without_watch_list() -> ExtraControlPlane {
 
 fn options(kubeconfig: &Path, probe_addr: SocketAddr, mode: StreamingLists) -> ManagerOptions {
     ManagerOptions {
-        kubeconfig: Some(kubeconfig.to_owned()),
         probe_addr,
+        // Every object: this control plane is the test's own.
         controllers: ControllerOptions {
             nodeimage_creation_delay: Duration::ZERO,
             ..ControllerOptions::default()
         },
-        webhook: None,
-        leader_election: None,
         streaming_lists: mode,
-        kube_api_rate: None,
+        ..support::manager_options(kubeconfig)
     }
 }
 
@@ -64,23 +62,17 @@ async fn without_watch_list_the_manager_lists_then_watches_and_reconciles() {
     assert!(why.contains("422"), "the refusal is reported: {why}");
 
     support::create_ready_node(&client, "node-watch-list-off", Default::default()).await;
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let manager = tokio::spawn(manager::run(
+    let manager = support::start_manager(
         options(
             plane.kubeconfig_path(),
             free_loopback_port(),
             StreamingLists::Auto,
         ),
-        async move {
-            let _ = stop_rx.await;
-        },
-        Some(ready_tx),
-    ));
-    let addr = tokio::time::timeout(Duration::from_secs(60), ready_rx)
-        .await
-        .expect("the manager's controllers sync within 60 s without WatchList")
-        .expect("the manager reports its probe address");
+        Duration::from_secs(60),
+        "without WatchList (its controllers synced)",
+    )
+    .await;
+    let addr = manager.probe_addr;
     assert_eq!(readyz(addr).await, Some(200));
 
     // The NodeImage controller works: the Ready Node gets its NodeImage.
@@ -101,8 +93,8 @@ async fn without_watch_list_the_manager_lists_then_watches_and_reconciles() {
     )
     .await;
 
-    stop_tx.send(()).expect("manager still running");
-    let result = tokio::time::timeout(Duration::from_secs(15), manager)
+    manager.stop.send(()).expect("manager still running");
+    let result = tokio::time::timeout(Duration::from_secs(15), manager.task)
         .await
         .expect("the manager stops within 15 s")
         .expect("join");

@@ -672,7 +672,7 @@ async fn admissions_are_counted_by_kind_and_verdict_and_timed() {
 #[tokio::test]
 async fn patch_pod_metadata_defaults_allowed_admits_what_no_whitelist_rule_covers() {
     use crate::support::webhook::{MANAGER_NAMESPACE, webhook_options};
-    use kruise_rs::manager::{self, ManagerOptions};
+    use kruise_rs::manager::ManagerOptions;
     use kube::config::{KubeConfigOptions, Kubeconfig};
 
     let plane = tokio::task::spawn_blocking(|| {
@@ -686,30 +686,19 @@ async fn patch_pod_metadata_defaults_allowed_admits_what_no_whitelist_rule_cover
     let mut webhook = webhook_options(addr, FailurePolicy::Fail);
     webhook.patch_pod_metadata_defaults_allowed = true;
     let opts = ManagerOptions {
-        kubeconfig: Some(plane.kubeconfig_path().to_owned()),
-        probe_addr: "127.0.0.1:0".parse().expect("address"),
         controllers: kruise_rs::controllers::ControllerOptions {
             namespace: MANAGER_NAMESPACE.to_owned(),
             ..crate::support::test_controller_options()
         },
         webhook: Some(webhook),
-        leader_election: None,
-        streaming_lists: Default::default(),
-        kube_api_rate: None,
+        ..crate::support::manager_options(plane.kubeconfig_path())
     };
-    let (ready_tx, ready) = tokio::sync::oneshot::channel();
-    let (stop, stopping) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(manager::run(
+    let manager = crate::support::start_manager(
         opts,
-        async move {
-            let _ = stopping.await;
-        },
-        Some(ready_tx),
-    ));
-    tokio::time::timeout(std::time::Duration::from_secs(60), ready)
-        .await
-        .expect("the manager becomes ready within 60 s")
-        .expect("the manager reports ready");
+        std::time::Duration::from_secs(60),
+        "with patchPodMetadata defaults allowed",
+    )
+    .await;
     let kubeconfig = Kubeconfig::read_from(plane.kubeconfig_path()).expect("kubeconfig");
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
@@ -759,8 +748,8 @@ async fn patch_pod_metadata_defaults_allowed_admits_what_no_whitelist_rule_cover
         "{message}"
     );
 
-    let _ = stop.send(());
-    let stopped = tokio::time::timeout(std::time::Duration::from_secs(30), running)
+    let _ = manager.stop.send(());
+    let stopped = tokio::time::timeout(std::time::Duration::from_secs(30), manager.task)
         .await
         .expect("the manager stops within 30 s")
         .expect("join");

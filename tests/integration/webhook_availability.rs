@@ -7,17 +7,17 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
-use kruise_rs::manager::{self, ManagerOptions};
+use kruise_rs::manager::ManagerOptions;
 use kruise_rs::webhook::FailurePolicy;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 
 use crate::sidecarset_upgrade::poll;
 use crate::support::webhook::{MANAGER_NAMESPACE, WEBHOOK_NAMESPACE_LABEL, webhook_options};
 use crate::support::{
-    ExtraControlPlane, client_for, free_loopback_port, test_controller_options, unique_name,
+    ExtraControlPlane, RunningManager, client_for, free_loopback_port, manager_options,
+    start_manager, test_controller_options, unique_name,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -115,11 +115,7 @@ async fn an_unreadable_sidecarset_is_skipped_and_admissions_list_no_revisions() 
     )
     .await;
 
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let opts = ManagerOptions {
-        kubeconfig: Some(plane.kubeconfig_path().to_owned()),
-        probe_addr: "127.0.0.1:0".parse().expect("address"),
         controllers: kruise_rs::controllers::ControllerOptions {
             namespace: MANAGER_NAMESPACE.to_owned(),
             // The controllers watch every SidecarSet too, the unreadable one included.
@@ -127,21 +123,9 @@ async fn an_unreadable_sidecarset_is_skipped_and_admissions_list_no_revisions() 
             ..test_controller_options()
         },
         webhook: Some(webhook_options(free_loopback_port(), FailurePolicy::Fail)),
-        leader_election: None,
-        streaming_lists: Default::default(),
-        kube_api_rate: None,
+        ..manager_options(plane.kubeconfig_path())
     };
-    let manager = tokio::spawn(manager::run(
-        opts,
-        async move {
-            let _ = stop_rx.await;
-        },
-        Some(ready_tx),
-    ));
-    tokio::time::timeout(TIMEOUT, ready_rx)
-        .await
-        .expect("the manager becomes ready beside an unreadable SidecarSet")
-        .expect("the manager reports ready");
+    let manager = start_manager(opts, TIMEOUT, "beside an unreadable SidecarSet").await;
 
     let ns = unique_name("avail");
     crate::harness::objects::create_namespace(&client, &ns, &[(WEBHOOK_NAMESPACE_LABEL, "true")])
@@ -237,8 +221,8 @@ async fn an_unreadable_sidecarset_is_skipped_and_admissions_list_no_revisions() 
         "only the readable SidecarSet is injected"
     );
 
-    let _ = stop_tx.send(());
-    let stopped = tokio::time::timeout(TIMEOUT, manager)
+    let _ = manager.stop.send(());
+    let stopped = tokio::time::timeout(TIMEOUT, manager.task)
         .await
         .expect("the manager stops")
         .expect("join");
@@ -341,53 +325,27 @@ impl Drop for ServiceProxy {
     }
 }
 
-/// A manager replica with webhooks, reached through `service`; stops when `stop` is sent.
-struct Replica {
-    probe_addr: std::net::SocketAddr,
-    stop: oneshot::Sender<()>,
-    running: tokio::task::JoinHandle<Result<(), kruise_rs::manager::ManagerError>>,
-}
-
+/// A manager replica with webhooks, reached through `service`.
 async fn start_replica(
     plane: &ExtraControlPlane,
     webhook_addr: std::net::SocketAddr,
     probe_addr: std::net::SocketAddr,
     service: std::net::SocketAddr,
     grace: Duration,
-) -> Replica {
+) -> RunningManager {
     let mut webhook = webhook_options(webhook_addr, FailurePolicy::Fail);
     webhook.endpoint = kruise_rs::webhook::Endpoint::Url(format!("https://{service}"));
     webhook.shutdown_grace = grace;
     let opts = ManagerOptions {
-        kubeconfig: Some(plane.kubeconfig_path().to_owned()),
         probe_addr,
         controllers: kruise_rs::controllers::ControllerOptions {
             namespace: MANAGER_NAMESPACE.to_owned(),
             ..test_controller_options()
         },
         webhook: Some(webhook),
-        leader_election: None,
-        streaming_lists: Default::default(),
-        kube_api_rate: None,
+        ..manager_options(plane.kubeconfig_path())
     };
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let (stop, stopping) = oneshot::channel::<()>();
-    let running = tokio::spawn(manager::run(
-        opts,
-        async move {
-            let _ = stopping.await;
-        },
-        Some(ready_tx),
-    ));
-    let probe_addr = tokio::time::timeout(TIMEOUT, ready_rx)
-        .await
-        .expect("the replica becomes ready")
-        .expect("the replica reports ready");
-    Replica {
-        probe_addr,
-        stop,
-        running,
-    }
+    start_manager(opts, TIMEOUT, "a replica").await
 }
 
 /// Issue 20: a replica told to stop (what SIGTERM does: `main` resolves the manager's shutdown
@@ -475,7 +433,7 @@ async fn pods_created_while_a_replica_stops_are_all_admitted() {
     // Requests may reach A until the Service has dropped it: A still answers then.
     service.wait_dropped(webhook_a).await;
     let served_until_dropped = std::net::TcpStream::connect(webhook_a).is_ok();
-    let stopped = tokio::time::timeout(TIMEOUT, a.running).await;
+    let stopped = tokio::time::timeout(TIMEOUT, a.task).await;
     let took = stopping.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
     creating.store(false, std::sync::atomic::Ordering::Relaxed);
@@ -487,7 +445,7 @@ async fn pods_created_while_a_replica_stops_are_all_admitted() {
     }
     // Everything is stopped before asserting.
     let _ = b.stop.send(());
-    let _ = tokio::time::timeout(TIMEOUT, b.running).await;
+    let _ = tokio::time::timeout(TIMEOUT, b.task).await;
     drop(service);
     assert!(
         matches!(stopped, Ok(Ok(Ok(())))),

@@ -15,17 +15,17 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kruise_rs::apis::sidecarset::SidecarSet;
-use kruise_rs::manager::{self, ManagerOptions};
+use kruise_rs::manager::ManagerOptions;
 use kruise_rs::webhook::FailurePolicy;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 
 use crate::sidecarset_upgrade::poll;
 use crate::support::webhook::{MANAGER_NAMESPACE, WEBHOOK_NAMESPACE_LABEL, webhook_options};
 use crate::support::{
-    ExtraControlPlane, client_for, free_loopback_port, run_with_stdin, test_controller_options,
+    ExtraControlPlane, client_for, free_loopback_port, manager_options, run_with_stdin,
+    start_manager, test_controller_options,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -81,32 +81,16 @@ async fn a_pod_is_admitted_without_a_sidecarset_using_an_unsupported_feature() {
         sets.create(&create, &set).await.expect("created");
     }
 
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let opts = ManagerOptions {
-        kubeconfig: Some(plane.kubeconfig_path().to_owned()),
-        probe_addr: "127.0.0.1:0".parse().expect("address"),
         controllers: kruise_rs::controllers::ControllerOptions {
             namespace: MANAGER_NAMESPACE.to_owned(),
             label_selector: None,
             ..test_controller_options()
         },
         webhook: Some(webhook_options(free_loopback_port(), FailurePolicy::Fail)),
-        leader_election: None,
-        streaming_lists: Default::default(),
-        kube_api_rate: None,
+        ..manager_options(plane.kubeconfig_path())
     };
-    let manager = tokio::spawn(manager::run(
-        opts,
-        async move {
-            let _ = stop_rx.await;
-        },
-        Some(ready_tx),
-    ));
-    tokio::time::timeout(TIMEOUT, ready_rx)
-        .await
-        .expect("the manager becomes ready")
-        .expect("the manager becomes ready");
+    let manager = start_manager(opts, TIMEOUT, "beside an unsupported SidecarSet").await;
 
     let ns = "unsupported";
     crate::harness::objects::create_namespace(&client, ns, &[(WEBHOOK_NAMESPACE_LABEL, "true")])
@@ -252,8 +236,8 @@ async fn a_pod_is_admitted_without_a_sidecarset_using_an_unsupported_feature() {
         "{message}"
     );
 
-    let _ = stop_tx.send(());
-    let stopped = tokio::time::timeout(TIMEOUT, manager).await;
+    let _ = manager.stop.send(());
+    let stopped = tokio::time::timeout(TIMEOUT, manager.task).await;
     assert!(
         matches!(stopped, Ok(Ok(Ok(())))),
         "the manager stops cleanly: {stopped:?}"

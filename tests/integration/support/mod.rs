@@ -29,7 +29,9 @@ use serde::Deserialize;
 
 pub mod cri_proxy;
 pub mod daemon;
+pub mod in_process_manager;
 pub use crate::harness::shared::{seed_from_env, unique_name, wait_for};
+pub use in_process_manager::{RunningManager, manager_options, start_manager};
 pub mod kubelet;
 pub mod node;
 pub mod scrape;

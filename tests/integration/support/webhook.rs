@@ -87,16 +87,12 @@ fn start() -> Result<WebhookCluster, String> {
             runtime.block_on(async move {
                 let (on_ready, ready) = tokio::sync::oneshot::channel();
                 let opts = ManagerOptions {
-                    kubeconfig: Some(kubeconfig),
-                    probe_addr: "127.0.0.1:0".parse().expect("address"),
                     controllers: kruise_rs::controllers::ControllerOptions {
                         namespace: MANAGER_NAMESPACE.to_owned(),
                         ..test_controller_options()
                     },
                     webhook: Some(webhook_options(addr, FailurePolicy::Fail)),
-                    leader_election: None,
-                    streaming_lists: Default::default(),
-                    kube_api_rate: None,
+                    ..super::manager_options(&kubeconfig)
                 };
                 let run = manager::run(opts, std::future::pending(), Some(on_ready));
                 tokio::pin!(run);
