@@ -32,8 +32,8 @@ type Ask = (String, String, String, i64);
 
 /// Watches NodeImages and reports each (image, tag, version) the spec asks for, and the status
 /// has not finished, as `Succeeded` with a completion time, once. The write keeps the image's
-/// other tags (a merge patch replaces the whole list, so it carries them, guarded by the
-/// resourceVersion it read); a write that fails (a conflict, an apiserver restarting, a fault
+/// other tags the spec still asks for, and drops the rest, as a daemon does (a merge patch
+/// replaces the whole list, so it carries them, guarded by the resourceVersion it read); a write that fails (a conflict, an apiserver restarting, a fault
 /// injected) is read again and retried every 250 ms until it lands or the NodeImage is gone, so
 /// no ask is dropped. Runs until the handle is aborted.
 pub fn play_node_image_daemons(client: Client, how: PlayedDaemons) -> tokio::task::JoinHandle<()> {
@@ -99,7 +99,9 @@ async fn answer(api: Api<NodeImage>, ask: Ask, mut seen: NodeImage, delay: Durat
             .and_then(|s| s.image_statuses.get(&image))
             .map(|i| i.tags.clone())
             .unwrap_or_default();
-        tags.retain(|t| t.tag != tag);
+        // A daemon reports the tags the spec asks for, no others.
+        let asked = seen.spec.images.get(&image).map(|i| &i.tags);
+        tags.retain(|t| t.tag != tag && asked.is_some_and(|a| a.iter().any(|s| s.tag == t.tag)));
         let mut done = ImageTagStatus::new(tag.clone(), ImagePullPhase::Succeeded);
         done.version = Some(version);
         done.progress = Some(100);
