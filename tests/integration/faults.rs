@@ -41,8 +41,9 @@ use crate::harness::fault_proxy::{
 use crate::harness::objects::create_namespace;
 use crate::harness::played_daemon::{PlayedDaemons, play_node_image_daemons};
 use crate::sidecarset_crash::{InFlightRecord, track_in_flight};
+use crate::sidecarset_upgrade::start_injected_pods;
 use crate::sidecarset_upgrade::{
-    NEW_IMAGE, SIDECAR, admit_injected, base_pod, counts, counts_of, describe_set, one_sidecar_set,
+    NEW_IMAGE, SIDECAR, counts, counts_of, describe_set, one_sidecar_set,
 };
 use crate::support::kubelet::{self, BackgroundKubelet};
 use crate::support::seed_from_env;
@@ -585,17 +586,7 @@ async fn a_sidecarset_rollout_keeps_max_unavailable_and_finishes_through_faults_
     )
     .await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let (pods_ref, set_ref) = (&pods, &set);
-    let created: Vec<String> = stream::iter(0..ROLLOUT_PODS)
-        .map(|_| async move {
-            let pod = admit_injected(pods_ref, &base_pod("web"), &[set_ref]).await;
-            kubelet::start(pods_ref, &pod.name_any()).await;
-            pod.name_any()
-        })
-        .buffer_unordered(8)
-        .collect()
-        .await;
-    assert_eq!(created.len(), ROLLOUT_PODS);
+    start_injected_pods(&pods, "web", &set, ROLLOUT_PODS).await;
 
     let background_kubelet = BackgroundKubelet::spawn(pods.clone(), rig.rng.u64(..));
     let record = Arc::new(InFlightRecord::default());

@@ -15,16 +15,6 @@ use tokio::sync::oneshot;
 
 use crate::support::{self, ExtraControlPlane, KillOnDrop, free_loopback_port, http_get, wait_for};
 
-async fn control_plane_with_crds() -> ExtraControlPlane {
-    tokio::task::spawn_blocking(|| {
-        let plane = ExtraControlPlane::start();
-        plane.install_crds();
-        plane
-    })
-    .await
-    .expect("join")
-}
-
 async fn get(addr: SocketAddr, path: &'static str) -> (u16, String) {
     tokio::task::spawn_blocking(move || http_get(addr, path))
         .await
@@ -34,7 +24,7 @@ async fn get(addr: SocketAddr, path: &'static str) -> (u16, String) {
 
 #[tokio::test]
 async fn manager_becomes_ready_serves_probes_and_stops_on_request() {
-    let cluster = control_plane_with_crds().await;
+    let cluster = ExtraControlPlane::start_with_crds().await;
     let manager = support::start_manager(
         support::manager_options(cluster.kubeconfig_path()),
         Duration::from_secs(30),
@@ -92,7 +82,7 @@ async fn manager_refuses_to_start_without_crds_and_says_how_to_install_them() {
 
 #[tokio::test]
 async fn the_manager_binary_stops_cleanly_on_sigterm() {
-    let cluster = control_plane_with_crds().await;
+    let cluster = ExtraControlPlane::start_with_crds().await;
     let addr = free_loopback_port();
     let child = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
         .args([
@@ -145,7 +135,7 @@ async fn the_manager_binary_stops_cleanly_on_sigterm() {
 /// object's lines can be picked out of the manager's log.
 #[tokio::test]
 async fn json_log_lines_of_a_reconcile_name_the_object() {
-    let cluster = control_plane_with_crds().await;
+    let cluster = ExtraControlPlane::start_with_crds().await;
     let log = tempfile::NamedTempFile::new().expect("log file");
     let child = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
         .args(["--log-format", "json", "manager", "--leader-elect=false"])

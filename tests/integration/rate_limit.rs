@@ -9,19 +9,18 @@
 
 use std::time::Duration;
 
-use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
 use kruise_rs::controllers::{ControllerOptions, sidecarset};
 use kruise_rs::runtime::{self, RateLimit};
-use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::sidecarset_upgrade::start_injected_pods;
 use crate::sidecarset_upgrade::{
-    NEW_IMAGE, SIDECAR, admit_injected, base_pod, client, counts, counts_of, create_sidecarset,
-    describe_set, ensure_manager_namespace, get_set, one_sidecar_set, poll, update_spec,
+    NEW_IMAGE, SIDECAR, client, counts, counts_of, create_sidecarset, describe_set,
+    ensure_manager_namespace, get_set, one_sidecar_set, poll, update_spec,
 };
 use crate::support::kubelet::{self, BackgroundKubelet};
 use crate::support::webhook::{MANAGER_NAMESPACE, webhook_cluster};
@@ -34,7 +33,6 @@ const BURST: u32 = 10;
 const LABEL: &str = "kruise-rs-rate-limit-test";
 /// How long the rollout may take: its requests at 5 a second, with room for a slow machine.
 const FINISH_TIMEOUT: Duration = Duration::from_secs(180);
-const SETUP_CONCURRENCY: usize = 8;
 
 #[tokio::test]
 async fn a_sidecarset_rollout_completes_under_a_low_request_limit() {
@@ -55,17 +53,7 @@ async fn a_sidecarset_rollout_completes_under_a_low_request_limit() {
     spec["spec"]["updateStrategy"]["maxUnavailable"] = json!("100%");
     let set = create_sidecarset(&client, &spec).await;
 
-    let (pods_ref, set_ref, app_ref) = (&pods, &set, &app);
-    let created: Vec<String> = stream::iter(0..PODS)
-        .map(|_| async move {
-            let pod = admit_injected(pods_ref, &base_pod(app_ref), &[set_ref]).await;
-            kubelet::start(pods_ref, &pod.name_any()).await;
-            pod.name_any()
-        })
-        .buffer_unordered(SETUP_CONCURRENCY)
-        .collect()
-        .await;
-    assert_eq!(created.len(), PODS);
+    start_injected_pods(&pods, &app, &set, PODS).await;
     let background_kubelet = BackgroundKubelet::spawn(pods.clone(), fastrand::u64(..));
 
     spec["spec"]["containers"][0]["image"] = json!(NEW_IMAGE);
@@ -92,7 +80,8 @@ async fn a_sidecarset_rollout_completes_under_a_low_request_limit() {
         let _ = stopped.await;
     }));
 
-    let (client_ref, name_ref, kubelet_ref) = (&client, &name, &background_kubelet);
+    let (pods_ref, client_ref, name_ref, kubelet_ref) =
+        (&pods, &client, &name, &background_kubelet);
     let what = format!(
         "all {PODS} pods to run {NEW_IMAGE} and the status to count them, at {QPS} requests/s"
     );

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{StreamExt, stream};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kruise_rs::controllers::{ControllerOptions, sidecarset};
 use kube::api::{Api, ListParams};
@@ -28,10 +28,10 @@ use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::sidecarset_upgrade::start_injected_pods;
 use crate::sidecarset_upgrade::{
-    NEW_IMAGE, SIDECAR, admit_injected, base_pod, client, counts, counts_of, create_sidecarset,
-    describe_set, ensure_manager_namespace, get_set, one_sidecar_set, poll, spec_image,
-    update_spec,
+    NEW_IMAGE, SIDECAR, client, counts, counts_of, create_sidecarset, describe_set,
+    ensure_manager_namespace, get_set, one_sidecar_set, poll, spec_image, update_spec,
 };
 use crate::support::kubelet::{self, BackgroundKubelet};
 use crate::support::webhook::{MANAGER_NAMESPACE, webhook_cluster};
@@ -46,8 +46,6 @@ const SEED_VAR: &str = "KRUISE_CRASH_SEED";
 const FINISH_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a clean shutdown may take.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
-/// Pods created or started at once while setting up.
-const SETUP_CONCURRENCY: usize = 8;
 
 /// Whether the pod is in flight: its sidecar's spec image is the new one, but the kubelet does
 /// not report the pod ready with the new image running yet.
@@ -183,17 +181,7 @@ async fn a_crashing_controller_keeps_max_unavailable_and_finishes_the_rollout() 
     spec["spec"]["updateStrategy"]["maxUnavailable"] = json!(MAX_UNAVAILABLE);
     let set = create_sidecarset(&client, &spec).await;
 
-    let (pods_ref, set_ref, app_ref) = (&pods, &set, &app);
-    let created: Vec<String> = stream::iter(0..PODS)
-        .map(|_| async move {
-            let pod = admit_injected(pods_ref, &base_pod(app_ref), &[set_ref]).await;
-            kubelet::start(pods_ref, &pod.name_any()).await;
-            pod.name_any()
-        })
-        .buffer_unordered(SETUP_CONCURRENCY)
-        .collect()
-        .await;
-    assert_eq!(created.len(), PODS);
+    start_injected_pods(&pods, &app, &set, PODS).await;
 
     let background_kubelet = BackgroundKubelet::spawn(pods.clone(), rng.u64(..));
     let record = Arc::new(InFlightRecord::default());
@@ -240,7 +228,8 @@ async fn a_crashing_controller_keeps_max_unavailable_and_finishes_the_rollout() 
     }
 
     let generation = set.metadata.generation;
-    let (client_ref, name_ref, log_ref, kubelet_ref) = (&client, &name, &log, &background_kubelet);
+    let (pods_ref, client_ref, name_ref, log_ref, kubelet_ref) =
+        (&pods, &client, &name, &log, &background_kubelet);
     let what = format!(
         "seed {seed}: all {PODS} pods to run {NEW_IMAGE} and the status to count them updated and ready (runs: {log:?})"
     );

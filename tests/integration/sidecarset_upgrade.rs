@@ -214,6 +214,26 @@ fn container_names(pod: &Pod) -> Vec<String> {
         .collect()
 }
 
+/// Creates `count` pods of `app`, 8 at a time, each admitted with the current version of `set`
+/// (see [`admit_injected`]) and started by the played kubelet.
+pub(crate) async fn start_injected_pods(
+    pods: &Api<Pod>,
+    app: &str,
+    set: &SidecarSet,
+    count: usize,
+) {
+    use futures::StreamExt;
+    let started = futures::stream::iter(0..count)
+        .map(|_| async move {
+            let pod = admit_injected(pods, &base_pod(app), &[set]).await;
+            kubelet::start(pods, &pod.name_any()).await;
+        })
+        .buffer_unordered(8)
+        .count()
+        .await;
+    assert_eq!(started, count);
+}
+
 /// Creates a pod from `template` (with a `generateName`) until the admitted pod carries the
 /// current version of every SidecarSet in `sets`, deleting each one that does not: the
 /// webhook's cache may not show the latest SidecarSet write yet.

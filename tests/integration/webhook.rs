@@ -675,13 +675,7 @@ async fn patch_pod_metadata_defaults_allowed_admits_what_no_whitelist_rule_cover
     use kruise_rs::manager::ManagerOptions;
     use kube::config::{KubeConfigOptions, Kubeconfig};
 
-    let plane = tokio::task::spawn_blocking(|| {
-        let plane = crate::support::ExtraControlPlane::start();
-        plane.install_crds();
-        plane
-    })
-    .await
-    .expect("join");
+    let plane = crate::support::ExtraControlPlane::start_with_crds().await;
     let addr = crate::harness::process::free_loopback_port().expect("a loopback port");
     let mut webhook = webhook_options(addr, FailurePolicy::Fail);
     webhook.patch_pod_metadata_defaults_allowed = true;

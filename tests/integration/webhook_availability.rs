@@ -62,6 +62,28 @@ fn web_pod(app: &str) -> Value {
     })
 }
 
+/// Whether the webhook injected the `logger` sidecar these tests' SidecarSets carry.
+fn has_logger(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .is_some_and(|s| s.containers.iter().any(|c| c.name == "logger"))
+}
+
+/// Creates `body` until a pod comes back injected: the apiserver calls a webhook only once it
+/// has loaded the configuration the manager wrote.
+async fn wait_until_injected(pods: &Api<Pod>, body: &Pod, what: &str) {
+    poll(what, TIMEOUT, || async {
+        let pod = pods
+            .create(&PostParams::default(), body)
+            .await
+            .map_err(|e| e.to_string())?;
+        has_logger(&pod)
+            .then_some(())
+            .ok_or_else(|| "not injected yet".to_owned())
+    })
+    .await;
+}
+
 /// Issue 20: one SidecarSet the manager's type refuses (containers are schemaless in the CRD, so
 /// the apiserver stores it) used to fail the webhook's and the controller's whole SidecarSet
 /// list: never ready, every pod refused "webhook is starting". It is now reported on the object
@@ -70,13 +92,7 @@ fn web_pod(app: &str) -> Value {
 /// although a SidecarSet pins a revision (they are cached).
 #[tokio::test]
 async fn an_unreadable_sidecarset_is_skipped_and_admissions_list_no_revisions() {
-    let plane = tokio::task::spawn_blocking(|| {
-        let plane = ExtraControlPlane::start();
-        plane.install_crds();
-        plane
-    })
-    .await
-    .expect("join");
+    let plane = ExtraControlPlane::start_with_crds().await;
     let client = client_for(plane.kubeconfig_path()).await;
 
     // Written before the manager (and its webhooks) run: selects every pod, and its container's
@@ -355,13 +371,7 @@ async fn start_replica(
 /// replica: pods created in a loop meanwhile are all admitted, by the webhook, under `Fail`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_created_while_a_replica_stops_are_all_admitted() {
-    let plane = tokio::task::spawn_blocking(|| {
-        let plane = ExtraControlPlane::start();
-        plane.install_crds();
-        plane
-    })
-    .await
-    .expect("join");
+    let plane = ExtraControlPlane::start_with_crds().await;
     let client = client_for(plane.kubeconfig_path()).await;
     let app = unique_name("web");
     create_raw_sidecarset(
@@ -390,24 +400,7 @@ async fn pods_created_while_a_replica_stops_are_all_admitted() {
         .expect("namespace");
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);
     let body: Pod = serde_json::from_value(web_pod(&app)).expect("pod");
-    let injected = |pod: &Pod| {
-        pod.spec
-            .as_ref()
-            .is_some_and(|s| s.containers.iter().any(|c| c.name == "logger"))
-    };
-    poll("a pod injected through the proxy", TIMEOUT, || {
-        let (pods, body) = (pods.clone(), body.clone());
-        async move {
-            let pod = pods
-                .create(&PostParams::default(), &body)
-                .await
-                .map_err(|e| e.to_string())?;
-            injected(&pod)
-                .then_some(())
-                .ok_or_else(|| "not injected yet".to_owned())
-        }
-    })
-    .await;
+    wait_until_injected(&pods, &body, "a pod injected through the proxy").await;
 
     // Four loops creating pods, from before replica A is told to stop until after it has.
     let creating = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -418,7 +411,7 @@ async fn pods_created_while_a_replica_stops_are_all_admitted() {
                 let (mut admitted, mut failures) = (0u32, Vec::new());
                 while creating.load(std::sync::atomic::Ordering::Relaxed) {
                     match pods.create(&PostParams::default(), &body).await {
-                        Ok(pod) if injected(&pod) => admitted += 1,
+                        Ok(pod) if has_logger(&pod) => admitted += 1,
                         Ok(pod) => failures.push(format!("{} not injected", pod.name_any())),
                         Err(e) => failures.push(e.to_string()),
                     }
@@ -567,24 +560,7 @@ async fn pod_admission_latency_is_far_below_the_webhook_timeout() {
     .await;
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);
     let body: Pod = serde_json::from_value(web_pod(&app)).expect("pod");
-    let injected = |pod: &Pod| {
-        pod.spec
-            .as_ref()
-            .is_some_and(|s| s.containers.iter().any(|c| c.name == "logger"))
-    };
-    poll("a pod injected", TIMEOUT, || {
-        let (pods, body) = (pods.clone(), body.clone());
-        async move {
-            let pod = pods
-                .create(&PostParams::default(), &body)
-                .await
-                .map_err(|e| e.to_string())?;
-            injected(&pod)
-                .then_some(())
-                .ok_or_else(|| "not injected yet".to_owned())
-        }
-    })
-    .await;
+    wait_until_injected(&pods, &body, "a pod injected").await;
     let mut took = Vec::new();
     for _ in 0..300 {
         let start = std::time::Instant::now();
@@ -593,7 +569,7 @@ async fn pod_admission_latency_is_far_below_the_webhook_timeout() {
             .await
             .expect("admitted");
         took.push(start.elapsed());
-        assert!(injected(&pod));
+        assert!(has_logger(&pod));
     }
     took.sort();
     let at = |q: f64| took[((took.len() as f64 * q) as usize).min(took.len() - 1)];

@@ -60,13 +60,7 @@ fn pod(app: &str) -> Value {
 
 #[tokio::test]
 async fn a_pod_is_admitted_without_a_sidecarset_using_an_unsupported_feature() {
-    let plane = tokio::task::spawn_blocking(|| {
-        let plane = ExtraControlPlane::start();
-        plane.install_crds();
-        plane
-    })
-    .await
-    .expect("join");
+    let plane = ExtraControlPlane::start_with_crds().await;
     let client = client_for(plane.kubeconfig_path()).await;
 
     // Left by upstream: created before kruise-rs's webhooks exist.

@@ -419,6 +419,17 @@ impl ExtraControlPlane {
         Self::start_with_apiserver_args(None)
     }
 
+    /// Starts one and installs `crds/`, on a blocking thread (the start script takes seconds).
+    pub async fn start_with_crds() -> Self {
+        tokio::task::spawn_blocking(|| {
+            let plane = Self::start();
+            plane.install_crds();
+            plane
+        })
+        .await
+        .expect("join")
+    }
+
     /// Starts one whose kube-apiserver gets `args` on top of start.sh's (through
     /// `KRUISE_RS_APISERVER_ARGS`, replacing what the suite's environment set there), e.g.
     /// `--feature-gates=WatchList=false`.
