@@ -17,7 +17,7 @@ use crate::sidecarset_upgrade::poll;
 use crate::support::webhook::{MANAGER_NAMESPACE, WEBHOOK_NAMESPACE_LABEL, webhook_options};
 use crate::support::{
     ExtraControlPlane, RunningManager, client_for, free_loopback_port, manager_options,
-    start_manager, test_controller_options, unique_name,
+    start_manager, test_controller_options, unique_name, wait_for_event,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -191,39 +191,10 @@ async fn an_unreadable_sidecarset_is_skipped_and_admissions_list_no_revisions() 
 
     // The unreadable SidecarSet is named in a Warning event on it.
     let events = Api::<Event>::all(client.clone());
-    poll(
-        "a Warning event on the unreadable SidecarSet",
-        TIMEOUT,
-        || {
-            let events = events.clone();
-            async move {
-                let list = events
-                    .list(&Default::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                list.items
-                    .iter()
-                    .find(|e| {
-                        e.reason.as_deref() == Some("Unreadable")
-                            && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                                == Some("unreadable")
-                    })
-                    .map(|e| {
-                        assert_eq!(e.type_.as_deref(), Some("Warning"));
-                        assert!(
-                            e.note
-                                .as_deref()
-                                .unwrap_or_default()
-                                .contains("cannot read this SidecarSet"),
-                            "{:?}",
-                            e.note
-                        );
-                    })
-                    .ok_or_else(|| format!("{} events, none about it", list.items.len()))
-            }
-        },
-    )
-    .await;
+    let event = wait_for_event(&events, "Unreadable", "unreadable", TIMEOUT).await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let note = event.note.unwrap_or_default();
+    assert!(note.contains("cannot read this SidecarSet"), "{note}");
     assert!(
         pods.list(&Default::default())
             .await

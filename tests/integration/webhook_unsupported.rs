@@ -25,7 +25,7 @@ use crate::sidecarset_upgrade::poll;
 use crate::support::webhook::{MANAGER_NAMESPACE, WEBHOOK_NAMESPACE_LABEL, webhook_options};
 use crate::support::{
     ExtraControlPlane, client_for, free_loopback_port, manager_options, run_with_stdin,
-    start_manager, test_controller_options,
+    start_manager, test_controller_options, wait_for_event,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -157,28 +157,11 @@ async fn a_pod_is_admitted_without_a_sidecarset_using_an_unsupported_feature() {
 
     // 2. A Warning event on the SidecarSet (cluster-scoped: in `default`) naming the pod.
     let events = Api::<Event>::namespaced(client.clone(), "default");
-    let note = poll(
-        "the UnsupportedFeature event on SidecarSet hot",
-        TIMEOUT,
-        || {
-            let events = events.clone();
-            async move {
-                let list = events
-                    .list(&Default::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                list.items
-                    .into_iter()
-                    .find(|e| {
-                        e.reason.as_deref() == Some("UnsupportedFeature")
-                            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("hot")
-                    })
-                    .map(|e| (e.type_.unwrap_or_default(), e.note.unwrap_or_default()))
-                    .ok_or_else(|| "no such event yet".to_owned())
-            }
-        },
-    )
-    .await;
+    let event = wait_for_event(&events, "UnsupportedFeature", "hot", TIMEOUT).await;
+    let note = (
+        event.type_.unwrap_or_default(),
+        event.note.unwrap_or_default(),
+    );
     assert_eq!(note.0, "Warning");
     assert!(note.1.contains(&format!("pod {ns}/web-*")), "{}", note.1);
     assert!(note.1.contains("HotUpgrade"), "{}", note.1);

@@ -456,6 +456,29 @@ impl ExtraControlPlane {
     }
 }
 
+/// Polls `events` (events.k8s.io) until one with `reason` is about an object named `name`, and
+/// returns it.
+pub async fn wait_for_event(
+    events: &Api<k8s_openapi::api::events::v1::Event>,
+    reason: &str,
+    name: &str,
+    timeout: Duration,
+) -> k8s_openapi::api::events::v1::Event {
+    wait_for(&format!("event {reason} about {name}"), timeout, || async {
+        events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            })
+    })
+    .await
+}
+
 /// A minimal HTTP/1.1 GET against a loopback server: status code and body.
 pub fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     use std::io::{Read, Write};
