@@ -43,7 +43,7 @@ use crate::harness::played_daemon::{PlayedDaemons, play_node_image_daemons};
 use crate::sidecarset_crash::{InFlightRecord, track_in_flight};
 use crate::sidecarset_upgrade::start_injected_pods;
 use crate::sidecarset_upgrade::{
-    NEW_IMAGE, SIDECAR, counts, counts_of, describe_set, one_sidecar_set,
+    NEW_IMAGE, SIDECAR, counts, counts_of, describe_set, one_sidecar_set, spec_image,
 };
 use crate::support::kubelet::{self, BackgroundKubelet};
 use crate::support::seed_from_env;
@@ -327,14 +327,21 @@ impl Rig {
         }
     }
 
-    /// Faults on; the manager killed `kills` times, a kill every 2–4 s (each new process first
-    /// waits out the killed one's 3 s Lease); the apiserver restarted after a third of the kills,
-    /// etcd after two thirds; then calm, the manager running. Returns what the proxy injected.
+    /// Faults on; the manager killed `kills` times, most kills 2–4 s apart (each new process
+    /// first waits out the killed one's 3 s Lease), every third 6–10 s after the one before, so
+    /// that a process leads long enough to act while the faults go on; the apiserver restarted
+    /// after a third of the kills, etcd after two thirds; then calm, the manager running.
+    /// Returns what the proxy injected.
     async fn faults_and_kills(&mut self, kills: usize, budget: u64) -> Injected {
         self.proxy.set(Faults::everything(), budget);
         for kill in 1..=kills {
             // A random moment to strike, not a wait for something to happen.
-            tokio::time::sleep(Duration::from_millis(self.rng.u64(2000..4000))).await;
+            let apart = if kill % 3 == 0 {
+                6000..10_000
+            } else {
+                2000..4000
+            };
+            tokio::time::sleep(Duration::from_millis(self.rng.u64(apart))).await;
             self.manager.kill();
             if kill == kills / 3 {
                 restart(self.plane.state_dir(), &self.client, "kube-apiserver").await;
@@ -470,6 +477,11 @@ async fn an_image_pull_job_keeps_parallelism_and_completes_through_faults_restar
         rig.started.elapsed(),
         describe(&injected)
     );
+    assert!(
+        written > 0,
+        "seed {seed}: no node started while the faults went on: parallelism was not tested \
+         under them"
+    );
 
     let deadline = Instant::now() + FINISH_TIMEOUT;
     let status = loop {
@@ -602,18 +614,25 @@ async fn a_sidecarset_rollout_keeps_max_unavailable_and_finishes_through_faults_
 
     let injected = rig.faults_and_kills(scale.kills, scale.faults).await;
     let faults_over = Instant::now();
-    eprintln!(
-        "faults: over after {:.0?}, {} pods on {NEW_IMAGE}: {}",
-        rig.started.elapsed(),
-        pods.list(&ListParams::default())
-            .await
-            .map(|l| l
-                .items
+    let updated = pods
+        .list(&ListParams::default())
+        .await
+        .map(|l| {
+            l.items
                 .iter()
-                .filter(|p| kubelet::runs(p, SIDECAR, NEW_IMAGE))
-                .count())
-            .unwrap_or(0),
+                .filter(|p| spec_image(p, SIDECAR) == NEW_IMAGE)
+                .count()
+        })
+        .unwrap_or(0);
+    eprintln!(
+        "faults: over after {:.0?}, {updated} pods updated to {NEW_IMAGE}: {}",
+        rig.started.elapsed(),
         describe(&injected)
+    );
+    assert!(
+        updated > 0,
+        "seed {seed}: no pod was updated while the faults went on: maxUnavailable was not \
+         tested under them"
     );
 
     let deadline = Instant::now() + FINISH_TIMEOUT;
