@@ -1,7 +1,8 @@
 //! The manager under an hour of churn, against a real kube-apiserver on loopback: does its memory
 //! or its count of open files grow with time?
 //!
-//! `cargo bench --bench soak` (env `SOAK_MINUTES`, default 60; `NODES` 20; `PODS` 120):
+//! `cargo bench --bench soak` (env `SOAK_MINUTES`, default 60; `NODES` 20; `PODS` 120;
+//! `MANAGER_WRAPPER`, e.g. `heaptrack`, runs the manager under it):
 //! 1. starts a local control plane and `kruise-rs manager` (release build, webhooks on, leader
 //!    election on) as a child process; NODES Ready Nodes, whose NodeImages it creates;
 //! 2. a SidecarSet (maxUnavailable 5) selects the pods this bench creates; the bench plays the
@@ -213,8 +214,19 @@ async fn soak(minutes: usize, nodes: usize, pods_wanted: usize) -> Result<()> {
 
     let webhook = free_loopback_port()?;
     let log = tempfile::NamedTempFile::new()?;
+    // `MANAGER_WRAPPER=heaptrack` (any command taking the program as its first argument) runs
+    // the manager under a profiler, to see what a growth is made of; the RSS and descriptor
+    // figures are then the wrapper's process's.
+    let mut command = match std::env::var("MANAGER_WRAPPER").ok().filter(|w| !w.is_empty()) {
+        Some(wrapper) => {
+            let mut c = Command::new(wrapper);
+            c.arg(env!("CARGO_BIN_EXE_kruise-rs"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_kruise-rs")),
+    };
     let manager = ChildGuard::spawn(
-        Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
+        command
             .arg("manager")
             .arg("--kubeconfig")
             .arg(cp.kubeconfig())
@@ -253,8 +265,13 @@ async fn soak(minutes: usize, nodes: usize, pods_wanted: usize) -> Result<()> {
 
     let start = Instant::now();
     let end = start + Duration::from_secs(60 * minutes as u64);
-    let (mut next_rollout, mut next_job, mut next_report) =
-        (start + ROLLOUT_EVERY, start, start + REPORT_EVERY);
+    // Jobs at 25 s, 55 s, ...: each report (every 60 s) falls 5 s after a job was created,
+    // while its tags are in the NodeImages, instead of the moment before the manager adds them.
+    let (mut next_rollout, mut next_job, mut next_report) = (
+        start + ROLLOUT_EVERY,
+        start + Duration::from_secs(25),
+        start + REPORT_EVERY,
+    );
     let (mut jobs_created, mut created, mut deleted, mut refused) =
         (0usize, 0usize, 0usize, 0usize);
     let mut samples = Vec::new();
@@ -266,7 +283,15 @@ async fn soak(minutes: usize, nodes: usize, pods_wanted: usize) -> Result<()> {
         for _ in 0..CHURN {
             match create_injected(&pods).await {
                 Ok(true) => created += 1,
-                _ => refused += 1,
+                // Each one said with its time, to tell a start-up race from a failure.
+                Ok(false) => {
+                    refused += 1;
+                    eprintln!("{:.0?}: a pod admitted without its sidecar", start.elapsed());
+                }
+                Err(e) => {
+                    refused += 1;
+                    eprintln!("{:.0?}: a pod refused: {e}", start.elapsed());
+                }
             }
         }
         let mut existing = pods.list(&ListParams::default()).await?.items;
