@@ -217,7 +217,10 @@ async fn soak(minutes: usize, nodes: usize, pods_wanted: usize) -> Result<()> {
     // `MANAGER_WRAPPER=heaptrack` (any command taking the program as its first argument) runs
     // the manager under a profiler, to see what a growth is made of; the RSS and descriptor
     // figures are then the wrapper's process's.
-    let mut command = match std::env::var("MANAGER_WRAPPER").ok().filter(|w| !w.is_empty()) {
+    let mut command = match std::env::var("MANAGER_WRAPPER")
+        .ok()
+        .filter(|w| !w.is_empty())
+    {
         Some(wrapper) => {
             let mut c = Command::new(wrapper);
             c.arg(env!("CARGO_BIN_EXE_kruise-rs"));
@@ -286,7 +289,10 @@ async fn soak(minutes: usize, nodes: usize, pods_wanted: usize) -> Result<()> {
                 // Each one said with its time, to tell a start-up race from a failure.
                 Ok(false) => {
                     refused += 1;
-                    eprintln!("{:.0?}: a pod admitted without its sidecar", start.elapsed());
+                    eprintln!(
+                        "{:.0?}: a pod admitted without its sidecar",
+                        start.elapsed()
+                    );
                 }
                 Err(e) => {
                     refused += 1;
