@@ -1,12 +1,12 @@
 //! What every test binary uses (tests/integration through the harness, tests/e2e including this
-//! file alone with `#[path]`): unique object names, replayable seeds, and polling with a
-//! deadline instead of sleeping.
+//! file alone with `#[path]`): unique object names, and polling with a deadline instead of
+//! sleeping.
 
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 /// A name unique to this process run, `prefix-<suffix>`, valid as a DNS-1123 label (and so as
 /// a namespace or most cluster-scoped object names): lowercase alphanumerics and '-', at most
@@ -35,20 +35,6 @@ pub fn unique_name(prefix: &str) -> String {
         suffix
     } else {
         format!("{clean}-{suffix}")
-    }
-}
-
-/// The seed of a randomized test: the u64 in the environment variable `var` when set (to replay
-/// a printed run), else one from the clock. Panics on a value that is not a u64.
-pub fn seed_from_env(var: &str) -> u64 {
-    match std::env::var(var) {
-        Ok(text) => text
-            .parse()
-            .unwrap_or_else(|e| panic!("{var}={text:?} is not a u64: {e}")),
-        Err(_) => SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("after 1970")
-            .as_nanos() as u64,
     }
 }
 

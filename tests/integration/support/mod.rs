@@ -30,7 +30,7 @@ use serde::Deserialize;
 pub mod cri_proxy;
 pub mod daemon;
 pub mod in_process_manager;
-pub use crate::harness::shared::{seed_from_env, unique_name, wait_for};
+pub use crate::harness::shared::{unique_name, wait_for};
 pub use in_process_manager::{RunningManager, manager_options, start_manager};
 pub mod kubelet;
 pub mod node;
@@ -66,6 +66,20 @@ pub const TEST_RESPONSE_TIMEOUT: Duration = Duration::from_secs(8);
 /// for them carry it (any value; tests use a unique one). Objects other tests make for other
 /// purposes (a NodeImage read back field by field, a job with no selector) are left alone.
 pub const CONTROLLED_LABEL: &str = "kruise-rs-test";
+
+/// The seed of a randomized test: the u64 in the environment variable `var` when set (to replay
+/// a printed run), else one from the clock. Panics on a value that is not a u64.
+pub fn seed_from_env(var: &str) -> u64 {
+    match std::env::var(var) {
+        Ok(text) => text
+            .parse()
+            .unwrap_or_else(|e| panic!("{var}={text:?} is not a u64: {e}")),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_nanos() as u64,
+    }
+}
 
 /// The controller settings every integration test runs with.
 pub fn test_controller_options() -> kruise_rs::controllers::ControllerOptions {
