@@ -33,9 +33,10 @@ type Ask = (String, String, String, i64);
 /// Watches NodeImages and reports each (image, tag, version) the spec asks for, and the status
 /// has not finished, as `Succeeded` with a completion time, once. The write keeps the image's
 /// other tags the spec still asks for, and drops the rest, as a daemon does (a merge patch
-/// replaces the whole list, so it carries them, guarded by the resourceVersion it read); a write that fails (a conflict, an apiserver restarting, a fault
-/// injected) is read again and retried every 250 ms until it lands or the NodeImage is gone, so
-/// no ask is dropped. Runs until the handle is aborted.
+/// replaces the whole list, so it carries them, guarded by the resourceVersion it read). A
+/// write that fails (a conflict, an apiserver restarting, a fault injected) is read again and
+/// retried every 250 ms until it lands or the NodeImage is gone, so no ask is dropped. Runs
+/// until the handle is aborted.
 pub fn play_node_image_daemons(client: Client, how: PlayedDaemons) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let api: Api<NodeImage> = Api::all(client);
