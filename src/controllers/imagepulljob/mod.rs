@@ -142,9 +142,8 @@ impl Context {
         };
     }
 
-    fn remember(&self, mut written: NodeImage) {
-        // A patch response carries managedFields, by far the largest part of a NodeImage here.
-        written.managed_fields_mut().clear();
+    fn remember(&self, written: NodeImage) {
+        // Parsed without managedFields already (`update_images`).
         let mut map = self.written.lock().unwrap_or_else(|e| e.into_inner());
         map.insert(written.name_any(), Arc::new(written));
     }

@@ -174,16 +174,15 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
                 extra_ttl,
             )
         })
-        .await;
+        .await
+        // Kept at once, not after the loop: a fan-out writes thousands of nodes here.
+        .map(|written| written.map(|written| ctx.remember(written)));
         results.push((node, result));
     }
     let mut first_error = None;
     for (node, result) in results {
         match result {
-            Ok(written) => {
-                if let Some(written) = written {
-                    ctx.remember(written);
-                }
+            Ok(_) => {
                 if let Some(t) = targets
                     .iter_mut()
                     .find(|t| t.node == node && t.state == NodeState::NotSynced)

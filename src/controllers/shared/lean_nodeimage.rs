@@ -1,0 +1,193 @@
+//! NodeImages parsed without their managedFields.
+//!
+//! A NodeImage's managedFields are most of its JSON once jobs have written it (one entry per
+//! writer, each a tree of field paths), and k8s-openapi parses them into `serde_json::Value`
+//! maps. Every watch event and every patch response carries them, and nothing here reads them:
+//! [`LeanNodeImage`] parses a NodeImage with serde skipping them unbuilt, and is what the
+//! manager watches and patches NodeImages as. The rest of the metadata is kept whole.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::Api;
+use kube::runtime::watcher;
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::apis::nodeimage::{NodeImage, NodeImageSpec, NodeImageStatus};
+
+/// A NodeImage as read from the apiserver, managedFields left unparsed. Serializes as the
+/// NodeImage it holds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct LeanNodeImage(pub NodeImage);
+
+impl From<LeanNodeImage> for NodeImage {
+    fn from(lean: LeanNodeImage) -> Self {
+        lean.0
+    }
+}
+
+/// Every `ObjectMeta` field but `managedFields`, which serde skips without building.
+#[derive(Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct MetadataWithoutManagedFields {
+    annotations: Option<BTreeMap<String, String>>,
+    creation_timestamp: Option<Time>,
+    deletion_grace_period_seconds: Option<i64>,
+    deletion_timestamp: Option<Time>,
+    finalizers: Option<Vec<String>>,
+    generate_name: Option<String>,
+    generation: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+    name: Option<String>,
+    namespace: Option<String>,
+    owner_references: Option<Vec<OwnerReference>>,
+    resource_version: Option<String>,
+    self_link: Option<String>,
+    uid: Option<String>,
+}
+
+impl From<MetadataWithoutManagedFields> for ObjectMeta {
+    fn from(m: MetadataWithoutManagedFields) -> Self {
+        ObjectMeta {
+            annotations: m.annotations,
+            creation_timestamp: m.creation_timestamp,
+            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+            deletion_timestamp: m.deletion_timestamp,
+            finalizers: m.finalizers,
+            generate_name: m.generate_name,
+            generation: m.generation,
+            labels: m.labels,
+            managed_fields: None,
+            name: m.name,
+            namespace: m.namespace,
+            owner_references: m.owner_references,
+            resource_version: m.resource_version,
+            self_link: m.self_link,
+            uid: m.uid,
+        }
+    }
+}
+
+/// The NodeImage fields, as on the wire (apiVersion and kind are implied by the type).
+#[derive(Deserialize)]
+struct Wire {
+    #[serde(default)]
+    metadata: Option<MetadataWithoutManagedFields>,
+    #[serde(default)]
+    spec: NodeImageSpec,
+    #[serde(default)]
+    status: Option<NodeImageStatus>,
+}
+
+impl<'de> Deserialize<'de> for LeanNodeImage {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let wire = Wire::deserialize(d)?;
+        let mut nodeimage = NodeImage::new("", wire.spec);
+        nodeimage.metadata = wire.metadata.unwrap_or_default().into();
+        nodeimage.status = wire.status;
+        Ok(LeanNodeImage(nodeimage))
+    }
+}
+
+impl k8s_openapi::Resource for LeanNodeImage {
+    const API_VERSION: &'static str = "apps.kruise.io/v1beta1";
+    const GROUP: &'static str = "apps.kruise.io";
+    const KIND: &'static str = "NodeImage";
+    const VERSION: &'static str = "v1beta1";
+    const URL_PATH_SEGMENT: &'static str = "nodeimages";
+    type Scope = k8s_openapi::ClusterResourceScope;
+}
+
+impl k8s_openapi::Metadata for LeanNodeImage {
+    type Ty = ObjectMeta;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.0.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.0.metadata
+    }
+}
+
+/// The NodeImage API on `client`'s apiserver, every response parsed without managedFields.
+pub fn api(client: kube::Client) -> Api<LeanNodeImage> {
+    Api::all(client)
+}
+
+/// A watch event of [`LeanNodeImage`]s as one of `NodeImage`s.
+pub fn into_nodeimages(event: watcher::Event<LeanNodeImage>) -> watcher::Event<NodeImage> {
+    match event {
+        watcher::Event::Apply(ni) => watcher::Event::Apply(ni.0),
+        watcher::Event::Delete(ni) => watcher::Event::Delete(ni.0),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(ni) => watcher::Event::InitApply(ni.0),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::Resource;
+    use serde_json::json;
+
+    use super::*;
+
+    fn stored() -> serde_json::Value {
+        json!({
+            "apiVersion": "apps.kruise.io/v1beta1",
+            "kind": "NodeImage",
+            "metadata": {
+                "name": "node-1",
+                "uid": "u-1",
+                "resourceVersion": "42",
+                "generation": 3,
+                "creationTimestamp": "2026-01-02T03:04:05Z",
+                "labels": {"kubernetes.io/hostname": "node-1", "topology.kubernetes.io/zone": "z1"},
+                "annotations": {"a": "b"},
+                "finalizers": ["f"],
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "node-1", "uid": "n-1"}],
+                "managedFields": [{
+                    "manager": "kruise-rs-imagepulljob", "operation": "Update",
+                    "apiVersion": "apps.kruise.io/v1beta1", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:spec": {"f:images": {"f:nginx": {".": {}, "f:tags": {}}}}}
+                }]
+            },
+            "spec": {"images": {"nginx": {"tags": [{"tag": "1.25", "version": 0}]}}},
+            "status": {"desired": 1, "pulling": 1}
+        })
+    }
+
+    #[test]
+    fn parses_all_of_a_nodeimage_but_its_managed_fields() {
+        let lean: LeanNodeImage = serde_json::from_value(stored()).unwrap();
+        let mut full: NodeImage = serde_json::from_value(stored()).unwrap();
+        assert!(full.metadata.managed_fields.is_some());
+        full.metadata.managed_fields = None;
+        assert_eq!(lean.0, full);
+    }
+
+    #[test]
+    fn an_object_without_metadata_spec_or_status_parses_empty() {
+        let lean: LeanNodeImage = serde_json::from_value(
+            json!({"apiVersion": "apps.kruise.io/v1beta1", "kind": "NodeImage"}),
+        )
+        .unwrap();
+        let mut empty = NodeImage::new("", NodeImageSpec::default());
+        empty.metadata = ObjectMeta::default();
+        assert_eq!(lean.0, empty);
+    }
+
+    #[test]
+    fn names_the_nodeimage_api() {
+        assert_eq!(LeanNodeImage::kind(&()), NodeImage::kind(&()));
+        assert_eq!(LeanNodeImage::api_version(&()), NodeImage::api_version(&()));
+        assert_eq!(LeanNodeImage::plural(&()), NodeImage::plural(&()));
+        assert_eq!(
+            serde_json::to_value(LeanNodeImage(NodeImage::new("n", NodeImageSpec::default())))
+                .unwrap(),
+            serde_json::to_value(NodeImage::new("n", NodeImageSpec::default())).unwrap()
+        );
+    }
+}
