@@ -182,22 +182,36 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
     let (Some(for_jobs), Some(for_sidecarsets)) = (feeds.pop(), feeds.pop()) else {
         return;
     };
+    // And one NodeImage watch and store for the NodeImage and ImagePullJob controllers.
+    let (drive_nodeimages, mut feeds) =
+        shared::lean_nodeimage::watch_nodeimages(client.clone(), opts.scoped_watch_config(), 2);
+    let (Some(nodeimages_for_jobs), Some(nodeimages_for_nodeimage)) = (feeds.pop(), feeds.pop())
+    else {
+        return;
+    };
+    let drive = futures::future::join(drive_pods, drive_nodeimages).map(|_| ());
     let controllers = shared::pod_feed::alongside(
-        drive_pods,
+        drive,
         // Boxed: each controller's future holds its watches and stores inline; unboxed, `run`'s
         // future was 54 KB in a debug build (15 KB boxed) and the manager's 159 KB (80 KB), and
         // a test awaiting the manager in place overflowed its 2 MiB thread stack.
         futures::future::join4(
-            Box::pin(nodeimage::run(client.clone(), opts.clone(), stopped())),
+            Box::pin(nodeimage::run_with_nodeimages(
+                client.clone(),
+                opts.clone(),
+                nodeimages_for_nodeimage,
+                stopped(),
+            )),
             Box::pin(imagelistpulljob::run(
                 client.clone(),
                 opts.clone(),
                 stopped(),
             )),
-            Box::pin(imagepulljob::run_with_pods(
+            Box::pin(imagepulljob::run_with_feeds(
                 client.clone(),
                 opts.clone(),
                 for_jobs,
+                nodeimages_for_jobs,
                 stopped(),
             )),
             Box::pin(sidecarset::run_with_pods(

@@ -2,7 +2,7 @@
 //! most `parallelism` nodes at a time and in target order, and sums the nodes' reports into the
 //! job's status.
 //!
-//! - `watch.rs`: the job, NodeImage and pod watches and what wakes which job;
+//! - `watch.rs`: the job watch, the shared NodeImage and pod feeds, and what wakes which job;
 //! - [`plan`]: the decisions of a reconcile, from plain values, built from
 //!   - [`targets`]: which nodes, in which order, and where each stands;
 //!   - [`entry`]: what a job writes into a NodeImage;
@@ -28,7 +28,7 @@ pub mod status;
 pub mod targets;
 mod watch;
 
-pub use self::watch::run_with_pods;
+pub use self::watch::run_with_feeds;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

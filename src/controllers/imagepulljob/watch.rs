@@ -20,6 +20,7 @@ use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
 use crate::controllers::ControllerOptions;
 use crate::controllers::shared::backoff::Backoff;
+use crate::controllers::shared::lean_nodeimage::NodeImageFeed;
 use crate::controllers::shared::pod_feed::PodFeed;
 use crate::controllers::shared::pod_summary::PodSummary;
 use crate::controllers::shared::shutdown::run_until_shutdown;
@@ -80,11 +81,14 @@ fn jobs_for_pod(jobs: &Store<ImagePullJob>, pod: &PodSummary) -> Vec<ObjectRef<I
 }
 
 /// Runs the ImagePullJob controller until `shutdown` resolves, reading pods (for `podSelector`
-/// jobs) from `pods`, the watch `controllers::run` shares with the SidecarSet controller.
-pub async fn run_with_pods(
+/// jobs) from `pods`, the watch `controllers::run` shares with the SidecarSet controller, and
+/// NodeImages from `nodeimages` (of `opts.scoped_watch_config()`), shared with the NodeImage
+/// controller.
+pub async fn run_with_feeds(
     client: Client,
     opts: ControllerOptions,
     pods: PodFeed,
+    nodeimages: NodeImageFeed,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     // Streaming lists where the server serves them (see `initial_list`): no whole-list response
@@ -92,12 +96,6 @@ pub async fn run_with_pods(
     // lists).
     let scoped = opts.scoped_watch_config();
     let workers = opts.workers.imagepulljob;
-    let (nodeimages, nodeimage_writer) = reflector::store();
-    let nodeimage_events = watcher(Api::<NodeImage>::all(client.clone()), scoped.clone())
-        .default_backoff()
-        .modify(|n: &mut NodeImage| n.managed_fields_mut().clear())
-        .reflect(nodeimage_writer)
-        .touched_objects();
 
     // The jobs' nodes gauge follows every job event, deletions included, from the store the
     // event has just been applied to (mid-relist the store is not swapped yet: wait for
@@ -124,6 +122,14 @@ pub async fn run_with_pods(
     let controller = Controller::for_stream(job_events, job_reader);
     let jobs = controller.store();
     let jobs_for_pods = jobs.clone();
+    // Every NodeImage event, deletions included, as the pods below.
+    let (nodeimages, mut nodeimages_ready, nodeimage_triggers) =
+        nodeimages.into_triggers(move |event| match event {
+            watcher::Event::Apply(ni)
+            | watcher::Event::InitApply(ni)
+            | watcher::Event::Delete(ni) => jobs_for_nodeimage(&jobs, ni),
+            watcher::Event::Init | watcher::Event::InitDone => Vec::new(),
+        });
     // Every pod event, deletions included: a job's nodes follow its pods either way.
     let (pods, mut pods_ready, pod_triggers) = pods.into_triggers(move |event| match event {
         watcher::Event::Apply(pod)
@@ -133,10 +139,11 @@ pub async fn run_with_pods(
     });
     // `Store::wait_until_ready` wakes only one of several waiters; one task waits and tells all.
     let (caches_ready, caches_ready_rx) = watch::channel(false);
-    let ni_store = nodeimages.clone();
     let synced = opts.synced.clone();
     tokio::spawn(async move {
-        if ni_store.wait_until_ready().await.is_ok() && pods_ready.wait_for(|r| *r).await.is_ok() {
+        if nodeimages_ready.wait_for(|r| *r).await.is_ok()
+            && pods_ready.wait_for(|r| *r).await.is_ok()
+        {
             let _ = caches_ready.send(true);
             if jobs_listed_rx.wait_for(|listed| *listed).await.is_ok() {
                 synced.mark(NAME);
@@ -159,7 +166,7 @@ pub async fn run_with_pods(
     let job_store = controller.store();
     let shutdown = shutdown.shared();
     let running = controller
-        .watches_stream(nodeimage_events, move |n| jobs_for_nodeimage(&jobs, &n))
+        .reconcile_on(nodeimage_triggers)
         .reconcile_on(pod_triggers)
         // Many NodeImage events arrive together while a job fans out; one reconcile serves them.
         .with_config(

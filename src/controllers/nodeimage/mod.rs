@@ -16,8 +16,9 @@
 //! Both decide through the same pure [`plan::lifecycle`] and act on their half of it.
 //!
 //! Three watches feed three stores, each stripped before storing ([`watch`]): Nodes (labels,
-//! deletion, Ready condition only), NodeImages (all but managedFields) and ImagePullJobs
-//! (identity and spec). One router turns what changed into requests:
+//! deletion, Ready condition only), NodeImages (all but managedFields; a watch and store shared
+//! with the ImagePullJob controller) and ImagePullJobs (identity and spec). One router turns what
+//! changed into requests:
 //! a Node change wakes both appliers for its name; a NodeImage change wakes the NodeImage
 //! applier, and its disappearance wakes the Node applier (to recreate it); a job deleted or
 //! replaced wakes every NodeImage that has a tag owned by its uid.
@@ -52,7 +53,7 @@ pub mod plan;
 mod reconcile;
 pub mod watch;
 
-pub use self::watch::run;
+pub use self::watch::{run, run_with_nodeimages};
 
 use std::time::Duration;
 

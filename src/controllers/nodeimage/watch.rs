@@ -25,7 +25,9 @@ use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
 use crate::controllers::ControllerOptions;
 use crate::controllers::shared::backoff::Backoff;
+use crate::controllers::shared::lean_nodeimage::{NodeImageFeed, watch_nodeimages};
 use crate::controllers::shared::node_summary::{NodeStatusSummary, NodeSummary};
+use crate::controllers::shared::pod_feed::alongside;
 use crate::events::Recorder;
 
 /// Keeps of a Node only what the controller reads: name, uid, labels, deletionTimestamp and the
@@ -205,12 +207,26 @@ pub fn same_uid(a: &ImagePullJob, b: &ImagePullJob) -> bool {
     a.uid() == b.uid()
 }
 
+/// Runs the NodeImage controller with a NodeImage watch of its own; see [`run_with_nodeimages`].
+pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<Output = ()>) {
+    let (drive, mut feeds) = watch_nodeimages(client.clone(), opts.scoped_watch_config(), 1);
+    if let Some(feed) = feeds.pop() {
+        alongside(drive, run_with_nodeimages(client, opts, feed, shutdown)).await;
+    }
+}
+
 /// Runs the NodeImage controller over every Node until `shutdown` resolves, then lets the
-/// reconciles in flight finish.
+/// reconciles in flight finish. NodeImages come from `nodeimages`, a watch (of
+/// `opts.scoped_watch_config()`) it may share with other controllers.
 ///
 /// With `opts.label_selector` it is confined to the Nodes and NodeImages matching it. A Node that
 /// loses the label is out of scope, not gone: its NodeImage is kept.
-pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<Output = ()>) {
+pub async fn run_with_nodeimages(
+    client: Client,
+    opts: ControllerOptions,
+    nodeimages: NodeImageFeed,
+    shutdown: impl Future<Output = ()>,
+) {
     let label_selector = opts.label_selector.clone();
     let node_api: Api<NodeSummary> = Api::all(client.clone());
     let nodeimage_api: Api<NodeImage> = Api::all(client.clone());
@@ -219,21 +235,19 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
     let scoped = opts.scoped_watch_config();
 
     let (nodes, node_writer) = reflector::store();
-    let (nodeimage_store, nodeimage_writer) = reflector::store();
     let (jobs, job_writer) = reflector::store();
+    let nodeimage_store = nodeimages.store;
+    let nodeimage_events = nodeimages.events;
+    // Turned ready by the router, which drops it on shutdown: a reconcile waiting for a first
+    // list then stops waiting, whether or not the shared watch goes on for other controllers.
+    let (nodeimages_listed, nodeimages_ready) = tokio::sync::watch::channel(false);
+    let nodeimages_ready = Ready(nodeimages_ready);
 
     let (node_changes, nodes_ready) = changes(
-        watcher(node_api, scoped.clone())
+        watcher(node_api, scoped)
             .default_backoff()
             .modify(|n| *n = strip_node(std::mem::take(n))),
         node_writer,
-        equal,
-    );
-    let (nodeimage_changes, nodeimages_ready) = changes(
-        watcher(nodeimage_api.clone(), scoped)
-            .default_backoff()
-            .modify(|ni| *ni = strip_nodeimage(std::mem::take(ni))),
-        nodeimage_writer,
         equal,
     );
     let (job_changes, jobs_ready) = changes(
@@ -271,6 +285,7 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
     let router = Router {
         nodes: nodes.clone(),
         nodeimages: nodeimage_store.clone(),
+        nodeimages_listed,
         node_tx,
         nodeimage_tx,
     };
@@ -278,7 +293,7 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
     let routing = stream::select(
         stream::select(
             node_changes.map(Changed::Node),
-            nodeimage_changes.map(Changed::NodeImage),
+            nodeimage_events.map(Changed::NodeImage),
         ),
         job_changes.map(Changed::Job),
     )
@@ -346,7 +361,8 @@ where
 /// A change in one of the three stores.
 enum Changed {
     Node(Change<NodeSummary>),
-    NodeImage(Change<NodeImage>),
+    /// NodeImages come from a shared watch, after its store applied them.
+    NodeImage(Arc<watcher::Event<NodeImage>>),
     Job(Change<ImagePullJob>),
 }
 
@@ -354,6 +370,8 @@ enum Changed {
 struct Router {
     nodes: Store<NodeSummary>,
     nodeimages: Store<NodeImage>,
+    /// Sent `true` at the NodeImage watch's first full list.
+    nodeimages_listed: tokio::sync::watch::Sender<bool>,
     node_tx: UnboundedSender<ObjectRef<NodeSummary>>,
     nodeimage_tx: UnboundedSender<ObjectRef<NodeImage>>,
 }
@@ -368,15 +386,31 @@ impl Router {
                 }
                 self.nodeimage_if_stored(&name);
             }
-            Changed::NodeImage(c) => {
-                let name = c.key.name;
-                if c.after.is_some() {
-                    self.nodeimage(&name);
-                } else if self.nodes.get(&ObjectRef::new(&name)).is_some() {
-                    // Gone while its Node is here: the Node applier recreates it.
-                    self.node(&name);
+            Changed::NodeImage(event) => match &*event {
+                watcher::Event::Apply(ni) => self.nodeimage(&ni.name_any()),
+                watcher::Event::Delete(ni) => {
+                    let name = ni.name_any();
+                    if self.nodes.get(&ObjectRef::new(&name)).is_some() {
+                        // Gone while its Node is here: the Node applier recreates it.
+                        self.node(&name);
+                    }
                 }
-            }
+                watcher::Event::Init | watcher::Event::InitApply(_) => {}
+                watcher::Event::InitDone => {
+                    self.nodeimages_listed.send_replace(true);
+                    // A (re-)list swapped in: what changed or vanished meanwhile is not told
+                    // one by one, so every NodeImage is looked at, and every Node without one.
+                    for ni in self.nodeimages.state() {
+                        self.nodeimage(&ni.name_any());
+                    }
+                    for node in self.nodes.state() {
+                        let name = node.name_any();
+                        if self.nodeimages.get(&ObjectRef::new(&name)).is_none() {
+                            self.node(&name);
+                        }
+                    }
+                }
+            },
             Changed::Job(c) => {
                 // Deleted, or replaced by a job of the same name with another uid.
                 let Some(uid) = c.before.as_ref().and_then(|j| j.uid()) else {

@@ -5,14 +5,21 @@
 //! maps. Every watch event and every patch response carries them, and nothing here reads them:
 //! [`LeanNodeImage`] parses a NodeImage with serde skipping them unbuilt, and is what the
 //! manager watches and patches NodeImages as. The rest of the metadata is kept whole.
+//!
+//! [`watch_nodeimages`] is the one NodeImage watch and store the NodeImage, ImagePullJob and
+//! SidecarSet controllers share (each stored its own copy of every NodeImage before).
 
 use std::collections::BTreeMap;
+use std::future::Future;
 
+use futures::TryStreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
-use kube::Api;
-use kube::runtime::watcher;
+use kube::runtime::reflector;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
 use serde::{Deserialize, Deserializer, Serialize};
 
+use super::pod_feed::{Feed, fan_out};
 use crate::apis::nodeimage::{NodeImage, NodeImageSpec, NodeImageStatus};
 
 /// A NodeImage as read from the apiserver, managedFields left unparsed. Serializes as the
@@ -112,8 +119,27 @@ impl k8s_openapi::Metadata for LeanNodeImage {
 }
 
 /// The NodeImage API on `client`'s apiserver, every response parsed without managedFields.
-pub fn api(client: kube::Client) -> Api<LeanNodeImage> {
+pub fn api(client: Client) -> Api<LeanNodeImage> {
     Api::all(client)
+}
+
+/// What one controller gets of the shared NodeImage watch.
+pub type NodeImageFeed = Feed<NodeImage>;
+
+/// Watches every NodeImage `config` selects for `consumers` controllers, into one store.
+/// Returns the future that drives the watch (run it alongside the controllers; it ends when
+/// every feed is dropped) and one feed per consumer.
+pub fn watch_nodeimages(
+    client: Client,
+    config: watcher::Config,
+    consumers: usize,
+) -> (impl Future<Output = ()>, Vec<NodeImageFeed>) {
+    let (store, writer) = reflector::store();
+    let events = watcher(api(client), config)
+        .default_backoff()
+        .map_ok(into_nodeimages)
+        .reflect(writer);
+    fan_out(events, store, consumers)
 }
 
 /// A watch event of [`LeanNodeImage`]s as one of `NodeImage`s.

@@ -84,7 +84,7 @@ pub fn watch_pods(
 
 /// Hands every event of `events` (a stream already reflected into `store`) to `consumers`
 /// feeds, in order; a watch error is logged and skipped (the watcher retries by itself).
-fn fan_out<K>(
+pub(crate) fn fan_out<K>(
     events: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     store: Store<K>,
     consumers: usize,
@@ -111,7 +111,7 @@ where
             let event = match event {
                 Ok(event) => event,
                 Err(err) => {
-                    warn!(error = %err, "pod watch");
+                    warn!(kind = %K::kind(&()), error = %err, "shared watch failed; retrying");
                     continue;
                 }
             };
@@ -147,7 +147,8 @@ pub async fn with_own_watch<W: Future<Output = ()>>(
     }
 }
 
-/// Runs `work` to its end while driving `drive` (a [`watch_pods`] future) beside it.
+/// Runs `work` to its end while driving `drive` (a [`watch_pods`] or
+/// [`watch_nodeimages`](super::lean_nodeimage::watch_nodeimages) future) beside it.
 pub async fn alongside<W: Future>(drive: impl Future<Output = ()>, work: W) -> W::Output {
     tokio::pin!(work);
     tokio::pin!(drive);

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
@@ -28,6 +28,7 @@ use crate::apis::sidecarset::SidecarSet;
 use crate::apis::well_known::SIDECARSET_NAME_LABEL;
 use crate::controllers::ControllerOptions;
 use crate::controllers::shared::backoff::Backoff;
+use crate::controllers::shared::lean_nodeimage;
 use crate::controllers::shared::pod_feed::{self, PodFeed};
 use crate::controllers::shared::shutdown::run_until_shutdown;
 use crate::controllers::shared::unreadable;
@@ -114,8 +115,9 @@ pub async fn run_with_pods(
     // A node's pull finishing lets its waiting pods go: wake the SidecarSets pulling there.
     let (nodeimages, nodeimage_writer) = reflector::store();
     let jobs_for_nodes = jobs.clone();
-    let nodeimage_triggers = watcher(Api::<NodeImage>::all(client.clone()), scoped.clone())
+    let nodeimage_triggers = watcher(lean_nodeimage::api(client.clone()), scoped.clone())
         .default_backoff()
+        .map_ok(lean_nodeimage::into_nodeimages)
         // Only its name and status are read: labels (a copy of the Node's) and spec are dropped.
         .modify(|n: &mut NodeImage| {
             let meta = std::mem::take(&mut n.metadata);
