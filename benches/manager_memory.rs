@@ -1,17 +1,21 @@
 //! The manager's memory with a cluster's worth of objects watched, against a real kube-apiserver
-//! on loopback: the design's figure is RSS ≤ 100 MiB with 10,000 pods, 5,000 nodes and 5,000
+//! on loopback: the goal (issue 21) is RSS ≤ 64 MiB with 10,000 pods, 5,000 nodes and 5,000
 //! NodeImages.
 //!
 //! `cargo bench --bench manager_memory` (env `PODS` 10000, `NODES` 5000, `NAMESPACES` 10):
 //! 1. starts a local control plane and `kruise-rs manager` (release build, webhooks off, leader
 //!    election on) as a child process; its RSS once ready with nothing to watch is the baseline;
-//! 2. creates NODES Ready Nodes and waits for the manager to create their NodeImages; RSS;
+//! 2. creates NODES Ready Nodes, each with the 17 labels of a cloud provider's node, and waits
+//!    for the manager to create their NodeImages; RSS;
 //! 3. creates a SidecarSet (hash annotations as the webhook writes them) and PODS pods in
 //!    NAMESPACES namespaces, shaped as the webhook injects them (labels, annotations, two
 //!    containers with env, resources and mounts, an owner reference), then plays the kubelet:
 //!    every pod Running and Ready with its container statuses. Waits until the SidecarSet's status
 //!    counts every pod matched and ready (the controller has them all in its cache);
 //! 4. RSS right then and over the next 10 s (steady state), and the peak (VmHWM).
+//!
+//! `MANAGER_WRAPPER` (a command taking the manager's program as its first argument, such as
+//! `heaptrack`) runs the manager under it; RSS is then the wrapper's process's.
 //!
 //! Figures are printed with their ratio to the goal and to the empty baseline; nothing is asserted.
 
@@ -41,8 +45,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
-/// The design's figure.
-const GOAL_MIB: f64 = 100.0;
+/// Issue 21's goal (the design asked for 100 MiB).
+const GOAL_MIB: f64 = 64.0;
 const SET_NAME: &str = "bench-mesh";
 const SIDECAR_IMAGE: &str = "registry.local/mesh/proxy:1.0.0";
 const APP_IMAGE: &str = "registry.local/shop/web:3.14.2";
@@ -60,6 +64,36 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?
         .block_on(bench(pods, nodes, namespaces))
+}
+
+/// The labels of a cloud provider's Node (EKS here; GKE and AKS set as many), 17 with the
+/// `kubernetes.io/hostname` that `create_ready_nodes` adds. The NodeImage controller copies them
+/// into each NodeImage.
+fn cloud_node_labels() -> BTreeMap<String, String> {
+    [
+        ("kruise-rs-bench", "memory"),
+        ("kubernetes.io/arch", "amd64"),
+        ("kubernetes.io/os", "linux"),
+        ("beta.kubernetes.io/arch", "amd64"),
+        ("beta.kubernetes.io/os", "linux"),
+        ("node.kubernetes.io/instance-type", "m6i.2xlarge"),
+        ("beta.kubernetes.io/instance-type", "m6i.2xlarge"),
+        ("topology.kubernetes.io/region", "eu-west-1"),
+        ("topology.kubernetes.io/zone", "eu-west-1b"),
+        ("failure-domain.beta.kubernetes.io/region", "eu-west-1"),
+        ("failure-domain.beta.kubernetes.io/zone", "eu-west-1b"),
+        ("topology.ebs.csi.aws.com/zone", "eu-west-1b"),
+        ("eks.amazonaws.com/nodegroup", "general-purpose-2026-11"),
+        ("eks.amazonaws.com/capacityType", "ON_DEMAND"),
+        ("eks.amazonaws.com/nodegroup-image", "ami-0a1b2c3d4e5f67890"),
+        (
+            "k8s.io/cloud-provider-aws",
+            "5c3e6f1a9b2d4e7f8a0b1c2d3e4f5a6b",
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
 }
 
 fn the_set() -> Result<SidecarSet> {
@@ -269,7 +303,11 @@ async fn bench(pods: usize, nodes: usize, namespaces: usize) -> Result<()> {
         pod_namespaces.push(name);
     }
 
-    let manager = cp.spawn_manager(None)?;
+    // `MANAGER_WRAPPER` as in the fan-out bench: a profiler, or a script running another build.
+    let wrapper = std::env::var("MANAGER_WRAPPER")
+        .ok()
+        .filter(|w| !w.is_empty());
+    let manager = cp.spawn_manager(wrapper.as_deref())?;
     let pid = manager.id();
     let mib = |field| rss_mib(pid, field).unwrap_or(f64::NAN);
     // Ready: it holds the Lease and its controllers have listed (empty) caches.
@@ -287,13 +325,7 @@ async fn bench(pods: usize, nodes: usize, namespaces: usize) -> Result<()> {
     println!("  baseline: manager RSS with nothing to watch: {empty:.1} MiB");
 
     let t = Instant::now();
-    create_ready_nodes(
-        &client,
-        nodes,
-        &BTreeMap::from([("kruise-rs-bench".to_owned(), "memory".to_owned())]),
-        CONCURRENCY,
-    )
-    .await?;
+    create_ready_nodes(&client, nodes, &cloud_node_labels(), CONCURRENCY).await?;
     let created = t.elapsed();
     let waited = wait_nodeimages(&client, nodes).await?;
     let with_nodes = mib("VmRSS:");
