@@ -3,7 +3,6 @@
 
 use std::collections::HashSet;
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -48,7 +47,7 @@ pub fn play_node_image_daemons(client: Client, how: PlayedDaemons) -> tokio::tas
             .default_backoff()
             .applied_objects();
         let mut stream = std::pin::pin!(stream);
-        let answered: Arc<Mutex<HashSet<Ask>>> = Arc::default();
+        let mut answered: HashSet<Ask> = HashSet::new();
         let mut rng = fastrand::Rng::with_seed(how.seed);
         while let Some(item) = stream.next().await {
             let Ok(ni) = item else { continue };
@@ -56,7 +55,7 @@ pub fn play_node_image_daemons(client: Client, how: PlayedDaemons) -> tokio::tas
                 if how.image.as_ref().is_some_and(|only| *only != ask.1) {
                     continue;
                 }
-                if !answered.lock().unwrap().insert(ask.clone()) {
+                if !answered.insert(ask.clone()) {
                     continue;
                 }
                 let delay = match how.delay_ms.is_empty() {
