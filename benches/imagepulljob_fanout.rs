@@ -1,16 +1,23 @@
 //! ImagePullJob fan-out at scale, against a real kube-apiserver on loopback.
 //!
-//! `cargo bench --bench imagepulljob_fanout` (env `NODES`, default 5000):
-//! 1. starts a local control plane (tests/controlplane/start.sh) and `kruise-rs manager` as a
-//!    child process (release build);
+//! `cargo bench --bench imagepulljob_fanout` (env `NODES`, default 5000), for each manager in
+//! turn, on a control plane of its own:
+//! 1. starts a local control plane (tests/controlplane/start.sh) and the manager as a child
+//!    process: ours is the release-built `kruise-rs manager` (`MANAGER_ARGS` adds arguments,
+//!    `MANAGER_WRAPPER` runs it under a profiler);
 //! 2. creates NODES Ready Node objects and waits for the manager to create their NodeImages;
 //! 3. baseline: a plain client merge-patches one tag entry into every NodeImage, one after the
 //!    other, and is timed;
 //! 4. an ImagePullJob over every node at parallelism NODES: time until every NodeImage carries
-//!    the tag, and NodeImage PATCH requests per node (from the apiserver's own metrics);
+//!    the tag, and NodeImage writes (PATCH or PUT) per node (from the apiserver's own metrics);
 //! 5. the same at parallelism 50, with this program playing the node daemons (each node reports
 //!    Succeeded as soon as its entry appears);
 //! 6. the manager's peak RSS (VmHWM).
+//!
+//! `SECOND_MANAGER=<description file>` (format: tests/harness/manager_under_test.rs; upstream's
+//! kruise-manager: benches/upstream-kruise-manager/manager.example.yaml) runs the same phases
+//! against that manager after ours, on a control plane of its own; a table then puts both
+//! managers' figures side by side with their ratio.
 //!
 //! Figures are printed with their ratio to the baseline; nothing is asserted.
 
@@ -30,6 +37,7 @@ mod harness;
 
 use harness::bench::Result;
 use harness::controlplane::{ControlPlane, Crds, apiserver_requests};
+use harness::manager_under_test::{ManagerUnderTest, RunningManager};
 use harness::objects::create_ready_nodes;
 use harness::played_daemon::{PlayedDaemons, play_node_image_daemons};
 use harness::procfs::rss_mib;
@@ -45,19 +53,143 @@ fn main() -> Result<()> {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(5000);
+    // Read the second manager's description first: a mistake in it shows before any run.
+    let second = ManagerUnderTest::second()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(bench(nodes))
+    let ours = ManagerUnderTest::ours();
+    let first = runtime.block_on(bench(nodes, &ours))?;
+    if let Some(second) = second {
+        let other = runtime.block_on(bench(nodes, &second))?;
+        print_side_by_side(nodes, (&ours.name, &first), (&second.name, &other));
+    }
+    Ok(())
 }
 
-/// Sum of the apiserver's `apiserver_request_total` for PATCHes of NodeImage objects (not their
-/// status, which the played daemons write), by status code.
-async fn nodeimage_patches(client: &Client) -> Result<BTreeMap<String, f64>> {
-    Ok(apiserver_requests(client, "nodeimages", "PATCH", |label| {
-        label("subresource").is_empty().then(|| label("code"))
-    })
-    .await?)
+/// What one manager's run measured (seconds, MiB).
+struct Figures {
+    nodeimages_created: f64,
+    rss_watched: Option<f64>,
+    baseline: f64,
+    jobs: Vec<JobFigures>,
+    rss_peak: Option<f64>,
+    rss_end: Option<f64>,
+}
+
+struct JobFigures {
+    parallelism: i32,
+    took: f64,
+    writes_per_node: f64,
+    refused: f64,
+    rss_after: Option<f64>,
+}
+
+/// Both managers' figures in columns, with the second's over the first's.
+fn print_side_by_side(n: usize, (a_name, a): (&str, &Figures), (b_name, b): (&str, &Figures)) {
+    let num = |v: f64, unit: &str| format!("{v:.2}{unit}");
+    let opt = |v: Option<f64>| v.map_or("unknown".to_owned(), |v| format!("{v:.1} MiB"));
+    let ratio = |x: Option<f64>, y: Option<f64>| match (x, y) {
+        (Some(x), Some(y)) if x > 0.0 => format!("{:.2}x", y / x),
+        _ => "-".to_owned(),
+    };
+    let mut rows: Vec<[String; 4]> = vec![[
+        String::new(),
+        a_name.to_owned(),
+        b_name.to_owned(),
+        format!("{b_name} / {a_name}"),
+    ]];
+    let mut row = |what: String, x: String, y: String, r: String| rows.push([what, x, y, r]);
+    row(
+        format!("{n} NodeImages created, after the last Node"),
+        num(a.nodeimages_created, " s"),
+        num(b.nodeimages_created, " s"),
+        ratio(Some(a.nodeimages_created), Some(b.nodeimages_created)),
+    );
+    row(
+        "RSS with the Nodes and NodeImages watched".into(),
+        opt(a.rss_watched),
+        opt(b.rss_watched),
+        ratio(a.rss_watched, b.rss_watched),
+    );
+    row(
+        "baseline: a plain client writes every NodeImage".into(),
+        num(a.baseline, " s"),
+        num(b.baseline, " s"),
+        ratio(Some(a.baseline), Some(b.baseline)),
+    );
+    for (x, y) in a.jobs.iter().zip(&b.jobs) {
+        let p = x.parallelism;
+        row(
+            format!("job at parallelism {p}: every NodeImage tagged"),
+            num(x.took, " s"),
+            num(y.took, " s"),
+            ratio(Some(x.took), Some(y.took)),
+        );
+        row(
+            "  the same over its run's baseline".into(),
+            num(x.took / a.baseline, "x"),
+            num(y.took / b.baseline, "x"),
+            ratio(Some(x.took / a.baseline), Some(y.took / b.baseline)),
+        );
+        row(
+            "  NodeImage writes per node (refused)".into(),
+            format!("{:.3} ({:.0})", x.writes_per_node, x.refused),
+            format!("{:.3} ({:.0})", y.writes_per_node, y.refused),
+            "-".into(),
+        );
+        row(
+            "  RSS after it".into(),
+            opt(x.rss_after),
+            opt(y.rss_after),
+            ratio(x.rss_after, y.rss_after),
+        );
+    }
+    row(
+        "peak RSS (VmHWM)".into(),
+        opt(a.rss_peak),
+        opt(b.rss_peak),
+        ratio(a.rss_peak, b.rss_peak),
+    );
+    row(
+        "RSS at the end".into(),
+        opt(a.rss_end),
+        opt(b.rss_end),
+        ratio(a.rss_end, b.rss_end),
+    );
+    let mut widths = [0; 4];
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.len());
+        }
+    }
+    println!("side by side, {n} nodes, each manager on a control plane of its own:");
+    for [what, x, y, r] in &rows {
+        println!(
+            "  {what:<w0$}  {x:>w1$}  {y:>w2$}  {r:>w3$}",
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2],
+            w3 = widths[3]
+        );
+    }
+}
+
+/// Sum of the apiserver's `apiserver_request_total` for writes of NodeImage objects (not their
+/// status, which the played daemons write), by status code: PATCHes (ours) and PUTs (upstream's
+/// manager updates whole objects).
+async fn nodeimage_writes(client: &Client) -> Result<BTreeMap<String, f64>> {
+    let mut sums = BTreeMap::new();
+    for verb in ["PATCH", "PUT", "APPLY"] {
+        let by_code = apiserver_requests(client, "nodeimages", verb, |label| {
+            label("subresource").is_empty().then(|| label("code"))
+        })
+        .await?;
+        for (code, n) in by_code {
+            *sums.entry(code).or_insert(0.0) += n;
+        }
+    }
+    Ok(sums)
 }
 
 fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
@@ -67,9 +199,11 @@ fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeM
         .collect()
 }
 
-/// Waits until `count(nodeimages)` reaches `want`, watching rather than re-listing.
+/// Waits until `count(nodeimages)` reaches `want`, watching rather than re-listing; fails once
+/// the manager has exited, or after 300 s without progress.
 async fn wait_until(
     client: &Client,
+    manager: &mut RunningManager,
     what: &str,
     want: usize,
     count: impl Fn(&NodeImage) -> bool,
@@ -79,13 +213,22 @@ async fn wait_until(
     let stream = watcher(api, watcher::Config::default()).applied_objects();
     let mut stream = std::pin::pin!(stream);
     let mut done = HashSet::new();
+    let mut progress = Instant::now();
     while done.len() < want {
-        let ni = tokio::time::timeout(Duration::from_secs(300), stream.try_next())
-            .await
-            .map_err(|_| format!("{what}: stalled at {}/{want}", done.len()))??
-            .ok_or("watch ended")?;
-        if count(&ni) {
-            done.insert(ni.name_any());
+        // A watch stream's next item may be waited for again after a timeout.
+        match tokio::time::timeout(Duration::from_secs(1), stream.try_next()).await {
+            Ok(item) => {
+                let ni = item?.ok_or("watch ended")?;
+                if count(&ni) && done.insert(ni.name_any()) {
+                    progress = Instant::now();
+                }
+            }
+            Err(_) => {
+                manager.check_alive("the manager")?;
+                if progress.elapsed() > Duration::from_secs(300) {
+                    return Err(format!("{what}: stalled at {}/{want}", done.len()).into());
+                }
+            }
         }
     }
     Ok(start.elapsed())
@@ -98,19 +241,22 @@ fn has_tag(ni: &NodeImage, image: &str, tag: &str) -> bool {
         .is_some_and(|i| i.tags.iter().any(|t| t.tag == tag))
 }
 
-async fn bench(n: usize) -> Result<()> {
-    println!("imagepulljob fan-out over {n} nodes");
+async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
+    println!(
+        "imagepulljob fan-out over {n} nodes, manager {}: {} {}",
+        under_test.name,
+        under_test.binary.display(),
+        under_test.args.join(" ")
+    );
     let cp = ControlPlane::start("kruise-rs-bench-")?;
     let client = cp.client().await?;
     cp.install_crds(Crds::Repository)?;
 
-    // `MANAGER_WRAPPER=heaptrack` (any command taking the program as its first argument) runs the
+    // `MANAGER_WRAPPER=heaptrack` (any command taking the program as its first argument) runs our
     // manager under a profiler; the RSS figures are then the wrapper's, and the manager may
     // outlive the killed wrapper: `pkill -f "kruise-rs manager"` afterwards.
-    let wrapper = std::env::var("MANAGER_WRAPPER")
-        .ok()
-        .filter(|w| !w.is_empty());
-    let manager = cp.spawn_manager(wrapper.as_deref())?;
+    let mut manager = under_test.spawn(&cp)?;
+    println!("  its log: {}", manager.log_path().display());
 
     let t = Instant::now();
     create_ready_nodes(
@@ -124,13 +270,14 @@ async fn bench(n: usize) -> Result<()> {
         "  {n} Ready nodes created in {:.1} s",
         t.elapsed().as_secs_f64()
     );
-    let d = wait_until(&client, "NodeImages created", n, |_| true).await?;
+    let d = wait_until(&client, &mut manager, "NodeImages created", n, |_| true).await?;
     println!(
         "  {n} NodeImages created by the manager {:.1} s after the last node",
         d.as_secs_f64()
     );
-    let mib =
-        |field| rss_mib(manager.id(), field).map_or("unknown".into(), |r| format!("{r:.1} MiB"));
+    let pid = manager.pid();
+    let mib = |field| rss_mib(pid, field).map_or("unknown".into(), |r| format!("{r:.1} MiB"));
+    let rss_watched = rss_mib(pid, "VmRSS:");
     println!(
         "  manager RSS with {n} Nodes and NodeImages watched: {}",
         mib("VmRSS:")
@@ -187,6 +334,7 @@ async fn bench(n: usize) -> Result<()> {
         baseline.as_secs_f64()
     );
 
+    let mut jobs_figures = Vec::new();
     for (parallelism, image, tag) in [(n as i32, "bench-wide", "1"), (50, "bench-narrow", "1")] {
         let daemons = (parallelism < n as i32).then(|| {
             let only = PlayedDaemons {
@@ -195,7 +343,7 @@ async fn bench(n: usize) -> Result<()> {
             };
             play_node_image_daemons(client.clone(), only)
         });
-        let before = nodeimage_patches(&client).await?;
+        let before = nodeimage_writes(&client).await?;
         let spec = ImagePullJobSpec {
             image: format!("{image}:{tag}"),
             template: ImagePullJobTemplate {
@@ -215,34 +363,51 @@ async fn bench(n: usize) -> Result<()> {
             &ImagePullJob::new(&format!("{image}-job"), spec),
         )
         .await?;
-        wait_until(&client, "tags written", n, |ni| has_tag(ni, image, tag)).await?;
+        wait_until(&client, &mut manager, "tags written", n, |ni| {
+            has_tag(ni, image, tag)
+        })
+        .await?;
         let took = t.elapsed();
         // Let in-flight reconciles finish before reading the counters.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let patches = diff(&nodeimage_patches(&client).await?, &before);
+        let writes = diff(&nodeimage_writes(&client).await?, &before);
         if let Some(d) = daemons {
             d.abort();
         }
-        let ok = patches.get("200").copied().unwrap_or(0.0);
-        let refused: f64 = patches
+        let ok = writes.get("200").copied().unwrap_or(0.0);
+        let refused: f64 = writes
             .iter()
             .filter(|(c, _)| c.as_str() != "200")
             .map(|(_, v)| v)
             .sum();
         println!(
             "  job at parallelism {parallelism}: every NodeImage carries the tag after {:.2} s ({:.2}x baseline); \
-             NodeImage writes per node: {:.3} (refused patches: {:.0})",
+             NodeImage writes per node: {:.3} (refused writes: {:.0})",
             took.as_secs_f64(),
             took.as_secs_f64() / baseline.as_secs_f64(),
             ok / n as f64,
             refused.max(0.0),
         );
         println!("    manager RSS now: {}", mib("VmRSS:"));
+        jobs_figures.push(JobFigures {
+            parallelism,
+            took: took.as_secs_f64(),
+            writes_per_node: ok / n as f64,
+            refused: refused.max(0.0),
+            rss_after: rss_mib(pid, "VmRSS:"),
+        });
     }
     println!(
         "  manager RSS: peak {}, at the end {}",
         mib("VmHWM:"),
         mib("VmRSS:")
     );
-    Ok(())
+    Ok(Figures {
+        nodeimages_created: d.as_secs_f64(),
+        rss_watched,
+        baseline: baseline.as_secs_f64(),
+        jobs: jobs_figures,
+        rss_peak: rss_mib(pid, "VmHWM:"),
+        rss_end: rss_mib(pid, "VmRSS:"),
+    })
 }

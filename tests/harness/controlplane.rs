@@ -124,6 +124,11 @@ impl ControlPlane {
                 String::from_utf8_lossy(&applied.stderr)
             ));
         }
+        self.wait_crds_established()
+    }
+
+    /// Waits (60 s at most) until every CRD is Established.
+    pub fn wait_crds_established(&self) -> Result<(), String> {
         // `kubectl wait` fails at once, instead of waiting, on a CRD whose status has no
         // conditions yet ("accessor error: <nil> is of the type <nil>"): ask again until the
         // apiserver has written them.

@@ -14,6 +14,7 @@
 pub mod bench;
 pub mod controlplane;
 pub mod fault_proxy;
+pub mod manager_under_test;
 pub mod objects;
 pub mod played_daemon;
 pub mod process;
