@@ -270,9 +270,13 @@ async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
         "  {n} Ready nodes created in {:.1} s",
         t.elapsed().as_secs_f64()
     );
-    let d = wait_until(&client, &mut manager, "NodeImages created", n, |_| true).await?;
+    // Upstream's manager labels a NodeImage after creating it: the baseline needs them all.
+    let d = wait_until(&client, &mut manager, "NodeImages created", n, |ni| {
+        ni.labels().contains_key(LABEL)
+    })
+    .await?;
     println!(
-        "  {n} NodeImages created by the manager {:.1} s after the last node",
+        "  {n} NodeImages created (and labelled) by the manager {:.1} s after the last node",
         d.as_secs_f64()
     );
     let pid = manager.pid();
