@@ -107,9 +107,11 @@ async fn answer(api: Api<NodeImage>, ask: Ask, mut seen: NodeImage, delay: Durat
         done.progress = Some(100);
         done.completion_time = Some(Time(k8s_openapi::jiff::Timestamp::now()));
         tags.push(done);
+        // `desired` as a daemon counts it: upstream's CRD refuses a status without it.
+        let desired: usize = seen.spec.images.values().map(|i| i.tags.len()).sum();
         let patch = json!({
             "metadata": {"resourceVersion": seen.resource_version()},
-            "status": {"imageStatuses": {&image: {"tags": tags}}},
+            "status": {"desired": desired, "imageStatuses": {&image: {"tags": tags}}},
         });
         match api
             .patch_status(&node, &PatchParams::default(), &Patch::Merge(&patch))
