@@ -131,11 +131,7 @@ pub fn ready_since(node: &NodeSummary) -> Option<Option<Timestamp>> {
 
 /// Whether the controller ignores this Node (`type: virtual-kubelet`).
 pub fn is_virtual_kubelet(node: &NodeSummary) -> bool {
-    node.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(NODE_TYPE_LABEL))
-        .is_some_and(|t| t == VIRTUAL_KUBELET_TYPE)
+    node.labels.get(NODE_TYPE_LABEL) == Some(VIRTUAL_KUBELET_TYPE)
 }
 
 /// Whether a NodeImage may live without a Node: labelled `apps.kruise.io/fake-nodeimage`, with
@@ -156,19 +152,19 @@ pub fn lifecycle(
     now: Timestamp,
 ) -> Lifecycle {
     let node = node.filter(|n| n.metadata.deletion_timestamp.is_none());
-    let node_labels = || {
-        node.and_then(|n| n.metadata.labels.clone())
-            .unwrap_or_default()
-    };
+    let node_labels = || node.map(|n| n.labels.to_map()).unwrap_or_default();
     match (node, nodeimage) {
         (_, Some(ni)) if ni.metadata.deletion_timestamp.is_some() => Lifecycle::Deleting,
         (None, Some(ni)) if is_fake(ni) => Lifecycle::Keep { labels: None },
         (None, Some(_)) => Lifecycle::Delete,
-        (Some(_), Some(ni)) => {
-            let labels = node_labels();
-            let current = ni.metadata.labels.clone().unwrap_or_default();
+        (Some(node), Some(ni)) => {
+            // Both sorted by key: equal maps list equal pairs in the same order.
+            let current = ni.metadata.labels.iter().flatten();
+            let same = current
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .eq(node.labels.iter());
             Lifecycle::Keep {
-                labels: (current != labels).then_some(labels),
+                labels: (!same).then(node_labels),
             }
         }
         (None, None) => Lifecycle::Absent,

@@ -48,10 +48,10 @@ pub fn strip_node(node: NodeSummary) -> NodeSummary {
         metadata: ObjectMeta {
             name: node.metadata.name,
             uid: node.metadata.uid,
-            labels: node.metadata.labels,
             deletion_timestamp: node.metadata.deletion_timestamp,
             ..ObjectMeta::default()
         },
+        labels: node.labels,
         status: ready.map(|ready| NodeStatusSummary {
             conditions: Some(vec![ready]),
         }),

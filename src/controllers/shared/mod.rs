@@ -5,6 +5,7 @@
 
 pub mod backoff;
 pub mod initial_list;
+pub mod interned_labels;
 pub mod lean_nodeimage;
 pub mod node_summary;
 pub mod nodeimage_images;

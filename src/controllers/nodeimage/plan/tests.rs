@@ -1,5 +1,6 @@
 use super::*;
 use crate::apis::nodeimage::ImageTagPullPolicy;
+use crate::controllers::shared::interned_labels::Labels;
 use crate::controllers::shared::node_summary::NodeStatusSummary;
 use k8s_openapi::api::core::v1::NodeCondition;
 use kube::api::ObjectMeta;
@@ -25,9 +26,9 @@ fn node(labels_: &[(&str, &str)], ready: Option<(&str, Option<i64>)>) -> NodeSum
     NodeSummary {
         metadata: ObjectMeta {
             name: Some("n1".into()),
-            labels: Some(labels(labels_)),
             ..Default::default()
         },
+        labels: Labels::from(&labels(labels_)),
         status: ready.map(|(status, since)| NodeStatusSummary {
             conditions: Some(vec![
                 NodeCondition {

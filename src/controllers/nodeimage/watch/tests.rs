@@ -57,7 +57,7 @@ fn a_stripped_node_keeps_labels_deletion_and_ready_only() {
     let node = strip_node(big_node("n1", 5));
     assert_eq!(node.metadata.name.as_deref(), Some("n1"));
     assert_eq!(node.metadata.uid.as_deref(), Some("uid-n1"));
-    assert_eq!(node.metadata.labels.as_ref().map(|l| l.len()), Some(1));
+    assert_eq!(node.labels.len(), 1);
     assert!(node.metadata.annotations.is_none());
     assert!(node.metadata.managed_fields.is_none());
     assert!(node.metadata.resource_version.is_none());
@@ -107,9 +107,9 @@ fn node_named(name: &str, zone: &str) -> NodeSummary {
     NodeSummary {
         metadata: ObjectMeta {
             name: Some(name.into()),
-            labels: Some(BTreeMap::from([("zone".into(), zone.into())])),
             ..Default::default()
         },
+        labels: [("zone", zone)].into_iter().collect(),
         ..Default::default()
     }
 }
@@ -159,7 +159,7 @@ fn events_report_what_changed_in_the_store() {
     assert_eq!(
         reader
             .get(&ObjectRef::new("a"))
-            .and_then(|n| n.labels().get("zone").cloned()),
+            .and_then(|n| n.labels.get("zone").map(str::to_owned)),
         Some("2".to_owned())
     );
     assert!(run(watcher::Event::InitApply(node_named("c", "1"))).is_empty());

@@ -1,0 +1,199 @@
+//! Label maps whose strings are stored once for the whole process.
+//!
+//! Thousands of Nodes carry the same dozen-odd labels (`kubernetes.io/arch=amd64`, the region,
+//! the zone, the instance type, the node group...) with few distinct values; as a
+//! `BTreeMap<String, String>` every Node stores its own copy of each key and value (17 labels:
+//! about 2.3 KiB a Node, measured with heaptrack). [`Labels`] is a sorted slice of pairs of
+//! [`Interned`] strings: each distinct key or value is allocated once and shared, so a Node's
+//! labels cost a pointer pair per label plus its few unique values (its hostname).
+//!
+//! The interner never grows without bound: strings nobody holds any more (a deleted Node's
+//! hostname) are dropped when the table has doubled since it was last swept.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use kube::core::labels::Expression;
+use serde::de::{MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A string shared by every holder of an equal one.
+pub type Interned = Arc<str>;
+
+struct Table {
+    strings: HashSet<Interned>,
+    /// Size after the last sweep; the next sweep runs at twice this.
+    swept_at: usize,
+}
+
+static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(|| {
+    Mutex::new(Table {
+        strings: HashSet::new(),
+        swept_at: 0,
+    })
+});
+
+/// Below this many strings the table is never swept (sweeping costs a pass over it).
+const MIN_SWEEP: usize = 1024;
+
+/// The shared copy of `s`.
+pub fn intern(s: &str) -> Interned {
+    // A poisoned lock only means another thread panicked mid-insert; the set is still valid.
+    let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(found) = table.strings.get(s) {
+        return found.clone();
+    }
+    if table.strings.len() >= (table.swept_at * 2).max(MIN_SWEEP) {
+        table.strings.retain(|s| Arc::strong_count(s) > 1);
+        table.swept_at = table.strings.len();
+    }
+    let new: Interned = Arc::from(s);
+    table.strings.insert(new.clone());
+    new
+}
+
+/// A label map, sorted by key, its strings interned.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Labels(Box<[(Interned, Interned)]>);
+
+impl Labels {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .binary_search_by(|(k, _)| k.as_ref().cmp(key))
+            .ok()
+            .map(|i| self.0[i].1.as_ref())
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_ref(), v.as_ref()))
+    }
+
+    /// The map as the API types hold it.
+    pub fn to_map(&self) -> BTreeMap<String, String> {
+        self.iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
+    /// Whether every requirement holds, as kube's `Selector::matches` decides for a map
+    /// (`requirements`: a `Selector`'s, collected once for many label maps).
+    pub fn matches(&self, requirements: &[Expression]) -> bool {
+        requirements.iter().all(|r| self.satisfies(r))
+    }
+
+    fn satisfies(&self, requirement: &Expression) -> bool {
+        match requirement {
+            Expression::In(key, values) => self.get(key).is_some_and(|v| values.contains(v)),
+            Expression::NotIn(key, values) => self.get(key).is_none_or(|v| !values.contains(v)),
+            Expression::Equal(key, value) => self.get(key) == Some(value.as_str()),
+            Expression::NotEqual(key, value) => self.get(key) != Some(value.as_str()),
+            Expression::Exists(key) => self.get(key).is_some(),
+            Expression::DoesNotExist(key) => self.get(key).is_none(),
+        }
+    }
+
+    fn from_pairs<K: AsRef<str>, V: AsRef<str>>(pairs: impl IntoIterator<Item = (K, V)>) -> Self {
+        let mut pairs: Vec<(Interned, Interned)> = pairs
+            .into_iter()
+            .map(|(k, v)| (intern(k.as_ref()), intern(v.as_ref())))
+            .collect();
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        // A JSON object with a repeated key keeps the last value, as a map would.
+        pairs.reverse();
+        pairs.dedup_by(|later, earlier| later.0 == earlier.0);
+        pairs.reverse();
+        Labels(pairs.into_boxed_slice())
+    }
+}
+
+impl From<&BTreeMap<String, String>> for Labels {
+    fn from(map: &BTreeMap<String, String>) -> Self {
+        Labels::from_pairs(map)
+    }
+}
+
+impl<K: AsRef<str>, V: AsRef<str>> FromIterator<(K, V)> for Labels {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(pairs: I) -> Self {
+        Labels::from_pairs(pairs)
+    }
+}
+
+impl fmt::Debug for Labels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+impl Serialize for Labels {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for Labels {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct PairsVisitor;
+        impl<'de> Visitor<'de> for PairsVisitor {
+            type Value = Labels;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of label keys to values")
+            }
+            fn visit_unit<E>(self) -> Result<Labels, E> {
+                Ok(Labels::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Labels, A::Error> {
+                // Borrowed from the input where it has no escapes: no String per entry.
+                let mut pairs: Vec<(Text<'de>, Text<'de>)> = Vec::new();
+                while let Some(pair) = map.next_entry::<Text<'de>, Text<'de>>()? {
+                    pairs.push(pair);
+                }
+                Ok(Labels::from_pairs(pairs))
+            }
+        }
+        d.deserialize_any(PairsVisitor)
+    }
+}
+
+/// A string as the deserializer offers it: borrowed from the input when it can be.
+struct Text<'de>(Cow<'de, str>);
+
+impl AsRef<str> for Text<'_> {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Text<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+        impl<'de> Visitor<'de> for TextVisitor {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(s.to_owned())))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(s)))
+            }
+        }
+        d.deserialize_str(TextVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests;

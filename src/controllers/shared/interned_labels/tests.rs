@@ -1,0 +1,123 @@
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kube::core::labels::Expression;
+use kube::core::{Selector, SelectorExt};
+use serde_json::json;
+
+use super::*;
+
+fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn equal_strings_are_one_allocation() {
+    let a = Labels::from(&map(&[("topology.kubernetes.io/zone", "eu-west-1a")]));
+    let b: Labels = serde_json::from_value(json!({"topology.kubernetes.io/zone": "eu-west-1a"}))
+        .expect("labels parse");
+    assert_eq!(a, b);
+    assert!(Arc::ptr_eq(&a.0[0].0, &b.0[0].0));
+    assert!(Arc::ptr_eq(&a.0[0].1, &b.0[0].1));
+}
+
+#[test]
+fn reads_and_round_trips_like_the_map() {
+    let original = map(&[("b", "2"), ("a", "1"), ("kubernetes.io/hostname", "node-7")]);
+    let labels = Labels::from(&original);
+    assert_eq!(labels.len(), 3);
+    assert_eq!(labels.get("a"), Some("1"));
+    assert_eq!(labels.get("kubernetes.io/hostname"), Some("node-7"));
+    assert_eq!(labels.get("c"), None);
+    assert_eq!(labels.to_map(), original);
+    assert_eq!(
+        labels.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        ["a", "b", "kubernetes.io/hostname"]
+    );
+    let json = serde_json::to_value(&labels).expect("serializes");
+    assert_eq!(
+        json,
+        json!({"a": "1", "b": "2", "kubernetes.io/hostname": "node-7"})
+    );
+    let back: Labels = serde_json::from_value(json).expect("parses");
+    assert_eq!(back, labels);
+}
+
+#[test]
+fn escaped_strings_and_null_parse() {
+    let labels: Labels =
+        serde_json::from_str(r#"{"a\"b": "c\\d"}"#).expect("escaped strings parse");
+    assert_eq!(labels.get("a\"b"), Some("c\\d"));
+    let none: Labels = serde_json::from_str("null").expect("null parses");
+    assert!(none.is_empty());
+    let err = serde_json::from_str::<Labels>(r#"{"a": 1}"#).expect_err("a number is no label");
+    assert!(err.to_string().contains("a string"), "{err}");
+}
+
+#[test]
+fn a_repeated_key_keeps_its_last_value_as_a_map_does() {
+    let labels: Labels = serde_json::from_str(r#"{"a": "1", "b": "x", "a": "2"}"#).expect("parses");
+    let as_map: BTreeMap<String, String> =
+        serde_json::from_str(r#"{"a": "1", "b": "x", "a": "2"}"#).expect("parses");
+    assert_eq!(labels.to_map(), as_map);
+}
+
+#[test]
+fn selectors_match_as_on_a_map() {
+    let labels_ = map(&[("zone", "a"), ("tier", "web"), ("gpu", "")]);
+    let labels = Labels::from(&labels_);
+    let cases: Vec<Expression> = vec![
+        Expression::In("zone".into(), ["a".into(), "b".into()].into()),
+        Expression::In("zone".into(), ["b".into()].into()),
+        Expression::In("missing".into(), ["a".into()].into()),
+        Expression::NotIn("zone".into(), ["b".into()].into()),
+        Expression::NotIn("zone".into(), ["a".into()].into()),
+        Expression::NotIn("missing".into(), ["a".into()].into()),
+        Expression::Equal("tier".into(), "web".into()),
+        Expression::Equal("tier".into(), "db".into()),
+        Expression::NotEqual("tier".into(), "db".into()),
+        Expression::NotEqual("missing".into(), "db".into()),
+        Expression::Exists("gpu".into()),
+        Expression::Exists("missing".into()),
+        Expression::DoesNotExist("missing".into()),
+        Expression::DoesNotExist("gpu".into()),
+    ];
+    for expression in cases {
+        let selector = Selector::from(expression.clone());
+        let requirements: Vec<Expression> = selector.clone().into_iter().collect();
+        assert_eq!(
+            labels.matches(&requirements),
+            selector.matches(&labels_),
+            "{expression:?}"
+        );
+    }
+    assert!(labels.matches(&[]), "an empty selector selects everything");
+}
+
+#[test]
+fn strings_nobody_holds_are_swept_when_the_table_doubles() {
+    // Unique to this test so that no other test holds them.
+    let dropped: Vec<String> = (0..MIN_SWEEP * 2)
+        .map(|i| format!("interned-sweep-test-dropped-{i}"))
+        .collect();
+    for s in &dropped {
+        drop(intern(s));
+    }
+    let kept = intern("interned-sweep-test-kept");
+    // Enough new strings to cross the next sweep point, whatever other tests have interned.
+    for i in 0..MIN_SWEEP * 8 {
+        drop(intern(&format!("interned-sweep-test-filler-{i}")));
+    }
+    let table = TABLE.lock().expect("lock");
+    let left = dropped
+        .iter()
+        .filter(|s| table.strings.contains(s.as_str()))
+        .count();
+    assert_eq!(left, 0, "dropped strings left in the table");
+    assert!(table.strings.contains("interned-sweep-test-kept"));
+    drop(table);
+    assert_eq!(&*kept, "interned-sweep-test-kept");
+}
