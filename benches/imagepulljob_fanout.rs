@@ -18,6 +18,8 @@
 //! kruise-manager: benches/upstream-kruise-manager/manager.example.yaml) runs the same phases
 //! against that manager after ours, on a control plane of its own; a table then puts both
 //! managers' figures side by side with their ratio.
+//! `MANAGER_ARGS` (whitespace-separated, e.g. `--kube-api-qps 0`) are appended to our manager's
+//! command line.
 //!
 //! Figures are printed with their ratio to the baseline; nothing is asserted.
 

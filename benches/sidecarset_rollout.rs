@@ -39,13 +39,16 @@
 mod harness;
 
 use harness::bench::{Result, env_number, median};
-use harness::controlplane::{ControlPlane, Crds, apiserver_requests};
+use harness::controlplane::{ControlPlane, Crds};
 use harness::objects::{create_namespace, stamp_hashes};
 use harness::procfs::{cpu_total, machine_cpu, rss_mib};
-use std::collections::{BTreeMap, HashMap};
+use harness::rollout::{
+    container_image, describe_patches, describe_status, follow, patches_between, pod_patches, secs,
+    watch_status,
+};
+use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
@@ -69,7 +72,7 @@ use kruise_rs::controllers::sidecarset::{self, PreDownloadInputs, owned_pods, pl
 use kruise_rs::sidecar::annotations::{SidecarSetUpgradeSpec, render_hashes};
 use kruise_rs::sidecar::hash::sidecarset_hash;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -815,196 +818,17 @@ impl Cpu {
     }
 }
 
-/// The apiserver's `apiserver_request_total` for pods PATCHes, by subresource and code.
-async fn pod_patches(client: &Client) -> Result<BTreeMap<String, f64>> {
-    Ok(apiserver_requests(client, "pods", "PATCH", |label| {
-        let subresource = match label("subresource").as_str() {
-            "" => "pod".to_owned(),
-            other => other.to_owned(),
-        };
-        Some(format!("{subresource} {}", label("code")))
-    })
-    .await?)
-}
-
-fn describe_patches(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> String {
-    let parts: Vec<String> = after
-        .iter()
-        .map(|(k, v)| (k, v - before.get(k).copied().unwrap_or(0.0)))
-        .filter(|(_, v)| *v > 0.0)
-        .map(|(k, v)| format!("{v:.0} {k}"))
-        .collect();
-    if parts.is_empty() {
-        "none".to_owned()
-    } else {
-        parts.join(", ")
-    }
-}
-
-// --- following the pods ------------------------------------------------------------------------
-
-fn sidecar_image(pod: &Pod) -> Option<&str> {
-    pod.spec
-        .as_ref()?
-        .containers
-        .iter()
-        .find(|c| c.name == SIDECAR)?
-        .image
-        .as_deref()
-}
-
-/// When the watch saw the first and the last pod reach the image.
-struct Reached {
-    first: Option<Instant>,
-    half: Option<Instant>,
-    all: Instant,
-}
-
-impl Reached {
-    /// "first after …, half after …, all N after …" from `t0`.
-    fn timeline(&self, t0: Instant, n: usize) -> String {
-        let at = |i: Option<Instant>| i.map_or("?".to_owned(), |i| secs(i - t0));
-        format!(
-            "first pod after {}, half after {}, all {n} after {}",
-            at(self.first),
-            at(self.half),
-            secs(self.all - t0)
-        )
-    }
-}
-
-/// A pod watch counting the pods whose sidecar spec image is the target.
-struct Follower {
-    count: Arc<AtomicUsize>,
-    task: tokio::task::JoinHandle<Result<Reached>>,
-    want: usize,
-}
-
-/// Starts following and returns once the watch's initial list is in.
-async fn follow(api: Api<Pod>, target: String, want: usize) -> Result<Follower> {
-    let (listed_tx, listed_rx) = oneshot::channel();
-    let count = Arc::new(AtomicUsize::new(0));
-    let shared = count.clone();
-    let task = tokio::spawn(async move {
-        let mut listed_tx = Some(listed_tx);
-        let mut on: HashMap<String, bool> = HashMap::new();
-        let mut relist: HashMap<String, bool> = HashMap::new();
-        let mut n = 0usize;
-        let mut first = None;
-        let mut half = None;
-        let stream = watcher(api, watcher::Config::default()).default_backoff();
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(watcher::Event::Init) => relist.clear(),
-                Ok(watcher::Event::InitApply(pod)) => {
-                    let reached = sidecar_image(&pod) == Some(target.as_str());
-                    relist.insert(pod.name_any(), reached);
-                }
-                Ok(watcher::Event::InitDone) => {
-                    on = std::mem::take(&mut relist);
-                    n = on.values().filter(|v| **v).count();
-                    if let Some(tx) = listed_tx.take() {
-                        let _ = tx.send(());
-                    }
-                }
-                Ok(watcher::Event::Apply(pod)) => {
-                    let reached = sidecar_image(&pod) == Some(target.as_str());
-                    if reached && first.is_none() {
-                        first = Some(Instant::now());
-                    }
-                    let was = on.insert(pod.name_any(), reached).unwrap_or(false);
-                    n = n + usize::from(reached) - usize::from(was);
-                }
-                Ok(watcher::Event::Delete(pod)) => {
-                    if on.remove(&pod.name_any()).unwrap_or(false) {
-                        n -= 1;
-                    }
-                }
-                Err(e) => eprintln!("following the pods: {e}"),
-            }
-            shared.store(n, Ordering::Relaxed);
-            if first.is_some() && half.is_none() && 2 * n >= want {
-                half = Some(Instant::now());
-            }
-            if listed_tx.is_none() && n >= want {
-                return Ok(Reached {
-                    first,
-                    half,
-                    all: Instant::now(),
-                });
-            }
-        }
-        Err("the pod watch ended".into())
-    });
-    listed_rx
-        .await
-        .map_err(|_| "the pod watch ended before its first list")?;
-    Ok(Follower { count, task, want })
-}
-
-impl Follower {
-    /// Waits until every pod is seen on the target, failing after [`STALL`] without progress.
-    async fn wait(mut self, what: &str) -> Result<Reached> {
-        let mut last = (self.count.load(Ordering::Relaxed), Instant::now());
-        loop {
-            tokio::select! {
-                done = &mut self.task => return done?,
-                () = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
-            let now = self.count.load(Ordering::Relaxed);
-            if now != last.0 {
-                last = (now, Instant::now());
-            } else if last.1.elapsed() > STALL {
-                self.task.abort();
-                return Err(format!(
-                    "{what}: stalled at {now}/{} pods for {} s",
-                    self.want,
-                    STALL.as_secs()
-                )
-                .into());
-            }
-        }
-    }
-}
-
-/// The first time the SidecarSet's status satisfies `done`, watched.
-fn watch_status(
-    api: Api<SidecarSet>,
-    done: impl Fn(&SidecarSetStatus) -> bool + Send + 'static,
-) -> tokio::task::JoinHandle<Option<(Instant, SidecarSetStatus)>> {
-    tokio::spawn(async move {
-        let config = watcher::Config::default().fields(&format!("metadata.name={SET_NAME}"));
-        let stream = watcher(api, config).default_backoff().applied_objects();
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            if let Ok(set) = event
-                && let Some(status) = set.status
-                && done(&status)
-            {
-                return Some((Instant::now(), status));
-            }
-        }
-        None
-    })
-}
-
-fn describe_status(status: Option<&SidecarSetStatus>) -> String {
-    match status {
-        Some(s) => format!(
-            "matched {} updated {} ready {} updatedReady {} (generation {:?}, revision {:?})",
-            s.matched_pods,
-            s.updated_pods,
-            s.ready_pods,
-            s.updated_ready_pods,
-            s.observed_generation,
-            s.latest_revision
-        ),
-        None => "no status".to_owned(),
-    }
-}
-
 // --- 2. and 3. the rollout and its baseline -----------------------------------------------------
+
+/// Follows the bench pods until `n` of them have sidecar spec image `target`.
+async fn follow_image(
+    pods: &Api<Pod>,
+    target: String,
+    n: usize,
+) -> Result<harness::rollout::Follower> {
+    let reached = move |pod: &Pod| container_image(pod, SIDECAR) == Some(target.as_str());
+    Ok(follow(pods.clone(), watcher::Config::default(), reached, n).await?)
+}
 
 /// Sidecar image `v<k>`.
 fn v(k: usize) -> String {
@@ -1134,10 +958,6 @@ async fn poll_status(
     .into())
 }
 
-fn secs(d: Duration) -> String {
-    format!("{:.2} s", d.as_secs_f64())
-}
-
 async fn rollout(n: usize, rounds: usize) -> Result<()> {
     println!(
         "rollout of {n} pods at maxUnavailable 100% through a local kube-apiserver (sidecarset::run in this process), \
@@ -1209,8 +1029,8 @@ async fn rollout(n: usize, rounds: usize) -> Result<()> {
 
         // The rollout: v<from> -> v<to>, spec and hash annotation together.
         let generation = sets.get(SET_NAME).await?.metadata.generation.unwrap_or(0) + 1;
-        let follower = follow(pods.clone(), v(to), n).await?;
-        let updated = watch_status(Api::all(watch_client.clone()), move |s| {
+        let follower = follow_image(&pods, v(to), n).await?;
+        let updated = watch_status(Api::all(watch_client.clone()), SET_NAME, move |s| {
             s.updated_pods == n32 && s.observed_generation >= Some(generation)
         });
         let patches_before = pod_patches(&setup).await?;
@@ -1224,7 +1044,7 @@ async fn rollout(n: usize, rounds: usize) -> Result<()> {
             )
             .into());
         }
-        let reached = match follower.wait("rollout").await {
+        let reached = match follower.wait("rollout", STALL).await {
             Ok(r) => r,
             Err(e) => {
                 let status = sets.get(SET_NAME).await.ok().and_then(|s| s.status);
@@ -1238,7 +1058,10 @@ async fn rollout(n: usize, rounds: usize) -> Result<()> {
         let cpu_rollout = Cpu::sample(&cp).since(&cpu_before);
         let rollout_time = reached.all - t0;
         let updated_at = tokio::time::timeout(STALL, updated).await;
-        let patches_rollout = describe_patches(&pod_patches(&setup).await?, &patches_before);
+        let patches_rollout = describe_patches(&patches_between(
+            &pod_patches(&setup).await?,
+            &patches_before,
+        ));
         let final_status = sets.get(SET_NAME).await?.status;
         let updated_line = match updated_at {
             Ok(Ok(Some((at, _)))) => format!("status.updatedPods = {n} after {}", secs(at - t0)),
@@ -1288,7 +1111,7 @@ async fn rollout(n: usize, rounds: usize) -> Result<()> {
         let new_hash = set_annotation(&versioned(&set, after), SIDECARSET_HASH);
         let before_id = image_id(&v(from));
         let new_image = v(after);
-        let follower = follow(pods.clone(), v(after), n).await?;
+        let follower = follow_image(&pods, v(after), n).await?;
         let patches_before = pod_patches(&setup).await?;
         let cpu_before = Cpu::sample(&cp);
         let params = PatchParams {
@@ -1316,10 +1139,13 @@ async fn rollout(n: usize, rounds: usize) -> Result<()> {
             .try_collect::<Vec<_>>()
             .await?;
         let sent = t0.elapsed();
-        let reached = follower.wait("baseline").await?;
+        let reached = follower.wait("baseline", STALL).await?;
         let cpu_baseline = Cpu::sample(&cp).since(&cpu_before);
         let baseline_time = reached.all - t0;
-        let patches_baseline = describe_patches(&pod_patches(&setup).await?, &patches_before);
+        let patches_baseline = describe_patches(&patches_between(
+            &pod_patches(&setup).await?,
+            &patches_before,
+        ));
         println!(
             "    baseline, a plain client patching the same pods v{to} -> v{after} ({CONCURRENCY} at a time), seen by a pod watch: \
              {} ({:.0} pods/s; last answer after {})",

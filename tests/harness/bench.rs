@@ -1,4 +1,5 @@
-//! What the benches' `main`s share: the `--bench` guard, numbers from the environment, medians.
+//! What the benches' `main`s share: the `--bench` guard, numbers and manager arguments from the
+//! environment, medians.
 
 /// Whether this run is `cargo bench --bench <name>`. `cargo test --all-targets` runs bench
 /// targets too, without `--bench`: a control plane and thousands of objects are not something to
@@ -22,6 +23,16 @@ pub fn env_number(name: &str, default: usize, min: usize) -> Result<usize, Strin
         },
         _ => Ok(default),
     }
+}
+
+/// `MANAGER_ARGS`: extra arguments for the benches' `kruise-rs manager` (e.g.
+/// `--kube-api-qps 0`), split on whitespace; none when unset.
+pub fn manager_args() -> Vec<String> {
+    std::env::var("MANAGER_ARGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The median of `values` (NaN when there are none).

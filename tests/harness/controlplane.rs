@@ -161,9 +161,14 @@ impl ControlPlane {
 
     /// `kruise-rs manager` against this control plane as a child process: webhooks off (the
     /// benches measure the controllers), NodeImages created at once, warnings only. `wrapper`
-    /// (e.g. `heaptrack`) runs it under another program taking it as its first argument.
+    /// (e.g. `heaptrack`) runs it under another program taking it as its first argument;
+    /// `extra_args` go after the harness's own (flags the harness passes must not be repeated).
     /// Creates namespace `kruise-system` first, where the manager takes its leader Lease.
-    pub fn spawn_manager(&self, wrapper: Option<&str>) -> Result<ChildGuard, String> {
+    pub fn spawn_manager(
+        &self,
+        wrapper: Option<&str>,
+        extra_args: &[String],
+    ) -> Result<ChildGuard, String> {
         let quiet = |cmd: &mut Command| {
             cmd.stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -192,6 +197,7 @@ impl ControlPlane {
                 .arg(&self.kubeconfig)
                 .args(["--probe-addr", "127.0.0.1:0"])
                 .args(["--nodeimage-creation-delay", "0", "--disable-webhooks"])
+                .args(extra_args)
                 .env("RUST_LOG", "warn")
                 .stdout(Stdio::null()),
         )

@@ -1,7 +1,7 @@
 //! The one harness the benches and the test binaries share: the loopback control plane
 //! (`tests/controlplane/start.sh`, stopped on drop), child processes that die with their owner,
-//! `/proc` figures (RSS, CPU time), Ready fake Nodes, played node daemons, unique names and
-//! deadline polling.
+//! `/proc` figures (RSS, CPU time), Ready fake Nodes, played node daemons, following a rollout,
+//! unique names and deadline polling.
 //!
 //! Included by path, one copy per target:
 //! - `benches/*.rs`: `#[path = "../tests/harness/mod.rs"] mod harness;`
@@ -19,6 +19,7 @@ pub mod objects;
 pub mod played_daemon;
 pub mod process;
 pub mod procfs;
+pub mod rollout;
 pub mod shared;
 
 /// `rel` inside the repository (the crate's manifest directory).

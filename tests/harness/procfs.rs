@@ -22,6 +22,14 @@ pub fn rss_mib(pid: u32, field: &str) -> Option<f64> {
     Some(kb / 1024.0)
 }
 
+/// Resets process `pid`'s peak RSS (`VmHWM`) to its current RSS, so that the `VmHWM` read after
+/// a phase is that phase's peak: writes `5` to `/proc/<pid>/clear_refs` (Linux 4.0 and later;
+/// the process must be this user's).
+pub fn reset_peak_rss(pid: u32) -> Result<(), String> {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
+        .map_err(|e| format!("resetting the peak RSS of process {pid}: {e}"))
+}
+
 /// The fields of `/proc/<pid>/stat` after the command (`state` first), or `None` once the
 /// process is gone.
 fn stat_fields(pid: u32) -> Option<Vec<String>> {
@@ -81,6 +89,25 @@ pub fn machine_cpu() -> Option<MachineCpu> {
 
 #[cfg(test)]
 mod tests {
+    /// A phase's peak is only its own once the peak before it is forgotten.
+    #[test]
+    fn resetting_the_peak_forgets_memory_touched_and_freed_before() {
+        let pid = std::process::id();
+        const SPIKE: usize = 64 << 20;
+        // Written to, so every page is resident; freed at once (an allocation this large is its
+        // own mapping, returned to the system on free).
+        let spike = std::hint::black_box(vec![1u8; SPIKE]);
+        drop(spike);
+        let hwm = |what| super::rss_mib(pid, "VmHWM:").expect(what);
+        let before = hwm("VmHWM before the reset");
+        super::reset_peak_rss(pid).expect("reset");
+        let after = hwm("VmHWM after the reset");
+        assert!(
+            after < before - 32.0,
+            "the peak was {before:.1} MiB with the 64 MiB spike, {after:.1} MiB after the reset"
+        );
+    }
+
     /// The soak bench asked for `VmRSS` (no colon) and printed NaN for an hour's first minutes.
     #[test]
     fn a_status_field_is_found_with_or_without_its_colon_and_only_whole() {
