@@ -1,23 +1,43 @@
-//! The manager's memory with a cluster's worth of objects watched, against a real kube-apiserver
-//! on loopback: the goal (issue 21) is RSS ≤ 64 MiB with 10,000 pods, 5,000 nodes and 5,000
-//! NodeImages.
+//! The manager's memory with a cluster's worth of objects watched, and its peaks through a
+//! fan-out and a rollout over all of them, against a real kube-apiserver on loopback: the goal
+//! (issue 21) is RSS ≤ 64 MiB with 10,000 pods, 5,000 nodes and 5,000 NodeImages, and a peak
+//! within 1.1× of that through either phase.
 //!
-//! `cargo bench --bench manager_memory` (env `PODS` 10000, `NODES` 5000, `NAMESPACES` 10):
+//! `cargo bench --bench manager_memory` (env `PODS` 10000, `NODES` 5000, `NAMESPACES` 10,
+//! `PHASES` `fanout,rollout`: which of phases 5 and 6 run, in that order; empty for neither):
 //! 1. starts a local control plane and `kruise-rs manager` (release build, webhooks off, leader
 //!    election on) as a child process; its RSS once ready with nothing to watch is the baseline;
 //! 2. creates NODES Ready Nodes, each with the 17 labels of a cloud provider's node, and waits
 //!    for the manager to create their NodeImages; RSS;
-//! 3. creates a SidecarSet (hash annotations as the webhook writes them) and PODS pods in
-//!    NAMESPACES namespaces, shaped as the webhook injects them (labels, annotations, two
-//!    containers with env, resources and mounts, an owner reference), then plays the kubelet:
+//! 3. creates a SidecarSet (maxUnavailable 10%, hash annotations as the webhook writes them) and
+//!    PODS pods in NAMESPACES namespaces, shaped as the webhook injects them (labels, annotations,
+//!    two containers with env, resources and mounts, an owner reference), then plays the kubelet:
 //!    every pod Running and Ready with its container statuses. Waits until the SidecarSet's status
 //!    counts every pod matched and ready (the controller has them all in its cache);
-//! 4. RSS right then and over the next 10 s (steady state), and the peak (VmHWM).
+//! 4. RSS right then and over the next 10 s: the steady figure is the highest of these; and the
+//!    peak so far (VmHWM);
+//! 5. fan-out: an ImagePullJob over all NODES nodes at parallelism NODES, this program answering
+//!    as every node's daemon (each tag reported Succeeded as soon as its NodeImage asks for it);
+//!    time until the job's status counts every node succeeded, NodeImage spec writes per node and
+//!    refused ones (the apiserver's `apiserver_request_total`), and the manager's peak RSS during
+//!    the phase (VmHWM reset before it through `/proc/<pid>/clear_refs`) with its ratio to the
+//!    steady figure, and its RSS at the end;
+//! 6. rollout: the SidecarSet's sidecar image moves one version up, with maxUnavailable 100% so
+//!    that every pod is upgraded at once (the same write; no pre-download at 100%); time until
+//!    a pod watch has seen every pod's spec on the new image and until `status.updatedPods` is
+//!    PODS, pod PATCH requests, peak RSS (reset as in 5) and RSS at the end. Baseline in the same
+//!    run: the SidecarSet paused (the controller then leaves the pods alone), a plain client sends
+//!    every pod the JSON patch an upgrade writes (sidecar image one more version up, the hash and
+//!    in-place update state annotations) 16 at a time, the controller's upgrade concurrency, timed
+//!    the same way; the ratio of the two times (goal ≤ 1.1×). The manager keeps watching the pods
+//!    meanwhile, as it would in a cluster.
 //!
 //! `MANAGER_WRAPPER` (a command taking the manager's program as its first argument, such as
-//! `heaptrack`) runs the manager under it; RSS is then the wrapper's process's.
+//! `heaptrack`) runs the manager under it; RSS is then the wrapper's process's. `MANAGER_ARGS`
+//! (whitespace-separated, e.g. `--kube-api-qps 0`) are appended to the manager's command line.
 //!
-//! Figures are printed with their ratio to the goal and to the empty baseline; nothing is asserted.
+//! Figures are printed with their ratio to the goal, to the empty baseline, to the steady figure
+//! and to the plain client; nothing is asserted.
 
 #[path = "../tests/harness/mod.rs"]
 mod harness;
@@ -26,17 +46,32 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use harness::bench::Result;
-use harness::bench::env_number;
-use harness::controlplane::{ControlPlane, Crds};
+use harness::bench::{Result, env_number, manager_args};
+use harness::controlplane::{ControlPlane, Crds, apiserver_requests};
 use harness::objects::{create_ready_nodes, stamp_hashes};
-use harness::procfs::rss_mib;
+use harness::played_daemon::{PlayedDaemons, play_node_image_daemons};
+use harness::procfs::{reset_peak_rss, rss_mib};
+use harness::rollout::{
+    container_image, describe_patches, describe_status, follow, patches_between, pod_patches, secs,
+    watch_status,
+};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::jiff::Timestamp;
 use kruise_rs::apis::defaults::default_sidecarset;
+use kruise_rs::apis::imagepulljob::{
+    ImagePullJob, ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate,
+};
 use kruise_rs::apis::nodeimage::NodeImage;
 use kruise_rs::apis::sidecarset::SidecarSet;
 use kruise_rs::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
+    SIDECARSET_INPLACE_UPDATE_STATE,
+};
+use kruise_rs::controllers::sidecarset::pods::{
+    InPlaceUpdateState, LastContainerStatus, render_update_states,
 };
 use kruise_rs::sidecar::annotations::{SidecarSetUpgradeSpec, render_hashes};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -47,23 +82,83 @@ use serde_json::{Value, json};
 
 /// Issue 21's goal (the design asked for 100 MiB).
 const GOAL_MIB: f64 = 64.0;
+/// Issue 21's goal for a phase's peak, as a multiple of the steady figure.
+const PEAK_GOAL: f64 = 1.1;
+/// Issue 21's goal for the rollout's time, as a multiple of the plain client's.
+const ROLLOUT_GOAL: f64 = 1.1;
 const SET_NAME: &str = "bench-mesh";
+const SIDECAR: &str = "proxy";
 const SIDECAR_IMAGE: &str = "registry.local/mesh/proxy:1.0.0";
+/// Where the rollout takes the sidecar, and where the baseline's plain client takes it after.
+const ROLLOUT_IMAGE: &str = "registry.local/mesh/proxy:1.1.0";
+const BASELINE_IMAGE: &str = "registry.local/mesh/proxy:1.2.0";
 const APP_IMAGE: &str = "registry.local/shop/web:3.14.2";
+/// The label every bench Node carries, and the fan-out job selects.
+const NODE_LABEL: (&str, &str) = ("kruise-rs-bench", "memory");
+const FANOUT_IMAGE: &str = "registry.local/bench/fanout";
+const FANOUT_TAG: &str = "1";
+const FANOUT_NAMESPACE: &str = "default";
 const CONCURRENCY: usize = 32;
+/// The SidecarSet controller's `UPGRADE_CONCURRENCY`: the baseline patches as many pods at once.
+const UPGRADE_CONCURRENCY: usize = 16;
+/// Longest wait without progress before a phase is declared stalled.
 const STALL: Duration = Duration::from_secs(300);
 
 fn main() -> Result<()> {
     if !harness::bench::requested("manager_memory") {
         return Ok(());
     }
-    let pods = env_number("PODS", 10_000, 0)?;
-    let nodes = env_number("NODES", 5_000, 0)?.max(1);
-    let namespaces = env_number("NAMESPACES", 10, 0)?.max(1);
-    tokio::runtime::Builder::new_multi_thread()
+    let scale = Scale {
+        pods: env_number("PODS", 10_000, 0)?,
+        nodes: env_number("NODES", 5_000, 0)?.max(1),
+        namespaces: env_number("NAMESPACES", 10, 0)?.max(1),
+    };
+    let phases = Phases::from_env()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?
-        .block_on(bench(pods, nodes, namespaces))
+        .build()?;
+    let result = runtime.block_on(bench(&scale, &phases));
+    // Watches of a stalled phase may still run on the runtime: do not wait for them.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+/// How many objects the bench makes.
+struct Scale {
+    pods: usize,
+    nodes: usize,
+    namespaces: usize,
+}
+
+/// Which phases run after the steady figure (`PHASES`, comma-separated; default all).
+struct Phases {
+    fanout: bool,
+    rollout: bool,
+}
+
+impl Phases {
+    fn from_env() -> Result<Self> {
+        let Ok(names) = std::env::var("PHASES") else {
+            return Ok(Phases {
+                fanout: true,
+                rollout: true,
+            });
+        };
+        let mut phases = Phases {
+            fanout: false,
+            rollout: false,
+        };
+        for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "fanout" => phases.fanout = true,
+                "rollout" => phases.rollout = true,
+                other => {
+                    return Err(format!("PHASES: unknown phase {other:?} (fanout, rollout)").into());
+                }
+            }
+        }
+        Ok(phases)
+    }
 }
 
 /// The labels of a cloud provider's Node (EKS here; GKE and AKS set as many), 17 with the
@@ -71,7 +166,7 @@ fn main() -> Result<()> {
 /// into each NodeImage.
 fn cloud_node_labels() -> BTreeMap<String, String> {
     [
-        ("kruise-rs-bench", "memory"),
+        NODE_LABEL,
         ("kubernetes.io/arch", "amd64"),
         ("kubernetes.io/os", "linux"),
         ("beta.kubernetes.io/arch", "amd64"),
@@ -114,7 +209,7 @@ fn the_set() -> Result<SidecarSet> {
 
 fn sidecar_container() -> Value {
     json!({
-        "name": "proxy",
+        "name": SIDECAR,
         "image": SIDECAR_IMAGE,
         "args": ["proxy", "sidecar", "--log-level=warning"],
         "ports": [{"name": "http-prom", "containerPort": 15090, "protocol": "TCP"}],
@@ -196,13 +291,22 @@ fn pod(i: usize, namespace: &str, nodes: usize, set: &SidecarSet) -> Result<Pod>
     }))?)
 }
 
+/// The imageID the played kubelet reports for container `name` running `image`.
+fn image_id(name: &str, image: &str) -> String {
+    format!(
+        "{}@sha256:{:064x}",
+        image.split(':').next().unwrap_or(image),
+        name.len()
+    )
+}
+
 /// What the kubelet would report: Running, Ready, both containers running their images.
 fn running_status(i: usize) -> Value {
     let now = "2026-12-01T08:00:00Z";
     let status = |name: &str, image: &str| {
         json!({
             "name": name, "image": image, "ready": true, "started": true, "restartCount": 0,
-            "imageID": format!("{}@sha256:{:064x}", image.split(':').next().unwrap_or(image), name.len()),
+            "imageID": image_id(name, image),
             "containerID": format!("containerd://{:064x}", i * 2 + name.len()),
             "state": {"running": {"startedAt": now}},
         })
@@ -290,11 +394,106 @@ async fn wait_matched(client: &Client, want: usize) -> Result<Duration> {
     }
 }
 
-async fn bench(pods: usize, nodes: usize, namespaces: usize) -> Result<()> {
-    println!("manager memory with {pods} pods, {nodes} nodes and NodeImages watched");
+/// One manager's figures (MiB, seconds), for printing side by side with another's.
+#[derive(Debug, Default)]
+struct Figures {
+    empty: f64,
+    with_nodes: f64,
+    steady: f64,
+    fanout: Option<PhaseMemory>,
+    rollout: Option<PhaseMemory>,
+    /// The plain client's rollout time, in the same run.
+    rollout_baseline: Option<f64>,
+}
+
+/// A phase's duration and the manager's memory through it.
+#[derive(Debug)]
+struct PhaseMemory {
+    took: f64,
+    peak: f64,
+    end: f64,
+}
+
+impl PhaseMemory {
+    fn describe(&self, steady: f64) -> String {
+        format!(
+            "manager peak RSS during it {:.1} MiB ({:.2}x the steady figure; goal <= {PEAK_GOAL}x: {}), \
+             RSS at its end {:.1} MiB",
+            self.peak,
+            self.peak / steady,
+            met(self.peak / steady <= PEAK_GOAL),
+            self.end,
+        )
+    }
+}
+
+impl Figures {
+    /// The figures on one line: RSS in MiB, times in seconds.
+    fn summary(&self) -> String {
+        let mut parts = vec![format!(
+            "RSS empty {:.1}, with the nodes {:.1}, steady {:.1}",
+            self.empty, self.with_nodes, self.steady
+        )];
+        let phase = |name: &str, p: &PhaseMemory| {
+            format!(
+                "{name} {:.2} s, peak {:.1} ({:.2}x steady), end {:.1}",
+                p.took,
+                p.peak,
+                p.peak / self.steady,
+                p.end
+            )
+        };
+        if let Some(p) = &self.fanout {
+            parts.push(phase("fan-out", p));
+        }
+        if let Some(p) = &self.rollout {
+            parts.push(phase("rollout", p));
+        }
+        if let (Some(p), Some(b)) = (&self.rollout, self.rollout_baseline) {
+            parts.push(format!(
+                "plain client {b:.2} s (rollout {:.2}x)",
+                p.took / b
+            ));
+        }
+        parts.join("; ")
+    }
+}
+
+fn met(yes: bool) -> &'static str {
+    if yes { "met" } else { "NOT met" }
+}
+
+async fn bench(scale: &Scale, phases: &Phases) -> Result<()> {
+    println!(
+        "manager memory with {} pods, {} nodes and NodeImages watched",
+        scale.pods, scale.nodes
+    );
     let cp = ControlPlane::start("kruise-rs-bench-")?;
     cp.install_crds(Crds::Generated)?;
     let client = cp.client().await?;
+    // `MANAGER_WRAPPER` as in the fan-out bench: a profiler, or a script running another build.
+    let wrapper = std::env::var("MANAGER_WRAPPER")
+        .ok()
+        .filter(|w| !w.is_empty());
+    let args = manager_args();
+    if !args.is_empty() {
+        println!("  manager arguments added: {}", args.join(" "));
+    }
+    let manager = cp.spawn_manager(wrapper.as_deref(), &args)?;
+    let figures = run_phases(&client, manager.id(), scale, phases).await?;
+    println!("  summary: {}", figures.summary());
+    Ok(())
+}
+
+/// Every phase, against the manager whose process is `pid`, through `client` (on a control plane
+/// of its own, with the CRDs installed and nothing else made yet).
+async fn run_phases(client: &Client, pid: u32, scale: &Scale, phases: &Phases) -> Result<Figures> {
+    let Scale {
+        pods,
+        nodes,
+        namespaces,
+    } = *scale;
+    let mib = |field| rss_mib(pid, field).unwrap_or(f64::NAN);
     let ns_api: Api<Namespace> = Api::all(client.clone());
     let mut pod_namespaces = Vec::new();
     for name in (0..namespaces).map(|i| format!("bench-memory-{i}")) {
@@ -303,16 +502,8 @@ async fn bench(pods: usize, nodes: usize, namespaces: usize) -> Result<()> {
         pod_namespaces.push(name);
     }
 
-    // `MANAGER_WRAPPER` as in the fan-out bench: a profiler, or a script running another build.
-    let wrapper = std::env::var("MANAGER_WRAPPER")
-        .ok()
-        .filter(|w| !w.is_empty());
-    let manager = cp.spawn_manager(wrapper.as_deref())?;
-    let pid = manager.id();
-    let mib = |field| rss_mib(pid, field).unwrap_or(f64::NAN);
     // Ready: it holds the Lease and its controllers have listed (empty) caches.
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(client.clone(), "kruise-system");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kruise-system");
     let t = Instant::now();
     while leases.list(&Default::default()).await?.items.is_empty() {
         if t.elapsed() > STALL {
@@ -321,20 +512,27 @@ async fn bench(pods: usize, nodes: usize, namespaces: usize) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let empty = mib("VmRSS:");
-    println!("  baseline: manager RSS with nothing to watch: {empty:.1} MiB");
+    let mut figures = Figures {
+        empty: mib("VmRSS:"),
+        ..Figures::default()
+    };
+    println!(
+        "  baseline: manager RSS with nothing to watch: {:.1} MiB",
+        figures.empty
+    );
 
     let t = Instant::now();
-    create_ready_nodes(&client, nodes, &cloud_node_labels(), CONCURRENCY).await?;
+    create_ready_nodes(client, nodes, &cloud_node_labels(), CONCURRENCY).await?;
     let created = t.elapsed();
-    let waited = wait_nodeimages(&client, nodes).await?;
-    let with_nodes = mib("VmRSS:");
+    let waited = wait_nodeimages(client, nodes).await?;
+    figures.with_nodes = mib("VmRSS:");
     println!(
-        "  {nodes} Ready Nodes created in {:.1} s, their NodeImages {:.1} s later; manager RSS {with_nodes:.1} MiB \
+        "  {nodes} Ready Nodes created in {:.1} s, their NodeImages {:.1} s later; manager RSS {:.1} MiB \
          (+{:.1} KiB per node)",
         created.as_secs_f64(),
         waited.as_secs_f64(),
-        (with_nodes - empty) * 1024.0 / nodes as f64,
+        figures.with_nodes,
+        (figures.with_nodes - figures.empty) * 1024.0 / nodes as f64,
     );
 
     let set = the_set()?;
@@ -342,9 +540,9 @@ async fn bench(pods: usize, nodes: usize, namespaces: usize) -> Result<()> {
         .create(&PostParams::default(), &set)
         .await?;
     let t = Instant::now();
-    create_pods(&client, &set, pods, &pod_namespaces, nodes).await?;
+    create_pods(client, &set, pods, &pod_namespaces, nodes).await?;
     let created = t.elapsed();
-    let waited = wait_matched(&client, pods).await?;
+    let waited = wait_matched(client, pods).await?;
     let loaded = mib("VmRSS:");
     println!(
         "  {pods} injected, Running and Ready pods in {namespaces} namespaces created in {:.1} s \
@@ -358,17 +556,341 @@ async fn bench(pods: usize, nodes: usize, namespaces: usize) -> Result<()> {
         tokio::time::sleep(Duration::from_secs(2)).await;
         samples.push(mib("VmRSS:"));
     }
-    let steady = samples.iter().copied().fold(f64::NAN, f64::max);
+    figures.steady = samples.iter().copied().fold(f64::NAN, f64::max);
     println!(
-        "  manager RSS with everything watched: {loaded:.1} MiB at once, at most {steady:.1} MiB over the next 10 s \
-         (+{:.1} KiB per pod over the nodes' figure); peak (VmHWM) {:.1} MiB",
-        (loaded - with_nodes) * 1024.0 / pods.max(1) as f64,
+        "  manager RSS with everything watched: {loaded:.1} MiB at once, at most {:.1} MiB over the next 10 s \
+         (+{:.1} KiB per pod over the nodes' figure); peak so far (VmHWM) {:.1} MiB",
+        figures.steady,
+        (loaded - figures.with_nodes) * 1024.0 / pods.max(1) as f64,
         mib("VmHWM:"),
     );
     println!(
         "  ratio to the goal ({GOAL_MIB:.0} MiB): {:.2}x; to the empty baseline: {:.2}x",
-        steady / GOAL_MIB,
-        steady / empty,
+        figures.steady / GOAL_MIB,
+        figures.steady / figures.empty,
     );
-    Ok(())
+
+    if phases.fanout {
+        let fanout = fanout(client, pid, nodes).await?;
+        println!("    {}", fanout.describe(figures.steady));
+        figures.fanout = Some(fanout);
+    }
+    if phases.rollout {
+        let (rollout, baseline) = rollout(client, pid, &set, pods, &pod_namespaces).await?;
+        println!("    {}", rollout.describe(figures.steady));
+        let ratio = rollout.took / baseline;
+        println!(
+            "    rollout / plain client: {ratio:.2}x (goal <= {ROLLOUT_GOAL}x: {})",
+            met(ratio <= ROLLOUT_GOAL)
+        );
+        figures.rollout = Some(rollout);
+        figures.rollout_baseline = Some(baseline);
+    }
+    Ok(figures)
+}
+
+/// The apiserver's `apiserver_request_total` for PATCHes of NodeImage objects (not their status,
+/// which the played daemons write), by code.
+async fn nodeimage_patches(client: &Client) -> Result<BTreeMap<String, f64>> {
+    Ok(apiserver_requests(client, "nodeimages", "PATCH", |label| {
+        label("subresource").is_empty().then(|| label("code"))
+    })
+    .await?)
+}
+
+/// Reads the manager's peak RSS since the phase began, and its RSS now.
+fn phase_memory(pid: u32, took: Duration) -> PhaseMemory {
+    let mib = |field| rss_mib(pid, field).unwrap_or(f64::NAN);
+    PhaseMemory {
+        took: took.as_secs_f64(),
+        peak: mib("VmHWM:"),
+        end: mib("VmRSS:"),
+    }
+}
+
+/// Phase 5: an ImagePullJob over every node at parallelism `nodes`, the daemons played.
+async fn fanout(client: &Client, pid: u32, nodes: usize) -> Result<PhaseMemory> {
+    let daemons = play_node_image_daemons(
+        client.clone(),
+        PlayedDaemons {
+            image: Some(FANOUT_IMAGE.to_owned()),
+            ..PlayedDaemons::default()
+        },
+    );
+    let jobs: Api<ImagePullJob> = Api::namespaced(client.clone(), FANOUT_NAMESPACE);
+    let spec = ImagePullJobSpec {
+        image: format!("{FANOUT_IMAGE}:{FANOUT_TAG}"),
+        template: ImagePullJobTemplate {
+            parallelism: Some(IntOrString::Int(i32::try_from(nodes)?)),
+            selector: Some(ImagePullJobNodeSelector {
+                match_labels: Some(BTreeMap::from([(
+                    NODE_LABEL.0.to_owned(),
+                    NODE_LABEL.1.to_owned(),
+                )])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    };
+    let before = nodeimage_patches(client).await?;
+    reset_peak_rss(pid)?;
+    let t = Instant::now();
+    let job = jobs
+        .create(
+            &PostParams::default(),
+            &ImagePullJob::new("bench-fanout", spec),
+        )
+        .await?;
+    let want = i32::try_from(nodes)?;
+    let mut progress = (0, Instant::now());
+    loop {
+        let status = jobs.get(&job.name_any()).await?.status.unwrap_or_default();
+        if status.failed > 0 {
+            return Err(format!("fan-out: {} node(s) failed to pull", status.failed).into());
+        }
+        if status.succeeded >= want {
+            break;
+        }
+        if status.succeeded != progress.0 {
+            progress = (status.succeeded, Instant::now());
+        } else if progress.1.elapsed() > STALL {
+            return Err(format!(
+                "fan-out: stalled at {}/{want} nodes succeeded for {} s",
+                status.succeeded,
+                STALL.as_secs()
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let memory = phase_memory(pid, t.elapsed());
+    daemons.abort();
+    let writes = patches_between(&nodeimage_patches(client).await?, &before);
+    let ok = writes.get("200").copied().unwrap_or(0.0);
+    let refused: f64 = writes
+        .iter()
+        .filter(|(code, _)| code.as_str() != "200")
+        .map(|(_, n)| n)
+        .sum::<f64>()
+        // An empty sum of f64s is -0.
+        .max(0.0);
+    println!(
+        "  fan-out: an ImagePullJob over {nodes} nodes at parallelism {nodes}, this program answering as the daemons: \
+         the job's status counts every node succeeded after {:.2} s; NodeImage spec writes per node {:.3} \
+         (refused: {refused:.0})",
+        memory.took,
+        ok / nodes as f64,
+    );
+    Ok(memory)
+}
+
+/// `set` with sidecar image `image`, and the hash annotations the webhook would write.
+fn versioned(set: &SidecarSet, image: &str) -> SidecarSet {
+    let mut out = set.clone();
+    out.spec.containers[0].container.image = Some(image.to_owned());
+    stamp_hashes(&mut out);
+    out
+}
+
+fn annotation(set: &SidecarSet, key: &str) -> String {
+    set.annotations().get(key).cloned().unwrap_or_default()
+}
+
+/// A JSON pointer to annotation `key`.
+fn annotation_path(key: &str) -> String {
+    format!(
+        "/metadata/annotations/{}",
+        key.replace('~', "~0").replace('/', "~1")
+    )
+}
+
+/// Polls the SidecarSet until the controller has observed generation `generation`.
+async fn wait_observed(sets: &Api<SidecarSet>, generation: i64) -> Result<()> {
+    let t = Instant::now();
+    loop {
+        let status = sets.get(SET_NAME).await?.status;
+        if status.as_ref().and_then(|s| s.observed_generation) >= Some(generation) {
+            return Ok(());
+        }
+        if t.elapsed() > STALL {
+            return Err(format!(
+                "the SidecarSet's generation {generation} not observed within {} s; status {}",
+                STALL.as_secs(),
+                describe_status(status.as_ref())
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Follows every bench pod until `n` have sidecar spec image `image`.
+async fn follow_image(
+    client: &Client,
+    image: &'static str,
+    n: usize,
+) -> Result<harness::rollout::Follower> {
+    let reached = move |pod: &Pod| container_image(pod, SIDECAR) == Some(image);
+    let config = watcher::Config::default().labels("app=web");
+    Ok(follow(Api::all(client.clone()), config, reached, n).await?)
+}
+
+/// Phase 6: the controller's rollout over every pod, then the plain client's; the rollout's
+/// figures and the plain client's time.
+async fn rollout(
+    client: &Client,
+    pid: u32,
+    set: &SidecarSet,
+    pods: usize,
+    namespaces: &[String],
+) -> Result<(PhaseMemory, f64)> {
+    let sets: Api<SidecarSet> = Api::all(client.clone());
+    let target = versioned(set, ROLLOUT_IMAGE);
+    let patch = json!({
+        "metadata": {"annotations": {
+            SIDECARSET_HASH: annotation(&target, SIDECARSET_HASH),
+            SIDECARSET_HASH_WITHOUT_IMAGE: annotation(&target, SIDECARSET_HASH_WITHOUT_IMAGE),
+        }},
+        "spec": {
+            "containers": target.spec.containers,
+            "updateStrategy": {"maxUnavailable": "100%"},
+        },
+    });
+    let generation = sets.get(SET_NAME).await?.metadata.generation.unwrap_or(0) + 1;
+    let follower = follow_image(client, ROLLOUT_IMAGE, pods).await?;
+    let want = i32::try_from(pods)?;
+    let updated = watch_status(sets.clone(), SET_NAME, move |s| {
+        s.updated_pods == want && s.observed_generation >= Some(generation)
+    });
+    let before = pod_patches(client).await?;
+    reset_peak_rss(pid)?;
+    let t0 = Instant::now();
+    let stored = sets
+        .patch(SET_NAME, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    if stored.metadata.generation != Some(generation) {
+        return Err(format!(
+            "the SidecarSet is at generation {:?} after the image change, not {generation}",
+            stored.metadata.generation
+        )
+        .into());
+    }
+    let reached = match follower.wait("rollout", STALL).await {
+        Ok(r) => r,
+        Err(e) => {
+            let status = sets.get(SET_NAME).await.ok().and_then(|s| s.status);
+            return Err(format!(
+                "{e}; SidecarSet status: {}",
+                describe_status(status.as_ref())
+            )
+            .into());
+        }
+    };
+    let updated_line = match tokio::time::timeout(STALL, updated).await {
+        Ok(Ok(Some((at, _)))) => format!("status.updatedPods = {pods} after {}", secs(at - t0)),
+        _ => format!(
+            "status.updatedPods did not reach {pods} within {} s of the last pod",
+            STALL.as_secs()
+        ),
+    };
+    let memory = phase_memory(pid, reached.all - t0);
+    let patches = describe_patches(&patches_between(&pod_patches(client).await?, &before));
+    let status = sets.get(SET_NAME).await?.status;
+    println!(
+        "  rollout: the SidecarSet's sidecar image {SIDECAR_IMAGE} -> {ROLLOUT_IMAGE} at maxUnavailable 100%, \
+         seen by a pod watch: {} ({:.0} pods/s); {updated_line}",
+        reached.timeline(t0, pods),
+        pods as f64 / memory.took,
+    );
+    println!(
+        "    pod PATCH requests meanwhile: {patches}; status then: {}",
+        describe_status(status.as_ref())
+    );
+
+    // Baseline: the controller told to leave the pods alone, a plain client upgrades them.
+    let paused = sets
+        .patch(
+            SET_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"updateStrategy": {"paused": true}}})),
+        )
+        .await?;
+    wait_observed(&sets, paused.metadata.generation.unwrap_or(0)).await?;
+    let revision = status.and_then(|s| s.latest_revision).unwrap_or_default();
+    let new_hash = annotation(&versioned(set, BASELINE_IMAGE), SIDECARSET_HASH);
+    let before_id = image_id(SIDECAR, SIDECAR_IMAGE);
+    let follower = follow_image(client, BASELINE_IMAGE, pods).await?;
+    let before = pod_patches(client).await?;
+    let params = PatchParams {
+        field_manager: Some("bench-baseline".to_owned()),
+        ..PatchParams::default()
+    };
+    let t0 = Instant::now();
+    let (params, new_hash, revision, before_id) = (&params, &new_hash, &revision, &before_id);
+    futures::stream::iter(0..pods)
+        .map(|i| {
+            let api: Api<Pod> = Api::namespaced(client.clone(), &namespaces[i % namespaces.len()]);
+            async move {
+                let at = Time(Timestamp::now());
+                let ops = json!([
+                    {"op": "replace", "path": "/spec/containers/0/image", "value": BASELINE_IMAGE},
+                    {"op": "add", "path": annotation_path(SIDECARSET_HASH),
+                     "value": hash_entry(new_hash, revision, &at)},
+                    {"op": "add", "path": annotation_path(SIDECARSET_INPLACE_UPDATE_STATE),
+                     "value": update_state(new_hash, before_id, &at)},
+                ]);
+                let patch: json_patch::Patch = serde_json::from_value(ops)?;
+                api.patch(&pod_name(i), params, &Patch::<()>::Json(patch))
+                    .await?;
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+            }
+        })
+        .buffer_unordered(UPGRADE_CONCURRENCY)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let sent = t0.elapsed();
+    let reached = follower.wait("baseline", STALL).await?;
+    let baseline = (reached.all - t0).as_secs_f64();
+    let patches = describe_patches(&patches_between(&pod_patches(client).await?, &before));
+    println!(
+        "  baseline: the SidecarSet paused, a plain client patching the same pods {ROLLOUT_IMAGE} -> {BASELINE_IMAGE} \
+         ({UPGRADE_CONCURRENCY} at a time), seen by a pod watch: {} ({:.0} pods/s; last answer after {})",
+        reached.timeline(t0, pods),
+        pods as f64 / baseline,
+        secs(sent),
+    );
+    println!("    pod PATCH requests meanwhile: {patches}");
+    Ok((memory, baseline))
+}
+
+/// The SidecarSet's entry in a pod's hash annotation, as an upgrade writes it.
+fn hash_entry(hash: &str, revision: &str, at: &Time) -> String {
+    render_hashes(&BTreeMap::from([(
+        SET_NAME.to_owned(),
+        SidecarSetUpgradeSpec {
+            update_timestamp: Some(at.clone()),
+            hash: hash.to_owned(),
+            sidecar_set_name: SET_NAME.to_owned(),
+            sidecar_list: Some(vec![SIDECAR.to_owned()]),
+            controller_revision: revision.to_owned(),
+        },
+    )]))
+}
+
+/// The in-place update state an upgrade from `before_image_id` records.
+fn update_state(hash: &str, before_image_id: &str, at: &Time) -> String {
+    render_update_states(&BTreeMap::from([(
+        SET_NAME.to_owned(),
+        InPlaceUpdateState {
+            revision: hash.to_owned(),
+            update_timestamp: Some(at.clone()),
+            last_container_statuses: BTreeMap::from([(
+                SIDECAR.to_owned(),
+                LastContainerStatus {
+                    image_id: before_image_id.to_owned(),
+                },
+            )]),
+            other: BTreeMap::new(),
+        },
+    )]))
 }
