@@ -159,22 +159,24 @@ struct ManagerArgs {
 struct ApiArgs {
     /// Requests a second the controllers send the API server on average (a client-side token
     /// bucket they share; requests over it wait); 0 for no limit. The webhooks and leader
-    /// election are not counted. Upstream's name --rest-config-qps also works.
+    /// election are not counted. Upstream's name --rest-config-qps also works (upstream's
+    /// default is 30).
     #[arg(
         long,
         visible_alias = "rest-config-qps",
         value_name = "QPS",
-        default_value_t = 30.0
+        default_value_t = manager::DEFAULT_KUBE_API_RATE.qps
     )]
     kube_api_qps: f64,
 
     /// Requests the controllers may send at once above --kube-api-qps after a quiet spell (the
-    /// bucket's size). Upstream's name --rest-config-burst also works.
+    /// bucket's size). Upstream's name --rest-config-burst also works (upstream's default is
+    /// 50).
     #[arg(
         long,
         visible_alias = "rest-config-burst",
         value_name = "N",
-        default_value_t = 50
+        default_value_t = manager::DEFAULT_KUBE_API_RATE.burst
     )]
     kube_api_burst: u32,
 
@@ -703,13 +705,13 @@ mod tests {
     }
 
     #[test]
-    fn api_rate_and_workers_default_to_upstreams_and_take_its_flag_names() {
+    fn api_rate_and_workers_have_their_defaults_and_take_upstreams_flag_names() {
         let defaults = manager_args(&[]);
         assert_eq!(
             defaults.api.rate_limit(),
             Ok(Some(RateLimit {
-                qps: 30.0,
-                burst: 50
+                qps: 500.0,
+                burst: 1000
             }))
         );
         assert_eq!(defaults.api.workers(), Workers::default());

@@ -46,6 +46,15 @@ use crate::runtime::{
     load_config, retry_transient,
 };
 
+/// The controllers' default client-side request limit (`--kube-api-qps`, `--kube-api-burst`):
+/// above what a 5,000-node ImagePullJob fan-out and a 10,000-pod SidecarSet rollout send with no
+/// limit, so that it does not slow them, and still a cap on a runaway loop (decision record
+/// docs/decisions/0021-client-limits-sized-by-the-benches.md).
+pub const DEFAULT_KUBE_API_RATE: RateLimit = RateLimit {
+    qps: 500.0,
+    burst: 1000,
+};
+
 /// How long in-flight reconciles may take to finish once shutdown has begun.
 const CONTROLLERS_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
