@@ -1,26 +1,18 @@
 //! `kruise-rs`: the controller-manager, the node daemon and the CRD printer in one binary.
 
-use std::{
-    future::Future,
-    io::{IsTerminal, Write},
-    net::SocketAddr,
-    path::PathBuf,
-    process::ExitCode,
-    time::Duration,
-};
+use std::{io::Write, net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kruise_rs::cli::{LogFormat, init_logging, parse_duration, shutdown_signal};
 use kruise_rs::controllers::shared::initial_list::StreamingLists;
 use kruise_rs::controllers::{ControllerOptions, Workers};
-use kruise_rs::daemon::{self, CredentialProviderOptions, DaemonOptions};
+use kruise_rs::daemon::{self, DaemonArgs};
 use kruise_rs::manager::{self, LeaderElection, ManagerOptions};
 use kruise_rs::runtime::RateLimit;
 use kruise_rs::webhook::{CertSource, Endpoint, FailurePolicy, WebhookOptions};
-use tokio::signal::unix::{SignalKind, signal};
-use tracing::{error, info};
-use tracing_subscriber::{EnvFilter, filter::LevelFilter};
+use tracing::error;
 
 /// Serves OpenKruise's SidecarSet, ImagePullJob and NodeImage APIs.
 #[derive(Debug, Parser)]
@@ -38,14 +30,6 @@ struct Cli {
 
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -367,101 +351,9 @@ impl WebhookArgs {
     }
 }
 
-#[derive(Debug, Args)]
-struct DaemonArgs {
-    /// The node this daemon runs on (set NODE_NAME from the downward API's spec.nodeName).
-    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
-    node_name: String,
-
-    /// Kubeconfig file to use; by default KUBECONFIG, then ~/.kube/config, then the in-cluster
-    /// service account.
-    #[arg(long, value_name = "PATH")]
-    kubeconfig: Option<PathBuf>,
-
-    /// The CRI socket. Default: the first of containerd/containerd.sock, containerd.sock,
-    /// crio/crio.sock, crio.sock, cri-dockerd.sock, cri-dockerd/cri-dockerd.sock under
-    /// --host-run-dir that answers.
-    #[arg(long, value_name = "PATH", env = "KRUISE_RS_CRI_SOCKET")]
-    cri_socket: Option<PathBuf>,
-
-    /// Where the host's /var/run is mounted, for socket detection.
-    #[arg(long, value_name = "DIR", default_value = "/var/run")]
-    host_run_dir: PathBuf,
-
-    /// Address of the /healthz, /readyz and /metrics server.
-    #[arg(
-        long,
-        value_name = "ADDR",
-        env = "KRUISE_RS_PROBE_ADDR",
-        default_value = "0.0.0.0:10221"
-    )]
-    probe_addr: SocketAddr,
-
-    /// Image pulls in flight at once on this node.
-    #[arg(long, value_name = "N", default_value_t = 2,
-          value_parser = clap::value_parser!(u16).range(1..))]
-    max_concurrent_pulls: u16,
-
-    /// Requests a second the daemon sends the API server on average (a client-side token
-    /// bucket; requests over it wait); 0 for no limit. The default is client-go's, which
-    /// upstream's daemon keeps.
-    #[arg(long, value_name = "QPS", default_value_t = daemon::DEFAULT_KUBE_API_RATE.qps)]
-    kube_api_qps: f64,
-
-    /// Requests the daemon may send at once above --kube-api-qps after a quiet spell.
-    #[arg(long, value_name = "N", default_value_t = daemon::DEFAULT_KUBE_API_RATE.burst)]
-    kube_api_burst: u32,
-
-    /// /healthz fails once the CRI runtime has not answered for this long, so a liveness probe
-    /// restarts the daemon's container (whose new mount of the socket reaches a restarted
-    /// runtime's new one).
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
-    cri_liveness_timeout: Duration,
-
-    /// A kubelet CredentialProviderConfig (kubelet.config.k8s.io/v1, YAML or JSON) naming
-    /// credential provider plugins for images no pull secret covers. When given, the file must
-    /// exist and be valid or the daemon does not start. Default: /kruise/CredentialProviderPlugin.yaml
-    /// if it exists (upstream's path), else no plugins.
-    #[arg(long, value_name = "PATH")]
-    plugin_config_file: Option<PathBuf>,
-
-    /// The directory of the credential provider plugin executables named in
-    /// --plugin-config-file (the kubelet's --image-credential-provider-bin-dir).
-    #[arg(long, value_name = "DIR", default_value = daemon::credential_provider::DEFAULT_BIN_DIR)]
-    plugin_bin_dir: PathBuf,
-}
-
-/// Parses `90`, `90s`, `10m`, `1h`, `500ms` (a plain number is seconds).
 /// A LabelSelector written as JSON (how the chart passes its YAML values).
 fn parse_label_selector(text: &str) -> Result<LabelSelector, String> {
     serde_json::from_str(text).map_err(|e| format!("not a JSON LabelSelector: {e}"))
-}
-
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (digits, unit) = text.split_at(
-        text.find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len()),
-    );
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 30s, 10m or 1h"))?;
-    if unit == "ms" {
-        return Ok(Duration::from_millis(n));
-    }
-    let seconds = match unit {
-        "" | "s" => Some(n),
-        "m" => n.checked_mul(60),
-        "h" => n.checked_mul(3600),
-        _ => {
-            return Err(format!(
-                "{text:?}: unknown unit {unit:?}; use ms, s, m or h"
-            ));
-        }
-    };
-    seconds
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("{text:?} is too long"))
 }
 
 #[tokio::main]
@@ -518,24 +410,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Daemon(args) => {
             let shutdown =
                 shutdown_signal().context("cannot install the SIGTERM and SIGINT handlers")?;
-            let kube_api_rate = RateLimit::from_flags(args.kube_api_qps, args.kube_api_burst)
-                .map_err(anyhow::Error::msg)?;
-            let opts = DaemonOptions {
-                kube_api_rate,
-                node_name: args.node_name,
-                kubeconfig: args.kubeconfig,
-                cri_socket: args.cri_socket,
-                host_run_dir: args.host_run_dir,
-                probe_addr: args.probe_addr,
-                cri_liveness_timeout: args.cri_liveness_timeout,
-                max_concurrent_pulls: usize::from(args.max_concurrent_pulls),
-                credential_providers: CredentialProviderOptions {
-                    config_file: args.plugin_config_file,
-                    bin_dir: args.plugin_bin_dir,
-                    ..CredentialProviderOptions::default()
-                },
-            };
-            daemon::run(opts, shutdown, None).await?;
+            daemon::run(args.options().map_err(anyhow::Error::msg)?, shutdown, None).await?;
             Ok(())
         }
         Command::Crds(CrdsArgs {
@@ -571,38 +446,6 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
         }
     }
-}
-
-/// Logs go to stderr so that `kruise-rs crds` keeps stdout for the YAML; colours only on a terminal.
-fn init_logging(format: LogFormat) -> anyhow::Result<()> {
-    let filter = EnvFilter::builder()
-        .with_default_directive(LevelFilter::INFO.into())
-        .from_env()
-        .context("invalid RUST_LOG")?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    }
-    .map_err(|err| anyhow::anyhow!(err))
-    .context("cannot set up logging")
-}
-
-/// Resolves on the first SIGTERM or SIGINT. The handlers are installed now, so a signal that
-/// arrives during start-up is not lost.
-fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    Ok(async move {
-        let name = tokio::select! {
-            _ = terminate.recv() => "SIGTERM",
-            _ = interrupt.recv() => "SIGINT",
-        };
-        info!(signal = name, "received a shutdown signal");
-    })
 }
 
 /// `outer: inner: …` (see [`kruise_rs::error_chain::error_chain`]).
@@ -917,23 +760,6 @@ mod tests {
         assert!(crds_args(&["--install", "--out-dir", "crds"]).is_err());
         assert!(crds_args(&["--kubeconfig", "/tmp/k"]).is_err());
         assert!(crds_args(&["--timeout", "5s"]).is_err());
-    }
-
-    #[test]
-    fn durations_take_seconds_minutes_and_hours() {
-        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
-        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert!(parse_duration("5d").unwrap_err().contains("unknown unit"));
-        assert!(
-            parse_duration("soon")
-                .unwrap_err()
-                .contains("not a duration")
-        );
-        assert!(parse_duration("").is_err());
     }
 
     #[test]

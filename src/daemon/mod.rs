@@ -13,6 +13,7 @@
 //!    `--cri-liveness-timeout` ([`liveness`]: a restarted runtime's new socket needs a new mount);
 //! 5. on shutdown, stop the workers (a restarted daemon resumes them from the status) and return.
 
+mod args;
 pub mod auth;
 pub mod credential_provider;
 pub mod cri;
@@ -39,6 +40,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore, oneshot, watch};
 use tracing::{info, warn};
 
+pub use self::args::DaemonArgs;
 pub use self::credential_provider::CredentialProviderOptions;
 use self::credential_provider::{ConfigError, CredentialProviders};
 pub use self::cri::{CANDIDATE_SOCKETS, Cri, DetectError};
