@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Build the product image without Docker, laid out like the Dockerfile's final stage (distroless
-# static nonroot + /usr/local/bin/kruise-rs), as an OCI layout a real kubelet can run once pushed.
+# static nonroot + /usr/local/bin/kruise-rs and kruise-rs-daemon), as an OCI layout a real kubelet can run once pushed.
 # The musl target is not installable here, so the release binary is glibc-dynamic: the image also
 # holds exactly the shared libraries `ldd` reports, at the paths the loader looks them up.
-# The layout is cached under a key of its contents (this script, the binary, those libraries and
+# The layout is cached under a key of its contents (this script, the binaries, those libraries and
 # the CA bundle): the first run spends minutes in the release build (lto=fat, codegen-units=1),
 # later runs only cargo's no-op check and print the cached layout at once.
-# `--profile dev` packs the debug binary instead (symbols stripped): the one the tests already
+# `--profile dev` packs the debug binaries instead (symbols stripped): the one the tests already
 # built, so it costs nothing; `make test` uses it to stay in CI's time budget
 # (docs/decisions/0002-e2e-image-from-the-dev-build.md).
 #
@@ -40,31 +40,36 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | jq -r .target_directo
 case $profile in
   release)
     echo "image.sh: cargo build --release (minutes when the binary is out of date)" >&2
-    cargo build --release --locked --bin kruise-rs >&2 || die "cargo build --release failed"
+    cargo build --release --locked --bin kruise-rs --bin kruise-rs-daemon >&2 \
+      || die "cargo build --release failed"
     bin=$target_dir/release/kruise-rs
+    daemon_bin=$target_dir/release/kruise-rs-daemon
     ;;
   dev)
-    cargo build --locked --bin kruise-rs >&2 || die "cargo build failed"
-    # Without its debug info: a sixth of the size, and the image has no debugger anyway.
+    cargo build --locked --bin kruise-rs --bin kruise-rs-daemon >&2 || die "cargo build failed"
+    # Without their debug info: a sixth of the size, and the image has no debugger anyway.
     mkdir -p "$target_dir/image-dev"
-    strip -o "$target_dir/image-dev/kruise-rs" "$target_dir/debug/kruise-rs" || die "strip failed"
+    for name in kruise-rs kruise-rs-daemon; do
+      strip -o "$target_dir/image-dev/$name" "$target_dir/debug/$name" || die "strip failed"
+    done
     bin=$target_dir/image-dev/kruise-rs
+    daemon_bin=$target_dir/image-dev/kruise-rs-daemon
     ;;
   *) die "--profile $profile: release or dev" ;;
 esac
 version=$(cargo metadata --format-version 1 --no-deps | jq -r '.packages[] | select(.name == "kruise-rs") | .version')
-[[ -x $bin ]] || die "$bin was not built"
+[[ -x $bin && -x $daemon_bin ]] || die "$bin or $daemon_bin was not built"
 
 # Every absolute path ldd lists: the `=> /path` of each library and the loader's own line.
-# The vDSO has no path and is skipped.
-mapfile -t libs < <(ldd "$bin" | awk '$2 == "=>" { print $3; next } $1 ~ /^\// { print $1 }')
-if ldd "$bin" | grep -q 'not found'; then die "ldd $bin: a library is not found"; fi
+# The vDSO has no path and is skipped. Both binaries link the same libraries; the union is taken.
+mapfile -t libs < <(ldd "$bin" "$daemon_bin" | awk '$2 == "=>" { print $3; next } $1 ~ /^\// { print $1 }' | sort -u)
+if ldd "$bin" "$daemon_bin" | grep -q 'not found'; then die "ldd: a library is not found"; fi
 ((${#libs[@]} > 0)) || die "ldd $bin lists no libraries (a static binary needs no change here)"
 certs=/etc/ssl/certs/ca-certificates.crt
 [[ -f $certs ]] || { echo "image.sh: $certs is missing; the image gets no CA bundle" >&2; certs=""; }
 
 cache=${KRUISE_RS_CACHE:-$HOME/.cache/kruise-rs}/product-image
-key=$(cat "$script" "$bin" "${libs[@]}" ${certs:+"$certs"} | sha256sum | cut -c1-16)
+key=$(cat "$script" "$bin" "$daemon_bin" "${libs[@]}" ${certs:+"$certs"} | sha256sum | cut -c1-16)
 out=$cache/$key
 ref=oci:$out:latest
 
@@ -75,6 +80,7 @@ build() {
   trap 'rm -rf "$tmp"' EXIT
   mkdir -p "$root"/{etc/ssl/certs,tmp,home/nonroot,usr/local/bin}
   install -m 0755 "$bin" "$root/usr/local/bin/kruise-rs"
+  install -m 0755 "$daemon_bin" "$root/usr/local/bin/kruise-rs-daemon"
   # Real files, not the host's symlinks (/lib64/ld-linux-x86-64.so.2 links into /lib on Debian).
   for lib in "${libs[@]}"; do install -D -m 0755 "$(readlink -f "$lib")" "$root$lib"; done
   [[ -z $certs ]] || install -m 0644 "$certs" "$root/etc/ssl/certs/ca-certificates.crt"
@@ -102,7 +108,7 @@ build() {
     umoci gc --layout "$tmp/oci"
   } >&2 || die "building the image with umoci failed"
 
-  # Prove the binary runs inside the image root: unpack what was built (not the staging dir)
+  # Prove the binaries run inside the image root: unpack what was built (not the staging dir)
   # and run it chrooted as the image's user, so a missing library, a wrong loader path or an
   # unreadable file fails here, not in a pod. Without root, a user namespace stands in.
   local check=$tmp/check run=(chroot --userspec=65532:65532) unpack=()
@@ -113,6 +119,11 @@ build() {
   got=$("${run[@]}" "$check" /usr/local/bin/kruise-rs --version 2>&1) \
     || die "kruise-rs does not run in its image root: $got"
   [[ $got == "kruise-rs $version" ]] || die "kruise-rs --version in its image root said: $got"
+  local daemon_got
+  daemon_got=$("${run[@]}" "$check" /usr/local/bin/kruise-rs-daemon --version 2>&1) \
+    || die "kruise-rs-daemon does not run in its image root: $daemon_got"
+  [[ $daemon_got == "kruise-rs-daemon $version" ]] \
+    || die "kruise-rs-daemon --version in its image root said: $daemon_got"
   rm -rf "$out"
   mv "$tmp/oci" "$out"
   echo "image.sh: built $ref ($got, $(stat -c %s "$tmp/layer.tar") bytes uncompressed)" >&2

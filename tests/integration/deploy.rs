@@ -202,16 +202,26 @@ fn deploy_workloads_are_wired_as_documented() {
     assert_eq!(container["ports"][0]["containerPort"], 10221);
 
     // Every argument is a flag the binary accepts with a value it parses: clap stops at the
-    // first bad one, before it gets to `--help`.
-    for (what, workload) in [("manager", manager), ("daemon", daemon)] {
+    // first bad one, before it gets to `--help`. The manager is the image's entrypoint with its
+    // subcommand; the daemon runs the daemon's own binary, which takes no subcommand.
+    assert_eq!(
+        container["command"],
+        serde_json::json!(["/usr/local/bin/kruise-rs-daemon"])
+    );
+    for (what, workload, binary) in [
+        ("manager", manager, env!("CARGO_BIN_EXE_kruise-rs")),
+        ("daemon", daemon, env!("CARGO_BIN_EXE_kruise-rs-daemon")),
+    ] {
         let args: Vec<&str> = workload["spec"]["template"]["spec"]["containers"][0]["args"]
             .as_array()
             .expect("args")
             .iter()
             .map(|a| a.as_str().expect("string arg"))
             .collect();
-        assert_eq!(args[0], what);
-        let out = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
+        if what == "manager" {
+            assert_eq!(args[0], what);
+        }
+        let out = Command::new(binary)
             .args(&args)
             .arg("--help")
             .env_remove("POD_NAMESPACE")
