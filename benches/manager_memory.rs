@@ -70,9 +70,6 @@ use kruise_rs::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE,
 };
-use kruise_rs::controllers::sidecarset::pods::{
-    InPlaceUpdateState, LastContainerStatus, render_update_states,
-};
 use kruise_rs::sidecar::annotations::{SidecarSetUpgradeSpec, render_hashes};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
@@ -835,9 +832,9 @@ async fn rollout(
                 let ops = json!([
                     {"op": "replace", "path": "/spec/containers/0/image", "value": BASELINE_IMAGE},
                     {"op": "add", "path": annotation_path(SIDECARSET_HASH),
-                     "value": hash_entry(new_hash, revision, &at)},
+                     "value": harness::rollout::hash_annotation(SET_NAME, SIDECAR, new_hash, revision, &at)},
                     {"op": "add", "path": annotation_path(SIDECARSET_INPLACE_UPDATE_STATE),
-                     "value": update_state(new_hash, before_id, &at)},
+                     "value": harness::rollout::update_state(SET_NAME, SIDECAR, new_hash, before_id, &at)},
                 ]);
                 let patch: json_patch::Patch = serde_json::from_value(ops)?;
                 api.patch(&pod_name(i), params, &Patch::<()>::Json(patch))
@@ -861,36 +858,4 @@ async fn rollout(
     );
     println!("    pod PATCH requests meanwhile: {patches}");
     Ok((memory, baseline))
-}
-
-/// The SidecarSet's entry in a pod's hash annotation, as an upgrade writes it.
-fn hash_entry(hash: &str, revision: &str, at: &Time) -> String {
-    render_hashes(&BTreeMap::from([(
-        SET_NAME.to_owned(),
-        SidecarSetUpgradeSpec {
-            update_timestamp: Some(at.clone()),
-            hash: hash.to_owned(),
-            sidecar_set_name: SET_NAME.to_owned(),
-            sidecar_list: Some(vec![SIDECAR.to_owned()]),
-            controller_revision: revision.to_owned(),
-        },
-    )]))
-}
-
-/// The in-place update state an upgrade from `before_image_id` records.
-fn update_state(hash: &str, before_image_id: &str, at: &Time) -> String {
-    render_update_states(&BTreeMap::from([(
-        SET_NAME.to_owned(),
-        InPlaceUpdateState {
-            revision: hash.to_owned(),
-            update_timestamp: Some(at.clone()),
-            last_container_statuses: BTreeMap::from([(
-                SIDECAR.to_owned(),
-                LastContainerStatus {
-                    image_id: before_image_id.to_owned(),
-                },
-            )]),
-            other: BTreeMap::new(),
-        },
-    )]))
 }

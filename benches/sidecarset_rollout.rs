@@ -64,12 +64,9 @@ use kruise_rs::apis::well_known::{
 };
 use kruise_rs::controllers::ControllerOptions;
 use kruise_rs::controllers::shared::pod_summary::{PodSummary, strip_pod};
-use kruise_rs::controllers::sidecarset::pods::{
-    InPlaceUpdateState, LastContainerStatus, NamespaceLabels, render_update_states,
-};
+use kruise_rs::controllers::sidecarset::pods::NamespaceLabels;
 use kruise_rs::controllers::sidecarset::predownload::{self, Decision};
 use kruise_rs::controllers::sidecarset::{self, PreDownloadInputs, owned_pods, plan};
-use kruise_rs::sidecar::annotations::{SidecarSetUpgradeSpec, render_hashes};
 use kruise_rs::sidecar::hash::sidecarset_hash;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
@@ -199,38 +196,6 @@ fn set_annotation(set: &SidecarSet, key: &str) -> String {
     set.annotations().get(key).cloned().unwrap_or_default()
 }
 
-/// A pod hash annotation holding one entry for the bench SidecarSet.
-fn hash_annotation(hash: &str, revision: &str, at: &Time) -> String {
-    render_hashes(&BTreeMap::from([(
-        SET_NAME.to_owned(),
-        SidecarSetUpgradeSpec {
-            update_timestamp: Some(at.clone()),
-            hash: hash.to_owned(),
-            sidecar_set_name: SET_NAME.to_owned(),
-            sidecar_list: Some(vec![SIDECAR.to_owned()]),
-            controller_revision: revision.to_owned(),
-        },
-    )]))
-}
-
-/// The in-place update state an upgrade from `before_image_id` records.
-fn update_state(hash: &str, before_image_id: &str, at: &Time) -> String {
-    render_update_states(&BTreeMap::from([(
-        SET_NAME.to_owned(),
-        InPlaceUpdateState {
-            revision: hash.to_owned(),
-            update_timestamp: Some(at.clone()),
-            last_container_statuses: BTreeMap::from([(
-                SIDECAR.to_owned(),
-                LastContainerStatus {
-                    image_id: before_image_id.to_owned(),
-                },
-            )]),
-            other: BTreeMap::new(),
-        },
-    )]))
-}
-
 /// What one bench pod looks like.
 struct PodShape<'a> {
     namespace: &'a str,
@@ -265,11 +230,17 @@ fn pod_json(s: &PodShape<'_>) -> Value {
         (SIDECARSET_INJECTED_LIST.to_owned(), SET_NAME.to_owned()),
         (
             SIDECARSET_HASH.to_owned(),
-            hash_annotation(s.hash, s.revision, &created),
+            harness::rollout::hash_annotation(SET_NAME, SIDECAR, s.hash, s.revision, &created),
         ),
         (
             SIDECARSET_HASH_WITHOUT_IMAGE.to_owned(),
-            hash_annotation(s.hash_without_image, "", &created),
+            harness::rollout::hash_annotation(
+                SET_NAME,
+                SIDECAR,
+                s.hash_without_image,
+                "",
+                &created,
+            ),
         ),
         ("prometheus.io/scrape".to_owned(), "true".to_owned()),
         ("prometheus.io/port".to_owned(), "9102".to_owned()),
@@ -281,7 +252,7 @@ fn pod_json(s: &PodShape<'_>) -> Value {
     if let Some(before) = &s.upgraded_from {
         annotations.insert(
             SIDECARSET_INPLACE_UPDATE_STATE.to_owned(),
-            update_state(s.hash, before, &created),
+            harness::rollout::update_state(SET_NAME, SIDECAR, s.hash, before, &created),
         );
     }
     let ready = if s.ready { "True" } else { "False" };
@@ -1127,9 +1098,9 @@ async fn rollout(n: usize, rounds: usize) -> Result<()> {
                 let ops = json!([
                     {"op": "replace", "path": format!("/spec/containers/{SIDECAR_INDEX}/image"), "value": new_image},
                     {"op": "add", "path": "/metadata/annotations/kruise.io~1sidecarset-hash",
-                     "value": hash_annotation(new_hash, revision, &at)},
+                     "value": harness::rollout::hash_annotation(SET_NAME, SIDECAR, new_hash, revision, &at)},
                     {"op": "add", "path": "/metadata/annotations/kruise.io~1sidecarset-inplace-update-state",
-                     "value": update_state(new_hash, before_id, &at)},
+                     "value": harness::rollout::update_state(SET_NAME, SIDECAR, new_hash, before_id, &at)},
                 ]);
                 let patch: json_patch::Patch = serde_json::from_value(ops)?;
                 api.patch(name, params, &Patch::<()>::Json(patch)).await?;

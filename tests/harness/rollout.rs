@@ -9,12 +9,56 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kruise_rs::apis::sidecarset::{SidecarSet, SidecarSetStatus};
+use kruise_rs::controllers::sidecarset::pods::{
+    InPlaceUpdateState, LastContainerStatus, render_update_states,
+};
+use kruise_rs::sidecar::annotations::{SidecarSetUpgradeSpec, render_hashes};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::oneshot;
 
 use super::controlplane::apiserver_requests;
+
+/// A pod's hash annotation holding one entry, for SidecarSet `set` with the one sidecar
+/// `sidecar`, as an injection or upgrade writes it.
+pub fn hash_annotation(set: &str, sidecar: &str, hash: &str, revision: &str, at: &Time) -> String {
+    render_hashes(&BTreeMap::from([(
+        set.to_owned(),
+        SidecarSetUpgradeSpec {
+            update_timestamp: Some(at.clone()),
+            hash: hash.to_owned(),
+            sidecar_set_name: set.to_owned(),
+            sidecar_list: Some(vec![sidecar.to_owned()]),
+            controller_revision: revision.to_owned(),
+        },
+    )]))
+}
+
+/// The in-place update state an upgrade of `sidecar` from `before_image_id` records.
+pub fn update_state(
+    set: &str,
+    sidecar: &str,
+    hash: &str,
+    before_image_id: &str,
+    at: &Time,
+) -> String {
+    render_update_states(&BTreeMap::from([(
+        set.to_owned(),
+        InPlaceUpdateState {
+            revision: hash.to_owned(),
+            update_timestamp: Some(at.clone()),
+            last_container_statuses: BTreeMap::from([(
+                sidecar.to_owned(),
+                LastContainerStatus {
+                    image_id: before_image_id.to_owned(),
+                },
+            )]),
+            other: BTreeMap::new(),
+        },
+    )]))
+}
 
 /// The spec image of `pod`'s container `name`.
 pub fn container_image<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
