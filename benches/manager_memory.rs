@@ -52,8 +52,8 @@ use harness::objects::{create_ready_nodes, stamp_hashes};
 use harness::played_daemon::{PlayedDaemons, play_node_image_daemons};
 use harness::procfs::{reset_peak_rss, rss_mib};
 use harness::rollout::{
-    container_image, describe_patches, describe_status, follow, patches_between, pod_patches, secs,
-    watch_status,
+    await_rollout, container_image, describe_patches, describe_status, follow, patches_between,
+    pod_patches, secs, watch_status,
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -765,24 +765,7 @@ async fn rollout(
     let stored = sets
         .patch(SET_NAME, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
-    if stored.metadata.generation != Some(generation) {
-        return Err(format!(
-            "the SidecarSet is at generation {:?} after the image change, not {generation}",
-            stored.metadata.generation
-        )
-        .into());
-    }
-    let reached = match follower.wait("rollout", STALL).await {
-        Ok(r) => r,
-        Err(e) => {
-            let status = sets.get(SET_NAME).await.ok().and_then(|s| s.status);
-            return Err(format!(
-                "{e}; SidecarSet status: {}",
-                describe_status(status.as_ref())
-            )
-            .into());
-        }
-    };
+    let reached = await_rollout(&sets, &stored, generation, follower, STALL).await?;
     let updated_line = match tokio::time::timeout(STALL, updated).await {
         Ok(Ok(Some((at, _)))) => format!("status.updatedPods = {pods} after {}", secs(at - t0)),
         _ => format!(

@@ -43,8 +43,8 @@ use harness::controlplane::{ControlPlane, Crds};
 use harness::objects::{create_namespace, stamp_hashes};
 use harness::procfs::{cpu_total, machine_cpu, rss_mib};
 use harness::rollout::{
-    container_image, describe_patches, describe_status, follow, patches_between, pod_patches, secs,
-    watch_status,
+    await_rollout, container_image, describe_patches, describe_status, follow, patches_between,
+    pod_patches, secs, watch_status,
 };
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
@@ -1008,24 +1008,7 @@ async fn rollout(n: usize, rounds: usize) -> Result<()> {
         let cpu_before = Cpu::sample(&cp);
         let t0 = Instant::now();
         let stored = set_version(&sets, &set, to).await?;
-        if stored.metadata.generation != Some(generation) {
-            return Err(format!(
-                "the SidecarSet is at generation {:?} after the image change, not {generation}",
-                stored.metadata.generation
-            )
-            .into());
-        }
-        let reached = match follower.wait("rollout", STALL).await {
-            Ok(r) => r,
-            Err(e) => {
-                let status = sets.get(SET_NAME).await.ok().and_then(|s| s.status);
-                return Err(format!(
-                    "{e}; SidecarSet status: {}",
-                    describe_status(status.as_ref())
-                )
-                .into());
-            }
-        };
+        let reached = await_rollout(&sets, &stored, generation, follower, STALL).await?;
         let cpu_rollout = Cpu::sample(&cp).since(&cpu_before);
         let rollout_time = reached.all - t0;
         let updated_at = tokio::time::timeout(STALL, updated).await;

@@ -218,6 +218,38 @@ pub fn watch_status(
     })
 }
 
+/// Waits for the rollout `stored` (the SidecarSet as the image change wrote it, which must be
+/// at `generation`) until `follower` has seen every pod reach the target; an error says where
+/// the SidecarSet's status stood.
+pub async fn await_rollout(
+    sets: &Api<SidecarSet>,
+    stored: &SidecarSet,
+    generation: i64,
+    follower: Follower,
+    stall: Duration,
+) -> Result<Reached, String> {
+    if stored.metadata.generation != Some(generation) {
+        return Err(format!(
+            "the SidecarSet is at generation {:?} after the image change, not {generation}",
+            stored.metadata.generation
+        ));
+    }
+    match follower.wait("rollout", stall).await {
+        Ok(reached) => Ok(reached),
+        Err(e) => {
+            let status = sets
+                .get(&stored.name_any())
+                .await
+                .ok()
+                .and_then(|s| s.status);
+            Err(format!(
+                "{e}; SidecarSet status: {}",
+                describe_status(status.as_ref())
+            ))
+        }
+    }
+}
+
 pub fn describe_status(status: Option<&SidecarSetStatus>) -> String {
     match status {
         Some(s) => format!(
