@@ -1,7 +1,8 @@
 //! kruise-rs: OpenKruise's SidecarSet, ImagePullJob and NodeImage APIs served from Rust.
 //!
 //! The binary (`src/main.rs`) wires these modules into the `manager`, `daemon` and `crds`
-//! subcommands, and `src/bin/kruise-rs-daemon.rs` the daemon alone; everything with a decision in it lives here so it can be unit tested.
+//! subcommands, and `src/bin/kruise-rs-daemon.rs` the daemon alone; everything with a decision
+//! in it lives here so it can be unit tested.
 
 pub mod apis;
 pub mod cli;

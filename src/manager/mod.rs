@@ -47,8 +47,8 @@ use crate::runtime::{
 };
 
 /// The controllers' default client-side request limit (`--kube-api-qps`, `--kube-api-burst`):
-/// above what a 5,000-node ImagePullJob fan-out and a 10,000-pod SidecarSet rollout send with no
-/// limit, so that it does not slow them, and still a cap on a runaway loop (decision record
+/// sized above the rates the fan-out and rollout benches sent with no limit (1.8× the highest),
+/// so that it does not slow them, and still a cap on a runaway loop (decision record
 /// docs/decisions/0021-client-limits-sized-by-the-benches.md).
 pub const DEFAULT_KUBE_API_RATE: RateLimit = RateLimit {
     qps: 500.0,
