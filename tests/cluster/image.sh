@@ -62,8 +62,10 @@ version=$(cargo metadata --format-version 1 --no-deps | jq -r '.packages[] | sel
 
 # Every absolute path ldd lists: the `=> /path` of each library and the loader's own line.
 # The vDSO has no path and is skipped. Both binaries link the same libraries; the union is taken.
-mapfile -t libs < <(ldd "$bin" "$daemon_bin" | awk '$2 == "=>" { print $3; next } $1 ~ /^\// { print $1 }' | sort -u)
-if ldd "$bin" "$daemon_bin" | grep -q 'not found'; then die "ldd: a library is not found"; fi
+# One ldd per binary: given two, ldd heads each list with the binary's own path.
+linked() { ldd "$bin"; ldd "$daemon_bin"; }
+mapfile -t libs < <(linked | awk '$2 == "=>" { print $3; next } $1 ~ /^\// { print $1 }' | sort -u)
+if linked | grep -q 'not found'; then die "ldd: a library is not found"; fi
 ((${#libs[@]} > 0)) || die "ldd $bin lists no libraries (a static binary needs no change here)"
 certs=/etc/ssl/certs/ca-certificates.crt
 [[ -f $certs ]] || { echo "image.sh: $certs is missing; the image gets no CA bundle" >&2; certs=""; }
