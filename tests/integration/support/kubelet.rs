@@ -29,6 +29,7 @@ use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kruise_rs::runtime::{START_UP_PATIENCE, retry_transient};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
@@ -374,10 +375,13 @@ async fn write_status(
 ) -> Result<Option<Pod>, String> {
     let deadline = tokio::time::Instant::now() + CONFLICT_TIMEOUT;
     loop {
-        let pod = pods
-            .get(name)
-            .await
-            .map_err(|e| format!("reading pod {name}: {e}"))?;
+        // As a kubelet does, ask again while the apiserver is restarting or overloaded (the
+        // fault suite restarts it under this kubelet).
+        let pod = retry_transient(&format!("reading pod {name}"), START_UP_PATIENCE, || {
+            pods.get(name)
+        })
+        .await
+        .map_err(|e| format!("reading pod {name}: {e}"))?;
         let Some(status) = change(&pod) else {
             return Ok(None);
         };
@@ -385,9 +389,15 @@ async fn write_status(
             "metadata": {"resourceVersion": pod.metadata.resource_version},
             "status": status,
         });
-        match pods
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
+        // A write that did land before its answer was lost comes back as a conflict: read again.
+        let params = PatchParams::default();
+        let merge = Patch::Merge(&patch);
+        match retry_transient(
+            &format!("writing pod {name}'s status"),
+            START_UP_PATIENCE,
+            || pods.patch_status(name, &params, &merge),
+        )
+        .await
         {
             Ok(pod) => return Ok(Some(pod)),
             Err(kube::Error::Api(s)) if s.code == 409 => {
