@@ -211,21 +211,12 @@ impl ManagerUnderTest {
     /// [`RunningManager::log_path`].
     pub fn spawn(&self, cp: &ControlPlane) -> Result<RunningManager, String> {
         for path in &self.apply {
-            let out = cp
-                .kubectl()
-                .args(["apply", "--server-side", "--force-conflicts", "-f"])
-                .arg(path)
-                .stdin(Stdio::null())
-                .output()
-                .map_err(|e| format!("running kubectl: {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "{}: applying {} failed: {}",
-                    self.name,
-                    path.display(),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
-            }
+            process::run(
+                cp.kubectl()
+                    .args(["apply", "--server-side", "--force-conflicts", "-f"])
+                    .arg(path),
+            )
+            .map_err(|e| format!("{}: applying {} failed: {e}", self.name, path.display()))?;
         }
         if !self.apply.is_empty() {
             cp.wait_crds_established()?;
