@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::controllers::shared::pod_summary::PodSummary;
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 
 /// `namespace/name`.
 pub fn pod_key(pod: &PodSummary) -> String {
@@ -54,6 +55,30 @@ impl WrittenPods {
     pub fn remember(&self, pod: PodSummary) {
         let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
         pods.insert(pod_key(&pod), Arc::new(pod));
+    }
+
+    /// Forgets our write of the pod in `event` once the store holds it at the same or a later
+    /// version, or holds it no more. Called for every pod event, after the store applied it, so
+    /// that a batch of thousands of upgrades does not keep a second copy of every pod it wrote
+    /// until the reconcile ends. A re-list's pods (`InitApply`) reach the store only at its end,
+    /// so they forget nothing; [`Self::forget_caught_up`] catches those.
+    pub fn saw(&self, event: &watcher::Event<PodSummary>) {
+        let (watcher::Event::Apply(pod) | watcher::Event::Delete(pod)) = event else {
+            return;
+        };
+        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        if pods.is_empty() {
+            return;
+        }
+        let key = pod_key(pod);
+        let caught_up = match pods.get(&key) {
+            None => return,
+            Some(_) if matches!(event, watcher::Event::Delete(_)) => true,
+            Some(ours) => !newer(ours, pod),
+        };
+        if caught_up {
+            pods.remove(&key);
+        }
     }
 
     /// Forgets the pods `cache` has caught up with, or that are gone from it.
@@ -155,6 +180,33 @@ mod tests {
         writer.apply_watcher_event(&watcher::Event::Delete(pod("u1", "8", "proxy:2")));
         written.forget_caught_up(&cache);
         assert!(written.is_empty());
+    }
+
+    #[test]
+    fn a_watch_event_at_our_version_or_later_forgets_our_write() {
+        let written = WrittenPods::default();
+        written.remember(pod("u1", "7", "proxy:2"));
+        written.saw(&watcher::Event::Apply(pod("u1", "6", "proxy:1")));
+        assert_eq!(written.len(), 1, "an older event: the store still lags");
+        written.saw(&watcher::Event::InitApply(pod("u1", "7", "proxy:2")));
+        assert_eq!(written.len(), 1, "a re-list reaches the store only at its end");
+        written.saw(&watcher::Event::Apply(pod("u1", "7", "proxy:2")));
+        assert!(written.is_empty(), "the store holds our write now");
+
+        written.remember(pod("u1", "9", "proxy:3"));
+        let mut other = pod("u1", "1", "proxy:3");
+        other.metadata.name = Some("web-1".into());
+        written.saw(&watcher::Event::Apply(other));
+        assert_eq!(written.len(), 1, "another pod's event");
+        written.saw(&watcher::Event::Apply(pod("u2", "2", "proxy:1")));
+        assert!(
+            written.is_empty(),
+            "a new pod of the same name: our write is of the old one"
+        );
+
+        written.remember(pod("u1", "9", "proxy:3"));
+        written.saw(&watcher::Event::Delete(pod("u1", "5", "proxy:1")));
+        assert!(written.is_empty(), "deleted");
     }
 
     #[test]

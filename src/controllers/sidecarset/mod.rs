@@ -36,7 +36,7 @@ pub mod upgrade;
 pub mod watch;
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Namespace;
@@ -121,7 +121,7 @@ pub struct Context {
     /// The SidecarSets as watched: a long batch stops when its SidecarSet changed meanwhile.
     sidecarsets: Store<SidecarSet>,
     /// Pods as our own patches returned them, until the store has caught up with them.
-    written: WrittenPods,
+    written: Arc<WrittenPods>,
     backoff: Backoff,
     recorder: Recorder,
     metrics: ManagerMetrics,

@@ -145,9 +145,13 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
 
     let flipped = flip_pods(ctx, set, &owned, flips).await;
     let targets: Vec<Arc<PodSummary>> = batch.upgrade.iter().map(|&i| owned[i].clone()).collect();
+    let in_use = revisions_in_use(&owned, &name);
+    // The snapshot goes before the batch: as each pod's new version replaces it in the store,
+    // its old one is freed, instead of every pod being held twice until the batch ends.
+    drop(views);
+    drop(owned);
     let outcome = upgrade_pods(ctx, set, &current, targets, &now).await;
 
-    let in_use = revisions_in_use(&owned, &name);
     let mut all = history;
     if !all.iter().any(|r| r.name_any() == latest) {
         all.push(registered.latest.clone());

@@ -59,7 +59,10 @@ pub async fn run_with_pods(
     let workers = opts.workers.sidecarset;
 
     let tracker = PodTracker::default();
+    let written = Arc::new(WrittenPods::default());
+    let written_seen = written.clone();
     let (pods, pods_ready, pod_triggers) = pods.into_triggers(move |event| {
+        written_seen.saw(event);
         tracker
             .wake(event)
             .into_iter()
@@ -214,7 +217,7 @@ pub async fn run_with_pods(
         jobs,
         nodeimages,
         warned: Mutex::default(),
-        written: WrittenPods::default(),
+        written,
         backoff: Backoff::default(),
         metrics: opts.metrics.clone(),
         recorder: Recorder::for_manager(client),
