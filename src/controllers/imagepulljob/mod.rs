@@ -34,6 +34,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
 use self::secrets::SecretsError;
@@ -90,38 +91,22 @@ pub struct Context {
     /// Per job uid, the generation whose values every node it owns has been brought up to.
     refreshed: Mutex<HashMap<String, i64>>,
     /// NodeImages as our own patches returned them, until the store has caught up with them.
-    written: Mutex<HashMap<String, Arc<NodeImage>>>,
+    written: Arc<WrittenNodeImages>,
     backoff: Backoff,
     opts: ControllerOptions,
     recorder: Recorder,
 }
 
 impl Context {
-    /// The newer of the stored NodeImage and the one our last patch returned. Spec writes bump
-    /// `generation`, and the store sees events in order, so a stored object with a lower
-    /// generation than our write is entirely older than it.
+    /// The newer of the stored NodeImage and the one our last patch returned.
     fn fresher(&self, stored: Arc<NodeImage>) -> Arc<NodeImage> {
-        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-        let name = stored.name_any();
-        match written.get(&name) {
-            Some(ours) if ours.metadata.generation > stored.metadata.generation => ours.clone(),
-            Some(_) => {
-                written.remove(&name);
-                stored
-            }
-            None => stored,
-        }
+        self.written.fresher(stored)
     }
 
     /// Forgets the written objects the store has caught up with (or that are gone), so the
     /// overlay holds only writes still in flight, whatever the jobs do next.
     fn forget_caught_up(&self) {
-        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-        written.retain(|name, ours| {
-            self.nodeimages
-                .get(&ObjectRef::new(name))
-                .is_some_and(|stored| stored.metadata.generation < ours.metadata.generation)
-        });
+        self.written.forget_caught_up(&self.nodeimages);
     }
 
     fn refreshed_generation(&self, job: &ImagePullJob) -> Option<i64> {
@@ -143,8 +128,117 @@ impl Context {
     }
 
     fn remember(&self, written: NodeImage) {
+        self.written.remember(written);
+    }
+}
+
+/// NodeImages as our own patches returned them, until the store has caught up with them.
+#[derive(Default)]
+pub struct WrittenNodeImages(Mutex<HashMap<String, Arc<NodeImage>>>);
+
+impl WrittenNodeImages {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<NodeImage>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The newer of the stored NodeImage and the one our last patch returned. Spec writes bump
+    /// `generation`, and the store sees events in order, so a stored object with a lower
+    /// generation than our write is entirely older than it.
+    fn fresher(&self, stored: Arc<NodeImage>) -> Arc<NodeImage> {
+        let mut written = self.lock();
+        let name = stored.name_any();
+        match written.get(&name) {
+            Some(ours) if ours.metadata.generation > stored.metadata.generation => ours.clone(),
+            Some(_) => {
+                written.remove(&name);
+                stored
+            }
+            None => stored,
+        }
+    }
+
+    fn forget_caught_up(&self, store: &Store<NodeImage>) {
+        self.lock().retain(|name, ours| {
+            store
+                .get(&ObjectRef::new(name))
+                .is_some_and(|stored| stored.metadata.generation < ours.metadata.generation)
+        });
+    }
+
+    /// Forgets our write of the NodeImage in `event` once the store holds its generation or a
+    /// later one, or holds it no more. Called for every NodeImage event after the store applied
+    /// it, so that a fan-out over thousands of nodes does not keep a second copy of every
+    /// NodeImage it wrote until its reconcile ends. A re-list's objects (`InitApply`) reach the
+    /// store only at its end, so they forget nothing; `forget_caught_up` catches those.
+    pub fn saw(&self, event: &watcher::Event<NodeImage>) {
+        let (watcher::Event::Apply(ni) | watcher::Event::Delete(ni)) = event else {
+            return;
+        };
+        let mut written = self.lock();
+        if written.is_empty() {
+            return;
+        }
+        let Some(name) = ni.metadata.name.as_deref() else {
+            return;
+        };
+        let caught_up = match written.get(name) {
+            None => return,
+            Some(_) if matches!(event, watcher::Event::Delete(_)) => true,
+            Some(ours) => ni.metadata.generation >= ours.metadata.generation,
+        };
+        if caught_up {
+            written.remove(name);
+        }
+    }
+
+    fn remember(&self, written: NodeImage) {
         // Parsed without managedFields already (`update_images`).
-        let mut map = self.written.lock().unwrap_or_else(|e| e.into_inner());
-        map.insert(written.name_any(), Arc::new(written));
+        self.lock().insert(written.name_any(), Arc::new(written));
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod written_tests {
+    use super::*;
+    use crate::apis::nodeimage::NodeImageSpec;
+
+    fn nodeimage(name: &str, generation: i64) -> NodeImage {
+        let mut ni = NodeImage::new(name, NodeImageSpec::default());
+        ni.metadata.generation = Some(generation);
+        ni
+    }
+
+    #[test]
+    fn a_watch_event_at_our_generation_or_later_forgets_our_write() {
+        let written = WrittenNodeImages::default();
+        written.remember(nodeimage("node-1", 4));
+        written.saw(&watcher::Event::Apply(nodeimage("node-1", 3)));
+        assert_eq!(written.len(), 1, "an older event: the store still lags");
+        written.saw(&watcher::Event::Apply(nodeimage("node-2", 9)));
+        assert_eq!(written.len(), 1, "another node's event");
+        written.saw(&watcher::Event::InitApply(nodeimage("node-1", 4)));
+        assert_eq!(written.len(), 1, "a re-list reaches the store only at its end");
+        written.saw(&watcher::Event::Apply(nodeimage("node-1", 4)));
+        assert_eq!(written.len(), 0, "the store holds our write now");
+
+        written.remember(nodeimage("node-1", 5));
+        written.saw(&watcher::Event::Delete(nodeimage("node-1", 2)));
+        assert_eq!(written.len(), 0, "deleted");
+    }
+
+    #[test]
+    fn until_the_store_catches_up_our_write_is_read() {
+        let written = WrittenNodeImages::default();
+        written.remember(nodeimage("node-1", 4));
+        let stored = Arc::new(nodeimage("node-1", 3));
+        assert_eq!(written.fresher(stored).metadata.generation, Some(4));
+        let stored = Arc::new(nodeimage("node-1", 4));
+        assert_eq!(written.fresher(stored).metadata.generation, Some(4));
+        assert_eq!(written.len(), 0, "read once caught up, then forgotten");
     }
 }

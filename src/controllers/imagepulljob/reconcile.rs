@@ -12,6 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
 
@@ -159,9 +160,18 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
     let extra_ttl = ctx.opts.default_ttl_for_always_nodeimage;
     // One node after the other, in target order: the order of the writes is the order in which
     // nodes start pulling, which is the point of keeping the order at all.
+    // Each write starts from the stored NodeImage as it is then, not from the snapshot planned
+    // from: the snapshot goes first, so that a fan-out over thousands of nodes does not hold
+    // every NodeImage's old version while the store fills with new ones.
+    drop(by_name);
+    drop(pods);
     let mut results = Vec::with_capacity(write.len());
     for node in write {
-        let current = (*by_name[&node]).clone();
+        let Some(stored) = ctx.nodeimages.get(&ObjectRef::new(&node)) else {
+            results.push((node.clone(), Err(ImagesWriteError::NotFound { name: node })));
+            continue;
+        };
+        let current = (*ctx.fresher(stored)).clone();
         let others = |owner: &ObjectReference| stored_owner_ask(&ctx.jobs, owner, &node, extra_ttl);
         let result = update_images(&api, FIELD_MANAGER, current, |ni| {
             with_job_entry(

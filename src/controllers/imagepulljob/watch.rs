@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use super::reconcile::{error_policy, reconcile};
-use super::{Context, NAME};
+use super::{Context, NAME, WrittenNodeImages};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
 use crate::controllers::ControllerOptions;
@@ -123,12 +123,17 @@ pub async fn run_with_feeds(
     let jobs = controller.store();
     let jobs_for_pods = jobs.clone();
     // Every NodeImage event, deletions included, as the pods below.
+    let written = Arc::new(WrittenNodeImages::default());
+    let written_seen = written.clone();
     let (nodeimages, mut nodeimages_ready, nodeimage_triggers) =
-        nodeimages.into_triggers(move |event| match event {
-            watcher::Event::Apply(ni)
-            | watcher::Event::InitApply(ni)
-            | watcher::Event::Delete(ni) => jobs_for_nodeimage(&jobs, ni),
-            watcher::Event::Init | watcher::Event::InitDone => Vec::new(),
+        nodeimages.into_triggers(move |event| {
+            written_seen.saw(event);
+            match event {
+                watcher::Event::Apply(ni)
+                | watcher::Event::InitApply(ni)
+                | watcher::Event::Delete(ni) => jobs_for_nodeimage(&jobs, ni),
+                watcher::Event::Init | watcher::Event::InitDone => Vec::new(),
+            }
         });
     // Every pod event, deletions included: a job's nodes follow its pods either way.
     let (pods, mut pods_ready, pod_triggers) = pods.into_triggers(move |event| match event {
@@ -159,7 +164,7 @@ pub async fn run_with_feeds(
         pods,
         jobs: controller.store(),
         refreshed: Mutex::default(),
-        written: Mutex::default(),
+        written,
         backoff: Backoff::default(),
         opts,
     });
