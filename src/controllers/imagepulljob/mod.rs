@@ -98,9 +98,14 @@ pub struct Context {
 }
 
 impl Context {
-    /// The newer of the stored NodeImage and the one our last patch returned.
-    fn fresher(&self, stored: Arc<NodeImage>) -> Arc<NodeImage> {
-        self.written.fresher(stored)
+    /// Every stored NodeImage, each as our last patch returned it when that is newer.
+    fn fresh_nodeimages(&self) -> Vec<Arc<NodeImage>> {
+        self.written.overlay_all(&self.nodeimages)
+    }
+
+    /// NodeImage `name` as stored, or as our last patch returned it when that is newer.
+    fn fresh_nodeimage(&self, name: &str) -> Option<Arc<NodeImage>> {
+        self.written.overlay_one(&self.nodeimages, name)
     }
 
     /// Forgets the written objects the store has caught up with (or that are gone), so the
@@ -132,6 +137,24 @@ impl Context {
     }
 }
 
+/// The newer of the stored NodeImage and the one our last patch returned (which is forgotten
+/// once the store has it). Spec writes bump `generation`, and the store sees events in order,
+/// so a stored object with a lower generation than our write is entirely older than it.
+fn fresher(
+    written: &mut HashMap<String, Arc<NodeImage>>,
+    stored: Arc<NodeImage>,
+) -> Arc<NodeImage> {
+    let name = stored.name_any();
+    match written.get(&name) {
+        Some(ours) if ours.metadata.generation > stored.metadata.generation => ours.clone(),
+        Some(_) => {
+            written.remove(&name);
+            stored
+        }
+        None => stored,
+    }
+}
+
 /// NodeImages as our own patches returned them, until the store has caught up with them.
 #[derive(Default)]
 pub struct WrittenNodeImages(Mutex<HashMap<String, Arc<NodeImage>>>);
@@ -141,20 +164,24 @@ impl WrittenNodeImages {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The newer of the stored NodeImage and the one our last patch returned. Spec writes bump
-    /// `generation`, and the store sees events in order, so a stored object with a lower
-    /// generation than our write is entirely older than it.
-    fn fresher(&self, stored: Arc<NodeImage>) -> Arc<NodeImage> {
+    /// Every NodeImage in `store`, each replaced by our write when that is newer. The store is
+    /// read under this overlay's lock: [`Self::saw`] forgets a write only after the store has
+    /// applied the event that brought it, so a write forgotten before the read is in what is
+    /// read, and none can be forgotten between reading an object and looking it up here.
+    fn overlay_all(&self, store: &Store<NodeImage>) -> Vec<Arc<NodeImage>> {
         let mut written = self.lock();
-        let name = stored.name_any();
-        match written.get(&name) {
-            Some(ours) if ours.metadata.generation > stored.metadata.generation => ours.clone(),
-            Some(_) => {
-                written.remove(&name);
-                stored
-            }
-            None => stored,
-        }
+        store
+            .state()
+            .into_iter()
+            .map(|stored| fresher(&mut written, stored))
+            .collect()
+    }
+
+    /// NodeImage `name` in `store`, or our write when that is newer (read as in `overlay_all`).
+    fn overlay_one(&self, store: &Store<NodeImage>, name: &str) -> Option<Arc<NodeImage>> {
+        let mut written = self.lock();
+        let stored = store.get(&ObjectRef::new(name))?;
+        Some(fresher(&mut written, stored))
     }
 
     fn forget_caught_up(&self, store: &Store<NodeImage>) {
@@ -222,7 +249,11 @@ mod written_tests {
         written.saw(&watcher::Event::Apply(nodeimage("node-2", 9)));
         assert_eq!(written.len(), 1, "another node's event");
         written.saw(&watcher::Event::InitApply(nodeimage("node-1", 4)));
-        assert_eq!(written.len(), 1, "a re-list reaches the store only at its end");
+        assert_eq!(
+            written.len(),
+            1,
+            "a re-list reaches the store only at its end"
+        );
         written.saw(&watcher::Event::Apply(nodeimage("node-1", 4)));
         assert_eq!(written.len(), 0, "the store holds our write now");
 
@@ -233,12 +264,19 @@ mod written_tests {
 
     #[test]
     fn until_the_store_catches_up_our_write_is_read() {
+        use kube::runtime::reflector::store::Writer;
+        let mut writer = Writer::<NodeImage>::default();
+        writer.apply_watcher_event(&watcher::Event::Apply(nodeimage("node-1", 3)));
+        let store = writer.as_reader();
         let written = WrittenNodeImages::default();
         written.remember(nodeimage("node-1", 4));
-        let stored = Arc::new(nodeimage("node-1", 3));
-        assert_eq!(written.fresher(stored).metadata.generation, Some(4));
-        let stored = Arc::new(nodeimage("node-1", 4));
-        assert_eq!(written.fresher(stored).metadata.generation, Some(4));
+        let generation = |ni: Option<Arc<NodeImage>>| ni.and_then(|ni| ni.metadata.generation);
+        assert_eq!(generation(written.overlay_one(&store, "node-1")), Some(4));
+        assert_eq!(generation(written.overlay_all(&store).pop()), Some(4));
+        assert_eq!(written.overlay_one(&store, "node-2"), None);
+
+        writer.apply_watcher_event(&watcher::Event::Apply(nodeimage("node-1", 4)));
+        assert_eq!(generation(written.overlay_one(&store, "node-1")), Some(4));
         assert_eq!(written.len(), 0, "read once caught up, then forgotten");
     }
 }

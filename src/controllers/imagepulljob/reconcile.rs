@@ -12,7 +12,6 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
 
@@ -129,7 +128,7 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
     };
 
     // Our own writes the store has not caught up with yet count as written.
-    let by_name = plan::by_name(ctx.nodeimages.state().into_iter().map(|n| ctx.fresher(n)));
+    let by_name = plan::by_name(ctx.fresh_nodeimages());
     let pods = ctx.pods.state();
     let req = JobRequest::new(
         job,
@@ -167,11 +166,11 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
     drop(pods);
     let mut results = Vec::with_capacity(write.len());
     for node in write {
-        let Some(stored) = ctx.nodeimages.get(&ObjectRef::new(&node)) else {
+        let Some(current) = ctx.fresh_nodeimage(&node) else {
             results.push((node.clone(), Err(ImagesWriteError::NotFound { name: node })));
             continue;
         };
-        let current = (*ctx.fresher(stored)).clone();
+        let current = (*current).clone();
         let others = |owner: &ObjectReference| stored_owner_ask(&ctx.jobs, owner, &node, extra_ttl);
         let result = update_images(&api, FIELD_MANAGER, current, |ni| {
             with_job_entry(

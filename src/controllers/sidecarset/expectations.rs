@@ -35,6 +35,13 @@ fn newer(ours: &PodSummary, stored: &PodSummary) -> bool {
         && matches!((version(ours), version(stored)), (Some(o), Some(s)) if o > s)
 }
 
+fn fresher(ours: &HashMap<String, Arc<PodSummary>>, cached: Arc<PodSummary>) -> Arc<PodSummary> {
+    match ours.get(&pod_key(&cached)) {
+        Some(ours) if newer(ours, &cached) => ours.clone(),
+        _ => cached,
+    }
+}
+
 /// Pods as our own writes returned them.
 #[derive(Default)]
 pub struct WrittenPods {
@@ -45,10 +52,21 @@ impl WrittenPods {
     /// The newer of the cached pod and the one our last write returned.
     pub fn fresher(&self, cached: Arc<PodSummary>) -> Arc<PodSummary> {
         let pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
-        match pods.get(&pod_key(&cached)) {
-            Some(ours) if newer(ours, &cached) => ours.clone(),
-            _ => cached,
-        }
+        fresher(&pods, cached)
+    }
+
+    /// Every pod in `cache`, each as our last write returned it when that is newer. The cache is
+    /// read under this overlay's lock: [`Self::saw`] forgets a write only after the cache has
+    /// applied the event that brought it, so a write forgotten before the read is in what is
+    /// read, and none can be forgotten between reading a pod and looking it up here (a pod read
+    /// just before its event, looked up just after, would be the old one).
+    pub fn overlay(&self, cache: &Store<PodSummary>) -> Vec<Arc<PodSummary>> {
+        let pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        cache
+            .state()
+            .into_iter()
+            .map(|cached| fresher(&pods, cached))
+            .collect()
     }
 
     /// Keeps what a write returned (already stripped as the cache strips it).
@@ -189,7 +207,11 @@ mod tests {
         written.saw(&watcher::Event::Apply(pod("u1", "6", "proxy:1")));
         assert_eq!(written.len(), 1, "an older event: the store still lags");
         written.saw(&watcher::Event::InitApply(pod("u1", "7", "proxy:2")));
-        assert_eq!(written.len(), 1, "a re-list reaches the store only at its end");
+        assert_eq!(
+            written.len(),
+            1,
+            "a re-list reaches the store only at its end"
+        );
         written.saw(&watcher::Event::Apply(pod("u1", "7", "proxy:2")));
         assert!(written.is_empty(), "the store holds our write now");
 
@@ -207,6 +229,26 @@ mod tests {
         written.remember(pod("u1", "9", "proxy:3"));
         written.saw(&watcher::Event::Delete(pod("u1", "5", "proxy:1")));
         assert!(written.is_empty(), "deleted");
+    }
+
+    #[test]
+    fn the_overlay_reads_our_write_until_the_cache_holds_it_then_the_cache() {
+        let (cache, mut writer) = cache_with(pod("u1", "5", "proxy:1"));
+        let written = WrittenPods::default();
+        written.remember(pod("u1", "7", "proxy:2"));
+        let images = |w: &WrittenPods| {
+            w.overlay(&cache)
+                .iter()
+                .map(|p| image(p).to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(images(&written), ["proxy:2"], "the cache lags");
+        // As the pod feed does it: the store applies the event, then the overlay sees it.
+        let event = watcher::Event::Apply(pod("u1", "7", "proxy:2"));
+        writer.apply_watcher_event(&event);
+        written.saw(&event);
+        assert!(written.is_empty());
+        assert_eq!(images(&written), ["proxy:2"], "the cache holds it now");
     }
 
     #[test]

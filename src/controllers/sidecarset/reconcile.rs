@@ -81,11 +81,7 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
     }
     let name = set.name_any();
     let namespaces = namespace_labels(ctx.namespaces.state().iter().map(|n| &**n));
-    let owned = owned_pods(
-        set,
-        ctx.pods.state().into_iter().map(|p| ctx.written.fresher(p)),
-        &namespaces,
-    );
+    let owned = owned_pods(set, ctx.written.overlay(&ctx.pods), &namespaces);
 
     let history = labelled_history(&name, ctx.revisions.state().iter().map(|r| &**r));
     let revision_api = Api::<ControllerRevision>::namespaced(ctx.client.clone(), &ctx.namespace);
