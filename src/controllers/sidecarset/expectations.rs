@@ -49,7 +49,9 @@ pub struct WrittenPods {
 }
 
 impl WrittenPods {
-    /// The newer of the cached pod and the one our last write returned.
+    /// The newer of the cached pod and the one our last write returned (reconciles read all
+    /// pods through [`Self::overlay`]).
+    #[cfg(test)]
     pub fn fresher(&self, cached: Arc<PodSummary>) -> Arc<PodSummary> {
         let pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
         fresher(&pods, cached)
