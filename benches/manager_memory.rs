@@ -57,9 +57,7 @@ use harness::rollout::{
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use k8s_openapi::jiff::Timestamp;
 use kruise_rs::apis::defaults::default_sidecarset;
 use kruise_rs::apis::imagepulljob::{
     ImagePullJob, ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate,
@@ -68,7 +66,6 @@ use kruise_rs::apis::nodeimage::NodeImage;
 use kruise_rs::apis::sidecarset::SidecarSet;
 use kruise_rs::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
-    SIDECARSET_INPLACE_UPDATE_STATE,
 };
 use kruise_rs::sidecar::annotations::{SidecarSetUpgradeSpec, render_hashes};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -693,14 +690,6 @@ fn annotation(set: &SidecarSet, key: &str) -> String {
     set.annotations().get(key).cloned().unwrap_or_default()
 }
 
-/// A JSON pointer to annotation `key`.
-fn annotation_path(key: &str) -> String {
-    format!(
-        "/metadata/annotations/{}",
-        key.replace('~', "~0").replace('/', "~1")
-    )
-}
-
 /// Polls the SidecarSet until the controller has observed generation `generation`.
 async fn wait_observed(sets: &Api<SidecarSet>, generation: i64) -> Result<()> {
     let t = Instant::now();
@@ -811,15 +800,15 @@ async fn rollout(
         .map(|i| {
             let api: Api<Pod> = Api::namespaced(client.clone(), &namespaces[i % namespaces.len()]);
             async move {
-                let at = Time(Timestamp::now());
-                let ops = json!([
-                    {"op": "replace", "path": "/spec/containers/0/image", "value": BASELINE_IMAGE},
-                    {"op": "add", "path": annotation_path(SIDECARSET_HASH),
-                     "value": harness::rollout::hash_annotation(SET_NAME, SIDECAR, new_hash, revision, &at)},
-                    {"op": "add", "path": annotation_path(SIDECARSET_INPLACE_UPDATE_STATE),
-                     "value": harness::rollout::update_state(SET_NAME, SIDECAR, new_hash, before_id, &at)},
-                ]);
-                let patch: json_patch::Patch = serde_json::from_value(ops)?;
+                let patch = harness::rollout::upgrade_patch(
+                    SET_NAME,
+                    SIDECAR,
+                    0,
+                    BASELINE_IMAGE,
+                    new_hash,
+                    revision,
+                    before_id,
+                )?;
                 api.patch(&pod_name(i), params, &Patch::<()>::Json(patch))
                     .await?;
                 Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())

@@ -1077,15 +1077,15 @@ async fn rollout(n: usize, rounds: usize) -> Result<()> {
             (&api, &params, &new_hash, &revision, &before_id, &new_image);
         futures::stream::iter(&names)
             .map(|name| async move {
-                let at = Time(Timestamp::now());
-                let ops = json!([
-                    {"op": "replace", "path": format!("/spec/containers/{SIDECAR_INDEX}/image"), "value": new_image},
-                    {"op": "add", "path": "/metadata/annotations/kruise.io~1sidecarset-hash",
-                     "value": harness::rollout::hash_annotation(SET_NAME, SIDECAR, new_hash, revision, &at)},
-                    {"op": "add", "path": "/metadata/annotations/kruise.io~1sidecarset-inplace-update-state",
-                     "value": harness::rollout::update_state(SET_NAME, SIDECAR, new_hash, before_id, &at)},
-                ]);
-                let patch: json_patch::Patch = serde_json::from_value(ops)?;
+                let patch = harness::rollout::upgrade_patch(
+                    SET_NAME,
+                    SIDECAR,
+                    SIDECAR_INDEX,
+                    new_image,
+                    new_hash,
+                    revision,
+                    before_id,
+                )?;
                 api.patch(name, params, &Patch::<()>::Json(patch)).await?;
                 Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
             })

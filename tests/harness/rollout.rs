@@ -11,6 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kruise_rs::apis::sidecarset::{SidecarSet, SidecarSetStatus};
+use kruise_rs::apis::well_known::{SIDECARSET_HASH, SIDECARSET_INPLACE_UPDATE_STATE};
 use kruise_rs::controllers::sidecarset::pods::{
     InPlaceUpdateState, LastContainerStatus, render_update_states,
 };
@@ -60,6 +61,35 @@ pub fn update_state(
     )]))
 }
 
+/// The JSON patch a plain client sends to upgrade one pod as the controller would: the sidecar
+/// at `index` of `spec.containers` on `image`, and the SidecarSet `set`'s hash and in-place
+/// update state annotations for it, stamped now.
+pub fn upgrade_patch(
+    set: &str,
+    sidecar: &str,
+    index: usize,
+    image: &str,
+    hash: &str,
+    revision: &str,
+    before_image_id: &str,
+) -> Result<json_patch::Patch, serde_json::Error> {
+    let at = Time(k8s_openapi::jiff::Timestamp::now());
+    serde_json::from_value(serde_json::json!([
+        {"op": "replace", "path": format!("/spec/containers/{index}/image"), "value": image},
+        {"op": "add", "path": annotation_path(SIDECARSET_HASH),
+         "value": hash_annotation(set, sidecar, hash, revision, &at)},
+        {"op": "add", "path": annotation_path(SIDECARSET_INPLACE_UPDATE_STATE),
+         "value": update_state(set, sidecar, hash, before_image_id, &at)},
+    ]))
+}
+
+/// The JSON pointer to annotation `key`.
+fn annotation_path(key: &str) -> String {
+    format!(
+        "/metadata/annotations/{}",
+        key.replace('~', "~0").replace('/', "~1")
+    )
+}
 /// The spec image of `pod`'s container `name`.
 pub fn container_image<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
     pod.spec
