@@ -64,6 +64,12 @@ pub fn init_logging(format: LogFormat) -> anyhow::Result<()> {
     .context("cannot set up logging")
 }
 
+/// `outer: inner: …`, how both binaries report the error they stop on (see
+/// [`crate::error_chain::error_chain`]).
+pub fn error_chain(err: &anyhow::Error) -> String {
+    crate::error_chain::error_chain(err.as_ref())
+}
+
 /// Resolves on the first SIGTERM or SIGINT. The handlers are installed now, so a signal that
 /// arrives during start-up is not lost.
 pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {

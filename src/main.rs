@@ -5,7 +5,7 @@ use std::{io::Write, net::SocketAddr, path::PathBuf, process::ExitCode, time::Du
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kruise_rs::cli::{LogFormat, init_logging, parse_duration, shutdown_signal};
+use kruise_rs::cli::{LogFormat, error_chain, init_logging, parse_duration, shutdown_signal};
 use kruise_rs::controllers::shared::initial_list::StreamingLists;
 use kruise_rs::controllers::{ControllerOptions, Workers};
 use kruise_rs::daemon::{self, DaemonArgs};
@@ -446,11 +446,6 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
         }
     }
-}
-
-/// `outer: inner: …` (see [`kruise_rs::error_chain::error_chain`]).
-fn error_chain(err: &anyhow::Error) -> String {
-    kruise_rs::error_chain::error_chain(err.as_ref())
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
-use kruise_rs::cli::{LogFormat, init_logging, shutdown_signal};
+use kruise_rs::cli::{LogFormat, error_chain, init_logging, shutdown_signal};
 use kruise_rs::daemon::{self, DaemonArgs};
 use tracing::error;
 
@@ -56,11 +56,6 @@ fn run(args: DaemonArgs) -> anyhow::Result<()> {
         daemon::run(opts, shutdown, None).await?;
         Ok(())
     })
-}
-
-/// `outer: inner: …` (see [`kruise_rs::error_chain::error_chain`]).
-fn error_chain(err: &anyhow::Error) -> String {
-    kruise_rs::error_chain::error_chain(err.as_ref())
 }
 
 #[cfg(test)]
