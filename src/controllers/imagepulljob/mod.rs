@@ -43,7 +43,8 @@ use super::shared::backoff::Backoff;
 use super::shared::nodeimage_images::ImagesWriteError;
 use super::shared::pod_summary::PodSummary;
 use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::nodeimage::NodeImage;
+
+use super::shared::lean_nodeimage::LeanNodeImage;
 use crate::events::Recorder;
 
 /// Field manager of everything this controller writes.
@@ -84,7 +85,7 @@ pub struct Context {
     client: Client,
     /// True once the NodeImage and Pod stores hold a first full list.
     caches_ready: tokio::sync::watch::Receiver<bool>,
-    nodeimages: Store<NodeImage>,
+    nodeimages: Store<LeanNodeImage>,
     pods: Store<PodSummary>,
     /// Every ImagePullJob: what the other owners of a shared tag ask of it.
     jobs: Store<ImagePullJob>,
@@ -99,12 +100,12 @@ pub struct Context {
 
 impl Context {
     /// Every stored NodeImage, each as our last patch returned it when that is newer.
-    fn fresh_nodeimages(&self) -> Vec<Arc<NodeImage>> {
+    fn fresh_nodeimages(&self) -> Vec<Arc<LeanNodeImage>> {
         self.written.overlay_all(&self.nodeimages)
     }
 
     /// NodeImage `name` as stored, or as our last patch returned it when that is newer.
-    fn fresh_nodeimage(&self, name: &str) -> Option<Arc<NodeImage>> {
+    fn fresh_nodeimage(&self, name: &str) -> Option<Arc<LeanNodeImage>> {
         self.written.overlay_one(&self.nodeimages, name)
     }
 
@@ -132,7 +133,7 @@ impl Context {
         };
     }
 
-    fn remember(&self, written: NodeImage) {
+    fn remember(&self, written: LeanNodeImage) {
         self.written.remember(written);
     }
 }
@@ -141,9 +142,9 @@ impl Context {
 /// once the store has it). Spec writes bump `generation`, and the store sees events in order,
 /// so a stored object with a lower generation than our write is entirely older than it.
 fn fresher(
-    written: &mut HashMap<String, Arc<NodeImage>>,
-    stored: Arc<NodeImage>,
-) -> Arc<NodeImage> {
+    written: &mut HashMap<String, Arc<LeanNodeImage>>,
+    stored: Arc<LeanNodeImage>,
+) -> Arc<LeanNodeImage> {
     let name = stored.name_any();
     match written.get(&name) {
         Some(ours) if ours.metadata.generation > stored.metadata.generation => ours.clone(),
@@ -157,10 +158,10 @@ fn fresher(
 
 /// NodeImages as our own patches returned them, until the store has caught up with them.
 #[derive(Default)]
-pub struct WrittenNodeImages(Mutex<HashMap<String, Arc<NodeImage>>>);
+pub struct WrittenNodeImages(Mutex<HashMap<String, Arc<LeanNodeImage>>>);
 
 impl WrittenNodeImages {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<NodeImage>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<LeanNodeImage>>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -168,7 +169,7 @@ impl WrittenNodeImages {
     /// read under this overlay's lock: [`Self::saw`] forgets a write only after the store has
     /// applied the event that brought it, so a write forgotten before the read is in what is
     /// read, and none can be forgotten between reading an object and looking it up here.
-    fn overlay_all(&self, store: &Store<NodeImage>) -> Vec<Arc<NodeImage>> {
+    fn overlay_all(&self, store: &Store<LeanNodeImage>) -> Vec<Arc<LeanNodeImage>> {
         let mut written = self.lock();
         store
             .state()
@@ -178,13 +179,13 @@ impl WrittenNodeImages {
     }
 
     /// NodeImage `name` in `store`, or our write when that is newer (read as in `overlay_all`).
-    fn overlay_one(&self, store: &Store<NodeImage>, name: &str) -> Option<Arc<NodeImage>> {
+    fn overlay_one(&self, store: &Store<LeanNodeImage>, name: &str) -> Option<Arc<LeanNodeImage>> {
         let mut written = self.lock();
         let stored = store.get(&ObjectRef::new(name))?;
         Some(fresher(&mut written, stored))
     }
 
-    fn forget_caught_up(&self, store: &Store<NodeImage>) {
+    fn forget_caught_up(&self, store: &Store<LeanNodeImage>) {
         self.lock().retain(|name, ours| {
             store
                 .get(&ObjectRef::new(name))
@@ -197,7 +198,7 @@ impl WrittenNodeImages {
     /// it, so that a fan-out over thousands of nodes does not keep a second copy of every
     /// NodeImage it wrote until its reconcile ends. A re-list's objects (`InitApply`) reach the
     /// store only at its end, so they forget nothing; `forget_caught_up` catches those.
-    pub fn saw(&self, event: &watcher::Event<NodeImage>) {
+    pub fn saw(&self, event: &watcher::Event<LeanNodeImage>) {
         let (watcher::Event::Apply(ni) | watcher::Event::Delete(ni)) = event else {
             return;
         };
@@ -218,7 +219,7 @@ impl WrittenNodeImages {
         }
     }
 
-    fn remember(&self, written: NodeImage) {
+    fn remember(&self, written: LeanNodeImage) {
         // Parsed without managedFields already (`update_images`).
         self.lock().insert(written.name_any(), Arc::new(written));
     }
@@ -232,12 +233,12 @@ impl WrittenNodeImages {
 #[cfg(test)]
 mod written_tests {
     use super::*;
-    use crate::apis::nodeimage::NodeImageSpec;
+    use crate::apis::nodeimage::{NodeImage, NodeImageSpec};
 
-    fn nodeimage(name: &str, generation: i64) -> NodeImage {
+    fn nodeimage(name: &str, generation: i64) -> LeanNodeImage {
         let mut ni = NodeImage::new(name, NodeImageSpec::default());
         ni.metadata.generation = Some(generation);
-        ni
+        ni.into()
     }
 
     #[test]
@@ -265,12 +266,12 @@ mod written_tests {
     #[test]
     fn until_the_store_catches_up_our_write_is_read() {
         use kube::runtime::reflector::store::Writer;
-        let mut writer = Writer::<NodeImage>::default();
+        let mut writer = Writer::<LeanNodeImage>::default();
         writer.apply_watcher_event(&watcher::Event::Apply(nodeimage("node-1", 3)));
         let store = writer.as_reader();
         let written = WrittenNodeImages::default();
         written.remember(nodeimage("node-1", 4));
-        let generation = |ni: Option<Arc<NodeImage>>| ni.and_then(|ni| ni.metadata.generation);
+        let generation = |ni: Option<Arc<LeanNodeImage>>| ni.and_then(|ni| ni.metadata.generation);
         assert_eq!(generation(written.overlay_one(&store, "node-1")), Some(4));
         assert_eq!(generation(written.overlay_all(&store).pop()), Some(4));
         assert_eq!(written.overlay_one(&store, "node-2"), None);

@@ -14,8 +14,8 @@ use super::entry::JobRequest;
 use super::status::parallelism;
 use super::targets::{SelectorError, Target, node_state, select_nodes};
 use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::nodeimage::NodeImage;
 use crate::apis::well_known::GROUP;
+use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
 use crate::controllers::shared::pod_summary::PodSummary;
 use crate::image::ImageRef;
 
@@ -86,7 +86,7 @@ fn controlled_by_a_list(job: &ImagePullJob) -> bool {
 pub fn targets<'a>(
     job: &ImagePullJob,
     req: &JobRequest,
-    nodeimages: &'a HashMap<String, Arc<NodeImage>>,
+    nodeimages: &'a HashMap<String, Arc<LeanNodeImage>>,
     pods: impl IntoIterator<Item = &'a PodSummary>,
 ) -> Result<Vec<Target>, SelectorError> {
     let job_uid = job.metadata.uid.clone().unwrap_or_default();
@@ -109,8 +109,8 @@ pub fn targets<'a>(
 
 /// The NodeImages by name, as [`targets`] takes them.
 pub fn by_name(
-    nodeimages: impl IntoIterator<Item = Arc<NodeImage>>,
-) -> HashMap<String, Arc<NodeImage>> {
+    nodeimages: impl IntoIterator<Item = Arc<LeanNodeImage>>,
+) -> HashMap<String, Arc<LeanNodeImage>> {
     nodeimages.into_iter().map(|n| (n.name_any(), n)).collect()
 }
 

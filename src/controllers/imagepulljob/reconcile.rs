@@ -21,8 +21,8 @@ use super::status::{compute_status, next_deadline, nodes_to_start, with_notes};
 use super::targets::{NodeState, Target};
 use super::{Context, Error, FIELD_MANAGER, secrets};
 use crate::apis::imagepulljob::{ImagePullJob, ImagePullJobStatus};
-use crate::apis::nodeimage::NodeImage;
 use crate::apis::well_known::DELETION_PROTECTION_FINALIZER;
+use crate::controllers::shared::lean_nodeimage;
 use crate::controllers::shared::nodeimage_images::{ImagesWriteError, update_images};
 use crate::controllers::shared::tag_values::stored_owner_ask;
 use crate::error_chain::error_chain;
@@ -154,7 +154,7 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
         })
         .map(|t| t.node.clone())
         .collect();
-    let api: Api<NodeImage> = Api::all(ctx.client.clone());
+    let api = lean_nodeimage::api(ctx.client.clone());
     let now_time = now();
     let extra_ttl = ctx.opts.default_ttl_for_always_nodeimage;
     // One node after the other, in target order: the order of the writes is the order in which

@@ -8,8 +8,10 @@
 
 use std::collections::HashSet;
 
+use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
 use crate::controllers::shared::pod_summary::PodSummary;
 use kube::ResourceExt;
+use kube::core::labels::Expression;
 use kube::core::{Selector, SelectorExt};
 
 use crate::apis::imagepulljob::ImagePullJob;
@@ -71,10 +73,10 @@ fn pod_occupies_node(pod: &PodSummary) -> Option<&str> {
 /// `nodeimages` may be in any order; `pods` may include other namespaces' pods.
 pub fn select_nodes<'a>(
     job: &ImagePullJob,
-    nodeimages: impl IntoIterator<Item = &'a NodeImage>,
+    nodeimages: impl IntoIterator<Item = &'a LeanNodeImage>,
     pods: impl IntoIterator<Item = &'a PodSummary>,
 ) -> Result<Vec<String>, SelectorError> {
-    let nodeimages: Vec<&NodeImage> = nodeimages.into_iter().collect();
+    let nodeimages: Vec<&LeanNodeImage> = nodeimages.into_iter().collect();
     let existing: HashSet<String> = nodeimages.iter().map(|n| n.name_any()).collect();
     let mut seen = HashSet::new();
     let spec = &job.spec;
@@ -111,12 +113,13 @@ pub fn select_nodes<'a>(
         Some(node_selector) => node_selector.label_selector(),
         None => None,
     };
-    let sel = label_selector
-        .map(|s| selector("selector", s))
-        .transpose()?;
+    let requirements: Vec<Expression> = match label_selector {
+        Some(s) => selector("selector", s)?.into_iter().collect(),
+        None => Vec::new(),
+    };
     let mut names: Vec<String> = nodeimages
         .into_iter()
-        .filter(|n| sel.as_ref().is_none_or(|sel| sel.matches(n.labels())))
+        .filter(|n| n.labels().matches(&requirements))
         .map(|n| n.name_any())
         .collect();
     names.sort();

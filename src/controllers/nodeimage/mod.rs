@@ -63,7 +63,8 @@ use kube::{Api, Client};
 use super::shared::backoff::Backoff;
 use super::shared::node_summary::NodeSummary;
 use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::nodeimage::NodeImage;
+
+use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
 use crate::events::Recorder;
 
 /// Field manager of every write of this controller.
@@ -74,9 +75,9 @@ pub const NAME: &str = "nodeimage";
 /// What the reconcilers share.
 struct Context {
     client: Client,
-    nodeimages: Api<NodeImage>,
+    nodeimages: Api<LeanNodeImage>,
     nodes: Store<NodeSummary>,
-    nodeimage_store: Store<NodeImage>,
+    nodeimage_store: Store<LeanNodeImage>,
     /// Every ImagePullJob, identity and spec ([`watch::strip_job`]).
     jobs: Store<ImagePullJob>,
     /// The manager's `--default-ttlseconds-for-always-nodeimage`.

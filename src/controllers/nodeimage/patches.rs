@@ -136,11 +136,9 @@ pub fn status_patch(
 
 /// The merge patch making a NodeImage's labels exactly `wanted`; `None` when they already are.
 pub fn labels_patch(
-    current: Option<&BTreeMap<String, String>>,
+    current: &BTreeMap<String, String>,
     wanted: &BTreeMap<String, String>,
 ) -> Option<Value> {
-    let empty = BTreeMap::new();
-    let current = current.unwrap_or(&empty);
     if current == wanted {
         return None;
     }

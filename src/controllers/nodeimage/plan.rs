@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 
+use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
 use crate::controllers::shared::node_summary::NodeSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -136,18 +137,14 @@ pub fn is_virtual_kubelet(node: &NodeSummary) -> bool {
 
 /// Whether a NodeImage may live without a Node: labelled `apps.kruise.io/fake-nodeimage`, with
 /// any value (upstream checks only the key's presence).
-pub fn is_fake(nodeimage: &NodeImage) -> bool {
-    nodeimage
-        .metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(FAKE_NODEIMAGE))
+pub fn is_fake(nodeimage: &LeanNodeImage) -> bool {
+    nodeimage.labels().get(FAKE_NODEIMAGE).is_some()
 }
 
 /// The lifecycle decision for one name, from its Node and NodeImage (either may be absent).
 pub fn lifecycle(
     node: Option<&NodeSummary>,
-    nodeimage: Option<&NodeImage>,
+    nodeimage: Option<&LeanNodeImage>,
     creation_delay: Duration,
     now: Timestamp,
 ) -> Lifecycle {
@@ -158,11 +155,7 @@ pub fn lifecycle(
         (None, Some(ni)) if is_fake(ni) => Lifecycle::Keep { labels: None },
         (None, Some(_)) => Lifecycle::Delete,
         (Some(node), Some(ni)) => {
-            // Both sorted by key: equal maps list equal pairs in the same order.
-            let current = ni.metadata.labels.iter().flatten();
-            let same = current
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .eq(node.labels.iter());
+            let same = ni.labels() == &node.labels;
             Lifecycle::Keep {
                 labels: (!same).then(node_labels),
             }

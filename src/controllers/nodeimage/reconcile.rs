@@ -22,6 +22,7 @@ use super::{Context, FIELD_MANAGER, patches};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::{NodeImage, NodeImageSpec};
 use crate::controllers::shared::backoff::jittered;
+use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
 use crate::controllers::shared::nodeimage_images::{ImagesWriteError, update_images};
 use crate::controllers::shared::tag_values::stored_owner_ask;
 use crate::error_chain::error_chain;
@@ -120,7 +121,7 @@ async fn create(
     name: &str,
     labels: std::collections::BTreeMap<String, String>,
 ) -> Result<(), Error> {
-    let nodeimage = NodeImage {
+    let nodeimage: LeanNodeImage = NodeImage {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
             labels: Some(labels),
@@ -128,7 +129,8 @@ async fn create(
         },
         spec: NodeImageSpec::default(),
         status: None,
-    };
+    }
+    .into();
     let params = PostParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PostParams::default()
@@ -162,7 +164,7 @@ pub(super) fn node_error_policy(node: Arc<NodeSummary>, err: &Error, ctx: Arc<Co
 /// unanswered tags; requeues at the next instant one of those would change.
 #[instrument(skip_all, fields(nodeimage = %nodeimage.name_any()))]
 pub(super) async fn nodeimage(
-    nodeimage: Arc<NodeImage>,
+    nodeimage: Arc<LeanNodeImage>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     ctx.stores_ready().await;
@@ -202,7 +204,7 @@ pub(super) async fn nodeimage(
 }
 
 pub(super) fn nodeimage_error_policy(
-    nodeimage: Arc<NodeImage>,
+    nodeimage: Arc<LeanNodeImage>,
     err: &Error,
     ctx: Arc<Context>,
 ) -> Action {
@@ -245,11 +247,11 @@ async fn delete(ctx: &Context, nodeimage: &NodeImage, node_in_store: bool) -> Re
 
 async fn sync_labels(
     ctx: &Context,
-    nodeimage: &NodeImage,
+    nodeimage: &LeanNodeImage,
     labels: &std::collections::BTreeMap<String, String>,
 ) -> Result<(), Error> {
     let name = nodeimage.name_any();
-    let Some(patch) = patches::labels_patch(nodeimage.metadata.labels.as_ref(), labels) else {
+    let Some(patch) = patches::labels_patch(&nodeimage.labels().to_map(), labels) else {
         return Ok(());
     };
     match ctx
@@ -270,9 +272,9 @@ async fn sync_labels(
 /// read, or `None` when it vanished meanwhile.
 async fn maintain(
     ctx: &Context,
-    current: NodeImage,
+    current: LeanNodeImage,
     now: Timestamp,
-) -> Result<Option<NodeImage>, Error> {
+) -> Result<Option<LeanNodeImage>, Error> {
     let Some(current) = collect_garbage(ctx, current, now).await? else {
         return Ok(None);
     };
@@ -314,9 +316,9 @@ async fn gone_jobs(ctx: &Context, spec: &NodeImageSpec) -> BTreeSet<String> {
 
 async fn collect_garbage(
     ctx: &Context,
-    current: NodeImage,
+    current: LeanNodeImage,
     now: Timestamp,
-) -> Result<Option<NodeImage>, Error> {
+) -> Result<Option<LeanNodeImage>, Error> {
     let name = current.name_any();
     let gone = gone_jobs(ctx, &current.spec).await;
     let ask = |owner: &ObjectReference| {
@@ -359,9 +361,9 @@ fn tag_names(spec: &NodeImageSpec) -> BTreeSet<String> {
 /// the daemon wrote meanwhile; then publishes the events.
 async fn time_out(
     ctx: &Context,
-    mut current: NodeImage,
+    mut current: LeanNodeImage,
     now: Timestamp,
-) -> Result<Option<NodeImage>, Error> {
+) -> Result<Option<LeanNodeImage>, Error> {
     let name = current.name_any();
     let status_err = |source| Error::Status {
         name: name.clone(),
@@ -406,7 +408,7 @@ async fn time_out(
         // Refused although nothing changed: the stored JSON differs from ours in form only.
         whole = code == Some(422) && fresh.resource_version() == rv;
         debug!(nodeimage = %name, whole, "status patch refused; deciding again");
-        current = super::watch::strip_nodeimage(fresh);
+        current = fresh;
     }
     Err(Error::StatusConflicts { name })
 }

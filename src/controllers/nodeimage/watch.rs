@@ -22,10 +22,11 @@ use kube::{Api, Client, Resource, ResourceExt};
 
 use super::{Context, NAME, plan, reconcile};
 use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::nodeimage::NodeImage;
+
 use crate::controllers::ControllerOptions;
 use crate::controllers::shared::backoff::Backoff;
-use crate::controllers::shared::lean_nodeimage::{NodeImageFeed, watch_nodeimages};
+use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
+use crate::controllers::shared::lean_nodeimage::{self, NodeImageFeed, watch_nodeimages};
 use crate::controllers::shared::node_summary::{NodeStatusSummary, NodeSummary};
 use crate::controllers::shared::pod_feed::alongside;
 use crate::events::Recorder;
@@ -56,13 +57,6 @@ pub fn strip_node(node: NodeSummary) -> NodeSummary {
             conditions: Some(vec![ready]),
         }),
     }
-}
-
-/// A NodeImage is kept whole (spec and status drive every decision, the resourceVersion guards
-/// writes) but for its managedFields.
-pub fn strip_nodeimage(mut nodeimage: NodeImage) -> NodeImage {
-    nodeimage.metadata.managed_fields = None;
-    nodeimage
 }
 
 /// Of an ImagePullJob, its identity (it exists, with this uid) and its spec (what it asks of
@@ -229,7 +223,7 @@ pub async fn run_with_nodeimages(
 ) {
     let label_selector = opts.label_selector.clone();
     let node_api: Api<NodeSummary> = Api::all(client.clone());
-    let nodeimage_api: Api<NodeImage> = Api::all(client.clone());
+    let nodeimage_api = lean_nodeimage::api(client.clone());
     let job_api: Api<ImagePullJob> = Api::all(client.clone());
     let unscoped = opts.watch_config();
     let scoped = opts.scoped_watch_config();
@@ -281,7 +275,7 @@ pub async fn run_with_nodeimages(
     });
 
     let (node_tx, node_rx) = unbounded::<ObjectRef<NodeSummary>>();
-    let (nodeimage_tx, nodeimage_rx) = unbounded::<ObjectRef<NodeImage>>();
+    let (nodeimage_tx, nodeimage_rx) = unbounded::<ObjectRef<LeanNodeImage>>();
     let router = Router {
         nodes: nodes.clone(),
         nodeimages: nodeimage_store.clone(),
@@ -362,18 +356,18 @@ where
 enum Changed {
     Node(Change<NodeSummary>),
     /// NodeImages come from a shared watch, after its store applied them.
-    NodeImage(Arc<watcher::Event<NodeImage>>),
+    NodeImage(Arc<watcher::Event<LeanNodeImage>>),
     Job(Change<ImagePullJob>),
 }
 
 /// Turns store changes into reconcile requests.
 struct Router {
     nodes: Store<NodeSummary>,
-    nodeimages: Store<NodeImage>,
+    nodeimages: Store<LeanNodeImage>,
     /// Sent `true` at the NodeImage watch's first full list.
     nodeimages_listed: tokio::sync::watch::Sender<bool>,
     node_tx: UnboundedSender<ObjectRef<NodeSummary>>,
-    nodeimage_tx: UnboundedSender<ObjectRef<NodeImage>>,
+    nodeimage_tx: UnboundedSender<ObjectRef<LeanNodeImage>>,
 }
 
 impl Router {

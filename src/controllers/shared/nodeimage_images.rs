@@ -21,7 +21,7 @@ use jsonptr::PointerBuf;
 use kube::api::{Api, ApiResource, DynamicObject, PatchParams};
 use serde_json::Value;
 
-use super::lean_nodeimage;
+use super::lean_nodeimage::LeanNodeImage;
 use crate::apis::nodeimage::{ImageSpec, NodeImage};
 
 /// How often [`update_images`] re-reads and retries after a refused patch.
@@ -145,11 +145,11 @@ fn is_not_found(err: &kube::Error) -> bool {
 /// and re-reading the object after each refused patch. `decide` returns `None` when nothing
 /// needs to change. Returns the written object, or `None` when nothing was written.
 pub async fn update_images<F>(
-    api: &Api<NodeImage>,
+    api: &Api<LeanNodeImage>,
     field_manager: &str,
-    current: NodeImage,
+    current: LeanNodeImage,
     mut decide: F,
-) -> Result<Option<NodeImage>, ImagesWriteError>
+) -> Result<Option<LeanNodeImage>, ImagesWriteError>
 where
     F: FnMut(&NodeImage) -> Option<BTreeMap<String, ImageSpec>>,
 {
@@ -162,8 +162,6 @@ where
         api.clone().into_client(),
         &ApiResource::erase::<NodeImage>(&()),
     );
-    // The patch response is kept by callers: parsed without its managedFields.
-    let lean_api = lean_nodeimage::api(api.clone().into_client());
     let mut current = current;
     let mut current_raw: Option<serde_json::Map<String, Value>> = None;
     for _ in 0..ATTEMPTS {
@@ -182,11 +180,11 @@ where
             field_manager: Some(field_manager.to_owned()),
             ..Default::default()
         };
-        match lean_api
+        match api
             .patch(&name, &params, &kube::api::Patch::<()>::Json(patch))
             .await
         {
-            Ok(written) => return Ok(Some(written.into())),
+            Ok(written) => return Ok(Some(written)),
             Err(err) if is_not_found(&err) => return Err(ImagesWriteError::NotFound { name }),
             Err(err) if is_conflict(&err) => {
                 let raw = match raw_api.get(&name).await {
@@ -201,12 +199,12 @@ where
                     .pointer("/spec/images")
                     .and_then(Value::as_object)
                     .cloned();
-                current = serde_json::from_value::<lean_nodeimage::LeanNodeImage>(value)
-                    .map(NodeImage::from)
-                    .map_err(|source| ImagesWriteError::Unreadable {
+                current = serde_json::from_value::<LeanNodeImage>(value).map_err(|source| {
+                    ImagesWriteError::Unreadable {
                         name: name.clone(),
                         source,
-                    })?;
+                    }
+                })?;
             }
             Err(err) => return Err(kube_err(err)),
         }

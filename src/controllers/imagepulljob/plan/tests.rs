@@ -9,7 +9,7 @@ use super::*;
 use crate::apis::imagepulljob::{
     CompletionPolicy, ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobStatus,
 };
-use crate::apis::nodeimage::{ImageSpec, ImageTagSpec};
+use crate::apis::nodeimage::{ImageSpec, ImageTagSpec, NodeImage};
 use crate::controllers::imagepulljob::targets::NodeState;
 
 fn job(image: &str) -> ImagePullJob {
@@ -29,8 +29,8 @@ fn t(seconds: i64) -> Time {
     Time(Timestamp::from_second(seconds).unwrap())
 }
 
-fn nodeimage(name: &str) -> Arc<NodeImage> {
-    Arc::new(NodeImage::new(name, Default::default()))
+fn nodeimage(name: &str) -> Arc<LeanNodeImage> {
+    Arc::new(NodeImage::new(name, Default::default()).into())
 }
 
 fn request(job: &ImagePullJob) -> JobRequest {
@@ -171,7 +171,7 @@ fn a_node_whose_entry_lists_the_job_is_pulling() {
     let got = targets(
         &j,
         &request(&j),
-        &by_name([Arc::new(ni), nodeimage("b")]),
+        &by_name([Arc::new(ni.into()), nodeimage("b")]),
         [],
     )
     .expect("ok");

@@ -51,12 +51,14 @@ fn pod(name: &str, ns: &str, node: &str, created: i64, phase: &str) -> PodSummar
 }
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-fn nodes() -> Vec<NodeImage> {
-    vec![
+fn nodes() -> Vec<LeanNodeImage> {
+    [
         nodeimage("n3", &[("zone", "a")]),
         nodeimage("n1", &[("zone", "b")]),
         nodeimage("n2", &[("zone", "a")]),
     ]
+    .map(LeanNodeImage::from)
+    .into()
 }
 
 #[test]

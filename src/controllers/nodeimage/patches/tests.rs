@@ -178,26 +178,23 @@ fn labels_patch_sets_changes_and_removes_extras() {
         ("a".to_owned(), "1".to_owned()),
         ("b".to_owned(), "2".to_owned()),
     ]);
-    assert_eq!(labels_patch(Some(&wanted), &wanted), None);
+    assert_eq!(labels_patch(&wanted, &wanted), None);
     let current = BTreeMap::from([
         ("a".to_owned(), "1".to_owned()),
         ("b".to_owned(), "old".to_owned()),
         ("x".to_owned(), "y".to_owned()),
     ]);
     assert_eq!(
-        labels_patch(Some(&current), &wanted),
+        labels_patch(&current, &wanted),
         Some(json!({"metadata": {"labels": {"b": "2", "x": null}}}))
     );
     assert_eq!(
-        labels_patch(None, &wanted),
+        labels_patch(&BTreeMap::new(), &wanted),
         Some(json!({"metadata": {"labels": {"a": "1", "b": "2"}}}))
     );
-    assert_eq!(labels_patch(None, &BTreeMap::new()), None);
+    assert_eq!(labels_patch(&BTreeMap::new(), &BTreeMap::new()), None);
     // Applying it as a merge patch gives exactly the wanted labels.
     let mut doc = json!({"metadata": {"labels": value(&current)}});
-    json_patch::merge(
-        &mut doc,
-        &labels_patch(Some(&current), &wanted).expect("patch"),
-    );
+    json_patch::merge(&mut doc, &labels_patch(&current, &wanted).expect("patch"));
     assert_eq!(doc["metadata"]["labels"], value(&wanted));
 }

@@ -47,10 +47,10 @@ fn node(labels_: &[(&str, &str)], ready: Option<(&str, Option<i64>)>) -> NodeSum
     }
 }
 
-fn nodeimage(labels_: &[(&str, &str)]) -> NodeImage {
+fn nodeimage(labels_: &[(&str, &str)]) -> LeanNodeImage {
     let mut ni = NodeImage::new("n1", NodeImageSpec::default());
     ni.metadata.labels = Some(labels(labels_));
-    ni
+    ni.into()
 }
 
 fn job(name: &str, uid: &str) -> ObjectReference {
@@ -272,8 +272,7 @@ fn labels_follow_the_node_exactly() {
     }
     // A node without labels: the NodeImage loses its labels; none at all means none.
     let bare = node(&[], Some(("True", Some(0))));
-    let mut unlabelled = nodeimage(&[]);
-    unlabelled.metadata.labels = None;
+    let unlabelled = LeanNodeImage::from(NodeImage::new("n1", NodeImageSpec::default()));
     assert_eq!(
         lifecycle(Some(&bare), Some(&unlabelled), DELAY, at(0)),
         Lifecycle::Keep { labels: None }
@@ -333,8 +332,9 @@ fn a_nodeimage_without_a_live_node_is_deleted_unless_fake() {
 
 #[test]
 fn a_nodeimage_being_deleted_is_left_alone() {
-    let mut ni = nodeimage(&[]);
-    ni.metadata.deletion_timestamp = Some(time(0));
+    let mut deleting = NodeImage::new("n1", NodeImageSpec::default());
+    deleting.metadata.deletion_timestamp = Some(time(0));
+    let ni = LeanNodeImage::from(deleting);
     assert_eq!(
         lifecycle(None, Some(&ni), DELAY, at(0)),
         Lifecycle::Deleting
