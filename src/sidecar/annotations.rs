@@ -94,12 +94,11 @@ pub fn render_hashes(hashes: &SidecarSetHashes) -> String {
 /// One SidecarSet's entry in a pod hash annotation, read leniently (as upstream's
 /// `GetPodSidecarSetUpgradeSpecInAnnotations`): absent or unreadable gives `None`.
 pub fn pod_entry(
-    annotations: Option<&BTreeMap<String, String>>,
+    value: Option<&str>,
     key: &str,
     sidecarset: &str,
 ) -> Option<SidecarSetUpgradeSpec> {
-    let value = annotations?.get(key)?;
-    parse_hashes(key, value).ok()?.remove(sidecarset)
+    parse_hashes(key, value?).ok()?.remove(sidecarset)
 }
 
 /// Reads `kruise.io/sidecarset-injected-list` (empty names, e.g. from `a,,b`, are dropped).
@@ -240,15 +239,30 @@ mod tests {
             ),
         ]);
         assert_eq!(
-            pod_entry(Some(&annotations), SIDECARSET_HASH, "s").map(|e| e.hash),
+            pod_entry(
+                annotations.get(SIDECARSET_HASH).map(String::as_str),
+                SIDECARSET_HASH,
+                "s"
+            )
+            .map(|e| e.hash),
             Some("h".to_owned())
         );
         assert_eq!(
-            pod_entry(Some(&annotations), SIDECARSET_HASH, "other"),
+            pod_entry(
+                annotations.get(SIDECARSET_HASH).map(String::as_str),
+                SIDECARSET_HASH,
+                "other"
+            ),
             None
         );
         assert_eq!(
-            pod_entry(Some(&annotations), SIDECARSET_HASH_WITHOUT_IMAGE, "s"),
+            pod_entry(
+                annotations
+                    .get(SIDECARSET_HASH_WITHOUT_IMAGE)
+                    .map(String::as_str),
+                SIDECARSET_HASH_WITHOUT_IMAGE,
+                "s"
+            ),
             None
         );
         assert_eq!(pod_entry(None, SIDECARSET_HASH, "s"), None);

@@ -298,8 +298,8 @@ pub fn working_annotation(working: &BTreeMap<String, String>) -> String {
 /// no annotation, a value that is not JSON, or JSON that is not an object reads as empty; in an
 /// object, entries whose value is not a string are skipped (Go skips them too, keeping the
 /// others; Go reads a `null` value as `""`, kruise-rs as absent).
-pub fn working_twins(annotations: Option<&BTreeMap<String, String>>) -> BTreeMap<String, String> {
-    let Some(raw) = annotations.and_then(|a| a.get(SIDECARSET_WORKING_HOTUPGRADE_CONTAINER)) else {
+pub fn working_twins(raw: Option<&str>) -> BTreeMap<String, String> {
+    let Some(raw) = raw else {
         return BTreeMap::new();
     };
     match serde_json::from_str::<serde_json::Value>(raw) {
@@ -385,7 +385,11 @@ pub fn record_upgrade(
 ) {
     let new = twin_name(sidecar, upgraded);
     let old = twin_name(sidecar, upgraded.other());
-    let mut working = working_twins(Some(annotations));
+    let mut working = working_twins(
+        annotations
+            .get(SIDECARSET_WORKING_HOTUPGRADE_CONTAINER)
+            .map(String::as_str),
+    );
     working.insert(sidecar.to_owned(), new.clone());
     annotations.insert(
         SIDECARSET_WORKING_HOTUPGRADE_CONTAINER.to_owned(),

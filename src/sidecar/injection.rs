@@ -149,7 +149,11 @@ pub fn inject(
         parse_injected_list(annotations.get(SIDECARSET_INJECTED_LIST).unwrap_or(&empty));
     // Hot-upgrade twins: the pod's working map (carried across SidecarSets) and their versions.
     let mut hot = HotTwins {
-        working: working_twins(Some(&annotations)),
+        working: working_twins(
+            annotations
+                .get(SIDECARSET_WORKING_HOTUPGRADE_CONTAINER)
+                .map(String::as_str),
+        ),
         ..Default::default()
     };
 

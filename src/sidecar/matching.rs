@@ -51,22 +51,36 @@ pub struct MatchError {
     pub source: SelectorError,
 }
 
+/// A map of labels (or annotations) as decisions read it: the API types' `BTreeMap`, or the
+/// controllers' interned `Labels` (whose `metadata.labels` is empty, so callers pass the map
+/// they mean rather than a whole object).
+pub trait LabelLookup {
+    fn label(&self, key: &str) -> Option<&str>;
+}
+
+impl LabelLookup for BTreeMap<String, String> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
+
 /// Whether `labels` satisfy `selector`, with Kubernetes' semantics (empty matches everything).
 pub fn selector_matches(
     selector: &LabelSelector,
-    labels: &BTreeMap<String, String>,
+    labels: &(impl LabelLookup + ?Sized),
 ) -> Result<bool, SelectorError> {
     let mut matches = true;
     for (key, value) in selector.match_labels.iter().flatten() {
-        matches &= labels.get(key) == Some(value);
+        matches &= labels.label(key) == Some(value.as_str());
     }
     // Every requirement is checked even after a miss, so a bad operator is always reported.
     for req in selector.match_expressions.iter().flatten() {
         let values = req.values.as_deref().unwrap_or_default();
-        let actual = labels.get(&req.key);
+        let actual = labels.label(&req.key);
+        let listed = |v: &str| values.iter().any(|listed| listed == v);
         let holds = match req.operator.as_str() {
-            "In" => actual.is_some_and(|v| values.contains(v)),
-            "NotIn" => actual.is_none_or(|v| !values.contains(v)),
+            "In" => actual.is_some_and(listed),
+            "NotIn" => actual.is_none_or(|v| !listed(v)),
             "Exists" => actual.is_some(),
             "DoesNotExist" => actual.is_none(),
             other => {
@@ -112,7 +126,20 @@ pub fn pod_namespace(pod: &impl Resource) -> &str {
 /// Whether `set` selects `pod`, given the labels of the pod's Namespace object.
 pub fn sidecarset_matches_pod(
     set: &SidecarSet,
-    pod: &impl Resource,
+    pod: &Pod,
+    namespace_labels: &BTreeMap<String, String>,
+) -> Result<bool, MatchError> {
+    let empty = BTreeMap::new();
+    let pod_labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    sidecarset_matches(set, pod_namespace(pod), pod_labels, namespace_labels)
+}
+
+/// Whether `set` selects a pod in `namespace` (as [`pod_namespace`] reads it) labelled
+/// `pod_labels`, given the labels of the pod's Namespace object.
+pub fn sidecarset_matches(
+    set: &SidecarSet,
+    namespace: &str,
+    pod_labels: &(impl LabelLookup + ?Sized),
     namespace_labels: &BTreeMap<String, String>,
 ) -> Result<bool, MatchError> {
     let name = set.metadata.name.as_deref().unwrap_or_default();
@@ -122,7 +149,6 @@ pub fn sidecarset_matches_pod(
         source,
     };
     if let Some(ns_selector) = set.spec.effective_namespace_selector() {
-        let namespace = pod_namespace(pod);
         let mut labels = namespace_labels.clone();
         labels
             .entry(NAMESPACE_NAME_LABEL.to_owned())
@@ -134,8 +160,6 @@ pub fn sidecarset_matches_pod(
     let Some(selector) = set.spec.selector.as_ref() else {
         return Ok(false);
     };
-    let empty = BTreeMap::new();
-    let pod_labels = pod.meta().labels.as_ref().unwrap_or(&empty);
     let matched = selector_matches(selector, pod_labels).map_err(|e| error("selector", e))?;
     Ok(matched && !selector_is_empty(selector))
 }

@@ -11,8 +11,8 @@ use std::collections::HashSet;
 use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
 use crate::controllers::shared::pod_summary::PodSummary;
 use kube::ResourceExt;
+use kube::core::Selector;
 use kube::core::labels::Expression;
-use kube::core::{Selector, SelectorExt};
 
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::{ImagePullPhase, NodeImage, ReferenceObject};
@@ -81,11 +81,12 @@ pub fn select_nodes<'a>(
     let mut seen = HashSet::new();
     let spec = &job.spec;
     if let Some(pod_selector) = spec.template.pod_selector.clone() {
-        let sel = selector("podSelector", pod_selector)?;
+        let requirements: Vec<Expression> =
+            selector("podSelector", pod_selector)?.into_iter().collect();
         let namespace = job.namespace();
         let mut pods: Vec<&PodSummary> = pods
             .into_iter()
-            .filter(|p| p.namespace() == namespace && sel.matches(p.labels()))
+            .filter(|p| p.namespace() == namespace && p.labels().matches(&requirements))
             .collect();
         // Oldest first; the name breaks ties so the order is total and stable.
         pods.sort_by_cached_key(|p| {

@@ -1,5 +1,8 @@
 //! Label maps whose strings are stored once for the whole process.
 //!
+//! (A pod's kept annotations are held the same way: the SidecarSet hash annotations are the same
+//! long JSON for every pod of a revision.)
+//!
 //! Thousands of Nodes carry the same dozen-odd labels (`kubernetes.io/arch=amd64`, the region,
 //! the zone, the instance type, the node group...) with few distinct values; as a
 //! `BTreeMap<String, String>` every Node stores its own copy of each key and value (17 labels:
@@ -18,6 +21,8 @@ use std::sync::{Arc, LazyLock, Mutex};
 use kube::core::labels::Expression;
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::sidecar::matching::LabelLookup;
 
 /// A string shared by every holder of an equal one.
 pub type Interned = Arc<str>;
@@ -102,10 +107,44 @@ impl Labels {
         }
     }
 
+    /// Sets `key` to `value` (a copy of the map with one more pair: for building maps, not
+    /// for hot paths).
+    pub fn insert(&mut self, key: &str, value: &str) {
+        let rest = self.iter().filter(|(k, _)| *k != key);
+        *self = Labels::from_pairs(rest.chain([(key, value)]));
+    }
+
+    /// Keeps the pairs whose key `keep` accepts, each string shared from now on (a map read
+    /// with [`Labels::deserialize_unshared`] becomes an ordinary, interned one).
+    pub fn retain_shared(&mut self, keep: impl Fn(&str) -> bool) {
+        let kept: Vec<(Interned, Interned)> = self
+            .0
+            .iter()
+            .filter(|(k, _)| keep(k))
+            .map(|(k, v)| (intern(k), intern(v)))
+            .collect();
+        self.0 = kept.into_boxed_slice();
+    }
+
+    /// Reads a map without interning its strings: for maps most of whose entries are about to
+    /// be dropped (a pod's annotations), so that strings nobody keeps never enter the table
+    /// (where they would stay until its next sweep). [`Labels::retain_shared`] interns what
+    /// is kept.
+    pub fn deserialize_unshared<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Self>, D::Error> {
+        d.deserialize_option(OptionVisitor { share: false })
+    }
+
     fn from_pairs<K: AsRef<str>, V: AsRef<str>>(pairs: impl IntoIterator<Item = (K, V)>) -> Self {
+        Labels::collect_pairs(pairs, intern)
+    }
+
+    fn collect_pairs<K: AsRef<str>, V: AsRef<str>>(
+        pairs: impl IntoIterator<Item = (K, V)>,
+        store: fn(&str) -> Interned,
+    ) -> Self {
         let mut pairs: Vec<(Interned, Interned)> = pairs
             .into_iter()
-            .map(|(k, v)| (intern(k.as_ref()), intern(v.as_ref())))
+            .map(|(k, v)| (store(k.as_ref()), store(v.as_ref())))
             .collect();
         pairs.sort_by(|a, b| a.0.cmp(&b.0));
         // A JSON object with a repeated key keeps the last value, as a map would.
@@ -140,27 +179,61 @@ impl Serialize for Labels {
     }
 }
 
+impl LabelLookup for Labels {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.get(key)
+    }
+}
+
 impl<'de> Deserialize<'de> for Labels {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct PairsVisitor;
-        impl<'de> Visitor<'de> for PairsVisitor {
-            type Value = Labels;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a map of label keys to values")
-            }
-            fn visit_unit<E>(self) -> Result<Labels, E> {
-                Ok(Labels::default())
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Labels, A::Error> {
-                // Borrowed from the input where it has no escapes: no String per entry.
-                let mut pairs: Vec<(Text<'de>, Text<'de>)> = Vec::new();
-                while let Some(pair) = map.next_entry::<Text<'de>, Text<'de>>()? {
-                    pairs.push(pair);
-                }
-                Ok(Labels::from_pairs(pairs))
-            }
+        d.deserialize_any(PairsVisitor { share: true })
+    }
+}
+
+/// Reads a map into [`Labels`]; `share`: intern its strings (else each gets its own).
+struct PairsVisitor {
+    share: bool,
+}
+
+impl<'de> Visitor<'de> for PairsVisitor {
+    type Value = Labels;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a map of label keys to values")
+    }
+    fn visit_unit<E>(self) -> Result<Labels, E> {
+        Ok(Labels::default())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Labels, A::Error> {
+        // Borrowed from the input where it has no escapes: no String per entry.
+        let mut pairs: Vec<(Text<'de>, Text<'de>)> = Vec::new();
+        while let Some(pair) = map.next_entry::<Text<'de>, Text<'de>>()? {
+            pairs.push(pair);
         }
-        d.deserialize_any(PairsVisitor)
+        let store: fn(&str) -> Interned = if self.share { intern } else { |s| Arc::from(s) };
+        Ok(Labels::collect_pairs(pairs, store))
+    }
+}
+
+/// An optional map, as [`Labels::deserialize_unshared`] reads it.
+struct OptionVisitor {
+    share: bool,
+}
+
+impl<'de> Visitor<'de> for OptionVisitor {
+    type Value = Option<Labels>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a map of keys to values, or null")
+    }
+    fn visit_none<E>(self) -> Result<Option<Labels>, E> {
+        Ok(None)
+    }
+    fn visit_unit<E>(self) -> Result<Option<Labels>, E> {
+        Ok(None)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<Labels>, D::Error> {
+        d.deserialize_any(PairsVisitor { share: self.share })
+            .map(Some)
     }
 }
 

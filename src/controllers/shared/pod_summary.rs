@@ -13,12 +13,21 @@
 //! init containers); the phase, the `Ready` and `SidecarSetUpgradable` conditions, and each
 //! container status's and init container status's name, image, imageID, readiness and restart
 //! count.
+//!
+//! Labels and annotations are [`Labels`], beside the metadata rather than in it: the same few
+//! label values and the same long SidecarSet hash annotations recur on thousands of pods, and
+//! interned they are stored once (as maps they took about 1.7 KiB a pod). `metadata.labels` and
+//! `metadata.annotations` are always `None`: read [`PodSummary::labels`] and
+//! [`PodSummary::annotations`] (which `pod.labels()` and `pod.annotations()` call, before
+//! `ResourceExt`'s).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::interned_labels::Labels;
 
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
@@ -30,14 +39,146 @@ use crate::apis::well_known::{
 /// The pod conditions a summary keeps.
 const KEPT_CONDITIONS: [&str; 2] = ["Ready", SIDECARSET_UPGRADABLE_CONDITION];
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodSummary {
-    #[serde(default, deserialize_with = "summary_metadata")]
+    /// Without labels and annotations: they are in `labels` and `annotations`.
     pub metadata: ObjectMeta,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    labels: Labels,
+    /// `None` when the pod has no `metadata.annotations` at all (a patch adding the first one
+    /// must create the map; one that exists, even emptied by stripping, must not be replaced).
+    annotations: Option<Labels>,
     pub spec: Option<PodSpecSummary>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<PodStatusSummary>,
+}
+
+impl PodSummary {
+    /// A summary of these parts; `metadata`'s labels and annotations move beside it.
+    pub fn new(
+        mut metadata: ObjectMeta,
+        spec: Option<PodSpecSummary>,
+        status: Option<PodStatusSummary>,
+    ) -> Self {
+        let labels = metadata
+            .labels
+            .take()
+            .map(|m| Labels::from(&m))
+            .unwrap_or_default();
+        let annotations = metadata.annotations.take().map(|m| Labels::from(&m));
+        PodSummary {
+            metadata,
+            labels,
+            annotations,
+            spec,
+            status,
+        }
+    }
+
+    /// Its labels (an inherent method: `pod.labels()` finds it before `ResourceExt::labels`,
+    /// which would read the empty `metadata.labels`).
+    pub fn labels(&self) -> &Labels {
+        &self.labels
+    }
+
+    /// Its (kept) annotations; empty when it has none.
+    pub fn annotations(&self) -> &Labels {
+        static NONE: std::sync::LazyLock<Labels> = std::sync::LazyLock::new(Labels::default);
+        self.annotations.as_ref().unwrap_or(&NONE)
+    }
+
+    /// Whether it has a `metadata.annotations` map at all.
+    pub fn has_annotations(&self) -> bool {
+        self.annotations.is_some()
+    }
+
+    /// Annotation `key`'s value.
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations.as_ref()?.get(key)
+    }
+
+    /// Its annotations as the API types hold them (for a patch computed against them).
+    pub fn annotation_map(&self) -> Option<BTreeMap<String, String>> {
+        self.annotations.as_ref().map(Labels::to_map)
+    }
+
+    /// Sets annotation `key` (creating the map if it has none).
+    pub fn set_annotation(&mut self, key: &str, value: &str) {
+        self.annotations
+            .get_or_insert_with(Labels::default)
+            .insert(key, value);
+    }
+
+    /// Removes annotation `key`.
+    pub fn remove_annotation(&mut self, key: &str) {
+        if let Some(all) = self.annotations.as_mut() {
+            all.retain_shared(|k| k != key);
+        }
+    }
+
+    /// Replaces its labels (tests and benches building pods).
+    pub fn set_labels(&mut self, labels: &BTreeMap<String, String>) {
+        self.labels = Labels::from(labels);
+    }
+
+    /// Replaces its annotations (tests and benches building pods).
+    pub fn set_annotations(&mut self, annotations: Option<&BTreeMap<String, String>>) {
+        self.annotations = annotations.map(Labels::from);
+    }
+}
+
+/// Serializes as the (partial) pod it summarizes, labels and annotations in the metadata.
+impl Serialize for PodSummary {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            metadata: ObjectMeta,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            spec: &'a Option<PodSpecSummary>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            status: &'a Option<PodStatusSummary>,
+        }
+        let mut metadata = self.metadata.clone();
+        if !self.labels.is_empty() {
+            metadata.labels = Some(self.labels.to_map());
+        }
+        metadata.annotations = self.annotation_map();
+        Out {
+            metadata,
+            spec: &self.spec,
+            status: &self.status,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for PodSummary {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Wire {
+            #[serde(default)]
+            metadata: Option<SummaryMetadata>,
+            #[serde(default)]
+            spec: Option<PodSpecSummary>,
+            #[serde(default)]
+            status: Option<PodStatusSummary>,
+        }
+        let wire = Wire::deserialize(d)?;
+        let kept = wire.metadata.unwrap_or_default();
+        Ok(PodSummary {
+            metadata: ObjectMeta {
+                name: kept.name,
+                namespace: kept.namespace,
+                uid: kept.uid,
+                resource_version: kept.resource_version,
+                creation_timestamp: kept.creation_timestamp,
+                deletion_timestamp: kept.deletion_timestamp,
+                ..ObjectMeta::default()
+            },
+            labels: kept.labels.unwrap_or_default(),
+            annotations: kept.annotations,
+            spec: wire.spec,
+            status: wire.status,
+        })
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -145,9 +286,9 @@ const READ_ANNOTATION_PREFIXES: [&str; 2] =
 /// read already. What remains is also what the SidecarSet upgrade patch needs, except the other
 /// annotations `patchPodMetadata` may touch (the controller reads the live pod then).
 pub fn strip_pod(pod: &mut PodSummary) {
-    if let Some(all) = pod.metadata.annotations.as_mut() {
-        all.retain(|k, _| {
-            READ_ANNOTATIONS.contains(&k.as_str())
+    if let Some(all) = pod.annotations.as_mut() {
+        all.retain_shared(|k| {
+            READ_ANNOTATIONS.contains(&k)
                 || READ_ANNOTATION_PREFIXES.iter().any(|p| k.starts_with(p))
         });
     }
@@ -156,14 +297,15 @@ pub fn strip_pod(pod: &mut PodSummary) {
 impl PodSummary {
     /// Keeps only the annotations named in `keys`.
     pub fn retain_annotations(&mut self, keys: &[&str]) {
-        if let Some(all) = self.metadata.annotations.as_mut() {
-            all.retain(|k, _| keys.contains(&k.as_str()));
+        if let Some(all) = self.annotations.as_mut() {
+            all.retain_shared(|k| keys.contains(&k));
         }
     }
 }
 
 /// The metadata fields a summary keeps; everything else (managedFields, ownerReferences,
-/// finalizers, ...) is skipped while parsing.
+/// finalizers, ...) is skipped while parsing. The annotations are not interned yet: most are
+/// about to be dropped ([`strip_pod`] interns the rest).
 #[derive(Default, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
 struct SummaryMetadata {
@@ -171,25 +313,11 @@ struct SummaryMetadata {
     namespace: Option<String>,
     uid: Option<String>,
     resource_version: Option<String>,
-    labels: Option<BTreeMap<String, String>>,
-    annotations: Option<BTreeMap<String, String>>,
+    labels: Option<Labels>,
+    #[serde(deserialize_with = "Labels::deserialize_unshared")]
+    annotations: Option<Labels>,
     creation_timestamp: Option<Time>,
     deletion_timestamp: Option<Time>,
-}
-
-pub(crate) fn summary_metadata<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
-    let kept = Option::<SummaryMetadata>::deserialize(d)?.unwrap_or_default();
-    Ok(ObjectMeta {
-        name: kept.name,
-        namespace: kept.namespace,
-        uid: kept.uid,
-        resource_version: kept.resource_version,
-        labels: kept.labels,
-        annotations: kept.annotations,
-        creation_timestamp: kept.creation_timestamp,
-        deletion_timestamp: kept.deletion_timestamp,
-        ..ObjectMeta::default()
-    })
 }
 
 fn kept_conditions<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<PodCondition>>, D::Error> {
@@ -286,8 +414,14 @@ mod tests {
         assert_eq!(meta.uid.as_deref(), Some("u-1"));
         assert_eq!(meta.resource_version.as_deref(), Some("42"));
         assert!(meta.creation_timestamp.is_some());
-        assert_eq!(meta.labels.as_ref().map(BTreeMap::len), Some(1));
-        assert_eq!(meta.annotations.as_ref().map(BTreeMap::len), Some(2));
+        assert!(
+            meta.labels.is_none() && meta.annotations.is_none(),
+            "kept beside"
+        );
+        assert_eq!(pod.labels().get("app"), Some("web"));
+        assert_eq!(pod.labels().len(), 1);
+        assert_eq!(pod.annotations().len(), 2);
+        assert!(pod.has_annotations());
         assert!(meta.managed_fields.is_none() && meta.owner_references.is_none());
         assert!(meta.finalizers.is_none() && meta.generate_name.is_none());
 
@@ -397,16 +531,58 @@ mod tests {
     }
 
     #[test]
+    fn labels_and_annotations_serialize_back_into_the_metadata() {
+        let pod: PodSummary = serde_json::from_value(full_pod()).expect("parses");
+        let json = serde_json::to_value(&pod).expect("json");
+        assert_eq!(json["metadata"]["labels"], json!({"app": "web"}));
+        assert_eq!(
+            json["metadata"]["annotations"],
+            full_pod()["metadata"]["annotations"]
+        );
+        let again: PodSummary = serde_json::from_value(json).expect("parses again");
+        assert_eq!(again, pod);
+        // A map emptied by stripping is still there (a patch must not replace it).
+        let mut stripped: PodSummary =
+            serde_json::from_value(json!({"metadata": {"annotations": {"team": "a"}}}))
+                .expect("parses");
+        strip_pod(&mut stripped);
+        assert!(stripped.has_annotations() && stripped.annotations().is_empty());
+        let bare: PodSummary = serde_json::from_value(json!({"metadata": {}})).expect("parses");
+        assert!(!bare.has_annotations());
+        let json = serde_json::to_value(&bare).expect("json");
+        assert!(json["metadata"].get("annotations").is_none(), "{json}");
+    }
+
+    #[test]
+    fn stripped_pods_share_their_annotation_values() {
+        let hash = r#"{"mesh":{"hash":"h-shared-by-stripped-pods","sidecarSetName":"mesh"}}"#;
+        let pods: Vec<PodSummary> = ["a", "b"]
+            .into_iter()
+            .map(|name| {
+                let mut pod: PodSummary = serde_json::from_value(json!({"metadata": {
+                    "name": name, "labels": {"app": "web"},
+                    "annotations": {SIDECARSET_HASH: hash}}}))
+                .expect("parses");
+                strip_pod(&mut pod);
+                pod
+            })
+            .collect();
+        fn value(p: &PodSummary) -> &str {
+            p.annotation(SIDECARSET_HASH).expect("kept")
+        }
+        assert_eq!(value(&pods[0]), hash);
+        assert!(std::ptr::eq(value(&pods[0]), value(&pods[1])));
+        assert!(std::ptr::eq(
+            pods[0].labels().get("app").expect("label"),
+            pods[1].labels().get("app").expect("label")
+        ));
+    }
+
+    #[test]
     fn retain_annotations_keeps_only_the_named_ones() {
         let mut pod: PodSummary = serde_json::from_value(full_pod()).expect("parses");
         pod.retain_annotations(&["kruise.io/sidecarset-injected-list"]);
-        let keys: Vec<&String> = pod
-            .metadata
-            .annotations
-            .iter()
-            .flatten()
-            .map(|(k, _)| k)
-            .collect();
+        let keys: Vec<&str> = pod.annotations().iter().map(|(k, _)| k).collect();
         assert_eq!(keys, ["kruise.io/sidecarset-injected-list"]);
     }
 
@@ -422,13 +598,7 @@ mod tests {
         }}}))
         .expect("parses");
         strip_pod(&mut pod);
-        let keys: Vec<&str> = pod
-            .metadata
-            .annotations
-            .iter()
-            .flatten()
-            .map(|(k, _)| k.as_str())
-            .collect();
+        let keys: Vec<&str> = pod.annotations().iter().map(|(k, _)| k).collect();
         assert_eq!(
             keys,
             [

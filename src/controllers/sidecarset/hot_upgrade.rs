@@ -12,7 +12,7 @@
 //! and the pod is ready, [`flip_patch`] puts the old twin back on the empty image. Until then
 //! the pod counts as updated but not ready, so it holds a place in `maxUnavailable`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::PodCondition;
 use serde_json::{Value, json};
@@ -66,7 +66,10 @@ fn image_of<'a>(pod: &'a PodSummary, name: &str) -> Option<&'a str> {
 
 /// The roles of `sidecar`'s twins in `pod`, read from its working annotation.
 pub fn roles(pod: &PodSummary, sidecar: &str) -> TwinRoles {
-    twin_roles(sidecar, &working_twins(pod.metadata.annotations.as_ref()))
+    twin_roles(
+        sidecar,
+        &working_twins(pod.annotation(SIDECARSET_WORKING_HOTUPGRADE_CONTAINER)),
+    )
 }
 
 /// Every other twin of `set`'s hot sidecars runs its empty image in the pod's spec (upstream's
@@ -172,8 +175,7 @@ pub fn flip_patch(
     }
 
     let set_name = set.metadata.name.clone().unwrap_or_default();
-    let empty = BTreeMap::new();
-    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+    let annotations = &pod.annotation_map().unwrap_or_default();
     let mut tests = Vec::new();
     let mut writes = Vec::new();
     // The roles were read from it: a concurrent upgrade changes them.
@@ -228,7 +230,7 @@ pub fn flip_patch(
         SIDECARSET_INPLACE_UPDATE_STATE.to_owned(),
         render_update_states(&states),
     );
-    if pod.metadata.annotations.is_none() {
+    if !pod.has_annotations() {
         writes.insert(
             0,
             json!({"op": "add", "path": "/metadata/annotations", "value": {}}),

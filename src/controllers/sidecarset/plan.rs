@@ -319,7 +319,7 @@ pub fn pod_condition(
 pub fn upgraded_in_place(pod: &PodSummary, set: &str) -> bool {
     pod.annotations()
         .get(SIDECARSET_INPLACE_UPDATE_STATE)
-        .and_then(|v| parse_update_states(v))
+        .and_then(parse_update_states)
         .is_some_and(|states| states.contains_key(set))
 }
 

@@ -42,9 +42,9 @@ pub fn signature(pod: &PodSummary) -> PodSignature {
     let mut h = DefaultHasher::new();
     let meta = &pod.metadata;
     meta.deletion_timestamp.is_some().hash(&mut h);
-    meta.labels.hash(&mut h);
+    pod.labels().hash(&mut h);
     // The stored pod keeps only the SidecarSet annotations.
-    meta.annotations.hash(&mut h);
+    (pod.has_annotations(), pod.annotations()).hash(&mut h);
     if let Some(spec) = &pod.spec {
         spec.node_name.hash(&mut h);
         for c in spec.containers.iter().chain(&spec.init_containers) {

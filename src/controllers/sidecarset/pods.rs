@@ -35,7 +35,7 @@ use super::strategy::{PodPhase, PodView, SidecarView};
 use crate::apis::sidecarset::{SidecarContainer, SidecarSet};
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
-    SIDECARSET_INPLACE_UPDATE_STATE,
+    SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
 };
 use crate::controllers::shared::pod_summary::{
     ContainerStatusSummary, ContainerSummary, PodSummary,
@@ -45,7 +45,7 @@ use crate::sidecar::annotations::{parse_injected_list, pod_entry};
 use crate::sidecar::gojson::html_escape_compact_json;
 use crate::sidecar::hash::is_native_sidecar;
 use crate::sidecar::hot_upgrade::{injects_twins, is_twin_of, pod_has_twins, working_twins};
-use crate::sidecar::matching::{pod_namespace, sidecarset_matches_pod};
+use crate::sidecar::matching::{pod_namespace, sidecarset_matches};
 
 /// Namespace name to labels, for namespace selectors.
 pub type NamespaceLabels = BTreeMap<String, BTreeMap<String, String>>;
@@ -65,19 +65,13 @@ pub fn namespace_labels<'a>(
 
 /// Whether `pod` was injected with `set`.
 pub fn injected_with(pod: &PodSummary, set: &str) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(SIDECARSET_INJECTED_LIST))
+    pod.annotation(SIDECARSET_INJECTED_LIST)
         .is_some_and(|list| list.split(',').any(|name| name == set))
 }
 
 /// The SidecarSets named in `pod`'s injected list.
 pub fn injected_sidecarsets(pod: &PodSummary) -> Vec<String> {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(SIDECARSET_INJECTED_LIST))
+    pod.annotation(SIDECARSET_INJECTED_LIST)
         .map(|list| parse_injected_list(list).into_iter().collect())
         .unwrap_or_default()
 }
@@ -91,7 +85,7 @@ pub fn owns(set: &SidecarSet, pod: &PodSummary, namespaces: &NamespaceLabels) ->
     }
     let empty = BTreeMap::new();
     let ns_labels = namespaces.get(pod_namespace(pod)).unwrap_or(&empty);
-    if !sidecarset_matches_pod(set, pod, ns_labels).unwrap_or(false) {
+    if !sidecarset_matches(set, pod_namespace(pod), pod.labels(), ns_labels).unwrap_or(false) {
         return false;
     }
     let containers = pod
@@ -104,7 +98,7 @@ pub fn owns(set: &SidecarSet, pod: &PodSummary, namespaces: &NamespaceLabels) ->
         .as_ref()
         .map(|s| s.init_containers.as_slice())
         .unwrap_or_default();
-    let working = working_twins(pod.metadata.annotations.as_ref());
+    let working = working_twins(pod.annotation(SIDECARSET_WORKING_HOTUPGRADE_CONTAINER));
     set.spec
         .containers
         .iter()
@@ -302,7 +296,6 @@ fn phase(pod: &PodSummary) -> PodPhase {
 /// What the upgrade decision needs to know about `pod` for `set`.
 pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
     let name = set.metadata.name.as_deref().unwrap_or_default();
-    let annotations = pod.metadata.annotations.as_ref();
     let containers = pod
         .spec
         .as_ref()
@@ -330,9 +323,9 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
             ImageRef::parse(c.image.as_deref().unwrap_or_default())
                 .is_ok_and(|r| r.digest().is_some())
         });
-    let states = annotations
-        .and_then(|a| a.get(SIDECARSET_INPLACE_UPDATE_STATE))
-        .map(|v| parse_update_states(v));
+    let states = pod
+        .annotation(SIDECARSET_INPLACE_UPDATE_STATE)
+        .map(parse_update_states);
     let before = |container: &str| -> Record {
         match &states {
             Some(None) => Record::Unreadable,
@@ -369,14 +362,11 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
         .collect();
     let ready_condition = pod_condition(pod, "Ready");
     let phase = phase(pod);
-    let hash_entry = pod_entry(annotations, SIDECARSET_HASH, name);
+    let hash_entry = pod_entry(pod.annotation(SIDECARSET_HASH), SIDECARSET_HASH, name);
     PodView {
         namespace: Cow::Borrowed(pod.metadata.namespace.as_deref().unwrap_or_default()),
         name: Cow::Borrowed(pod.metadata.name.as_deref().unwrap_or_default()),
-        labels: match &pod.metadata.labels {
-            Some(labels) => Cow::Borrowed(labels),
-            None => Cow::Owned(BTreeMap::new()),
-        },
+        labels: Cow::Borrowed(pod.labels()),
         node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         phase,
         ready: phase == PodPhase::Running
@@ -393,8 +383,12 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
             .as_ref()
             .and_then(|e| e.update_timestamp.as_ref())
             .map(|t| t.0),
-        hash_without_image: pod_entry(annotations, SIDECARSET_HASH_WITHOUT_IMAGE, name)
-            .map(|e| e.hash),
+        hash_without_image: pod_entry(
+            pod.annotation(SIDECARSET_HASH_WITHOUT_IMAGE),
+            SIDECARSET_HASH_WITHOUT_IMAGE,
+            name,
+        )
+        .map(|e| e.hash),
         sidecars,
         // Decided later, from the pre-download state of the pod's node.
         awaiting_images: false,

@@ -91,6 +91,7 @@ use crate::apis::sidecarset::{
     SidecarSet, SidecarSetUpdateStrategy, SidecarSetUpdateStrategyType, UpdatePriorityStrategy,
     UpdateScatterTerm,
 };
+use crate::controllers::shared::interned_labels::Labels;
 use crate::sidecar::hash::current_hashes;
 use crate::sidecar::matching::{SelectorError, selector_matches};
 
@@ -139,7 +140,7 @@ pub struct PodView<'a> {
     /// pod's labels: about 1 KiB each, freed again at once).
     pub namespace: Cow<'a, str>,
     pub name: Cow<'a, str>,
-    pub labels: Cow<'a, BTreeMap<String, String>>,
+    pub labels: Cow<'a, Labels>,
     /// `spec.nodeName`; unset or empty means unscheduled.
     pub node_name: Option<String>,
     pub phase: PodPhase,
@@ -192,7 +193,7 @@ impl PodView<'_> {
     }
 
     fn label(&self, key: &str) -> Option<&str> {
-        self.labels.get(key).map(String::as_str)
+        self.labels.get(key)
     }
 }
 
@@ -388,7 +389,7 @@ pub fn next_batch(set: &SidecarSet, pods: &[PodView]) -> Batch {
 
     let selected = |pod: &PodView| match &strategy.selector {
         None => Ok(true),
-        Some(selector) => selector_matches(selector, &pod.labels),
+        Some(selector) => selector_matches(selector, &*pod.labels),
     };
     let mut selector_error = None;
     let mut active = Vec::new();
@@ -519,7 +520,7 @@ fn sort_for_update(
     if !strategy.scatter_strategy.is_empty() {
         let terms =
             expand_scatter_terms(&strategy.scatter_strategy, active.iter().map(|&i| &pods[i]));
-        let labels: Vec<&BTreeMap<String, String>> = pods.iter().map(|p| &*p.labels).collect();
+        let labels: Vec<&Labels> = pods.iter().map(|p| &*p.labels).collect();
         candidates = scatter(&terms, &labels, active, candidates);
     }
     candidates
@@ -527,7 +528,7 @@ fn sort_for_update(
 
 /// The sum of the weights whose selector matches (a selector that cannot be evaluated counts
 /// nothing, as upstream).
-fn weight(priority: &UpdatePriorityStrategy, labels: &BTreeMap<String, String>) -> i64 {
+fn weight(priority: &UpdatePriorityStrategy, labels: &Labels) -> i64 {
     priority
         .weight_priority
         .iter()
@@ -543,10 +544,7 @@ fn trailing_number(value: &str) -> i64 {
 }
 
 /// `(term index, number)` of the first ordered key the pod carries; `None` without any.
-fn order_rank(
-    priority: &UpdatePriorityStrategy,
-    labels: &BTreeMap<String, String>,
-) -> Option<(usize, i64)> {
+fn order_rank(priority: &UpdatePriorityStrategy, labels: &Labels) -> Option<(usize, i64)> {
     priority
         .order_priority
         .iter()
@@ -604,8 +602,8 @@ pub fn expand_scatter_terms<'a, 'p: 'a>(
     out
 }
 
-fn has_label(labels: &BTreeMap<String, String>, term: &UpdateScatterTerm) -> bool {
-    labels.get(&term.key) == Some(&term.value)
+fn has_label(labels: &Labels, term: &UpdateScatterTerm) -> bool {
+    labels.get(&term.key) == Some(term.value.as_str())
 }
 
 /// Upstream's scatter sort (`updatesort.scatterSort`): spreads the pods carrying each term's
@@ -614,7 +612,7 @@ fn has_label(labels: &BTreeMap<String, String>, term: &UpdateScatterTerm) -> boo
 /// one matching most of `order` first (ties in the order given).
 fn scatter(
     terms: &[UpdateScatterTerm],
-    labels: &[&BTreeMap<String, String>],
+    labels: &[&Labels],
     population: &[usize],
     mut order: Vec<usize>,
 ) -> Vec<usize> {
@@ -644,19 +642,15 @@ fn scatter(
 
 /// How many of `positions` carry each term's label: one pass per distinct key, not per term
 /// (a `*` over a high-cardinality label makes thousands of terms).
-fn count_terms(
-    terms: &[UpdateScatterTerm],
-    labels: &[&BTreeMap<String, String>],
-    positions: &[usize],
-) -> Vec<usize> {
+fn count_terms(terms: &[UpdateScatterTerm], labels: &[&Labels], positions: &[usize]) -> Vec<usize> {
     let mut per_key: BTreeMap<&str, BTreeMap<&str, usize>> = terms
         .iter()
         .map(|t| (t.key.as_str(), BTreeMap::new()))
         .collect();
     for &i in positions {
         for (key, counts) in per_key.iter_mut() {
-            if let Some(value) = labels[i].get(*key) {
-                *counts.entry(value.as_str()).or_default() += 1;
+            if let Some(value) = labels[i].get(key) {
+                *counts.entry(value).or_default() += 1;
             }
         }
     }
@@ -724,7 +718,7 @@ fn groups_by_density(
 /// One term of [`scatter`]: `total_matched` of the `population` active pods carry its label.
 fn scatter_by_term(
     term: &UpdateScatterTerm,
-    labels: &[&BTreeMap<String, String>],
+    labels: &[&Labels],
     (total_matched, population): (usize, usize),
     order: Vec<usize>,
 ) -> Vec<usize> {

@@ -119,11 +119,10 @@ pub fn upgrade_patch(
     now: &Time,
 ) -> Result<Upgrade, UpgradeError> {
     let name = set.metadata.name.clone().unwrap_or_default();
-    let empty = BTreeMap::new();
-    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+    let annotations = &pod.annotation_map().unwrap_or_default();
     let mut ops = Vec::new();
     let mut writes = Vec::new();
-    if pod.metadata.annotations.is_none() {
+    if !pod.has_annotations() {
         writes.push(json!({"op": "add", "path": "/metadata/annotations", "value": {}}));
     }
 

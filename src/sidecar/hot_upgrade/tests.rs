@@ -208,9 +208,7 @@ fn upstream_inject_hot_upgrade_sidecar() {
         ]
     );
     assert_eq!(
-        working_twins(Some(&out.annotations))
-            .get("dns-f")
-            .map(String::as_str),
+        twins_of(&out.annotations).get("dns-f").map(String::as_str),
         Some("dns-f-1")
     );
     assert_eq!(
@@ -307,7 +305,7 @@ fn working_twins_reads_upstreams_annotation() {
         "kruise.io/sidecarset-working-hotupgrade-container",
         r#"{"envoy":"envoy-2","mesh":"mesh-1"}"#,
     )]);
-    let working = working_twins(Some(&pod));
+    let working = twins_of(&pod);
     assert_eq!(
         working,
         annotations(&[("envoy", "envoy-2"), ("mesh", "mesh-1")])
@@ -336,13 +334,13 @@ fn working_twins_reads_upstreams_annotation() {
 #[test]
 fn working_twins_is_lenient_like_upstream() {
     let read = |v: &str| {
-        working_twins(Some(&annotations(&[(
+        twins_of(&annotations(&[(
             SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
             v,
-        )])))
+        )]))
     };
     assert!(working_twins(None).is_empty());
-    assert!(working_twins(Some(&BTreeMap::new())).is_empty());
+    assert!(twins_of(&BTreeMap::new()).is_empty());
     for bad in [
         "",
         "not json",
@@ -426,7 +424,7 @@ fn pod_has_twins_needs_both_twins_and_a_working_entry() {
 fn an_injected_pod_reads_back_consistently() {
     let mut working = BTreeMap::new();
     let out = expand([hot("mesh", "m:1", "e:1")], false, &mut working).expect("expand");
-    let read = working_twins(Some(&out.annotations));
+    let read = twins_of(&out.annotations);
     let names: Vec<&str> = out
         .containers
         .iter()
@@ -466,7 +464,7 @@ fn upgrade_then_flip_then_upgrade_back_as_upstreams_e2e() {
             ("versionalt.sidecarset.kruise.io/nginx-2", "1"),
         ])
     );
-    let roles = twin_roles("nginx", &working_twins(Some(&pod)));
+    let roles = twin_roles("nginx", &twins_of(&pod));
     assert_eq!(roles.working, "nginx-2");
 
     // Flip: the old twin goes to the empty image.
@@ -509,4 +507,13 @@ fn record_upgrade_keeps_other_sidecars_and_copies_a_missing_version_as_empty() {
     );
     assert_eq!(twin_versions("mesh-2", Some(&pod)).alt, Some(""));
     assert_eq!(twin_versions("mesh-1", Some(&pod)).alt, Some("7"));
+}
+
+/// The working twins recorded in `annotations`.
+fn twins_of(annotations: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    working_twins(
+        annotations
+            .get(SIDECARSET_WORKING_HOTUPGRADE_CONTAINER)
+            .map(String::as_str),
+    )
 }

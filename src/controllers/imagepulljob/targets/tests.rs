@@ -31,23 +31,23 @@ fn job(spec: ImagePullJobSpec) -> ImagePullJob {
 }
 
 fn pod(name: &str, ns: &str, node: &str, created: i64, phase: &str) -> PodSummary {
-    PodSummary {
-        metadata: ObjectMeta {
+    PodSummary::new(
+        ObjectMeta {
             name: Some(name.into()),
             namespace: Some(ns.into()),
             labels: Some(BTreeMap::from([("app".to_owned(), "web".to_owned())])),
             creation_timestamp: Some(Time(Timestamp::from_second(created).unwrap())),
             ..Default::default()
         },
-        spec: Some(PodSpecSummary {
+        Some(PodSpecSummary {
             node_name: Some(node.into()),
             ..Default::default()
         }),
-        status: Some(PodStatusSummary {
+        Some(PodStatusSummary {
             phase: Some(phase.into()),
             ..Default::default()
         }),
-    }
+    )
 }
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 

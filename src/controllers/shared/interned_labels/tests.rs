@@ -98,6 +98,88 @@ fn selectors_match_as_on_a_map() {
 }
 
 #[test]
+fn label_selectors_match_as_on_a_map() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+
+    use crate::sidecar::matching::selector_matches;
+    let labels_ = map(&[("zone", "a"), ("tier", "web"), ("gpu", "")]);
+    let labels = Labels::from(&labels_);
+    let requirement = |key: &str, operator: &str, values: &[&str]| LabelSelectorRequirement {
+        key: key.into(),
+        operator: operator.into(),
+        values: Some(values.iter().map(|v| v.to_string()).collect()),
+    };
+    let selectors = [
+        LabelSelector::default(),
+        LabelSelector {
+            match_labels: Some(map(&[("zone", "a")])),
+            ..Default::default()
+        },
+        LabelSelector {
+            match_labels: Some(map(&[("zone", "b")])),
+            ..Default::default()
+        },
+        LabelSelector {
+            match_expressions: Some(vec![
+                requirement("tier", "In", &["web", "db"]),
+                requirement("gpu", "Exists", &[]),
+            ]),
+            ..Default::default()
+        },
+        LabelSelector {
+            match_expressions: Some(vec![requirement("zone", "NotIn", &["a"])]),
+            ..Default::default()
+        },
+        LabelSelector {
+            match_expressions: Some(vec![requirement("missing", "DoesNotExist", &[])]),
+            ..Default::default()
+        },
+        LabelSelector {
+            match_expressions: Some(vec![requirement("zone", "Near", &[])]),
+            ..Default::default()
+        },
+    ];
+    for selector in selectors {
+        assert_eq!(
+            selector_matches(&selector, &labels),
+            selector_matches(&selector, &labels_),
+            "{selector:?}"
+        );
+    }
+}
+
+#[test]
+fn insert_and_retain_shared() {
+    let mut labels = Labels::from(&map(&[("b", "2"), ("a", "1")]));
+    labels.insert("c", "3");
+    labels.insert("a", "9");
+    assert_eq!(labels.to_map(), map(&[("a", "9"), ("b", "2"), ("c", "3")]));
+    labels.retain_shared(|k| k != "b");
+    assert_eq!(labels.to_map(), map(&[("a", "9"), ("c", "3")]));
+}
+
+#[test]
+fn an_unshared_map_keeps_its_strings_out_of_the_table_until_retained() {
+    #[derive(serde::Deserialize)]
+    struct Holder {
+        #[serde(default, deserialize_with = "Labels::deserialize_unshared")]
+        map: Option<Labels>,
+    }
+    let value = "interned-unshared-test-value";
+    let held: Holder =
+        serde_json::from_value(serde_json::json!({"map": {"k": value}})).expect("parses");
+    let mut labels = held.map.expect("a map");
+    assert!(!TABLE.lock().expect("lock").strings.contains(value));
+    labels.retain_shared(|_| true);
+    let shared = intern(value);
+    assert!(std::ptr::eq(labels.get("k").expect("kept"), &*shared));
+    for absent in [r#"{}"#, r#"{"map": null}"#] {
+        let held: Holder = serde_json::from_str(absent).expect("parses");
+        assert!(held.map.is_none(), "{absent}");
+    }
+}
+
+#[test]
 fn strings_nobody_holds_are_swept_when_the_table_doubles() {
     // Unique to this test so that no other test holds them.
     let dropped: Vec<String> = (0..MIN_SWEEP * 2)

@@ -119,11 +119,7 @@ fn kubelet_restarts(pod: &mut PodSummary, container: &str, ready: bool) {
 }
 
 fn annotation<'a>(pod: &'a PodSummary, key: &str) -> &'a str {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map_or("<unset>", String::as_str)
+    pod.annotation(key).unwrap_or("<unset>")
 }
 
 fn versions(pod: &PodSummary) -> [&str; 5] {
@@ -313,12 +309,7 @@ fn the_flip_waits_for_the_rest_of_the_pod() {
     let mut logs_behind = pod.clone();
     logs_behind.spec.as_mut().expect("spec").containers[0].image = Some("logs:2".into());
     let states = r#"{"mesh":{"revision":"h2","updateTimestamp":null,"lastContainerStatuses":{"logs":{"imageID":"logs-1@sha256:6"}}}}"#;
-    logs_behind
-        .metadata
-        .annotations
-        .as_mut()
-        .expect("annotations")
-        .insert(SIDECARSET_INPLACE_UPDATE_STATE.into(), states.into());
+    logs_behind.set_annotation(SIDECARSET_INPLACE_UPDATE_STATE, states);
     assert!(flip_of(&v2, &logs_behind).is_none());
     // The old twin itself may be anything: not ready, not consistent.
     let mut old_down = pod.clone();
@@ -335,15 +326,10 @@ fn the_flip_patch_refuses_a_pod_that_changed() {
     let flip = flip_of(&v2, &pod).expect("flip");
     // Another writer moved the working twin meanwhile.
     let mut moved = pod.clone();
-    moved
-        .metadata
-        .annotations
-        .as_mut()
-        .expect("annotations")
-        .insert(
-            SIDECARSET_WORKING_HOTUPGRADE_CONTAINER.into(),
-            r#"{"proxy":"proxy-1"}"#.into(),
-        );
+    moved.set_annotation(
+        SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
+        r#"{"proxy":"proxy-1"}"#,
+    );
     let mut doc = serde_json::to_value(&moved).expect("json");
     assert!(json_patch::patch(&mut doc, &flip.patch).is_err());
     // ... or changed the old twin's image.
@@ -367,12 +353,7 @@ fn ownership_needs_both_twins_and_a_working_entry() {
     assert_eq!(names, ["logs", "proxy-1", "proxy-2"]);
 
     let mut no_entry = owned.clone();
-    no_entry
-        .metadata
-        .annotations
-        .as_mut()
-        .expect("annotations")
-        .remove(SIDECARSET_WORKING_HOTUPGRADE_CONTAINER);
+    no_entry.remove_annotation(SIDECARSET_WORKING_HOTUPGRADE_CONTAINER);
     assert!(!owns(&v2, &no_entry, &namespaces));
     let mut one_twin = owned.clone();
     one_twin.spec.as_mut().expect("spec").containers.remove(2);
@@ -433,10 +414,9 @@ fn native_sidecar_twins_are_owned_and_viewed_never_flipped() {
     .expect("spec");
     let set = SidecarSet::new("mesh", spec);
     let mut pod = pod("proxy:1", EMPTY);
-    let annotations = pod.metadata.annotations.as_mut().expect("annotations");
-    annotations.insert(
-        SIDECARSET_WORKING_HOTUPGRADE_CONTAINER.into(),
-        r#"{"envoy":"envoy-1","proxy":"proxy-1"}"#.into(),
+    pod.set_annotation(
+        SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
+        r#"{"envoy":"envoy-1","proxy":"proxy-1"}"#,
     );
     let spec = pod.spec.as_mut().expect("spec");
     spec.init_containers = serde_json::from_value(json!([

@@ -292,10 +292,7 @@ fn the_recorded_revision_is_this_sets_entry() {
     let empty = pod_of("e", "mesh", "web", "proxy:1", "");
     assert_eq!(recorded_revision(&empty, "mesh"), None);
     let mut bad = (*old("x")).clone();
-    bad.metadata
-        .annotations
-        .get_or_insert_with(Default::default)
-        .insert(SIDECARSET_HASH.to_owned(), "not json".to_owned());
+    bad.set_annotation(SIDECARSET_HASH, "not json");
     assert_eq!(recorded_revision(&bad, "mesh"), None);
 }
 
@@ -414,9 +411,9 @@ fn the_true_condition_on_upgraded_pods_is_behind_the_flag() {
     let current = CurrentHashes::of(&s);
     // Upgraded in place by mesh: its record in the update state.
     let mut upgraded = (*new("u")).clone();
-    upgraded.metadata.annotations.get_or_insert_default().insert(
-        SIDECARSET_INPLACE_UPDATE_STATE.to_owned(),
-        r#"{"mesh":{"revision":"mesh-1","updateTimestamp":null,"lastContainerStatuses":{"proxy":{"imageID":"proxy:1"}}}}"#.to_owned(),
+    upgraded.set_annotation(
+        SIDECARSET_INPLACE_UPDATE_STATE,
+        r#"{"mesh":{"revision":"mesh-1","updateTimestamp":null,"lastContainerStatuses":{"proxy":{"imageID":"proxy:1"}}}}"#,
     );
     assert!(upgraded_in_place(&upgraded, "mesh"));
     assert!(!upgraded_in_place(&upgraded, "logging"));
@@ -446,11 +443,7 @@ fn the_true_condition_on_upgraded_pods_is_behind_the_flag() {
     // Whatever the flag, a pod that cannot be upgraded gets False.
     let mut changed = (*old("c")).clone();
     let entry = r#"{"mesh":{"updateTimestamp":null,"hash":"old","sidecarSetName":"mesh","sidecarList":["proxy"]}}"#;
-    changed
-        .metadata
-        .annotations
-        .get_or_insert_default()
-        .insert(SIDECARSET_HASH_WITHOUT_IMAGE.to_owned(), entry.to_owned());
+    changed.set_annotation(SIDECARSET_HASH_WITHOUT_IMAGE, entry);
     for on in [false, true] {
         let c = decide(&changed, on).expect("written");
         assert_eq!(

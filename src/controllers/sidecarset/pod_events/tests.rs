@@ -95,18 +95,12 @@ fn changes_that_matter_wake_the_pods_sidecarsets() {
                 .ready = false
         }),
         ("labels", |p| {
-            p.metadata
-                .labels
-                .as_mut()
-                .unwrap()
-                .insert("tier".into(), "x".into());
+            let mut labels = p.labels().to_map();
+            labels.insert("tier".into(), "x".into());
+            p.set_labels(&labels);
         }),
         ("hash annotation", |p| {
-            p.metadata
-                .annotations
-                .as_mut()
-                .unwrap()
-                .insert("kruise.io/sidecarset-hash".into(), "{}".into());
+            p.set_annotation("kruise.io/sidecarset-hash", "{}");
         }),
         ("scheduling", |p| {
             p.spec.as_mut().unwrap().node_name = Some("n1".into())

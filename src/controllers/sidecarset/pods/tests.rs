@@ -48,10 +48,7 @@ fn pod(image: &str, status_image: &str, image_id: &str) -> PodSummary {
 }
 
 fn with_state(mut pod: PodSummary, state: &str) -> PodSummary {
-    pod.metadata
-        .annotations
-        .get_or_insert_with(Default::default)
-        .insert(SIDECARSET_INPLACE_UPDATE_STATE.to_owned(), state.to_owned());
+    pod.set_annotation(SIDECARSET_INPLACE_UPDATE_STATE, state);
     pod
 }
 
@@ -190,16 +187,11 @@ fn ownership_needs_the_injected_list_the_selector_and_every_sidecar() {
     assert!(owns(&s, &pod("proxy:1", "proxy:1", "id"), &namespaces));
 
     let mut not_listed = pod("proxy:1", "proxy:1", "id");
-    not_listed
-        .metadata
-        .annotations
-        .as_mut()
-        .expect("annotations")
-        .insert(SIDECARSET_INJECTED_LIST.into(), "mesh-v2".into());
+    not_listed.set_annotation(SIDECARSET_INJECTED_LIST, "mesh-v2");
     assert!(!owns(&s, &not_listed, &namespaces));
 
     let mut relabelled = pod("proxy:1", "proxy:1", "id");
-    relabelled.metadata.labels = Some([("app".into(), "db".into())].into());
+    relabelled.set_labels(&[("app".into(), "db".into())].into());
     assert!(!owns(&s, &relabelled, &namespaces));
 
     let mut missing = pod("proxy:1", "proxy:1", "id");
@@ -291,11 +283,8 @@ fn the_view_knows_when_the_hash_entry_was_written() {
     let s = set("proxy:1");
     let mut p = pod("proxy:1", "proxy:1", "id");
     assert_eq!(view(&s, &p).hash_written, None, "null in the entry");
-    p.metadata.annotations.as_mut().expect("annotations").insert(
-        SIDECARSET_HASH.into(),
-        r#"{"mesh":{"updateTimestamp":"2026-11-29T11:00:00Z","hash":"h1","sidecarSetName":"mesh"}}"#
-            .into(),
-    );
+    p.set_annotation(SIDECARSET_HASH, r#"{"mesh":{"updateTimestamp":"2026-11-29T11:00:00Z","hash":"h1","sidecarSetName":"mesh"}}"#
+            );
     assert_eq!(
         view(&s, &p).hash_written,
         Some("2026-11-29T11:00:00Z".parse().expect("time"))
@@ -380,9 +369,11 @@ fn stripping_keeps_what_decisions_read_and_drops_other_annotations() {
     let before = view(&set("proxy:1"), &unstripped);
     strip_pod(&mut p);
     assert_eq!(view(&set("proxy:1"), &p), before);
-    let annotations = p.metadata.annotations.as_ref().expect("annotations");
-    assert!(!annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
-    assert!(annotations.contains_key(SIDECARSET_INJECTED_LIST));
+    assert!(
+        p.annotation("kubectl.kubernetes.io/last-applied-configuration")
+            .is_none()
+    );
+    assert!(p.annotation(SIDECARSET_INJECTED_LIST).is_some());
     let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
     assert_eq!(conditions.map(Vec::len), Some(1), "only Ready is kept");
 }

@@ -41,7 +41,7 @@ fn pod(i: usize) -> PodView<'static> {
     PodView {
         namespace: "default".into(),
         name: format!("pod-{i}").into(),
-        labels: Cow::Owned(BTreeMap::from([("app".to_owned(), "sidecar".to_owned())])),
+        labels: Cow::Owned(Labels::from_iter([("app", "sidecar")])),
         node_name: Some("node-1".into()),
         phase: PodPhase::Running,
         ready: true,
@@ -94,7 +94,7 @@ fn upstream_next_upgrade_pods_scenarios() {
     let selector_pods = || {
         let mut p = pods(1000, 0, 0);
         for pod in p.iter_mut().take(30) {
-            pod.labels.to_mut().insert("app".into(), "test".into());
+            pod.labels.to_mut().insert("app", "test");
         }
         p
     };
@@ -233,14 +233,8 @@ fn pods_that_are_not_ready_go_first_and_cost_nothing() {
 #[test]
 fn weight_priority_goes_first() {
     let mut p = pods(20, 10, 2);
-    p[15]
-        .labels
-        .to_mut()
-        .insert("test-key".into(), "bar".into());
-    p[16]
-        .labels
-        .to_mut()
-        .insert("test-key".into(), "foo".into());
+    p[15].labels.to_mut().insert("test-key", "bar");
+    p[16].labels.to_mut().insert("test-key", "foo");
     let p = shuffled(p, 11);
     let s = set(
         json!({"maxUnavailable": 10, "priorityStrategy": {"weightPriority": [
@@ -255,10 +249,10 @@ fn weight_priority_goes_first() {
 fn order_priority_goes_first() {
     let mut p = pods(20, 10, 2);
     for pod in &mut p {
-        pod.labels.to_mut().insert("key1".into(), "5".into());
+        pod.labels.to_mut().insert("key1", "5");
     }
-    p[17].labels.to_mut().insert("key1".into(), "10".into());
-    p[18].labels.to_mut().insert("key1".into(), "20".into());
+    p[17].labels.to_mut().insert("key1", "10");
+    p[18].labels.to_mut().insert("key1", "20");
     let p = shuffled(p, 13);
     let s = set(
         json!({"maxUnavailable": 10, "priorityStrategy": {"orderPriority": [{"orderedKey": "key1"}]}}),
@@ -510,7 +504,7 @@ fn a_ready_pod_that_does_not_fit_stops_the_walk() {
     // pod-1 waits, as upstream (priority order is kept even for free pods).
     let mut p = pods(5, 1, 0);
     p[1].ready = false;
-    p[4].labels.to_mut().insert("first".into(), "yes".into());
+    p[4].labels.to_mut().insert("first", "yes");
     let s = set(json!({"priorityStrategy": {"weightPriority": [
         {"weight": 10, "matchSelector": {"matchLabels": {"first": "yes"}}}]}}));
     let batch = next_batch(&s, &p);
@@ -524,7 +518,7 @@ fn a_ready_pod_that_does_not_fit_stops_the_walk() {
 fn only_pods_matching_the_update_selector_are_upgraded() {
     let mut p = pods(6, 0, 0);
     for i in [1, 4] {
-        p[i].labels.to_mut().insert("canary".into(), "true".into());
+        p[i].labels.to_mut().insert("canary", "true");
     }
     let s = set(json!({"maxUnavailable": 10, "selector": {"matchLabels": {"canary": "true"}}}));
     let batch = next_batch(&s, &p);
@@ -758,8 +752,8 @@ fn pods_without_any_ordered_key_come_last_as_documented() {
     let priority: UpdatePriorityStrategy =
         serde_json::from_value(json!({"orderPriority": [{"orderedKey": "k"}]})).expect("p");
     let mut p = vec![pod(0), pod(1), pod(2)];
-    p[1].labels.to_mut().insert("k".into(), "1".into());
-    p[2].labels.to_mut().insert("k".into(), "x".into());
+    p[1].labels.to_mut().insert("k", "1");
+    p[2].labels.to_mut().insert("k", "x");
     let mut order = vec![0, 1, 2];
     sort_by_priority(&priority, &p, &mut order);
     assert_eq!(order, [1, 2, 0]);
@@ -772,7 +766,7 @@ fn a_weight_term_that_cannot_be_evaluated_counts_nothing() {
         {"weight": 10, "matchSelector": {"matchLabels": {"k": "v"}}}]}))
     .expect("p");
     let mut p = vec![pod(0), pod(1)];
-    p[1].labels.to_mut().insert("k".into(), "v".into());
+    p[1].labels.to_mut().insert("k", "v");
     let mut order = vec![0, 1];
     sort_by_priority(&priority, &p, &mut order);
     assert_eq!(order, [1, 0]);
@@ -848,7 +842,7 @@ fn scatter_by_one_term_matches_upstream() {
         ),
     ];
     for (specs, want) in cases {
-        let owned: Vec<_> = specs.iter().map(|s| labels(s)).collect();
+        let owned: Vec<Labels> = specs.iter().map(|s| Labels::from(&labels(s))).collect();
         let refs: Vec<_> = owned.iter().collect();
         let all: Vec<usize> = (0..specs.len()).collect();
         let total = refs.iter().filter(|l| has_label(l, &term)).count();
@@ -985,7 +979,7 @@ fn scatter_sort_matches_upstream() {
         ),
     ];
     for (n, (specs, term_spec, want)) in cases.into_iter().enumerate() {
-        let owned: Vec<_> = specs.iter().map(|s| labels(s)).collect();
+        let owned: Vec<Labels> = specs.iter().map(|s| Labels::from(&labels(s))).collect();
         let refs: Vec<_> = owned.iter().collect();
         let population: Vec<usize> = (0..specs.len()).filter(|&i| specs[i] != "nil").collect();
         // Upstream sorts the first pods (as many as expected, skipping absent ones).
@@ -1017,7 +1011,7 @@ fn star_terms_expand_to_every_value_in_sorted_order() {
     .iter()
     .enumerate()
     {
-        p[i].labels.to_mut().insert("key-4".into(), (*v).to_owned());
+        p[i].labels.to_mut().insert("key-4", v);
     }
     let written = [
         ("key-1", "value-1"),
@@ -1054,20 +1048,25 @@ fn scatter_spreads_a_zone_across_batches() {
     let mut p = pods(12, 0, 0);
     for (i, pod) in p.iter_mut().enumerate() {
         let zone = if i >= 8 { "a" } else { "b" };
-        pod.labels.to_mut().insert("zone".into(), zone.into());
+        pod.labels.to_mut().insert("zone", zone);
     }
     let s = set(json!({"maxUnavailable": 3, "scatterStrategy": [{"key": "zone", "value": "a"}]}));
     let batch = next_batch(&s, &p);
     let zone_a_in_batch = batch
         .upgrade
         .iter()
-        .filter(|&&i| p[i].labels["zone"] == "a")
+        .filter(|&&i| p[i].labels.get("zone") == Some("a"))
         .count();
     assert_eq!(batch.upgrade.len(), 3);
     assert_eq!(zone_a_in_batch, 1, "{:?}", names(&p, &batch.upgrade));
     // Without scatter the first batch is the three newest: all zone a.
     let plain = next_batch(&set(json!({"maxUnavailable": 3})), &p);
-    assert!(plain.upgrade.iter().all(|&i| p[i].labels["zone"] == "a"));
+    assert!(
+        plain
+            .upgrade
+            .iter()
+            .all(|&i| p[i].labels.get("zone") == Some("a"))
+    );
 }
 
 // --- properties ------------------------------------------------------------------------------------
@@ -1079,13 +1078,11 @@ fn random_case(rng: &mut Rng) -> (SidecarSet, Vec<PodView<'static>>) {
         .map(|i| {
             let mut p = pod(i);
             p.namespace = ["default", "other"][rng.usize(..2)].into();
-            p.labels
-                .to_mut()
-                .insert("zone".into(), zones[rng.usize(..3)].into());
+            p.labels.to_mut().insert("zone", zones[rng.usize(..3)]);
             if chance(rng, 30) {
                 p.labels
                     .to_mut()
-                    .insert("rank".into(), format!("r-{}", rng.usize(..5)));
+                    .insert("rank", &format!("r-{}", rng.usize(..5)));
             }
             p.hash = match rng.usize(..10) {
                 0 => None,
@@ -1179,7 +1176,7 @@ fn property_the_batch_respects_max_unavailable_and_partition() {
             .count();
         let selected = |p: &PodView| match &strategy.selector {
             None => true,
-            Some(s) => selector_matches(s, &p.labels).expect("valid selector"),
+            Some(s) => selector_matches(s, &*p.labels).expect("valid selector"),
         };
         let candidates: Vec<usize> = (0..pods.len())
             .filter(|&i| classify(&pods[i], &current, selected(&pods[i])) == PodState::Candidate)

@@ -65,7 +65,7 @@ fn apply(pod: &PodSummary, upgrade: &Upgrade) -> PodSummary {
 }
 
 fn annotation<'a>(pod: &'a PodSummary, key: &str) -> &'a str {
-    pod.metadata.annotations.as_ref().expect("annotations")[key].as_str()
+    pod.annotation(key).expect("annotation")
 }
 
 #[test]
@@ -112,12 +112,7 @@ fn the_update_state_records_the_image_ids_from_before_the_upgrade() {
 fn an_existing_record_keeps_its_revision_and_time_and_gains_containers() {
     let mut before = pod();
     let record = r#"{"mesh":{"revision":"h0","updateTimestamp":"2026-01-01T00:00:00Z","lastContainerStatuses":{"logs":{"imageID":"logs@sha256:l0"}}},"other":{"revision":"x","updateTimestamp":null,"lastContainerStatuses":{}}}"#;
-    before
-        .metadata
-        .annotations
-        .as_mut()
-        .expect("annotations")
-        .insert(SIDECARSET_INPLACE_UPDATE_STATE.into(), record.into());
+    before.set_annotation(SIDECARSET_INPLACE_UPDATE_STATE, record);
     let upgrade = upgrade_patch(&before, &mesh("proxy:2"), &current(), &now()).expect("patch");
     let after = apply(&before, &upgrade);
     assert_eq!(
@@ -237,12 +232,7 @@ fn only_a_native_sidecar_image_changes_when_only_it_differs() {
 fn the_patch_tests_what_it_was_computed_from() {
     let upgrade = upgrade_patch(&pod(), &mesh("proxy:2"), &current(), &now()).expect("patch");
     let mut moved = pod();
-    moved
-        .metadata
-        .annotations
-        .as_mut()
-        .expect("annotations")
-        .insert(SIDECARSET_HASH.into(), "{}".into());
+    moved.set_annotation(SIDECARSET_HASH, "{}");
     let mut doc = serde_json::to_value(&moved).expect("json");
     assert!(
         json_patch::patch(&mut doc, &upgrade.patch).is_err(),
@@ -256,14 +246,7 @@ fn a_pod_already_on_the_images_only_gets_its_hash_entry() {
     assert!(upgrade.changed.is_empty());
     let after = apply(&pod(), &upgrade);
     assert_eq!(after.spec, pod().spec);
-    assert!(
-        !after
-            .metadata
-            .annotations
-            .as_ref()
-            .expect("annotations")
-            .contains_key(SIDECARSET_INPLACE_UPDATE_STATE)
-    );
+    assert!(after.annotation(SIDECARSET_INPLACE_UPDATE_STATE).is_none());
     assert!(annotation(&after, SIDECARSET_HASH).contains(r#""hash":"h2""#));
 }
 
@@ -289,11 +272,7 @@ fn pod_metadata_patches_are_applied_as_at_injection() {
 #[test]
 fn an_unreadable_hash_annotation_is_an_error_not_a_reset() {
     let mut bad = pod();
-    bad.metadata
-        .annotations
-        .as_mut()
-        .expect("annotations")
-        .insert(SIDECARSET_HASH.into(), "not json".into());
+    bad.set_annotation(SIDECARSET_HASH, "not json");
     let err = upgrade_patch(&bad, &mesh("proxy:2"), &current(), &now()).unwrap_err();
     assert!(err.to_string().contains(SIDECARSET_HASH), "{err}");
 }
@@ -301,11 +280,7 @@ fn an_unreadable_hash_annotation_is_an_error_not_a_reset() {
 #[test]
 fn old_format_hashes_are_converted() {
     let mut old = pod();
-    old.metadata
-        .annotations
-        .as_mut()
-        .expect("annotations")
-        .insert(SIDECARSET_HASH.into(), r#"{"mesh":"h1"}"#.into());
+    old.set_annotation(SIDECARSET_HASH, r#"{"mesh":"h1"}"#);
     let after = apply(
         &old,
         &upgrade_patch(&old, &mesh("proxy:2"), &current(), &now()).expect("patch"),
