@@ -56,13 +56,13 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kruise_rs::apis::defaults::default_sidecarset;
-use kruise_rs::apis::nodeimage::NodeImage;
 use kruise_rs::apis::sidecarset::{SidecarSet, SidecarSetStatus};
 use kruise_rs::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE,
 };
 use kruise_rs::controllers::ControllerOptions;
+use kruise_rs::controllers::shared::lean_nodeimage::LeanNodeImage;
 use kruise_rs::controllers::shared::pod_summary::{PodSummary, strip_pod};
 use kruise_rs::controllers::sidecarset::pods::NamespaceLabels;
 use kruise_rs::controllers::sidecarset::predownload::{self, Decision};
@@ -519,7 +519,7 @@ fn decision(n: usize, runs: usize) -> Result<()> {
     // Pre-download as the reconcile feeds it: the SidecarSet's knobs, no jobs yet, and no
     // NodeImages (no pod waits for a pull).
     let (knobs, _) = predownload::knobs(&set);
-    let no_nodeimage = |_: &str| -> Option<Arc<NodeImage>> { None };
+    let no_nodeimage = |_: &str| -> Option<Arc<LeanNodeImage>> { None };
     let pre = PreDownloadInputs {
         knobs: &knobs,
         manager_namespace: MANAGER_NAMESPACE,

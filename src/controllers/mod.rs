@@ -182,10 +182,12 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
     let (Some(for_jobs), Some(for_sidecarsets)) = (feeds.pop(), feeds.pop()) else {
         return;
     };
-    // And one NodeImage watch and store for the NodeImage and ImagePullJob controllers.
+    // And one NodeImage watch and store for the NodeImage, ImagePullJob and SidecarSet
+    // controllers.
     let (drive_nodeimages, mut feeds) =
-        shared::lean_nodeimage::watch_nodeimages(client.clone(), opts.scoped_watch_config(), 2);
-    let (Some(nodeimages_for_jobs), Some(nodeimages_for_nodeimage)) = (feeds.pop(), feeds.pop())
+        shared::lean_nodeimage::watch_nodeimages(client.clone(), opts.scoped_watch_config(), 3);
+    let (Some(nodeimages_for_jobs), Some(nodeimages_for_nodeimage), Some(nodeimages_for_sets)) =
+        (feeds.pop(), feeds.pop(), feeds.pop())
     else {
         return;
     };
@@ -214,10 +216,11 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
                 nodeimages_for_jobs,
                 stopped(),
             )),
-            Box::pin(sidecarset::run_with_pods(
+            Box::pin(sidecarset::run_with_feeds(
                 client,
                 opts,
                 for_sidecarsets,
+                nodeimages_for_sets,
                 stopped(),
             )),
         ),

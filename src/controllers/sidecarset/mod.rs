@@ -47,15 +47,15 @@ use tokio::sync::watch as channel;
 use self::expectations::WrittenPods;
 use self::revisions::RevisionsError;
 use super::shared::backoff::Backoff;
+use super::shared::lean_nodeimage::LeanNodeImage;
 use super::shared::pod_summary::{PodSummary, strip_pod};
 use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::nodeimage::NodeImage;
 use crate::apis::sidecarset::SidecarSet;
 use crate::events::Recorder;
 use crate::runtime::ManagerMetrics;
 
 pub use self::plan::{Plan, PreDownloadInputs, owned_pods, plan};
-pub use self::watch::{run, run_with_pods};
+pub use self::watch::{run, run_with_feeds};
 
 /// Field manager of everything this controller writes.
 pub const FIELD_MANAGER: &str = "kruise-rs-sidecarset";
@@ -115,7 +115,7 @@ pub struct Context {
     /// The SidecarSets' pre-download jobs.
     jobs: Store<ImagePullJob>,
     /// NodeImages (status only), to tell when a node has pulled.
-    nodeimages: Store<NodeImage>,
+    nodeimages: Store<LeanNodeImage>,
     /// Bad pre-download annotations already warned about (SidecarSet uid, annotation, value).
     warned: Mutex<HashSet<String>>,
     /// The SidecarSets as watched: a long batch stops when its SidecarSet changed meanwhile.

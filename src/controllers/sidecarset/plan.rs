@@ -20,12 +20,12 @@ use super::strategy::Hold;
 use super::strategy::{Batch, CurrentHashes, PodState, PodView, classify, next_batch};
 use super::upgrade::{upgradable_condition, upgraded_condition};
 use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::nodeimage::NodeImage;
 use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
 use crate::apis::well_known::{
     CONTROLLER_REVISION_HASH, SIDECARSET_HASH, SIDECARSET_INPLACE_UPDATE_STATE,
     SIDECARSET_NAME_LABEL,
 };
+use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
 use crate::controllers::shared::pod_summary::PodSummary;
 use crate::sidecar::annotations::parse_hashes;
 
@@ -49,7 +49,7 @@ pub struct PreDownloadInputs<'a> {
     /// revision's have started).
     pub jobs: &'a [Arc<ImagePullJob>],
     /// A node's NodeImage.
-    pub nodeimage: &'a dyn Fn(&str) -> Option<Arc<NodeImage>>,
+    pub nodeimage: &'a dyn Fn(&str) -> Option<Arc<LeanNodeImage>>,
 }
 
 /// The pods of `pods` that `set` owns.

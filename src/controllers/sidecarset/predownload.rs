@@ -52,6 +52,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
+use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
 use crate::controllers::shared::pod_summary::PodSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -490,7 +491,7 @@ pub fn mark_awaiting(
     owned: &[Arc<PodSummary>],
     views: &mut [PodView],
     batch: &Batch,
-    nodeimage: &dyn Fn(&str) -> Option<Arc<NodeImage>>,
+    nodeimage: &dyn Fn(&str) -> Option<Arc<LeanNodeImage>>,
 ) -> usize {
     let mut awaiting = 0;
     for &i in &batch.queue {
@@ -504,7 +505,7 @@ pub fn mark_awaiting(
         let nodeimage = nodeimage(node);
         if !images
             .iter()
-            .all(|(_, image)| pulled(nodeimage.as_deref(), image))
+            .all(|(_, image)| pulled(nodeimage.as_deref().map(|n| &**n), image))
         {
             views[i].awaiting_images = true;
             awaiting += 1;

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
@@ -23,36 +23,43 @@ use super::expectations::WrittenPods;
 use super::pod_events::PodTracker;
 use super::{Context, NAME, plan, reconcile};
 use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::nodeimage::NodeImage;
 use crate::apis::sidecarset::SidecarSet;
 use crate::apis::well_known::SIDECARSET_NAME_LABEL;
 use crate::controllers::ControllerOptions;
 use crate::controllers::shared::backoff::Backoff;
-use crate::controllers::shared::lean_nodeimage;
+use crate::controllers::shared::lean_nodeimage::{self, NodeImageFeed};
 use crate::controllers::shared::pod_feed::{self, PodFeed};
 use crate::controllers::shared::shutdown::run_until_shutdown;
 use crate::controllers::shared::unreadable;
 use crate::error_chain::error_chain;
 use crate::events::Recorder;
 
-/// Runs the SidecarSet controller until `shutdown` resolves, with a pod watch of its own.
+/// Runs the SidecarSet controller until `shutdown` resolves, with pod and NodeImage watches of
+/// its own.
 pub async fn run(
     client: Client,
     opts: ControllerOptions,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    pod_feed::with_own_watch(client.clone(), opts.watch_config(), |pods| {
-        run_with_pods(client, opts, pods, shutdown)
-    })
-    .await;
+    let (drive_nodeimages, mut feeds) =
+        lean_nodeimage::watch_nodeimages(client.clone(), opts.scoped_watch_config(), 1);
+    let Some(nodeimages) = feeds.pop() else {
+        return;
+    };
+    let with_pods = pod_feed::with_own_watch(client.clone(), opts.watch_config(), |pods| {
+        run_with_feeds(client, opts, pods, nodeimages, shutdown)
+    });
+    pod_feed::alongside(drive_nodeimages, with_pods).await;
 }
 
-/// Runs the SidecarSet controller until `shutdown` resolves, reading pods from `pods` (a watch
-/// it may share with other controllers).
-pub async fn run_with_pods(
+/// Runs the SidecarSet controller until `shutdown` resolves, reading pods from `pods` and
+/// NodeImages from `nodeimages` (watches it may share with other controllers; `nodeimages` of
+/// `opts.scoped_watch_config()`).
+pub async fn run_with_feeds(
     client: Client,
     opts: ControllerOptions,
     pods: PodFeed,
+    nodeimages: NodeImageFeed,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let scoped = opts.scoped_watch_config();
@@ -116,36 +123,23 @@ pub async fn run_with_pods(
     });
 
     // A node's pull finishing lets its waiting pods go: wake the SidecarSets pulling there.
-    let (nodeimages, nodeimage_writer) = reflector::store();
+    // (Only a NodeImage's name and status are read here.)
     let jobs_for_nodes = jobs.clone();
-    let nodeimage_triggers = watcher(lean_nodeimage::api(client.clone()), scoped.clone())
-        .default_backoff()
-        .map_ok(lean_nodeimage::into_nodeimages)
-        // Only its name and status are read: labels (a copy of the Node's) and spec are dropped.
-        .modify(|n: &mut NodeImage| {
-            let meta = std::mem::take(&mut n.metadata);
-            n.metadata.name = meta.name;
-            n.metadata.resource_version = meta.resource_version;
-            n.spec = Default::default();
-        })
-        .reflect(nodeimage_writer)
-        .applied_objects()
-        .filter_map(move |r| {
-            let node = r.ok().map(|n| n.name_any());
-            let sets: BTreeSet<String> = node
-                .map(|node| sidecarsets_pulling_on(&jobs_for_nodes, &node))
-                .unwrap_or_default();
-            futures::future::ready(Some(futures::stream::iter(
-                sets.into_iter()
-                    .map(|name| ObjectRef::<SidecarSet>::new(&name)),
-            )))
-        })
-        .flatten();
+    let (nodeimages, nodeimages_ready, nodeimage_triggers) =
+        nodeimages.into_triggers(move |event| {
+            let (watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = event else {
+                return Vec::new();
+            };
+            sidecarsets_pulling_on(&jobs_for_nodes, &n.name_any())
+                .into_iter()
+                .map(|name| ObjectRef::<SidecarSet>::new(&name))
+                .collect()
+        });
 
     // `Store::wait_until_ready` wakes only one of several waiters; one task waits and tells all.
     let (caches_ready, caches_ready_rx) = watch::channel(false);
     let (mut p, n, r) = (pods_ready, namespaces.clone(), revisions.clone());
-    let (j, ni) = (jobs.clone(), nodeimages.clone());
+    let (j, mut ni) = (jobs.clone(), nodeimages_ready);
     let (sets_listed, mut sets_listed_rx) = watch::channel(false);
     let synced = opts.synced.clone();
     tokio::spawn(async move {
@@ -153,7 +147,7 @@ pub async fn run_with_pods(
             && n.wait_until_ready().await.is_ok()
             && r.wait_until_ready().await.is_ok()
             && j.wait_until_ready().await.is_ok()
-            && ni.wait_until_ready().await.is_ok()
+            && ni.wait_for(|ready| *ready).await.is_ok()
         {
             let _ = caches_ready.send(true);
             if sets_listed_rx.wait_for(|listed| *listed).await.is_ok() {

@@ -646,11 +646,12 @@ fn only_queued_pods_whose_node_lacks_the_image_wait() {
     let mut views: Vec<_> = pods.iter().map(|p| view(&s, p)).collect();
     let batch = next_batch(&s, &views);
     let pulled_on_n1 = |node: &str| {
-        (node == "n1").then(|| Arc::new(nodeimage(json!([{"tag": "2", "phase": "Succeeded"}]))))
+        (node == "n1")
+            .then(|| Arc::new(nodeimage(json!([{"tag": "2", "phase": "Succeeded"}])).into()))
     };
     let lookup = |node: &str| match node {
         "n1" => pulled_on_n1(node),
-        _ => Some(Arc::new(nodeimage(json!([])))),
+        _ => Some(Arc::new(nodeimage(json!([])).into())),
     };
     assert_eq!(mark_awaiting(&s, &pods, &mut views, &batch, &lookup), 1);
     assert!(!views[0].awaiting_images);
