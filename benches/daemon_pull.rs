@@ -19,6 +19,10 @@
 //!    every 20 ms meanwhile, and its VmHWM;
 //! 5. idle RSS again at the end.
 //!
+//! `DAEMON_BIN` (a `kruise-rs-daemon` built another way, such as `cargo build --profile
+//! release-daemon`) is measured instead of this build's, and this build's `kruise-rs-daemon`
+//! becomes step 2's baseline.
+//!
 //! Figures are printed with their goals and ratios; nothing is asserted. The daemons log at
 //! `DAEMON_RUST_LOG` (default `info`) into a temporary file, or into `DAEMON_LOG_FILE` (kept; the
 //! second daemon's log replaces the first's); a failure prints its last lines.
@@ -485,19 +489,26 @@ async fn bench(layer_mib: usize, rounds: usize, daemon_log: &Path) -> Result<()>
         "--max-concurrent-pulls".into(),
         CONCURRENT.to_string().into(),
     ];
-    let (combined, _) = start_daemon(
-        Command::new(env!("CARGO_BIN_EXE_kruise-rs")).arg("daemon"),
-        &daemon_args,
-        daemon_log,
-    )
-    .await?;
+    let other_daemon = std::env::var_os("DAEMON_BIN").filter(|v| !v.is_empty());
+    let (mut baseline, baseline_name) = match &other_daemon {
+        Some(_) => (
+            Command::new(env!("CARGO_BIN_EXE_kruise-rs-daemon")),
+            "this build's `kruise-rs-daemon`",
+        ),
+        None => {
+            let mut combined = Command::new(env!("CARGO_BIN_EXE_kruise-rs"));
+            combined.arg("daemon");
+            (combined, "`kruise-rs daemon`")
+        }
+    };
+    let (combined, _) = start_daemon(&mut baseline, &daemon_args, daemon_log).await?;
     tokio::time::timeout(Duration::from_secs(60), synced.wait_for(|s| *s))
         .await
         .map_err(|_| "the bench's own NodeImage watch did not sync")??;
     tokio::time::sleep(SETTLE).await;
     let combined_rss = rss_mib(combined.id(), "VmRSS:").unwrap_or(f64::NAN);
     println!(
-        "  idle RSS of `kruise-rs daemon` (baseline): {combined_rss:.1} MiB ({})",
+        "  idle RSS of {baseline_name} (baseline): {combined_rss:.1} MiB ({})",
         breakdown(combined.id())
     );
     drop(combined);
@@ -507,14 +518,18 @@ async fn bench(layer_mib: usize, rounds: usize, daemon_log: &Path) -> Result<()>
         .port();
     let probe = format!("127.0.0.1:{probe_port}");
     daemon_args.extend(["--probe-addr".into(), probe.clone().into()]);
-    let (daemon, ready_in) = start_daemon(
-        &mut Command::new(env!("CARGO_BIN_EXE_kruise-rs-daemon")),
-        &daemon_args,
-        daemon_log,
-    )
-    .await?;
+    let measured = match &other_daemon {
+        Some(path) => std::path::PathBuf::from(path),
+        None => std::path::PathBuf::from(env!("CARGO_BIN_EXE_kruise-rs-daemon")),
+    };
+    let (daemon, ready_in) =
+        start_daemon(&mut Command::new(&measured), &daemon_args, daemon_log).await?;
     let pid = daemon.id();
-    println!("  kruise-rs-daemon ready in {ready_in:.2} s");
+    println!(
+        "  {} ready in {ready_in:.2} s ({} bytes)",
+        measured.display(),
+        std::fs::metadata(&measured).map_or(0, |m| m.len())
+    );
     tokio::time::sleep(SETTLE).await;
     let mib = |field| rss_mib(pid, field).unwrap_or(f64::NAN);
     let idle_rss = mib("VmRSS:");
