@@ -27,7 +27,10 @@ use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::interned_labels::Labels;
+use super::interned_labels::{
+    Interned, Labels, deserialize_interned, deserialize_interned_option, serialize_interned,
+    serialize_interned_option,
+};
 
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
@@ -198,12 +201,23 @@ pub struct PodSpecSummary {
     pub init_containers: Vec<ContainerSummary>,
 }
 
+/// A container's name and image. Both are interned: the same few recur on every pod of a
+/// workload (as are a status's image and imageID).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ContainerSummary {
-    #[serde(default)]
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "deserialize_interned",
+        serialize_with = "serialize_interned"
+    )]
+    pub name: Interned,
+    #[serde(
+        default,
+        deserialize_with = "deserialize_interned_option",
+        serialize_with = "serialize_interned_option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub image: Option<Interned>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -234,12 +248,25 @@ pub struct PodStatusSummary {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerStatusSummary {
-    #[serde(default)]
-    pub name: String,
-    #[serde(default)]
-    pub image: String,
-    #[serde(rename = "imageID", default)]
-    pub image_id: String,
+    #[serde(
+        default,
+        deserialize_with = "deserialize_interned",
+        serialize_with = "serialize_interned"
+    )]
+    pub name: Interned,
+    #[serde(
+        default,
+        deserialize_with = "deserialize_interned",
+        serialize_with = "serialize_interned"
+    )]
+    pub image: Interned,
+    #[serde(
+        rename = "imageID",
+        default,
+        deserialize_with = "deserialize_interned",
+        serialize_with = "serialize_interned"
+    )]
+    pub image_id: Interned,
     #[serde(default)]
     pub ready: bool,
     #[serde(default)]
@@ -430,7 +457,7 @@ mod tests {
         let containers: Vec<(&str, Option<&str>)> = spec
             .containers
             .iter()
-            .map(|c| (c.name.as_str(), c.image.as_deref()))
+            .map(|c| (&*c.name, c.image.as_deref()))
             .collect();
         assert_eq!(
             containers,
@@ -439,7 +466,7 @@ mod tests {
         let init: Vec<(&str, Option<&str>)> = spec
             .init_containers
             .iter()
-            .map(|c| (c.name.as_str(), c.image.as_deref()))
+            .map(|c| (&*c.name, c.image.as_deref()))
             .collect();
         assert_eq!(init, [("init", Some("init:1")), ("agent", Some("agent:1"))]);
 
@@ -478,7 +505,7 @@ mod tests {
                 restart_count: 1,
             }
         );
-        assert_eq!(init[0].name, "init");
+        assert_eq!(&*init[0].name, "init");
     }
 
     #[test]

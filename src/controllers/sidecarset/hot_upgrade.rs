@@ -57,7 +57,7 @@ pub fn container<'a>(pod: &'a PodSummary, name: &str) -> Option<(usize, &'a Cont
     containers(pod)
         .iter()
         .enumerate()
-        .find(|(_, c)| c.name == name)
+        .find(|(_, c)| *c.name == *name)
 }
 
 fn image_of<'a>(pod: &'a PodSummary, name: &str) -> Option<&'a str> {
@@ -136,7 +136,7 @@ fn ready_but(pod: &PodSummary, resetting: &BTreeSet<&str>) -> bool {
         .and_then(|s| s.container_statuses.as_deref())
         .unwrap_or_default()
         .iter()
-        .filter(|s| !resetting.contains(s.name.as_str()))
+        .filter(|s| !resetting.contains(&*s.name))
         .all(|s| s.ready)
 }
 
@@ -206,10 +206,10 @@ pub fn flip_patch(
     for (roles, sidecar) in &resets {
         let (i, c) = container(pod, &roles.other)?;
         tests.push(
-            json!({"op": "test", "path": format!("/spec/containers/{i}/name"), "value": c.name}),
+            json!({"op": "test", "path": format!("/spec/containers/{i}/name"), "value": &*c.name}),
         );
         tests.push(
-            json!({"op": "test", "path": format!("/spec/containers/{i}/image"), "value": c.image}),
+            json!({"op": "test", "path": format!("/spec/containers/{i}/image"), "value": c.image.as_deref()}),
         );
         writes.push(
             json!({"op": "replace", "path": format!("/spec/containers/{i}/image"),
@@ -218,13 +218,13 @@ pub fn flip_patch(
         let image_id = statuses
             .iter()
             .find(|s| s.name == c.name)
-            .map(|s| s.image_id.clone())
+            .map(|s| s.image_id.to_string())
             .unwrap_or_default();
         state
             .last_container_statuses
-            .insert(c.name.clone(), LastContainerStatus { image_id });
+            .insert(c.name.to_string(), LastContainerStatus { image_id });
         record_flip(&mut after, roles);
-        reset.push(c.name.clone());
+        reset.push(c.name.to_string());
     }
     after.insert(
         SIDECARSET_INPLACE_UPDATE_STATE.to_owned(),

@@ -116,9 +116,9 @@ fn in_pod(
 ) -> bool {
     let name = &sidecar.container.name;
     if injects_twins(sidecar, init_container) {
-        pod_has_twins(name, containers.iter().map(|c| c.name.as_str()), working)
+        pod_has_twins(name, containers.iter().map(|c| &*c.name), working)
     } else {
-        containers.iter().any(|c| &c.name == name)
+        containers.iter().any(|c| *c.name == **name)
     }
 }
 
@@ -134,7 +134,7 @@ fn named_in_pod<'a>(
         if twins {
             is_twin_of(&c.name, name)
         } else {
-            &c.name == name
+            *c.name == **name
         }
     })
 }
@@ -267,7 +267,7 @@ fn runs_spec_image(
     }
     match before_upgrade {
         Record::ImageId(before) => {
-            before != status.image_id || same_image(spec_image, &status.image)
+            *before != *status.image_id || same_image(spec_image, &status.image)
         }
         Record::None => true,
         Record::Unreadable => same_image(spec_image, &status.image),
@@ -342,7 +342,7 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
         .map(|c| {
             let status = statuses.iter().find(|s| s.name == c.name);
             SidecarView {
-                name: c.name.clone(),
+                name: c.name.to_string(),
                 ready: status.is_some_and(|s| s.ready),
                 image_running: all_reported
                     && runs_spec_image(c, status, all_digests, before(&c.name)),
@@ -352,7 +352,7 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
         .chain(native_containers.iter().map(|c| {
             let status = init_statuses.iter().find(|s| s.name == c.name);
             SidecarView {
-                name: c.name.clone(),
+                name: c.name.to_string(),
                 ready: status.is_some_and(|s| s.ready),
                 image_running: init_reported
                     && runs_spec_image(c, status, all_digests, before(&c.name)),

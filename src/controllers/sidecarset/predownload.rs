@@ -332,7 +332,7 @@ fn missing_images<'a>(set: &'a SidecarSet, pod: &PodSummary) -> Vec<(&'a str, &'
                 if is_hot_upgrade(sidecar) {
                     is_twin_of(&c.name, name)
                 } else {
-                    c.name == name
+                    *c.name == *name
                 }
             });
             let first = current.next()?;

@@ -161,16 +161,16 @@ pub fn upgrade_patch(
         let Some((i, container)) = containers
             .iter()
             .enumerate()
-            .find(|(_, c)| c.name == target)
+            .find(|(_, c)| *c.name == *target)
         else {
             continue;
         };
-        if container.image == sidecar.container.image {
+        if container.image.as_deref() == sidecar.container.image.as_deref() {
             continue;
         }
-        ops.push(json!({"op": "test", "path": format!("/spec/containers/{i}/name"), "value": container.name}));
+        ops.push(json!({"op": "test", "path": format!("/spec/containers/{i}/name"), "value": &*container.name}));
         writes.push(json!({"op": "replace", "path": format!("/spec/containers/{i}/image"), "value": sidecar.container.image}));
-        changed.push(container.name.clone());
+        changed.push(container.name.to_string());
         if let Some(twin) = twin {
             record_upgrade(&mut after, &sidecar.container.name, twin, resource_version);
         }
@@ -189,16 +189,16 @@ pub fn upgrade_patch(
         let Some((i, container)) = init_containers
             .iter()
             .enumerate()
-            .find(|(_, c)| c.name == sidecar.container.name)
+            .find(|(_, c)| *c.name == *sidecar.container.name)
         else {
             continue;
         };
-        if container.image == sidecar.container.image {
+        if container.image.as_deref() == sidecar.container.image.as_deref() {
             continue;
         }
-        ops.push(json!({"op": "test", "path": format!("/spec/initContainers/{i}/name"), "value": container.name}));
+        ops.push(json!({"op": "test", "path": format!("/spec/initContainers/{i}/name"), "value": &*container.name}));
         writes.push(json!({"op": "replace", "path": format!("/spec/initContainers/{i}/image"), "value": sidecar.container.image}));
-        changed.push(container.name.clone());
+        changed.push(container.name.to_string());
     }
 
     let old_hashes = annotations.get(SIDECARSET_HASH);
@@ -247,8 +247,8 @@ pub fn upgrade_patch(
             let image_id = statuses
                 .iter()
                 .chain(init_statuses)
-                .find(|s| &s.name == container)
-                .map(|s| s.image_id.clone())
+                .find(|s| *s.name == **container)
+                .map(|s| s.image_id.to_string())
                 .unwrap_or_default();
             state
                 .last_container_statuses

@@ -102,10 +102,10 @@ fn kubelet_restarts(pod: &mut PodSummary, container: &str, ready: bool) {
         .as_mut()
         .expect("statuses")
         .iter_mut()
-        .find(|s| s.name == container)
+        .find(|s| *s.name == *container)
         .expect("status");
-    s.image_id = id(&image);
-    s.image = image;
+    s.image_id = id(&image).into();
+    s.image = image.into();
     s.ready = ready;
     s.restart_count += 1;
     let all = status

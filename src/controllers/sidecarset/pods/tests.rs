@@ -329,14 +329,14 @@ fn digest_pinned_native_sidecars_compare_the_digest() {
     let mut s = native_set(&agent);
     s.spec.containers[0].container.image = Some(proxy.clone());
     let mut p = native_pod(&agent, &agent, &format!("docker.io/library/{agent}"), true);
-    p.spec.as_mut().expect("spec").containers[0].image = Some(proxy.clone());
+    p.spec.as_mut().expect("spec").containers[0].image = Some(proxy.as_str().into());
     p.status
         .as_mut()
         .expect("status")
         .container_statuses
         .as_mut()
         .expect("s")[0]
-        .image_id = format!("docker.io/library/{proxy}");
+        .image_id = format!("docker.io/library/{proxy}").into();
     assert!(view(&s, &p).images_running());
     p.status
         .as_mut()
