@@ -11,8 +11,8 @@
 //! kept as [`Labels`] beside the NodeImage instead, so each distinct string is stored once; the
 //! rest of the metadata is kept whole.
 //!
-//! [`watch_nodeimages`] is the one NodeImage watch and store the NodeImage and ImagePullJob
-//! controllers share (each stored its own copy of every NodeImage before).
+//! [`watch_nodeimages`] is the one NodeImage watch and store the NodeImage, ImagePullJob and
+//! SidecarSet controllers share (each stored its own copy of every NodeImage before).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -192,17 +192,6 @@ pub fn watch_nodeimages(
         .default_backoff()
         .reflect(writer);
     fan_out(events, store, consumers)
-}
-
-/// A watch event of [`LeanNodeImage`]s as one of `NodeImage`s.
-pub fn into_nodeimages(event: watcher::Event<LeanNodeImage>) -> watcher::Event<NodeImage> {
-    match event {
-        watcher::Event::Apply(ni) => watcher::Event::Apply(ni.into()),
-        watcher::Event::Delete(ni) => watcher::Event::Delete(ni.into()),
-        watcher::Event::Init => watcher::Event::Init,
-        watcher::Event::InitApply(ni) => watcher::Event::InitApply(ni.into()),
-        watcher::Event::InitDone => watcher::Event::InitDone,
-    }
 }
 
 #[cfg(test)]
