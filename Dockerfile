@@ -4,7 +4,8 @@
 #
 #   docker build -t ghcr.io/kruise-rs/kruise-rs:0.1.0 .
 #
-# Build stage: release builds against musl, fully static (TLS is rustls + ring, no OpenSSL).
+# Build stage: release builds against musl, fully static (TLS is rustls + ring, no OpenSSL); the
+# daemon with the size-optimized `release-daemon` profile (Cargo.toml).
 # protobuf-compiler is needed by the k8s-cri crate, which generates the CRI bindings with protoc.
 FROM docker.io/library/rust:1.95-bookworm AS build
 RUN apt-get update \
@@ -17,9 +18,10 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     target="$(uname -m)-unknown-linux-musl" \
- && cargo build --release --locked --bin kruise-rs --bin kruise-rs-daemon --target "$target" \
+ && cargo build --release --locked --bin kruise-rs --target "$target" \
+ && cargo build --profile release-daemon --locked --bin kruise-rs-daemon --target "$target" \
  && install -D -m 0755 "target/$target/release/kruise-rs" /out/kruise-rs \
- && install -D -m 0755 "target/$target/release/kruise-rs-daemon" /out/kruise-rs-daemon
+ && install -D -m 0755 "target/$target/release-daemon/kruise-rs-daemon" /out/kruise-rs-daemon
 
 # Final stage: distroless static (CA certificates, /etc/passwd with `nonroot`, no shell).
 # Runs as uid 65532 by default (the manager); the daemon's DaemonSet sets runAsUser: 0 because

@@ -659,7 +659,7 @@ async fn bench(layer_mib: usize, rounds: usize, daemon_log: &Path) -> Result<()>
     println!("summary (figures, not assertions):");
     println!(
         "  idle RSS at start          {idle_rss:>8.1} MiB   goal <= {IDLE_RSS_GOAL_MIB} MiB   \
-         ratio {:.2}; {:.2}x `kruise-rs daemon`'s {combined_rss:.1} MiB",
+         ratio {:.2}; {:.2}x {baseline_name}'s {combined_rss:.1} MiB",
         idle_rss / IDLE_RSS_GOAL_MIB,
         idle_rss / combined_rss
     );

@@ -40,10 +40,12 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | jq -r .target_directo
 case $profile in
   release)
     echo "image.sh: cargo build --release (minutes when the binary is out of date)" >&2
-    cargo build --release --locked --bin kruise-rs --bin kruise-rs-daemon >&2 \
-      || die "cargo build --release failed"
+    cargo build --release --locked --bin kruise-rs >&2 || die "cargo build --release failed"
+    # The daemon as the Dockerfile builds it: the size-optimized profile.
+    cargo build --profile release-daemon --locked --bin kruise-rs-daemon >&2 \
+      || die "cargo build --profile release-daemon failed"
     bin=$target_dir/release/kruise-rs
-    daemon_bin=$target_dir/release/kruise-rs-daemon
+    daemon_bin=$target_dir/release-daemon/kruise-rs-daemon
     ;;
   dev)
     cargo build --locked --bin kruise-rs --bin kruise-rs-daemon >&2 || die "cargo build failed"
