@@ -59,32 +59,34 @@ pub fn intern(s: &str) -> Interned {
     new
 }
 
-/// Reads a string as its shared copy (serde `deserialize_with`; null reads as empty).
-pub fn deserialize_interned<'de, D: Deserializer<'de>>(d: D) -> Result<Interned, D::Error> {
-    let text = Option::<Text<'de>>::deserialize(d)?;
-    Ok(intern(text.as_ref().map_or("", AsRef::as_ref)))
+/// A string field read as its shared copy (`#[serde(with = "shared_str")]`; null reads as
+/// empty).
+pub mod shared_str {
+    use super::*;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Interned, D::Error> {
+        let text = Option::<Text<'de>>::deserialize(d)?;
+        Ok(intern(text.as_ref().map_or("", AsRef::as_ref)))
+    }
+
+    pub fn serialize<S: Serializer>(value: &Interned, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(value)
+    }
 }
 
-/// Reads an optional string as its shared copy (serde `deserialize_with`).
-pub fn deserialize_interned_option<'de, D: Deserializer<'de>>(
-    d: D,
-) -> Result<Option<Interned>, D::Error> {
-    Ok(Option::<Text<'de>>::deserialize(d)?.map(|t| intern(t.as_ref())))
-}
+/// An optional string field read as its shared copy (`#[serde(with = "shared_str_option")]`).
+pub mod shared_str_option {
+    use super::*;
 
-/// Writes an interned string (serde `serialize_with`).
-pub fn serialize_interned<S: Serializer>(value: &Interned, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(value)
-}
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Interned>, D::Error> {
+        Ok(Option::<Text<'de>>::deserialize(d)?.map(|t| intern(t.as_ref())))
+    }
 
-/// Writes an optional interned string (serde `serialize_with`).
-pub fn serialize_interned_option<S: Serializer>(
-    value: &Option<Interned>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    match value {
-        Some(v) => s.serialize_some(&**v),
-        None => s.serialize_none(),
+    pub fn serialize<S: Serializer>(value: &Option<Interned>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(v) => s.serialize_some(&**v),
+            None => s.serialize_none(),
+        }
     }
 }
 

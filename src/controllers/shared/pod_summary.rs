@@ -27,10 +27,7 @@ use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::interned_labels::{
-    Interned, Labels, deserialize_interned, deserialize_interned_option, serialize_interned,
-    serialize_interned_option,
-};
+use super::interned_labels::{Interned, Labels, shared_str, shared_str_option};
 
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
@@ -205,16 +202,11 @@ pub struct PodSpecSummary {
 /// workload (as are a status's image and imageID).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ContainerSummary {
-    #[serde(
-        default,
-        deserialize_with = "deserialize_interned",
-        serialize_with = "serialize_interned"
-    )]
+    #[serde(default, with = "shared_str")]
     pub name: Interned,
     #[serde(
         default,
-        deserialize_with = "deserialize_interned_option",
-        serialize_with = "serialize_interned_option",
+        with = "shared_str_option",
         skip_serializing_if = "Option::is_none"
     )]
     pub image: Option<Interned>,
@@ -248,24 +240,11 @@ pub struct PodStatusSummary {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerStatusSummary {
-    #[serde(
-        default,
-        deserialize_with = "deserialize_interned",
-        serialize_with = "serialize_interned"
-    )]
+    #[serde(default, with = "shared_str")]
     pub name: Interned,
-    #[serde(
-        default,
-        deserialize_with = "deserialize_interned",
-        serialize_with = "serialize_interned"
-    )]
+    #[serde(default, with = "shared_str")]
     pub image: Interned,
-    #[serde(
-        rename = "imageID",
-        default,
-        deserialize_with = "deserialize_interned",
-        serialize_with = "serialize_interned"
-    )]
+    #[serde(rename = "imageID", default, with = "shared_str")]
     pub image_id: Interned,
     #[serde(default)]
     pub ready: bool,
