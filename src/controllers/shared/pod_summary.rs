@@ -114,14 +114,9 @@ impl PodSummary {
         }
     }
 
-    /// Replaces its labels (tests and benches building pods).
+    /// Replaces its labels.
     pub fn set_labels(&mut self, labels: &BTreeMap<String, String>) {
         self.labels = Labels::from(labels);
-    }
-
-    /// Replaces its annotations (tests and benches building pods).
-    pub fn set_annotations(&mut self, annotations: Option<&BTreeMap<String, String>>) {
-        self.annotations = annotations.map(Labels::from);
     }
 }
 
