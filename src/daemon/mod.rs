@@ -49,7 +49,7 @@ use self::liveness::RuntimeSilence;
 use self::metrics::DaemonMetrics;
 use self::node::{Shared, State};
 pub use self::report::FIELD_MANAGER;
-use crate::runtime::{self, ConnectError, Metrics, ProbeState, RateLimit, load_config};
+use crate::runtime::{self, ConnectError, LimitWaits, Metrics, ProbeState, RateLimit, load_config};
 
 /// Reporting controller of the daemon's events.
 pub const REPORTER: &str = "kruise-rs-daemon";
@@ -131,9 +131,11 @@ pub async fn run(
     info!(version = env!("CARGO_PKG_VERSION"), node = %opts.node_name, "starting the daemon");
     let providers = CredentialProviders::load(&opts.credential_providers)?;
     let mut shutdown = pin!(shutdown);
+    let limit_waits = LimitWaits::default();
     let client = runtime::client(
         load_config(opts.kubeconfig.as_deref()).await?,
         opts.kube_api_rate,
+        &limit_waits,
     )?;
     let listener =
         TcpListener::bind(opts.probe_addr)
@@ -152,7 +154,8 @@ pub async fn run(
         opts.cri_liveness_timeout,
     ));
     let probe_state = ProbeState::new(Arc::new(Metrics::with(|registry| {
-        daemon_metrics.register(registry)
+        daemon_metrics.register(registry);
+        limit_waits.register(registry);
     })))
     .with_liveness({
         let silence = silence.clone();

@@ -42,8 +42,8 @@ pub use self::leader::LeaderElection;
 use self::readiness::Controllers;
 pub use self::server_version::ServerTooOld;
 use crate::runtime::{
-    self, ConnectError, ManagerMetrics, Metrics, ProbeState, RateLimit, START_UP_PATIENCE,
-    load_config, retry_transient,
+    self, ConnectError, LimitWaits, ManagerMetrics, Metrics, ProbeState, RateLimit,
+    START_UP_PATIENCE, load_config, retry_transient,
 };
 
 /// The controllers' default client-side request limit (`--kube-api-qps`, `--kube-api-burst`):
@@ -146,6 +146,7 @@ pub async fn run(
         election.check().map_err(ManagerError::LeaderElection)?;
     }
     let mut shutdown = pin!(shutdown);
+    let limit_waits = LimitWaits::default();
 
     let Started {
         client,
@@ -159,7 +160,7 @@ pub async fn run(
             info!("stopped");
             return Ok(());
         }
-        started = start(&opts) => started?,
+        started = start(&opts, &limit_waits) => started?,
     };
     let addr = listener.local_addr().map_err(|source| ManagerError::Bind {
         addr: opts.probe_addr,
@@ -168,7 +169,8 @@ pub async fn run(
 
     let manager_metrics = ManagerMetrics::new();
     let state = ProbeState::new(Arc::new(Metrics::with(|registry| {
-        manager_metrics.register(registry)
+        manager_metrics.register(registry);
+        limit_waits.register(registry);
     })));
     let (stop_server, server_stopping) = oneshot::channel::<()>();
     let mut server = pin!(runtime::serve(listener, state.clone(), async move {
@@ -437,7 +439,7 @@ impl Drop for ForgetObjects {
 
 /// Start-up before the manager can serve: clients, server version, CRD check, how the watches
 /// list, probe listener.
-async fn start(opts: &ManagerOptions) -> Result<Started, ManagerError> {
+async fn start(opts: &ManagerOptions, waits: &LimitWaits) -> Result<Started, ManagerError> {
     let config = load_config(opts.kubeconfig.as_deref()).await?;
     match opts.kube_api_rate {
         Some(limit) => info!(
@@ -450,8 +452,8 @@ async fn start(opts: &ManagerOptions) -> Result<Started, ManagerError> {
     // Leader election and the webhooks have a client outside the limit: a queue of controller
     // requests must not hold up a renewal past the renew deadline (leader election sends one
     // request a retry period), nor an admission past its deadline.
-    let unlimited = runtime::client(config.clone(), None)?;
-    let client = runtime::client(config, opts.kube_api_rate)?;
+    let unlimited = runtime::client(config.clone(), None, waits)?;
+    let client = runtime::client(config, opts.kube_api_rate, waits)?;
     let info = retry_transient(
         "reading the API server's version",
         START_UP_PATIENCE,

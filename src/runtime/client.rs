@@ -9,7 +9,7 @@ use kube::{
 };
 use tracing::info;
 
-use super::rate_limit::{RateLimit, RateLimitLayer};
+use super::rate_limit::{LimitWaits, RateLimit, RateLimitLayer};
 
 /// Why no client could be built.
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +32,7 @@ pub enum ConnectError {
 /// Builds a client the way `kube::Client::try_default` does, or from `kubeconfig` when given,
 /// without a client-side rate limit. Nothing is sent to the API server yet.
 pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client, ConnectError> {
-    client(load_config(kubeconfig).await?, None)
+    client(load_config(kubeconfig).await?, None, &LimitWaits::default())
 }
 
 /// The client configuration `kube::Client::try_default` would use, or `kubeconfig`'s.
@@ -57,11 +57,18 @@ pub async fn load_config(kubeconfig: Option<&Path>) -> Result<Config, ConnectErr
 }
 
 /// A client for `config` whose requests (all its clones' together) are held to `limit` when
-/// given: requests beyond it wait their turn, none fails. Nothing is sent yet.
-pub fn client(config: Config, limit: Option<RateLimit>) -> Result<Client, ConnectError> {
+/// given: requests beyond it wait their turn, none fails, and `waits` counts the waiting.
+/// Nothing is sent yet.
+pub fn client(
+    config: Config,
+    limit: Option<RateLimit>,
+    waits: &LimitWaits,
+) -> Result<Client, ConnectError> {
     let builder = ClientBuilder::try_from(config).map_err(ConnectError::Client)?;
     Ok(match limit {
-        Some(limit) => builder.with_layer(&RateLimitLayer::new(limit)).build(),
+        Some(limit) => builder
+            .with_layer(&RateLimitLayer::new(limit, waits.clone()))
+            .build(),
         None => builder.build(),
     })
 }

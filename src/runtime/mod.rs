@@ -9,6 +9,6 @@ mod transient;
 
 pub use self::client::{ConnectError, client, connect, load_config};
 pub use self::metrics::{ADMISSION_KINDS, CONTENT_TYPE, ManagerMetrics, Metrics};
-pub use self::rate_limit::RateLimit;
+pub use self::rate_limit::{LimitWaits, RateLimit};
 pub use self::server::{LivenessCheck, ProbeState, router, serve};
 pub use self::transient::{START_UP_PATIENCE, is_transient, retry_transient, retry_while};

@@ -2,13 +2,17 @@
 //! `QPS`/`Burst` give every Go controller: a runaway reconcile loop cannot flood the apiserver.
 //!
 //! Requests wait for a token; none fails for want of one. A watch is one request: opening it
-//! takes a token, its events take none.
+//! takes a token, its events take none. [`LimitWaits`] counts what the waiting cost, so that
+//! whether a limit holds a component back is read off its metrics, not guessed.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::AtomicU64;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
 use tokio::time::{Instant, Sleep};
 use tower::{Layer, Service};
 
@@ -37,6 +41,49 @@ impl RateLimit {
             return Err("the API request burst must be at least 1 when the rate is limited".into());
         }
         Ok(Some(Self { qps, burst }))
+    }
+}
+
+/// Requests that found the bucket empty, and the time the limited client spent waiting for
+/// tokens. Cheap to clone: clones share the counts.
+#[derive(Clone, Debug, Default)]
+pub struct LimitWaits {
+    requests: Counter,
+    seconds: Counter<f64, AtomicU64>,
+}
+
+impl LimitWaits {
+    /// Registers `client_rate_limited_requests` and `client_rate_limit_wait_seconds` (both
+    /// counters, `_total` added on export) in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        let client = registry.sub_registry_with_prefix("client");
+        client.register(
+            "rate_limited_requests",
+            "API requests that waited for the client-side rate limit (--kube-api-qps, \
+             --kube-api-burst)",
+            self.requests.clone(),
+        );
+        client.register(
+            "rate_limit_wait_seconds",
+            "Time the client's requests were held back by the client-side rate limit: while \
+             this grows, the limit, not the API server, sets the pace",
+            self.seconds.clone(),
+        );
+    }
+
+    /// Requests that waited so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.get()
+    }
+
+    /// Seconds of waiting so far.
+    pub fn seconds(&self) -> f64 {
+        self.seconds.get()
+    }
+
+    fn waited(&self, wait: Duration) {
+        self.requests.inc();
+        self.seconds.inc_by(wait.as_secs_f64());
     }
 }
 
@@ -74,13 +121,16 @@ impl TokenBucket {
     }
 }
 
-/// Wraps a service in a [`RateLimited`] one.
-#[derive(Clone, Copy, Debug)]
-pub struct RateLimitLayer(RateLimit);
+/// Wraps a service in a [`RateLimited`] one, whose waits are counted in a [`LimitWaits`].
+#[derive(Clone, Debug)]
+pub struct RateLimitLayer {
+    limit: RateLimit,
+    waits: LimitWaits,
+}
 
 impl RateLimitLayer {
-    pub fn new(limit: RateLimit) -> Self {
-        Self(limit)
+    pub fn new(limit: RateLimit, waits: LimitWaits) -> Self {
+        Self { limit, waits }
     }
 }
 
@@ -90,9 +140,11 @@ impl<S> Layer<S> for RateLimitLayer {
     fn layer(&self, inner: S) -> RateLimited<S> {
         RateLimited {
             inner,
-            bucket: TokenBucket::full(self.0, Instant::now()),
+            bucket: TokenBucket::full(self.limit, Instant::now()),
             holding: false,
             sleep: None,
+            waiting_since: None,
+            waits: self.waits.clone(),
         }
     }
 }
@@ -108,6 +160,9 @@ pub struct RateLimited<S> {
     holding: bool,
     /// Made at the first wait (a `Sleep` needs the runtime), reset at each one after.
     sleep: Option<Pin<Box<Sleep>>>,
+    /// When the request now waiting found the bucket empty.
+    waiting_since: Option<Instant>,
+    waits: LimitWaits,
 }
 
 impl<S, R> Service<R> for RateLimited<S>
@@ -122,8 +177,14 @@ where
         while !self.holding {
             let now = Instant::now();
             match self.bucket.take(now) {
-                Ok(()) => self.holding = true,
+                Ok(()) => {
+                    self.holding = true;
+                    if let Some(since) = self.waiting_since.take() {
+                        self.waits.waited(now.saturating_duration_since(since));
+                    }
+                }
                 Err(wait) => {
+                    self.waiting_since.get_or_insert(now);
                     let sleep = match &mut self.sleep {
                         Some(sleep) => {
                             sleep.as_mut().reset(now + wait);
@@ -191,12 +252,16 @@ mod tests {
     /// Sends `n` requests at once through a limited service on tokio's paused clock; returns
     /// when each was answered, relative to the start.
     async fn send_all(limit: RateLimit, n: usize) -> Vec<Duration> {
+        send_all_counted(limit, n, LimitWaits::default()).await
+    }
+
+    async fn send_all_counted(limit: RateLimit, n: usize, waits: LimitWaits) -> Vec<Duration> {
         let start = Instant::now();
         let calls = Arc::new(AtomicUsize::new(0));
         let counted = calls.clone();
         let service = ServiceBuilder::new()
             .buffer(1024)
-            .layer(RateLimitLayer::new(limit))
+            .layer(RateLimitLayer::new(limit, waits))
             .service_fn(move |()| {
                 counted.fetch_add(1, Ordering::SeqCst);
                 async move { Ok::<_, std::convert::Infallible>(start.elapsed()) }
@@ -243,6 +308,41 @@ mod tests {
         assert!(
             times[2].abs_diff(Duration::from_secs(4)) < Duration::from_millis(5),
             "{times:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_are_counted_with_the_time_they_took() {
+        let waits = LimitWaits::default();
+        // 10 at once, 5 a second after the first 2: 8 wait, 200 ms apart, 1.6 s in all.
+        send_all_counted(limit(5.0, 2), 10, waits.clone()).await;
+        assert_eq!(waits.requests(), 8);
+        assert!(
+            (waits.seconds() - 1.6).abs() < 0.01,
+            "{} s of waiting",
+            waits.seconds()
+        );
+        // Within the burst nothing waits, and nothing is counted.
+        let idle = LimitWaits::default();
+        send_all_counted(limit(5.0, 10), 10, idle.clone()).await;
+        assert_eq!((idle.requests(), idle.seconds()), (0, 0.0));
+    }
+
+    #[test]
+    fn the_counters_are_exported_under_the_client_prefix() {
+        let waits = LimitWaits::default();
+        waits.waited(Duration::from_millis(250));
+        let mut registry = Registry::with_prefix("kruise_rs");
+        waits.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("kruise_rs_client_rate_limited_requests_total 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kruise_rs_client_rate_limit_wait_seconds_total 0.25\n"),
+            "{text}"
         );
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kruise_rs::controllers::{ControllerOptions, sidecarset};
-use kruise_rs::runtime::{self, RateLimit};
+use kruise_rs::runtime::{self, LimitWaits, RateLimit};
 use kube::api::{Api, ListParams};
 use serde_json::json;
 use tokio::sync::oneshot;
@@ -68,7 +68,8 @@ async fn a_sidecarset_rollout_completes_under_a_low_request_limit() {
         .await
         .expect("the test cluster's kubeconfig loads");
     let limit = RateLimit::from_flags(QPS, BURST).expect("a valid limit");
-    let limited = runtime::client(config, limit).expect("a limited client");
+    let waits = LimitWaits::default();
+    let limited = runtime::client(config, limit, &waits).expect("a limited client");
     let opts = ControllerOptions {
         label_selector: Some(format!("{LABEL}={name}")),
         namespace: MANAGER_NAMESPACE.to_owned(),
@@ -127,5 +128,17 @@ async fn a_sidecarset_rollout_completes_under_a_low_request_limit() {
     assert!(
         took >= floor,
         "{PODS} pod patches went through in {took:?}, under the {floor:?} the limit allows"
+    );
+    // The wait is counted, and it is at most the time the whole rollout took.
+    assert!(
+        waits.requests() > 0 && waits.seconds() > 0.0 && waits.seconds() <= took.as_secs_f64(),
+        "{} requests waited {:.2} s in a rollout of {took:?} held to {QPS}/s",
+        waits.requests(),
+        waits.seconds()
+    );
+    eprintln!(
+        "rate limit test: {} requests waited for the limit, {:.1} s in all",
+        waits.requests(),
+        waits.seconds()
     );
 }
