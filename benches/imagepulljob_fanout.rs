@@ -9,7 +9,8 @@
 //! 3. baseline: a plain client merge-patches one tag entry into every NodeImage, one after the
 //!    other, and is timed;
 //! 4. an ImagePullJob over every node at parallelism NODES: time until every NodeImage carries
-//!    the tag, and NodeImage writes (PATCH or PUT) per node (from the apiserver's own metrics);
+//!    the tag, NodeImage writes (PATCH or PUT) per node (from the apiserver's own metrics), and
+//!    the time our manager's requests waited for its client-side rate limit (its metrics);
 //! 5. the same at parallelism 50, with this program playing the node daemons (each node reports
 //!    Succeeded as soon as its entry appears);
 //! 6. the manager's peak RSS (VmHWM).
@@ -39,7 +40,7 @@ mod harness;
 
 use harness::bench::Result;
 use harness::controlplane::{ControlPlane, Crds, apiserver_requests};
-use harness::manager_under_test::{ManagerUnderTest, RunningManager};
+use harness::manager_under_test::{LimitWaits, ManagerUnderTest, RunningManager};
 use harness::objects::create_ready_nodes;
 use harness::played_daemon::{PlayedDaemons, play_node_image_daemons};
 use harness::procfs::rss_mib;
@@ -350,6 +351,7 @@ async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
             play_node_image_daemons(client.clone(), only)
         });
         let before = nodeimage_writes(&client).await?;
+        let waits_before = manager.limit_waits();
         let spec = ImagePullJobSpec {
             image: format!("{image}:{tag}"),
             template: ImagePullJobTemplate {
@@ -395,6 +397,10 @@ async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
             refused.max(0.0),
         );
         println!("    manager RSS now: {}", mib("VmRSS:"));
+        println!(
+            "    {}",
+            LimitWaits::describe(waits_before, manager.limit_waits())
+        );
         jobs_figures.push(JobFigures {
             parallelism,
             took: took.as_secs_f64(),

@@ -35,6 +35,13 @@
 //! `MANAGER_WRAPPER` (a command taking the manager's program as its first argument, such as
 //! `heaptrack`) runs the manager under it; RSS is then the wrapper's process's. `MANAGER_ARGS`
 //! (whitespace-separated, e.g. `--kube-api-qps 0`) are appended to the manager's command line.
+//! `SECOND_MANAGER=<description file>` (format: tests/harness/manager_under_test.rs; upstream's
+//! kruise-manager: benches/upstream-kruise-manager/manager.example.yaml) runs the same phases
+//! against that manager after ours, on a control plane of its own, and prints both managers'
+//! figures side by side with their ratio (up to where a run stopped, if one did).
+//!
+//! After phases 5 and 6 it prints how long our manager's requests waited for its client-side
+//! rate limit meanwhile (its `kruise_rs_client_rate_limit_wait_seconds_total`).
 //!
 //! Figures are printed with their ratio to the goal, to the empty baseline, to the steady figure
 //! and to the plain client; nothing is asserted.
@@ -46,8 +53,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use harness::bench::{Result, env_number, manager_args};
+use harness::bench::{Result, env_number};
 use harness::controlplane::{ControlPlane, Crds, apiserver_requests};
+use harness::manager_under_test::{LimitWaits, ManagerUnderTest, RunningManager};
 use harness::objects::{create_ready_nodes, stamp_hashes};
 use harness::played_daemon::{PlayedDaemons, play_node_image_daemons};
 use harness::procfs::{reset_peak_rss, rss_mib};
@@ -108,10 +116,27 @@ fn main() -> Result<()> {
         namespaces: env_number("NAMESPACES", 10, 0)?.max(1),
     };
     let phases = Phases::from_env()?;
+    // Read the second manager's description first: a mistake in it shows before any run.
+    let second = ManagerUnderTest::second()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let result = runtime.block_on(bench(&scale, &phases));
+    let ours = ManagerUnderTest::ours();
+    let first = runtime.block_on(bench(&scale, &phases, &ours));
+    let result = match (&first, second) {
+        (Ok(a), Some(second)) => {
+            let b = runtime.block_on(bench(&scale, &phases, &second));
+            // A second manager that stalls in a phase still gets its column up to there.
+            let (b_figures, b_error) = match b {
+                Ok(f) => (f, None),
+                Err(Stopped { figures, error }) => (figures, Some(error)),
+            };
+            print_side_by_side(&scale, (&ours.name, a), (&second.name, &b_figures));
+            b_error.map_or(Ok(()), |e| Err(format!("{}: {e}", second.name).into()))
+        }
+        (Ok(_), None) => Ok(()),
+        (Err(Stopped { error, .. }), _) => Err(error.clone().into()),
+    };
     // Watches of a stalled phase may still run on the runtime: do not wait for them.
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
@@ -398,6 +423,8 @@ struct Figures {
     rollout: Option<PhaseMemory>,
     /// The plain client's rollout time, in the same run.
     rollout_baseline: Option<f64>,
+    /// The fan-out's NodeImage spec writes per node, and refused writes.
+    fanout_writes: Option<(f64, f64)>,
 }
 
 /// A phase's duration and the manager's memory through it.
@@ -453,40 +480,184 @@ impl Figures {
     }
 }
 
+/// Both managers' figures in columns, with the second's over the first's; "-" where a run
+/// stopped before the figure.
+fn print_side_by_side(scale: &Scale, (a_name, a): (&str, &Figures), (b_name, b): (&str, &Figures)) {
+    let known = |v: f64| v.is_finite() && v > 0.0;
+    let cell = |v: f64, unit: &str| {
+        if known(v) {
+            format!("{v:.1}{unit}")
+        } else {
+            "-".to_owned()
+        }
+    };
+    let ratio = |x: f64, y: f64| {
+        if known(x) && known(y) {
+            format!("{:.2}x", y / x)
+        } else {
+            "-".to_owned()
+        }
+    };
+    let mut rows: Vec<[String; 4]> = vec![[
+        String::new(),
+        a_name.to_owned(),
+        b_name.to_owned(),
+        format!("{b_name} / {a_name}"),
+    ]];
+    let mut row = |what: &str, x: f64, y: f64, unit: &str| {
+        rows.push([what.to_owned(), cell(x, unit), cell(y, unit), ratio(x, y)]);
+    };
+    let nan = f64::NAN;
+    row("RSS, nothing watched", a.empty, b.empty, " MiB");
+    row(
+        &format!("RSS, {} Nodes and NodeImages watched", scale.nodes),
+        a.with_nodes,
+        b.with_nodes,
+        " MiB",
+    );
+    row(
+        &format!("RSS, and {} pods (steady)", scale.pods),
+        a.steady,
+        b.steady,
+        " MiB",
+    );
+    let phase = |p: &Option<PhaseMemory>, f: fn(&PhaseMemory) -> f64| p.as_ref().map_or(nan, f);
+    for (name, x, y) in [
+        ("fan-out", &a.fanout, &b.fanout),
+        ("rollout", &a.rollout, &b.rollout),
+    ] {
+        row(
+            &format!("{name}: time"),
+            phase(x, |p| p.took),
+            phase(y, |p| p.took),
+            " s",
+        );
+        row(
+            &format!("{name}: peak RSS"),
+            phase(x, |p| p.peak),
+            phase(y, |p| p.peak),
+            " MiB",
+        );
+        row(
+            &format!("{name}: peak over steady"),
+            phase(x, |p| p.peak) / a.steady,
+            phase(y, |p| p.peak) / b.steady,
+            "x",
+        );
+        row(
+            &format!("{name}: RSS at its end"),
+            phase(x, |p| p.end),
+            phase(y, |p| p.end),
+            " MiB",
+        );
+    }
+    row(
+        "fan-out: NodeImage spec writes per node",
+        a.fanout_writes.map_or(nan, |w| w.0),
+        b.fanout_writes.map_or(nan, |w| w.0),
+        "",
+    );
+    row(
+        "rollout: plain client's time",
+        a.rollout_baseline.unwrap_or(nan),
+        b.rollout_baseline.unwrap_or(nan),
+        " s",
+    );
+    row(
+        "rollout over the plain client",
+        phase(&a.rollout, |p| p.took) / a.rollout_baseline.unwrap_or(nan),
+        phase(&b.rollout, |p| p.took) / b.rollout_baseline.unwrap_or(nan),
+        "x",
+    );
+    let widths: Vec<usize> = (0..4)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    println!("side by side:");
+    for r in &rows {
+        println!(
+            "  {:<w0$}  {:>w1$}  {:>w2$}  {:>w3$}",
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2],
+            w3 = widths[3]
+        );
+    }
+}
+
 fn met(yes: bool) -> &'static str {
     if yes { "met" } else { "NOT met" }
 }
 
-async fn bench(scale: &Scale, phases: &Phases) -> Result<()> {
+/// A manager's run that stopped early: its figures up to there, and why.
+struct Stopped {
+    figures: Figures,
+    error: String,
+}
+
+/// Every phase against `under_test`, on a control plane of its own.
+async fn bench(
+    scale: &Scale,
+    phases: &Phases,
+    under_test: &ManagerUnderTest,
+) -> std::result::Result<Figures, Stopped> {
     println!(
-        "manager memory with {} pods, {} nodes and NodeImages watched",
-        scale.pods, scale.nodes
+        "manager memory with {} pods, {} nodes and NodeImages watched, manager {}: {} {}",
+        scale.pods,
+        scale.nodes,
+        under_test.name,
+        under_test.binary.display(),
+        under_test.args.join(" ")
     );
-    let cp = ControlPlane::start("kruise-rs-bench-")?;
-    cp.install_crds(Crds::Generated)?;
-    let client = cp.client().await?;
-    // `MANAGER_WRAPPER` as in the fan-out bench: a profiler, or a script running another build.
-    let wrapper = std::env::var("MANAGER_WRAPPER")
-        .ok()
-        .filter(|w| !w.is_empty());
-    let args = manager_args();
-    if !args.is_empty() {
-        println!("  manager arguments added: {}", args.join(" "));
+    let mut figures = Figures::default();
+    let outcome: Result<()> = async {
+        let cp = ControlPlane::start("kruise-rs-bench-")?;
+        cp.install_crds(Crds::Generated)?;
+        let client = cp.client().await?;
+        // `MANAGER_WRAPPER` runs ours under a profiler, as in the fan-out bench.
+        let mut manager = under_test.spawn(&cp)?;
+        println!("  its log: {}", manager.log_path().display());
+        let run = run_phases(&client, &manager, scale, phases, &mut figures).await;
+        // A manager that died says so, with the last lines of its log (removed with it).
+        run.map_err(|e| match manager.check_alive(&under_test.name) {
+            Err(dead) => format!("{e}; {dead}").into(),
+            Ok(()) => e,
+        })
     }
-    let manager = cp.spawn_manager(wrapper.as_deref(), &args)?;
-    let figures = run_phases(&client, manager.id(), scale, phases).await?;
-    println!("  summary: {}", figures.summary());
-    Ok(())
+    .await;
+    match outcome {
+        Ok(()) => {
+            println!("  summary: {}", figures.summary());
+            Ok(figures)
+        }
+        Err(e) => {
+            println!("  stopped: {e}; figures so far: {}", figures.summary());
+            Err(Stopped {
+                figures,
+                error: e.to_string(),
+            })
+        }
+    }
 }
 
 /// Every phase, against the manager whose process is `pid`, through `client` (on a control plane
-/// of its own, with the CRDs installed and nothing else made yet).
-async fn run_phases(client: &Client, pid: u32, scale: &Scale, phases: &Phases) -> Result<Figures> {
+/// of its own, with the CRDs installed and nothing else made yet), into `figures` as they come.
+async fn run_phases(
+    client: &Client,
+    manager: &RunningManager,
+    scale: &Scale,
+    phases: &Phases,
+    figures: &mut Figures,
+) -> Result<()> {
     let Scale {
         pods,
         nodes,
         namespaces,
     } = *scale;
+    let pid = manager.pid();
     let mib = |field| rss_mib(pid, field).unwrap_or(f64::NAN);
     let ns_api: Api<Namespace> = Api::all(client.clone());
     let mut pod_namespaces = Vec::new();
@@ -506,10 +677,7 @@ async fn run_phases(client: &Client, pid: u32, scale: &Scale, phases: &Phases) -
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let mut figures = Figures {
-        empty: mib("VmRSS:"),
-        ..Figures::default()
-    };
+    figures.empty = mib("VmRSS:");
     println!(
         "  baseline: manager RSS with nothing to watch: {:.1} MiB",
         figures.empty
@@ -565,13 +733,25 @@ async fn run_phases(client: &Client, pid: u32, scale: &Scale, phases: &Phases) -
     );
 
     if phases.fanout {
-        let fanout = fanout(client, pid, nodes).await?;
+        let before = manager.limit_waits();
+        let (fanout, writes) = fanout(client, pid, nodes).await?;
         println!("    {}", fanout.describe(figures.steady));
+        println!(
+            "    {}",
+            LimitWaits::describe(before, manager.limit_waits())
+        );
         figures.fanout = Some(fanout);
+        figures.fanout_writes = Some(writes);
     }
     if phases.rollout {
+        let before = manager.limit_waits();
         let (rollout, baseline) = rollout(client, pid, &set, pods, &pod_namespaces).await?;
         println!("    {}", rollout.describe(figures.steady));
+        // Read after the baseline too, while the manager only watches: any wait is the rollout's.
+        println!(
+            "    {}",
+            LimitWaits::describe(before, manager.limit_waits())
+        );
         let ratio = rollout.took / baseline;
         println!(
             "    rollout / plain client: {ratio:.2}x (goal <= {ROLLOUT_GOAL}x: {})",
@@ -580,7 +760,7 @@ async fn run_phases(client: &Client, pid: u32, scale: &Scale, phases: &Phases) -
         figures.rollout = Some(rollout);
         figures.rollout_baseline = Some(baseline);
     }
-    Ok(figures)
+    Ok(())
 }
 
 /// The apiserver's `apiserver_request_total` for PATCHes of NodeImage objects (not their status,
@@ -603,7 +783,8 @@ fn phase_memory(pid: u32, took: Duration) -> PhaseMemory {
 }
 
 /// Phase 5: an ImagePullJob over every node at parallelism `nodes`, the daemons played.
-async fn fanout(client: &Client, pid: u32, nodes: usize) -> Result<PhaseMemory> {
+/// Its memory, and NodeImage spec writes per node with refused ones.
+async fn fanout(client: &Client, pid: u32, nodes: usize) -> Result<(PhaseMemory, (f64, f64))> {
     let daemons = play_node_image_daemons(
         client.clone(),
         PlayedDaemons {
@@ -675,7 +856,7 @@ async fn fanout(client: &Client, pid: u32, nodes: usize) -> Result<PhaseMemory> 
         memory.took,
         ok / nodes as f64,
     );
-    Ok(memory)
+    Ok((memory, (ok / nodes as f64, refused)))
 }
 
 /// `set` with sidecar image `image`, and the hash annotations the webhook would write.

@@ -69,6 +69,38 @@ impl RunningManager {
         self.files.path().join("manager.log")
     }
 
+    /// The summed value of metric `name` (every series of it) on the manager's `/metrics`, served
+    /// on the port `{port:probe}` stood for (ours serves its metrics with its probes); `None`
+    /// when it has no such port or does not export `name`.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let port = *self.ports.get("probe")?;
+        let text = http_get(port, "/metrics").ok()?;
+        let mut found = None;
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix(name) else {
+                continue;
+            };
+            // `name value` or `name{labels} value`, not a longer name sharing the prefix.
+            let value = match rest.as_bytes().first() {
+                Some(b' ') => rest,
+                Some(b'{') => rest.rsplit_once('}').map_or("", |(_, v)| v),
+                _ => continue,
+            };
+            if let Ok(v) = value.trim().parse::<f64>() {
+                *found.get_or_insert(0.0) += v;
+            }
+        }
+        found
+    }
+
+    /// Our manager's client-side rate limit counters now.
+    pub fn limit_waits(&self) -> Option<LimitWaits> {
+        Some(LimitWaits {
+            requests: self.metric("kruise_rs_client_rate_limited_requests_total")?,
+            seconds: self.metric("kruise_rs_client_rate_limit_wait_seconds_total")?,
+        })
+    }
+
     /// An error naming the manager, with its log's last lines, once it has exited.
     pub fn check_alive(&mut self, name: &str) -> Result<(), String> {
         let log = self.log_path();
@@ -76,6 +108,29 @@ impl RunningManager {
             let tail = process::tail(&[log], 30).unwrap_or_default();
             format!("{e}; the last lines of its log:\n{tail}")
         })
+    }
+}
+
+/// Our manager's counters of its client-side rate limit: requests that waited for it, and the
+/// seconds they waited (a second manager exports neither).
+#[derive(Clone, Copy, Debug)]
+pub struct LimitWaits {
+    pub requests: f64,
+    pub seconds: f64,
+}
+
+impl LimitWaits {
+    /// What the limit held back between two readings of [`RunningManager::limit_waits`].
+    pub fn describe(before: Option<Self>, after: Option<Self>) -> String {
+        match (before, after) {
+            (Some(b), Some(a)) => format!(
+                "the manager's client-side rate limit meanwhile: {:.0} requests waited for it, \
+                 {:.2} s of waiting in all",
+                a.requests - b.requests,
+                a.seconds - b.seconds
+            ),
+            _ => "the manager exports no client-side rate limit counters".to_owned(),
+        }
     }
 }
 
@@ -97,7 +152,8 @@ struct Description {
 
 impl ManagerUnderTest {
     /// Our release-built `kruise-rs manager`: webhooks off (the benches measure the
-    /// controllers), NodeImages created at once, warnings only, on any free probe port, as
+    /// controllers), NodeImages created at once, warnings only, probes and metrics on a free
+    /// loopback port (`{port:probe}`, read by [`RunningManager::metric`]), as
     /// [`ControlPlane::spawn_manager`] starts it; `MANAGER_ARGS` (split at whitespace) is added to
     /// its arguments and `MANAGER_WRAPPER` runs it under another program.
     pub fn ours() -> Self {
@@ -111,7 +167,7 @@ impl ManagerUnderTest {
             "--kubeconfig",
             "{kubeconfig}",
             "--probe-addr",
-            "127.0.0.1:0",
+            "127.0.0.1:{port:probe}",
             "--nodeimage-creation-delay",
             "0",
             "--disable-webhooks",
@@ -272,6 +328,31 @@ impl ManagerUnderTest {
             ports: values.ports,
             files,
         })
+    }
+}
+
+/// The body of `GET path` from 127.0.0.1:`port`, over plain HTTP/1.0.
+fn http_get(port: u16, path: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))
+        .map_err(|e| format!("connecting to 127.0.0.1:{port}: {e}"))?;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .map_err(|e| format!("asking 127.0.0.1:{port} for {path}: {e}"))?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .map_err(|e| format!("reading {path} from 127.0.0.1:{port}: {e}"))?;
+    match answer.split_once("\r\n\r\n") {
+        Some((head, body)) if head.starts_with("HTTP/1.") && head.contains(" 200 ") => {
+            Ok(body.to_owned())
+        }
+        _ => Err(format!(
+            "127.0.0.1:{port}{path} answered {:?}",
+            answer.lines().next()
+        )),
     }
 }
 
