@@ -3,6 +3,7 @@
 //! Controllers work in `v1beta1`; `v1alpha1` is served from the same schema (see [`crd`]).
 
 pub mod common;
+pub mod compact;
 pub mod crd;
 pub mod defaults;
 pub mod imagelistpulljob;

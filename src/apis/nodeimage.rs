@@ -6,8 +6,6 @@
 //! server-side-apply their own entries without overwriting each other's (upstream's
 //! read-modify-write loses entries, kruise#1517). The JSON shape is upstream's.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::CustomResource;
@@ -15,6 +13,8 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 pub use super::common::{ImagePullPolicy, SandboxConfig};
+pub use super::compact::SortedMap;
+use super::compact::compact_vec;
 use super::limits;
 
 /// Desired state of a NodeImage.
@@ -36,20 +36,30 @@ use super::limits;
 #[serde(rename_all = "camelCase")]
 pub struct NodeImageSpec {
     /// Image name (without tag) to what to pull of it.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "SortedMap::is_empty")]
     #[schemars(extend("maxProperties" = 256))]
-    pub images: BTreeMap<String, ImageSpec>,
+    pub images: Images,
 }
+
+/// `spec.images`: image name to what to pull of it.
+pub type Images = SortedMap<String, ImageSpec>;
+
+/// `status.imageStatuses`: image name to the state of its tags.
+pub type ImageStatuses = SortedMap<String, ImageStatus>;
 
 /// What to pull of one image name.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageSpec {
     /// Pull secrets, by namespace and name.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "compact_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub pull_secrets: Vec<ReferenceObject>,
     /// The tags (or `sha256:` digests) to pull.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "compact_vec")]
     #[schemars(schema_with = "tags_schema")]
     pub tags: Vec<ImageTagSpec>,
     /// Labels and annotations passed to the CRI `PullImage` call.
@@ -84,7 +94,11 @@ pub struct ImageTagSpec {
     #[schemars(extend("default" = {}))]
     pub pull_policy: Option<ImageTagPullPolicy>,
     /// The ImagePullJobs that want this tag.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "compact_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     #[schemars(schema_with = "owner_references_schema")]
     pub owner_references: Vec<ObjectReference>,
     /// Bumped to ask for another pull.
@@ -159,8 +173,8 @@ pub struct NodeImageStatus {
     #[serde(default)]
     pub waiting: i32,
     /// Image name to the state of its tags.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub image_statuses: BTreeMap<String, ImageStatus>,
+    #[serde(default, skip_serializing_if = "SortedMap::is_empty")]
+    pub image_statuses: ImageStatuses,
     /// Declared by upstream; nothing there writes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_sync_status: Option<SyncStatus>,
@@ -168,7 +182,7 @@ pub struct NodeImageStatus {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ImageStatus {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "compact_vec")]
     pub tags: Vec<ImageTagStatus>,
 }
 

@@ -1,14 +1,13 @@
 //! What one job writes into one node's NodeImage: its tag entry, its owner reference, its pull
 //! secrets and its sandbox metadata. Pure: the reconciler hands the result to the guarded write.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::nodeimage::{ImageSpec, ImageTagSpec, NodeImageStatus, ReferenceObject};
+use crate::apis::nodeimage::{ImageTagSpec, Images, NodeImageStatus, ReferenceObject};
 use crate::controllers::shared::tag_values::{
     OwnerAsk, PullTerms, in_flight, refresh_image, reported,
 };
@@ -63,16 +62,16 @@ pub fn owner_reference(job: &ImagePullJob) -> ObjectReference {
 /// `req` answers for its own job, `others` for the other owners (from the job store; `None` for
 /// a job it does not know, whose tags are then left alone).
 pub fn with_job_entry(
-    images: &BTreeMap<String, ImageSpec>,
+    images: &Images,
     status: Option<&NodeImageStatus>,
     req: &JobRequest,
     others: impl Fn(&ObjectReference) -> Option<OwnerAsk>,
     node: &str,
     now: &Time,
     extra_ttl: Duration,
-) -> Option<BTreeMap<String, ImageSpec>> {
+) -> Option<Images> {
     let mut images = images.clone();
-    let image = images.entry(req.name.clone()).or_default();
+    let image = images.get_or_insert_with(req.name.clone(), Default::default);
     let before = image.clone();
 
     for secret in &req.pull_secrets {

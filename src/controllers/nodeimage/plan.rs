@@ -19,8 +19,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::apis::nodeimage::{
-    ImagePullPhase, ImageSpec, ImageStatus, ImageTagSpec, ImageTagStatus, NodeImage, NodeImageSpec,
-    NodeImageStatus,
+    ImagePullPhase, ImageSpec, ImageStatuses, ImageTagSpec, ImageTagStatus, Images, NodeImage,
+    NodeImageSpec, NodeImageStatus,
 };
 use crate::apis::well_known::{FAKE_NODEIMAGE, VIRTUAL_KUBELET_TYPE};
 pub use crate::controllers::shared::tag_values::is_image_pull_job;
@@ -221,7 +221,7 @@ fn ttl_expiry(status: &NodeImageStatus, image: &str, tag: &ImageTagSpec) -> Opti
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Collected {
     /// `spec.images` after collection (equal to the input when nothing was collected).
-    pub images: BTreeMap<String, ImageSpec>,
+    pub images: Images,
     /// When a kept tag's TTL expires next.
     pub wake: Option<Timestamp>,
 }
@@ -252,7 +252,7 @@ pub fn collect(
     now: Timestamp,
 ) -> Collected {
     let mut wake = None;
-    let mut images = BTreeMap::new();
+    let mut images = Images::new();
     for (name, image) in &spec.images {
         let mut tags = Vec::with_capacity(image.tags.len());
         for tag in &image.tags {
@@ -412,8 +412,7 @@ fn mark_failed(
 ) {
     let tags = &mut status
         .image_statuses
-        .entry(image.to_owned())
-        .or_default()
+        .get_or_insert_with(image.to_owned(), Default::default)
         .tags;
     let failed = |old: Option<&ImageTagStatus>| ImageTagStatus {
         phase: ImagePullPhase::Failed,
@@ -462,7 +461,7 @@ pub struct Counts {
 }
 
 /// `desired` = tags in the spec; the others = status tags in that phase.
-pub fn count(spec: &NodeImageSpec, statuses: &BTreeMap<String, ImageStatus>) -> Counts {
+pub fn count(spec: &NodeImageSpec, statuses: &ImageStatuses) -> Counts {
     let to_i32 = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
     let desired = to_i32(spec.images.values().map(|i| i.tags.len()).sum());
     let phases = statuses.values().flat_map(|s| &s.tags).map(|t| t.phase);

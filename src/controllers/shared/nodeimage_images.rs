@@ -12,8 +12,6 @@
 //! differently from how other writers stored them (a `createdAt` with fractions of a second comes
 //! back without them), so after a refusal the object is read raw and the tests quote it.
 
-use std::collections::BTreeMap;
-
 use json_patch::{
     AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation, TestOperation,
 };
@@ -22,7 +20,7 @@ use kube::api::{Api, ApiResource, DynamicObject, PatchParams};
 use serde_json::Value;
 
 use super::lean_nodeimage::LeanNodeImage;
-use crate::apis::nodeimage::{ImageSpec, NodeImage};
+use crate::apis::nodeimage::{ImageSpec, Images, NodeImage};
 
 /// How often [`update_images`] re-reads and retries after a refused patch.
 const ATTEMPTS: usize = 5;
@@ -59,10 +57,10 @@ fn to_value(spec: &ImageSpec) -> Value {
 /// The guarded JSON Patch that turns `old` (what the writer last saw, with its
 /// `resource_version`, and as stored: `old_raw`, when known) into `new`; `None` when equal.
 pub fn images_patch(
-    old: &BTreeMap<String, ImageSpec>,
+    old: &Images,
     old_raw: Option<&serde_json::Map<String, Value>>,
     resource_version: Option<&str>,
-    new: &BTreeMap<String, ImageSpec>,
+    new: &Images,
 ) -> Option<Patch> {
     let stored = |name: &str, typed: &ImageSpec| {
         old_raw
@@ -151,7 +149,7 @@ pub async fn update_images<F>(
     mut decide: F,
 ) -> Result<Option<LeanNodeImage>, ImagesWriteError>
 where
-    F: FnMut(&NodeImage) -> Option<BTreeMap<String, ImageSpec>>,
+    F: FnMut(&NodeImage) -> Option<Images>,
 {
     let name = current.metadata.name.clone().unwrap_or_default();
     let kube_err = |source| ImagesWriteError::Kube {
@@ -239,14 +237,14 @@ mod tests {
 
     #[test]
     fn no_change_no_patch() {
-        let images = BTreeMap::from([("nginx".to_owned(), image(&["1"]))]);
+        let images = Images::from([("nginx".to_owned(), image(&["1"]))]);
         assert!(images_patch(&images, None, Some("5"), &images).is_none());
     }
 
     #[test]
     fn the_first_image_is_guarded_by_the_resource_version() {
-        let new = BTreeMap::from([("nginx".to_owned(), image(&["1"]))]);
-        let patch = images_patch(&BTreeMap::new(), None, Some("7"), &new).expect("a patch");
+        let new = Images::from([("nginx".to_owned(), image(&["1"]))]);
+        let patch = images_patch(&Images::new(), None, Some("7"), &new).expect("a patch");
         let doc = json!({"metadata": {"resourceVersion": "7"}, "spec": {}});
         let out = apply(&doc, &patch).expect("applies");
         assert_eq!(out["spec"]["images"]["nginx"]["tags"][0]["tag"], "1");
@@ -259,7 +257,7 @@ mod tests {
 
     #[test]
     fn changing_one_image_tests_only_that_image() {
-        let old = BTreeMap::from([
+        let old = Images::from([
             ("nginx".to_owned(), image(&["1"])),
             ("ghcr.io/org/app".to_owned(), image(&["v1"])),
         ]);
@@ -287,7 +285,7 @@ mod tests {
 
     #[test]
     fn adding_an_image_refuses_if_someone_else_added_it_first() {
-        let old = BTreeMap::from([("nginx".to_owned(), image(&["1"]))]);
+        let old = Images::from([("nginx".to_owned(), image(&["1"]))]);
         let mut new = old.clone();
         new.insert("redis".into(), image(&["7"]));
         let patch = images_patch(&old, None, None, &new).expect("a patch");
@@ -303,8 +301,8 @@ mod tests {
         // Stored with fractions of a second, which our types would not write back.
         let stored =
             json!({"nginx": {"tags": [{"tag": "1", "createdAt": "2026-01-01T00:00:00.123456Z"}]}});
-        let old: BTreeMap<String, ImageSpec> = serde_json::from_value(stored.clone()).unwrap();
-        let new = BTreeMap::from([("nginx".to_owned(), image(&["2"]))]);
+        let old: Images = serde_json::from_value(stored.clone()).unwrap();
+        let new = Images::from([("nginx".to_owned(), image(&["2"]))]);
         let doc = json!({"spec": {"images": stored}});
         let typed_only = images_patch(&old, None, None, &new).expect("a patch");
         assert!(
@@ -319,11 +317,11 @@ mod tests {
 
     #[test]
     fn removing_an_image_and_names_with_slashes() {
-        let old = BTreeMap::from([
+        let old = Images::from([
             ("127.0.0.1:5000/team/app".to_owned(), image(&["1"])),
             ("nginx".to_owned(), image(&["1"])),
         ]);
-        let new = BTreeMap::from([("nginx".to_owned(), image(&["1"]))]);
+        let new = Images::from([("nginx".to_owned(), image(&["1"]))]);
         let patch = images_patch(&old, None, None, &new).expect("a patch");
         let doc = json!({"spec": {"images": serde_json::to_value(&old).unwrap()}});
         let out = apply(&doc, &patch).expect("applies");

@@ -3,7 +3,7 @@ use crate::apis::common::{ImagePullPolicy, SandboxConfig};
 use crate::apis::imagepulljob::{
     CompletionPolicy, ImagePullJobSpec, ImagePullJobTemplate, PullPolicy,
 };
-use crate::apis::nodeimage::{ImagePullPhase, ImageStatus, ImageTagStatus};
+use crate::apis::nodeimage::{ImagePullPhase, ImageStatus, ImageStatuses, ImageTagStatus, Images};
 use k8s_openapi::jiff::Timestamp;
 
 fn t(s: i64) -> Time {
@@ -44,12 +44,12 @@ const EXTRA: Duration = Duration::from_secs(300);
 
 /// `with_job_entry` with `known` as the job store the other owners are looked up in.
 fn entry(
-    images: &BTreeMap<String, ImageSpec>,
+    images: &Images,
     status: Option<&NodeImageStatus>,
     r: &JobRequest,
     known: &[&JobRequest],
     now: i64,
-) -> Option<BTreeMap<String, ImageSpec>> {
+) -> Option<Images> {
     let others = |owner: &ObjectReference| {
         let uid = owner.uid.as_deref()?;
         let other = known.iter().find(|k| k.owner.uid.as_deref() == Some(uid))?;
@@ -61,7 +61,7 @@ fn entry(
 #[test]
 fn a_new_tag_entry_has_owner_version_policy_and_creation_time() {
     let r = req("u1", Default::default(), None);
-    let images = entry(&BTreeMap::new(), None, &r, &[], 50).expect("changed");
+    let images = entry(&Images::new(), None, &r, &[], 50).expect("changed");
     let tag = &images["nginx"].tags[0];
     assert_eq!(tag.tag, "1");
     assert_eq!(tag.version, Some(0));
@@ -87,7 +87,7 @@ fn a_new_tag_entry_has_owner_version_policy_and_creation_time() {
 #[test]
 fn a_new_entry_continues_after_the_last_reported_round() {
     let status = NodeImageStatus {
-        image_statuses: BTreeMap::from([(
+        image_statuses: ImageStatuses::from([(
             "nginx".to_owned(),
             ImageStatus {
                 tags: vec![ImageTagStatus {
@@ -99,14 +99,14 @@ fn a_new_entry_continues_after_the_last_reported_round() {
         ..Default::default()
     };
     let r = req("u1", Default::default(), None);
-    let images = entry(&BTreeMap::new(), Some(&status), &r, &[], 1).unwrap();
+    let images = entry(&Images::new(), Some(&status), &r, &[], 1).unwrap();
     assert_eq!(images["nginx"].tags[0].version, Some(5));
 }
 
 #[test]
 fn a_second_job_joins_the_tag_with_a_new_round_and_the_more_patient_policy() {
     let u1 = req("u1", Default::default(), None);
-    let first = entry(&BTreeMap::new(), None, &u1, &[], 1).unwrap();
+    let first = entry(&Images::new(), None, &u1, &[], 1).unwrap();
     let deadline = CompletionPolicy {
         active_deadline_seconds: Some(900),
         ttl_seconds_after_finished: Some(10),
@@ -140,7 +140,7 @@ fn an_unknown_owner_keeps_what_the_tag_holds_and_known_owners_add_to_it() {
     // u1 is not in the store (deleted, outside this manager's selector, not listed yet): it may
     // need what the tag holds, so the tag never shrinks without it; u2 and u3 still get theirs.
     let u1 = req("u1", Default::default(), Some(labels(&[("app", "one")])));
-    let first = entry(&BTreeMap::new(), None, &u1, &[], 1).unwrap();
+    let first = entry(&Images::new(), None, &u1, &[], 1).unwrap();
     let mut u2 = req("u2", Default::default(), None);
     u2.terms.timeout_seconds = 10;
     let both = entry(&first, None, &u2, &[], 2).unwrap();
@@ -177,19 +177,19 @@ fn labels(pairs: &[(&str, &str)]) -> SandboxConfig {
 #[test]
 fn sandbox_config_is_kept_per_tag_and_merged_per_image() {
     let a = SandboxConfig {
-        annotations: BTreeMap::from([(
+        annotations: std::collections::BTreeMap::from([(
             "io.kubernetes.image.metrics.tags".to_owned(),
             "app=foo".to_owned(),
         )]),
         ..labels(&[("app", "foo")])
     };
     let u1 = req("u1", Default::default(), Some(a.clone()));
-    let first = entry(&BTreeMap::new(), None, &u1, &[], 1).unwrap();
+    let first = entry(&Images::new(), None, &u1, &[], 1).unwrap();
     let mut u2 = req("u2", Default::default(), None);
     u2.tag = "2".into();
     let second = entry(&first, None, &u2, &[&u1], 2).unwrap();
     assert_eq!(second["nginx"].sandbox_config.as_ref(), Some(&a));
-    let tag = |images: &BTreeMap<String, ImageSpec>, name: &str| {
+    let tag = |images: &Images, name: &str| {
         images["nginx"]
             .tags
             .iter()
@@ -230,7 +230,7 @@ fn pull_secrets_are_added_once() {
     };
     let mut r = req("u1", Default::default(), None);
     r.pull_secrets = vec![secret.clone(), secret.clone()];
-    let images = entry(&BTreeMap::new(), None, &r, &[], 1).unwrap();
+    let images = entry(&Images::new(), None, &r, &[], 1).unwrap();
     assert_eq!(images["nginx"].pull_secrets, [secret]);
 }
 
@@ -238,7 +238,7 @@ fn pull_secrets_are_added_once() {
 fn reported(version: i64, phase: ImagePullPhase) -> NodeImageStatus {
     let done = matches!(phase, ImagePullPhase::Succeeded | ImagePullPhase::Failed);
     NodeImageStatus {
-        image_statuses: BTreeMap::from([(
+        image_statuses: ImageStatuses::from([(
             "nginx".to_owned(),
             ImageStatus {
                 tags: vec![ImageTagStatus {
@@ -255,7 +255,7 @@ fn reported(version: i64, phase: ImagePullPhase) -> NodeImageStatus {
 #[test]
 fn an_edit_reaches_a_node_already_pulling_and_restarts_it_when_it_asks_for_more() {
     let u1 = req("u1", Default::default(), None);
-    let first = entry(&BTreeMap::new(), None, &u1, &[], 1).unwrap();
+    let first = entry(&Images::new(), None, &u1, &[], 1).unwrap();
     let pulling = reported(0, ImagePullPhase::Pulling);
     let mut edited = u1.clone();
     edited.terms.timeout_seconds = 1200;
@@ -300,7 +300,7 @@ fn an_edit_reaches_a_node_already_pulling_and_restarts_it_when_it_asks_for_more(
 #[test]
 fn an_edit_never_restarts_a_finished_round() {
     let u1 = req("u1", Default::default(), None);
-    let first = entry(&BTreeMap::new(), None, &u1, &[], 1).unwrap();
+    let first = entry(&Images::new(), None, &u1, &[], 1).unwrap();
     let mut edited = u1.clone();
     edited.terms.timeout_seconds = 1200;
     edited.terms.image_pull_policy = ImagePullPolicy::Always;
@@ -327,7 +327,7 @@ fn always_wins_and_the_values_shrink_back_with_the_owners() {
     let mut u2 = req("u2", Default::default(), None);
     u2.terms.image_pull_policy = ImagePullPolicy::Always;
     u2.terms.timeout_seconds = 900;
-    let first = entry(&BTreeMap::new(), None, &u1, &[], 1).unwrap();
+    let first = entry(&Images::new(), None, &u1, &[], 1).unwrap();
     let both = entry(&first, None, &u2, &[&u1], 2).unwrap();
     let tag = &both["nginx"].tags[0];
     assert_eq!(tag.image_pull_policy, Some(ImagePullPolicy::Always));

@@ -1,5 +1,3 @@
-use std::collections::BTreeMap;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, Time,
 };
@@ -157,7 +155,7 @@ fn a_node_whose_entry_lists_the_job_is_pulling() {
     let j = job("nginx:1.27");
     let mut ni = NodeImage::new("a", Default::default());
     let owner = request(&j).owner;
-    ni.spec.images = BTreeMap::from([(
+    ni.spec.images = crate::apis::nodeimage::Images::from([(
         "nginx".to_owned(),
         ImageSpec {
             tags: vec![ImageTagSpec {

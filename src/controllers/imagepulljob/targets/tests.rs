@@ -167,7 +167,7 @@ fn with_tag(owner: &str, version: i64, reported: Option<(i64, ImagePullPhase)>) 
     );
     if let Some((v, phase)) = reported {
         n.status = Some(NodeImageStatus {
-            image_statuses: BTreeMap::from([(
+            image_statuses: crate::apis::nodeimage::ImageStatuses::from([(
                 "nginx".to_owned(),
                 ImageStatus {
                     tags: vec![ImageTagStatus {

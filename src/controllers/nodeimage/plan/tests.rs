@@ -1,5 +1,5 @@
 use super::*;
-use crate::apis::nodeimage::ImageTagPullPolicy;
+use crate::apis::nodeimage::{ImageStatus, ImageTagPullPolicy, Images};
 use crate::controllers::shared::interned_labels::Labels;
 use crate::controllers::shared::node_summary::NodeStatusSummary;
 use k8s_openapi::api::core::v1::NodeCondition;
@@ -137,7 +137,7 @@ fn gc(
     collect(spec, status, &gone(gone_uids), |_| None, now)
 }
 
-fn tag_counts(images: &BTreeMap<String, ImageSpec>) -> BTreeMap<&str, usize> {
+fn tag_counts(images: &Images) -> BTreeMap<&str, usize> {
     images
         .iter()
         .map(|(k, v)| (k.as_str(), v.tags.len()))

@@ -289,7 +289,7 @@ fn refresh_leaves_a_tag_with_an_unknown_owner_and_its_image_metadata() {
 #[test]
 fn in_flight_until_the_node_reports_this_round_finished() {
     let status = |version: i64, done: bool| NodeImageStatus {
-        image_statuses: BTreeMap::from([(
+        image_statuses: crate::apis::nodeimage::ImageStatuses::from([(
             "nginx".to_owned(),
             crate::apis::nodeimage::ImageStatus {
                 tags: vec![ImageTagStatus {
