@@ -39,7 +39,7 @@ use serde_json::json;
 mod harness;
 
 use harness::bench::Result;
-use harness::controlplane::{ControlPlane, Crds, apiserver_requests};
+use harness::controlplane::{ControlPlane, Crds, nodeimage_writes};
 use harness::manager_under_test::{LimitWaits, ManagerUnderTest, RunningManager};
 use harness::objects::create_ready_nodes;
 use harness::played_daemon::{PlayedDaemons, play_node_image_daemons};
@@ -176,23 +176,6 @@ fn print_side_by_side(n: usize, (a_name, a): (&str, &Figures), (b_name, b): (&st
             w3 = widths[3]
         );
     }
-}
-
-/// Sum of the apiserver's `apiserver_request_total` for writes of NodeImage objects (not their
-/// status, which the played daemons write), by status code: PATCHes (ours) and PUTs (upstream's
-/// manager updates whole objects).
-async fn nodeimage_writes(client: &Client) -> Result<BTreeMap<String, f64>> {
-    let mut sums = BTreeMap::new();
-    for verb in ["PATCH", "PUT", "APPLY"] {
-        let by_code = apiserver_requests(client, "nodeimages", verb, |label| {
-            label("subresource").is_empty().then(|| label("code"))
-        })
-        .await?;
-        for (code, n) in by_code {
-            *sums.entry(code).or_insert(0.0) += n;
-        }
-    }
-    Ok(sums)
 }
 
 fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {

@@ -18,7 +18,7 @@
 //!    peak so far (VmHWM);
 //! 5. fan-out: an ImagePullJob over all NODES nodes at parallelism NODES, this program answering
 //!    as every node's daemon (each tag reported Succeeded as soon as its NodeImage asks for it);
-//!    time until the job's status counts every node succeeded, NodeImage spec writes per node and
+//!    time until the job's status counts every node succeeded, NodeImage spec writes (PATCH, PUT or apply) per node and
 //!    refused ones (the apiserver's `apiserver_request_total`), and the manager's peak RSS during
 //!    the phase (VmHWM reset before it through `/proc/<pid>/clear_refs`) with its ratio to the
 //!    steady figure, and its RSS at the end;
@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use harness::bench::{Result, env_number};
-use harness::controlplane::{ControlPlane, Crds, apiserver_requests};
+use harness::controlplane::{ControlPlane, Crds, nodeimage_writes};
 use harness::manager_under_test::{LimitWaits, ManagerUnderTest, RunningManager};
 use harness::objects::{create_ready_nodes, stamp_hashes};
 use harness::played_daemon::{PlayedDaemons, play_node_image_daemons};
@@ -763,15 +763,6 @@ async fn run_phases(
     Ok(())
 }
 
-/// The apiserver's `apiserver_request_total` for PATCHes of NodeImage objects (not their status,
-/// which the played daemons write), by code.
-async fn nodeimage_patches(client: &Client) -> Result<BTreeMap<String, f64>> {
-    Ok(apiserver_requests(client, "nodeimages", "PATCH", |label| {
-        label("subresource").is_empty().then(|| label("code"))
-    })
-    .await?)
-}
-
 /// Reads the manager's peak RSS since the phase began, and its RSS now.
 fn phase_memory(pid: u32, took: Duration) -> PhaseMemory {
     let mib = |field| rss_mib(pid, field).unwrap_or(f64::NAN);
@@ -807,7 +798,7 @@ async fn fanout(client: &Client, pid: u32, nodes: usize) -> Result<(PhaseMemory,
             ..Default::default()
         },
     };
-    let before = nodeimage_patches(client).await?;
+    let before = nodeimage_writes(client).await?;
     reset_peak_rss(pid)?;
     let t = Instant::now();
     let job = jobs
@@ -840,7 +831,7 @@ async fn fanout(client: &Client, pid: u32, nodes: usize) -> Result<(PhaseMemory,
     }
     let memory = phase_memory(pid, t.elapsed());
     daemons.abort();
-    let writes = patches_between(&nodeimage_patches(client).await?, &before);
+    let writes = patches_between(&nodeimage_writes(client).await?, &before);
     let ok = writes.get("200").copied().unwrap_or(0.0);
     let refused: f64 = writes
         .iter()
@@ -851,7 +842,7 @@ async fn fanout(client: &Client, pid: u32, nodes: usize) -> Result<(PhaseMemory,
         .max(0.0);
     println!(
         "  fan-out: an ImagePullJob over {nodes} nodes at parallelism {nodes}, this program answering as the daemons: \
-         the job's status counts every node succeeded after {:.2} s; NodeImage spec writes per node {:.3} \
+         the job's status counts every node succeeded after {:.2} s; NodeImage spec writes (PATCH, PUT or apply) per node {:.3} \
          (refused: {refused:.0})",
         memory.took,
         ok / nodes as f64,

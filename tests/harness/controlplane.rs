@@ -282,3 +282,22 @@ pub async fn apiserver_requests(
     }
     Ok(sums)
 }
+
+/// Writes of NodeImage objects (not their status, which daemons write) by status code, from the
+/// apiserver's `apiserver_request_total`: PATCHes and server-side applies (ours) and PUTs
+/// (upstream's manager updates whole objects).
+pub async fn nodeimage_writes(
+    client: &Client,
+) -> Result<std::collections::BTreeMap<String, f64>, String> {
+    let mut sums = std::collections::BTreeMap::new();
+    for verb in ["PATCH", "PUT", "APPLY"] {
+        let by_code = apiserver_requests(client, "nodeimages", verb, |label| {
+            label("subresource").is_empty().then(|| label("code"))
+        })
+        .await?;
+        for (code, n) in by_code {
+            *sums.entry(code).or_insert(0.0) += n;
+        }
+    }
+    Ok(sums)
+}
