@@ -110,6 +110,14 @@ impl Labels {
             .map(|i| self.0[i].1.as_ref())
     }
 
+    /// `key`'s value as the shared string itself (a clone shares it).
+    pub fn get_shared(&self, key: &str) -> Option<&Interned> {
+        self.0
+            .binary_search_by(|(k, _)| k.as_ref().cmp(key))
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
         self.0.iter().map(|(k, v)| (k.as_ref(), v.as_ref()))
     }

@@ -96,6 +96,11 @@ impl PodSummary {
         self.annotations.as_ref()?.get(key)
     }
 
+    /// Annotation `key`'s value as the interned string the summary holds.
+    pub fn annotation_shared(&self, key: &str) -> Option<&Interned> {
+        self.annotations.as_ref()?.get_shared(key)
+    }
+
     /// Its annotations as the API types hold them (for a patch computed against them).
     pub fn annotation_map(&self) -> Option<BTreeMap<String, String>> {
         self.annotations.as_ref().map(Labels::to_map)

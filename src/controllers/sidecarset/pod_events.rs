@@ -25,16 +25,29 @@ use std::sync::Mutex;
 use crate::controllers::shared::pod_summary::PodSummary;
 use kube::runtime::watcher;
 
-use super::pods::injected_sidecarsets;
-use crate::apis::well_known::SIDECARSET_UPGRADABLE_CONDITION;
+use crate::apis::well_known::{SIDECARSET_INJECTED_LIST, SIDECARSET_UPGRADABLE_CONDITION};
+use crate::controllers::shared::interned_labels::Interned;
+use crate::sidecar::annotations::parse_injected_list;
 
-/// What of a pod can matter to its SidecarSets; see the module documentation.
+/// What of a pod can matter to its SidecarSets; see the module documentation. One is kept per
+/// pod, so it is small: the injected list is the pod's own (interned) annotation value, the same
+/// string for every pod of the same SidecarSets, parsed only when a change wakes them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodSignature {
-    /// The pod's injected list.
-    pub sidecarsets: Vec<String>,
+    /// The pod's injected list, as its annotation holds it.
+    injected: Option<Interned>,
     /// Everything else that matters, hashed.
     state: u64,
+}
+
+impl PodSignature {
+    /// The SidecarSets in the pod's injected list.
+    pub fn sidecarsets(&self) -> BTreeSet<String> {
+        self.injected
+            .as_deref()
+            .map(parse_injected_list)
+            .unwrap_or_default()
+    }
 }
 
 /// The signature of a pod as the SidecarSet controller stores it.
@@ -64,7 +77,7 @@ pub fn signature(pod: &PodSummary) -> PodSignature {
         }
     }
     PodSignature {
-        sidecarsets: injected_sidecarsets(pod),
+        injected: pod.annotation_shared(SIDECARSET_INJECTED_LIST).cloned(),
         state: h.finish(),
     }
 }
@@ -79,7 +92,7 @@ pub fn sidecarsets_to_wake(
     }
     old.into_iter()
         .chain(new)
-        .flat_map(|s| s.sidecarsets.iter().cloned())
+        .flat_map(|s| s.sidecarsets())
         .collect()
 }
 
@@ -89,20 +102,22 @@ pub struct PodTracker {
     state: Mutex<TrackerState>,
 }
 
+/// Pods by `namespace/name`, held without spare room (one per pod in the cluster).
 #[derive(Default)]
 struct TrackerState {
-    seen: HashMap<String, PodSignature>,
+    seen: HashMap<Box<str>, PodSignature>,
     /// Pods seen during a re-list in progress; the ones missing at its end were deleted
     /// while the watch was down.
-    relisted: Option<HashMap<String, PodSignature>>,
+    relisted: Option<HashMap<Box<str>, PodSignature>>,
 }
 
-fn key(pod: &PodSummary) -> String {
+fn key(pod: &PodSummary) -> Box<str> {
     format!(
         "{}/{}",
         pod.metadata.namespace.as_deref().unwrap_or_default(),
         pod.metadata.name.as_deref().unwrap_or_default()
     )
+    .into_boxed_str()
 }
 
 impl PodTracker {
@@ -143,7 +158,7 @@ impl PodTracker {
                     .seen
                     .iter()
                     .filter(|(k, _)| !relisted.contains_key(*k))
-                    .flat_map(|(_, s)| s.sidecarsets.iter().cloned())
+                    .flat_map(|(_, s)| s.sidecarsets())
                     .collect();
                 state.seen = relisted;
                 gone
