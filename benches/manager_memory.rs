@@ -484,12 +484,12 @@ impl Figures {
 /// stopped before the figure.
 fn print_side_by_side(scale: &Scale, (a_name, a): (&str, &Figures), (b_name, b): (&str, &Figures)) {
     let known = |v: f64| v.is_finite() && v > 0.0;
-    let cell = |v: f64, unit: &str| {
-        if known(v) {
-            format!("{v:.1}{unit}")
-        } else {
-            "-".to_owned()
-        }
+    // Ratios to two places, write counts to three, the rest to one.
+    let cell = |v: f64, unit: &str| match unit {
+        _ if !known(v) => "-".to_owned(),
+        "x" => format!("{v:.2}x"),
+        "" => format!("{v:.3}"),
+        _ => format!("{v:.1}{unit}"),
     };
     let ratio = |x: f64, y: f64| {
         if known(x) && known(y) {
