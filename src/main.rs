@@ -356,9 +356,25 @@ fn parse_label_selector(text: &str) -> Result<LabelSelector, String> {
     serde_json::from_str(text).map_err(|e| format!("not a JSON LabelSelector: {e}"))
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before the runtime's threads start: each keeps the malloc arena it first gets.
+    if matches!(cli.command, Command::Manager(_)) {
+        kruise_rs::runtime::allocator::one_arena();
+    }
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(async_main(cli)),
+        Err(err) => {
+            eprintln!("kruise-rs: cannot start the async runtime: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn async_main(cli: Cli) -> ExitCode {
     if let Err(err) = init_logging(cli.log_format) {
         eprintln!("kruise-rs: {}", error_chain(&err));
         return ExitCode::FAILURE;

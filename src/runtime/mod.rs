@@ -1,6 +1,8 @@
 //! What the manager and the daemon both serve over plain HTTP: `/healthz`, `/readyz` and
-//! `/metrics`, and the Kubernetes client they both connect with.
+//! `/metrics`, the Kubernetes client they both connect with, and how the process's allocator is
+//! set up.
 
+pub mod allocator;
 mod client;
 mod metrics;
 pub mod rate_limit;
