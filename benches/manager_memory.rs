@@ -522,33 +522,30 @@ fn print_side_by_side(scale: &Scale, (a_name, a): (&str, &Figures), (b_name, b):
         " MiB",
     );
     let phase = |p: &Option<PhaseMemory>, f: fn(&PhaseMemory) -> f64| p.as_ref().map_or(nan, f);
+    let took: fn(&PhaseMemory) -> f64 = |p| p.took;
+    let peak: fn(&PhaseMemory) -> f64 = |p| p.peak;
+    let end: fn(&PhaseMemory) -> f64 = |p| p.end;
     for (name, x, y) in [
         ("fan-out", &a.fanout, &b.fanout),
         ("rollout", &a.rollout, &b.rollout),
     ] {
-        row(
-            &format!("{name}: time"),
-            phase(x, |p| p.took),
-            phase(y, |p| p.took),
-            " s",
-        );
-        row(
-            &format!("{name}: peak RSS"),
-            phase(x, |p| p.peak),
-            phase(y, |p| p.peak),
-            " MiB",
-        );
+        for (what, field, unit) in [
+            ("time", took, " s"),
+            ("peak RSS", peak, " MiB"),
+            ("RSS at its end", end, " MiB"),
+        ] {
+            row(
+                &format!("{name}: {what}"),
+                phase(x, field),
+                phase(y, field),
+                unit,
+            );
+        }
         row(
             &format!("{name}: peak over steady"),
-            phase(x, |p| p.peak) / a.steady,
-            phase(y, |p| p.peak) / b.steady,
+            phase(x, peak) / a.steady,
+            phase(y, peak) / b.steady,
             "x",
-        );
-        row(
-            &format!("{name}: RSS at its end"),
-            phase(x, |p| p.end),
-            phase(y, |p| p.end),
-            " MiB",
         );
     }
     row(
