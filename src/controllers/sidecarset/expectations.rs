@@ -71,10 +71,20 @@ impl WrittenPods {
             .collect()
     }
 
-    /// Keeps what a write returned (already stripped as the cache strips it).
-    pub fn remember(&self, pod: PodSummary) {
+    /// Keeps what a write returned (already stripped as the cache strips it), unless `cache`
+    /// already holds that version or a later one: the watch can bring our write before its
+    /// response is read, and [`Self::saw`] has then come and gone, so nothing would forget it
+    /// until the next reconcile (a batch of thousands of upgrades kept a second copy of most of
+    /// its pods that way). Checked under the lock `saw` takes after the store applied an event,
+    /// so a write is either seen here as cached or forgotten by `saw`.
+    pub fn remember(&self, pod: PodSummary, cache: &Store<PodSummary>) {
         let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
-        pods.insert(pod_key(&pod), Arc::new(pod));
+        let needed = cache
+            .get(&ObjectRef::from_obj(&pod))
+            .is_none_or(|cached| newer(&pod, &cached));
+        if needed {
+            pods.insert(pod_key(&pod), Arc::new(pod));
+        }
     }
 
     /// Forgets our write of the pod in `event` once the store holds it at the same or a later
@@ -153,7 +163,7 @@ mod tests {
     fn our_write_is_read_until_the_cache_catches_up() {
         let (cache, mut writer) = cache_with(pod("u1", "5", "proxy:1"));
         let written = WrittenPods::default();
-        written.remember(pod("u1", "7", "proxy:2"));
+        written.remember(pod("u1", "7", "proxy:2"), &cache);
 
         let cached = cache
             .get(&ObjectRef::new("web-0").within("shop"))
@@ -183,7 +193,8 @@ mod tests {
     fn a_recreated_pod_of_the_same_name_is_not_replaced_by_our_write() {
         let (cache, _writer) = cache_with(pod("u2", "3", "proxy:1"));
         let written = WrittenPods::default();
-        written.remember(pod("u1", "7", "proxy:2"));
+        // The write is of the old pod: not kept, and the new one is read.
+        written.remember(pod("u1", "7", "proxy:2"), &cache);
         let cached = cache
             .get(&ObjectRef::new("web-0").within("shop"))
             .expect("cached");
@@ -196,7 +207,7 @@ mod tests {
     fn a_deleted_pod_is_forgotten() {
         let (cache, mut writer) = cache_with(pod("u1", "5", "proxy:1"));
         let written = WrittenPods::default();
-        written.remember(pod("u1", "7", "proxy:2"));
+        written.remember(pod("u1", "7", "proxy:2"), &cache);
         writer.apply_watcher_event(&watcher::Event::Delete(pod("u1", "8", "proxy:2")));
         written.forget_caught_up(&cache);
         assert!(written.is_empty());
@@ -204,8 +215,9 @@ mod tests {
 
     #[test]
     fn a_watch_event_at_our_version_or_later_forgets_our_write() {
+        let empty = Writer::<PodSummary>::default().as_reader();
         let written = WrittenPods::default();
-        written.remember(pod("u1", "7", "proxy:2"));
+        written.remember(pod("u1", "7", "proxy:2"), &empty);
         written.saw(&watcher::Event::Apply(pod("u1", "6", "proxy:1")));
         assert_eq!(written.len(), 1, "an older event: the store still lags");
         written.saw(&watcher::Event::InitApply(pod("u1", "7", "proxy:2")));
@@ -217,7 +229,7 @@ mod tests {
         written.saw(&watcher::Event::Apply(pod("u1", "7", "proxy:2")));
         assert!(written.is_empty(), "the store holds our write now");
 
-        written.remember(pod("u1", "9", "proxy:3"));
+        written.remember(pod("u1", "9", "proxy:3"), &empty);
         let mut other = pod("u1", "1", "proxy:3");
         other.metadata.name = Some("web-1".into());
         written.saw(&watcher::Event::Apply(other));
@@ -228,7 +240,7 @@ mod tests {
             "a new pod of the same name: our write is of the old one"
         );
 
-        written.remember(pod("u1", "9", "proxy:3"));
+        written.remember(pod("u1", "9", "proxy:3"), &empty);
         written.saw(&watcher::Event::Delete(pod("u1", "5", "proxy:1")));
         assert!(written.is_empty(), "deleted");
     }
@@ -237,7 +249,7 @@ mod tests {
     fn the_overlay_reads_our_write_until_the_cache_holds_it_then_the_cache() {
         let (cache, mut writer) = cache_with(pod("u1", "5", "proxy:1"));
         let written = WrittenPods::default();
-        written.remember(pod("u1", "7", "proxy:2"));
+        written.remember(pod("u1", "7", "proxy:2"), &cache);
         let images = |w: &WrittenPods| {
             w.overlay(&cache)
                 .iter()
@@ -257,10 +269,28 @@ mod tests {
     fn unparsable_versions_trust_the_cache() {
         let (cache, _writer) = cache_with(pod("u1", "abc", "proxy:1"));
         let written = WrittenPods::default();
-        written.remember(pod("u1", "7", "proxy:2"));
+        written.remember(pod("u1", "7", "proxy:2"), &cache);
         let cached = cache
             .get(&ObjectRef::new("web-0").within("shop"))
             .expect("cached");
         assert_eq!(image(&written.fresher(cached)), "proxy:1");
+    }
+
+    #[test]
+    fn a_write_the_watch_brought_first_is_not_kept() {
+        // The store applied the event and `saw` ran before the patch's response was read.
+        let (cache, _writer) = cache_with(pod("u1", "7", "proxy:2"));
+        let written = WrittenPods::default();
+        written.saw(&watcher::Event::Apply(pod("u1", "7", "proxy:2")));
+        written.remember(pod("u1", "7", "proxy:2"), &cache);
+        assert!(written.is_empty(), "the cache holds it already");
+        // Nor when a later write (the kubelet's) got there first.
+        let (later, _w) = cache_with(pod("u1", "8", "proxy:2"));
+        written.remember(pod("u1", "7", "proxy:2"), &later);
+        assert!(written.is_empty());
+        // A cache behind our write: kept, as before.
+        let (behind, _w) = cache_with(pod("u1", "6", "proxy:1"));
+        written.remember(pod("u1", "7", "proxy:2"), &behind);
+        assert_eq!(written.len(), 1);
     }
 }

@@ -130,6 +130,6 @@ pub struct Context {
 impl Context {
     fn remember(&self, mut pod: PodSummary) {
         strip_pod(&mut pod);
-        self.written.remember(pod);
+        self.written.remember(pod, &self.pods);
     }
 }
