@@ -10,8 +10,9 @@
 //! binary: ../kruise-manager      # relative paths are relative to the description's directory
 //! args: ["--kubeconfig={kubeconfig}", "--metrics-addr=127.0.0.1:{port:metrics}"]
 //! env: {WEBHOOK_PORT: "{port:webhook}", WEBHOOK_CERT_DIR: "{cert_dir}"}
-//! apply: [crds/, webhooks.yaml]  # `kubectl apply --server-side -f` each, in order, first
-//! namespaces: [kruise-system]    # created before it starts
+//! namespaces: [kruise-system]    # created first
+//! apply: [crds/, webhooks.yaml]  # then `kubectl apply --server-side -f` each, in order
+//!                                # (`-k` for a directory with a kustomization.yaml)
 //! ```
 //!
 //! Placeholders in `args` and `env` values take per-run values: `{kubeconfig}` the control
@@ -262,23 +263,29 @@ impl ManagerUnderTest {
         })
     }
 
-    /// Prepares control plane `cp` (applies `apply` and waits for its CRDs to be Established,
-    /// creates `namespaces`) and starts the manager against it, stdout and stderr into
+    /// Prepares control plane `cp` (creates `namespaces`, so what is applied may live in them;
+    /// applies `apply`, a directory holding a `kustomization.yaml` as a kustomization, and waits
+    /// for its CRDs to be Established) and starts the manager against it, stdout and stderr into
     /// [`RunningManager::log_path`].
     pub fn spawn(&self, cp: &ControlPlane) -> Result<RunningManager, String> {
+        for namespace in &self.namespaces {
+            create_namespace(cp, namespace)?;
+        }
         for path in &self.apply {
+            let form = if path.join("kustomization.yaml").is_file() {
+                "-k"
+            } else {
+                "-f"
+            };
             process::run(
                 cp.kubectl()
-                    .args(["apply", "--server-side", "--force-conflicts", "-f"])
+                    .args(["apply", "--server-side", "--force-conflicts", form])
                     .arg(path),
             )
             .map_err(|e| format!("{}: applying {} failed: {e}", self.name, path.display()))?;
         }
         if !self.apply.is_empty() {
             cp.wait_crds_established()?;
-        }
-        for namespace in &self.namespaces {
-            create_namespace(cp, namespace)?;
         }
         let files = tempfile::Builder::new()
             .prefix("kruise-rs-bench-manager-")
