@@ -30,7 +30,13 @@
 //!    (`apiserver_admission_webhook_admission_duration_seconds`), the TCP connections to the
 //!    webhook, and CPU per pod of the apiserver, etcd, this process and the manager. Every run's
 //!    pods are deleted after it, so each starts with the same store;
-//! 6. the manager stopped and its configurations deleted, the baseline again (drift check).
+//! 6. the manager stopped and its configurations deleted, the baseline again (drift check);
+//! 7. with `SECOND_MANAGER=<description file>` (format: tests/harness/manager_under_test.rs;
+//!    upstream's, its webhooks registered for real:
+//!    benches/upstream-kruise-manager/manager.admission.yaml), the same again for that manager
+//!    on a fresh control plane: baseline, the manager started and waited for (a SidecarSet comes
+//!    back defaulted), the 50 SidecarSets created through its webhooks, the two runs that call
+//!    its pod webhook; then both managers' figures side by side, each against its own baseline.
 //!
 //! Pods never run (no kubelet); creating them is what is measured. Figures are printed with the
 //! goal (p99 ≤ 2 ms in-process) and ratios; nothing is asserted. The manager logs at
@@ -41,6 +47,7 @@ mod harness;
 
 use harness::bench::{Result, env_number, median};
 use harness::controlplane::{ControlPlane, Crds, apiserver_metric};
+use harness::manager_under_test::ManagerUnderTest;
 use harness::objects::create_namespace;
 use harness::process::{ChildGuard, free_loopback_port, tail};
 use harness::procfs::{MachineCpu, cpu_seconds, machine_cpu};
@@ -106,7 +113,8 @@ fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let result = runtime.block_on(bench(&settings, &manager_log));
+    let second = ManagerUnderTest::second()?;
+    let result = runtime.block_on(bench(&settings, &manager_log, second.as_ref()));
     if let Err(err) = &result {
         eprintln!("admission failed: {err}");
         if let Some(tail) = tail(
@@ -396,10 +404,13 @@ fn bench_sidecarsets() -> Result<Vec<SidecarSet>> {
                 json!({"matchExpressions": [{"key": "tier", "operator": "In", "values": [format!("backend-{i}"), format!("batch-{i}")]}]}),
                 json!({}),
             ),
-            // The matching pod's labels, another namespace.
+            // The matching pod's labels, another namespace (by its name label: v1beta1 has no
+            // `spec.namespace` upstream, whose schema would drop it and select every namespace).
             2 => (
                 json!({"matchLabels": {"mesh.bench/enabled": "true"}}),
-                json!({"namespace": format!("team-{i}")}),
+                json!({"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": format!("team-{i}")
+                }}}),
             ),
             // The matching pod's team, a namespace selector `bench-inject` fails.
             3 => (
@@ -914,7 +925,8 @@ async fn in_process(client: &Client, requests: usize) -> Result<InProcess> {
 // --- through the apiserver ---------------------------------------------------------------------
 
 /// The apiserver's own `apiserver_admission_webhook_admission_duration_seconds` sum and count
-/// for the pod webhook.
+/// for mutating webhooks on CREATE: while a run creates pods, its pod webhook's calls (by type
+/// and operation, not by name, so that a second manager's webhook counts the same way).
 async fn webhook_calls(client: &Client) -> Result<(f64, f64)> {
     const METRIC: &str = "apiserver_admission_webhook_admission_duration_seconds";
     let mut figures = [0.0; 2];
@@ -922,7 +934,9 @@ async fn webhook_calls(client: &Client) -> Result<(f64, f64)> {
         *figure = apiserver_metric(client, &format!("{METRIC}{suffix}"))
             .await?
             .iter()
-            .filter(|(labels, _)| labels.contains("name=\"mutate-pods.kruise-rs.io\""))
+            .filter(|(labels, _)| {
+                labels.contains("type=\"admit\"") && labels.contains("operation=\"CREATE\"")
+            })
             .map(|(_, value)| value)
             .sum();
     }
@@ -949,6 +963,10 @@ struct Phase {
     label: &'static str,
     clients: usize,
     rate: f64,
+    /// The webhook's mean call time as the apiserver saw it, when it was called.
+    call_ms: Option<f64>,
+    /// The manager's CPU milliseconds per pod, when it ran.
+    manager_ms: Option<f64>,
 }
 
 /// One kind of pod creation run: where, which pod, and what the answers should carry.
@@ -1123,34 +1141,45 @@ async fn phases(
                     format!(" = {:.2}x baseline", rate / b.rate)
                 });
             let calls: f64 = samples.iter().map(|s| s.calls).sum();
-            let call_time = if calls > 0.0 {
-                format!(
-                    "; webhook called {calls:.0} times, {:.2} ms mean as the apiserver saw it, \
+            let call_ms = (calls > 0.0)
+                .then(|| samples.iter().map(|s| s.call_seconds).sum::<f64>() / calls * 1e3);
+            let call_time = match call_ms {
+                Some(ms) => format!(
+                    "; webhook called {calls:.0} times, {ms:.2} ms mean as the apiserver saw it, \
                      over {} TCP connections ({} new)",
-                    samples.iter().map(|s| s.call_seconds).sum::<f64>() / calls * 1e3,
                     samples.iter().map(|s| s.connections).max().unwrap_or(0),
                     samples.iter().map(|s| s.new_connections).sum::<usize>()
-                )
-            } else {
-                "; webhook not called".to_owned()
+                ),
+                None => "; webhook not called".to_owned(),
             };
+            let per_pod = |v: f64| v * 1e3 / total as f64;
+            // CPU seconds (all, system) of each watched process over the samples.
+            let used: Vec<Option<(f64, f64)>> = (0..env.watched.names.len())
+                .map(|i| {
+                    samples.iter().try_fold((0.0, 0.0), |(u, s), sample| {
+                        let (du, ds) = sample.cpu.get(i).copied().flatten()?;
+                        Some((u + du + ds, s + ds))
+                    })
+                })
+                .collect();
             let cpu: Vec<String> = env
                 .watched
                 .names
                 .iter()
-                .enumerate()
-                .map(|(i, (name, _))| {
-                    let used: Option<(f64, f64)> =
-                        samples.iter().try_fold((0.0, 0.0), |(u, s), sample| {
-                            let (du, ds) = sample.cpu.get(i).copied().flatten()?;
-                            Some((u + du, s + ds))
-                        });
-                    used.map_or(format!("{name} ?"), |(u, s)| {
-                        let per_pod = |v: f64| v * 1e3 / total as f64;
-                        format!("{name} {:.2} (sys {:.2})", per_pod(u + s), per_pod(s))
+                .zip(&used)
+                .map(|((name, _), used)| {
+                    used.map_or(format!("{name} ?"), |(all, sys)| {
+                        format!("{name} {:.2} (sys {:.2})", per_pod(all), per_pod(sys))
                     })
                 })
                 .collect();
+            let manager_ms = env
+                .watched
+                .names
+                .iter()
+                .zip(&used)
+                .find(|((name, _), _)| *name == "manager")
+                .and_then(|(_, used)| used.map(|(all, _)| per_pod(all)));
             println!(
                 "  {}, {clients} client{}: {rate:.0} pods/s{ratio} (median of {} rounds of {pods}; \
                  {low:.0} to {high:.0}){call_time}",
@@ -1177,6 +1206,8 @@ async fn phases(
                 label: run.label,
                 clients: *clients,
                 rate,
+                call_ms,
+                manager_ms,
             });
         }
     }
@@ -1208,83 +1239,42 @@ where
     }
 }
 
-// --- the bench ---------------------------------------------------------------------------------
-
-async fn bench(settings: &Settings, manager_log: &Path) -> Result<()> {
-    println!(
-        "command: REQUESTS={} PODS={} CLIENTS={} ROUNDS={} cargo bench --bench admission",
-        settings.requests, settings.pods, settings.clients, settings.rounds
-    );
-    let cp = ControlPlane::start("kruise-rs-bench-cp-")?;
-    cp.install_crds(Crds::Generated)?;
-    let client = cp.client().await?;
-    create_namespace(&client, INJECT_NAMESPACE, &[("env", "prod")]).await?;
-    create_namespace(&client, PLAIN_NAMESPACE, &[]).await?;
-    let mut watched = Watched { names: Vec::new() };
-    for name in ["kube-apiserver", "etcd"] {
-        if let Some(pid) = cp.pid(name) {
-            watched.names.push((name, pid));
-        }
-    }
-    watched.names.push(("bench", std::process::id()));
-    println!(
-        "through the apiserver, no manager: {} pods per run, 1 client then {} clients",
-        settings.pods, settings.clients
-    );
-    let mut results = Vec::new();
-    let env = Env {
-        client: &client,
-        webhook_port: None,
-        cp: &cp,
-        watched: &watched,
-        settings,
-    };
-    let base = Run {
-        label: "baseline (no webhook configuration)",
-        namespace: PLAIN_NAMESPACE,
-        prefix: "base",
-        template: pod("", true)?,
-        want_injected: 0,
-    };
-    phases(&env, &[base], None, &mut results).await?;
-    let baseline = results.clone();
-
-    // The manager with its webhooks; the SidecarSets go through them (defaulted and hashed).
-    let (mut manager, webhook_port) = start_manager(&cp, manager_log)?;
+/// Until a SidecarSet created through the apiserver comes back defaulted (hashed): the manager's
+/// SidecarSet webhook is registered and answering. Its time.
+async fn wait_for_sidecarset_webhook(
+    client: &Client,
+    manager: &mut ChildGuard,
+) -> Result<Duration> {
     let sidecarsets = Api::<SidecarSet>::all(client.clone());
     let mut probe = 0;
-    let took = wait_for(
-        "the manager's SidecarSet webhooks",
-        Some(&mut manager),
-        || {
-            probe += 1;
-            let name = format!("bench-probe-{probe}");
-            let sidecarsets = sidecarsets.clone();
-            async move {
-                let Ok(set) = sidecarset(json!({
-                    "apiVersion": "apps.kruise.io/v1beta1", "kind": "SidecarSet",
-                    "metadata": {"name": name},
-                    "spec": {"selector": {"matchLabels": {"bench-probe": "x"}},
-                             "containers": [{"name": "probe", "image": "probe:1"}]}
-                })) else {
-                    return false;
-                };
-                match sidecarsets.create(&PostParams::default(), &set).await {
-                    Ok(created) => {
-                        let _ = sidecarsets.delete(&name, &DeleteParams::default()).await;
-                        created.annotations().contains_key(HASH_ANNOTATION)
-                    }
-                    Err(_) => false,
+    wait_for("the manager's SidecarSet webhooks", Some(manager), || {
+        probe += 1;
+        let name = format!("bench-probe-{probe}");
+        let sidecarsets = sidecarsets.clone();
+        async move {
+            let Ok(set) = sidecarset(json!({
+                "apiVersion": "apps.kruise.io/v1beta1", "kind": "SidecarSet",
+                "metadata": {"name": name},
+                "spec": {"selector": {"matchLabels": {"bench-probe": "x"}},
+                         "containers": [{"name": "probe", "image": "probe:1"}]}
+            })) else {
+                return false;
+            };
+            match sidecarsets.create(&PostParams::default(), &set).await {
+                Ok(created) => {
+                    let _ = sidecarsets.delete(&name, &DeleteParams::default()).await;
+                    created.annotations().contains_key(HASH_ANNOTATION)
                 }
+                Err(_) => false,
             }
-        },
-    )
-    .await?;
-    println!(
-        "manager started (release binary), its webhooks answering the apiserver after {:.1} s",
-        took.as_secs_f64()
-    );
-    watched.names.push(("manager", manager.id()));
+        }
+    })
+    .await
+}
+
+/// Creates the bench's SidecarSets through the webhooks, each checked defaulted.
+async fn create_bench_sidecarsets(client: &Client) -> Result<()> {
+    let sidecarsets = Api::<SidecarSet>::all(client.clone());
     let t = Instant::now();
     for set in bench_sidecarsets()? {
         let created = sidecarsets.create(&PostParams::default(), &set).await?;
@@ -1296,13 +1286,17 @@ async fn bench(settings: &Settings, manager_log: &Path) -> Result<()> {
         "{SIDECARSETS} SidecarSets created through the webhooks in {:.2} s ({MATCHING} select the bench pod)",
         t.elapsed().as_secs_f64()
     );
-    // The manager's cache holds them all once a matching pod gets all 3.
+    Ok(())
+}
+
+/// Until the manager's cache holds the bench's SidecarSets: a matching pod (dry run) gets all 3.
+async fn wait_for_sidecarset_cache(client: &Client, manager: &mut ChildGuard) -> Result<()> {
     let pods = Api::<Pod>::namespaced(client.clone(), INJECT_NAMESPACE);
     let dry_run = PostParams {
         dry_run: true,
         ..PostParams::default()
     };
-    wait_for("the manager's SidecarSet cache", Some(&mut manager), || {
+    wait_for("the manager's SidecarSet cache", Some(manager), || {
         let (pods, dry_run) = (pods.clone(), dry_run.clone());
         async move {
             match pod("cache-probe", true) {
@@ -1315,6 +1309,206 @@ async fn bench(settings: &Settings, manager_log: &Path) -> Result<()> {
         }
     })
     .await?;
+    Ok(())
+}
+
+/// The runs that call the pod webhook: a pod 3 SidecarSets select, and one none selects.
+fn called_runs() -> Result<[Run; 2]> {
+    Ok([
+        Run {
+            label: "webhook called, 3 SidecarSets injected",
+            namespace: INJECT_NAMESPACE,
+            prefix: "inject",
+            template: pod("", true)?,
+            want_injected: MATCHING,
+        },
+        Run {
+            label: "webhook called, pod selected by none",
+            namespace: INJECT_NAMESPACE,
+            prefix: "none",
+            template: pod("", false)?,
+            want_injected: 0,
+        },
+    ])
+}
+
+/// The baseline's run, in a namespace no webhook here is ever called for without a manager.
+fn baseline_run(label: &'static str, prefix: &'static str) -> Result<Run> {
+    Ok(Run {
+        label,
+        namespace: PLAIN_NAMESPACE,
+        prefix,
+        template: pod("", true)?,
+        want_injected: 0,
+    })
+}
+
+/// A fresh control plane with the bench's namespaces and our CRDs, and the processes whose CPU
+/// is reported (the apiserver, etcd, this one).
+async fn fresh_control_plane() -> Result<(ControlPlane, Client, Watched)> {
+    let cp = ControlPlane::start("kruise-rs-bench-cp-")?;
+    cp.install_crds(Crds::Generated)?;
+    let client = cp.client().await?;
+    create_namespace(&client, INJECT_NAMESPACE, &[("env", "prod")]).await?;
+    create_namespace(&client, PLAIN_NAMESPACE, &[]).await?;
+    let mut watched = Watched { names: Vec::new() };
+    for name in ["kube-apiserver", "etcd"] {
+        if let Some(pid) = cp.pid(name) {
+            watched.names.push((name, pid));
+        }
+    }
+    watched.names.push(("bench", std::process::id()));
+    Ok((cp, client, watched))
+}
+
+/// The side-by-side part for the manager `SECOND_MANAGER` describes, on a fresh control plane:
+/// the baseline, then that manager started, the same 50 SidecarSets created through its
+/// webhooks, and the runs that call its pod webhook. Its phases, baseline first.
+async fn second_manager(settings: &Settings, under_test: &ManagerUnderTest) -> Result<Vec<Phase>> {
+    let name = &under_test.name;
+    println!("{name}, on a fresh control plane");
+    let (cp, client, mut watched) = fresh_control_plane().await?;
+    let mut results = Vec::new();
+    let env = Env {
+        client: &client,
+        webhook_port: None,
+        cp: &cp,
+        watched: &watched,
+        settings,
+    };
+    let base = baseline_run("baseline (no webhook configuration)", "base")?;
+    phases(&env, &[base], None, &mut results).await?;
+    let baseline = results.clone();
+    let mut manager = under_test.spawn(&cp)?;
+    let started = async {
+        let took = wait_for_sidecarset_webhook(&client, &mut manager.child).await?;
+        println!(
+            "{name} started, its webhooks answering the apiserver after {:.1} s",
+            took.as_secs_f64()
+        );
+        create_bench_sidecarsets(&client).await?;
+        wait_for_sidecarset_cache(&client, &mut manager.child).await
+    }
+    .await;
+    if let Err(e) = started {
+        let log = tail(&[manager.log_path()], 40).unwrap_or_default();
+        return Err(format!("{name}: {e}; the last lines of its log:\n{log}").into());
+    }
+    watched.names.push(("manager", manager.pid()));
+    let env = Env {
+        client: &client,
+        webhook_port: manager.ports.get("webhook").copied(),
+        cp: &cp,
+        watched: &watched,
+        settings,
+    };
+    phases(&env, &called_runs()?, Some(&baseline), &mut results).await?;
+    manager.check_alive(name)?;
+    Ok(results)
+}
+
+/// Ours and the second manager's figures for the runs that call the pod webhook, a row per run
+/// and client count, each against its own baseline from its own control plane.
+fn print_side_by_side(settings: &Settings, second: &str, ours: &[Phase], theirs: &[Phase]) {
+    let find = |phases: &[Phase], label: &str, clients: usize| {
+        phases
+            .iter()
+            .find(|p| p.label == label && p.clients == clients)
+            .cloned()
+    };
+    // Both lists start with their baseline's phases.
+    let baseline = |phases: &[Phase], clients| find(phases, phases.first()?.label, clients);
+    let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
+    println!("side by side: kruise-rs and {second}, each on a control plane of its own");
+    println!(
+        "  | run | clients | kruise-rs pods/s (x its baseline) | {second} pods/s (x its baseline) \
+         | {second} / kruise-rs | apiserver's mean call ms, kruise-rs / {second} \
+         | manager CPU ms per pod, kruise-rs / {second} |"
+    );
+    let labels = match called_runs() {
+        Ok(runs) => runs.map(|r| r.label),
+        Err(_) => return,
+    };
+    for label in labels {
+        for clients in [1, settings.clients] {
+            let (Some(o), Some(t), Some(ob), Some(tb)) = (
+                find(ours, label, clients),
+                find(theirs, label, clients),
+                baseline(ours, clients),
+                baseline(theirs, clients),
+            ) else {
+                println!("  | {label} | {clients} | missing | missing | | | |");
+                continue;
+            };
+            println!(
+                "  | {label} | {clients} | {:.0} ({:.2}x) | {:.0} ({:.2}x) | {:.2}x | {} / {} | {} / {} |",
+                o.rate,
+                o.rate / ob.rate,
+                t.rate,
+                t.rate / tb.rate,
+                t.rate / o.rate,
+                opt(o.call_ms),
+                opt(t.call_ms),
+                opt(o.manager_ms),
+                opt(t.manager_ms),
+            );
+        }
+    }
+    for clients in [1, settings.clients] {
+        if let (Some(ob), Some(tb)) = (baseline(ours, clients), baseline(theirs, clients)) {
+            println!(
+                "  baseline, {clients} client{}: {:.0} pods/s on kruise-rs's control plane, {:.0} on {second}'s ({:.2}x)",
+                if clients == 1 { "" } else { "s" },
+                ob.rate,
+                tb.rate,
+                tb.rate / ob.rate
+            );
+        }
+    }
+}
+
+// --- the bench ---------------------------------------------------------------------------------
+
+async fn bench(
+    settings: &Settings,
+    manager_log: &Path,
+    second: Option<&ManagerUnderTest>,
+) -> Result<()> {
+    println!(
+        "command: REQUESTS={} PODS={} CLIENTS={} ROUNDS={} cargo bench --bench admission",
+        settings.requests, settings.pods, settings.clients, settings.rounds
+    );
+    let (cp, client, mut watched) = fresh_control_plane().await?;
+    println!(
+        "through the apiserver, no manager: {} pods per run, 1 client then {} clients",
+        settings.pods, settings.clients
+    );
+    let mut results = Vec::new();
+    let env = Env {
+        client: &client,
+        webhook_port: None,
+        cp: &cp,
+        watched: &watched,
+        settings,
+    };
+    let base = baseline_run("baseline (no webhook configuration)", "base")?;
+    phases(&env, &[base], None, &mut results).await?;
+    let baseline = results.clone();
+
+    // The manager with its webhooks; the SidecarSets go through them (defaulted and hashed).
+    let (mut manager, webhook_port) = start_manager(&cp, manager_log)?;
+    let took = wait_for_sidecarset_webhook(&client, &mut manager).await?;
+    println!(
+        "manager started (release binary), its webhooks answering the apiserver after {:.1} s",
+        took.as_secs_f64()
+    );
+    watched.names.push(("manager", manager.id()));
+    create_bench_sidecarsets(&client).await?;
+    wait_for_sidecarset_cache(&client, &mut manager).await?;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
 
     let inproc = in_process(&client, settings.requests).await?;
     // The same object the webhook makes, created directly: what the pod's size alone costs.
@@ -1333,6 +1527,7 @@ async fn bench(settings: &Settings, manager_log: &Path) -> Result<()> {
         watched: &watched,
         settings,
     };
+    let [inject, none] = called_runs()?;
     let runs = [
         Run {
             label: "webhook configured, namespace excluded (not called)",
@@ -1348,20 +1543,8 @@ async fn bench(settings: &Settings, manager_log: &Path) -> Result<()> {
             template: preinjected,
             want_injected: MATCHING,
         },
-        Run {
-            label: "webhook called, 3 SidecarSets injected",
-            namespace: INJECT_NAMESPACE,
-            prefix: "inject",
-            template: pod("", true)?,
-            want_injected: MATCHING,
-        },
-        Run {
-            label: "webhook called, pod selected by none",
-            namespace: INJECT_NAMESPACE,
-            prefix: "none",
-            template: pod("", false)?,
-            want_injected: 0,
-        },
+        inject,
+        none,
     ];
     phases(&env, &runs, Some(&baseline), &mut results).await?;
     manager.check_alive("the manager")?;
@@ -1405,13 +1588,7 @@ async fn bench(settings: &Settings, manager_log: &Path) -> Result<()> {
         watched: &watched,
         settings,
     };
-    let again = Run {
-        label: "baseline again (drift check)",
-        namespace: PLAIN_NAMESPACE,
-        prefix: "again",
-        template: pod("", true)?,
-        want_injected: 0,
-    };
+    let again = baseline_run("baseline again (drift check)", "again")?;
     phases(&env, &[again], Some(&baseline), &mut results).await?;
 
     println!("summary");
@@ -1473,6 +1650,12 @@ async fn bench(settings: &Settings, manager_log: &Path) -> Result<()> {
             if clients == 1 { "" } else { "s" },
             rows.join("; ")
         );
+    }
+    if let Some(second) = second {
+        // Ours is done with its control plane: stop it before the second's starts.
+        drop(cp);
+        let theirs = second_manager(settings, second).await?;
+        print_side_by_side(settings, &second.name, &results, &theirs);
     }
     Ok(())
 }
