@@ -170,8 +170,8 @@ pub fn flips(
         .enumerate()
         .filter(|(_, (_, v))| v.is_active())
         .filter_map(|(i, (pod, v))| {
-            let names: Vec<String> = v.sidecars.iter().map(|s| s.name.clone()).collect();
-            let settled = |c: &str| v.sidecars.iter().any(|s| s.name == c && s.image_running);
+            let names: Vec<String> = v.sidecars.iter().map(|s| s.name.to_string()).collect();
+            let settled = |c: &str| v.sidecars.iter().any(|s| &*s.name == c && s.image_running);
             flip_patch(set, pod, &names, settled).map(|f| (i, f))
         })
         .collect();

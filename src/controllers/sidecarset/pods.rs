@@ -37,6 +37,7 @@ use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
 };
+use crate::controllers::shared::interned_labels::intern;
 use crate::controllers::shared::pod_summary::{
     ContainerStatusSummary, ContainerSummary, PodSummary,
 };
@@ -342,7 +343,7 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
         .map(|c| {
             let status = statuses.iter().find(|s| s.name == c.name);
             SidecarView {
-                name: c.name.to_string(),
+                name: c.name.clone(),
                 ready: status.is_some_and(|s| s.ready),
                 image_running: all_reported
                     && runs_spec_image(c, status, all_digests, before(&c.name)),
@@ -352,7 +353,7 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
         .chain(native_containers.iter().map(|c| {
             let status = init_statuses.iter().find(|s| s.name == c.name);
             SidecarView {
-                name: c.name.to_string(),
+                name: c.name.clone(),
                 ready: status.is_some_and(|s| s.ready),
                 image_running: init_reported
                     && runs_spec_image(c, status, all_digests, before(&c.name)),
@@ -367,7 +368,11 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
         namespace: Cow::Borrowed(pod.metadata.namespace.as_deref().unwrap_or_default()),
         name: Cow::Borrowed(pod.metadata.name.as_deref().unwrap_or_default()),
         labels: Cow::Borrowed(pod.labels()),
-        node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+        node_name: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .map(Cow::Borrowed),
         phase,
         ready: phase == PodPhase::Running
             && ready_condition.is_some_and(|c| c.status == "True")
@@ -378,7 +383,7 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
         restarts: statuses.iter().map(|s| s.restart_count).max().unwrap_or(0),
         created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
         deleting: pod.metadata.deletion_timestamp.is_some(),
-        hash: hash_entry.as_ref().map(|e| e.hash.clone()),
+        hash: hash_entry.as_ref().map(|e| intern(&e.hash)),
         hash_written: hash_entry
             .as_ref()
             .and_then(|e| e.update_timestamp.as_ref())
@@ -388,7 +393,7 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
             SIDECARSET_HASH_WITHOUT_IMAGE,
             name,
         )
-        .map(|e| e.hash),
+        .map(|e| intern(&e.hash)),
         sidecars,
         // Decided later, from the pre-download state of the pod's node.
         awaiting_images: false,

@@ -138,7 +138,7 @@ pub fn upgrade_patch(
         view(set, pod)
             .sidecars
             .into_iter()
-            .map(|s| (s.name, s.ready && s.image_running))
+            .map(|s| (s.name.to_string(), s.ready && s.image_running))
             .collect()
     } else {
         BTreeMap::new()

@@ -134,9 +134,9 @@ fn versions(pod: &PodSummary) -> [&str; 5] {
 
 fn flip_of(set: &SidecarSet, pod: &PodSummary) -> Option<Flip> {
     let v = view(set, pod);
-    let names: Vec<String> = v.sidecars.iter().map(|s| s.name.clone()).collect();
+    let names: Vec<String> = v.sidecars.iter().map(|s| s.name.to_string()).collect();
     flip_patch(set, pod, &names, |c| {
-        v.sidecars.iter().any(|s| s.name == c && s.image_running)
+        v.sidecars.iter().any(|s| &*s.name == c && s.image_running)
     })
 }
 
@@ -237,7 +237,7 @@ fn a_failed_image_never_flips_and_a_good_one_goes_to_the_twin_that_is_not_ready(
         view_of
             .sidecars
             .iter()
-            .any(|s| s.name == c && s.ready && s.image_running)
+            .any(|s| &*s.name == c && s.ready && s.image_running)
     };
     assert_eq!(
         twin_to_upgrade(&good.spec.containers[1], &pod, settled),
@@ -348,7 +348,7 @@ fn ownership_needs_both_twins_and_a_working_entry() {
     let names: Vec<String> = view(&v2, &owned)
         .sidecars
         .into_iter()
-        .map(|s| s.name)
+        .map(|s| s.name.to_string())
         .collect();
     assert_eq!(names, ["logs", "proxy-1", "proxy-2"]);
 
@@ -428,7 +428,7 @@ fn native_sidecar_twins_are_owned_and_viewed_never_flipped() {
     let names: Vec<String> = view(&set, &pod)
         .sidecars
         .into_iter()
-        .map(|s| s.name)
+        .map(|s| s.name.to_string())
         .collect();
     assert_eq!(names, ["envoy-1", "envoy-2"]);
     assert!(

@@ -270,7 +270,7 @@ fn native_sidecars_are_viewed_from_the_init_container_statuses() {
     let sidecars: Vec<(&str, bool, bool)> = v
         .sidecars
         .iter()
-        .map(|c| (c.name.as_str(), c.ready, c.image_running))
+        .map(|c| (&*c.name, c.ready, c.image_running))
         .collect();
     // The plain init container `setup` is no sidecar.
     assert_eq!(sidecars, [("proxy", true, true), ("agent", false, true)]);

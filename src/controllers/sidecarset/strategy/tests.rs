@@ -636,7 +636,7 @@ fn active_pods_order_step_by_step() {
     };
     let before = |a: &PodView, b: &PodView| active_pods_order(a, b) == Ordering::Less;
     assert!(before(&with(&|p| p.node_name = None), &base));
-    assert!(before(&with(&|p| p.node_name = Some(String::new())), &base));
+    assert!(before(&with(&|p| p.node_name = Some("".into())), &base));
     let pending = with(&|p| p.phase = PodPhase::Pending);
     let unknown = with(&|p| p.phase = PodPhase::Unknown);
     assert!(before(&pending, &unknown) && before(&unknown, &base));
@@ -1108,7 +1108,7 @@ fn random_case(rng: &mut Rng) -> (SidecarSet, Vec<PodView<'static>>) {
             p.deleting = chance(rng, 5);
             p.sidecars = (0..1 + rng.usize(..2))
                 .map(|c| SidecarView {
-                    name: format!("s{c}"),
+                    name: format!("s{c}").into(),
                     ready: chance(rng, 85),
                     image_running: chance(rng, 85),
                     native: false,
