@@ -1361,6 +1361,26 @@ async fn fresh_control_plane() -> Result<(ControlPlane, Client, Watched)> {
     Ok((cp, client, watched))
 }
 
+/// The baseline's phases on `cp` (no webhook configuration in place).
+async fn measure_baseline(
+    cp: &ControlPlane,
+    client: &Client,
+    watched: &Watched,
+    settings: &Settings,
+) -> Result<Vec<Phase>> {
+    let env = Env {
+        client,
+        webhook_port: None,
+        cp,
+        watched,
+        settings,
+    };
+    let mut results = Vec::new();
+    let base = baseline_run("baseline (no webhook configuration)", "base")?;
+    phases(&env, &[base], None, &mut results).await?;
+    Ok(results)
+}
+
 /// The side-by-side part for the manager `SECOND_MANAGER` describes, on a fresh control plane:
 /// the baseline, then that manager started, the same 50 SidecarSets created through its
 /// webhooks, and the runs that call its pod webhook. Its phases, baseline first.
@@ -1368,16 +1388,7 @@ async fn second_manager(settings: &Settings, under_test: &ManagerUnderTest) -> R
     let name = &under_test.name;
     println!("{name}, on a fresh control plane");
     let (cp, client, mut watched) = fresh_control_plane().await?;
-    let mut results = Vec::new();
-    let env = Env {
-        client: &client,
-        webhook_port: None,
-        cp: &cp,
-        watched: &watched,
-        settings,
-    };
-    let base = baseline_run("baseline (no webhook configuration)", "base")?;
-    phases(&env, &[base], None, &mut results).await?;
+    let mut results = measure_baseline(&cp, &client, &watched, settings).await?;
     let baseline = results.clone();
     let mut manager = under_test.spawn(&cp)?;
     let started = async {
@@ -1483,16 +1494,7 @@ async fn bench(
         "through the apiserver, no manager: {} pods per run, 1 client then {} clients",
         settings.pods, settings.clients
     );
-    let mut results = Vec::new();
-    let env = Env {
-        client: &client,
-        webhook_port: None,
-        cp: &cp,
-        watched: &watched,
-        settings,
-    };
-    let base = baseline_run("baseline (no webhook configuration)", "base")?;
-    phases(&env, &[base], None, &mut results).await?;
+    let mut results = measure_baseline(&cp, &client, &watched, settings).await?;
     let baseline = results.clone();
 
     // The manager with its webhooks; the SidecarSets go through them (defaulted and hashed).
