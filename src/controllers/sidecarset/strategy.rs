@@ -138,8 +138,8 @@ pub struct SidecarView {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodView<'a> {
     /// Borrowed from the stored pod, or shared with it (a reconcile over 10,000 pods would
-    /// otherwise copy every pod's labels, names and hashes: 1–1.5 KiB each, and the views are
-    /// alive when a batch ends, at the manager's peak).
+    /// otherwise copy every pod's labels, names and hashes, about 1 KiB each, freed again at
+    /// once).
     pub namespace: Cow<'a, str>,
     pub name: Cow<'a, str>,
     pub labels: Cow<'a, Labels>,
