@@ -27,7 +27,7 @@ use kruise_rs::apis::imagepulljob::{
 };
 use kruise_rs::apis::nodeimage::NodeImage;
 use kruise_rs::apis::sidecarset::SidecarSet;
-use kruise_rs::apis::well_known::FAKE_NODEIMAGE;
+use kruise_rs::apis::well_known::{FAKE_NODEIMAGE, SIDECARSET_HASH};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -590,9 +590,19 @@ async fn a_sidecarset_rollout_keeps_max_unavailable_and_finishes_through_faults_
         || {
             let (sets, set) = (sets.clone(), set.clone());
             async move {
-                sets.create(&PostParams::default(), &set)
+                let created = sets
+                    .create(&PostParams::default(), &set)
                     .await
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| e.to_string())?;
+                // Created before the manager registered its webhooks: admitted undefaulted.
+                if created.annotations().contains_key(SIDECARSET_HASH) {
+                    Ok(created)
+                } else {
+                    sets.delete(&created.name_any(), &Default::default())
+                        .await
+                        .map_err(|e| format!("deleting an undefaulted SidecarSet: {e}"))?;
+                    Err("admitted without the webhook (no hash annotation)".to_owned())
+                }
             }
         },
     )
