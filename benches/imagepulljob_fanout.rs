@@ -7,13 +7,19 @@
 //!    `MANAGER_WRAPPER` runs it under a profiler);
 //! 2. creates NODES Ready Node objects and waits for the manager to create their NodeImages;
 //! 3. baseline: a plain client merge-patches one tag entry into every NodeImage, one after the
-//!    other, and is timed;
-//! 4. an ImagePullJob over every node at parallelism NODES: time until every NodeImage carries
-//!    the tag, NodeImage writes (PATCH or PUT) per node (from the apiserver's own metrics), and
-//!    the time our manager's requests waited for its client-side rate limit (its metrics);
+//!    other, timed until a watch has seen every NodeImage carry it; then (untimed) it takes the
+//!    entries out again, so that the job writes into NodeImages holding what the baseline's
+//!    writes found (the apiserver's cost of a write grows with the entries already there);
+//! 4. an ImagePullJob over every node at parallelism NODES: time until the same watch has seen
+//!    every NodeImage carry the tag, NodeImage writes (PATCH or PUT) per node (from the
+//!    apiserver's own metrics), and the time our manager's requests waited for its client-side
+//!    rate limit (its metrics);
 //! 5. the same at parallelism 50, with this program playing the node daemons (each node reports
 //!    Succeeded as soon as its entry appears);
 //! 6. the manager's peak RSS (VmHWM).
+//!
+//! Each timed phase also prints the CPU seconds the manager, kube-apiserver, etcd and this
+//! program spent, and the apiserver's mean time serving one NodeImage write.
 //!
 //! `SECOND_MANAGER=<description file>` (format: tests/harness/manager_under_test.rs; upstream's
 //! kruise-manager: benches/upstream-kruise-manager/manager.example.yaml) runs the same phases
@@ -27,7 +33,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use kruise_rs::apis::imagepulljob::{ImagePullJob, ImagePullJobSpec, ImagePullJobTemplate};
 use kruise_rs::apis::nodeimage::NodeImage;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -39,11 +45,11 @@ use serde_json::json;
 mod harness;
 
 use harness::bench::Result;
-use harness::controlplane::{ControlPlane, Crds, nodeimage_writes};
+use harness::controlplane::{ControlPlane, Crds, apiserver_metric, nodeimage_writes};
 use harness::manager_under_test::{LimitWaits, ManagerUnderTest, RunningManager};
 use harness::objects::create_ready_nodes;
 use harness::played_daemon::{PlayedDaemons, play_node_image_daemons};
-use harness::procfs::rss_mib;
+use harness::procfs::{cpu_total, rss_mib};
 
 const NAMESPACE: &str = "default";
 const LABEL: &str = "kruise-rs-bench";
@@ -75,6 +81,8 @@ struct Figures {
     nodeimages_created: f64,
     rss_watched: Option<f64>,
     baseline: f64,
+    /// The apiserver's mean time serving one NodeImage write (ms).
+    baseline_write_ms: Option<f64>,
     jobs: Vec<JobFigures>,
     rss_peak: Option<f64>,
     rss_end: Option<f64>,
@@ -85,6 +93,7 @@ struct JobFigures {
     took: f64,
     writes_per_node: f64,
     refused: f64,
+    write_ms: Option<f64>,
     rss_after: Option<f64>,
 }
 
@@ -121,6 +130,13 @@ fn print_side_by_side(n: usize, (a_name, a): (&str, &Figures), (b_name, b): (&st
         num(b.baseline, " s"),
         ratio(Some(a.baseline), Some(b.baseline)),
     );
+    let ms = |v: Option<f64>| v.map_or("unknown".to_owned(), |v| format!("{v:.2} ms"));
+    row(
+        "  the apiserver's mean NodeImage write".into(),
+        ms(a.baseline_write_ms),
+        ms(b.baseline_write_ms),
+        ratio(a.baseline_write_ms, b.baseline_write_ms),
+    );
     for (x, y) in a.jobs.iter().zip(&b.jobs) {
         let p = x.parallelism;
         row(
@@ -140,6 +156,12 @@ fn print_side_by_side(n: usize, (a_name, a): (&str, &Figures), (b_name, b): (&st
             format!("{:.3} ({:.0})", x.writes_per_node, x.refused),
             format!("{:.3} ({:.0})", y.writes_per_node, y.refused),
             "-".into(),
+        );
+        row(
+            "  the apiserver's mean NodeImage write".into(),
+            ms(x.write_ms),
+            ms(y.write_ms),
+            ratio(x.write_ms, y.write_ms),
         );
         row(
             "  RSS after it".into(),
@@ -207,6 +229,12 @@ async fn wait_until(
                 let ni = item?.ok_or("watch ended")?;
                 if count(&ni) && done.insert(ni.name_any()) {
                     progress = Instant::now();
+                    if done.len() == 1 {
+                        println!(
+                            "    {what}: the first after {:.2} s",
+                            start.elapsed().as_secs_f64()
+                        );
+                    }
                 }
             }
             Err(_) => {
@@ -218,6 +246,71 @@ async fn wait_until(
         }
     }
     Ok(start.elapsed())
+}
+
+/// What a phase cost: CPU seconds of each process, and the apiserver's time serving NodeImage
+/// writes (PATCH, PUT or APPLY of the object itself).
+struct PhaseCosts {
+    cpu: Vec<(&'static str, Option<f64>)>,
+    write_seconds: f64,
+    writes: f64,
+}
+
+impl PhaseCosts {
+    async fn read(cp: &ControlPlane, client: &Client, manager: u32) -> Result<Self> {
+        let cpu = vec![
+            ("manager", cpu_total(manager)),
+            (
+                "kube-apiserver",
+                cp.pid("kube-apiserver").and_then(cpu_total),
+            ),
+            ("etcd", cp.pid("etcd").and_then(cpu_total)),
+            ("bench", cpu_total(std::process::id())),
+        ];
+        let nodeimage_writes = |series: Vec<(String, f64)>| -> f64 {
+            series
+                .iter()
+                .filter(|(labels, _)| {
+                    labels.contains("resource=\"nodeimages\"")
+                        && labels.contains("subresource=\"\"")
+                        && ["PATCH", "PUT", "APPLY"]
+                            .iter()
+                            .any(|verb| labels.contains(&format!("verb=\"{verb}\"")))
+                })
+                .map(|(_, value)| value)
+                .sum()
+        };
+        let metric = "apiserver_request_duration_seconds";
+        Ok(Self {
+            cpu,
+            write_seconds: nodeimage_writes(
+                apiserver_metric(client, &format!("{metric}_sum")).await?,
+            ),
+            writes: nodeimage_writes(apiserver_metric(client, &format!("{metric}_count")).await?),
+        })
+    }
+
+    /// Prints what was spent since `before`; returns the apiserver's mean NodeImage write (ms).
+    fn print_since(&self, before: &Self) -> Option<f64> {
+        let cpu: Vec<String> = self
+            .cpu
+            .iter()
+            .zip(&before.cpu)
+            .map(|((name, after), (_, before))| match (after, before) {
+                (Some(a), Some(b)) => format!("{name} {:.1}", a - b),
+                _ => format!("{name} unknown"),
+            })
+            .collect();
+        let writes = self.writes - before.writes;
+        let mean_ms =
+            (writes > 0.0).then(|| (self.write_seconds - before.write_seconds) / writes * 1000.0);
+        println!(
+            "    CPU seconds: {}; the apiserver served {writes:.0} NodeImage writes, {} each on average",
+            cpu.join(", "),
+            mean_ms.map_or("-".to_owned(), |ms| format!("{ms:.2} ms")),
+        );
+        mean_ms
+    }
 }
 
 fn has_tag(ni: &NodeImage, image: &str, tag: &str) -> bool {
@@ -307,22 +400,60 @@ async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
         "%Y-%m-%dT%H:%M:%SZ",
         k8s_openapi::jiff::Timestamp::now(),
     )?;
+    let costs = PhaseCosts::read(&cp, &client, pid).await?;
     let t = Instant::now();
-    for name in &names {
-        let entry = json!({"spec": {"images": {"baseline": {"tags": [{
-            "tag": "1", "createdAt": now, "version": 0,
-            "ownerReferences": [{"apiVersion": "apps.kruise.io/v1beta1", "kind": "ImagePullJob", "name": "baseline", "namespace": NAMESPACE, "uid": owner_uid}],
-            "pullPolicy": {"timeoutSeconds": 600, "backoffLimit": 3, "ttlSecondsAfterFinished": 2100}
-        }]}}}});
-        api.patch(name, &PatchParams::default(), &Patch::Merge(&entry))
-            .await?;
-    }
-    let baseline = t.elapsed();
+    let writes = async {
+        for name in &names {
+            let entry = json!({"spec": {"images": {"baseline": {"tags": [{
+                "tag": "1", "createdAt": now, "version": 0,
+                "ownerReferences": [{"apiVersion": "apps.kruise.io/v1beta1", "kind": "ImagePullJob", "name": "baseline", "namespace": NAMESPACE, "uid": owner_uid}],
+                "pullPolicy": {"timeoutSeconds": 600, "backoffLimit": 3, "ttlSecondsAfterFinished": 2100}
+            }]}}}});
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&entry))
+                .await?;
+        }
+        Result::<Duration>::Ok(t.elapsed())
+    };
+    let (written, seen) = tokio::join!(
+        writes,
+        wait_until(&client, &mut manager, "baseline tags written", n, |ni| {
+            has_tag(ni, "baseline", "1")
+        })
+    );
+    let (written, baseline) = (written?, seen?);
     println!(
-        "  baseline: a plain client wrote {} NodeImages in {:.2} s",
+        "  baseline: a plain client wrote {} NodeImages in {:.2} s; every NodeImage seen carrying its tag after {:.2} s",
         names.len(),
+        written.as_secs_f64(),
         baseline.as_secs_f64()
     );
+    let baseline_write_ms = PhaseCosts::read(&cp, &client, pid)
+        .await?
+        .print_since(&costs);
+
+    // The job then writes into NodeImages as the baseline found them: the apiserver's cost of a
+    // write grows with the entries a NodeImage already holds (about 2.5 ms each on this machine),
+    // so a job adding a second entry would be timed against a baseline that added the first.
+    // Untimed, a few at a time; the job starts once a watch has seen every entry gone.
+    let taken_out = futures::stream::iter(&names)
+        .map(|name| {
+            let api = api.clone();
+            async move {
+                let patch = json!({"spec": {"images": {"baseline": null}}});
+                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+            }
+        })
+        .buffer_unordered(8)
+        .try_collect::<Vec<_>>();
+    let (taken_out, seen) = tokio::join!(
+        taken_out,
+        wait_until(&client, &mut manager, "baseline tags taken out", n, |ni| {
+            !ni.spec.images.contains_key("baseline")
+        })
+    );
+    taken_out?;
+    seen?;
 
     let mut jobs_figures = Vec::new();
     for (parallelism, image, tag) in [(n as i32, "bench-wide", "1"), (50, "bench-narrow", "1")] {
@@ -348,6 +479,7 @@ async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
                 ..Default::default()
             },
         };
+        let costs = PhaseCosts::read(&cp, &client, pid).await?;
         let t = Instant::now();
         jobs.create(
             &PostParams::default(),
@@ -359,6 +491,9 @@ async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
         })
         .await?;
         let took = t.elapsed();
+        let write_ms = PhaseCosts::read(&cp, &client, pid)
+            .await?
+            .print_since(&costs);
         // Let in-flight reconciles finish before reading the counters.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let writes = diff(&nodeimage_writes(&client).await?, &before);
@@ -389,6 +524,7 @@ async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
             took: took.as_secs_f64(),
             writes_per_node: ok / n as f64,
             refused: refused.max(0.0),
+            write_ms,
             rss_after: rss_mib(pid, "VmRSS:"),
         });
     }
@@ -401,6 +537,7 @@ async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
         nodeimages_created: d.as_secs_f64(),
         rss_watched,
         baseline: baseline.as_secs_f64(),
+        baseline_write_ms,
         jobs: jobs_figures,
         rss_peak: rss_mib(pid, "VmHWM:"),
         rss_end: rss_mib(pid, "VmRSS:"),
