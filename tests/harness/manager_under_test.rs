@@ -156,7 +156,8 @@ impl ManagerUnderTest {
     /// controllers), NodeImages created at once, warnings only, probes and metrics on a free
     /// loopback port (`{port:probe}`, read by [`RunningManager::metric`]), as
     /// [`ControlPlane::spawn_manager`] starts it; `MANAGER_ARGS` (split at whitespace) is added to
-    /// its arguments and `MANAGER_WRAPPER` runs it under another program.
+    /// its arguments, `MANAGER_WRAPPER` runs it under another program and `MANAGER_RUST_LOG`
+    /// replaces its `RUST_LOG` (`warn`).
     pub fn ours() -> Self {
         let var = |name| {
             std::env::var(name)
@@ -182,7 +183,10 @@ impl ManagerUnderTest {
             name: "kruise-rs".into(),
             binary: PathBuf::from(env!("CARGO_BIN_EXE_kruise-rs")),
             args,
-            env: BTreeMap::from([("RUST_LOG".to_owned(), "warn".to_owned())]),
+            env: BTreeMap::from([(
+                "RUST_LOG".to_owned(),
+                var("MANAGER_RUST_LOG").unwrap_or_else(|| "warn".to_owned()),
+            )]),
             apply: Vec::new(),
             namespaces: vec!["kruise-system".into()],
             wrapper: var("MANAGER_WRAPPER"),
