@@ -45,7 +45,9 @@ use serde_json::json;
 mod harness;
 
 use harness::bench::Result;
-use harness::controlplane::{ControlPlane, Crds, apiserver_metric, nodeimage_writes};
+use harness::controlplane::{
+    ControlPlane, Crds, apiserver_request_metric, is_nodeimage_write, nodeimage_writes,
+};
 use harness::manager_under_test::{LimitWaits, ManagerUnderTest, RunningManager};
 use harness::objects::create_ready_nodes;
 use harness::played_daemon::{PlayedDaemons, play_node_image_daemons};
@@ -267,26 +269,17 @@ impl PhaseCosts {
             ("etcd", cp.pid("etcd").and_then(cpu_total)),
             ("bench", cpu_total(std::process::id())),
         ];
-        let nodeimage_writes = |series: Vec<(String, f64)>| -> f64 {
-            series
-                .iter()
-                .filter(|(labels, _)| {
-                    labels.contains("resource=\"nodeimages\"")
-                        && labels.contains("subresource=\"\"")
-                        && ["PATCH", "PUT", "APPLY"]
-                            .iter()
-                            .any(|verb| labels.contains(&format!("verb=\"{verb}\"")))
-                })
-                .map(|(_, value)| value)
-                .sum()
+        let metric = |name| async move {
+            let sums = apiserver_request_metric(client, name, "nodeimages", |label| {
+                is_nodeimage_write(label).then(String::new)
+            })
+            .await?;
+            Result::<f64>::Ok(sums.values().sum())
         };
-        let metric = "apiserver_request_duration_seconds";
         Ok(Self {
             cpu,
-            write_seconds: nodeimage_writes(
-                apiserver_metric(client, &format!("{metric}_sum")).await?,
-            ),
-            writes: nodeimage_writes(apiserver_metric(client, &format!("{metric}_count")).await?),
+            write_seconds: metric("apiserver_request_duration_seconds_sum").await?,
+            writes: metric("apiserver_request_duration_seconds_count").await?,
         })
     }
 

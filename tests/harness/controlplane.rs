@@ -250,24 +250,17 @@ pub async fn apiserver_metric(client: &Client, name: &str) -> Result<Vec<(String
         .collect())
 }
 
-/// The apiserver's `apiserver_request_total` for `verb` requests on `resource`, summed by
-/// `key`: `key` gets a label's value by name (`?` when the series has no such label) and returns
-/// the group a series counts in, or `None` to leave it out.
-pub async fn apiserver_requests(
+/// The apiserver's metric `name` (a counter, or a histogram's `_sum` or `_count`) for requests on
+/// `resource`, summed by `key`: `key` gets a label's value by name (`?` when the series has no
+/// such label) and returns the group a series counts in, or `None` to leave it out.
+pub async fn apiserver_request_metric(
     client: &Client,
+    name: &str,
     resource: &str,
-    verb: &str,
     key: impl Fn(&dyn Fn(&str) -> String) -> Option<String>,
 ) -> Result<std::collections::BTreeMap<String, f64>, String> {
-    let (resource, verb) = (
-        format!("resource=\"{resource}\""),
-        format!("verb=\"{verb}\""),
-    );
     let mut sums = std::collections::BTreeMap::new();
-    for (labels, value) in apiserver_metric(client, "apiserver_request_total").await? {
-        if !(labels.contains(&resource) && labels.contains(&verb)) {
-            continue;
-        }
+    for (labels, value) in apiserver_metric(client, name).await? {
         let label = |name: &str| {
             labels
                 .split(&format!("{name}=\""))
@@ -276,6 +269,9 @@ pub async fn apiserver_requests(
                 .unwrap_or("?")
                 .to_owned()
         };
+        if label("resource") != resource {
+            continue;
+        }
         if let Some(group) = key(&label) {
             *sums.entry(group).or_insert(0.0) += value;
         }
@@ -283,21 +279,38 @@ pub async fn apiserver_requests(
     Ok(sums)
 }
 
-/// Writes of NodeImage objects (not their status, which daemons write) by status code, from the
-/// apiserver's `apiserver_request_total`: PATCHes and server-side applies (ours) and PUTs
-/// (upstream's manager updates whole objects).
+/// The apiserver's `apiserver_request_total` for `verb` requests on `resource`, summed by `key`
+/// (as [`apiserver_request_metric`]'s).
+pub async fn apiserver_requests(
+    client: &Client,
+    resource: &str,
+    verb: &str,
+    key: impl Fn(&dyn Fn(&str) -> String) -> Option<String>,
+) -> Result<std::collections::BTreeMap<String, f64>, String> {
+    apiserver_request_metric(client, "apiserver_request_total", resource, |label| {
+        if label("verb") == verb {
+            key(label)
+        } else {
+            None
+        }
+    })
+    .await
+}
+
+/// Whether a series of the apiserver's request metrics counts a write of a NodeImage object (not
+/// its status, which daemons write): PATCHes and server-side applies (ours) and PUTs (upstream's
+/// manager updates whole objects).
+pub fn is_nodeimage_write(label: &dyn Fn(&str) -> String) -> bool {
+    label("subresource").is_empty() && ["PATCH", "PUT", "APPLY"].contains(&label("verb").as_str())
+}
+
+/// Writes of NodeImage objects by status code, from the apiserver's `apiserver_request_total`
+/// (see [`is_nodeimage_write`]).
 pub async fn nodeimage_writes(
     client: &Client,
 ) -> Result<std::collections::BTreeMap<String, f64>, String> {
-    let mut sums = std::collections::BTreeMap::new();
-    for verb in ["PATCH", "PUT", "APPLY"] {
-        let by_code = apiserver_requests(client, "nodeimages", verb, |label| {
-            label("subresource").is_empty().then(|| label("code"))
-        })
-        .await?;
-        for (code, n) in by_code {
-            *sums.entry(code).or_insert(0.0) += n;
-        }
-    }
-    Ok(sums)
+    apiserver_request_metric(client, "apiserver_request_total", "nodeimages", |label| {
+        is_nodeimage_write(label).then(|| label("code"))
+    })
+    .await
 }
