@@ -10,6 +10,7 @@ pub mod imagelistpulljob;
 pub mod imagepulljob;
 pub mod limits;
 pub mod nodeimage;
+pub mod shared_owner;
 pub mod sidecarset;
 pub mod validation;
 pub mod well_known;

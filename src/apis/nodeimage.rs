@@ -16,6 +16,8 @@ pub use super::common::{ImagePullPolicy, SandboxConfig};
 pub use super::compact::SortedMap;
 use super::compact::compact_vec;
 use super::limits;
+pub use super::shared_owner::SharedOwner;
+use super::shared_owner::shared_owners;
 
 /// Desired state of a NodeImage.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -94,13 +96,15 @@ pub struct ImageTagSpec {
     #[schemars(extend("default" = {}))]
     pub pull_policy: Option<ImageTagPullPolicy>,
     /// The ImagePullJobs that want this tag.
+    // Each shared with every tag its owner owns (`shared_owner`): a fan-out writes the same one
+    // into thousands of NodeImages.
     #[serde(
         default,
-        deserialize_with = "compact_vec",
+        deserialize_with = "shared_owners",
         skip_serializing_if = "Vec::is_empty"
     )]
     #[schemars(schema_with = "owner_references_schema")]
-    pub owner_references: Vec<ObjectReference>,
+    pub owner_references: Vec<SharedOwner>,
     /// Bumped to ask for another pull.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]

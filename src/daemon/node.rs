@@ -302,7 +302,7 @@ async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: O
                 "PullImageSucceed",
                 note,
                 &nodeimage,
-                task.owners.first().cloned(),
+                task.owners.first().map(|o| (**o).clone()),
             )
             .await;
         }
@@ -320,7 +320,7 @@ async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: O
                 )
                 .await;
             }
-            let related = task.owners.first().cloned();
+            let related = task.owners.first().map(|o| (**o).clone());
             publish(
                 &shared,
                 EventType::Warning,

@@ -12,13 +12,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::apis::limits;
 use crate::apis::nodeimage::{
     ImagePullPhase, ImagePullPolicy, ImageTagStatus, NodeImageSpec, NodeImageStatus,
-    ReferenceObject, SandboxConfig,
+    ReferenceObject, SandboxConfig, SharedOwner,
 };
 
 /// `timeoutSeconds` when unset or not positive (upstream's default).
@@ -63,7 +62,7 @@ pub struct PullTask {
     /// When an earlier run of this daemon started this version, from the status.
     pub started_at: Option<Time>,
     /// The ImagePullJobs that asked for the tag, told when it fails.
-    pub owners: Vec<ObjectReference>,
+    pub owners: Vec<SharedOwner>,
 }
 
 /// A worker the daemon has, as the planner sees it.

@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::{ImageTagSpec, Images, NodeImageStatus, ReferenceObject};
+use crate::apis::shared_owner::{SharedOwner, share};
 use crate::controllers::shared::tag_values::{
     OwnerAsk, PullTerms, in_flight, refresh_image, reported,
 };
@@ -19,7 +20,7 @@ pub struct JobRequest {
     pub name: String,
     /// Tag, or `sha256:…` digest.
     pub tag: String,
-    pub owner: ObjectReference,
+    pub owner: SharedOwner,
     pub terms: PullTerms,
     pub pull_secrets: Vec<ReferenceObject>,
 }
@@ -34,7 +35,7 @@ impl JobRequest {
         Self {
             name,
             tag,
-            owner: owner_reference(job),
+            owner: share(owner_reference(job)),
             terms: PullTerms::of(&job.spec.template),
             pull_secrets,
         }

@@ -20,7 +20,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::apis::nodeimage::{
     ImagePullPhase, ImageSpec, ImageStatuses, ImageTagSpec, ImageTagStatus, Images, NodeImage,
-    NodeImageSpec, NodeImageStatus,
+    NodeImageSpec, NodeImageStatus, SharedOwner,
 };
 use crate::apis::well_known::{FAKE_NODEIMAGE, VIRTUAL_KUBELET_TYPE};
 pub use crate::controllers::shared::tag_values::is_image_pull_job;
@@ -187,6 +187,7 @@ pub fn job_owners(spec: &NodeImageSpec) -> Vec<&ObjectReference> {
         .flat_map(|tag| &tag.owner_references)
         .filter(|r| is_image_pull_job(r))
         .filter(|r| r.uid.as_deref().is_some_and(|uid| seen.insert(uid)))
+        .map(|r| &**r)
         .collect()
 }
 
@@ -303,7 +304,7 @@ pub struct FailedTag {
     pub tag: String,
     pub message: String,
     /// The tag's owners (its ImagePullJobs), which get a Warning event each.
-    pub owners: Vec<ObjectReference>,
+    pub owners: Vec<SharedOwner>,
 }
 
 impl FailedTag {

@@ -439,7 +439,7 @@ async fn publish(ctx: &Context, nodeimage: &NodeImage, failed: &[FailedTag]) {
         }
         if let Err(err) = ctx
             .recorder
-            .publish(&event(tag.owners.first().cloned()), &this)
+            .publish(&event(tag.owners.first().map(|o| (**o).clone())), &this)
             .await
         {
             warn!(nodeimage = %node, error = %error_chain(&err), "cannot publish event");

@@ -313,7 +313,7 @@ pub fn refresh_image(
     let mut refreshed = image.clone();
     let mut keep_old_image_sandbox = false;
     for tag in &mut refreshed.tags {
-        let asks: Vec<Option<OwnerAsk>> = tag.owner_references.iter().map(&ask).collect();
+        let asks: Vec<Option<OwnerAsk>> = tag.owner_references.iter().map(|o| ask(o)).collect();
         let all_known = asks.iter().all(Option::is_some);
         let mut known: Vec<OwnerAsk> = asks.into_iter().flatten().collect();
         if known.is_empty() {

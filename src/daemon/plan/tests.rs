@@ -1,5 +1,6 @@
 use super::*;
 use crate::apis::nodeimage::{ImageSpec, ImageStatus, ImageTagPullPolicy, ImageTagSpec};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
@@ -189,10 +190,13 @@ fn image_level_sandbox_and_secrets_and_tag_owners_reach_the_task() {
                 }],
                 tags: vec![ImageTagSpec {
                     tag: "1".into(),
-                    owner_references: vec![ObjectReference {
-                        uid: Some("u1".into()),
-                        ..Default::default()
-                    }],
+                    owner_references: vec![
+                        ObjectReference {
+                            uid: Some("u1".into()),
+                            ..Default::default()
+                        }
+                        .into(),
+                    ],
                     pull_policy: Some(ImageTagPullPolicy::default()),
                     ..Default::default()
                 }],

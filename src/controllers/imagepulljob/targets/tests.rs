@@ -156,10 +156,13 @@ fn with_tag(owner: &str, version: i64, reported: Option<(i64, ImagePullPhase)>) 
             tags: vec![ImageTagSpec {
                 tag: "1".into(),
                 version: Some(version),
-                owner_references: vec![ObjectReference {
-                    uid: Some(owner.into()),
-                    ..Default::default()
-                }],
+                owner_references: vec![
+                    ObjectReference {
+                        uid: Some(owner.into()),
+                        ..Default::default()
+                    }
+                    .into(),
+                ],
                 ..Default::default()
             }],
             ..Default::default()

@@ -68,7 +68,7 @@ fn tag(name: &str, version: i64, created: Option<i64>, owners: &[ObjectReference
     ImageTagSpec {
         tag: name.into(),
         created_at: created.map(time),
-        owner_references: owners.to_vec(),
+        owner_references: owners.iter().cloned().map(Into::into).collect(),
         version: Some(version),
         ..Default::default()
     }
@@ -417,12 +417,15 @@ fn upstream_normal_case_without_modification() {
     // An extra owner without kind/apiVersion is not an ImagePullJob: kept.
     let mut s = base();
     let t = &mut s.images.get_mut("nginx").expect("nginx").tags[0];
-    t.owner_references.push(ObjectReference {
-        name: Some("job1".into()),
-        namespace: Some("default".into()),
-        uid: Some("uid1".into()),
-        ..Default::default()
-    });
+    t.owner_references.push(
+        ObjectReference {
+            name: Some("job1".into()),
+            namespace: Some("default".into()),
+            uid: Some("uid1".into()),
+            ..Default::default()
+        }
+        .into(),
+    );
     let out = gc(&s, &NodeImageStatus::default(), &[], at(0));
     assert_eq!(out.images, s.images);
     assert_eq!(out.wake, None);
@@ -439,14 +442,17 @@ fn upstream_missing_created_at_is_kept_here() {
 #[test]
 fn upstream_non_image_pull_job_owner_is_kept() {
     let mut s = base();
-    s.images.get_mut("nginx").expect("nginx").tags[0].owner_references = vec![ObjectReference {
-        name: Some("deployment1".into()),
-        namespace: Some("default".into()),
-        uid: Some("dep-uid1".into()),
-        kind: Some("Deployment".into()),
-        api_version: Some("apps/v1".into()),
-        ..Default::default()
-    }];
+    s.images.get_mut("nginx").expect("nginx").tags[0].owner_references = vec![
+        ObjectReference {
+            name: Some("deployment1".into()),
+            namespace: Some("default".into()),
+            uid: Some("dep-uid1".into()),
+            kind: Some("Deployment".into()),
+            api_version: Some("apps/v1".into()),
+            ..Default::default()
+        }
+        .into(),
+    ];
     // Even if its uid were somehow listed as gone.
     let out = gc(&s, &NodeImageStatus::default(), &["dep-uid1"], at(0));
     assert_eq!(out.images, s.images);
@@ -470,12 +476,12 @@ fn upstream_partial_owner_removal_keeps_the_tag() {
     let mut s = base();
     s.images.get_mut("nginx").expect("nginx").tags[0]
         .owner_references
-        .push(job("job2", "uid2"));
+        .push(job("job2", "uid2").into());
     let out = gc(&s, &NodeImageStatus::default(), &["uid1"], at(0));
     assert_eq!(tag_counts(&out.images), BTreeMap::from([("nginx", 1)]));
     assert_eq!(
         out.images["nginx"].tags[0].owner_references,
-        vec![job("job2", "uid2")]
+        vec![job("job2", "uid2").into()]
     );
 }
 
@@ -759,7 +765,7 @@ fn an_unanswered_tag_fails_after_the_response_timeout() {
             image: "nginx".into(),
             tag: "1".into(),
             message: "node has not responded for 10m0s".into(),
-            owners: vec![job("j", "u")],
+            owners: vec![job("j", "u").into()],
         }]
     );
     assert_eq!(out.wake, None);

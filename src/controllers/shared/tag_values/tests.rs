@@ -53,7 +53,7 @@ fn owner(uid: &str) -> ObjectReference {
 fn tag(name: &str, owners: &[&str]) -> ImageTagSpec {
     ImageTagSpec {
         tag: name.into(),
-        owner_references: owners.iter().map(|u| owner(u)).collect(),
+        owner_references: owners.iter().map(|u| owner(u).into()).collect(),
         version: Some(0),
         ..Default::default()
     }
