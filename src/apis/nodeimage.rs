@@ -18,6 +18,7 @@ use super::compact::compact_vec;
 use super::limits;
 pub use super::shared_owner::SharedOwner;
 use super::shared_owner::shared_owners;
+use crate::controllers::shared::interned_labels::{Interned, shared_str_option};
 
 /// Desired state of a NodeImage.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -207,8 +208,15 @@ pub struct ImageTagStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<i64>,
     /// `<name>@<runtime image id>`.
-    #[serde(rename = "imageID", default, skip_serializing_if = "Option::is_none")]
-    pub image_id: Option<String>,
+    // Interned: every node that pulled the image reports the same one.
+    #[serde(
+        rename = "imageID",
+        default,
+        with = "shared_str_option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub image_id: Option<Interned>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }

@@ -278,7 +278,7 @@ async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: O
             Ok(image_id) => {
                 s.phase = ImagePullPhase::Succeeded;
                 s.progress = Some(100);
-                s.image_id = Some(image_id.clone());
+                s.image_id = Some(image_id.as_str().into());
                 s.message = None;
             }
             Err(message) => {
