@@ -8,6 +8,7 @@ pub mod crd;
 pub mod defaults;
 pub mod imagelistpulljob;
 pub mod imagepulljob;
+pub mod interned;
 pub mod limits;
 pub mod nodeimage;
 pub mod shared_owner;

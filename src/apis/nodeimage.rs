@@ -15,10 +15,10 @@ use serde::{Deserialize, Serialize};
 pub use super::common::{ImagePullPolicy, SandboxConfig};
 pub use super::compact::SortedMap;
 use super::compact::compact_vec;
+use super::interned::{Interned, shared_str_option};
 use super::limits;
 pub use super::shared_owner::SharedOwner;
 use super::shared_owner::shared_owners;
-use crate::controllers::shared::interned_labels::{Interned, shared_str_option};
 
 /// Desired state of a NodeImage.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

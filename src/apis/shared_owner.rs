@@ -3,16 +3,17 @@
 //! An ImagePullJob's fan-out writes the same owner reference into one tag of every NodeImage it
 //! targets: at 5,000 nodes, 5,000 copies of one `ObjectReference` (a 168-byte struct and five
 //! strings each, about 1.7 MiB of the manager's heap once the job has run; issue 21). Parsed, a
-//! reference is looked up among those alive and the stored one shared instead. Strings nobody
-//! holds any more (a finished job's) are dropped when the table has doubled since it was last
-//! swept, as the label interner does.
+//! reference is looked up among those alive and the stored one shared instead; references
+//! nobody holds any more (a finished job's) are swept as interned strings are
+//! (`SweptSet` in `super::interned`).
 
-use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use serde::{Deserialize, Deserializer};
+
+use super::interned::SweptSet;
 
 /// An owner reference shared by every holder of an equal one.
 pub type SharedOwner = Arc<ObjectReference>;
@@ -49,36 +50,22 @@ impl Hash for Entry {
     }
 }
 
-struct Table {
-    owners: HashSet<Entry>,
-    /// Size after the last sweep; the next sweep runs at twice this.
-    swept_at: usize,
-}
-
-static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(|| {
-    Mutex::new(Table {
-        owners: HashSet::new(),
-        swept_at: 0,
-    })
-});
-
 /// Below this many references the table is never swept.
 const MIN_SWEEP: usize = 64;
+
+static TABLE: LazyLock<Mutex<SweptSet<Entry>>> =
+    LazyLock::new(|| Mutex::new(SweptSet::new(MIN_SWEEP)));
 
 /// The shared copy of `owner`.
 pub fn share(owner: ObjectReference) -> SharedOwner {
     let entry = Entry(Arc::new(owner));
     // A poisoned lock only means another thread panicked mid-insert; the set is still valid.
     let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(found) = table.owners.get(&entry) {
+    if let Some(found) = table.get(&entry) {
         return found.0.clone();
     }
-    if table.owners.len() >= (table.swept_at * 2).max(MIN_SWEEP) {
-        table.owners.retain(|e| Arc::strong_count(&e.0) > 1);
-        table.swept_at = table.owners.len();
-    }
     let shared = entry.0.clone();
-    table.owners.insert(entry);
+    table.insert(entry, |e| Arc::strong_count(&e.0) > 1);
     shared
 }
 
@@ -150,12 +137,11 @@ mod tests {
         for i in 0..(4 * MIN_SWEEP) {
             drop(share(owner(&format!("swept-{i}"))));
         }
-        let table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = TABLE.lock().unwrap_or_else(|e| e.into_inner()).len();
         // Unswept, the table would hold every one of them.
         assert!(
-            table.owners.len() < 4 * MIN_SWEEP,
-            "{} references kept after the sweeps",
-            table.owners.len()
+            kept < 4 * MIN_SWEEP,
+            "{kept} references kept after the sweeps"
         );
     }
 }

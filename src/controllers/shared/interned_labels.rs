@@ -10,85 +10,20 @@
 //! [`Interned`] strings: each distinct key or value is allocated once and shared, so a Node's
 //! labels cost a pointer pair per label plus its few unique values (its hostname).
 //!
-//! The interner never grows without bound: strings nobody holds any more (a deleted Node's
-//! hostname) are dropped when the table has doubled since it was last swept.
+//! The strings themselves are interned by [`crate::apis::interned`] (the API types share
+//! some too), re-exported here.
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::Arc;
 
 use kube::core::labels::Expression;
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::apis::interned::Text;
+pub use crate::apis::interned::{Interned, intern, shared_str, shared_str_option};
 use crate::sidecar::matching::LabelLookup;
-
-/// A string shared by every holder of an equal one.
-pub type Interned = Arc<str>;
-
-struct Table {
-    strings: HashSet<Interned>,
-    /// Size after the last sweep; the next sweep runs at twice this.
-    swept_at: usize,
-}
-
-static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(|| {
-    Mutex::new(Table {
-        strings: HashSet::new(),
-        swept_at: 0,
-    })
-});
-
-/// Below this many strings the table is never swept (sweeping costs a pass over it).
-const MIN_SWEEP: usize = 1024;
-
-/// The shared copy of `s`.
-pub fn intern(s: &str) -> Interned {
-    // A poisoned lock only means another thread panicked mid-insert; the set is still valid.
-    let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(found) = table.strings.get(s) {
-        return found.clone();
-    }
-    if table.strings.len() >= (table.swept_at * 2).max(MIN_SWEEP) {
-        table.strings.retain(|s| Arc::strong_count(s) > 1);
-        table.swept_at = table.strings.len();
-    }
-    let new: Interned = Arc::from(s);
-    table.strings.insert(new.clone());
-    new
-}
-
-/// A string field read as its shared copy (`#[serde(with = "shared_str")]`; null reads as
-/// empty).
-pub mod shared_str {
-    use super::*;
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Interned, D::Error> {
-        let text = Option::<Text<'de>>::deserialize(d)?;
-        Ok(intern(text.as_ref().map_or("", AsRef::as_ref)))
-    }
-
-    pub fn serialize<S: Serializer>(value: &Interned, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(value)
-    }
-}
-
-/// An optional string field read as its shared copy (`#[serde(with = "shared_str_option")]`).
-pub mod shared_str_option {
-    use super::*;
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Interned>, D::Error> {
-        Ok(Option::<Text<'de>>::deserialize(d)?.map(|t| intern(t.as_ref())))
-    }
-
-    pub fn serialize<S: Serializer>(value: &Option<Interned>, s: S) -> Result<S::Ok, S::Error> {
-        match value {
-            Some(v) => s.serialize_some(&**v),
-            None => s.serialize_none(),
-        }
-    }
-}
 
 /// A label map, sorted by key, its strings interned.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
@@ -273,37 +208,6 @@ impl<'de> Visitor<'de> for OptionVisitor {
     fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<Labels>, D::Error> {
         d.deserialize_any(PairsVisitor { share: self.share })
             .map(Some)
-    }
-}
-
-/// A string as the deserializer offers it: borrowed from the input when it can be.
-struct Text<'de>(Cow<'de, str>);
-
-impl AsRef<str> for Text<'_> {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl<'de> Deserialize<'de> for Text<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct TextVisitor;
-        impl<'de> Visitor<'de> for TextVisitor {
-            type Value = Text<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Text<'de>, E> {
-                Ok(Text(Cow::Borrowed(s)))
-            }
-            fn visit_str<E>(self, s: &str) -> Result<Text<'de>, E> {
-                Ok(Text(Cow::Owned(s.to_owned())))
-            }
-            fn visit_string<E>(self, s: String) -> Result<Text<'de>, E> {
-                Ok(Text(Cow::Owned(s)))
-            }
-        }
-        d.deserialize_str(TextVisitor)
     }
 }
 
