@@ -319,6 +319,35 @@ mod tests {
     }
 
     #[test]
+    fn parsed_nodeimages_share_their_owner_references_and_image_ids() {
+        let nodeimage = |node: &str| {
+            serde_json::from_value::<NodeImage>(json!({
+                "apiVersion": "apps.kruise.io/v1beta1", "kind": "NodeImage",
+                "metadata": {"name": node},
+                "spec": {"images": {"nginx": {"tags": [{"tag": "1.27", "ownerReferences": [
+                    {"apiVersion": "apps.kruise.io/v1beta1", "kind": "ImagePullJob",
+                     "namespace": "default", "name": "shared-test-job", "uid": "shared-test-uid"}
+                ]}]}}},
+                "status": {"imageStatuses": {"nginx": {"tags": [
+                    {"tag": "1.27", "phase": "Succeeded", "imageID": "nginx@sha256:shared-test"}
+                ]}}}
+            }))
+            .expect("parses")
+        };
+        let (a, b) = (nodeimage("a"), nodeimage("b"));
+        let owner = |n: &NodeImage| n.spec.images["nginx"].tags[0].owner_references[0].clone();
+        assert!(std::sync::Arc::ptr_eq(&owner(&a), &owner(&b)));
+        let id = |n: &NodeImage| {
+            n.status.as_ref().expect("status").image_statuses["nginx"].tags[0]
+                .image_id
+                .clone()
+                .expect("imageID")
+        };
+        assert!(std::sync::Arc::ptr_eq(&id(&a), &id(&b)));
+        assert_eq!(&*id(&a), "nginx@sha256:shared-test");
+    }
+
+    #[test]
     fn pull_secret_mode_is_kept() {
         let spec: ImageSpec = serde_json::from_value(json!({
             "pullSecrets": [{"namespace": "kruise-daemon-config", "name": "s", "mode": "batch"}],
