@@ -370,9 +370,9 @@ fn track_status(
                         if matches!(
                             tag.phase,
                             ImagePullPhase::Succeeded | ImagePullPhase::Failed
-                        ) && !seen.contains_key(image)
+                        ) && !seen.contains_key(image.as_str())
                         {
-                            seen.insert(image.clone(), (tag.phase, now, tag.message.clone()));
+                            seen.insert(image.to_string(), (tag.phase, now, tag.message.clone()));
                             changed = true;
                         }
                     }

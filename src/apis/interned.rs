@@ -13,7 +13,7 @@ use std::hash::Hash;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use serde::de::Visitor;
-use serde::{Deserialize, Deserializer, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A string shared by every holder of an equal one.
 pub type Interned = Arc<str>;
@@ -107,6 +107,142 @@ pub mod shared_str_option {
             Some(v) => s.serialize_some(&**v),
             None => s.serialize_none(),
         }
+    }
+}
+
+/// A string field or map key held as its shared copy: read through the table, compared, ordered
+/// and written as its text. For keys and list items, where `#[serde(with)]` cannot reach (the
+/// NodeImage image names and tags, the same few on thousands of NodeImages).
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct InternedString(Interned);
+
+impl InternedString {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for InternedString {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for InternedString {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for InternedString {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for InternedString {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for InternedString {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for InternedString {
+    fn from(s: &str) -> Self {
+        InternedString(intern(s))
+    }
+}
+
+impl From<&String> for InternedString {
+    fn from(s: &String) -> Self {
+        InternedString(intern(s))
+    }
+}
+
+impl From<String> for InternedString {
+    fn from(s: String) -> Self {
+        InternedString(intern(&s))
+    }
+}
+
+impl From<InternedString> for String {
+    fn from(s: InternedString) -> Self {
+        s.0.to_string()
+    }
+}
+
+impl From<&InternedString> for String {
+    fn from(s: &InternedString) -> Self {
+        s.0.to_string()
+    }
+}
+
+impl PartialEq<str> for InternedString {
+    fn eq(&self, other: &str) -> bool {
+        *self.0 == *other
+    }
+}
+
+impl PartialEq<&str> for InternedString {
+    fn eq(&self, other: &&str) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl PartialEq<String> for InternedString {
+    fn eq(&self, other: &String) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl PartialEq<InternedString> for str {
+    fn eq(&self, other: &InternedString) -> bool {
+        *self == *other.0
+    }
+}
+
+impl PartialEq<InternedString> for &str {
+    fn eq(&self, other: &InternedString) -> bool {
+        **self == *other.0
+    }
+}
+
+impl PartialEq<InternedString> for String {
+    fn eq(&self, other: &InternedString) -> bool {
+        **self == *other.0
+    }
+}
+
+impl Serialize for InternedString {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for InternedString {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(InternedString(intern(Text::deserialize(d)?.as_ref())))
+    }
+}
+
+impl schemars::JsonSchema for InternedString {
+    fn schema_name() -> Cow<'static, str> {
+        String::schema_name()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        String::json_schema(generator)
     }
 }
 

@@ -122,8 +122,8 @@ pub fn plan(
                 // older kruise-rs) get the image's.
                 sandbox: tag
                     .sandbox_config
-                    .as_ref()
-                    .or(image_spec.sandbox_config.as_ref())
+                    .as_deref()
+                    .or(image_spec.sandbox_config.as_deref())
                     .cloned()
                     .unwrap_or_default(),
                 pull_secrets: image_spec.pull_secrets.clone(),
@@ -146,7 +146,7 @@ pub fn plan(
 fn reported<'a>(status: Option<&'a NodeImageStatus>, key: &TagKey) -> Option<&'a ImageTagStatus> {
     status?
         .image_statuses
-        .get(&key.image)?
+        .get(key.image.as_str())?
         .tags
         .iter()
         .find(|t| t.tag == key.tag)

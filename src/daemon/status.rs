@@ -90,7 +90,7 @@ pub fn status_patch(
             .flat_map(|s| s.image_statuses.keys())
             .filter(|name| !desired.image_statuses.contains_key(*name))
         {
-            images.insert(gone.clone(), Value::Null);
+            images.insert(gone.to_string(), Value::Null);
         }
     }
     if desired.first_sync_status.is_none() {

@@ -80,7 +80,12 @@ fn unanswered(ni: &NodeImage) -> Vec<Ask> {
                 .and_then(|i| i.tags.iter().find(|t| t.tag == tag.tag))
                 .is_some_and(|t| t.completion_time.is_some() && t.version.unwrap_or(0) == version);
             if !finished {
-                asks.push((ni.name_any(), image.clone(), tag.tag.clone(), version));
+                asks.push((
+                    ni.name_any(),
+                    image.to_string(),
+                    tag.tag.to_string(),
+                    version,
+                ));
             }
         }
     }
@@ -96,11 +101,11 @@ async fn answer(api: Api<NodeImage>, ask: Ask, mut seen: NodeImage, delay: Durat
         let mut tags = seen
             .status
             .as_ref()
-            .and_then(|s| s.image_statuses.get(&image))
+            .and_then(|s| s.image_statuses.get(image.as_str()))
             .map(|i| i.tags.clone())
             .unwrap_or_default();
         // A daemon reports the tags the spec asks for, no others.
-        let asked = seen.spec.images.get(&image).map(|i| &i.tags);
+        let asked = seen.spec.images.get(image.as_str()).map(|i| &i.tags);
         tags.retain(|t| t.tag != tag && asked.is_some_and(|a| a.iter().any(|s| s.tag == t.tag)));
         let mut done = ImageTagStatus::new(tag.clone(), ImagePullPhase::Succeeded);
         done.version = Some(version);

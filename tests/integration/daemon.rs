@@ -670,7 +670,7 @@ async fn a_pull_waits_out_a_runtime_restart_and_succeeds() {
         .await
         .expect("the NodeImage")
         .status
-        .and_then(|s| s.image_statuses.get(&image).cloned())
+        .and_then(|s| s.image_statuses.get(image.as_str()).cloned())
         .and_then(|i| i.tags.into_iter().find(|t| t.tag == "v1"))
         .expect("the tag's status");
     assert_eq!(
@@ -733,7 +733,7 @@ async fn a_failing_tag_in_backoff_does_not_hold_up_other_pulls() {
         .await
         .expect("the NodeImage")
         .status
-        .and_then(|s| s.image_statuses.get(&missing).cloned())
+        .and_then(|s| s.image_statuses.get(missing.as_str()).cloned())
         .and_then(|i| i.tags.into_iter().find(|t| t.tag == "nope"))
         .expect("the missing tag's status");
     assert_eq!(
@@ -852,7 +852,7 @@ async fn a_restarted_daemon_resumes_unfinished_pulls_and_keeps_finished_ones() {
     patch_spec(&node, json!({"images": {&hanging: null}})).await;
     wait_for("the removed tag to leave the status", WAIT, || async {
         let status = nodeimages().await.get(&node).await.ok()?.status?;
-        (!status.image_statuses.contains_key(&hanging) && status.desired == 1).then_some(())
+        (!status.image_statuses.contains_key(hanging.as_str()) && status.desired == 1).then_some(())
     })
     .await;
     wait_for("the worker to stop", WAIT, || async {

@@ -784,13 +784,13 @@ async fn a_list_of_three_images_is_pulled_by_the_daemon_through_containerd() {
         .status
         .expect("the daemon reported")
         .image_statuses
-        .get(&format!("{}/{repo}", node_env.registry()))
+        .get(format!("{}/{repo}", node_env.registry()).as_str())
         .cloned()
         .expect("the repository's tags");
     let mut succeeded: Vec<(String, ImagePullPhase)> = reported
         .tags
         .iter()
-        .map(|t| (t.tag.clone(), t.phase))
+        .map(|t| (t.tag.to_string(), t.phase))
         .collect();
     succeeded.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(

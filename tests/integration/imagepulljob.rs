@@ -433,7 +433,7 @@ async fn jobs_sharing_a_node_and_an_image_lose_nothing() {
             "jobs a and c share nginx:a"
         );
         assert_eq!(
-            nginx.sandbox_config.as_ref(),
+            nginx.sandbox_config.as_deref(),
             Some(&sandbox),
             "job b's missing sandboxConfig wipes nothing"
         );
@@ -1055,11 +1055,11 @@ async fn an_edit_reaches_the_node_already_pulling() {
     );
     assert_eq!(tag.created_at, first.created_at, "the same request");
     assert_eq!(
-        tag.sandbox_config,
+        tag.sandbox_config.as_deref().cloned(),
         Some(sandbox_labels(&[("app", "edited")]))
     );
     assert_eq!(
-        ni.spec.images["nginx"].sandbox_config,
+        ni.spec.images["nginx"].sandbox_config.as_deref().cloned(),
         Some(sandbox_labels(&[("app", "edited")]))
     );
     let second = env.nodeimages().get(&nodes[1]).await.expect("second node");
@@ -1137,7 +1137,7 @@ async fn deleting_one_of_two_jobs_takes_its_sandbox_labels_and_patience_with_it(
     .await;
     let shared = tag_entry(&ni, "nginx", "shared").unwrap();
     assert_eq!(
-        shared.sandbox_config,
+        shared.sandbox_config.as_deref().cloned(),
         Some(sandbox_labels(&[
             ("app", "a"),
             ("both", "x"),
@@ -1149,7 +1149,11 @@ async fn deleting_one_of_two_jobs_takes_its_sandbox_labels_and_patience_with_it(
         Some(3000)
     );
     assert_eq!(
-        tag_entry(&ni, "nginx", "other").unwrap().sandbox_config,
+        tag_entry(&ni, "nginx", "other")
+            .unwrap()
+            .sandbox_config
+            .as_deref()
+            .cloned(),
         Some(sandbox_labels(&[("tag", "other")])),
         "each tag its own"
     );
@@ -1167,7 +1171,7 @@ async fn deleting_one_of_two_jobs_takes_its_sandbox_labels_and_patience_with_it(
     .await;
     let shared = tag_entry(&ni, "nginx", "shared").unwrap();
     assert_eq!(
-        shared.sandbox_config,
+        shared.sandbox_config.as_deref().cloned(),
         Some(sandbox_labels(&[("both", "x"), ("team", "b")])),
         "app=a went with job a; both=x stays, job b sets it too"
     );
@@ -1177,7 +1181,7 @@ async fn deleting_one_of_two_jobs_takes_its_sandbox_labels_and_patience_with_it(
         "job a's patience went with it"
     );
     assert_eq!(
-        ni.spec.images["nginx"].sandbox_config,
+        ni.spec.images["nginx"].sandbox_config.as_deref().cloned(),
         Some(sandbox_labels(&[
             ("both", "x"),
             ("tag", "other"),

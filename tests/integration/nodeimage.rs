@@ -251,7 +251,7 @@ fn tags_of(ni: &NodeImage, image: &str) -> Option<Vec<String>> {
     ni.spec
         .images
         .get(image)
-        .map(|i| i.tags.iter().map(|t| t.tag.clone()).collect())
+        .map(|i| i.tags.iter().map(|t| t.tag.to_string()).collect())
 }
 
 #[tokio::test]
@@ -364,7 +364,7 @@ async fn a_nodeimage_without_a_node_is_deleted_unless_labelled_fake() {
     env.wait_nodeimage_gone(&orphan).await;
     let kept = env
         .wait_nodeimage(&fake, "its ghost-owned image collected", |ni| {
-            !ni.spec.images.contains_key(&img)
+            !ni.spec.images.contains_key(img.as_str())
         })
         .await;
     assert!(kept.metadata.deletion_timestamp.is_none());
@@ -426,7 +426,7 @@ async fn tags_of_gone_jobs_are_collected_and_tags_of_live_owners_stay() {
         })
         .await;
     assert_eq!(
-        ni.spec.images[&live_img].tags[0].owner_references,
+        ni.spec.images[live_img.as_str()].tags[0].owner_references,
         vec![owner(&job).into()],
         "only the live job's reference remains"
     );
@@ -485,7 +485,7 @@ async fn a_finished_tag_is_collected_once_its_ttl_has_passed() {
     let completed = written
         .status
         .as_ref()
-        .and_then(|s| s.image_statuses.get(&img))
+        .and_then(|s| s.image_statuses.get(img.as_str()))
         .and_then(|s| s.tags[0].completion_time.clone())
         .expect("completionTime stored")
         .0;
@@ -529,7 +529,12 @@ async fn an_unanswered_tag_fails_after_the_response_timeout_with_warning_events(
             async move {
                 let ni = api.get(node).await.ok()?;
                 let status = ni.status?;
-                let tag = status.image_statuses.get(img)?.tags.first()?.clone();
+                let tag = status
+                    .image_statuses
+                    .get(img.as_str())?
+                    .tags
+                    .first()?
+                    .clone();
                 (tag.phase == ImagePullPhase::Failed).then_some((tag, status.failed))
             }
         },

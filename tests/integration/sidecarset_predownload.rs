@@ -966,7 +966,7 @@ async fn answer(api: &Api<NodeImage>, selector: &str, verdicts: &Verdicts) -> Re
                 }
             }
             if changed {
-                images.insert(image.clone(), json!({"tags": tags}));
+                images.insert(image.to_string(), json!({"tags": tags}));
             }
         }
         if images.is_empty() {

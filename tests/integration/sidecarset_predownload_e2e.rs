@@ -427,7 +427,7 @@ async fn start_watches(scene: &Scene<'_>, timeline: &Shared) -> Watches {
                     let asked = ni
                         .spec
                         .images
-                        .get(&repository)
+                        .get(repository.as_str())
                         .is_some_and(|i| i.tags.iter().any(|t| t.tag == tag));
                     if asked && !timeline.requested.iter().any(|e| e.node == node) {
                         timeline.requested.push(NodeEvent {
@@ -441,7 +441,7 @@ async fn start_watches(scene: &Scene<'_>, timeline: &Shared) -> Watches {
                     let done = ni
                         .status
                         .as_ref()
-                        .and_then(|s| s.image_statuses.get(&repository))
+                        .and_then(|s| s.image_statuses.get(repository.as_str()))
                         .and_then(|i| i.tags.iter().find(|t| t.tag == tag))
                         .filter(|t| {
                             matches!(t.phase, ImagePullPhase::Succeeded | ImagePullPhase::Failed)

@@ -243,7 +243,7 @@ fn nodeimage_defaults_created_at_and_pull_policy_and_sorts_tags() {
         ]}}})).expect("spec"));
     node.status = Some(NodeImageStatus {
         image_statuses: [(
-            "nginx".to_owned(),
+            "nginx".into(),
             ImageStatus {
                 tags: vec![
                     ImageTagStatus::new("b", ImagePullPhase::Pulling),

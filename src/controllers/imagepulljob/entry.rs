@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::apis::imagepulljob::ImagePullJob;
+use crate::apis::interned::InternedString;
 use crate::apis::nodeimage::{ImageTagSpec, Images, NodeImageStatus, ReferenceObject};
 use crate::apis::shared_owner::{SharedOwner, share};
 use crate::controllers::shared::tag_values::{
@@ -72,7 +73,7 @@ pub fn with_job_entry(
     extra_ttl: Duration,
 ) -> Option<Images> {
     let mut images = images.clone();
-    let image = images.get_or_insert_with(req.name.clone(), Default::default);
+    let image = images.get_or_insert_with(InternedString::from(&req.name), Default::default);
     let before = image.clone();
 
     for secret in &req.pull_secrets {
@@ -106,7 +107,7 @@ pub fn with_job_entry(
             // result is not taken for this request's.
             let last = reported(status, &req.name, &req.tag).and_then(|t| t.version);
             image.tags.push(ImageTagSpec {
-                tag: req.tag.clone(),
+                tag: InternedString::from(&req.tag),
                 created_at: Some(now.clone()),
                 owner_references: vec![req.owner.clone()],
                 version: Some(last.map_or(0, |v| v + 1)),

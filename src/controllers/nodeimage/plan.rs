@@ -382,8 +382,8 @@ pub fn timeouts(
             };
             mark_failed(&mut new, name, tag, &message, now);
             failed.push(FailedTag {
-                image: name.clone(),
-                tag: tag.tag.clone(),
+                image: name.to_string(),
+                tag: tag.tag.to_string(),
                 message,
                 owners: tag.owner_references.clone(),
             });
@@ -413,7 +413,7 @@ fn mark_failed(
 ) {
     let tags = &mut status
         .image_statuses
-        .get_or_insert_with(image.to_owned(), Default::default)
+        .get_or_insert_with(image.into(), Default::default)
         .tags;
     let failed = |old: Option<&ImageTagStatus>| ImageTagStatus {
         phase: ImagePullPhase::Failed,

@@ -82,7 +82,7 @@ pub fn images_patch(
             }));
         }
         let images: serde_json::Map<String, Value> =
-            new.iter().map(|(k, v)| (k.clone(), to_value(v))).collect();
+            new.iter().map(|(k, v)| (k.into(), to_value(v))).collect();
         ops.push(PatchOperation::Add(AddOperation {
             path: PointerBuf::from_tokens(["spec"]),
             value: serde_json::json!({ "images": images }),
@@ -94,7 +94,7 @@ pub fn images_patch(
         // A new key must still be absent: test the whole map as we saw it.
         let images: serde_json::Map<String, Value> = match old_raw {
             Some(raw) => raw.clone(),
-            None => old.iter().map(|(k, v)| (k.clone(), to_value(v))).collect(),
+            None => old.iter().map(|(k, v)| (k.into(), to_value(v))).collect(),
         };
         ops.push(PatchOperation::Test(TestOperation {
             path: images_path(&[]),
@@ -237,13 +237,13 @@ mod tests {
 
     #[test]
     fn no_change_no_patch() {
-        let images = Images::from([("nginx".to_owned(), image(&["1"]))]);
+        let images = Images::from([("nginx".into(), image(&["1"]))]);
         assert!(images_patch(&images, None, Some("5"), &images).is_none());
     }
 
     #[test]
     fn the_first_image_is_guarded_by_the_resource_version() {
-        let new = Images::from([("nginx".to_owned(), image(&["1"]))]);
+        let new = Images::from([("nginx".into(), image(&["1"]))]);
         let patch = images_patch(&Images::new(), None, Some("7"), &new).expect("a patch");
         let doc = json!({"metadata": {"resourceVersion": "7"}, "spec": {}});
         let out = apply(&doc, &patch).expect("applies");
@@ -258,8 +258,8 @@ mod tests {
     #[test]
     fn changing_one_image_tests_only_that_image() {
         let old = Images::from([
-            ("nginx".to_owned(), image(&["1"])),
-            ("ghcr.io/org/app".to_owned(), image(&["v1"])),
+            ("nginx".into(), image(&["1"])),
+            ("ghcr.io/org/app".into(), image(&["v1"])),
         ]);
         let mut new = old.clone();
         new.insert("ghcr.io/org/app".into(), image(&["v1", "v2"]));
@@ -285,7 +285,7 @@ mod tests {
 
     #[test]
     fn adding_an_image_refuses_if_someone_else_added_it_first() {
-        let old = Images::from([("nginx".to_owned(), image(&["1"]))]);
+        let old = Images::from([("nginx".into(), image(&["1"]))]);
         let mut new = old.clone();
         new.insert("redis".into(), image(&["7"]));
         let patch = images_patch(&old, None, None, &new).expect("a patch");
@@ -302,7 +302,7 @@ mod tests {
         let stored =
             json!({"nginx": {"tags": [{"tag": "1", "createdAt": "2026-01-01T00:00:00.123456Z"}]}});
         let old: Images = serde_json::from_value(stored.clone()).unwrap();
-        let new = Images::from([("nginx".to_owned(), image(&["2"]))]);
+        let new = Images::from([("nginx".into(), image(&["2"]))]);
         let doc = json!({"spec": {"images": stored}});
         let typed_only = images_patch(&old, None, None, &new).expect("a patch");
         assert!(
@@ -318,10 +318,10 @@ mod tests {
     #[test]
     fn removing_an_image_and_names_with_slashes() {
         let old = Images::from([
-            ("127.0.0.1:5000/team/app".to_owned(), image(&["1"])),
-            ("nginx".to_owned(), image(&["1"])),
+            ("127.0.0.1:5000/team/app".into(), image(&["1"])),
+            ("nginx".into(), image(&["1"])),
         ]);
-        let new = Images::from([("nginx".to_owned(), image(&["1"]))]);
+        let new = Images::from([("nginx".into(), image(&["1"]))]);
         let patch = images_patch(&old, None, None, &new).expect("a patch");
         let doc = json!({"spec": {"images": serde_json::to_value(&old).unwrap()}});
         let out = apply(&doc, &patch).expect("applies");

@@ -271,7 +271,7 @@ pub fn must_restart(
     };
     let pulled_with = old
         .sandbox_config
-        .as_ref()
+        .as_deref()
         .or(image_sandbox)
         .cloned()
         .unwrap_or_default();
@@ -323,8 +323,8 @@ pub fn refresh_image(
         // What the pull was (or will be) started with.
         let pulled_with = tag
             .sandbox_config
-            .as_ref()
-            .or(image.sandbox_config.as_ref())
+            .as_deref()
+            .or(image.sandbox_config.as_deref())
             .cloned()
             .unwrap_or_default();
         if !all_known {
@@ -344,20 +344,20 @@ pub fn refresh_image(
         tag.pull_policy = Some(values.pull_policy.clone());
         tag.image_pull_policy = Some(values.image_pull_policy);
         if all_known || tag.sandbox_config.is_some() || values.sandbox != pulled_with {
-            tag.sandbox_config = Some(values.sandbox.clone());
+            tag.sandbox_config = Some(Box::new(values.sandbox.clone()));
         } else {
             // Written without metadata of its own, and the known owners add none.
             keep_old_image_sandbox = true;
         }
         if *tag != old
             && in_flight(&old)
-            && must_restart(&old, image.sandbox_config.as_ref(), &values)
+            && must_restart(&old, image.sandbox_config.as_deref(), &values)
         {
             tag.version = Some(old.version.unwrap_or(0) + 1);
         }
     }
     let mut sandbox = if keep_old_image_sandbox {
-        image.sandbox_config.clone().unwrap_or_default()
+        image.sandbox_config.as_deref().cloned().unwrap_or_default()
     } else {
         SandboxConfig::default()
     };
@@ -367,7 +367,7 @@ pub fn refresh_image(
         }
     }
     refreshed.sandbox_config =
-        (!sandbox.labels.is_empty() || !sandbox.annotations.is_empty()).then_some(sandbox);
+        (!sandbox.labels.is_empty() || !sandbox.annotations.is_empty()).then(|| Box::new(sandbox));
     refreshed
 }
 

@@ -181,7 +181,7 @@ fn only_if_not_present_skips_present_images() {
 fn image_level_sandbox_and_secrets_and_tag_owners_reach_the_task() {
     let spec = NodeImageSpec {
         images: [(
-            "nginx".to_owned(),
+            "nginx".into(),
             ImageSpec {
                 pull_secrets: vec![ReferenceObject {
                     namespace: Some("kruise-daemon-config".into()),
@@ -200,10 +200,10 @@ fn image_level_sandbox_and_secrets_and_tag_owners_reach_the_task() {
                     pull_policy: Some(ImageTagPullPolicy::default()),
                     ..Default::default()
                 }],
-                sandbox_config: Some(SandboxConfig {
+                sandbox_config: Some(Box::new(SandboxConfig {
                     labels: [("app".to_owned(), "foo".to_owned())].into(),
                     annotations: Default::default(),
-                }),
+                })),
             },
         )]
         .into(),
@@ -220,7 +220,7 @@ fn an_empty_spec_stops_everything() {
     let plan = plan(
         &NodeImageSpec::default(),
         Some(&NodeImageStatus {
-            image_statuses: [("nginx".to_owned(), ImageStatus::default())].into(),
+            image_statuses: [("nginx".into(), ImageStatus::default())].into(),
             ..Default::default()
         }),
         &running(&[("nginx", "1", 0)]),

@@ -88,7 +88,7 @@ fn a_new_tag_entry_has_owner_version_policy_and_creation_time() {
 fn a_new_entry_continues_after_the_last_reported_round() {
     let status = NodeImageStatus {
         image_statuses: ImageStatuses::from([(
-            "nginx".to_owned(),
+            "nginx".into(),
             ImageStatus {
                 tags: vec![ImageTagStatus {
                     version: Some(4),
@@ -148,7 +148,10 @@ fn an_unknown_owner_keeps_what_the_tag_holds_and_known_owners_add_to_it() {
     assert_eq!(tag.owner_references.len(), 2);
     let timeout = |t: &ImageTagSpec| t.pull_policy.as_ref().unwrap().timeout_seconds;
     assert_eq!(timeout(tag), Some(100), "not shrunk to u2's");
-    assert_eq!(tag.sandbox_config, Some(labels(&[("app", "one")])));
+    assert_eq!(
+        tag.sandbox_config,
+        Some(Box::new(labels(&[("app", "one")])))
+    );
 
     let mut u3 = req("u3", Default::default(), Some(labels(&[("team", "three")])));
     u3.terms.timeout_seconds = 5000;
@@ -159,7 +162,7 @@ fn an_unknown_owner_keeps_what_the_tag_holds_and_known_owners_add_to_it() {
     assert_eq!(tag.image_pull_policy, Some(ImagePullPolicy::Always));
     assert_eq!(
         tag.sandbox_config,
-        Some(labels(&[("app", "one"), ("team", "three")]))
+        Some(Box::new(labels(&[("app", "one"), ("team", "three")])))
     );
     assert_eq!(tag.version, Some(2), "one new round per joiner");
 }
@@ -188,7 +191,7 @@ fn sandbox_config_is_kept_per_tag_and_merged_per_image() {
     let mut u2 = req("u2", Default::default(), None);
     u2.tag = "2".into();
     let second = entry(&first, None, &u2, &[&u1], 2).unwrap();
-    assert_eq!(second["nginx"].sandbox_config.as_ref(), Some(&a));
+    assert_eq!(second["nginx"].sandbox_config.as_deref(), Some(&a));
     let tag = |images: &Images, name: &str| {
         images["nginx"]
             .tags
@@ -197,10 +200,10 @@ fn sandbox_config_is_kept_per_tag_and_merged_per_image() {
             .unwrap()
             .clone()
     };
-    assert_eq!(tag(&second, "1").sandbox_config, Some(a.clone()));
+    assert_eq!(tag(&second, "1").sandbox_config, Some(Box::new(a.clone())));
     assert_eq!(
         tag(&second, "2").sandbox_config,
-        Some(SandboxConfig::default()),
+        Some(Box::new(SandboxConfig::default())),
         "tag 2 is pulled with no metadata, not with tag 1's"
     );
     let mut u3 = req("u3", Default::default(), Some(labels(&[("team", "x")])));
@@ -211,7 +214,7 @@ fn sandbox_config_is_kept_per_tag_and_merged_per_image() {
     assert_eq!(sc.annotations.len(), 1);
     assert_eq!(
         tag(&merged, "3").sandbox_config,
-        Some(labels(&[("team", "x")]))
+        Some(Box::new(labels(&[("team", "x")])))
     );
     let tags: Vec<_> = merged["nginx"]
         .tags
@@ -239,7 +242,7 @@ fn reported(version: i64, phase: ImagePullPhase) -> NodeImageStatus {
     let done = matches!(phase, ImagePullPhase::Succeeded | ImagePullPhase::Failed);
     NodeImageStatus {
         image_statuses: ImageStatuses::from([(
-            "nginx".to_owned(),
+            "nginx".into(),
             ImageStatus {
                 tags: vec![ImageTagStatus {
                     version: Some(version),
@@ -288,7 +291,10 @@ fn an_edit_reaches_a_node_already_pulling_and_restarts_it_when_it_asks_for_more(
     let labelled = req("u1", Default::default(), Some(labels(&[("app", "web")])));
     let out = entry(&first, Some(&pulling), &labelled, &[], 2).expect("changed");
     assert_eq!(out["nginx"].tags[0].version, Some(1));
-    assert_eq!(out["nginx"].sandbox_config, Some(labels(&[("app", "web")])));
+    assert_eq!(
+        out["nginx"].sandbox_config,
+        Some(Box::new(labels(&[("app", "web")])))
+    );
 
     // Only the TTL: the manager's business, no restart.
     let mut ttl = u1.clone();

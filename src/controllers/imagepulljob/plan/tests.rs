@@ -156,7 +156,7 @@ fn a_node_whose_entry_lists_the_job_is_pulling() {
     let mut ni = NodeImage::new("a", Default::default());
     let owner = request(&j).owner;
     ni.spec.images = crate::apis::nodeimage::Images::from([(
-        "nginx".to_owned(),
+        "nginx".into(),
         ImageSpec {
             tags: vec![ImageTagSpec {
                 tag: "1.27".into(),

@@ -171,7 +171,7 @@ fn with_tag(owner: &str, version: i64, reported: Option<(i64, ImagePullPhase)>) 
     if let Some((v, phase)) = reported {
         n.status = Some(NodeImageStatus {
             image_statuses: crate::apis::nodeimage::ImageStatuses::from([(
-                "nginx".to_owned(),
+                "nginx".into(),
                 ImageStatus {
                     tags: vec![ImageTagStatus {
                         version: Some(v),

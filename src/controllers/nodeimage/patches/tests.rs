@@ -22,7 +22,7 @@ fn status(images: &[(&str, &[(&str, ImagePullPhase)])], failed: i32) -> NodeImag
             .iter()
             .map(|(name, tags)| {
                 (
-                    (*name).to_owned(),
+                    (*name).into(),
                     ImageStatus {
                         tags: tags.iter().map(|(t, p)| tag(t, *p)).collect(),
                     },

@@ -89,7 +89,7 @@ fn spec(images: &[(&str, Vec<ImageTagSpec>)]) -> NodeImageSpec {
             .iter()
             .map(|(name, tags)| {
                 (
-                    (*name).to_owned(),
+                    (*name).into(),
                     ImageSpec {
                         tags: tags.clone(),
                         ..Default::default()
@@ -117,7 +117,7 @@ fn status(images: &[(&str, Vec<ImageTagStatus>)]) -> NodeImageStatus {
     NodeImageStatus {
         image_statuses: images
             .iter()
-            .map(|(name, tags)| ((*name).to_owned(), ImageStatus { tags: tags.clone() }))
+            .map(|(name, tags)| ((*name).into(), ImageStatus { tags: tags.clone() }))
             .collect(),
         ..Default::default()
     }
@@ -680,10 +680,10 @@ fn an_image_without_tags_is_dropped_and_others_keep_secrets_and_sandbox() {
         name: Some("s".into()),
         mode: Some("batch".into()),
     }];
-    nginx.sandbox_config = Some(crate::apis::nodeimage::SandboxConfig {
+    nginx.sandbox_config = Some(Box::new(crate::apis::nodeimage::SandboxConfig {
         labels: labels(&[("app", "x")]),
         ..Default::default()
-    });
+    }));
     let out = gc(&s, &NodeImageStatus::default(), &["v"], at(0));
     assert_eq!(tag_counts(&out.images), BTreeMap::from([("nginx", 1)]));
     let kept = &out.images["nginx"];
@@ -1059,7 +1059,7 @@ fn an_image_that_lost_an_owner_is_recomputed_from_the_owners_left() {
     });
     let mut both = label("a");
     both.labels.insert("b".into(), "x".into());
-    shared.sandbox_config = Some(both);
+    shared.sandbox_config = Some(Box::new(both));
     let s = spec(&[("nginx", vec![shared])]);
     let asks = |o: &ObjectReference| match o.uid.as_deref() {
         Some("uid-a") => Some(ask(900, "a")),
@@ -1080,7 +1080,7 @@ fn an_image_that_lost_an_owner_is_recomputed_from_the_owners_left() {
     let image = &out.images["nginx"];
     let tag = &image.tags[0];
     assert_eq!(tag.pull_policy.as_ref().unwrap().timeout_seconds, Some(100));
-    assert_eq!(tag.sandbox_config, Some(label("b")));
-    assert_eq!(image.sandbox_config, Some(label("b")));
+    assert_eq!(tag.sandbox_config, Some(Box::new(label("b"))));
+    assert_eq!(image.sandbox_config, Some(Box::new(label("b"))));
     assert_eq!(tag.version, Some(1), "less asked: no new round");
 }

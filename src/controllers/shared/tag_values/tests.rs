@@ -156,7 +156,7 @@ fn restarts_only_for_more() {
     let mut old = tag("1", &["u"]);
     old.pull_policy = Some(base.pull_policy.clone());
     old.image_pull_policy = Some(ImagePullPolicy::IfNotPresent);
-    old.sandbox_config = Some(base.sandbox.clone());
+    old.sandbox_config = Some(Box::new(base.sandbox.clone()));
     let values = |a: &OwnerAsk| merge([a]).unwrap();
 
     assert!(!must_restart(&old, None, &values(&base)), "nothing new");
@@ -224,7 +224,7 @@ fn restarts_only_for_more() {
 fn refresh_recomputes_known_tags_and_merges_the_image_sandbox() {
     let image = ImageSpec {
         tags: vec![tag("1", &["a"]), tag("2", &["b", "c"])],
-        sandbox_config: Some(labels(&[("stale", "x")])),
+        sandbox_config: Some(Box::new(labels(&[("stale", "x")]))),
         ..Default::default()
     };
     let asks = |o: &ObjectReference| match o.uid.as_deref() {
@@ -234,7 +234,10 @@ fn refresh_recomputes_known_tags_and_merges_the_image_sandbox() {
         _ => None,
     };
     let out = refresh_image(&image, asks, |_| false);
-    assert_eq!(out.tags[0].sandbox_config, Some(labels(&[("app", "a")])));
+    assert_eq!(
+        out.tags[0].sandbox_config,
+        Some(Box::new(labels(&[("app", "a")])))
+    );
     assert_eq!(
         out.tags[1].pull_policy.as_ref().unwrap().timeout_seconds,
         Some(200)
@@ -242,7 +245,7 @@ fn refresh_recomputes_known_tags_and_merges_the_image_sandbox() {
     assert_eq!(out.tags[1].image_pull_policy, Some(ImagePullPolicy::Always));
     assert_eq!(
         out.sandbox_config,
-        Some(labels(&[("app", "a"), ("team", "b")])),
+        Some(Box::new(labels(&[("app", "a"), ("team", "b")]))),
         "every tag recomputed: the stale key goes"
     );
     assert_eq!(
@@ -272,7 +275,7 @@ fn refresh_leaves_a_tag_with_an_unknown_owner_and_its_image_metadata() {
     let image = ImageSpec {
         tags: vec![legacy.clone(), tag("2", &["b"])],
         // Written by a manager that kept metadata per image only: it may be tag 1's.
-        sandbox_config: Some(labels(&[("old", "x")])),
+        sandbox_config: Some(Box::new(labels(&[("old", "x")]))),
         ..Default::default()
     };
     let asks = |o: &ObjectReference| {
@@ -282,7 +285,7 @@ fn refresh_leaves_a_tag_with_an_unknown_owner_and_its_image_metadata() {
     assert_eq!(out.tags[0], legacy, "left alone");
     assert_eq!(
         out.sandbox_config,
-        Some(labels(&[("old", "x"), ("team", "b")]))
+        Some(Box::new(labels(&[("old", "x"), ("team", "b")])))
     );
 }
 
@@ -290,7 +293,7 @@ fn refresh_leaves_a_tag_with_an_unknown_owner_and_its_image_metadata() {
 fn in_flight_until_the_node_reports_this_round_finished() {
     let status = |version: i64, done: bool| NodeImageStatus {
         image_statuses: crate::apis::nodeimage::ImageStatuses::from([(
-            "nginx".to_owned(),
+            "nginx".into(),
             crate::apis::nodeimage::ImageStatus {
                 tags: vec![ImageTagStatus {
                     version: Some(version),
@@ -327,7 +330,7 @@ fn an_unknown_owner_never_lets_a_tag_shrink_but_known_asks_add() {
     shared.image_pull_policy = Some(ImagePullPolicy::IfNotPresent);
     let image = ImageSpec {
         tags: vec![shared],
-        sandbox_config: Some(labels(&[("old", "x")])),
+        sandbox_config: Some(Box::new(labels(&[("old", "x")]))),
         ..Default::default()
     };
     let asks = |o: &ObjectReference| {
@@ -347,7 +350,7 @@ fn an_unknown_owner_never_lets_a_tag_shrink_but_known_asks_add() {
     );
     assert_eq!(
         tag.sandbox_config,
-        Some(labels(&[("old", "x"), ("team", "b")])),
+        Some(Box::new(labels(&[("old", "x"), ("team", "b")]))),
         "what it was pulled with, plus b's"
     );
     assert_eq!(tag.version, Some(1), "in flight, asked for more");
