@@ -22,7 +22,6 @@
 //!   reports it), so a new tag of the same image (same imageID) counts as running once kubelet
 //!   reports it (upstream compares the raw strings: #1270).
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Namespace, PodCondition};
@@ -365,29 +364,27 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
     let phase = phase(pod);
     let hash_entry = pod_entry(pod.annotation(SIDECARSET_HASH), SIDECARSET_HASH, name);
     PodView {
-        namespace: Cow::Borrowed(pod.metadata.namespace.as_deref().unwrap_or_default()),
-        name: Cow::Borrowed(pod.metadata.name.as_deref().unwrap_or_default()),
-        labels: Cow::Borrowed(pod.labels()),
-        node_name: pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref())
-            .map(Cow::Borrowed),
+        namespace: pod.metadata.namespace.as_deref().unwrap_or_default(),
+        name: pod.metadata.name.as_deref().unwrap_or_default(),
+        labels: pod.labels(),
+        node_name: pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
         phase,
         ready: phase == PodPhase::Running
             && ready_condition.is_some_and(|c| c.status == "True")
             && others_on_empty_image(set, pod),
         ready_since: ready_condition
             .and_then(|c| c.last_transition_time.as_ref())
-            .map(|t| t.0),
+            .map(|t| t.0)
+            .into(),
         restarts: statuses.iter().map(|s| s.restart_count).max().unwrap_or(0),
-        created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0).into(),
         deleting: pod.metadata.deletion_timestamp.is_some(),
         hash: hash_entry.as_ref().map(|e| intern(&e.hash)),
         hash_written: hash_entry
             .as_ref()
             .and_then(|e| e.update_timestamp.as_ref())
-            .map(|t| t.0),
+            .map(|t| t.0)
+            .into(),
         hash_without_image: pod_entry(
             pod.annotation(SIDECARSET_HASH_WITHOUT_IMAGE),
             SIDECARSET_HASH_WITHOUT_IMAGE,

@@ -340,6 +340,7 @@ pub fn native_not_restarted(
                 && p.phase == PodPhase::Running
                 && p.hash.as_deref() == Some(current.hash.as_str())
                 && p.hash_written
+                    .get()
                     .is_some_and(|t| now.0.duration_since(t) >= grace)
                 && p.sidecars.iter().any(|s| s.native && !s.image_running)
         })

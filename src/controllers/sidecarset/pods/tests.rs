@@ -64,13 +64,13 @@ fn the_view_reads_hashes_readiness_and_order_fields() {
     assert!(v.ready);
     assert_eq!(v.phase, PodPhase::Running);
     assert_eq!(v.restarts, 2);
-    assert_eq!(v.node_name.as_deref(), Some("node-1"));
+    assert_eq!(v.node_name, Some("node-1"));
     assert_eq!(
-        v.ready_since,
+        v.ready_since.get(),
         Some("2026-11-29T10:00:00Z".parse().expect("time"))
     );
     assert_eq!(
-        v.sidecars,
+        v.sidecars.as_slice(),
         [SidecarView {
             name: "proxy".into(),
             ready: true,
@@ -282,11 +282,11 @@ fn native_sidecars_are_viewed_from_the_init_container_statuses() {
 fn the_view_knows_when_the_hash_entry_was_written() {
     let s = set("proxy:1");
     let mut p = pod("proxy:1", "proxy:1", "id");
-    assert_eq!(view(&s, &p).hash_written, None, "null in the entry");
+    assert_eq!(view(&s, &p).hash_written.get(), None, "null in the entry");
     p.set_annotation(SIDECARSET_HASH, r#"{"mesh":{"updateTimestamp":"2026-11-29T11:00:00Z","hash":"h1","sidecarSetName":"mesh"}}"#
             );
     assert_eq!(
-        view(&s, &p).hash_written,
+        view(&s, &p).hash_written.get(),
         Some("2026-11-29T11:00:00Z".parse().expect("time"))
     );
 }

@@ -1,6 +1,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::json;
+use smallvec::smallvec;
 
 use super::*;
 use crate::apis::sidecarset::SidecarSetSpec;
@@ -26,14 +27,14 @@ fn set(strategy: serde_json::Value) -> SidecarSet {
 /// A running, ready pod on the old version.
 fn pod(name: &str) -> PodView<'static> {
     PodView {
-        namespace: "ns".into(),
-        name: name.to_owned().into(),
+        namespace: "ns",
+        name: name.to_owned().leak(),
         phase: PodPhase::Running,
-        node_name: Some("n".into()),
+        node_name: Some("n"),
         ready: true,
         hash: Some("old".into()),
         hash_without_image: Some("shape".into()),
-        sidecars: vec![SidecarView {
+        sidecars: smallvec![SidecarView {
             name: "proxy".into(),
             ready: true,
             image_running: true,
@@ -474,7 +475,7 @@ fn several_unsupported_features_make_one_reason() {
 fn native_behind(name: &str, written: &str) -> PodView<'static> {
     let mut p = updated(name);
     p.ready = false;
-    p.hash_written = Some(written.parse().expect("time"));
+    p.hash_written = Some(written.parse().expect("time")).into();
     p.sidecars.push(SidecarView {
         name: "agent".into(),
         ready: true,
