@@ -172,12 +172,6 @@ impl From<String> for InternedString {
     }
 }
 
-impl From<InternedString> for String {
-    fn from(s: InternedString) -> Self {
-        s.0.to_string()
-    }
-}
-
 impl From<&InternedString> for String {
     fn from(s: &InternedString) -> Self {
         s.0.to_string()
@@ -199,24 +193,6 @@ impl PartialEq<&str> for InternedString {
 impl PartialEq<String> for InternedString {
     fn eq(&self, other: &String) -> bool {
         *self.0 == **other
-    }
-}
-
-impl PartialEq<InternedString> for str {
-    fn eq(&self, other: &InternedString) -> bool {
-        *self == *other.0
-    }
-}
-
-impl PartialEq<InternedString> for &str {
-    fn eq(&self, other: &InternedString) -> bool {
-        **self == *other.0
-    }
-}
-
-impl PartialEq<InternedString> for String {
-    fn eq(&self, other: &InternedString) -> bool {
-        **self == *other.0
     }
 }
 

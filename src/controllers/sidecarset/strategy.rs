@@ -543,11 +543,12 @@ fn by_name(a: &PodView, b: &PodView) -> Ordering {
 
 /// `None` first, then later first (Kubernetes' `afterOrZero` as an ordering).
 fn zero_then_latest(a: OptionalTime, b: OptionalTime) -> Ordering {
-    match (a.get(), b.get()) {
-        (None, None) => Ordering::Equal,
-        (None, Some(_)) => Ordering::Less,
-        (Some(_), None) => Ordering::Greater,
-        (Some(a), Some(b)) => b.cmp(&a),
+    // Compared as stored: it runs for every comparison of a sort over thousands of pods.
+    match (a == OptionalTime::NONE, b == OptionalTime::NONE) {
+        (true, true) => Ordering::Equal,
+        (true, false) => Ordering::Less,
+        (false, true) => Ordering::Greater,
+        (false, false) => b.cmp(&a),
     }
 }
 
