@@ -57,6 +57,8 @@ const RUN_LABEL: &str = "kruise-rs-faults";
 const FINISH_TIMEOUT: Duration = Duration::from_secs(240);
 /// How long the apiserver may take to answer again after a restart (of itself or of etcd).
 const RESTART_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long the faults stay on after the last kill while no work has been seen done under them.
+const WORK_UNDER_FAULTS_TIMEOUT: Duration = Duration::from_secs(60);
 
 struct Scale {
     nodes: usize,
@@ -330,9 +332,22 @@ impl Rig {
     /// Faults on; the manager killed `kills` times, most kills 2–4 s apart (each new process
     /// first waits out the killed one's 3 s Lease), every third 6–10 s after the one before, so
     /// that a process leads long enough to act while the faults go on; the apiserver restarted
-    /// after a third of the kills, etcd after two thirds; then calm, the manager running.
-    /// Returns what the proxy injected.
-    async fn faults_and_kills(&mut self, kills: usize, budget: u64) -> Injected {
+    /// after a third of the kills, etcd after two thirds. Then, the faults still on and the
+    /// manager running, `work` (how much the controller has done, `None` when it cannot be read
+    /// now) is polled until it is above zero or [`WORK_UNDER_FAULTS_TIMEOUT`] has passed: on a
+    /// loaded machine every window between kills can pass before a new process has acted, and
+    /// the test must not depend on that. Then calm. Returns what the proxy injected and the last
+    /// work read (0 when none was seen).
+    async fn faults_and_kills<F, W>(
+        &mut self,
+        kills: usize,
+        budget: u64,
+        mut work: W,
+    ) -> (Injected, usize)
+    where
+        W: FnMut() -> F,
+        F: std::future::Future<Output = Option<usize>>,
+    {
         self.proxy.set(Faults::everything(), budget);
         for kill in 1..=kills {
             // A random moment to strike, not a wait for something to happen.
@@ -351,8 +366,17 @@ impl Rig {
             }
             self.manager.start();
         }
+        let deadline = Instant::now() + WORK_UNDER_FAULTS_TIMEOUT;
+        let done = loop {
+            self.manager.keep_running();
+            let done = work().await.unwrap_or(0);
+            if done > 0 || Instant::now() >= deadline {
+                break done;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
         self.proxy.calm();
-        self.proxy.injected()
+        (self.proxy.injected(), done)
     }
 
     /// What every test asserts at its end: no panic in any manager log, no manager that gave
@@ -466,12 +490,21 @@ async fn an_image_pull_job_keeps_parallelism_and_completes_through_faults_restar
         .await
         .expect("creating the job");
 
-    let injected = rig.faults_and_kills(scale.kills, scale.faults).await;
-    let faults_over = Instant::now();
-    let (written, pulling) = {
-        let o = observed.lock().unwrap();
-        (o.entries.len(), o.pulling.values().filter(|p| **p).count())
+    let started_nodes = || {
+        let written = observed.lock().unwrap().entries.len();
+        std::future::ready(Some(written))
     };
+    let (injected, written) = rig
+        .faults_and_kills(scale.kills, scale.faults, started_nodes)
+        .await;
+    let faults_over = Instant::now();
+    let pulling = observed
+        .lock()
+        .unwrap()
+        .pulling
+        .values()
+        .filter(|p| **p)
+        .count();
     eprintln!(
         "faults: over after {:.0?}, {written} nodes started ({pulling} pulling): {}",
         rig.started.elapsed(),
@@ -622,18 +655,21 @@ async fn a_sidecarset_rollout_keeps_max_unavailable_and_finishes_through_faults_
         .await
         .unwrap_or_else(|e| panic!("seed {seed}: updating the SidecarSet's image: {e}"));
 
-    let injected = rig.faults_and_kills(scale.kills, scale.faults).await;
-    let faults_over = Instant::now();
-    let updated = pods
-        .list(&ListParams::default())
-        .await
-        .map(|l| {
-            l.items
+    // A list that fails (the apiserver restarting) reads as unknown, not as no pod updated.
+    let updated_pods = || async {
+        let listed = pods.list(&ListParams::default()).await.ok()?;
+        Some(
+            listed
+                .items
                 .iter()
                 .filter(|p| spec_image(p, SIDECAR) == NEW_IMAGE)
-                .count()
-        })
-        .unwrap_or(0);
+                .count(),
+        )
+    };
+    let (injected, updated) = rig
+        .faults_and_kills(scale.kills, scale.faults, updated_pods)
+        .await;
+    let faults_over = Instant::now();
     eprintln!(
         "faults: over after {:.0?}, {updated} pods updated to {NEW_IMAGE}: {}",
         rig.started.elapsed(),
