@@ -93,6 +93,9 @@ struct FaultState {
     rng: fastrand::Rng,
     budget: u64,
     injected: Injected,
+    /// Requests and watches decided while some fault was given, for [`FaultState::hit`].
+    requests: u64,
+    watches: u64,
 }
 
 /// What happens to one request, decided when it arrives.
@@ -109,9 +112,16 @@ enum Fate {
 }
 
 impl FaultState {
-    /// Draws `chance`, spending one fault of the budget when it hits.
-    fn hit(&mut self, chance: f64) -> bool {
-        let hit = self.budget > 0 && chance > 0.0 && self.rng.f64() < chance;
+    /// Draws `chance`, spending one fault of the budget when it hits. A kind not `met` yet after
+    /// `1 / chance` of the `eligible` requests is due and hits without a draw: a test that asks
+    /// for every kind meets every kind whatever the seed, once its traffic is that large (a
+    /// 2 % hang missed all of 228 requests once in a while otherwise).
+    fn hit(&mut self, chance: f64, met: u64, eligible: u64) -> bool {
+        if self.budget == 0 || chance <= 0.0 {
+            return false;
+        }
+        let due = met == 0 && eligible as f64 * chance >= 1.0;
+        let hit = due || self.rng.f64() < chance;
         if hit {
             self.budget -= 1;
         }
@@ -120,30 +130,41 @@ impl FaultState {
 
     fn decide(&mut self, is_watch: bool) -> Fate {
         let f = self.faults.clone();
-        if self.hit(f.too_many_requests) {
+        if self.budget > 0 {
+            self.requests += 1;
+            self.watches += u64::from(is_watch);
+        }
+        let (requests, watches) = (self.requests, self.watches);
+        if self.hit(
+            f.too_many_requests,
+            self.injected.too_many_requests,
+            requests,
+        ) {
             self.injected.too_many_requests += 1;
             return Fate::TooManyRequests;
         }
-        if self.hit(f.server_error) {
+        if self.hit(f.server_error, self.injected.server_errors, requests) {
             self.injected.server_errors += 1;
             return Fate::ServerError(if self.rng.bool() { 500 } else { 503 });
         }
-        if self.hit(f.hang) {
+        if self.hit(f.hang, self.injected.hangs, requests) {
             self.injected.hangs += 1;
             return Fate::Hang(f.hang_for);
         }
-        let delay = self.hit(f.delay).then(|| {
+        let delay = self.hit(f.delay, self.injected.delays, requests).then(|| {
             self.injected.delays += 1;
             up_to(&mut self.rng, f.max_delay)
         });
-        let cut_after = (is_watch && self.hit(f.cut_watch)).then(|| {
-            self.injected.cut_watches += 1;
-            up_to(&mut self.rng, f.max_watch_life)
-        });
-        let stall = (is_watch && self.hit(f.stall_watch)).then(|| {
-            self.injected.stalled_watches += 1;
-            up_to(&mut self.rng, f.max_stall)
-        });
+        let cut_after = (is_watch && self.hit(f.cut_watch, self.injected.cut_watches, watches))
+            .then(|| {
+                self.injected.cut_watches += 1;
+                up_to(&mut self.rng, f.max_watch_life)
+            });
+        let stall = (is_watch && self.hit(f.stall_watch, self.injected.stalled_watches, watches))
+            .then(|| {
+                self.injected.stalled_watches += 1;
+                up_to(&mut self.rng, f.max_stall)
+            });
         self.injected.forwarded += 1;
         Fate::Forward {
             delay,
@@ -183,6 +204,8 @@ impl FaultProxy {
                 rng: fastrand::Rng::with_seed(seed),
                 budget: 0,
                 injected: Injected::default(),
+                requests: 0,
+                watches: 0,
             }),
         });
         let app = axum::Router::new()
@@ -510,6 +533,8 @@ mod tests {
             rng: fastrand::Rng::with_seed(seed),
             budget,
             injected: Injected::default(),
+            requests: 0,
+            watches: 0,
         }
     }
 
@@ -568,6 +593,40 @@ mod tests {
             (s.injected.cut_watches, s.injected.stalled_watches),
             (50, 50)
         );
+    }
+
+    #[test]
+    fn every_kind_given_is_met_once_its_share_of_the_traffic_has_come() {
+        // Hangs at 2 %: due by the 50th request whatever the seed; cuts at 30 % by the 4th watch.
+        for seed in 0..200 {
+            let mut s = state(Faults::everything(), 1000, seed);
+            fates(&mut s, 60, true);
+            let i = &s.injected;
+            assert!(
+                [
+                    i.too_many_requests,
+                    i.server_errors,
+                    i.delays,
+                    i.hangs,
+                    i.cut_watches,
+                    i.stalled_watches
+                ]
+                .iter()
+                .all(|n| *n > 0),
+                "seed {seed}: {i:?}"
+            );
+        }
+        // A kind not given is never due.
+        let mut s = state(
+            Faults {
+                hang: 0.5,
+                ..Faults::default()
+            },
+            1000,
+            3,
+        );
+        fates(&mut s, 100, true);
+        assert_eq!(s.injected.total(), s.injected.hangs);
     }
 
     #[test]
