@@ -626,9 +626,10 @@ fn decision(n: usize, runs: usize) -> Result<()> {
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs {
         let (c1, _, views) = timed(|| {
+            let current = sidecarset::strategy::CurrentHashes::of(&set);
             owned
                 .iter()
-                .map(|p| sidecarset::pods::view(&set, p))
+                .map(|p| sidecarset::pods::view(&set, &current, p))
                 .collect::<Vec<_>>()
         });
         let (c2, _, batch) = timed(|| sidecarset::strategy::next_batch(&set, &views));

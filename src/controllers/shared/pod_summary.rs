@@ -80,6 +80,12 @@ impl PodSummary {
         &self.labels
     }
 
+    /// Its labels, to change in a test.
+    #[cfg(test)]
+    pub fn labels_mut(&mut self) -> &mut Labels {
+        &mut self.labels
+    }
+
     /// Its (kept) annotations; empty when it has none.
     pub fn annotations(&self) -> &Labels {
         static NONE: std::sync::LazyLock<Labels> = std::sync::LazyLock::new(Labels::default);

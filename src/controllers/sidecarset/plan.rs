@@ -77,7 +77,8 @@ pub fn plan<'a>(
     now: &Time,
     pre: &PreDownloadInputs<'_>,
 ) -> Plan<'a> {
-    let mut views: Vec<PodView> = owned.iter().map(|p| view(set, p)).collect();
+    let current = CurrentHashes::of(set);
+    let mut views: Vec<PodView> = owned.iter().map(|p| view(set, &current, p)).collect();
     let mut batch = next_batch(set, &views);
     let latest = set
         .status
@@ -279,15 +280,15 @@ pub fn newly_skipped(
 
 /// Whether the pod seen as `view` can be upgraded in place, for its `SidecarSetUpgradable`
 /// condition; `None` for a pod the condition does not concern (inactive or not selected).
-pub fn upgradable(view: &PodView<'_>, current: &CurrentHashes) -> Option<bool> {
-    match classify(view, current, true) {
+pub fn upgradable(view: &PodView<'_>) -> Option<bool> {
+    match classify(view, true) {
         PodState::NotUpgradable => Some(false),
         PodState::Inactive | PodState::NotSelected => None,
         _ => Some(true),
     }
 }
 
-/// The `SidecarSetUpgradable` condition SidecarSet `set` writes on `pod` (seen as `view`), if
+/// The `SidecarSetUpgradable` condition SidecarSet `set` writes on the pod seen as `view`, if
 /// any: `False` where it cannot upgrade the pod in place, its entry back to `true` where it can
 /// again. With `on_upgrade` (`--sidecarset-upgradable-condition-on-upgrade`) also upstream's
 /// `True` on a pod it has upgraded in place (its `kruise.io/sidecarset-inplace-update-state`
@@ -295,14 +296,13 @@ pub fn upgradable(view: &PodView<'_>, current: &CurrentHashes) -> Option<bool> {
 /// per upgraded pod. Decided from the pod as it is, so a write lost to a restart is made by the
 /// next reconcile.
 pub fn pod_condition(
-    pod: &PodSummary,
     view: &PodView<'_>,
-    current: &CurrentHashes,
     set: &str,
     on_upgrade: bool,
     now: &Time,
 ) -> Option<PodCondition> {
-    let can_upgrade = upgradable(view, current)?;
+    let pod = view.pod;
+    let can_upgrade = upgradable(view)?;
     if let Some(condition) = upgradable_condition(pod, set, can_upgrade, now) {
         return Some(condition);
     }

@@ -30,13 +30,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::hot_upgrade::others_on_empty_image;
-use super::strategy::{PodPhase, PodView, SidecarView};
+use super::strategy::{CurrentHashes, PodPhase, PodView, SidecarView};
 use crate::apis::sidecarset::{SidecarContainer, SidecarSet};
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
 };
-use crate::controllers::shared::interned_labels::intern;
 use crate::controllers::shared::pod_summary::{
     ContainerStatusSummary, ContainerSummary, PodSummary,
 };
@@ -293,8 +292,9 @@ fn phase(pod: &PodSummary) -> PodPhase {
     }
 }
 
-/// What the upgrade decision needs to know about `pod` for `set`.
-pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
+/// What the upgrade decision needs to know about `pod` for `set`, whose current hashes are
+/// `current` ([`CurrentHashes::of`], taken once for all the pods of a reconcile).
+pub fn view<'a>(set: &SidecarSet, current: &CurrentHashes, pod: &'a PodSummary) -> PodView<'a> {
     let name = set.metadata.name.as_deref().unwrap_or_default();
     let containers = pod
         .spec
@@ -364,10 +364,7 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
     let phase = phase(pod);
     let hash_entry = pod_entry(pod.annotation(SIDECARSET_HASH), SIDECARSET_HASH, name);
     PodView {
-        namespace: pod.metadata.namespace.as_deref().unwrap_or_default(),
-        name: pod.metadata.name.as_deref().unwrap_or_default(),
-        labels: pod.labels(),
-        node_name: pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        pod,
         phase,
         ready: phase == PodPhase::Running
             && ready_condition.is_some_and(|c| c.status == "True")
@@ -379,22 +376,63 @@ pub fn view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
         restarts: statuses.iter().map(|s| s.restart_count).max().unwrap_or(0),
         created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0).into(),
         deleting: pod.metadata.deletion_timestamp.is_some(),
-        hash: hash_entry.as_ref().map(|e| intern(&e.hash)),
+        hash_current: hash_entry.as_ref().is_some_and(|e| e.hash == current.hash),
         hash_written: hash_entry
             .as_ref()
             .and_then(|e| e.update_timestamp.as_ref())
             .map(|t| t.0)
             .into(),
-        hash_without_image: pod_entry(
+        hash_without_image_current: pod_entry(
             pod.annotation(SIDECARSET_HASH_WITHOUT_IMAGE),
             SIDECARSET_HASH_WITHOUT_IMAGE,
             name,
         )
-        .map(|e| intern(&e.hash)),
+        .is_some_and(|e| e.hash == current.without_image),
         sidecars,
         // Decided later, from the pre-download state of the pod's node.
         awaiting_images: false,
     }
+}
+
+/// [`view`] with the SidecarSet's current hashes taken here, for tests of one pod.
+#[cfg(test)]
+pub fn test_view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
+    view(set, &CurrentHashes::of(set), pod)
+}
+
+/// A stored pod for a test's views: `namespace/name` with `labels`, on `node` (leaked: a test's
+/// pods live as long as it).
+#[cfg(test)]
+pub fn test_pod(
+    namespace: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+    node: Option<&str>,
+) -> &'static PodSummary {
+    let metadata = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        namespace: Some(namespace.to_owned()),
+        name: Some(name.to_owned()),
+        labels: Some(
+            labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    let spec = crate::controllers::shared::pod_summary::PodSpecSummary {
+        node_name: node.map(str::to_owned),
+        ..Default::default()
+    };
+    Box::leak(Box::new(PodSummary::new(metadata, Some(spec), None)))
+}
+
+/// Changes the stored pod `view` reads (a changed copy, leaked as [`test_pod`]'s).
+#[cfg(test)]
+pub fn change_pod(view: &mut PodView<'static>, change: impl FnOnce(&mut PodSummary)) {
+    let mut pod = view.pod.clone();
+    change(&mut pod);
+    view.pod = Box::leak(Box::new(pod));
 }
 
 #[cfg(test)]

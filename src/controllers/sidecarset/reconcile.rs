@@ -137,7 +137,7 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
     let jobs_synced = sync_jobs(ctx, set, &knobs, &decision, &jobs).await;
 
     let current = CurrentHashes::of(set);
-    mark_upgradable(ctx, set, &owned, &views, &current, &now).await?;
+    mark_upgradable(ctx, set, &views, &now).await?;
 
     let flipped = flip_pods(ctx, set, &owned, flips).await;
     let targets: Vec<Arc<PodSummary>> = batch.upgrade.iter().map(|&i| owned[i].clone()).collect();
@@ -220,17 +220,15 @@ async fn announce_not_upgradable(
 async fn mark_upgradable(
     ctx: &Context,
     set: &SidecarSet,
-    owned: &[Arc<PodSummary>],
     views: &[PodView<'_>],
-    current: &CurrentHashes,
     now: &Time,
 ) -> Result<(), Error> {
     let name = set.name_any();
-    for (pod, v) in owned.iter().zip(views) {
-        let Some(condition) = pod_condition(pod, v, current, &name, ctx.upgradable_on_upgrade, now)
-        else {
+    for v in views {
+        let Some(condition) = pod_condition(v, &name, ctx.upgradable_on_upgrade, now) else {
             continue;
         };
+        let pod = v.pod;
         let api = Api::<PodSummary>::namespaced(
             ctx.client.clone(),
             pod.metadata.namespace.as_deref().unwrap_or_default(),

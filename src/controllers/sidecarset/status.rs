@@ -34,9 +34,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
 use crate::sidecar::unsupported::{self, REFUSE, UNSUPPORTED_FEATURES};
 
-use super::strategy::{
-    Batch, CurrentHashes, Hold, PodPhase, PodState, PodView, StrategyError, classify,
-};
+use super::strategy::{Batch, Hold, PodPhase, PodState, PodView, StrategyError, classify};
 
 /// How many pod names a stall's message lists.
 const EXAMPLES: usize = 5;
@@ -190,11 +188,10 @@ pub fn compute_status(
     collision_count: i32,
     now: &Time,
 ) -> StatusReport {
-    let current = CurrentHashes::of(set);
     let (mut matched, mut updated, mut ready, mut updated_ready) = (0, 0, 0, 0);
     for pod in pods {
         // Selection does not matter for counting: an updated pod is updated either way.
-        let state = classify(pod, &current, true);
+        let state = classify(pod, true);
         if state == PodState::Inactive {
             continue;
         }
@@ -208,7 +205,7 @@ pub fn compute_status(
     }
     let mut stalls = stalls(batch, pods);
     // The most specific reason the rollout does not finish comes first (RolloutHeld names it).
-    stalls.splice(0..0, native_not_restarted(pods, &current, now));
+    stalls.splice(0..0, native_not_restarted(pods, now));
     let previous = set
         .status
         .as_ref()
@@ -326,11 +323,7 @@ pub fn unsupported_condition(
 /// Updated, running pods with a native sidecar that has not run its spec image for
 /// [`NATIVE_RESTART_GRACE`] since the pod's hash entry was written (the upgrade); see
 /// [`Stall::NativeSidecarNotRestarted`].
-pub fn native_not_restarted(
-    pods: &[PodView],
-    current: &CurrentHashes,
-    now: &Time,
-) -> Option<Stall> {
+pub fn native_not_restarted(pods: &[PodView], now: &Time) -> Option<Stall> {
     let grace =
         k8s_openapi::jiff::SignedDuration::try_from(NATIVE_RESTART_GRACE).unwrap_or_default();
     let mut stuck: Vec<String> = pods
@@ -338,7 +331,7 @@ pub fn native_not_restarted(
         .filter(|p| {
             p.is_active()
                 && p.phase == PodPhase::Running
-                && p.hash.as_deref() == Some(current.hash.as_str())
+                && p.hash_current
                 && p.hash_written
                     .get()
                     .is_some_and(|t| now.0.duration_since(t) >= grace)

@@ -94,6 +94,7 @@ use crate::apis::sidecarset::{
     UpdateScatterTerm,
 };
 use crate::controllers::shared::interned_labels::{Interned, Labels};
+use crate::controllers::shared::pod_summary::PodSummary;
 use crate::sidecar::hash::current_hashes;
 use crate::sidecar::matching::{SelectorError, selector_matches};
 
@@ -139,15 +140,13 @@ pub struct SidecarView {
 /// What the upgrade decision needs to know about one matched pod, filled by the controller.
 ///
 /// A reconcile holds one for every pod the SidecarSet owns at once (10,000 in the rollout
-/// bench, about 1.5 MiB), so it borrows what it can from the stored pod and keeps the rest
-/// small: times to the second, the usual single sidecar inline.
+/// bench), so it is kept small: the stored pod is borrowed for its names, labels and node, the
+/// hash entries are read against the SidecarSet's current hashes once (two flags, not two
+/// strings), times are to the second, the usual single sidecar is inline.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PodView<'a> {
-    pub namespace: &'a str,
-    pub name: &'a str,
-    pub labels: &'a Labels,
-    /// `spec.nodeName`; unset or empty means unscheduled.
-    pub node_name: Option<&'a str>,
+    /// The stored pod: namespace, name, labels and node name are read from it.
+    pub pod: &'a PodSummary,
     pub phase: PodPhase,
     /// Running and Ready, and for hot-upgrade sidecars every idle twin on its empty image
     /// (upstream's `IsPodReady`).
@@ -157,6 +156,12 @@ pub struct PodView<'a> {
     /// The new sidecar images are being pre-downloaded to the pod's node and are not there
     /// yet: the pod stays in the queue but is not upgraded (see `predownload`).
     pub awaiting_images: bool,
+    /// This SidecarSet's entry in the pod's `kruise.io/sidecarset-hash` annotation is the
+    /// current hash ([`CurrentHashes::hash`]): the pod is on the version being rolled out.
+    pub hash_current: bool,
+    /// Likewise for `kruise.io/sidecarset-hash-without-image`: only images changed since the
+    /// pod's version, so it can be upgraded in place.
+    pub hash_without_image_current: bool,
     /// The highest `restartCount` among the pod's containers.
     pub restarts: i32,
     /// `lastTransitionTime` of the Ready condition.
@@ -164,34 +169,26 @@ pub struct PodView<'a> {
     pub created: OptionalTime,
     /// When the `kruise.io/sidecarset-hash` entry was written: the last upgrade (or injection).
     pub hash_written: OptionalTime,
-    /// This SidecarSet's entry in the pod's `kruise.io/sidecarset-hash` annotation (interned:
-    /// every pod of a revision has the same).
-    pub hash: Option<Interned>,
-    /// This SidecarSet's entry in the pod's `kruise.io/sidecarset-hash-without-image`.
-    pub hash_without_image: Option<Interned>,
     /// The SidecarSet's sidecar containers in this pod.
     pub sidecars: SmallVec<[SidecarView; 1]>,
 }
 
-static NO_LABELS: LazyLock<Labels> = LazyLock::new(Labels::default);
+static NO_POD: LazyLock<PodSummary> = LazyLock::new(PodSummary::default);
 
 impl Default for PodView<'_> {
     fn default() -> Self {
         PodView {
-            namespace: "",
-            name: "",
-            labels: &NO_LABELS,
-            node_name: None,
+            pod: &NO_POD,
             phase: PodPhase::default(),
             ready: false,
             deleting: false,
             awaiting_images: false,
+            hash_current: false,
+            hash_without_image_current: false,
             restarts: 0,
             ready_since: OptionalTime::NONE,
             created: OptionalTime::NONE,
             hash_written: OptionalTime::NONE,
-            hash: None,
-            hash_without_image: None,
             sidecars: SmallVec::new(),
         }
     }
@@ -232,10 +229,27 @@ impl fmt::Debug for OptionalTime {
     }
 }
 
-impl PodView<'_> {
+impl<'a> PodView<'a> {
+    pub fn namespace(&self) -> &'a str {
+        self.pod.metadata.namespace.as_deref().unwrap_or_default()
+    }
+
+    pub fn name(&self) -> &'a str {
+        self.pod.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    pub fn labels(&self) -> &'a Labels {
+        self.pod.labels()
+    }
+
+    /// `spec.nodeName`; unset or empty means unscheduled.
+    pub fn node_name(&self) -> Option<&'a str> {
+        self.pod.spec.as_ref()?.node_name.as_deref()
+    }
+
     /// `namespace/name`.
     pub fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        format!("{}/{}", self.namespace(), self.name())
     }
 
     /// Not being deleted and not finished (Kubernetes' `IsPodActive`).
@@ -254,11 +268,11 @@ impl PodView<'_> {
     }
 
     fn is_scheduled(&self) -> bool {
-        self.node_name.is_some_and(|n| !n.is_empty())
+        self.node_name().is_some_and(|n| !n.is_empty())
     }
 
-    fn label(&self, key: &str) -> Option<&str> {
-        self.labels.get(key)
+    fn label(&self, key: &str) -> Option<&'a str> {
+        self.labels().get(key)
     }
 }
 
@@ -296,16 +310,16 @@ pub enum PodState {
 }
 
 /// Where `pod` stands. `selected` says whether the pod matches `updateStrategy.selector`.
-pub fn classify(pod: &PodView, current: &CurrentHashes, selected: bool) -> PodState {
+pub fn classify(pod: &PodView, selected: bool) -> PodState {
     if !pod.is_active() {
         PodState::Inactive
-    } else if pod.hash.as_deref() == Some(current.hash.as_str()) {
+    } else if pod.hash_current {
         PodState::Updated {
             in_flight: !pod.is_available(),
         }
     } else if !selected {
         PodState::NotSelected
-    } else if pod.hash_without_image.as_deref() != Some(current.without_image.as_str()) {
+    } else if !pod.hash_without_image_current {
         PodState::NotUpgradable
     } else if pod.sidecars.iter().any(|s| s.ready && !s.image_running) {
         PodState::Settling
@@ -449,12 +463,11 @@ pub struct Batch {
 /// The pods to upgrade next for `set`, among its matched `pods`. See the module documentation.
 pub fn next_batch(set: &SidecarSet, pods: &[PodView]) -> Batch {
     let strategy = &set.spec.update_strategy;
-    let current = CurrentHashes::of(set);
     let mut batch = Batch::default();
 
     let selected = |pod: &PodView| match &strategy.selector {
         None => Ok(true),
-        Some(selector) => selector_matches(selector, pod.labels),
+        Some(selector) => selector_matches(selector, pod.labels()),
     };
     let mut selector_error = None;
     let mut active = Vec::new();
@@ -464,7 +477,7 @@ pub fn next_batch(set: &SidecarSet, pods: &[PodView]) -> Batch {
             selector_error.get_or_insert(e);
             false
         });
-        match classify(pod, &current, is_selected) {
+        match classify(pod, is_selected) {
             PodState::Inactive => continue,
             PodState::Updated { in_flight: true } => batch.in_flight.push(i),
             PodState::NotUpgradable => batch.not_upgradable.push(i),
@@ -538,7 +551,7 @@ pub fn next_batch(set: &SidecarSet, pods: &[PodView]) -> Batch {
 }
 
 fn by_name(a: &PodView, b: &PodView) -> Ordering {
-    (a.namespace, a.name).cmp(&(b.namespace, b.name))
+    (a.namespace(), a.name()).cmp(&(b.namespace(), b.name()))
 }
 
 /// `None` first, then later first (Kubernetes' `afterOrZero` as an ordering).
@@ -586,7 +599,7 @@ fn sort_for_update(
     if !strategy.scatter_strategy.is_empty() {
         let terms =
             expand_scatter_terms(&strategy.scatter_strategy, active.iter().map(|&i| &pods[i]));
-        let labels: Vec<&Labels> = pods.iter().map(|p| p.labels).collect();
+        let labels: Vec<&Labels> = pods.iter().map(PodView::labels).collect();
         candidates = scatter(&terms, &labels, active, candidates);
     }
     candidates
@@ -627,9 +640,9 @@ fn order_rank(priority: &UpdatePriorityStrategy, labels: &Labels) -> Option<(usi
 /// when both are set, as upstream (validation forbids it).
 fn sort_by_priority(priority: &UpdatePriorityStrategy, pods: &[PodView], order: &mut [usize]) {
     if !priority.weight_priority.is_empty() {
-        order.sort_by_cached_key(|&i| std::cmp::Reverse(weight(priority, pods[i].labels)));
+        order.sort_by_cached_key(|&i| std::cmp::Reverse(weight(priority, pods[i].labels())));
     } else if !priority.order_priority.is_empty() {
-        order.sort_by_cached_key(|&i| match order_rank(priority, pods[i].labels) {
+        order.sort_by_cached_key(|&i| match order_rank(priority, pods[i].labels()) {
             Some((level, number)) => (false, level, std::cmp::Reverse(number)),
             None => (true, 0, std::cmp::Reverse(0)),
         });

@@ -135,7 +135,7 @@ pub fn upgrade_patch(
     let mut after = annotations.clone();
     // Twin readiness and state consistency, for the choice of the twin to upgrade.
     let settled: BTreeMap<String, bool> = if hot_sidecars(set).next().is_some() {
-        view(set, pod)
+        view(set, current, pod)
             .sidecars
             .into_iter()
             .map(|s| (s.name.to_string(), s.ready && s.image_running))

@@ -4,7 +4,7 @@
 use super::*;
 use crate::apis::sidecarset::SidecarSetSpec;
 use crate::apis::well_known::SIDECARSET_HASH;
-use crate::controllers::sidecarset::pods::{owns, view};
+use crate::controllers::sidecarset::pods::{owns, test_view};
 use crate::controllers::sidecarset::strategy::CurrentHashes;
 use crate::controllers::sidecarset::upgrade::upgrade_patch;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -133,7 +133,7 @@ fn versions(pod: &PodSummary) -> [&str; 5] {
 }
 
 fn flip_of(set: &SidecarSet, pod: &PodSummary) -> Option<Flip> {
-    let v = view(set, pod);
+    let v = test_view(set, pod);
     let names: Vec<String> = v.sidecars.iter().map(|s| s.name.to_string()).collect();
     flip_patch(set, pod, &names, |c| {
         v.sidecars.iter().any(|s| &*s.name == c && s.image_running)
@@ -152,7 +152,7 @@ fn upgrade_flip_and_upgrade_back_as_upstreams_e2e() {
     let v2 = set("proxy:2", "100");
     let mut pod = pod("proxy:1", EMPTY);
     assert!(
-        view(&v2, &pod).ready,
+        test_view(&v2, &pod).ready,
         "steady: the idle twin is on the empty image"
     );
 
@@ -166,7 +166,7 @@ fn upgrade_flip_and_upgrade_back_as_upstreams_e2e() {
         [r#"{"proxy":"proxy-2"}"#, "1", "100", "100", "1"]
     );
     // Updated, not ready: it holds a place in maxUnavailable until the flip is done.
-    let v = view(&v2, &pod);
+    let v = test_view(&v2, &pod);
     assert!(!v.ready && !v.images_running());
     assert!(
         flip_of(&v2, &pod).is_none(),
@@ -183,7 +183,7 @@ fn upgrade_flip_and_upgrade_back_as_upstreams_e2e() {
         versions(&pod),
         [r#"{"proxy":"proxy-2"}"#, "0", "100", "100", "0"]
     );
-    let v = view(&v2, &pod);
+    let v = test_view(&v2, &pod);
     assert!(v.ready, "ready: the idle twin's spec is the empty image");
     assert!(
         !v.images_running(),
@@ -191,7 +191,7 @@ fn upgrade_flip_and_upgrade_back_as_upstreams_e2e() {
     );
     assert!(flip_of(&v2, &pod).is_none(), "one flip");
     kubelet_restarts(&mut pod, "proxy-1", true);
-    assert!(view(&v2, &pod).is_available());
+    assert!(test_view(&v2, &pod).is_available());
 
     // Back to proxy:1: proxy-1, on the empty image now, works again.
     let v1 = set("proxy:1", "200");
@@ -232,7 +232,7 @@ fn a_failed_image_never_flips_and_a_good_one_goes_to_the_twin_that_is_not_ready(
     assert_eq!(image_of(&pod, "proxy-1"), Some("proxy:1"));
 
     let good = set("proxy:3", "300");
-    let view_of = view(&good, &pod);
+    let view_of = test_view(&good, &pod);
     let settled = |c: &str| {
         view_of
             .sidecars
@@ -345,7 +345,7 @@ fn ownership_needs_both_twins_and_a_working_entry() {
     let namespaces = Default::default();
     let owned = pod("proxy:1", EMPTY);
     assert!(owns(&v2, &owned, &namespaces));
-    let names: Vec<String> = view(&v2, &owned)
+    let names: Vec<String> = test_view(&v2, &owned)
         .sidecars
         .into_iter()
         .map(|s| s.name.to_string())
@@ -375,7 +375,7 @@ fn flips_wait_for_a_paused_or_not_update_rollout_and_leave_the_batch() {
     mid = upgraded(&mid, &v2);
     kubelet_restarts(&mut mid, "proxy-2", true);
     let owned = vec![Arc::new(pod("proxy:1", EMPTY)), Arc::new(mid)];
-    let views: Vec<_> = owned.iter().map(|p| view(&v2, p)).collect();
+    let views: Vec<_> = owned.iter().map(|p| test_view(&v2, p)).collect();
 
     let mut batch = Batch {
         upgrade: vec![0, 1],
@@ -425,7 +425,7 @@ fn native_sidecar_twins_are_owned_and_viewed_never_flipped() {
     ]))
     .expect("init containers");
     assert!(owns(&set, &pod, &Default::default()));
-    let names: Vec<String> = view(&set, &pod)
+    let names: Vec<String> = test_view(&set, &pod)
         .sidecars
         .into_iter()
         .map(|s| s.name.to_string())

@@ -8,7 +8,7 @@ use super::*;
 use crate::apis::imagepulljob::{ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate};
 use crate::apis::sidecarset::SidecarSetSpec;
 use crate::apis::well_known::{SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST};
-use crate::controllers::sidecarset::pods::namespace_labels;
+use crate::controllers::sidecarset::pods::{namespace_labels, test_view};
 use crate::controllers::sidecarset::predownload::{JobPlan, knobs_when};
 
 const MANAGER_NS: &str = "kruise-system";
@@ -191,7 +191,7 @@ fn a_plan_has_one_view_per_owned_pod_in_the_same_order() {
     let owned = [old("a"), new("b"), old("c")];
     let s = set(json!({}));
     let plan = plan_with(&s, &owned, false);
-    let names: Vec<_> = plan.views.iter().map(|v| v.name.to_string()).collect();
+    let names: Vec<_> = plan.views.iter().map(|v| v.name().to_string()).collect();
     assert_eq!(names, ["a", "b", "c"]);
 }
 
@@ -397,18 +397,16 @@ fn a_skip_is_announced_once_per_reason() {
 #[test]
 fn only_active_selected_pods_get_the_upgradable_condition() {
     let s = set(json!({}));
-    let current = CurrentHashes::of(&s);
     let a = old("a");
-    assert_eq!(upgradable(&view(&s, &a), &current), Some(true));
+    assert_eq!(upgradable(&test_view(&s, &a)), Some(true));
     let mut gone = (*old("g")).clone();
     gone.metadata.deletion_timestamp = Some(now());
-    assert_eq!(upgradable(&view(&s, &gone), &current), None);
+    assert_eq!(upgradable(&test_view(&s, &gone)), None);
 }
 
 #[test]
 fn the_true_condition_on_upgraded_pods_is_behind_the_flag() {
     let s = set(json!({}));
-    let current = CurrentHashes::of(&s);
     // Upgraded in place by mesh: its record in the update state.
     let mut upgraded = (*new("u")).clone();
     upgraded.set_annotation(
@@ -417,9 +415,8 @@ fn the_true_condition_on_upgraded_pods_is_behind_the_flag() {
     );
     assert!(upgraded_in_place(&upgraded, "mesh"));
     assert!(!upgraded_in_place(&upgraded, "logging"));
-    let decide = |pod: &PodSummary, on: bool| {
-        pod_condition(pod, &view(&s, pod), &current, "mesh", on, &now())
-    };
+    let decide =
+        |pod: &PodSummary, on: bool| pod_condition(&test_view(&s, pod), "mesh", on, &now());
     // Off: no condition on an upgradable pod that has none (kruise-rs's default).
     assert_eq!(decide(&upgraded, false), None);
     // On: upstream's True, once.

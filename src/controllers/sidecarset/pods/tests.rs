@@ -57,14 +57,22 @@ const RECORD: &str = r#"{"mesh":{"revision":"h2","updateTimestamp":"2026-11-29T1
 #[test]
 fn the_view_reads_hashes_readiness_and_order_fields() {
     let p = pod("proxy:1", "proxy:1", "proxy@sha256:11");
-    let v = view(&set("proxy:1"), &p);
+    let at = |hash: &str, without_image: &str| CurrentHashes {
+        hash: hash.into(),
+        without_image: without_image.into(),
+    };
+    let s = set("proxy:1");
+    let v = view(&s, &at("h1", "w1"), &p);
     assert_eq!(v.key(), "shop/web-0");
-    assert_eq!(v.hash.as_deref(), Some("h1"));
-    assert_eq!(v.hash_without_image.as_deref(), Some("w1"));
+    assert!(v.hash_current && v.hash_without_image_current);
+    let moved = view(&s, &at("h2", "w1"), &p);
+    assert!(!moved.hash_current && moved.hash_without_image_current);
+    let reshaped = view(&s, &at("h2", "w2"), &p);
+    assert!(!reshaped.hash_current && !reshaped.hash_without_image_current);
     assert!(v.ready);
     assert_eq!(v.phase, PodPhase::Running);
     assert_eq!(v.restarts, 2);
-    assert_eq!(v.node_name, Some("node-1"));
+    assert_eq!(v.node_name(), Some("node-1"));
     assert_eq!(
         v.ready_since.get(),
         Some("2026-11-29T10:00:00Z".parse().expect("time"))
@@ -84,7 +92,7 @@ fn the_view_reads_hashes_readiness_and_order_fields() {
 fn a_pod_is_ready_only_when_running_with_the_ready_condition() {
     let mut p = pod("proxy:1", "proxy:1", "id");
     p.status.as_mut().expect("status").phase = Some("Pending".into());
-    assert!(!view(&set("proxy:1"), &p).ready);
+    assert!(!test_view(&set("proxy:1"), &p).ready);
     let mut p = pod("proxy:1", "proxy:1", "id");
     p.status
         .as_mut()
@@ -93,7 +101,7 @@ fn a_pod_is_ready_only_when_running_with_the_ready_condition() {
         .as_mut()
         .expect("c")[0]
         .status = "False".into();
-    assert!(!view(&set("proxy:1"), &p).ready);
+    assert!(!test_view(&set("proxy:1"), &p).ready);
 }
 
 #[test]
@@ -108,7 +116,7 @@ fn after_an_upgrade_the_sidecar_runs_its_image_once_the_image_id_changes() {
         ),
         RECORD,
     );
-    assert!(!view(&s, &waiting).sidecars[0].image_running);
+    assert!(!test_view(&s, &waiting).sidecars[0].image_running);
     // Restarted on the new image.
     let done = with_state(
         pod(
@@ -118,7 +126,7 @@ fn after_an_upgrade_the_sidecar_runs_its_image_once_the_image_id_changes() {
         ),
         RECORD,
     );
-    assert!(view(&s, &done).sidecars[0].image_running);
+    assert!(test_view(&s, &done).sidecars[0].image_running);
 }
 
 #[test]
@@ -132,24 +140,24 @@ fn a_new_tag_of_the_same_image_counts_once_kubelet_reports_the_new_name() {
         ),
         RECORD,
     );
-    assert!(view(&set("proxy:2"), &retagged).sidecars[0].image_running);
+    assert!(test_view(&set("proxy:2"), &retagged).sidecars[0].image_running);
 }
 
 #[test]
 fn without_a_record_the_sidecar_counts_as_running() {
     let p = pod("proxy:2", "something-else", "x@sha256:zz");
-    assert!(view(&set("proxy:2"), &p).sidecars[0].image_running);
+    assert!(test_view(&set("proxy:2"), &p).sidecars[0].image_running);
 }
 
 #[test]
 fn an_unreadable_record_falls_back_to_the_image_names() {
     let p = with_state(pod("proxy:2", "proxy:1", "x@sha256:zz"), "{oops");
-    assert!(!view(&set("proxy:2"), &p).sidecars[0].image_running);
+    assert!(!test_view(&set("proxy:2"), &p).sidecars[0].image_running);
     let p = with_state(
         pod("proxy:2", "docker.io/library/proxy:2", "x@sha256:zz"),
         "{oops",
     );
-    assert!(view(&set("proxy:2"), &p).sidecars[0].image_running);
+    assert!(test_view(&set("proxy:2"), &p).sidecars[0].image_running);
 }
 
 #[test]
@@ -162,7 +170,7 @@ fn missing_container_statuses_mean_not_running() {
         .as_mut()
         .expect("statuses")
         .pop();
-    assert!(!view(&set("proxy:1"), &p).sidecars[0].image_running);
+    assert!(!test_view(&set("proxy:1"), &p).sidecars[0].image_running);
 }
 
 #[test]
@@ -175,9 +183,9 @@ fn digest_pinned_sidecars_compare_the_digest() {
         "proxy:whatever",
         &format!("docker.io/library/proxy@{d}"),
     );
-    assert!(view(&s, &running).sidecars[0].image_running);
+    assert!(test_view(&s, &running).sidecars[0].image_running);
     let other = pod(&image, &image, "docker.io/library/proxy@sha256:other");
-    assert!(!view(&s, &other).sidecars[0].image_running);
+    assert!(!test_view(&s, &other).sidecars[0].image_running);
 }
 
 #[test]
@@ -266,7 +274,7 @@ fn ownership_needs_the_native_sidecars_among_the_init_containers() {
 fn native_sidecars_are_viewed_from_the_init_container_statuses() {
     let s = native_set("agent:1");
     let p = native_pod("agent:1", "agent:1", "agent@sha256:1", false);
-    let v = view(&s, &p);
+    let v = test_view(&s, &p);
     let sidecars: Vec<(&str, bool, bool)> = v
         .sidecars
         .iter()
@@ -282,11 +290,15 @@ fn native_sidecars_are_viewed_from_the_init_container_statuses() {
 fn the_view_knows_when_the_hash_entry_was_written() {
     let s = set("proxy:1");
     let mut p = pod("proxy:1", "proxy:1", "id");
-    assert_eq!(view(&s, &p).hash_written.get(), None, "null in the entry");
+    assert_eq!(
+        test_view(&s, &p).hash_written.get(),
+        None,
+        "null in the entry"
+    );
     p.set_annotation(SIDECARSET_HASH, r#"{"mesh":{"updateTimestamp":"2026-11-29T11:00:00Z","hash":"h1","sidecarSetName":"mesh"}}"#
             );
     assert_eq!(
-        view(&s, &p).hash_written.get(),
+        test_view(&s, &p).hash_written.get(),
         Some("2026-11-29T11:00:00Z".parse().expect("time"))
     );
 }
@@ -299,14 +311,14 @@ fn after_an_upgrade_a_native_sidecar_runs_its_image_once_the_image_id_changes() 
         native_pod("agent:2", "agent:1", "agent@sha256:1", true),
         record,
     );
-    let v = view(&s, &waiting);
+    let v = test_view(&s, &waiting);
     assert!(!v.sidecars[1].image_running && v.sidecars[1].ready);
     assert!(!v.images_running());
     let done = with_state(
         native_pod("agent:2", "agent:2", "agent@sha256:2", true),
         record,
     );
-    assert!(view(&s, &done).images_running());
+    assert!(test_view(&s, &done).images_running());
     // Init container statuses that do not cover every init container: not running yet.
     let mut partial = done.clone();
     partial
@@ -317,7 +329,7 @@ fn after_an_upgrade_a_native_sidecar_runs_its_image_once_the_image_id_changes() 
         .as_mut()
         .expect("init statuses")
         .remove(0);
-    let v = view(&s, &partial);
+    let v = test_view(&s, &partial);
     assert!(v.sidecars[0].image_running && !v.sidecars[1].image_running);
 }
 
@@ -337,7 +349,7 @@ fn digest_pinned_native_sidecars_compare_the_digest() {
         .as_mut()
         .expect("s")[0]
         .image_id = format!("docker.io/library/{proxy}").into();
-    assert!(view(&s, &p).images_running());
+    assert!(test_view(&s, &p).images_running());
     p.status
         .as_mut()
         .expect("status")
@@ -345,7 +357,7 @@ fn digest_pinned_native_sidecars_compare_the_digest() {
         .as_mut()
         .expect("s")[1]
         .image_id = "agent@sha256:other".into();
-    let v = view(&s, &p);
+    let v = test_view(&s, &p);
     assert!(v.sidecars[0].image_running && !v.sidecars[1].image_running);
 }
 
@@ -366,9 +378,22 @@ fn ownership_follows_the_namespace_selector() {
 fn stripping_keeps_what_decisions_read_and_drops_other_annotations() {
     let mut p = with_state(pod("proxy:1", "proxy:1", "id"), RECORD);
     let unstripped = p.clone();
-    let before = view(&set("proxy:1"), &unstripped);
+    let before = test_view(&set("proxy:1"), &unstripped);
     strip_pod(&mut p);
-    assert_eq!(view(&set("proxy:1"), &p), before);
+    let after = test_view(&set("proxy:1"), &p);
+    assert_eq!(
+        (after.key(), after.labels()),
+        (before.key(), before.labels())
+    );
+    assert_eq!(after.node_name(), before.node_name());
+    // Everything else the view read is the same too (its pod is the stripped one, of course).
+    assert_eq!(
+        PodView {
+            pod: &unstripped,
+            ..after
+        },
+        before
+    );
     assert!(
         p.annotation("kubectl.kubernetes.io/last-applied-configuration")
             .is_none()

@@ -12,7 +12,7 @@ use crate::apis::sidecarset::{SidecarSetSpec, SidecarSetStatus};
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
 };
-use crate::controllers::sidecarset::pods::view;
+use crate::controllers::sidecarset::pods::test_view;
 use crate::controllers::sidecarset::strategy::next_batch;
 
 const MANAGER_NS: &str = "kruise-system";
@@ -109,7 +109,7 @@ fn decide_when(
     updated_ready: usize,
     started: bool,
 ) -> Decision {
-    let views: Vec<_> = pods.iter().map(|p| view(set, p)).collect();
+    let views: Vec<_> = pods.iter().map(|p| test_view(set, p)).collect();
     let batch = next_batch(set, &views);
     let (knobs, _) = knobs_when(set, enabled);
     decide(
@@ -643,7 +643,7 @@ fn only_queued_pods_whose_node_lacks_the_image_wait() {
         old("b", "n2"),
         pod("c", "shop", "n3", "proxy:2", json!({})),
     ];
-    let mut views: Vec<_> = pods.iter().map(|p| view(&s, p)).collect();
+    let mut views: Vec<_> = pods.iter().map(|p| test_view(&s, p)).collect();
     let batch = next_batch(&s, &views);
     let pulled_on_n1 = |node: &str| {
         (node == "n1")

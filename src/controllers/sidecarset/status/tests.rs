@@ -6,6 +6,7 @@ use smallvec::smallvec;
 use super::*;
 use crate::apis::sidecarset::SidecarSetSpec;
 use crate::apis::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
+use crate::controllers::sidecarset::pods::test_pod;
 use crate::controllers::sidecarset::strategy::{SidecarView, next_batch};
 
 fn set(strategy: serde_json::Value) -> SidecarSet {
@@ -27,13 +28,11 @@ fn set(strategy: serde_json::Value) -> SidecarSet {
 /// A running, ready pod on the old version.
 fn pod(name: &str) -> PodView<'static> {
     PodView {
-        namespace: "ns",
-        name: name.to_owned().leak(),
+        pod: test_pod("ns", name, &[], Some("n")),
         phase: PodPhase::Running,
-        node_name: Some("n"),
         ready: true,
-        hash: Some("old".into()),
-        hash_without_image: Some("shape".into()),
+        hash_current: false,
+        hash_without_image_current: true,
         sidecars: smallvec![SidecarView {
             name: "proxy".into(),
             ready: true,
@@ -46,7 +45,7 @@ fn pod(name: &str) -> PodView<'static> {
 
 fn updated(name: &str) -> PodView<'static> {
     PodView {
-        hash: Some("new".into()),
+        hash_current: true,
         ..pod(name)
     }
 }
@@ -59,7 +58,7 @@ fn in_flight(name: &str) -> PodView<'static> {
 
 fn not_upgradable(name: &str) -> PodView<'static> {
     PodView {
-        hash_without_image: Some("other-shape".into()),
+        hash_without_image_current: false,
         ..pod(name)
     }
 }
@@ -289,11 +288,11 @@ fn status_counts_are_consistent_for_random_pods() {
     let flags = |bits: u32, k: u32| bits >> k & 1 == 1;
     for bits in 0..1u32 << 5 {
         let mut p = pod(&format!("p{bits}"));
-        p.hash = Some(if flags(bits, 0) { "new" } else { "old" }.into());
+        p.hash_current = flags(bits, 0);
         p.ready = flags(bits, 1);
         p.sidecars[0].image_running = flags(bits, 2);
         p.deleting = flags(bits, 3);
-        p.hash_without_image = Some(if flags(bits, 4) { "shape" } else { "x" }.into());
+        p.hash_without_image_current = flags(bits, 4);
         let pods = vec![p.clone(), pod("other"), updated("third")];
         let s = report(&set(json!({"maxUnavailable": 1})), &pods).status;
         assert!(
@@ -523,7 +522,7 @@ fn a_native_sidecar_the_kubelet_never_restarts_is_named_after_the_grace() {
     let mut pending = native_behind("a", "2026-11-29T11:00:00Z");
     pending.phase = PodPhase::Pending;
     let mut old = native_behind("a", "2026-11-29T11:00:00Z");
-    old.hash = Some("old".into());
+    old.hash_current = false;
     for p in [container, pending, old] {
         assert!(
             !report(&s, &[p])

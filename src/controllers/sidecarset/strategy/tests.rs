@@ -1,20 +1,20 @@
 use super::*;
 use crate::apis::sidecarset::SidecarSetSpec;
 use crate::apis::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
+use crate::controllers::sidecarset::pods::{change_pod, test_pod};
 use fastrand::Rng;
 use serde_json::json;
 use smallvec::smallvec;
 
 const CURRENT: &str = "bbb";
-const OLD: &str = "aaa";
 const WITHOUT_IMAGE: &str = "without-aaa";
 
 fn time(second: i64) -> Timestamp {
     Timestamp::from_second(1_700_000_000 + second).expect("valid second")
 }
 
-/// A SidecarSet at hash `bbb` whose image-less hash matches the pods', with `strategy`.
-fn set_with(strategy: serde_json::Value, without_image: &str) -> SidecarSet {
+/// A SidecarSet at hash `bbb` (its hash without images `without-aaa`), with `strategy`.
+fn set(strategy: serde_json::Value) -> SidecarSet {
     let spec: SidecarSetSpec = serde_json::from_value(json!({
         "selector": {"matchLabels": {"app": "sidecar"}},
         "containers": [{"name": "test-sidecar", "image": "test-image:v2"}],
@@ -26,41 +26,41 @@ fn set_with(strategy: serde_json::Value, without_image: &str) -> SidecarSet {
         (SIDECARSET_HASH.to_owned(), CURRENT.to_owned()),
         (
             SIDECARSET_HASH_WITHOUT_IMAGE.to_owned(),
-            without_image.to_owned(),
+            WITHOUT_IMAGE.to_owned(),
         ),
     ]));
     set
 }
 
-fn set(strategy: serde_json::Value) -> SidecarSet {
-    set_with(strategy, WITHOUT_IMAGE)
-}
-
-/// `labels` for a view to borrow (leaked: a test's pods live as long as it).
-fn leak(labels: Labels) -> &'static Labels {
-    Box::leak(Box::new(labels))
-}
-
-/// `pod` with one more label (its labels copied).
+/// `pod` with one more label (its stored pod copied).
 fn add_label(pod: &mut PodView<'static>, key: &str, value: &str) {
-    let mut labels = pod.labels.clone();
-    labels.insert(key, value);
-    pod.labels = leak(labels);
+    change_pod(pod, |p| {
+        p.labels_mut().insert(key, value);
+    });
+}
+
+/// `pod` on node `node` (none: unscheduled).
+fn set_node(pod: &mut PodView<'static>, node: Option<&str>) {
+    change_pod(pod, |p| {
+        p.spec.get_or_insert_default().node_name = node.map(str::to_owned);
+    });
 }
 
 /// A running, ready pod on the old version, created `i` seconds after the epoch of the
 /// tests (so higher numbers are newer).
 fn pod(i: usize) -> PodView<'static> {
     PodView {
-        namespace: "default",
-        name: format!("pod-{i}").leak(),
-        labels: leak(Labels::from_iter([("app", "sidecar")])),
-        node_name: Some("node-1"),
+        pod: test_pod(
+            "default",
+            &format!("pod-{i}"),
+            &[("app", "sidecar")],
+            Some("node-1"),
+        ),
         phase: PodPhase::Running,
         ready: true,
         created: Some(time(i as i64)).into(),
-        hash: Some(OLD.into()),
-        hash_without_image: Some(WITHOUT_IMAGE.into()),
+        hash_current: false,
+        hash_without_image_current: true,
         sidecars: smallvec![SidecarView {
             name: "test-sidecar".into(),
             ready: true,
@@ -77,7 +77,7 @@ fn pod(i: usize) -> PodView<'static> {
 fn pods(count: usize, upgraded: usize, running: usize) -> Vec<PodView<'static>> {
     let mut out: Vec<PodView> = (0..count).map(pod).collect();
     for (i, p) in out.iter_mut().enumerate().take(upgraded) {
-        p.hash = Some(CURRENT.into());
+        p.hash_current = true;
         p.sidecars[0].image_running = i < running;
     }
     out
@@ -96,7 +96,7 @@ fn shuffled<T>(mut items: Vec<T>, seed: u64) -> Vec<T> {
 fn names(pods: &[PodView], positions: &[usize]) -> Vec<String> {
     positions
         .iter()
-        .map(|&i| pods[i].name.to_string())
+        .map(|&i| pods[i].name().to_string())
         .collect()
 }
 
@@ -111,7 +111,14 @@ fn upstream_next_upgrade_pods_scenarios() {
         }
         p
     };
-    let not_upgradable = set_with(json!({"maxUnavailable": 100}), "without-bbb");
+    // Their hash without images is not the SidecarSet's: more than an image changed.
+    let reshaped = || {
+        let mut p = pods(100, 0, 0);
+        for pod in &mut p {
+            pod.hash_without_image_current = false;
+        }
+        p
+    };
     #[allow(clippy::type_complexity)]
     let cases: Vec<(&str, Vec<PodView>, SidecarSet, usize, usize)> = vec![
         (
@@ -179,8 +186,8 @@ fn upstream_next_upgrade_pods_scenarios() {
         ),
         (
             "more than the image changed, maxUnavailable 100",
-            pods(100, 0, 0),
-            not_upgradable,
+            reshaped(),
+            set(json!({"maxUnavailable": 100})),
             0,
             100,
         ),
@@ -376,7 +383,7 @@ fn malformed_values_are_errors_naming_the_field() {
 #[test]
 fn not_update_and_paused_upgrade_nothing_but_still_report_not_upgradable_pods() {
     let mut p = pods(4, 0, 0);
-    p[3].hash_without_image = Some("other".into());
+    p[3].hash_without_image_current = false;
     let batch = next_batch(&set(json!({"type": "NotUpdate"})), &p);
     assert!(batch.upgrade.is_empty() && batch.queue.is_empty());
     assert_eq!(batch.hold, Some(Hold::NotUpdate));
@@ -555,8 +562,9 @@ fn pods_going_away_are_ignored_and_never_hold_the_rollout() {
 #[test]
 fn a_pod_without_an_entry_for_this_sidecarset_is_not_upgradable() {
     let mut p = pods(2, 0, 0);
-    p[0].hash = None;
-    p[0].hash_without_image = None;
+    // What the view of a pod without the entry reads: neither hash current.
+    p[0].hash_current = false;
+    p[0].hash_without_image_current = false;
     let batch = next_batch(&set(json!({"maxUnavailable": 2})), &p);
     assert_eq!(names(&p, &batch.not_upgradable), ["pod-0"]);
     assert_eq!(names(&p, &batch.upgrade), ["pod-1"]);
@@ -573,26 +581,16 @@ fn a_ready_sidecar_still_switching_images_settles_first() {
     let batch = next_batch(&set(json!({"maxUnavailable": 3})), &p);
     assert_eq!(names(&p, &batch.upgrade), ["pod-1", "pod-0"]);
     assert_eq!(batch.waiting, 3);
-    assert_eq!(
-        classify(&p[2], &CurrentHashes::of(&set(json!({}))), true),
-        PodState::Settling
-    );
+    assert_eq!(classify(&p[2], true), PodState::Settling);
 }
 
 #[test]
 fn in_flight_means_updated_and_not_ready_or_not_running_the_new_image() {
-    let current = CurrentHashes::of(&set(json!({})));
     let mut p = pod(0);
-    p.hash = Some(CURRENT.into());
-    assert_eq!(
-        classify(&p, &current, false),
-        PodState::Updated { in_flight: false }
-    );
+    p.hash_current = true;
+    assert_eq!(classify(&p, false), PodState::Updated { in_flight: false });
     p.ready = false;
-    assert_eq!(
-        classify(&p, &current, true),
-        PodState::Updated { in_flight: true }
-    );
+    assert_eq!(classify(&p, true), PodState::Updated { in_flight: true });
     p.ready = true;
     p.sidecars.push(SidecarView {
         name: "second".into(),
@@ -600,11 +598,8 @@ fn in_flight_means_updated_and_not_ready_or_not_running_the_new_image() {
         image_running: false,
         native: false,
     });
-    assert_eq!(
-        classify(&p, &current, true),
-        PodState::Updated { in_flight: true }
-    );
-    assert_eq!(classify(&pod(1), &current, false), PodState::NotSelected);
+    assert_eq!(classify(&p, true), PodState::Updated { in_flight: true });
+    assert_eq!(classify(&pod(1), false), PodState::NotSelected);
 }
 
 #[test]
@@ -642,14 +637,14 @@ fn current_hashes_come_from_the_annotations_or_else_the_defaulted_spec() {
 #[test]
 fn active_pods_order_step_by_step() {
     let base = pod(5);
-    let with = |f: &dyn Fn(&mut PodView)| {
+    let with = |f: &dyn Fn(&mut PodView<'static>)| {
         let mut p = base.clone();
         f(&mut p);
         p
     };
     let before = |a: &PodView, b: &PodView| active_pods_order(a, b) == Ordering::Less;
-    assert!(before(&with(&|p| p.node_name = None), &base));
-    assert!(before(&with(&|p| p.node_name = Some("")), &base));
+    assert!(before(&with(&|p| set_node(p, None)), &base));
+    assert!(before(&with(&|p| set_node(p, Some(""))), &base));
     let pending = with(&|p| p.phase = PodPhase::Pending);
     let unknown = with(&|p| p.phase = PodPhase::Unknown);
     assert!(before(&pending, &unknown) && before(&unknown, &base));
@@ -677,9 +672,9 @@ fn active_pods_order_step_by_step() {
     assert!(before(&with(&|p| p.restarts = 3), &base));
     assert!(before(&with(&|p| p.created = OptionalTime::NONE), &base));
     assert!(before(&with(&|p| p.created = Some(time(9)).into()), &base));
-    let twin = with(&|p| p.name = "pod-50");
+    let twin = with(&|p| change_pod(p, |s| s.metadata.name = Some("pod-50".into())));
     assert!(before(&base, &twin), "equal pods by name");
-    let other_ns = with(&|p| p.namespace = "a");
+    let other_ns = with(&|p| change_pod(p, |s| s.metadata.namespace = Some("a".into())));
     assert!(before(&other_ns, &base), "then by namespace first");
 }
 
@@ -745,12 +740,7 @@ fn priority_comparisons_match_upstream() {
         let priority: UpdatePriorityStrategy =
             serde_json::from_value(strategy.clone()).expect("priority");
         let view = |labels: Vec<(&str, &str)>| PodView {
-            labels: leak(
-                labels
-                    .into_iter()
-                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                    .collect(),
-            ),
+            pod: test_pod("default", "p", &labels, None),
             ..Default::default()
         };
         let p = [view(i), view(j)];
@@ -1068,7 +1058,7 @@ fn scatter_spreads_a_zone_across_batches() {
     let zone_a_in_batch = batch
         .upgrade
         .iter()
-        .filter(|&&i| p[i].labels.get("zone") == Some("a"))
+        .filter(|&&i| p[i].labels().get("zone") == Some("a"))
         .count();
     assert_eq!(batch.upgrade.len(), 3);
     assert_eq!(zone_a_in_batch, 1, "{:?}", names(&p, &batch.upgrade));
@@ -1078,7 +1068,7 @@ fn scatter_spreads_a_zone_across_batches() {
         plain
             .upgrade
             .iter()
-            .all(|&i| p[i].labels.get("zone") == Some("a"))
+            .all(|&i| p[i].labels().get("zone") == Some("a"))
     );
 }
 
@@ -1090,18 +1080,16 @@ fn random_case(rng: &mut Rng) -> (SidecarSet, Vec<PodView<'static>>) {
     let pods: Vec<PodView> = (0..n)
         .map(|i| {
             let mut p = pod(i);
-            p.namespace = ["default", "other"][rng.usize(..2)];
+            let namespace = ["default", "other"][rng.usize(..2)];
+            change_pod(&mut p, |s| s.metadata.namespace = Some(namespace.into()));
             add_label(&mut p, "zone", zones[rng.usize(..3)]);
             if chance(rng, 30) {
                 add_label(&mut p, "rank", &format!("r-{}", rng.usize(..5)));
             }
-            p.hash = match rng.usize(..10) {
-                0 => None,
-                1..=4 => Some(CURRENT.into()),
-                _ => Some(OLD.into()),
-            };
+            // Without an entry (0), current (1-4), old.
+            p.hash_current = matches!(rng.usize(..10), 1..=4);
             if chance(rng, 10) {
-                p.hash_without_image = Some("changed".into());
+                p.hash_without_image_current = false;
             }
             p.ready = chance(rng, 80);
             p.ready_since = chance(rng, 50)
@@ -1109,7 +1097,8 @@ fn random_case(rng: &mut Rng) -> (SidecarSet, Vec<PodView<'static>>) {
                 .into();
             p.created = chance(rng, 90).then(|| time(rng.usize(..20) as i64)).into();
             p.restarts = rng.usize(..3) as i32;
-            p.node_name = chance(rng, 95).then_some("n");
+            let node = chance(rng, 95).then_some("n");
+            set_node(&mut p, node);
             p.phase = [
                 PodPhase::Running,
                 PodPhase::Running,
@@ -1173,26 +1162,19 @@ fn property_the_batch_respects_max_unavailable_and_partition() {
         let (set, pods) = random_case(&mut rng);
         let strategy = &set.spec.update_strategy;
         let batch = next_batch(&set, &pods);
-        let current = CurrentHashes::of(&set);
         let active: Vec<&PodView> = pods.iter().filter(|p| p.is_active()).collect();
         let matched = active.len();
-        let updated = active
-            .iter()
-            .filter(|p| p.hash.as_deref() == Some(CURRENT))
-            .count();
+        let updated = active.iter().filter(|p| p.hash_current).count();
         let in_flight = active
             .iter()
-            .filter(|p| {
-                p.hash.as_deref() == Some(CURRENT)
-                    && !(p.ready && p.sidecars.iter().all(|s| s.image_running))
-            })
+            .filter(|p| p.hash_current && !(p.ready && p.sidecars.iter().all(|s| s.image_running)))
             .count();
         let selected = |p: &PodView| match &strategy.selector {
             None => true,
-            Some(s) => selector_matches(s, p.labels).expect("valid selector"),
+            Some(s) => selector_matches(s, p.labels()).expect("valid selector"),
         };
         let candidates: Vec<usize> = (0..pods.len())
-            .filter(|&i| classify(&pods[i], &current, selected(&pods[i])) == PodState::Candidate)
+            .filter(|&i| classify(&pods[i], selected(&pods[i])) == PodState::Candidate)
             .collect();
         let ctx = format!("case {case}: {:?}", strategy);
 
@@ -1295,6 +1277,8 @@ fn optional_times_keep_the_second_and_order_none_first() {
 #[test]
 fn a_pod_view_stays_small() {
     // A reconcile holds one for every owned pod at once: each byte is 10 KB at 10,000 pods.
-    assert!(std::mem::size_of::<PodView>() <= 160);
+    // 80 = the pod (8), three times (24), the inline sidecar (32 with smallvec's `union`),
+    // restarts and flags (16 with padding).
+    assert!(std::mem::size_of::<PodView>() <= 80);
     assert!(std::mem::size_of::<OptionalTime>() == 8);
 }
