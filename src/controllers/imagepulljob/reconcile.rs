@@ -147,13 +147,16 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
     let start: HashSet<&str> = nodes_to_start(&targets, parallelism).into_iter().collect();
     let generation = job.metadata.generation.unwrap_or_default();
     let refresh_all = ctx.refreshed_generation(job) != Some(generation);
-    let write: Vec<String> = targets
+    // Positions in `targets`, ascending (8 bytes a node where names took 24 and their text).
+    let write: Vec<usize> = targets
         .iter()
-        .filter(|t| {
+        .enumerate()
+        .filter(|(_, t)| {
             start.contains(&t.node.as_str()) || (refresh_all && t.state != NodeState::NotSynced)
         })
-        .map(|t| t.node.clone())
+        .map(|(i, _)| i)
         .collect();
+    drop(start);
     let api = lean_nodeimage::api(ctx.client.clone());
     let now_time = now();
     let extra_ttl = ctx.opts.default_ttl_for_always_nodeimage;
@@ -164,49 +167,54 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
     // every NodeImage's old version while the store fills with new ones.
     drop(by_name);
     drop(pods);
-    let mut results = Vec::with_capacity(write.len());
-    for node in write {
-        let Some(current) = ctx.fresh_nodeimage(&node) else {
-            results.push((node.clone(), Err(ImagesWriteError::NotFound { name: node })));
-            continue;
-        };
-        let current = (*current).clone();
-        let others = |owner: &ObjectReference| stored_owner_ask(&ctx.jobs, owner, &node, extra_ttl);
-        let result = update_images(&api, FIELD_MANAGER, current, |ni| {
-            with_job_entry(
-                &ni.spec.images,
-                ni.status.as_ref(),
-                &req,
-                others,
-                &node,
-                &now_time,
-                extra_ttl,
-            )
-        })
-        .await
-        // Kept at once, not after the loop: a fan-out writes thousands of nodes here.
-        .map(|written| written.map(|written| ctx.remember(written)));
-        results.push((node, result));
-    }
+    // Each result is applied as it comes: a fan-out's thousands of them, kept until the loop
+    // ended, took 112 bytes a node (heaptrack).
+    let mut gone = Vec::new();
     let mut first_error = None;
-    for (node, result) in results {
+    for i in write {
+        let node = targets[i].node.clone();
+        let result = match ctx.fresh_nodeimage(&node) {
+            None => Err(ImagesWriteError::NotFound { name: node.clone() }),
+            Some(current) => {
+                let current = (*current).clone();
+                let others =
+                    |owner: &ObjectReference| stored_owner_ask(&ctx.jobs, owner, &node, extra_ttl);
+                update_images(&api, FIELD_MANAGER, current, |ni| {
+                    with_job_entry(
+                        &ni.spec.images,
+                        ni.status.as_ref(),
+                        &req,
+                        others,
+                        &node,
+                        &now_time,
+                        extra_ttl,
+                    )
+                })
+                .await
+                .map(|written| written.map(|written| ctx.remember(written)))
+            }
+        };
         match result {
             Ok(_) => {
-                if let Some(t) = targets
-                    .iter_mut()
-                    .find(|t| t.node == node && t.state == NodeState::NotSynced)
-                {
-                    t.state = NodeState::Pulling;
+                if targets[i].state == NodeState::NotSynced {
+                    targets[i].state = NodeState::Pulling;
                 }
             }
             // The node went away meanwhile: it is no target any more.
-            Err(ImagesWriteError::NotFound { .. }) => targets.retain(|t| t.node != node),
+            Err(ImagesWriteError::NotFound { .. }) => gone.push(i),
             Err(err) => {
                 warn!(job = %key(job), node, error = %err, "cannot start the pull on a node");
                 first_error.get_or_insert(err);
             }
         }
     }
+    // `gone` is ascending, as `write` was.
+    let mut position = 0;
+    targets.retain(|_| {
+        let keep = gone.binary_search(&position).is_err();
+        position += 1;
+        keep
+    });
 
     if first_error.is_none() {
         ctx.refreshed(job, Some(generation));
