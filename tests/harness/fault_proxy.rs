@@ -93,7 +93,7 @@ struct FaultState {
     rng: fastrand::Rng,
     budget: u64,
     injected: Injected,
-    /// Requests and watches decided while some fault was given, for [`FaultState::hit`].
+    /// Requests and watches decided while the budget was not spent, for [`FaultState::hit`].
     requests: u64,
     watches: u64,
 }

@@ -31,6 +31,8 @@ use crate::sidecar::annotations::parse_hashes;
 
 /// Everything one reconcile decides before it writes anything.
 pub struct Plan<'a> {
+    /// The version the pods are upgraded to, which the views were read against.
+    pub current: CurrentHashes,
     /// One per owned pod, in the same order (borrowing from them).
     pub views: Vec<PodView<'a>>,
     pub batch: Batch,
@@ -140,6 +142,7 @@ pub fn plan<'a>(
     ));
     let flips = flips(set, owned, &views, &mut batch);
     Plan {
+        current,
         views,
         batch,
         report,

@@ -102,6 +102,7 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
     let jobs = own_jobs(set, ctx.jobs.state());
     let nodeimage = |node: &str| ctx.nodeimages.get(&ObjectRef::new(node));
     let Plan {
+        current,
         views,
         batch,
         report,
@@ -136,7 +137,6 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
     }
     let jobs_synced = sync_jobs(ctx, set, &knobs, &decision, &jobs).await;
 
-    let current = CurrentHashes::of(set);
     mark_upgradable(ctx, set, &views, &now).await?;
 
     let flipped = flip_pods(ctx, set, &owned, flips).await;
