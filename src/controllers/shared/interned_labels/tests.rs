@@ -58,6 +58,22 @@ fn escaped_strings_and_null_parse() {
 }
 
 #[test]
+fn a_map_larger_than_the_stack_room_reads_whole() {
+    // Past `PAIRS_ON_STACK` entries the pairs move to the heap; nothing is lost, the last of a
+    // repeated key still wins.
+    let mut json: Vec<String> = (0..PAIRS_ON_STACK + 9)
+        .map(|i| format!(r#""key-{i:03}": "value-{i}""#))
+        .collect();
+    json.push(r#""key-000": "last""#.to_owned());
+    let json = format!("{{{}}}", json.join(", "));
+    let labels: Labels = serde_json::from_str(&json).expect("parses");
+    let as_map: BTreeMap<String, String> = serde_json::from_str(&json).expect("parses");
+    assert_eq!(labels.len(), PAIRS_ON_STACK + 9);
+    assert_eq!(labels.get("key-000"), Some("last"));
+    assert_eq!(labels.to_map(), as_map);
+}
+
+#[test]
 fn a_repeated_key_keeps_its_last_value_as_a_map_does() {
     let labels: Labels = serde_json::from_str(r#"{"a": "1", "b": "x", "a": "2"}"#).expect("parses");
     let as_map: BTreeMap<String, String> =
