@@ -134,7 +134,7 @@ impl Context {
     }
 
     fn remember(&self, written: LeanNodeImage) {
-        self.written.remember(written);
+        self.written.remember(written, &self.nodeimages);
     }
 }
 
@@ -219,9 +219,21 @@ impl WrittenNodeImages {
         }
     }
 
-    fn remember(&self, written: LeanNodeImage) {
-        // Parsed without managedFields already (`update_images`).
-        self.lock().insert(written.name_any(), Arc::new(written));
+    /// Keeps what a write returned (parsed without managedFields already, `update_images`)
+    /// unless `store` already holds that generation or a later one: on loopback the watch often
+    /// brings our write before its response is read, and [`Self::saw`] has then come and gone,
+    /// so nothing would forget the copy until the job's next reconcile. Checked under the lock
+    /// `saw` takes after the store applied an event, so a write is either seen here as stored
+    /// or forgotten by `saw`.
+    fn remember(&self, written: LeanNodeImage, store: &Store<LeanNodeImage>) {
+        let mut kept = self.lock();
+        let name = written.name_any();
+        let needed = store
+            .get(&ObjectRef::new(&name))
+            .is_none_or(|stored| stored.metadata.generation < written.metadata.generation);
+        if needed {
+            kept.insert(name, Arc::new(written));
+        }
     }
 
     #[cfg(test)]
@@ -232,6 +244,8 @@ impl WrittenNodeImages {
 
 #[cfg(test)]
 mod written_tests {
+    use kube::runtime::reflector::store::Writer;
+
     use super::*;
     use crate::apis::nodeimage::{NodeImage, NodeImageSpec};
 
@@ -243,8 +257,9 @@ mod written_tests {
 
     #[test]
     fn a_watch_event_at_our_generation_or_later_forgets_our_write() {
+        let store = Writer::<LeanNodeImage>::default().as_reader();
         let written = WrittenNodeImages::default();
-        written.remember(nodeimage("node-1", 4));
+        written.remember(nodeimage("node-1", 4), &store);
         written.saw(&watcher::Event::Apply(nodeimage("node-1", 3)));
         assert_eq!(written.len(), 1, "an older event: the store still lags");
         written.saw(&watcher::Event::Apply(nodeimage("node-2", 9)));
@@ -258,19 +273,32 @@ mod written_tests {
         written.saw(&watcher::Event::Apply(nodeimage("node-1", 4)));
         assert_eq!(written.len(), 0, "the store holds our write now");
 
-        written.remember(nodeimage("node-1", 5));
+        written.remember(nodeimage("node-1", 5), &store);
         written.saw(&watcher::Event::Delete(nodeimage("node-1", 2)));
         assert_eq!(written.len(), 0, "deleted");
     }
 
     #[test]
+    fn a_write_the_watch_brought_first_is_not_kept() {
+        let mut writer = Writer::<LeanNodeImage>::default();
+        writer.apply_watcher_event(&watcher::Event::Apply(nodeimage("node-1", 4)));
+        let store = writer.as_reader();
+        let written = WrittenNodeImages::default();
+        written.remember(nodeimage("node-1", 4), &store);
+        assert_eq!(written.len(), 0, "the store holds this generation already");
+        written.remember(nodeimage("node-1", 5), &store);
+        assert_eq!(written.len(), 1, "the store lags behind this one");
+        written.remember(nodeimage("node-2", 1), &store);
+        assert_eq!(written.len(), 2, "not in the store at all yet");
+    }
+
+    #[test]
     fn until_the_store_catches_up_our_write_is_read() {
-        use kube::runtime::reflector::store::Writer;
         let mut writer = Writer::<LeanNodeImage>::default();
         writer.apply_watcher_event(&watcher::Event::Apply(nodeimage("node-1", 3)));
         let store = writer.as_reader();
         let written = WrittenNodeImages::default();
-        written.remember(nodeimage("node-1", 4));
+        written.remember(nodeimage("node-1", 4), &store);
         let generation = |ni: Option<Arc<LeanNodeImage>>| ni.and_then(|ni| ni.metadata.generation);
         assert_eq!(generation(written.overlay_one(&store, "node-1")), Some(4));
         assert_eq!(generation(written.overlay_all(&store).pop()), Some(4));
