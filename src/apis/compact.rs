@@ -107,7 +107,8 @@ impl<K: Ord, V> SortedMap<K, V> {
     }
 
     /// Sets `key`'s value; returns the one it replaces.
-    pub fn insert(&mut self, key: K, value: V) -> Option<V> {
+    pub fn insert(&mut self, key: K, value: impl Into<V>) -> Option<V> {
+        let value = value.into();
         match self.position(&key) {
             Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value)),
             Err(i) => {
@@ -176,15 +177,16 @@ impl<K: fmt::Debug, V: fmt::Debug> fmt::Debug for SortedMap<K, V> {
     }
 }
 
-impl<K: Ord, V> FromIterator<(K, V)> for SortedMap<K, V> {
-    fn from_iter<I: IntoIterator<Item = (K, V)>>(pairs: I) -> Self {
-        Self::from_pairs(pairs.into_iter().collect())
+/// Values are taken as anything that turns into one (a value into its `Shared` copy).
+impl<K: Ord, V, W: Into<V>> FromIterator<(K, W)> for SortedMap<K, V> {
+    fn from_iter<I: IntoIterator<Item = (K, W)>>(pairs: I) -> Self {
+        Self::from_pairs(pairs.into_iter().map(|(k, w)| (k, w.into())).collect())
     }
 }
 
-impl<K: Ord, V, const N: usize> From<[(K, V); N]> for SortedMap<K, V> {
-    fn from(pairs: [(K, V); N]) -> Self {
-        Self::from_pairs(pairs.into())
+impl<K: Ord, V, W: Into<V>, const N: usize> From<[(K, W); N]> for SortedMap<K, V> {
+    fn from(pairs: [(K, W); N]) -> Self {
+        Self::from_pairs(pairs.into_iter().map(|(k, w)| (k, w.into())).collect())
     }
 }
 

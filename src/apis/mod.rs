@@ -12,6 +12,7 @@ pub mod interned;
 pub mod limits;
 pub mod nodeimage;
 pub mod shared_owner;
+pub mod shared_value;
 pub mod sidecarset;
 pub mod validation;
 pub mod well_known;

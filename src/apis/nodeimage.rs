@@ -8,6 +8,8 @@
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::hash::{Hash, Hasher};
+
 use kube::CustomResource;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
@@ -19,6 +21,8 @@ use super::interned::{Interned, InternedString, shared_str_option};
 use super::limits;
 pub use super::shared_owner::SharedOwner;
 use super::shared_owner::shared_owners;
+pub use super::shared_value::Shared;
+use super::shared_value::{Shareable, shared_table};
 
 /// Desired state of a NodeImage.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -44,11 +48,12 @@ pub struct NodeImageSpec {
     pub images: Images,
 }
 
-/// `spec.images`: image name to what to pull of it.
-pub type Images = SortedMap<InternedString, ImageSpec>;
+/// `spec.images`: image name to what to pull of it. A job's entry is the same on every node
+/// it targets, so equal entries are stored once (`Shared`).
+pub type Images = SortedMap<InternedString, Shared<ImageSpec>>;
 
-/// `status.imageStatuses`: image name to the state of its tags.
-pub type ImageStatuses = SortedMap<InternedString, ImageStatus>;
+/// `status.imageStatuses`: image name to the state of its tags, equal ones stored once.
+pub type ImageStatuses = SortedMap<InternedString, Shared<ImageStatus>>;
 
 /// What to pull of one image name.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -71,8 +76,29 @@ pub struct ImageSpec {
     pub sandbox_config: Option<Box<SandboxConfig>>,
 }
 
+impl Shareable for ImageSpec {
+    fn hash_key<H: Hasher>(&self, state: &mut H) {
+        for tag in &self.tags {
+            tag.tag.hash(state);
+            tag.version.hash(state);
+            tag.created_at.as_ref().map(time_key).hash(state);
+            for owner in &tag.owner_references {
+                owner.uid.hash(state);
+            }
+        }
+        self.pull_secrets.hash(state);
+    }
+
+    shared_table!(ImageSpec);
+}
+
+/// A time as what tells two apart, for hashing (`Time` has no `Hash`).
+fn time_key(t: &Time) -> (i64, i32) {
+    (t.0.as_second(), t.0.subsec_nanosecond())
+}
+
 /// A Secret by namespace and name.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReferenceObject {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -195,6 +221,23 @@ pub struct ImageStatus {
     pub tags: Vec<ImageTagStatus>,
 }
 
+impl Shareable for ImageStatus {
+    fn hash_key<H: Hasher>(&self, state: &mut H) {
+        for tag in &self.tags {
+            tag.tag.hash(state);
+            tag.phase.hash(state);
+            tag.progress.hash(state);
+            tag.version.hash(state);
+            tag.start_time.as_ref().map(time_key).hash(state);
+            tag.completion_time.as_ref().map(time_key).hash(state);
+            tag.image_id.hash(state);
+            tag.message.hash(state);
+        }
+    }
+
+    shared_table!(ImageStatus);
+}
+
 /// The state of one tag on the node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -241,7 +284,7 @@ impl ImageTagStatus {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum ImagePullPhase {
     Waiting,
     Pulling,

@@ -671,7 +671,7 @@ async fn a_pull_waits_out_a_runtime_restart_and_succeeds() {
         .expect("the NodeImage")
         .status
         .and_then(|s| s.image_statuses.get(image.as_str()).cloned())
-        .and_then(|i| i.tags.into_iter().find(|t| t.tag == "v1"))
+        .and_then(|i| i.tags.iter().find(|t| t.tag == "v1").cloned())
         .expect("the tag's status");
     assert_eq!(
         (waiting.phase, waiting.completion_time.as_ref()),
@@ -734,7 +734,7 @@ async fn a_failing_tag_in_backoff_does_not_hold_up_other_pulls() {
         .expect("the NodeImage")
         .status
         .and_then(|s| s.image_statuses.get(missing.as_str()).cloned())
-        .and_then(|i| i.tags.into_iter().find(|t| t.tag == "nope"))
+        .and_then(|i| i.tags.iter().find(|t| t.tag == "nope").cloned())
         .expect("the missing tag's status");
     assert_eq!(
         (still.phase, still.completion_time.as_ref()),

@@ -132,7 +132,7 @@ pub fn with_job_entry(
         },
         |tag| !(new_round && tag.tag == req.tag) && in_flight(status, &req.name, tag),
     );
-    *image = refreshed;
+    *image = refreshed.into();
     (*image != before).then_some(images)
 }
 

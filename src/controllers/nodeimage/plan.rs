@@ -283,12 +283,13 @@ pub fn collect(
         }
         let collected = ImageSpec {
             tags,
-            ..image.clone()
+            ..(**image).clone()
         };
-        let image = if collected == *image {
-            collected
+        // An unchanged entry stays the stored (shared) copy.
+        let image = if collected == **image {
+            image.clone()
         } else {
-            refresh_image(&collected, &ask, |tag| in_flight(Some(status), name, tag))
+            refresh_image(&collected, &ask, |tag| in_flight(Some(status), name, tag)).into()
         };
         images.insert(name.clone(), image);
     }
