@@ -3,7 +3,7 @@
 //! calls the API, so every rule is unit-tested here (`reconcile.rs` does the
 //! fetching and writing).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
@@ -185,7 +185,11 @@ pub fn flips(
 
 /// The ControllerRevision `pod`'s hash entry for `set` records.
 pub fn recorded_revision(pod: &PodSummary, set: &str) -> Option<String> {
-    let value = pod.annotations().get(SIDECARSET_HASH)?;
+    revision_in_hashes(pod.annotations().get(SIDECARSET_HASH)?, set)
+}
+
+/// The ControllerRevision a hash annotation `value` records for `set`.
+fn revision_in_hashes(value: &str, set: &str) -> Option<String> {
     let entry = parse_hashes(SIDECARSET_HASH, value).ok()?.remove(set)?;
     Some(entry.controller_revision).filter(|r| !r.is_empty())
 }
@@ -238,9 +242,16 @@ pub fn labelled_history<'a>(
 
 /// The revisions the `owned` pods of SidecarSet `name` record: never deleted.
 pub fn revisions_in_use(owned: &[Arc<PodSummary>], name: &str) -> BTreeSet<String> {
-    owned
+    // Pods upgraded together carry equal hash annotations: each distinct one is parsed once,
+    // not once per pod (this runs every reconcile, over every pod, and a parse builds a map
+    // and its strings).
+    let distinct: HashSet<&str> = owned
         .iter()
-        .filter_map(|p| recorded_revision(p, name))
+        .filter_map(|p| p.annotations().get(SIDECARSET_HASH))
+        .collect();
+    distinct
+        .into_iter()
+        .filter_map(|value| revision_in_hashes(value, name))
         .collect()
 }
 

@@ -307,6 +307,30 @@ fn revisions_in_use_are_those_the_pods_record_once_each() {
 }
 
 #[test]
+fn revisions_in_use_read_every_distinct_annotation() {
+    // Two annotations recording one revision (upgraded at different times), one recording
+    // another, and ones recording none for this set.
+    let mut later = (*old("later")).clone();
+    let value = later.annotation(SIDECARSET_HASH).unwrap().replace(
+        r#""updateTimestamp":null"#,
+        r#""updateTimestamp":"2026-11-29T11:00:00Z""#,
+    );
+    later.set_annotation(SIDECARSET_HASH, &value);
+    let mut bad = (*old("bad")).clone();
+    bad.set_annotation(SIDECARSET_HASH, "not json");
+    let owned = [
+        old("a"),
+        Arc::new(later),
+        pod_of("o", "logs", "web", "proxy:1", "logs-3"),
+        Arc::new(bad),
+        pod_of("e", "mesh", "web", "proxy:1", ""),
+        pod_of("n", "mesh", "web", "proxy:2", "mesh-2"),
+    ];
+    let in_use = revisions_in_use(&owned, "mesh");
+    assert_eq!(in_use.into_iter().collect::<Vec<_>>(), ["mesh-1", "mesh-2"]);
+}
+
+#[test]
 fn the_history_is_the_revisions_labelled_with_the_name() {
     let revision = |name: &str, set: Option<&str>| {
         let mut r = ControllerRevision::default();
