@@ -6,10 +6,10 @@
 //! server-side-apply their own entries without overwriting each other's (upstream's
 //! read-modify-write loses entries, kruise#1517). The JSON shape is upstream's.
 
-use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::hash::{Hash, Hasher};
 
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::CustomResource;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};

@@ -1,11 +1,11 @@
 //! Values that thousands of NodeImages hold equal, stored once.
 //!
 //! An ImagePullJob's fan-out writes the same image entry into every NodeImage it targets, and
-//! the nodes report the same state for it: at 5,000 nodes, 5,000 equal copies of one
-//! `ImageSpec` and nearly as many of one `ImageStatus` (a counting allocator put the job's
-//! entry, spec and status, at 366 bytes in 4 allocations per NodeImage; issue 21). Parsed,
-//! such a value is looked up among those alive and the stored one shared instead (as
-//! `shared_owner` does for owner references); values nobody holds any more are swept as
+//! nodes that pulled it within the same second report the same state for it: at 5,000 nodes,
+//! 5,000 equal copies of one `ImageSpec` and many of one `ImageStatus` (a counting allocator
+//! put the job's entry, spec and status, at 366 bytes in 4 allocations per NodeImage; issue
+//! 21). Parsed, such a value is looked up among those alive and the stored one shared instead
+//! (as `shared_owner` does for owner references); values nobody holds any more are swept as
 //! interned strings are (`SweptSet`).
 //!
 //! [`Shared`] reads, compares and serializes as the value it holds; changing it through
