@@ -177,7 +177,7 @@ impl<K: fmt::Debug, V: fmt::Debug> fmt::Debug for SortedMap<K, V> {
     }
 }
 
-/// Values are taken as anything that turns into one (a value into its `Shared` copy).
+/// Values are taken as anything that turns into one (such as a value into a `Shared` of it).
 impl<K: Ord, V, W: Into<V>> FromIterator<(K, W)> for SortedMap<K, V> {
     fn from_iter<I: IntoIterator<Item = (K, W)>>(pairs: I) -> Self {
         Self::from_pairs(pairs.into_iter().map(|(k, w)| (k, w.into())).collect())

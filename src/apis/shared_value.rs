@@ -39,7 +39,7 @@ pub trait Shareable: Clone + PartialEq + Sized + 'static {
 pub struct SharedTable<T>(Mutex<SweptSet<TableEntry<T>>>);
 
 impl<T: Shareable> SharedTable<T> {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         SharedTable(Mutex::new(SweptSet::new(MIN_SWEEP)))
     }
 
@@ -47,12 +47,6 @@ impl<T: Shareable> SharedTable<T> {
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-}
-
-impl<T: Shareable> Default for SharedTable<T> {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -92,7 +86,8 @@ impl<T: Shareable> Shared<T> {
     }
 
     /// Whether `self` and `other` are one stored copy.
-    pub fn same_copy(&self, other: &Self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn same_copy(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
 }
