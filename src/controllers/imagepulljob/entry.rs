@@ -60,7 +60,8 @@ pub fn owner_reference(job: &ImagePullJob) -> ObjectReference {
 }
 
 /// `images` with `req`'s entry for `node` in it, or `None` if it is already there as it should
-/// be. Every tag of the image is recomputed from its owners' current asks ([`refresh_image`]):
+/// be. Every tag of the image, and the image's pull secrets, are recomputed from its owners'
+/// current asks ([`refresh_image`]):
 /// `req` answers for its own job, `others` for the other owners (from the job store; `None` for
 /// a job it does not know, whose tags are then left alone).
 pub fn with_job_entry(
@@ -75,16 +76,6 @@ pub fn with_job_entry(
     let mut images = images.clone();
     let image = images.get_or_insert_with(InternedString::from(&req.name), Default::default);
     let before = image.clone();
-
-    for secret in &req.pull_secrets {
-        let known = image
-            .pull_secrets
-            .iter()
-            .any(|s| s.namespace == secret.namespace && s.name == secret.name);
-        if !known {
-            image.pull_secrets.push(secret.clone());
-        }
-    }
 
     // A new round, which no later change needs to restart again.
     let mut new_round = false;
@@ -118,9 +109,14 @@ pub fn with_job_entry(
         }
     }
 
-    let own = req
-        .terms
-        .ask(req.uid().unwrap_or_default(), node, extra_ttl);
+    // The image's pull secrets are recomputed with the tags: this job's copies join them, and
+    // copies no owner holds any more leave.
+    let own = req.terms.ask(
+        req.uid().unwrap_or_default(),
+        node,
+        extra_ttl,
+        req.pull_secrets.clone(),
+    );
     let refreshed = refresh_image(
         image,
         |owner| {

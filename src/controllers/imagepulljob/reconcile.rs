@@ -177,8 +177,9 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
             None => Err(ImagesWriteError::NotFound { name: node.clone() }),
             Some(current) => {
                 let current = (*current).clone();
-                let others =
-                    |owner: &ObjectReference| stored_owner_ask(&ctx.jobs, owner, &node, extra_ttl);
+                let others = |owner: &ObjectReference| {
+                    stored_owner_ask(&ctx.jobs, owner, &node, extra_ttl, daemon_ns)
+                };
                 update_images(&api, FIELD_MANAGER, current, |ni| {
                     with_job_entry(
                         &ni.spec.images,

@@ -82,6 +82,8 @@ struct Context {
     jobs: Store<ImagePullJob>,
     /// The manager's `--default-ttlseconds-for-always-nodeimage`.
     extra_ttl: Duration,
+    /// Where the jobs' pull-secret copies live (`--daemon-config-namespace`).
+    daemon_config_namespace: String,
     recorder: Recorder,
     creation_delay: Duration,
     response_timeout: Duration,

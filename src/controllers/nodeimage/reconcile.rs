@@ -326,7 +326,13 @@ async fn collect_garbage(
         if gone_now {
             return None;
         }
-        stored_owner_ask(&ctx.jobs, owner, &name, ctx.extra_ttl)
+        stored_owner_ask(
+            &ctx.jobs,
+            owner,
+            &name,
+            ctx.extra_ttl,
+            &ctx.daemon_config_namespace,
+        )
     };
     let decide = |ni: &NodeImage| {
         let status = ni.status.clone().unwrap_or_default();

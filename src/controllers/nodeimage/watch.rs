@@ -21,7 +21,7 @@ use kube::runtime::{WatchStreamExt, applier, controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use super::{Context, NAME, plan, reconcile};
-use crate::apis::imagepulljob::ImagePullJob;
+use crate::apis::imagepulljob::{ImagePullJob, ImagePullJobStatus};
 
 use crate::controllers::ControllerOptions;
 use crate::controllers::shared::backoff::Backoff;
@@ -67,10 +67,19 @@ pub fn strip_job(job: ImagePullJob) -> ImagePullJob {
             name: job.metadata.name,
             namespace: job.metadata.namespace,
             uid: job.metadata.uid,
+            // With the completion time: whether the job still holds pull-secret copies
+            // (`tag_values::held_pull_secrets`).
+            deletion_timestamp: job.metadata.deletion_timestamp,
             ..ObjectMeta::default()
         },
         spec: job.spec,
-        status: None,
+        status: job
+            .status
+            .and_then(|s| s.completion_time)
+            .map(|completion_time| ImagePullJobStatus {
+                completion_time: Some(completion_time),
+                ..Default::default()
+            }),
     }
 }
 
@@ -259,6 +268,7 @@ pub async fn run_with_nodeimages(
         nodeimage_store: nodeimage_store.clone(),
         jobs,
         extra_ttl: opts.default_ttl_for_always_nodeimage,
+        daemon_config_namespace: opts.daemon_config_namespace.clone(),
         recorder: Recorder::for_manager(client),
         creation_delay: opts.nodeimage_creation_delay,
         response_timeout: opts.nodeimage_response_timeout,

@@ -10,6 +10,13 @@
 //! and `images[].sandboxConfig` holds the merge of the image's tags, which is what upstream's
 //! daemon reads. Our daemon reads the tag's own and falls back to the image's for tags written
 //! without one (by upstream's manager or an older kruise-rs).
+//!
+//! Pull secrets stay where upstream's shape has them, on the image (`images[].pullSecrets`):
+//! the copies of the owners that hold copies now (running jobs; a finished job has released
+//! its), so a copy leaves the list with the last owner that used it (upstream's #2235, where
+//! the list only grew). Which tag may use which copy is not in the NodeImage at all: a copy
+//! names the jobs it serves, and the daemon pulls a tag only with the copies that name one of
+//! that tag's owners (decision 0024).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,9 +29,10 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use crate::apis::imagepulljob::{CompletionPolicyType, ImagePullJob, ImagePullJobTemplate};
 use crate::apis::limits;
 use crate::apis::nodeimage::{
-    ImageSpec, ImageTagPullPolicy, ImageTagSpec, ImageTagStatus, NodeImageStatus,
+    ImageSpec, ImageTagPullPolicy, ImageTagSpec, ImageTagStatus, NodeImageStatus, ReferenceObject,
 };
 use crate::apis::well_known::GROUP;
+use crate::controllers::imagepulljob::secrets::{copy_name, reference_object};
 
 /// Upstream's per-pull defaults.
 pub const DEFAULT_TIMEOUT_SECONDS: i32 = 600;
@@ -74,12 +82,20 @@ impl PullTerms {
         }
     }
 
-    /// What the job with these terms (and uid `job_uid`) asks of its tag on `node`.
-    pub fn ask(&self, job_uid: &str, node: &str, extra_ttl: Duration) -> OwnerAsk {
+    /// What the job with these terms (and uid `job_uid`) asks of its tag on `node`, the pull
+    /// secrets it holds now being `pull_secrets`.
+    pub fn ask(
+        &self,
+        job_uid: &str,
+        node: &str,
+        extra_ttl: Duration,
+        pull_secrets: Vec<ReferenceObject>,
+    ) -> OwnerAsk {
         OwnerAsk {
             pull_policy: tag_pull_policy(self, job_uid, node, extra_ttl),
             image_pull_policy: self.image_pull_policy,
             sandbox: self.sandbox_config.clone().unwrap_or_default(),
+            pull_secrets,
         }
     }
 }
@@ -95,14 +111,48 @@ pub fn is_image_pull_job(owner: &ObjectReference) -> bool {
     owner.kind.as_deref() == Some("ImagePullJob") && group == GROUP
 }
 
-/// What `owner` asks of its tag on `node`, read from the ImagePullJobs in `jobs`: `None` for an
-/// owner that is not an ImagePullJob there with this uid (gone, replaced, outside this manager's
-/// label selector, not listed yet), which [`refresh_image`] then treats as unknown.
+/// The pull-secret references a job holds in the daemons' namespace `daemon_ns` now: one per
+/// `pullSecrets` name (its copy, or the Secret itself for a job in `daemon_ns`) while it runs;
+/// none once it finished or is being deleted, since it then has released its copies. Read from
+/// the spec alone: a name the job could not copy (no such Secret, not a registry credential)
+/// names a copy that does not exist, which the daemon skips.
+pub fn held_pull_secrets(job: &ImagePullJob, daemon_ns: &str) -> Vec<ReferenceObject> {
+    let finished = job
+        .status
+        .as_ref()
+        .is_some_and(|s| s.completion_time.is_some());
+    if finished || job.metadata.deletion_timestamp.is_some() {
+        return Vec::new();
+    }
+    let namespace = job.metadata.namespace.as_deref().unwrap_or_default();
+    job.spec
+        .template
+        .pull_secrets
+        .iter()
+        .map(|name| {
+            if namespace == daemon_ns {
+                ReferenceObject {
+                    namespace: Some(namespace.to_owned()),
+                    name: Some(name.clone()),
+                    mode: None,
+                }
+            } else {
+                reference_object(daemon_ns, &copy_name(namespace, name))
+            }
+        })
+        .collect()
+}
+
+/// What `owner` asks of its tag on `node`, read from the ImagePullJobs in `jobs` (their pull
+/// secrets as references in `daemon_ns`): `None` for an owner that is not an ImagePullJob there
+/// with this uid (gone, replaced, outside this manager's label selector, not listed yet), which
+/// [`refresh_image`] then treats as unknown.
 pub fn stored_owner_ask(
     jobs: &Store<ImagePullJob>,
     owner: &ObjectReference,
     node: &str,
     extra_ttl: Duration,
+    daemon_ns: &str,
 ) -> Option<OwnerAsk> {
     if !is_image_pull_job(owner) {
         return None;
@@ -115,7 +165,12 @@ pub fn stored_owner_ask(
     let job = jobs
         .get(&ObjectRef::new(name).within(namespace))
         .filter(|job| job.metadata.uid.as_deref() == Some(uid))?;
-    Some(PullTerms::of(&job.spec.template).ask(uid, node, extra_ttl))
+    Some(PullTerms::of(&job.spec.template).ask(
+        uid,
+        node,
+        extra_ttl,
+        held_pull_secrets(&job, daemon_ns),
+    ))
 }
 
 /// What one owner job asks of one tag on one node.
@@ -124,6 +179,8 @@ pub struct OwnerAsk {
     pub pull_policy: ImageTagPullPolicy,
     pub image_pull_policy: ImagePullPolicy,
     pub sandbox: SandboxConfig,
+    /// The pull-secret references the owner holds now (copies in the daemons' namespace).
+    pub pull_secrets: Vec<ReferenceObject>,
 }
 
 /// A spread in `0..range` seconds that is stable for one (job, node) pair, so that thousands of
@@ -305,6 +362,11 @@ pub fn must_restart(
 /// The image's `sandboxConfig` becomes the merge of its tags' (in tag order), plus what it held
 /// before when a tag is left without metadata of its own (an owner unknown, and the known ones
 /// add none): that metadata may be that tag's, written by a manager that kept it per image only.
+///
+/// The image's `pullSecrets` become the secrets its tags' owners hold now (each once, those
+/// listed before first in their order): a copy whose owners all finished or left goes. While
+/// any owner is unknown, nothing listed goes (it may be that owner's); the daemon pulls each tag
+/// only with the copies of its own owners anyway (decision 0024).
 pub fn refresh_image(
     image: &ImageSpec,
     ask: impl Fn(&ObjectReference) -> Option<OwnerAsk>,
@@ -312,10 +374,18 @@ pub fn refresh_image(
 ) -> ImageSpec {
     let mut refreshed = image.clone();
     let mut keep_old_image_sandbox = false;
+    let mut held: Vec<ReferenceObject> = Vec::new();
+    let mut any_unknown = false;
     for tag in &mut refreshed.tags {
         let asks: Vec<Option<OwnerAsk>> = tag.owner_references.iter().map(|o| ask(o)).collect();
         let all_known = asks.iter().all(Option::is_some);
+        any_unknown |= !all_known;
         let mut known: Vec<OwnerAsk> = asks.into_iter().flatten().collect();
+        for secret in known.iter().flat_map(|a| &a.pull_secrets) {
+            if !held.contains(secret) {
+                held.push(secret.clone());
+            }
+        }
         if known.is_empty() {
             keep_old_image_sandbox |= tag.sandbox_config.is_none();
             continue;
@@ -334,6 +404,7 @@ pub fn refresh_image(
                     pull_policy: tag.pull_policy.clone().unwrap_or_default(),
                     image_pull_policy: tag.image_pull_policy.unwrap_or_default(),
                     sandbox: pulled_with.clone(),
+                    pull_secrets: Vec::new(),
                 },
             );
         }
@@ -368,6 +439,17 @@ pub fn refresh_image(
     }
     refreshed.sandbox_config =
         (!sandbox.labels.is_empty() || !sandbox.annotations.is_empty()).then(|| Box::new(sandbox));
+    refreshed.pull_secrets = image
+        .pull_secrets
+        .iter()
+        .filter(|s| any_unknown || held.contains(s))
+        .cloned()
+        .collect();
+    for secret in held {
+        if !refreshed.pull_secrets.contains(&secret) {
+            refreshed.pull_secrets.push(secret);
+        }
+    }
     refreshed
 }
 

@@ -53,7 +53,7 @@ fn entry(
     let others = |owner: &ObjectReference| {
         let uid = owner.uid.as_deref()?;
         let other = known.iter().find(|k| k.owner.uid.as_deref() == Some(uid))?;
-        Some(other.terms.ask(uid, "n", EXTRA))
+        Some(other.terms.ask(uid, "n", EXTRA, other.pull_secrets.clone()))
     };
     with_job_entry(images, status, r, others, "n", &t(now), EXTRA)
 }
@@ -224,17 +224,67 @@ fn sandbox_config_is_kept_per_tag_and_merged_per_image() {
     assert_eq!(tags, ["1", "2", "3"], "sorted by tag");
 }
 
+fn copy(name: &str) -> ReferenceObject {
+    ReferenceObject {
+        namespace: Some("kruise-daemon-config".into()),
+        name: Some(name.into()),
+        mode: Some("batch".into()),
+    }
+}
+
 #[test]
 fn pull_secrets_are_added_once() {
-    let secret = ReferenceObject {
-        namespace: Some("kruise-daemon-config".into()),
-        name: Some("s".into()),
-        mode: Some("batch".into()),
-    };
+    let secret = copy("s");
     let mut r = req("u1", Default::default(), None);
     r.pull_secrets = vec![secret.clone(), secret.clone()];
     let images = entry(&Images::new(), None, &r, &[], 1).unwrap();
     assert_eq!(images["nginx"].pull_secrets, [secret]);
+}
+
+/// `req` for tag `tag` of nginx, holding `secrets`.
+fn req_for_tag(uid: &str, tag: &str, secrets: &[ReferenceObject]) -> JobRequest {
+    JobRequest::new(
+        &job(uid, Default::default(), None),
+        "nginx".into(),
+        tag.into(),
+        secrets.to_vec(),
+    )
+}
+
+#[test]
+fn a_copy_no_owner_holds_any_more_leaves_the_image_with_the_next_write() {
+    // u1 pulled tag 1 with its copy, then finished and released it (the store's ask holds no
+    // secrets); u2 now asks for tag 2 of the same image without any: u1's copy goes (#2235).
+    let u1 = req_for_tag("u1", "1", &[copy("a-secret")]);
+    let first = entry(&Images::new(), None, &u1, &[], 1).unwrap();
+    assert_eq!(first["nginx"].pull_secrets, [copy("a-secret")]);
+    let u1_finished = req_for_tag("u1", "1", &[]);
+    let u2 = req_for_tag("u2", "2", &[]);
+    let both = entry(&first, None, &u2, &[&u1_finished], 2).unwrap();
+    assert!(both["nginx"].pull_secrets.is_empty(), "{both:?}");
+}
+
+#[test]
+fn every_running_owners_copies_stay_and_a_joiner_adds_its_own() {
+    let u1 = req_for_tag("u1", "1", &[copy("a-secret")]);
+    let first = entry(&Images::new(), None, &u1, &[], 1).unwrap();
+    let u2 = req_for_tag("u2", "2", &[copy("b-secret"), copy("a-secret")]);
+    let both = entry(&first, None, &u2, &[&u1], 2).unwrap();
+    assert_eq!(
+        both["nginx"].pull_secrets,
+        [copy("a-secret"), copy("b-secret")],
+        "the ones listed before first, each once"
+    );
+}
+
+#[test]
+fn a_copy_of_an_owner_not_in_the_store_stays() {
+    // u1 is unknown (not listed yet, outside the selector): what it may hold is kept.
+    let u1 = req_for_tag("u1", "1", &[copy("a-secret")]);
+    let first = entry(&Images::new(), None, &u1, &[], 1).unwrap();
+    let u2 = req_for_tag("u2", "2", &[]);
+    let both = entry(&first, None, &u2, &[], 2).unwrap();
+    assert_eq!(both["nginx"].pull_secrets, [copy("a-secret")]);
 }
 
 /// A status reporting tag "1" of nginx at `version` in `phase`.

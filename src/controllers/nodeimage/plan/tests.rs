@@ -1046,6 +1046,7 @@ fn an_image_that_lost_an_owner_is_recomputed_from_the_owners_left() {
         },
         image_pull_policy: ImagePullPolicy::IfNotPresent,
         sandbox: label(key),
+        pull_secrets: Vec::new(),
     };
     let mut shared = tag(
         "latest",
@@ -1083,4 +1084,43 @@ fn an_image_that_lost_an_owner_is_recomputed_from_the_owners_left() {
     assert_eq!(tag.sandbox_config, Some(Box::new(label("b"))));
     assert_eq!(image.sandbox_config, Some(Box::new(label("b"))));
     assert_eq!(tag.version, Some(1), "less asked: no new round");
+}
+
+#[test]
+fn a_gone_owners_pull_secret_copy_is_collected_with_it() {
+    use crate::apis::nodeimage::ReferenceObject;
+    use crate::controllers::shared::tag_values::OwnerAsk;
+    let copy = |name: &str| ReferenceObject {
+        namespace: Some("kruise-daemon-config".into()),
+        name: Some(name.into()),
+        mode: Some("batch".into()),
+    };
+    let holding = |secrets: &[&str]| OwnerAsk {
+        pull_policy: ImageTagPullPolicy::default(),
+        image_pull_policy: Default::default(),
+        sandbox: Default::default(),
+        pull_secrets: secrets.iter().map(|s| copy(s)).collect(),
+    };
+    let mut s = spec(&[(
+        "reg/app",
+        vec![
+            tag("v1", 1, Some(0), &[job("a", "uid-a")]),
+            tag("v2", 1, Some(0), &[job("b", "uid-b")]),
+        ],
+    )]);
+    let image = s.images.get_mut("reg/app").unwrap();
+    image.pull_secrets = vec![copy("a-copy"), copy("b-copy")];
+    let asks = |o: &ObjectReference| match o.uid.as_deref() {
+        Some("uid-b") => Some(holding(&["b-copy"])),
+        _ => None,
+    };
+    let out = collect(
+        &s,
+        &NodeImageStatus::default(),
+        &gone(&["uid-a"]),
+        asks,
+        at(0),
+    );
+    assert_eq!(out.images["reg/app"].pull_secrets, [copy("b-copy")]);
+    assert_eq!(out.images["reg/app"].tags.len(), 1);
 }

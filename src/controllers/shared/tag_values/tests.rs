@@ -39,6 +39,7 @@ fn ask(timeout: i32, always: bool, sandbox: SandboxConfig) -> OwnerAsk {
             ImagePullPolicy::IfNotPresent
         },
         sandbox,
+        pull_secrets: Vec::new(),
     }
 }
 
@@ -406,4 +407,109 @@ fn terms_stored_past_the_bounds_make_tags_the_nodeimage_schema_accepts() {
         ..Default::default()
     });
     assert_eq!((t.timeout_seconds, t.backoff_limit), (600, 3));
+}
+
+fn running_job(namespace: &str, secrets: &[&str]) -> ImagePullJob {
+    let mut job = ImagePullJob::new(
+        "job",
+        crate::apis::imagepulljob::ImagePullJobSpec {
+            image: "nginx:1".into(),
+            template: ImagePullJobTemplate {
+                pull_secrets: secrets.iter().map(|s| (*s).to_owned()).collect(),
+                ..Default::default()
+            },
+        },
+    );
+    job.metadata.namespace = Some(namespace.into());
+    job
+}
+
+#[test]
+fn a_running_job_holds_a_copy_per_pull_secret_named_as_the_copies_are() {
+    use crate::controllers::imagepulljob::secrets::{copy_name, reference_object};
+    let held = held_pull_secrets(&running_job("team-a", &["reg", "other"]), "daemons");
+    assert_eq!(
+        held,
+        [
+            reference_object("daemons", &copy_name("team-a", "reg")),
+            reference_object("daemons", &copy_name("team-a", "other")),
+        ]
+    );
+}
+
+#[test]
+fn a_job_in_the_daemons_namespace_holds_its_own_secrets() {
+    let held = held_pull_secrets(&running_job("daemons", &["reg"]), "daemons");
+    assert_eq!(
+        held,
+        [ReferenceObject {
+            namespace: Some("daemons".into()),
+            name: Some("reg".into()),
+            mode: None,
+        }]
+    );
+}
+
+#[test]
+fn a_finished_or_deleted_job_holds_no_copies() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+    let mut finished = running_job("team-a", &["reg"]);
+    finished.status = Some(crate::apis::imagepulljob::ImagePullJobStatus {
+        completion_time: Some(Time(Timestamp::UNIX_EPOCH)),
+        ..Default::default()
+    });
+    assert!(held_pull_secrets(&finished, "daemons").is_empty());
+    let mut deleting = running_job("team-a", &["reg"]);
+    deleting.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    assert!(held_pull_secrets(&deleting, "daemons").is_empty());
+}
+
+fn secret_ref(name: &str) -> ReferenceObject {
+    ReferenceObject {
+        namespace: Some("daemons".into()),
+        name: Some(name.into()),
+        mode: Some("batch".into()),
+    }
+}
+
+fn holding(secrets: &[&str]) -> OwnerAsk {
+    OwnerAsk {
+        pull_secrets: secrets.iter().map(|s| secret_ref(s)).collect(),
+        ..ask(100, false, SandboxConfig::default())
+    }
+}
+
+#[test]
+fn the_image_lists_the_secrets_its_owners_hold_now() {
+    let image = ImageSpec {
+        pull_secrets: vec![secret_ref("gone"), secret_ref("b"), secret_ref("a")],
+        tags: vec![tag("1", &["u1"]), tag("2", &["u2", "u3"])],
+        ..Default::default()
+    };
+    let asks = |o: &ObjectReference| match o.uid.as_deref() {
+        Some("u1") => Some(holding(&["a", "c"])),
+        Some("u2") => Some(holding(&[])),
+        Some("u3") => Some(holding(&["b"])),
+        _ => None,
+    };
+    let out = refresh_image(&image, asks, |_| false);
+    assert_eq!(
+        out.pull_secrets,
+        [secret_ref("b"), secret_ref("a"), secret_ref("c")],
+        "kept in their order, new ones after, the one nobody holds gone"
+    );
+    assert_eq!(refresh_image(&out, asks, |_| false), out, "a fixed point");
+}
+
+#[test]
+fn while_an_owner_is_unknown_no_listed_secret_goes() {
+    let image = ImageSpec {
+        pull_secrets: vec![secret_ref("maybe-u9s")],
+        tags: vec![tag("1", &["u1"]), tag("2", &["u9"])],
+        ..Default::default()
+    };
+    let asks = |o: &ObjectReference| (o.uid.as_deref() == Some("u1")).then(|| holding(&["a"]));
+    let out = refresh_image(&image, asks, |_| false);
+    assert_eq!(out.pull_secrets, [secret_ref("maybe-u9s"), secret_ref("a")]);
 }
