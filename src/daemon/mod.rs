@@ -23,6 +23,7 @@ mod node;
 pub mod plan;
 pub mod pull;
 mod report;
+pub mod secret_scope;
 pub mod status;
 
 use std::future::Future;

@@ -32,7 +32,10 @@ use super::cri::Cri;
 use super::metrics::DaemonMetrics;
 use super::plan::{PullTask, Running, TagKey, plan};
 use super::pull::{self, PullInput};
-use crate::apis::nodeimage::{ImagePullPhase, ImageTagStatus, NodeImage, ReferenceObject};
+use super::secret_scope::serves;
+use crate::apis::nodeimage::{
+    ImagePullPhase, ImageTagStatus, NodeImage, ReferenceObject, SharedOwner,
+};
 use crate::image::{ImageRef, joined_ref};
 
 /// Longest event note the apiserver accepts (events.k8s.io/v1 allows 1 kB).
@@ -344,7 +347,8 @@ async fn pull_task(
         .map_err(|err| format!("cannot pull: {err}"))?;
     // The pull secrets' credentials first, then the plugins', each source's own order kept and
     // a credential repeated by a later source left out; anonymous only when none matched.
-    let (keyring, mut problems) = load_keyring(&shared.client, &task.pull_secrets).await;
+    let (keyring, mut problems) =
+        load_keyring(&shared.client, &task.pull_secrets, &task.owners).await;
     let mut credentials = keyring.lookup(&reference);
     let (plugin_keyring, plugin_problems) = shared.providers.credentials(&reference).await;
     problems.extend(plugin_problems);
@@ -364,8 +368,15 @@ async fn pull_task(
     pull::pull(&shared.cri, slot, task, &input).await
 }
 
-/// The credentials of the pull secrets, and why any of them gave none.
-async fn load_keyring(client: &Client, secrets: &[ReferenceObject]) -> (Keyring, Vec<String>) {
+/// The credentials of the pull secrets that serve the tag's `owners` ([`serves`]), and why any
+/// of them gave none. A Secret that serves other jobs only is left out without a word (it is
+/// theirs); so is one that is gone: its jobs released it, and a job whose own Secret is missing
+/// already says so in its status.
+async fn load_keyring(
+    client: &Client,
+    secrets: &[ReferenceObject],
+    owners: &[SharedOwner],
+) -> (Keyring, Vec<String>) {
     let mut keyring = Keyring::default();
     let mut problems = Vec::new();
     for reference in secrets {
@@ -382,6 +393,9 @@ async fn load_keyring(client: &Client, secrets: &[ReferenceObject]) -> (Keyring,
             .get(name)
             .await
         {
+            Ok(secret) if !serves(namespace, secret.annotations(), owners.iter().map(|o| &**o)) => {
+                debug!(secret = %source, "pull secret serves none of the tag's jobs; not used");
+            }
             Ok(secret) => {
                 let data: BTreeMap<String, Vec<u8>> = secret
                     .data
@@ -393,6 +407,9 @@ async fn load_keyring(client: &Client, secrets: &[ReferenceObject]) -> (Keyring,
                 if let Err(err) = keyring.add_secret(&source, &secret_type, &data) {
                     problems.push(err.to_string());
                 }
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                debug!(secret = %source, "pull secret is gone; not used");
             }
             Err(err) => problems.push(format!("pull secret {source} cannot be read: {err}")),
         }
