@@ -237,6 +237,7 @@ for attempt in 1 2 3; do
     --service-cluster-ip-range=10.0.0.0/24 \
     --authorization-mode=RBAC \
     --disable-admission-plugins="$disabled_admission" \
+    --enable-admission-plugins=OwnerReferencesPermissionEnforcement \
     --allow-privileged=true \
     --enable-priority-and-fairness=false \
     --profiling=false \

@@ -18,6 +18,7 @@ mod manager_dry_run_pods_policy;
 mod metrics;
 mod node_infra;
 mod nodeimage;
+mod owner_reference_enforcement;
 mod pull_secret_tenancy;
 mod rate_limit;
 mod rbac_matrix;

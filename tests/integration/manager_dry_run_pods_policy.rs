@@ -29,7 +29,7 @@ const PROPAGATION: Duration = Duration::from_secs(60);
 
 /// Server-side applies the shipped namespaces, ServiceAccounts, the manager's RBAC and the
 /// policy: the same objects, with the same content, `deploy.rs` applies.
-fn apply_manifests(cluster: &TestCluster) {
+pub(crate) fn apply_manifests(cluster: &TestCluster) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/manifests");
     let mut cmd = cluster.kubectl();
     cmd.args([

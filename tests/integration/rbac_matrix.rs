@@ -80,6 +80,10 @@ const MANAGER: &[Grant] = &[
         "the SidecarSet controller and the pod webhook's cache watch every SidecarSet"),
     grant(Cluster, "sidecarsets.apps.kruise.io/status", &["patch"],
         "the SidecarSet controller writes status (server-side apply)"),
+    grant(Cluster, "sidecarsets.apps.kruise.io/finalizers", &["update"],
+        "ControllerRevisions and pre-download ImagePullJobs carry a blocking ownerReference to \
+         their SidecarSet, which OwnerReferencesPermissionEnforcement allows only to who may \
+         update its finalizers"),
     grant(Cluster, "imagepulljobs.apps.kruise.io", OWN,
         "the ImagePullJob controller (TTL deletion) and SidecarSet pre-download (creates, \
          patches and deletes its own jobs in the pods' namespaces); NodeImage GC reads jobs"),
