@@ -1190,3 +1190,47 @@ async fn deleting_one_of_two_jobs_takes_its_sandbox_labels_and_patience_with_it(
         "the image's metadata is its tags' merge"
     );
 }
+
+/// A NodeImage already at its schema's 256 images refuses a new one with a 422 that names the
+/// limit: the job says so (a Warning event and its status message), instead of taking the
+/// refusal for a lost race and asking again (a 422 is also how a failed `test` op comes back).
+#[tokio::test]
+async fn a_full_nodeimage_is_reported_not_retried_as_a_conflict() {
+    let env = env("ipj-full").await;
+    let node = env.node(&format!("{}-full", env.run)).await;
+    let images: serde_json::Map<String, serde_json::Value> = (0..256)
+        .map(|i| (format!("filler/img{i}"), json!({"tags": [{"tag": "v1"}]})))
+        .collect();
+    env.nodeimages()
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"images": images}})),
+        )
+        .await
+        .expect("fill the NodeImage");
+    env.job(
+        "one-too-many",
+        spec("registry.local/app:v1", env.selector(), 1),
+    )
+    .await;
+    let event = wait_warning(
+        &env,
+        "NodeImageRefused",
+        &[&node, "registry.local/app", "must have at most 256 items"],
+    )
+    .await;
+    let job = env
+        .wait_job("one-too-many", "the refusal in the job's status", |j| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.message.as_deref())
+                .is_some_and(|m| m.contains("must have at most 256 items"))
+        })
+        .await;
+    let status = job.status.unwrap_or_default();
+    assert_eq!((status.succeeded, status.failed), (0, 0), "{status:?}");
+    assert!(status.completion_time.is_none(), "{status:?}");
+    let ni = env.nodeimages().get(&node).await.expect("NodeImage");
+    assert_eq!(ni.spec.images.len(), 256, "{:?}", event.note);
+}

@@ -171,6 +171,9 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
     // ended, took 112 bytes a node (heaptrack).
     let mut gone = Vec::new();
     let mut first_error = None;
+    // Nodes whose NodeImage refused the entry by its schema (most often: already 256 images):
+    // not retried until the NodeImage changes, which wakes this job again.
+    let mut refused = Vec::new();
     for i in write {
         let node = targets[i].node.clone();
         let result = match ctx.fresh_nodeimage(&node) {
@@ -203,6 +206,7 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
             }
             // The node went away meanwhile: it is no target any more.
             Err(ImagesWriteError::NotFound { .. }) => gone.push(i),
+            Err(ImagesWriteError::Invalid { message, .. }) => refused.push((node, message)),
             Err(err) => {
                 warn!(job = %key(job), node, error = %err, "cannot start the pull on a node");
                 first_error.get_or_insert(err);
@@ -220,6 +224,18 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
     if first_error.is_none() {
         ctx.refreshed(job, Some(generation));
     }
+    let mut notes = notes;
+    if let Some(note) = refused_note(&req.name, &refused) {
+        publish(
+            ctx,
+            job,
+            EventType::Warning,
+            "NodeImageRefused",
+            note.clone(),
+        )
+        .await;
+        notes.push(note);
+    }
     let status = with_notes(compute_status(job, &targets, &now_time), &notes);
     write_status(&jobs, job, &status).await?;
     if let Some(err) = first_error {
@@ -229,6 +245,21 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
         Some(at) => Action::requeue(until(at)),
         None => Action::await_change(),
     })
+}
+
+/// What to tell the job's author about the nodes whose NodeImage refused its entry.
+fn refused_note(image: &str, refused: &[(String, String)]) -> Option<String> {
+    let (node, message) = refused.first()?;
+    let others = match refused.len() {
+        1 => String::new(),
+        n => format!(" (and {} other nodes)", n - 1),
+    };
+    // The schema's own words name the limit (`spec.images: Too many: 257: must have at most
+    // 256 items`).
+    Some(format!(
+        "NodeImage {node}{others} cannot take {image}: {message}; tried again when that \
+         NodeImage changes (other jobs' entries expiring)"
+    ))
 }
 
 /// Writes `status` unless it is what the job already has.

@@ -37,6 +37,10 @@ pub enum ImagesWriteError {
         #[source]
         source: serde_json::Error,
     },
+    /// The apiserver refused the result itself (its schema: at most 256 images, a tag's
+    /// bounds), not a guard: asking again gives the same answer.
+    #[error("NodeImage {name} cannot take this entry: {message}")]
+    Invalid { name: String, message: String },
     #[error("writing NodeImage {name}")]
     Kube {
         name: String,
@@ -163,9 +167,37 @@ async fn send(
     api.clone().into_client().request(request).await
 }
 
-/// A refused guarded patch: a `test` failed (422) or the object changed (409).
+/// A refused guarded patch: the object changed (409), or a `test` failed, which the apiserver
+/// answers with a bare 422 (`Invalid`, no details). A 422 that names causes is the schema
+/// refusing the patched object ([`invalid_message`]): not a conflict, and not worth a retry.
 fn is_conflict(err: &kube::Error) -> bool {
-    matches!(err, kube::Error::Api(status) if status.code == 422 || status.code == 409)
+    match err {
+        kube::Error::Api(status) if status.code == 409 => true,
+        kube::Error::Api(status) if status.code == 422 => invalid_message(status).is_none(),
+        _ => false,
+    }
+}
+
+/// What the schema refused, from a 422 that names its causes (`spec.images: Too many: 257:
+/// must have at most 256 items`); `None` for a bare 422 (a failed `test`).
+fn invalid_message(status: &kube::core::Status) -> Option<String> {
+    let causes = &status.details.as_ref()?.causes;
+    if causes.is_empty() {
+        return None;
+    }
+    Some(
+        causes
+            .iter()
+            .map(|c| {
+                if c.field.is_empty() {
+                    c.message.clone()
+                } else {
+                    format!("{}: {}", c.field, c.message)
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    )
 }
 
 fn is_not_found(err: &kube::Error) -> bool {
@@ -214,6 +246,12 @@ where
         match send(api, &name, &params, &patch).await {
             Ok(written) => return Ok(Some(written)),
             Err(err) if is_not_found(&err) => return Err(ImagesWriteError::NotFound { name }),
+            Err(kube::Error::Api(status))
+                if status.code == 422 && invalid_message(&status).is_some() =>
+            {
+                let message = invalid_message(&status).unwrap_or_default();
+                return Err(ImagesWriteError::Invalid { name, message });
+            }
             Err(err) if is_conflict(&err) => {
                 let raw = match raw_api.get(&name).await {
                     Ok(fresh) => fresh,
@@ -268,6 +306,35 @@ mod tests {
         let mut doc = doc.clone();
         json_patch::patch(&mut doc, &patch)?;
         Ok(doc)
+    }
+
+    fn status(code: u16, details: Value) -> kube::Error {
+        let status = json!({"status": "Failure", "reason": "Invalid", "code": code,
+            "message": "m", "details": details});
+        kube::Error::Api(serde_json::from_value(status).expect("a Status"))
+    }
+
+    #[test]
+    fn a_failed_test_is_a_conflict_and_a_schema_refusal_is_not() {
+        // As kube-apiserver 1.36 answers them (captured from a real one): a failed `test` op,
+        // and a 257th image on a NodeImage.
+        let failed_test = status(422, json!({}));
+        assert!(is_conflict(&failed_test));
+        assert!(is_conflict(&status(409, json!({"name": "n"}))));
+        let too_many = status(
+            422,
+            json!({"name": "probe", "group": "apps.kruise.io", "kind": "NodeImage",
+                "causes": [{"reason": "FieldValueTooMany", "field": "spec.images",
+                    "message": "Too many: 257: must have at most 256 items"}]}),
+        );
+        assert!(!is_conflict(&too_many));
+        let kube::Error::Api(too_many) = too_many else {
+            unreachable!()
+        };
+        assert_eq!(
+            invalid_message(&too_many).as_deref(),
+            Some("spec.images: Too many: 257: must have at most 256 items")
+        );
     }
 
     #[test]
