@@ -1414,6 +1414,65 @@ async fn each_pod_waits_until_its_node_has_pulled_the_new_image() {
     daemon.assert_ok();
 }
 
+/// A pod waits for its node's pull no longer than the per-pull timeout after the job's entry
+/// reached the node, whatever the daemon says meanwhile: here every node reports `Pulling`
+/// for good (as one whose pull slots other tenants' slow jobs hold reports `Waiting`), and the
+/// rollout goes on after the 2 s the SidecarSet allows, the kubelet pulling as without
+/// pre-download. Before the bound, the pods waited for the tags' own deadline: 30 minutes and
+/// more for pre-download's `Never` jobs.
+#[tokio::test]
+async fn a_pod_stops_waiting_for_its_nodes_pull_after_the_pull_timeout() {
+    let env = Env::new("pd-bound", 1).await;
+    let nodes = env.nodes(2).await;
+    let daemon = Daemon::spawn(&env);
+    let mut spec = env.set_spec(&[PROXY]);
+    spec["metadata"]["annotations"] = json!({
+        IMAGE_PREDOWNLOAD_PARALLELISM: "2",
+        IMAGE_PREDOWNLOAD_TIMEOUT_SECONDS: "2",
+    });
+    let set = create_sidecarset(&env.client, &spec).await;
+    env.start_pods(&set, &nodes).await;
+    env.wait("the two pods counted", Kubelet::Off, |v| {
+        v.expect_counts(counts(2, 2, 2, 2))
+    })
+    .await;
+
+    let new_image = env.image(PROXY, "2");
+    env.set_images(&mut spec, &[(PROXY, "2")], json!({})).await;
+    let (client, nodes_ref, image_ref) = (&env.client, &nodes, &new_image);
+    poll(
+        "every node to report the new tag Pulling",
+        ROLLOUT_TIMEOUT,
+        || async move {
+            let phases = reported_phases(client, nodes_ref, image_ref).await;
+            phases
+                .values()
+                .all(|p| *p == Some(ImagePullPhase::Pulling))
+                .then_some(())
+                .ok_or_else(|| format!("phases {phases:?}"))
+        },
+    )
+    .await;
+    env.wait(
+        "both pods upgraded though no node finished pulling",
+        Kubelet::On,
+        |v| {
+            v.expect_counts(counts(2, 2, 2, 2))?;
+            let upgraded = v.pods_on(PROXY, &new_image);
+            (upgraded.len() == 2)
+                .then_some(())
+                .ok_or_else(|| format!("pods on the new image: {upgraded:?}"))
+        },
+    )
+    .await;
+    let phases = reported_phases(&env.client, &nodes, &new_image).await;
+    assert!(
+        phases.values().all(|p| *p == Some(ImagePullPhase::Pulling)),
+        "the nodes never finished: {phases:?}"
+    );
+    daemon.assert_ok();
+}
+
 /// The parallelism and timeout annotations become the job's `parallelism` and
 /// `pullPolicy.timeoutSeconds`, and changing them patches the existing job (same object). A
 /// name past 63 characters is shortened (names stay distinct per container). Only changed

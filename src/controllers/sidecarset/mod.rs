@@ -114,7 +114,7 @@ pub struct Context {
     upgradable_on_upgrade: bool,
     /// The SidecarSets' pre-download jobs.
     jobs: Store<ImagePullJob>,
-    /// NodeImages (status only), to tell when a node has pulled.
+    /// NodeImages, to tell when a node has pulled (status) and since when it was asked (spec).
     nodeimages: Store<LeanNodeImage>,
     /// Bad pre-download annotations already warned about (SidecarSet uid, annotation, value).
     warned: Mutex<HashSet<String>>,

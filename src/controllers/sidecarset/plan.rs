@@ -38,6 +38,9 @@ pub struct Plan<'a> {
     pub batch: Batch,
     pub report: StatusReport,
     pub predownload: Decision,
+    /// When a pod waiting for its node's pull stops waiting ([`predownload::wait_deadline`]):
+    /// the reconcile comes back then.
+    pub predownload_wake: Option<k8s_openapi::jiff::Timestamp>,
     /// Pods (by index in the owned pods) whose old hot-upgrade twins go back to the empty image
     /// now; the batch leaves them out (see [`flips`]).
     pub flips: Vec<(usize, Flip)>,
@@ -105,12 +108,23 @@ pub fn plan<'a>(
         started,
     );
     predownload::keep_listed_nodes(decision.jobs_mut(), pre.jobs);
-    // While pulling, the queued pods wait for their nodes.
-    if matches!(decision, Decision::Pull(_))
-        && predownload::mark_awaiting(set, owned, &mut views, &batch, pre.nodeimage) > 0
-    {
-        batch = next_batch(set, &views);
-        report = compute_status(set, &views, &batch, latest, collision_count, now);
+    // While pulling, the queued pods wait for their nodes, each for a bounded time.
+    let mut predownload_wake = None;
+    if matches!(decision, Decision::Pull(_)) {
+        let awaiting = predownload::mark_awaiting(
+            set,
+            owned,
+            &mut views,
+            &batch,
+            pre.nodeimage,
+            now,
+            predownload::max_wait(pre.knobs),
+        );
+        predownload_wake = awaiting.wake;
+        if awaiting.pods > 0 {
+            batch = next_batch(set, &views);
+            report = compute_status(set, &views, &batch, latest, collision_count, now);
+        }
     }
     let wanted: Vec<&Arc<ImagePullJob>> = pre
         .jobs
@@ -147,6 +161,7 @@ pub fn plan<'a>(
         batch,
         report,
         predownload: decision,
+        predownload_wake,
         flips,
     }
 }

@@ -36,9 +36,11 @@
 //!
 //! While the decision is to pull, a target pod is upgraded only once its node's NodeImage reports
 //! every new image it needs `Succeeded` or `Failed` (a failed pull leaves the image to kubelet, as
-//! without pre-download), or the node has no NodeImage (no daemon runs there). A node whose daemon
-//! never answers is marked failed by the NodeImage controller's response timeout, so a rollout
-//! never waits forever.
+//! without pre-download), or the node has no NodeImage (no daemon runs there), or the per-pull
+//! timeout (`…-timeout-seconds`, default 300 s) has passed since the job's entry reached the
+//! node, whatever the daemon reports (queued behind other pulls, still pulling): then the
+//! kubelet pulls, as without pre-download ([`wait_deadline`]). A rollout never waits long on
+//! one node.
 //!
 //! # Knobs
 //!
@@ -485,15 +487,61 @@ pub fn pulled(nodeimage: Option<&NodeImage>, image: &str) -> bool {
         .is_some_and(|t| matches!(t.phase, ImagePullPhase::Succeeded | ImagePullPhase::Failed))
 }
 
-/// Marks the queued pods whose node has not finished pulling their new images.
+/// How long a pod waits for its node's pull at most: the SidecarSet's per-pull timeout
+/// (`apps.kruise.io/image-predownload-timeout-seconds`, default 300 s). A pull that takes longer
+/// would be cut by the daemon anyway; waiting longer only holds the rollout up.
+pub fn max_wait(knobs: &Knobs) -> std::time::Duration {
+    std::time::Duration::from_secs(u64::from(knobs.timeout_seconds.max(1).unsigned_abs()))
+}
+
+/// Until when a pod waits for `node`'s pull of `image`: `max_wait` after the job's entry for it
+/// reached the node's NodeImage (its `createdAt`); `None` while it has not (the job has not
+/// reached the node yet, which it does as the nodes before it finish or give up).
+///
+/// Without this bound a tag the daemon reports `Waiting` (queued behind other pulls, say
+/// another tenant's slow ones holding both pull slots) held its pod until the tag's own
+/// deadline, which pre-download jobs (completion `Never`) set to at least 30 minutes, plus the
+/// NodeImage response timeout. After it the kubelet pulls, as without pre-download.
+pub fn wait_deadline(
+    nodeimage: &NodeImage,
+    image: &str,
+    max_wait: std::time::Duration,
+) -> Option<k8s_openapi::jiff::Timestamp> {
+    let reference = ImageRef::parse(image).ok()?;
+    let created = nodeimage
+        .spec
+        .images
+        .get(reference.familiar_name())?
+        .tags
+        .iter()
+        .find(|t| t.tag == reference.nodeimage_tag())?
+        .created_at
+        .as_ref()?;
+    let wait = k8s_openapi::jiff::SignedDuration::try_from(max_wait).ok()?;
+    created.0.checked_add(wait).ok()
+}
+
+/// What [`mark_awaiting`] found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Awaiting {
+    /// Queued pods held back for their nodes' pulls.
+    pub pods: usize,
+    /// When the first of them stops waiting, whatever its node reports by then.
+    pub wake: Option<k8s_openapi::jiff::Timestamp>,
+}
+
+/// Marks the queued pods whose node has not finished pulling their new images, each for at
+/// most `max_wait` after its node's entry was written ([`wait_deadline`]).
 pub fn mark_awaiting(
     set: &SidecarSet,
     owned: &[Arc<PodSummary>],
     views: &mut [PodView],
     batch: &Batch,
     nodeimage: &dyn Fn(&str) -> Option<Arc<LeanNodeImage>>,
-) -> usize {
-    let mut awaiting = 0;
+    now: &Time,
+    max_wait: std::time::Duration,
+) -> Awaiting {
+    let mut awaiting = Awaiting::default();
     for &i in &batch.queue {
         let Some(node) = node(&owned[i]) else {
             continue;
@@ -503,12 +551,29 @@ pub fn mark_awaiting(
             continue;
         }
         let nodeimage = nodeimage(node);
-        if !images
-            .iter()
-            .all(|(_, image)| pulled(nodeimage.as_deref().map(|n| &**n), image))
-        {
+        let nodeimage = nodeimage.as_deref().map(|n| &**n);
+        let mut waits = false;
+        let mut until: Option<k8s_openapi::jiff::Timestamp> = None;
+        for (_, image) in &images {
+            if pulled(nodeimage, image) {
+                continue;
+            }
+            match nodeimage.and_then(|n| wait_deadline(n, image, max_wait)) {
+                // Waited long enough: the kubelet pulls this one.
+                Some(deadline) if deadline <= now.0 => {}
+                Some(deadline) => {
+                    waits = true;
+                    until = Some(until.map_or(deadline, |u| u.max(deadline)));
+                }
+                None => waits = true,
+            }
+        }
+        if waits {
             views[i].awaiting_images = true;
-            awaiting += 1;
+            awaiting.pods += 1;
+            if let Some(until) = until {
+                awaiting.wake = Some(awaiting.wake.map_or(until, |w| w.min(until)));
+            }
         }
     }
     awaiting

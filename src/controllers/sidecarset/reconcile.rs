@@ -107,6 +107,7 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
         batch,
         report,
         predownload: decision,
+        predownload_wake,
         flips,
     } = plan(
         set,
@@ -163,13 +164,27 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
         // Jittered: SidecarSets reconciled together (a restart) do not resync together, and
         // sets whose pods changed under them do not retry in step.
         UpgradeOutcome { refused: 0, .. } if flips_refused == 0 => {
-            Ok(Action::requeue(jittered(RESYNC, 0.1)))
+            // Back when a pod stops waiting for its node's pre-download, if that comes first.
+            let resync = jittered(RESYNC, 0.1);
+            Ok(Action::requeue(match predownload_wake {
+                Some(wake) => resync.min(until(wake)),
+                None => resync,
+            }))
         }
         UpgradeOutcome { refused, .. } => {
             debug!(sidecarset = %name, refused, "pods changed while being upgraded; trying again");
             Ok(Action::requeue(jittered(RETRY_CHANGED_POD, 0.5)))
         }
     }
+}
+
+/// The time from now until `at`, at least a second (it is never in the past when planned, and
+/// a zero requeue would spin).
+fn until(at: k8s_openapi::jiff::Timestamp) -> Duration {
+    let wait = at.duration_since(Timestamp::now());
+    Duration::try_from(wait)
+        .unwrap_or(Duration::ZERO)
+        .max(Duration::from_secs(1))
 }
 
 async fn write_status(

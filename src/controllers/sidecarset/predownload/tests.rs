@@ -653,12 +653,70 @@ fn only_queued_pods_whose_node_lacks_the_image_wait() {
         "n1" => pulled_on_n1(node),
         _ => Some(Arc::new(nodeimage(json!([])).into())),
     };
-    assert_eq!(mark_awaiting(&s, &pods, &mut views, &batch, &lookup), 1);
+    let awaiting = mark_awaiting(&s, &pods, &mut views, &batch, &lookup, &now(), MAX_WAIT);
+    assert_eq!(awaiting.pods, 1);
+    assert_eq!(awaiting.wake, None, "n2 has no entry yet: no deadline");
     assert!(!views[0].awaiting_images);
     assert!(views[1].awaiting_images);
     assert!(!views[2].awaiting_images, "already updated");
     let gated = next_batch(&s, &views);
     assert_eq!(gated.upgrade, [0]);
+}
+
+const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// n1's NodeImage with an entry for proxy:2 written at `created`, reported `phase`.
+fn asked_at(created: &str, phase: &str) -> NodeImage {
+    let mut ni = nodeimage(json!([{"tag": "2", "phase": phase}]));
+    ni.spec = serde_json::from_value(json!({"images": {"proxy": {"tags": [
+        {"tag": "2", "createdAt": created}]}}}))
+    .unwrap();
+    ni
+}
+
+#[test]
+fn a_pod_waits_for_its_nodes_pull_at_most_the_response_timeout_after_the_entry() {
+    let s = set(json!({"maxUnavailable": 3}), &[]);
+    let pods = [old("a", "n1")];
+    let run = |ni: NodeImage| {
+        let mut views: Vec<_> = pods.iter().map(|p| test_view(&s, p)).collect();
+        let batch = next_batch(&s, &views);
+        let lookup = |_: &str| Some(Arc::new(ni.clone().into()));
+        let awaiting = mark_awaiting(&s, &pods, &mut views, &batch, &lookup, &now(), MAX_WAIT);
+        (awaiting, views[0].awaiting_images)
+    };
+    // Queued behind other tenants' pulls for 5 minutes: waits 5 more, and says when.
+    let (awaiting, waits) = run(asked_at("2026-11-29T11:55:00Z", "Waiting"));
+    assert!(waits);
+    assert_eq!(
+        awaiting.wake,
+        Some("2026-11-29T12:05:00Z".parse().unwrap()),
+        "back exactly when the wait ends"
+    );
+    // Still waiting after 10 minutes (or pulling): the kubelet pulls instead.
+    for phase in ["Waiting", "Pulling"] {
+        let (awaiting, waits) = run(asked_at("2026-11-29T11:49:00Z", phase));
+        assert!(!waits, "{phase}");
+        assert_eq!(awaiting, Awaiting::default(), "{phase}");
+    }
+    // Exactly at the deadline counts as past it.
+    let (_, waits) = run(asked_at("2026-11-29T11:50:00Z", "Pulling"));
+    assert!(!waits);
+}
+
+#[test]
+fn the_wait_deadline_is_the_entrys_creation_plus_the_bound() {
+    let ni = asked_at("2026-11-29T11:55:00Z", "Waiting");
+    assert_eq!(
+        wait_deadline(&ni, "docker.io/library/proxy:2", MAX_WAIT),
+        Some("2026-11-29T12:05:00Z".parse().unwrap())
+    );
+    assert_eq!(wait_deadline(&ni, "proxy:3", MAX_WAIT), None, "no entry");
+    let mut without_time = ni.clone();
+    without_time.spec = serde_json::from_value(json!({"images": {"proxy": {"tags": [
+        {"tag": "2"}]}}}))
+    .unwrap();
+    assert_eq!(wait_deadline(&without_time, "proxy:2", MAX_WAIT), None);
 }
 
 // --- the condition -------------------------------------------------------------------------------
