@@ -24,6 +24,7 @@ pub mod plan;
 pub mod pull;
 mod report;
 pub mod secret_scope;
+pub mod slots;
 pub mod status;
 
 use std::future::Future;
@@ -38,7 +39,7 @@ use crate::events::Recorder;
 use kube::Api;
 use kube::runtime::events::Reporter;
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, Semaphore, oneshot, watch};
+use tokio::sync::{Notify, oneshot, watch};
 use tracing::{info, warn};
 
 pub use self::args::DaemonArgs;
@@ -181,7 +182,7 @@ pub async fn run(
             nodeimages: Api::all(client.clone()),
             cri,
             providers: providers.clone(),
-            slots: Semaphore::new(opts.max_concurrent_pulls.max(1)),
+            slots: slots::FairSlots::new(opts.max_concurrent_pulls),
             state: Mutex::new(State::default()),
             dirty: Notify::new(),
             recorder: Recorder::new(

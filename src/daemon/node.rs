@@ -21,7 +21,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, instrument, warn};
@@ -33,6 +33,7 @@ use super::metrics::DaemonMetrics;
 use super::plan::{PullTask, Running, TagKey, plan};
 use super::pull::{self, PullInput};
 use super::secret_scope::serves;
+use super::slots::FairSlots;
 use crate::apis::nodeimage::{
     ImagePullPhase, ImageTagStatus, NodeImage, ReferenceObject, SharedOwner,
 };
@@ -49,8 +50,8 @@ pub(super) struct Shared {
     pub cri: Cri,
     /// The kubelet credential provider plugins (none when not configured).
     pub providers: CredentialProviders,
-    /// The node-wide cap on pulls in flight.
-    pub slots: Semaphore,
+    /// The node-wide cap on pulls in flight, shared fairly between tenants.
+    pub slots: FairSlots,
     pub state: Mutex<State>,
     /// Wakes the reporter: something it reports may have changed.
     pub dirty: Notify,
@@ -254,7 +255,7 @@ impl Drop for ActiveWorker {
 async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: ObjectReference) {
     shared.metrics.active_workers.inc();
     let _active = ActiveWorker(shared.metrics.clone());
-    let Some(mut slot) = pull::Slot::acquire(&shared.slots).await else {
+    let Some(mut slot) = pull::Slot::acquire(&shared.slots, share(&task)).await else {
         return;
     };
     let now = now_time();
@@ -366,6 +367,15 @@ async fn pull_task(
         elapsed,
     };
     pull::pull(&shared.cri, slot, task, &input).await
+}
+
+/// Whose turn a tag waits for a pull slot in: the namespace of its first owner job, a tenant
+/// (`""` for a tag nobody owns).
+fn share(task: &PullTask) -> &str {
+    task.owners
+        .first()
+        .and_then(|o| o.namespace.as_deref())
+        .unwrap_or_default()
 }
 
 /// The credentials of the pull secrets that serve the tag's `owners` ([`serves`]), and why any

@@ -5,8 +5,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use super::slots::FairSlots;
 use k8s_cri::v1::{AuthConfig, PodSandboxConfig};
-use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
 use super::auth::Credential;
@@ -181,33 +181,46 @@ async fn within<T>(deadline: Option<Instant>, work: impl Future<Output = T>) -> 
 }
 
 /// A worker's place among the node's concurrent pulls: held while it talks to the runtime,
-/// given back while it waits.
+/// given back while it waits. Taken in `share`'s turn ([`FairSlots`]).
 #[derive(Debug)]
 pub struct Slot<'a> {
-    slots: &'a Semaphore,
-    held: Option<SemaphorePermit<'a>>,
+    slots: &'a FairSlots,
+    share: String,
+    held: bool,
 }
 
 impl<'a> Slot<'a> {
-    /// Waits for a slot; `None` once `slots` is closed.
-    pub async fn acquire(slots: &'a Semaphore) -> Option<Self> {
-        let mut slot = Self { slots, held: None };
+    /// Waits for a slot for `share` (the tenant of the tag); `None` once `slots` is closed.
+    pub async fn acquire(slots: &'a FairSlots, share: &str) -> Option<Self> {
+        let mut slot = Self {
+            slots,
+            share: share.to_owned(),
+            held: false,
+        };
         slot.hold().await.then_some(slot)
     }
 
     /// Takes a slot unless one is held; `false` once `slots` is closed.
     async fn hold(&mut self) -> bool {
-        if self.held.is_none() {
-            match self.slots.acquire().await {
-                Ok(permit) => self.held = Some(permit),
-                Err(_closed) => return false,
+        if !self.held {
+            if !self.slots.acquire(&self.share).await {
+                return false;
             }
+            self.held = true;
         }
         true
     }
 
     fn release(&mut self) {
-        self.held = None;
+        if std::mem::take(&mut self.held) {
+            self.slots.release();
+        }
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 

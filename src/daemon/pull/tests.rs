@@ -92,8 +92,8 @@ async fn pull<R: ImageRuntime>(
     task: &PullTask,
     input: &PullInput<'_>,
 ) -> Result<ImageId, String> {
-    let slots = Semaphore::new(1);
-    let mut slot = Slot::acquire(&slots).await.unwrap();
+    let slots = FairSlots::new(1);
+    let mut slot = Slot::acquire(&slots, "").await.unwrap();
     super::pull(runtime, &mut slot, task, input).await
 }
 
@@ -379,7 +379,7 @@ async fn a_deadline_beyond_the_clock_is_no_deadline() {
 #[tokio::test(start_paused = true)]
 async fn a_failing_tag_in_backoff_lets_another_tag_pull() {
     // One slot on the node. The failing tag holds it for a 1s attempt, then backs off.
-    let slots = Semaphore::new(1);
+    let slots = FairSlots::new(1);
     let failing = Scripted {
         pull_delay: Some(Duration::from_secs(1)),
         ..Scripted::new()
@@ -396,13 +396,13 @@ async fn a_failing_tag_in_backoff_lets_another_tag_pull() {
         .unwrap()
         .push_back(Some(present("sha256:cfg", &[])));
     let first = async {
-        let mut slot = Slot::acquire(&slots).await.unwrap();
+        let mut slot = Slot::acquire(&slots, "").await.unwrap();
         super::pull(&failing, &mut slot, &task(3), &input(&[])).await
     };
     let second = async {
         // Queued behind the failing tag's first attempt.
         tokio::task::yield_now().await;
-        let mut slot = Slot::acquire(&slots).await.unwrap();
+        let mut slot = Slot::acquire(&slots, "").await.unwrap();
         super::pull(&other, &mut slot, &task(1), &input(&[])).await
     };
     let (failed, pulled) = tokio::join!(first, second);
@@ -434,19 +434,19 @@ async fn a_runtime_that_cannot_be_reached_costs_no_attempt() {
 
 #[tokio::test(start_paused = true)]
 async fn the_slot_is_free_while_the_runtime_is_waited_for() {
-    let slots = Semaphore::new(1);
+    let slots = FairSlots::new(1);
     let rt = Scripted {
         down_until: Some(Duration::from_secs(20)),
         ..Scripted::new()
     };
     rt.pulls.lock().unwrap().push_back(Err(DOWN));
     let waiting = async {
-        let mut slot = Slot::acquire(&slots).await.unwrap();
+        let mut slot = Slot::acquire(&slots, "").await.unwrap();
         super::pull(&rt, &mut slot, &task(1), &input(&[])).await
     };
     let free_at = async {
         tokio::task::yield_now().await;
-        let _slot = slots.acquire().await.unwrap();
+        assert!(slots.acquire("other").await);
         Instant::now()
     };
     let started = Instant::now();
