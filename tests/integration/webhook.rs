@@ -40,6 +40,19 @@ fn pod(name: &str, labels: Value, containers: Value) -> Pod {
     .expect("a pod")
 }
 
+/// An ImagePullJob of busybox, with `extra_spec` merged into its spec.
+fn imagepulljob(name: &str, extra_spec: Value) -> ImagePullJob {
+    let mut spec = json!({"image": "busybox:1.36"});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
+        spec.extend(extra.clone());
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1", "kind": "ImagePullJob",
+        "metadata": {"name": name}, "spec": spec
+    }))
+    .expect("an ImagePullJob")
+}
+
 /// The message of an API error, or a panic naming what was expected to fail.
 fn denial<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) -> String {
     match result {
@@ -329,7 +342,7 @@ async fn a_webhook_that_is_down_blocks_pods_under_fail_and_not_under_ignore() {
             failure_policy: policy,
             timeout_seconds: 2,
             excluded_namespaces: vec![],
-            namespace_selector: Some(
+            pod_namespace_selector: Some(
                 k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
                     match_labels: Some(BTreeMap::from([(
                         "webhook-down".to_owned(),
@@ -341,8 +354,8 @@ async fn a_webhook_that_is_down_blocks_pods_under_fail_and_not_under_ignore() {
             pod_object_selector: None,
         };
         let configs = Api::<MutatingWebhookConfiguration>::all(client.clone());
-        // Only the pod webhook: the cluster-scoped kinds' webhooks have no namespace selector
-        // and would stop the other tests' SidecarSets too.
+        // Only the pod webhook: the kruise kinds' webhooks have no namespace selector and would
+        // stop the other tests' SidecarSets and jobs too.
         let mut config = params.mutating();
         if let Some(webhooks) = config.webhooks.as_mut() {
             webhooks.retain(|w| w.name == "mutate-pods.kruise-rs.io");
@@ -447,7 +460,7 @@ async fn replicas_share_the_certificates_in_the_secret_and_its_ca_is_the_ca_bund
         .expect("a port");
     let mut opts = webhook_options(addr, FailurePolicy::Ignore);
     opts.configuration_prefix = unique_name("replica");
-    opts.namespace_selector = Some(
+    opts.pod_namespace_selector = Some(
         k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
             match_labels: Some(BTreeMap::from([(
                 "nothing".to_owned(),
@@ -458,6 +471,11 @@ async fn replicas_share_the_certificates_in_the_secret_and_its_ca_is_the_ca_bund
     );
     let (handlers, caches) = Handlers::new(client.clone(), MANAGER_NAMESPACE);
     let caches = tokio::spawn(caches);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handlers = std::sync::Arc::new(Recording {
+        inner: handlers,
+        seen: seen.clone(),
+    });
     let (ready_tx, ready) = tokio::sync::oneshot::channel();
     let (stop, stopping) = tokio::sync::oneshot::channel::<()>();
     let prefix = opts.configuration_prefix.clone();
@@ -493,12 +511,9 @@ async fn replicas_share_the_certificates_in_the_secret_and_its_ca_is_the_ca_bund
         after.metadata.resource_version, secret.metadata.resource_version,
         "not rewritten"
     );
-    let _ = stop.send(());
-    replica
-        .await
-        .expect("join")
-        .expect("the replica stops cleanly");
-    caches.abort();
+    // The replica's kruise-kind webhooks see every namespace and fail closed: take its
+    // configurations away, and wait until the apiserver has stopped calling it, before it stops
+    // (else the other tests' objects would be refused meanwhile).
     let _ = Api::<MutatingWebhookConfiguration>::all(client.clone())
         .delete(
             &format!("{prefix}-mutating-webhook-configuration"),
@@ -511,6 +526,53 @@ async fn replicas_share_the_certificates_in_the_secret_and_its_ca_is_the_ca_bund
             &DeleteParams::default(),
         )
         .await;
+    let ns = webhook_cluster().namespace("wh-replica").await;
+    let jobs = Api::<ImagePullJob>::namespaced(client.clone(), &ns);
+    crate::support::wait_for(
+        "the apiserver to stop calling the replica",
+        std::time::Duration::from_secs(30),
+        || {
+            let (jobs, seen) = (jobs.clone(), seen.clone());
+            async move {
+                let name = unique_name("probe");
+                let job = imagepulljob(&name, json!({}));
+                let dry_run = PostParams {
+                    dry_run: true,
+                    ..PostParams::default()
+                };
+                jobs.create(&dry_run, &job).await.ok()?;
+                let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                (!seen.contains(&name)).then_some(())
+            }
+        },
+    )
+    .await;
+    let _ = stop.send(());
+    replica
+        .await
+        .expect("join")
+        .expect("the replica stops cleanly");
+    caches.abort();
+}
+
+/// An [`Admit`] that records the name of every object it is asked about.
+struct Recording {
+    inner: std::sync::Arc<kruise_rs::webhook::handlers::Handlers>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl kruise_rs::webhook::server::Admit for Recording {
+    fn admit<'a>(
+        &'a self,
+        path: &'static str,
+        request: &'a kube::core::admission::AdmissionRequest<kube::core::DynamicObject>,
+    ) -> kruise_rs::webhook::server::AdmitFuture<'a> {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(request.name.clone());
+        self.inner.admit(path, request)
+    }
 }
 
 /// v1alpha1 SidecarSets go through the same webhooks: `spec.namespace` scopes injection to one

@@ -413,3 +413,89 @@ async fn a_sidecarset_may_name_only_secrets_its_author_can_read_where_it_selects
         )
         .await;
 }
+
+/// Issue 42: `--webhook-namespace-selector` (the chart's `manager.webhook.namespaceSelector`)
+/// scopes the pod webhook only. The test manager's selector requires a label this namespace
+/// lacks, so its pods skip the pod webhook; ImagePullJobs and ImageListPullJobs naming a Secret
+/// their author cannot read are refused there all the same.
+#[tokio::test]
+async fn jobs_outside_the_pod_webhooks_namespaces_are_still_checked() {
+    use crate::support::webhook::WEBHOOK_NAMESPACE_LABEL;
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use kruise_rs::apis::imagelistpulljob::ImageListPullJob;
+
+    let cluster = webhook_cluster();
+    let admin = cluster.client().await;
+    // The pod webhook is confined to namespaces with the label...
+    let pods_webhook = Api::<MutatingWebhookConfiguration>::all(admin.clone())
+        .get("kruise-rs-mutating-webhook-configuration")
+        .await
+        .expect("the mutating configuration")
+        .webhooks
+        .into_iter()
+        .flatten()
+        .find(|w| w.name == "mutate-pods.kruise-rs.io")
+        .expect("the pod webhook");
+    let required = pods_webhook
+        .namespace_selector
+        .and_then(|s| s.match_labels)
+        .unwrap_or_default();
+    assert!(
+        required.contains_key(WEBHOOK_NAMESPACE_LABEL),
+        "the test manager's pod webhook should require {WEBHOOK_NAMESPACE_LABEL}: {required:?}"
+    );
+    // ...which this namespace does not carry.
+    let ns = unique_name("wh-unselected");
+    crate::harness::objects::create_namespace(&admin, &ns, &[])
+        .await
+        .expect("a namespace outside the pod webhook's selector");
+    let user = unique_name("alice");
+    create_secret(&admin, &ns, "regcred").await;
+    grant(
+        &admin,
+        Some(&ns),
+        &user,
+        json!([{"apiGroups": ["apps.kruise.io"], "resources": ["imagepulljobs", "imagelistpulljobs"], "verbs": ["create", "get"]}]),
+    )
+    .await;
+    let alice = impersonating(&user).await;
+    let jobs = Api::<ImagePullJob>::namespaced(alice.clone(), &ns);
+    let refused = create_until(
+        "alice's job to reach the webhook",
+        || {
+            let jobs = jobs.clone();
+            async move {
+                let job = job(&unique_name("pull"), &["regcred"]);
+                outcome(jobs.create(&PostParams::default(), &job).await)
+            }
+        },
+        reached_the_webhook,
+    )
+    .await;
+    let Outcome::Denied(message) = refused else {
+        panic!(
+            "a job naming a Secret alice cannot read, outside the pod webhook's namespaces, \
+             was not refused: {refused:?}"
+        );
+    };
+    assert!(
+        message.contains(&format!(
+            "spec.pullSecrets[0]: user \"{user}\" may not get Secret \"{ns}/regcred\""
+        )),
+        "{message}"
+    );
+    let lists = Api::<ImageListPullJob>::namespaced(alice, &ns);
+    let list: ImageListPullJob = serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1", "kind": "ImageListPullJob",
+        "metadata": {"name": unique_name("list")},
+        "spec": {"images": ["busybox:1.36"], "pullSecrets": ["regcred"]}
+    }))
+    .expect("a list");
+    match outcome(lists.create(&PostParams::default(), &list).await) {
+        Outcome::Denied(message) => assert!(
+            message.contains(&format!("may not get Secret \"{ns}/regcred\"")),
+            "{message}"
+        ),
+        other => panic!("a list naming a Secret alice cannot read was not refused: {other:?}"),
+    }
+}
