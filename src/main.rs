@@ -280,8 +280,10 @@ struct WebhookArgs {
     #[arg(long, value_name = "NAME", default_value = "kruise-rs-webhook-certs")]
     webhook_secret: String,
 
-    /// What the apiserver does when the webhooks cannot answer: Fail refuses the request (pods
-    /// are not created without their sidecars), Ignore admits it unchanged.
+    /// What the apiserver does with a pod when the pod webhook cannot answer: Fail refuses it
+    /// (pods are not created without their sidecars), Ignore admits it unchanged. The
+    /// SidecarSet, ImagePullJob, ImageListPullJob and NodeImage webhooks always Fail: their
+    /// validation checks pull-Secret access and must not be skipped.
     #[arg(long, value_enum, default_value_t = FailurePolicy::Fail)]
     webhook_failure_policy: FailurePolicy,
 
@@ -340,7 +342,7 @@ impl WebhookArgs {
             namespace: self.namespace,
             certs,
             endpoint,
-            failure_policy: self.webhook_failure_policy,
+            pod_failure_policy: self.webhook_failure_policy,
             timeout_seconds: self.webhook_timeout_seconds,
             configuration_prefix: "kruise-rs".to_owned(),
             pod_namespace_selector: self.webhook_namespace_selector,

@@ -7,17 +7,19 @@
 //!   `kube-system`, the manager's own namespace and namespaces labelled `control-plane`, so the
 //!   system can always restart itself while the webhook is down (upstream #1521 could lock a
 //!   cluster out of its own kruise-manager); `--webhook-namespace-selector` and
-//!   `--webhook-pod-object-selector` narrow it further.
+//!   `--webhook-pod-object-selector` narrow it further, and `--webhook-failure-policy` decides
+//!   what a pod does while the webhook cannot answer: `Fail` refuses it, `Ignore` lets it start
+//!   without its sidecars.
 //! - **The kruise kinds' webhooks** (SidecarSet, ImagePullJob, ImageListPullJob, NodeImage,
-//!   defaulting and validation) see every object, in every namespace. Their validation is a
-//!   security control (an ImagePullJob's author must be able to read the pull Secrets the
-//!   manager will copy to every node, decision 0009), so no option may route an object around
-//!   it. Nothing the cluster needs to restart creates these objects, so not exempting
-//!   `kube-system` or the manager's namespace costs no availability.
-//!
-//! `failurePolicy` decides what a request does while the webhook is unreachable: `Fail` refuses
-//! it (pods are not created without their sidecars), `Ignore` lets it through unchanged (pods
-//! start without their sidecars, objects go unvalidated).
+//!   defaulting and validation) see every object, in every namespace, and always `Fail`, as
+//!   upstream's. Their validation is a security control (an ImagePullJob's author must be able
+//!   to read the pull Secrets the manager will copy to every node, decision 0009), so no option
+//!   may route an object around it or let one through while the webhook cannot answer. Nothing
+//!   the cluster needs to restart creates these objects, so failing closed (and not exempting
+//!   `kube-system` or the manager's namespace) costs no availability. Defaulting fails closed
+//!   too: an object that skipped it would be validated undefaulted (the validators accept unset
+//!   fields that defaulting fills) and a SidecarSet stored without its hash annotations; the
+//!   same server answers both, so while it is down the object is refused either way.
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -72,7 +74,8 @@ pub struct ConfigurationParams {
     /// PEM of the CA that signed the serving certificate; `None` leaves `caBundle` unset (for
     /// cert-manager's CA injector to fill).
     pub ca_bundle: Option<String>,
-    pub failure_policy: FailurePolicy,
+    /// The pod webhook's `failurePolicy` (the kruise kinds' webhooks always `Fail`).
+    pub pod_failure_policy: FailurePolicy,
     pub timeout_seconds: i32,
     /// Namespaces whose pods are never sent to the pod webhook, besides `kube-system`.
     pub excluded_namespaces: Vec<String>,
@@ -256,6 +259,15 @@ impl ConfigurationParams {
         selector
     }
 
+    /// `Fail` for the kruise kinds, whatever the pod webhook's policy (see the module docs).
+    fn failure_policy(&self, path: &str) -> FailurePolicy {
+        if path == MUTATE_POD {
+            self.pod_failure_policy
+        } else {
+            FailurePolicy::Fail
+        }
+    }
+
     fn rules(route: &Route) -> Vec<RuleWithOperations> {
         vec![RuleWithOperations {
             api_groups: Some(vec![route.group.to_owned()]),
@@ -286,7 +298,7 @@ impl ConfigurationParams {
                         name: route.name.to_owned(),
                         admission_review_versions: vec!["v1".to_owned()],
                         client_config: self.client_config(route.path),
-                        failure_policy: Some(self.failure_policy.as_str().to_owned()),
+                        failure_policy: Some(self.failure_policy(route.path).as_str().to_owned()),
                         match_policy: Some("Equivalent".to_owned()),
                         // None: every namespace (the kruise kinds: see the module docs).
                         namespace_selector: (route.path == MUTATE_POD)
@@ -325,7 +337,7 @@ impl ConfigurationParams {
                         name: route.name.to_owned(),
                         admission_review_versions: vec!["v1".to_owned()],
                         client_config: self.client_config(route.path),
-                        failure_policy: Some(self.failure_policy.as_str().to_owned()),
+                        failure_policy: Some(self.failure_policy(route.path).as_str().to_owned()),
                         match_policy: Some("Equivalent".to_owned()),
                         // Every namespace: validation is not escapable by namespace.
                         namespace_selector: None,
@@ -349,7 +361,7 @@ mod tests {
             name_prefix: "kruise-rs".into(),
             endpoint,
             ca_bundle: Some("PEM".into()),
-            failure_policy: FailurePolicy::Fail,
+            pod_failure_policy: FailurePolicy::Fail,
             timeout_seconds: 10,
             excluded_namespaces: vec!["kruise-system".into()],
             pod_namespace_selector: None,
@@ -450,6 +462,41 @@ mod tests {
         }
     }
 
+    /// Issue 42: `--webhook-failure-policy Ignore` relaxes the pod webhook only; the kruise
+    /// kinds' webhooks, defaulting and validation, stay `Fail` so that an unreachable webhook
+    /// admits no unchecked job.
+    #[test]
+    fn the_kruise_kinds_fail_closed_whatever_the_pod_webhooks_policy() {
+        for pod_policy in [FailurePolicy::Fail, FailurePolicy::Ignore] {
+            let mut p = params(Endpoint::Url("https://x".into()));
+            p.pod_failure_policy = pod_policy;
+            let mutating = p.mutating().webhooks.unwrap();
+            let validating = p.validating().webhooks.unwrap();
+            assert_eq!(validating.len(), 4);
+            for webhook in &validating {
+                assert_eq!(
+                    webhook.failure_policy.as_deref(),
+                    Some("Fail"),
+                    "{}",
+                    webhook.name
+                );
+            }
+            for webhook in &mutating {
+                let expected = if webhook.name == "mutate-pods.kruise-rs.io" {
+                    pod_policy.as_str()
+                } else {
+                    "Fail"
+                };
+                assert_eq!(
+                    webhook.failure_policy.as_deref(),
+                    Some(expected),
+                    "{}",
+                    webhook.name
+                );
+            }
+        }
+    }
+
     #[test]
     fn a_service_endpoint_names_the_service_and_path() {
         let config = params(Endpoint::Service {
@@ -486,7 +533,7 @@ mod tests {
             match_labels: Some([("webhook-test".to_owned(), "true".to_owned())].into()),
             ..LabelSelector::default()
         });
-        p.failure_policy = FailurePolicy::Ignore;
+        p.pod_failure_policy = FailurePolicy::Ignore;
         let config = p.mutating();
         let pods = &config.webhooks.unwrap()[0];
         let selector = pods.namespace_selector.as_ref().unwrap();

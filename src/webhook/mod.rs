@@ -72,7 +72,8 @@ pub struct WebhookOptions {
     pub certs: CertSource,
     /// How the apiserver reaches the server.
     pub endpoint: Endpoint,
-    pub failure_policy: FailurePolicy,
+    /// The pod webhook's `failurePolicy`; the kruise kinds' webhooks always `Fail`.
+    pub pod_failure_policy: FailurePolicy,
     pub timeout_seconds: i32,
     /// Prefix of the configuration names.
     pub configuration_prefix: String,
@@ -284,7 +285,7 @@ fn configuration_params(opts: &WebhookOptions, ca: Option<String>) -> Configurat
         name_prefix: opts.configuration_prefix.clone(),
         endpoint: opts.endpoint.clone(),
         ca_bundle: ca,
-        failure_policy: opts.failure_policy,
+        pod_failure_policy: opts.pod_failure_policy,
         timeout_seconds: opts.timeout_seconds,
         excluded_namespaces: vec![opts.namespace.clone()],
         pod_namespace_selector: opts.pod_namespace_selector.clone(),

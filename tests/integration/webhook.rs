@@ -339,7 +339,7 @@ async fn a_webhook_that_is_down_blocks_pods_under_fail_and_not_under_ignore() {
             name_prefix: label.clone(),
             endpoint: Endpoint::Url(format!("https://{closed}")),
             ca_bundle: None,
-            failure_policy: policy,
+            pod_failure_policy: policy,
             timeout_seconds: 2,
             excluded_namespaces: vec![],
             pod_namespace_selector: Some(
@@ -389,6 +389,116 @@ async fn a_webhook_that_is_down_blocks_pods_under_fail_and_not_under_ignore() {
             }
         }
     }
+}
+
+/// Issue 42: with the pod webhook at `Ignore`, the job webhooks still fail closed. The
+/// configurations are built as the manager builds them with `--webhook-failure-policy=Ignore`,
+/// pointing at a port nothing listens on; the test confines them to one namespace of its own
+/// (a selector it adds to the built objects, which no option of the manager can) so the other
+/// tests' objects are not refused meanwhile. A pod there is admitted unchanged, a job refused.
+#[tokio::test]
+async fn with_the_pod_webhook_at_ignore_a_job_is_refused_while_the_webhook_is_down() {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+    let cluster = webhook_cluster();
+    let client = client().await;
+    let label = unique_name("down-ignore");
+    let ns = cluster.namespace("wh-down-ignore").await;
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            &ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"webhook-down": &label}}})),
+        )
+        .await
+        .expect("label the namespace");
+    let only_here = LabelSelector {
+        match_labels: Some(BTreeMap::from([("webhook-down".to_owned(), label.clone())])),
+        ..LabelSelector::default()
+    };
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a port");
+    let params = ConfigurationParams {
+        name_prefix: label.clone(),
+        endpoint: Endpoint::Url(format!("https://{closed}")),
+        ca_bundle: None,
+        pod_failure_policy: FailurePolicy::Ignore,
+        timeout_seconds: 2,
+        excluded_namespaces: vec![],
+        pod_namespace_selector: Some(only_here.clone()),
+        pod_object_selector: None,
+    };
+    let mut mutating = params.mutating();
+    if let Some(webhooks) = mutating.webhooks.as_mut() {
+        webhooks.retain(|w| w.name == "mutate-pods.kruise-rs.io");
+    }
+    let mut validating = params.validating();
+    if let Some(webhooks) = validating.webhooks.as_mut() {
+        webhooks.retain(|w| w.name == "validate-imagepulljobs.kruise-rs.io");
+        for webhook in webhooks.iter_mut() {
+            webhook.namespace_selector = Some(only_here.clone());
+        }
+    }
+    let mutating_api = Api::<MutatingWebhookConfiguration>::all(client.clone());
+    let validating_api = Api::<ValidatingWebhookConfiguration>::all(client.clone());
+    mutating_api
+        .create(&PostParams::default(), &mutating)
+        .await
+        .expect("a pod webhook pointing nowhere");
+    validating_api
+        .create(&PostParams::default(), &validating)
+        .await
+        .expect("a job webhook pointing nowhere");
+
+    let jobs = Api::<ImagePullJob>::namespaced(client.clone(), &ns);
+    // Once the apiserver has loaded the configuration, the webhook's absence refuses the job.
+    let refused = crate::support::wait_for(
+        "a job refused for the webhook being down",
+        std::time::Duration::from_secs(30),
+        || {
+            let jobs = jobs.clone();
+            async move {
+                let job = imagepulljob(&unique_name("job"), json!({}));
+                match jobs.create(&PostParams::default(), &job).await {
+                    Err(kube::Error::Api(status))
+                        if status.message.contains("failed calling webhook") =>
+                    {
+                        Some(Ok(status.message))
+                    }
+                    Err(e) => Some(Err(e.to_string())),
+                    // Admitted: the apiserver has not loaded the configuration yet, or the
+                    // webhook is Ignore (then this times out, naming the admission).
+                    Ok(_) => None,
+                }
+            }
+        },
+    )
+    .await;
+    let pod = Api::<Pod>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &pod(
+                "p",
+                json!({"app": "x"}),
+                json!([{"name": "main", "image": "nginx:1.25"}]),
+            ),
+        )
+        .await;
+    let _ = mutating_api
+        .delete(&params.mutating_name(), &DeleteParams::default())
+        .await;
+    let _ = validating_api
+        .delete(&params.validating_name(), &DeleteParams::default())
+        .await;
+    let message = refused.expect("refused by the apiserver for the webhook being down");
+    assert!(
+        message.contains("validate-imagepulljobs.kruise-rs.io"),
+        "{message}"
+    );
+    let pod = pod.expect("a pod admitted unchanged under Ignore");
+    assert_eq!(pod.spec.map(|s| s.containers.len()), Some(1));
 }
 
 /// The self-managed certificates live in a Secret; the configurations carry its CA; a second

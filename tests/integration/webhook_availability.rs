@@ -453,7 +453,7 @@ async fn a_namespace_labelled_control_plane_is_not_sent_to_the_pod_webhook() {
         name_prefix: unique_name("down"),
         endpoint: Endpoint::Url(format!("https://{down}")),
         ca_bundle: None,
-        failure_policy: FailurePolicy::Fail,
+        pod_failure_policy: FailurePolicy::Fail,
         timeout_seconds: 2,
         excluded_namespaces: vec![MANAGER_NAMESPACE.to_owned()],
         pod_namespace_selector: Some(LabelSelector {

@@ -51,7 +51,7 @@ pub fn webhook_options(
             secret: "kruise-rs-webhook-certs".to_owned(),
         },
         endpoint: Endpoint::Url(format!("https://{addr}")),
-        failure_policy,
+        pod_failure_policy: failure_policy,
         timeout_seconds: 10,
         configuration_prefix: "kruise-rs".to_owned(),
         pod_namespace_selector: Some(LabelSelector {
