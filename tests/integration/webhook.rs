@@ -501,6 +501,58 @@ async fn with_the_pod_webhook_at_ignore_a_job_is_refused_while_the_webhook_is_do
     assert_eq!(pod.spec.map(|s| s.containers.len()), Some(1));
 }
 
+/// Issue 42: the review of an UPDATE holds the object twice. Over axum's default body limit
+/// (2 MiB) the webhook answered 413 and the apiserver applied the failurePolicy instead of the
+/// webhook's decision. A job of about 1.2 MiB (a big `sandboxConfig` annotation: metadata
+/// annotations stop at 256 KiB) is stored, then updated: an invalid update is denied with the
+/// webhook's reason, a valid one admitted.
+#[tokio::test]
+async fn an_update_whose_review_exceeds_two_mib_is_validated() {
+    let cluster = webhook_cluster();
+    let client = client().await;
+    let ns = cluster.namespace("wh-big").await;
+    let jobs = Api::<ImagePullJob>::namespaced(client.clone(), &ns);
+    let big = "x".repeat(1_200 * 1024);
+    let name = unique_name("big");
+    let job = imagepulljob(
+        &name,
+        json!({
+            // A node that does not exist: nothing is pulled, no NodeImage gets the annotation.
+            "selector": {"names": [unique_name("nowhere")]},
+            "sandboxConfig": {"annotations": {"big": &big}}
+        }),
+    );
+    jobs.create(&PostParams::default(), &job)
+        .await
+        .expect("a job of 1.2 MiB is admitted");
+
+    let invalid = jobs
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"pullSecrets": ["added"]}})),
+        )
+        .await;
+    let message = denial(invalid, "a change to the immutable pullSecrets");
+    assert!(
+        message.contains("denied the request") && message.contains("field is immutable"),
+        "the webhook's own denial, not a failed call: {message}"
+    );
+    let valid = jobs
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"edited": "yes"}}})),
+        )
+        .await
+        .expect("a label added to the big job is admitted");
+    assert_eq!(
+        valid.labels().get("edited").map(String::as_str),
+        Some("yes")
+    );
+    let _ = jobs.delete(&name, &DeleteParams::default()).await;
+}
+
 /// The self-managed certificates live in a Secret; the configurations carry its CA; a second
 /// manager (another replica, or a restart) serves the same certificates instead of new ones.
 #[tokio::test]
