@@ -115,12 +115,7 @@ fn uid_in_head(head: &[u8]) -> Option<String> {
 /// The answer to a body over the limit: a denial when its uid can be read (so the request is
 /// refused whatever the webhook's failurePolicy), else 413 (the apiserver applies the policy;
 /// the kruise kinds' webhooks `Fail`).
-fn oversized(path: &'static str, error: &BodyError) -> Response {
-    let head = match error {
-        BodyError::TooLarge { head, .. } => head.as_slice(),
-        BodyError::Read(_) => &[],
-    };
-    let message = error.to_string();
+fn oversized(path: &'static str, head: &[u8], message: String) -> Response {
     tracing::warn!(path, "{message}");
     match uid_in_head(head) {
         Some(uid) => axum::Json(response(&uid, &Verdict::Deny(message))).into_response(),
@@ -221,10 +216,14 @@ pub fn router(admit: Arc<dyn Admit>) -> Router {
                 move |State(admit): State<Arc<dyn Admit>>, headers: HeaderMap, body: Body| async move {
                     match read_body(&headers, body, MAX_REVIEW_BYTES).await {
                         Ok(body) => review(admit.as_ref(), path, &body).await,
-                        Err(error @ BodyError::TooLarge { .. }) => oversized(path, &error),
-                        Err(error) => {
-                            (StatusCode::BAD_REQUEST, error.to_string()).into_response()
-                        }
+                        Err(error) => match &error {
+                            BodyError::TooLarge { head, .. } => {
+                                oversized(path, head, error.to_string())
+                            }
+                            BodyError::Read(_) => {
+                                (StatusCode::BAD_REQUEST, error.to_string()).into_response()
+                            }
+                        },
                     }
                 },
             ),
