@@ -280,8 +280,10 @@ struct WebhookArgs {
     #[arg(long, value_name = "NAME", default_value = "kruise-rs-webhook-certs")]
     webhook_secret: String,
 
-    /// What the apiserver does when the webhooks cannot answer: Fail refuses the request (pods
-    /// are not created without their sidecars), Ignore admits it unchanged.
+    /// What the apiserver does with a pod when the pod webhook cannot answer: Fail refuses it
+    /// (pods are not created without their sidecars), Ignore admits it unchanged. The
+    /// SidecarSet, ImagePullJob, ImageListPullJob and NodeImage webhooks always Fail: their
+    /// validation checks pull-Secret access and must not be skipped.
     #[arg(long, value_enum, default_value_t = FailurePolicy::Fail)]
     webhook_failure_policy: FailurePolicy,
 
@@ -304,9 +306,10 @@ struct WebhookArgs {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     webhook_shutdown_grace: Duration,
 
-    /// Extra requirements on the namespaces whose pods and jobs are sent to the webhooks, as a
-    /// JSON LabelSelector (`{"matchLabels":{"team":"a"}}`). kube-system, --namespace and, for
-    /// pods, namespaces labelled `control-plane` are excluded whatever it says.
+    /// Extra requirements on the namespaces whose pods are sent to the pod webhook, as a JSON
+    /// LabelSelector (`{"matchLabels":{"team":"a"}}`). kube-system, --namespace and namespaces
+    /// labelled `control-plane` are excluded whatever it says. It never scopes the SidecarSet,
+    /// ImagePullJob, ImageListPullJob and NodeImage webhooks: they see every namespace.
     #[arg(long, value_name = "JSON", value_parser = parse_label_selector)]
     webhook_namespace_selector: Option<LabelSelector>,
 
@@ -339,10 +342,10 @@ impl WebhookArgs {
             namespace: self.namespace,
             certs,
             endpoint,
-            failure_policy: self.webhook_failure_policy,
+            pod_failure_policy: self.webhook_failure_policy,
             timeout_seconds: self.webhook_timeout_seconds,
             configuration_prefix: "kruise-rs".to_owned(),
-            namespace_selector: self.webhook_namespace_selector,
+            pod_namespace_selector: self.webhook_namespace_selector,
             pod_object_selector: self.webhook_pod_object_selector,
             patch_pod_metadata_defaults_allowed: self
                 .sidecarset_patch_pod_metadata_defaults_allowed,
@@ -515,7 +518,7 @@ mod tests {
         assert_eq!(opts.shutdown_grace, Duration::from_secs(3));
         let object = opts.pod_object_selector.expect("object selector");
         assert_eq!(object.match_labels.unwrap()["inject"], "yes");
-        let namespace = opts.namespace_selector.expect("namespace selector");
+        let namespace = opts.pod_namespace_selector.expect("namespace selector");
         assert_eq!(namespace.match_expressions.unwrap()[0].operator, "Exists");
         assert!(
             Cli::try_parse_from([
@@ -527,7 +530,9 @@ mod tests {
         );
         let defaults = manager_args(&[]).webhook.options().expect("webhooks on");
         assert_eq!(defaults.shutdown_grace, Duration::from_secs(10));
-        assert!(defaults.pod_object_selector.is_none() && defaults.namespace_selector.is_none());
+        assert!(
+            defaults.pod_object_selector.is_none() && defaults.pod_namespace_selector.is_none()
+        );
     }
 
     #[test]

@@ -49,8 +49,9 @@ pub struct ImagePullJobSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ImagePullJobTemplate {
-    /// Secrets in the job's namespace used to pull the image. Immutable.
+    /// Secrets in the job's namespace used to pull the image, at most 16. Immutable.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::MAX_PULL_SECRETS))]
     pub pull_secrets: Vec<String>,
 
     /// Nodes to pull on: `names`, or a label selector over NodeImages (which carry their Node's

@@ -6,6 +6,13 @@
 //! Each bound is far beyond what a pull needs, so a sane spec never meets one; what they rule
 //! out is the number that overflows a clock or keeps a node retrying for years.
 
+/// The most pull Secrets one object may name: an ImagePullJob's or ImageListPullJob's
+/// `spec.pullSecrets`, a SidecarSet's `spec.imagePullSecrets`. The webhook asks one
+/// SubjectAccessReview per Secret (per namespace for a SidecarSet) and must answer within its
+/// 10 s timeout; 16 reviews are two rounds of the eight it sends at once. Pods name one to three;
+/// upstream has no bound (decision 0026 has the measurement).
+pub const MAX_PULL_SECRETS: usize = 16;
+
 /// `pullPolicy.timeoutSeconds`: one attempt takes at least a second and at most a day.
 pub const MIN_TIMEOUT_SECONDS: i32 = 1;
 pub const MAX_TIMEOUT_SECONDS: i32 = 86_400;

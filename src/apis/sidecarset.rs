@@ -71,8 +71,10 @@ pub struct SidecarSetSpec {
     #[serde(default)]
     pub injection_strategy: SidecarSetInjectionStrategy,
 
-    /// Pull secrets appended to injected pods; they must exist in each pod's namespace.
+    /// Pull secrets appended to injected pods, at most 16; they must exist in each pod's
+    /// namespace.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::apis::limits::MAX_PULL_SECRETS))]
     pub image_pull_secrets: Vec<LocalObjectReference>,
 
     /// How many ControllerRevisions to keep. Defaults to 10.

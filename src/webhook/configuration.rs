@@ -1,11 +1,25 @@
 //! The Mutating- and ValidatingWebhookConfigurations that route admission requests to the
 //! manager, built as plain values.
 //!
-//! Every namespaced rule skips `kube-system` and the manager's own namespace, so the system can
-//! always restart itself even while the webhook is down (upstream #1521 could lock a cluster out
-//! of its own kruise-manager). `failurePolicy` decides what a request does while the webhook is
-//! unreachable: `Fail` refuses it (pods are not created without their sidecars), `Ignore` lets it
-//! through unchanged (pods start without their sidecars, objects go unvalidated).
+//! Two kinds of webhook, configured differently:
+//!
+//! - **The pod webhook** (sidecar injection) is the only one users may scope and relax. It skips
+//!   `kube-system`, the manager's own namespace and namespaces labelled `control-plane`, so the
+//!   system can always restart itself while the webhook is down (upstream #1521 could lock a
+//!   cluster out of its own kruise-manager); `--webhook-namespace-selector` and
+//!   `--webhook-pod-object-selector` narrow it further, and `--webhook-failure-policy` decides
+//!   what a pod does while the webhook cannot answer: `Fail` refuses it, `Ignore` lets it start
+//!   without its sidecars.
+//! - **The kruise kinds' webhooks** (SidecarSet, ImagePullJob, ImageListPullJob, NodeImage,
+//!   defaulting and validation) see every object, in every namespace, and always `Fail`, as
+//!   upstream's. Their validation is a security control (an ImagePullJob's author must be able
+//!   to read the pull Secrets the manager will copy to every node, decision 0009), so no option
+//!   may route an object around it or let one through while the webhook cannot answer. Nothing
+//!   the cluster needs to restart creates these objects, so failing closed (and not exempting
+//!   `kube-system` or the manager's namespace) costs no availability. Defaulting fails closed
+//!   too: an object that skipped it would be validated undefaulted (the validators accept unset
+//!   fields that defaulting fills) and a SidecarSet stored without its hash annotations; the
+//!   same server answers both, so while it is down the object is refused either way.
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -60,13 +74,14 @@ pub struct ConfigurationParams {
     /// PEM of the CA that signed the serving certificate; `None` leaves `caBundle` unset (for
     /// cert-manager's CA injector to fill).
     pub ca_bundle: Option<String>,
-    pub failure_policy: FailurePolicy,
+    /// The pod webhook's `failurePolicy` (the kruise kinds' webhooks always `Fail`).
+    pub pod_failure_policy: FailurePolicy,
     pub timeout_seconds: i32,
-    /// Namespaces never sent to the webhook, besides `kube-system`.
+    /// Namespaces whose pods are never sent to the pod webhook, besides `kube-system`.
     pub excluded_namespaces: Vec<String>,
-    /// Extra requirements on the namespaces of pods and jobs (used by tests to confine the
-    /// webhook to their own namespaces).
-    pub namespace_selector: Option<LabelSelector>,
+    /// Extra requirements on the namespaces of pods sent to the pod webhook. It never scopes the
+    /// kruise kinds' webhooks: their validation must not be escapable by namespace.
+    pub pod_namespace_selector: Option<LabelSelector>,
     /// The pod webhook's `objectSelector`: only pods it selects are sent (none: every pod).
     pub pod_object_selector: Option<LabelSelector>,
 }
@@ -219,39 +234,38 @@ impl ConfigurationParams {
         }
     }
 
-    /// The pod webhook's namespaces: [`Self::namespace_selector`], less namespaces labelled
-    /// [`CONTROL_PLANE_LABEL`] (upstream's opt-out: the system's own namespaces can start pods
-    /// while the webhook is down).
-    fn pod_namespace_selector(&self) -> LabelSelector {
-        let mut selector = self.namespace_selector();
-        selector
-            .match_expressions
-            .get_or_insert_with(Vec::new)
-            .push(LabelSelectorRequirement {
-                key: CONTROL_PLANE_LABEL.to_owned(),
-                operator: "DoesNotExist".to_owned(),
-                values: None,
-            });
-        selector
-    }
-
-    fn namespace_selector(&self) -> LabelSelector {
+    /// The pod webhook's namespaces: [`Self::pod_namespace_selector`] less `kube-system`, the
+    /// [`Self::excluded_namespaces`] and namespaces labelled [`CONTROL_PLANE_LABEL`] (upstream's
+    /// opt-out: the system's own namespaces can start pods while the webhook is down).
+    fn pod_namespaces(&self) -> LabelSelector {
         let mut excluded = vec!["kube-system".to_owned()];
         for ns in &self.excluded_namespaces {
             if !excluded.contains(ns) {
                 excluded.push(ns.clone());
             }
         }
-        let mut selector = self.namespace_selector.clone().unwrap_or_default();
+        let mut selector = self.pod_namespace_selector.clone().unwrap_or_default();
+        let requirements = selector.match_expressions.get_or_insert_with(Vec::new);
+        requirements.push(LabelSelectorRequirement {
+            key: NAMESPACE_NAME_LABEL.to_owned(),
+            operator: "NotIn".to_owned(),
+            values: Some(excluded),
+        });
+        requirements.push(LabelSelectorRequirement {
+            key: CONTROL_PLANE_LABEL.to_owned(),
+            operator: "DoesNotExist".to_owned(),
+            values: None,
+        });
         selector
-            .match_expressions
-            .get_or_insert_with(Vec::new)
-            .push(LabelSelectorRequirement {
-                key: NAMESPACE_NAME_LABEL.to_owned(),
-                operator: "NotIn".to_owned(),
-                values: Some(excluded),
-            });
-        selector
+    }
+
+    /// `Fail` for the kruise kinds, whatever the pod webhook's policy (see the module docs).
+    fn failure_policy(&self, path: &str) -> FailurePolicy {
+        if path == MUTATE_POD {
+            self.pod_failure_policy
+        } else {
+            FailurePolicy::Fail
+        }
     }
 
     fn rules(route: &Route) -> Vec<RuleWithOperations> {
@@ -284,13 +298,11 @@ impl ConfigurationParams {
                         name: route.name.to_owned(),
                         admission_review_versions: vec!["v1".to_owned()],
                         client_config: self.client_config(route.path),
-                        failure_policy: Some(self.failure_policy.as_str().to_owned()),
+                        failure_policy: Some(self.failure_policy(route.path).as_str().to_owned()),
                         match_policy: Some("Equivalent".to_owned()),
-                        namespace_selector: if route.path == MUTATE_POD {
-                            Some(self.pod_namespace_selector())
-                        } else {
-                            route.namespaced.then(|| self.namespace_selector())
-                        },
+                        // None: every namespace (the kruise kinds: see the module docs).
+                        namespace_selector: (route.path == MUTATE_POD)
+                            .then(|| self.pod_namespaces()),
                         object_selector: (route.path == MUTATE_POD)
                             .then(|| self.pod_object_selector.clone())
                             .flatten(),
@@ -325,9 +337,10 @@ impl ConfigurationParams {
                         name: route.name.to_owned(),
                         admission_review_versions: vec!["v1".to_owned()],
                         client_config: self.client_config(route.path),
-                        failure_policy: Some(self.failure_policy.as_str().to_owned()),
+                        failure_policy: Some(self.failure_policy(route.path).as_str().to_owned()),
                         match_policy: Some("Equivalent".to_owned()),
-                        namespace_selector: route.namespaced.then(|| self.namespace_selector()),
+                        // Every namespace: validation is not escapable by namespace.
+                        namespace_selector: None,
                         rules: Some(Self::rules(route)),
                         side_effects: "None".to_owned(),
                         timeout_seconds: Some(self.timeout_seconds),
@@ -348,10 +361,10 @@ mod tests {
             name_prefix: "kruise-rs".into(),
             endpoint,
             ca_bundle: Some("PEM".into()),
-            failure_policy: FailurePolicy::Fail,
+            pod_failure_policy: FailurePolicy::Fail,
             timeout_seconds: 10,
             excluded_namespaces: vec!["kruise-system".into()],
-            namespace_selector: None,
+            pod_namespace_selector: None,
             pod_object_selector: None,
         }
     }
@@ -422,17 +435,65 @@ mod tests {
         }
     }
 
+    /// Issue 42: a user's namespace selector (or the exclusions) must not route a job around
+    /// its validation: the kruise kinds' webhooks carry no namespace selector at all, which the
+    /// apiserver reads as every namespace.
     #[test]
-    fn cluster_scoped_kinds_have_no_namespace_selector() {
-        let config = params(Endpoint::Url("https://x".into())).validating();
-        for webhook in config.webhooks.unwrap() {
-            let scope = webhook.rules.as_ref().unwrap()[0].scope.clone().unwrap();
-            assert_eq!(
-                webhook.namespace_selector.is_some(),
-                scope == "Namespaced",
-                "{}",
-                webhook.name
-            );
+    fn only_the_pod_webhook_is_scoped_by_namespace() {
+        let mut p = params(Endpoint::Url("https://x".into()));
+        p.pod_namespace_selector = Some(LabelSelector {
+            match_labels: Some([("team".to_owned(), "a".to_owned())].into()),
+            ..LabelSelector::default()
+        });
+        let mutating = p.mutating().webhooks.unwrap();
+        let validating = p.validating().webhooks.unwrap();
+        assert_eq!(mutating.len() + validating.len(), 9);
+        for webhook in &mutating {
+            let scoped = webhook.namespace_selector.as_ref();
+            if webhook.name == "mutate-pods.kruise-rs.io" {
+                let labels = scoped.and_then(|s| s.match_labels.as_ref());
+                assert_eq!(labels.map(|l| l["team"].as_str()), Some("a"));
+            } else {
+                assert_eq!(scoped, None, "{}", webhook.name);
+            }
+        }
+        for webhook in &validating {
+            assert_eq!(webhook.namespace_selector, None, "{}", webhook.name);
+        }
+    }
+
+    /// Issue 42: `--webhook-failure-policy Ignore` relaxes the pod webhook only; the kruise
+    /// kinds' webhooks, defaulting and validation, stay `Fail` so that an unreachable webhook
+    /// admits no unchecked job.
+    #[test]
+    fn the_kruise_kinds_fail_closed_whatever_the_pod_webhooks_policy() {
+        for pod_policy in [FailurePolicy::Fail, FailurePolicy::Ignore] {
+            let mut p = params(Endpoint::Url("https://x".into()));
+            p.pod_failure_policy = pod_policy;
+            let mutating = p.mutating().webhooks.unwrap();
+            let validating = p.validating().webhooks.unwrap();
+            assert_eq!(validating.len(), 4);
+            for webhook in &validating {
+                assert_eq!(
+                    webhook.failure_policy.as_deref(),
+                    Some("Fail"),
+                    "{}",
+                    webhook.name
+                );
+            }
+            for webhook in &mutating {
+                let expected = if webhook.name == "mutate-pods.kruise-rs.io" {
+                    pod_policy.as_str()
+                } else {
+                    "Fail"
+                };
+                assert_eq!(
+                    webhook.failure_policy.as_deref(),
+                    Some(expected),
+                    "{}",
+                    webhook.name
+                );
+            }
         }
     }
 
@@ -468,11 +529,11 @@ mod tests {
     #[test]
     fn an_extra_namespace_selector_is_kept_beside_the_exclusions() {
         let mut p = params(Endpoint::Url("https://x".into()));
-        p.namespace_selector = Some(LabelSelector {
+        p.pod_namespace_selector = Some(LabelSelector {
             match_labels: Some([("webhook-test".to_owned(), "true".to_owned())].into()),
             ..LabelSelector::default()
         });
-        p.failure_policy = FailurePolicy::Ignore;
+        p.pod_failure_policy = FailurePolicy::Ignore;
         let config = p.mutating();
         let pods = &config.webhooks.unwrap()[0];
         let selector = pods.namespace_selector.as_ref().unwrap();

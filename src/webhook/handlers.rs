@@ -436,6 +436,9 @@ impl Handlers {
         if reads.is_empty() {
             return Verdict::Allow;
         }
+        if let Err(message) = secret_access::within_budget(reads) {
+            return Verdict::Deny(format!("{kind} {:?} is refused: {message}", request.name));
+        }
         let answers = secret_access::ask(&self.client, &request.user_info, reads).await;
         let user = request.user_info.username.as_deref().unwrap_or_default();
         match secret_access::verdict(user, reads, &answers, rule) {

@@ -72,13 +72,14 @@ pub struct WebhookOptions {
     pub certs: CertSource,
     /// How the apiserver reaches the server.
     pub endpoint: Endpoint,
-    pub failure_policy: FailurePolicy,
+    /// The pod webhook's `failurePolicy`; the kruise kinds' webhooks always `Fail`.
+    pub pod_failure_policy: FailurePolicy,
     pub timeout_seconds: i32,
     /// Prefix of the configuration names.
     pub configuration_prefix: String,
-    /// Extra requirements on the namespaces of pods and jobs sent to the webhook (the
-    /// exclusions always apply).
-    pub namespace_selector: Option<LabelSelector>,
+    /// Extra requirements on the namespaces of pods sent to the pod webhook (the exclusions
+    /// always apply). The kruise kinds' webhooks see every namespace whatever it says.
+    pub pod_namespace_selector: Option<LabelSelector>,
     /// The pod webhook's `objectSelector` (none: every pod).
     pub pod_object_selector: Option<LabelSelector>,
     /// Allow SidecarSet `patchPodMetadata` that no rule of the whitelist ConfigMap covers
@@ -284,10 +285,10 @@ fn configuration_params(opts: &WebhookOptions, ca: Option<String>) -> Configurat
         name_prefix: opts.configuration_prefix.clone(),
         endpoint: opts.endpoint.clone(),
         ca_bundle: ca,
-        failure_policy: opts.failure_policy,
+        pod_failure_policy: opts.pod_failure_policy,
         timeout_seconds: opts.timeout_seconds,
         excluded_namespaces: vec![opts.namespace.clone()],
-        namespace_selector: opts.namespace_selector.clone(),
+        pod_namespace_selector: opts.pod_namespace_selector.clone(),
         pod_object_selector: opts.pod_object_selector.clone(),
     }
 }

@@ -13,14 +13,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum_server::Handle;
 use axum_server::tls_rustls::RustlsConfig;
 use base64::Engine as _;
+use futures::StreamExt;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use serde_json::{Value, json};
@@ -33,6 +34,94 @@ use super::configuration::{
     MUTATE_IMAGELISTPULLJOB, MUTATE_IMAGEPULLJOB, MUTATE_NODEIMAGE, MUTATE_POD, MUTATE_SIDECARSET,
     VALIDATE_IMAGELISTPULLJOB, VALIDATE_IMAGEPULLJOB, VALIDATE_NODEIMAGE, VALIDATE_SIDECARSET,
 };
+
+/// The largest AdmissionReview the server reads, in bytes. kube-apiserver refuses a request body
+/// over `--max-request-body-bytes` (3 MiB by default), so an object it admits is about that
+/// size at most; an UPDATE's review carries two (`object` and `oldObject`) and an envelope
+/// (kinds, user info with its groups and extras, options: kilobytes). 2 × 3 MiB + 1 MiB of
+/// margin = 7 MiB. axum's default limit (2 MiB) answered 413 to the UPDATE of any object over
+/// 1 MiB, which the apiserver reads as the webhook failing: with `failurePolicy: Ignore`, an
+/// unvalidated admission.
+pub const MAX_REVIEW_BYTES: usize = 7 * 1024 * 1024;
+
+/// How much of a body over [`MAX_REVIEW_BYTES`] is kept to find its request's uid.
+const HEAD_BYTES: usize = 4096;
+
+/// Why a request body was not read.
+#[derive(Debug, thiserror::Error)]
+enum BodyError {
+    #[error(
+        "the AdmissionReview ({}) is over the webhook's limit of {MAX_REVIEW_BYTES} bytes \
+         (twice kube-apiserver's default 3 MiB request limit, and the envelope)",
+        .declared.map_or_else(|| "more bytes".to_owned(), |n| format!("{n} bytes"))
+    )]
+    TooLarge {
+        /// Its Content-Length, when it gave one.
+        declared: Option<u64>,
+        /// Its first bytes, where the apiserver writes the request's uid.
+        head: Vec<u8>,
+    },
+    #[error("cannot read the request body")]
+    Read(#[source] axum::Error),
+}
+
+/// Reads a body of at most `limit` bytes; one declared or found larger is not read further.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Vec<u8>, BodyError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let declared_too_large = declared.is_some_and(|n| n > limit as u64);
+    let mut stream = body.into_data_stream();
+    let mut read = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        read.extend_from_slice(&chunk.map_err(BodyError::Read)?);
+        if read.len() > limit || (declared_too_large && read.len() >= HEAD_BYTES) {
+            break;
+        }
+    }
+    if read.len() > limit || declared_too_large {
+        read.truncate(HEAD_BYTES);
+        return Err(BodyError::TooLarge {
+            declared,
+            head: read,
+        });
+    }
+    Ok(read)
+}
+
+/// The `request.uid` of an AdmissionReview from its first bytes. The apiserver encodes with Go's
+/// encoder, fields in declaration order: `kind`, `apiVersion`, then `request`, whose first field
+/// is `uid`. None for anything else.
+fn uid_in_head(head: &[u8]) -> Option<String> {
+    // The head may end inside a character.
+    let text = match std::str::from_utf8(head) {
+        Ok(text) => text,
+        Err(e) => std::str::from_utf8(&head[..e.valid_up_to()]).ok()?,
+    };
+    let (_, rest) = text.split_once("\"request\":")?;
+    let rest = rest.trim_start().strip_prefix('{')?.trim_start();
+    let rest = rest
+        .strip_prefix("\"uid\":")?
+        .trim_start()
+        .strip_prefix('"')?;
+    let (uid, _) = rest.split_once('"')?;
+    let plausible = !uid.is_empty()
+        && uid.len() <= 128
+        && uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    plausible.then(|| uid.to_owned())
+}
+
+/// The answer to a body over the limit: a denial when its uid can be read (so the request is
+/// refused whatever the webhook's failurePolicy), else 413 (the apiserver applies the policy;
+/// the kruise kinds' webhooks `Fail`).
+fn oversized(path: &'static str, head: &[u8], message: String) -> Response {
+    tracing::warn!(path, "{message}");
+    match uid_in_head(head) {
+        Some(uid) => axum::Json(response(&uid, &Verdict::Deny(message))).into_response(),
+        None => (StatusCode::PAYLOAD_TOO_LARGE, message).into_response(),
+    }
+}
 
 /// What a webhook decided.
 #[derive(Debug, Clone, PartialEq)]
@@ -117,15 +206,25 @@ impl Admit for Metered {
     }
 }
 
-/// The router: `POST <path>` for every path in [`PATHS`].
+/// The router: `POST <path>` for every path in [`PATHS`], bodies up to [`MAX_REVIEW_BYTES`].
 pub fn router(admit: Arc<dyn Admit>) -> Router {
     let mut router = Router::new();
     for path in PATHS {
         router = router.route(
             path,
             post(
-                move |State(admit): State<Arc<dyn Admit>>, body: Bytes| async move {
-                    review(admit.as_ref(), path, &body).await
+                move |State(admit): State<Arc<dyn Admit>>, headers: HeaderMap, body: Body| async move {
+                    match read_body(&headers, body, MAX_REVIEW_BYTES).await {
+                        Ok(body) => review(admit.as_ref(), path, &body).await,
+                        Err(error) => match &error {
+                            BodyError::TooLarge { head, .. } => {
+                                oversized(path, head, error.to_string())
+                            }
+                            BodyError::Read(_) => {
+                                (StatusCode::BAD_REQUEST, error.to_string()).into_response()
+                            }
+                        },
+                    }
                 },
             ),
         );

@@ -500,6 +500,22 @@ async fn objects_with_wrong_types_or_unknown_enum_values_are_rejected_naming_the
                 "greater than or equal to 0",
             ],
         ),
+        // Issue 42: pull Secrets are bounded (the webhook reviews each within its timeout).
+        (
+            "v1alpha1 ImagePullJob with 17 pull Secrets",
+            "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata: {name: many-secrets}\nspec: {image: nginx, pullSecrets: [s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15, s16]}",
+            &["spec.pullSecrets", "must have at most 16 items"],
+        ),
+        (
+            "v1beta1 ImageListPullJob with 17 pull Secrets",
+            "apiVersion: apps.kruise.io/v1beta1\nkind: ImageListPullJob\nmetadata: {name: many-secrets}\nspec: {images: [nginx], pullSecrets: [s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15, s16]}",
+            &["spec.pullSecrets", "must have at most 16 items"],
+        ),
+        (
+            "v1beta1 SidecarSet with 17 image pull Secrets",
+            "apiVersion: apps.kruise.io/v1beta1\nkind: SidecarSet\nmetadata: {name: many-secrets}\nspec: {selector: {matchLabels: {a: b}}, containers: [{name: c, image: x}], imagePullSecrets: [{name: s0}, {name: s1}, {name: s2}, {name: s3}, {name: s4}, {name: s5}, {name: s6}, {name: s7}, {name: s8}, {name: s9}, {name: s10}, {name: s11}, {name: s12}, {name: s13}, {name: s14}, {name: s15}, {name: s16}]}",
+            &["spec.imagePullSecrets", "must have at most 16 items"],
+        ),
     ];
     for (what, yaml, needles) in cases {
         let mut cmd = cluster.kubectl();

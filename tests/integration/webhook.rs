@@ -40,6 +40,19 @@ fn pod(name: &str, labels: Value, containers: Value) -> Pod {
     .expect("a pod")
 }
 
+/// An ImagePullJob of busybox, with `extra_spec` merged into its spec.
+fn imagepulljob(name: &str, extra_spec: Value) -> ImagePullJob {
+    let mut spec = json!({"image": "busybox:1.36"});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
+        spec.extend(extra.clone());
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1", "kind": "ImagePullJob",
+        "metadata": {"name": name}, "spec": spec
+    }))
+    .expect("an ImagePullJob")
+}
+
 /// The message of an API error, or a panic naming what was expected to fail.
 fn denial<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) -> String {
     match result {
@@ -326,10 +339,10 @@ async fn a_webhook_that_is_down_blocks_pods_under_fail_and_not_under_ignore() {
             name_prefix: label.clone(),
             endpoint: Endpoint::Url(format!("https://{closed}")),
             ca_bundle: None,
-            failure_policy: policy,
+            pod_failure_policy: policy,
             timeout_seconds: 2,
             excluded_namespaces: vec![],
-            namespace_selector: Some(
+            pod_namespace_selector: Some(
                 k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
                     match_labels: Some(BTreeMap::from([(
                         "webhook-down".to_owned(),
@@ -341,8 +354,8 @@ async fn a_webhook_that_is_down_blocks_pods_under_fail_and_not_under_ignore() {
             pod_object_selector: None,
         };
         let configs = Api::<MutatingWebhookConfiguration>::all(client.clone());
-        // Only the pod webhook: the cluster-scoped kinds' webhooks have no namespace selector
-        // and would stop the other tests' SidecarSets too.
+        // Only the pod webhook: the kruise kinds' webhooks have no namespace selector and would
+        // stop the other tests' SidecarSets and jobs too.
         let mut config = params.mutating();
         if let Some(webhooks) = config.webhooks.as_mut() {
             webhooks.retain(|w| w.name == "mutate-pods.kruise-rs.io");
@@ -376,6 +389,168 @@ async fn a_webhook_that_is_down_blocks_pods_under_fail_and_not_under_ignore() {
             }
         }
     }
+}
+
+/// Issue 42: with the pod webhook at `Ignore`, the job webhooks still fail closed. The
+/// configurations are built as the manager builds them with `--webhook-failure-policy=Ignore`,
+/// pointing at a port nothing listens on; the test confines them to one namespace of its own
+/// (a selector it adds to the built objects, which no option of the manager can) so the other
+/// tests' objects are not refused meanwhile. A pod there is admitted unchanged, a job refused.
+#[tokio::test]
+async fn with_the_pod_webhook_at_ignore_a_job_is_refused_while_the_webhook_is_down() {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+    let cluster = webhook_cluster();
+    let client = client().await;
+    let label = unique_name("down-ignore");
+    let ns = cluster.namespace("wh-down-ignore").await;
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            &ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"webhook-down": &label}}})),
+        )
+        .await
+        .expect("label the namespace");
+    let only_here = LabelSelector {
+        match_labels: Some(BTreeMap::from([("webhook-down".to_owned(), label.clone())])),
+        ..LabelSelector::default()
+    };
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a port");
+    let params = ConfigurationParams {
+        name_prefix: label.clone(),
+        endpoint: Endpoint::Url(format!("https://{closed}")),
+        ca_bundle: None,
+        pod_failure_policy: FailurePolicy::Ignore,
+        timeout_seconds: 2,
+        excluded_namespaces: vec![],
+        pod_namespace_selector: Some(only_here.clone()),
+        pod_object_selector: None,
+    };
+    let mut mutating = params.mutating();
+    if let Some(webhooks) = mutating.webhooks.as_mut() {
+        webhooks.retain(|w| w.name == "mutate-pods.kruise-rs.io");
+    }
+    let mut validating = params.validating();
+    if let Some(webhooks) = validating.webhooks.as_mut() {
+        webhooks.retain(|w| w.name == "validate-imagepulljobs.kruise-rs.io");
+        for webhook in webhooks.iter_mut() {
+            webhook.namespace_selector = Some(only_here.clone());
+        }
+    }
+    let mutating_api = Api::<MutatingWebhookConfiguration>::all(client.clone());
+    let validating_api = Api::<ValidatingWebhookConfiguration>::all(client.clone());
+    mutating_api
+        .create(&PostParams::default(), &mutating)
+        .await
+        .expect("a pod webhook pointing nowhere");
+    validating_api
+        .create(&PostParams::default(), &validating)
+        .await
+        .expect("a job webhook pointing nowhere");
+
+    let jobs = Api::<ImagePullJob>::namespaced(client.clone(), &ns);
+    // Once the apiserver has loaded the configuration, the webhook's absence refuses the job.
+    let refused = crate::support::wait_for(
+        "a job refused for the webhook being down",
+        std::time::Duration::from_secs(30),
+        || {
+            let jobs = jobs.clone();
+            async move {
+                let job = imagepulljob(&unique_name("job"), json!({}));
+                match jobs.create(&PostParams::default(), &job).await {
+                    Err(kube::Error::Api(status))
+                        if status.message.contains("failed calling webhook") =>
+                    {
+                        Some(Ok(status.message))
+                    }
+                    Err(e) => Some(Err(e.to_string())),
+                    // Admitted: the apiserver has not loaded the configuration yet, or the
+                    // webhook is Ignore (then this times out, naming the admission).
+                    Ok(_) => None,
+                }
+            }
+        },
+    )
+    .await;
+    let pod = Api::<Pod>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &pod(
+                "p",
+                json!({"app": "x"}),
+                json!([{"name": "main", "image": "nginx:1.25"}]),
+            ),
+        )
+        .await;
+    let _ = mutating_api
+        .delete(&params.mutating_name(), &DeleteParams::default())
+        .await;
+    let _ = validating_api
+        .delete(&params.validating_name(), &DeleteParams::default())
+        .await;
+    let message = refused.expect("refused by the apiserver for the webhook being down");
+    assert!(
+        message.contains("validate-imagepulljobs.kruise-rs.io"),
+        "{message}"
+    );
+    let pod = pod.expect("a pod admitted unchanged under Ignore");
+    assert_eq!(pod.spec.map(|s| s.containers.len()), Some(1));
+}
+
+/// Issue 42: the review of an UPDATE holds the object twice. Over axum's default body limit
+/// (2 MiB) the webhook answered 413 and the apiserver applied the failurePolicy instead of the
+/// webhook's decision. A job of about 1.2 MiB (a big `sandboxConfig` annotation: metadata
+/// annotations stop at 256 KiB) is stored, then updated: an invalid update is denied with the
+/// webhook's reason, a valid one admitted.
+#[tokio::test]
+async fn an_update_whose_review_exceeds_two_mib_is_validated() {
+    let cluster = webhook_cluster();
+    let client = client().await;
+    let ns = cluster.namespace("wh-big").await;
+    let jobs = Api::<ImagePullJob>::namespaced(client.clone(), &ns);
+    let big = "x".repeat(1_200 * 1024);
+    let name = unique_name("big");
+    let job = imagepulljob(
+        &name,
+        json!({
+            // A node that does not exist: nothing is pulled, no NodeImage gets the annotation.
+            "selector": {"names": [unique_name("nowhere")]},
+            "sandboxConfig": {"annotations": {"big": &big}}
+        }),
+    );
+    jobs.create(&PostParams::default(), &job)
+        .await
+        .expect("a job of 1.2 MiB is admitted");
+
+    let invalid = jobs
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"pullSecrets": ["added"]}})),
+        )
+        .await;
+    let message = denial(invalid, "a change to the immutable pullSecrets");
+    assert!(
+        message.contains("denied the request") && message.contains("field is immutable"),
+        "the webhook's own denial, not a failed call: {message}"
+    );
+    let valid = jobs
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"edited": "yes"}}})),
+        )
+        .await
+        .expect("a label added to the big job is admitted");
+    assert_eq!(
+        valid.labels().get("edited").map(String::as_str),
+        Some("yes")
+    );
+    let _ = jobs.delete(&name, &DeleteParams::default()).await;
 }
 
 /// The self-managed certificates live in a Secret; the configurations carry its CA; a second
@@ -447,7 +622,7 @@ async fn replicas_share_the_certificates_in_the_secret_and_its_ca_is_the_ca_bund
         .expect("a port");
     let mut opts = webhook_options(addr, FailurePolicy::Ignore);
     opts.configuration_prefix = unique_name("replica");
-    opts.namespace_selector = Some(
+    opts.pod_namespace_selector = Some(
         k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
             match_labels: Some(BTreeMap::from([(
                 "nothing".to_owned(),
@@ -458,6 +633,11 @@ async fn replicas_share_the_certificates_in_the_secret_and_its_ca_is_the_ca_bund
     );
     let (handlers, caches) = Handlers::new(client.clone(), MANAGER_NAMESPACE);
     let caches = tokio::spawn(caches);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handlers = std::sync::Arc::new(Recording {
+        inner: handlers,
+        seen: seen.clone(),
+    });
     let (ready_tx, ready) = tokio::sync::oneshot::channel();
     let (stop, stopping) = tokio::sync::oneshot::channel::<()>();
     let prefix = opts.configuration_prefix.clone();
@@ -493,12 +673,9 @@ async fn replicas_share_the_certificates_in_the_secret_and_its_ca_is_the_ca_bund
         after.metadata.resource_version, secret.metadata.resource_version,
         "not rewritten"
     );
-    let _ = stop.send(());
-    replica
-        .await
-        .expect("join")
-        .expect("the replica stops cleanly");
-    caches.abort();
+    // The replica's kruise-kind webhooks see every namespace and fail closed: take its
+    // configurations away, and wait until the apiserver has stopped calling it, before it stops
+    // (else the other tests' objects would be refused meanwhile).
     let _ = Api::<MutatingWebhookConfiguration>::all(client.clone())
         .delete(
             &format!("{prefix}-mutating-webhook-configuration"),
@@ -511,6 +688,53 @@ async fn replicas_share_the_certificates_in_the_secret_and_its_ca_is_the_ca_bund
             &DeleteParams::default(),
         )
         .await;
+    let ns = webhook_cluster().namespace("wh-replica").await;
+    let jobs = Api::<ImagePullJob>::namespaced(client.clone(), &ns);
+    crate::support::wait_for(
+        "the apiserver to stop calling the replica",
+        std::time::Duration::from_secs(30),
+        || {
+            let (jobs, seen) = (jobs.clone(), seen.clone());
+            async move {
+                let name = unique_name("probe");
+                let job = imagepulljob(&name, json!({}));
+                let dry_run = PostParams {
+                    dry_run: true,
+                    ..PostParams::default()
+                };
+                jobs.create(&dry_run, &job).await.ok()?;
+                let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                (!seen.contains(&name)).then_some(())
+            }
+        },
+    )
+    .await;
+    let _ = stop.send(());
+    replica
+        .await
+        .expect("join")
+        .expect("the replica stops cleanly");
+    caches.abort();
+}
+
+/// An [`Admit`] that records the name of every object it is asked about.
+struct Recording {
+    inner: std::sync::Arc<kruise_rs::webhook::handlers::Handlers>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl kruise_rs::webhook::server::Admit for Recording {
+    fn admit<'a>(
+        &'a self,
+        path: &'static str,
+        request: &'a kube::core::admission::AdmissionRequest<kube::core::DynamicObject>,
+    ) -> kruise_rs::webhook::server::AdmitFuture<'a> {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(request.name.clone());
+        self.inner.admit(path, request)
+    }
 }
 
 /// v1alpha1 SidecarSets go through the same webhooks: `spec.namespace` scopes injection to one

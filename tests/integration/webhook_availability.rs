@@ -453,18 +453,24 @@ async fn a_namespace_labelled_control_plane_is_not_sent_to_the_pod_webhook() {
         name_prefix: unique_name("down"),
         endpoint: Endpoint::Url(format!("https://{down}")),
         ca_bundle: None,
-        failure_policy: FailurePolicy::Fail,
+        pod_failure_policy: FailurePolicy::Fail,
         timeout_seconds: 2,
         excluded_namespaces: vec![MANAGER_NAMESPACE.to_owned()],
-        namespace_selector: Some(LabelSelector {
+        pod_namespace_selector: Some(LabelSelector {
             match_labels: Some([(label.clone(), "true".to_owned())].into()),
             ..LabelSelector::default()
         }),
         pod_object_selector: None,
     };
+    // Only the pod webhook: the kruise kinds' webhooks see every namespace and would refuse
+    // the other tests' objects while this one points nowhere.
+    let mut configuration = params.mutating();
+    if let Some(webhooks) = configuration.webhooks.as_mut() {
+        webhooks.retain(|w| w.name == "mutate-pods.kruise-rs.io");
+    }
     let configurations = Api::<MutatingWebhookConfiguration>::all(client.clone());
     configurations
-        .create(&PostParams::default(), &params.mutating())
+        .create(&PostParams::default(), &configuration)
         .await
         .expect("the configuration");
     let sent = unique_name("sent");

@@ -413,3 +413,269 @@ async fn a_sidecarset_may_name_only_secrets_its_author_can_read_where_it_selects
         )
         .await;
 }
+
+/// Issue 42: `--webhook-namespace-selector` (the chart's `manager.webhook.namespaceSelector`)
+/// scopes the pod webhook only. The test manager's selector requires a label this namespace
+/// lacks, so its pods skip the pod webhook; ImagePullJobs and ImageListPullJobs naming a Secret
+/// their author cannot read are refused there all the same.
+#[tokio::test]
+async fn jobs_outside_the_pod_webhooks_namespaces_are_still_checked() {
+    use crate::support::webhook::WEBHOOK_NAMESPACE_LABEL;
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use kruise_rs::apis::imagelistpulljob::ImageListPullJob;
+
+    let cluster = webhook_cluster();
+    let admin = cluster.client().await;
+    // The pod webhook is confined to namespaces with the label...
+    let pods_webhook = Api::<MutatingWebhookConfiguration>::all(admin.clone())
+        .get("kruise-rs-mutating-webhook-configuration")
+        .await
+        .expect("the mutating configuration")
+        .webhooks
+        .into_iter()
+        .flatten()
+        .find(|w| w.name == "mutate-pods.kruise-rs.io")
+        .expect("the pod webhook");
+    let required = pods_webhook
+        .namespace_selector
+        .and_then(|s| s.match_labels)
+        .unwrap_or_default();
+    assert!(
+        required.contains_key(WEBHOOK_NAMESPACE_LABEL),
+        "the test manager's pod webhook should require {WEBHOOK_NAMESPACE_LABEL}: {required:?}"
+    );
+    // ...which this namespace does not carry.
+    let ns = unique_name("wh-unselected");
+    crate::harness::objects::create_namespace(&admin, &ns, &[])
+        .await
+        .expect("a namespace outside the pod webhook's selector");
+    let user = unique_name("alice");
+    create_secret(&admin, &ns, "regcred").await;
+    grant(
+        &admin,
+        Some(&ns),
+        &user,
+        json!([{"apiGroups": ["apps.kruise.io"], "resources": ["imagepulljobs", "imagelistpulljobs"], "verbs": ["create", "get"]}]),
+    )
+    .await;
+    let alice = impersonating(&user).await;
+    let jobs = Api::<ImagePullJob>::namespaced(alice.clone(), &ns);
+    let refused = create_until(
+        "alice's job to reach the webhook",
+        || {
+            let jobs = jobs.clone();
+            async move {
+                let job = job(&unique_name("pull"), &["regcred"]);
+                outcome(jobs.create(&PostParams::default(), &job).await)
+            }
+        },
+        reached_the_webhook,
+    )
+    .await;
+    let Outcome::Denied(message) = refused else {
+        panic!(
+            "a job naming a Secret alice cannot read, outside the pod webhook's namespaces, \
+             was not refused: {refused:?}"
+        );
+    };
+    assert!(
+        message.contains(&format!(
+            "spec.pullSecrets[0]: user \"{user}\" may not get Secret \"{ns}/regcred\""
+        )),
+        "{message}"
+    );
+    let lists = Api::<ImageListPullJob>::namespaced(alice, &ns);
+    let list: ImageListPullJob = serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1", "kind": "ImageListPullJob",
+        "metadata": {"name": unique_name("list")},
+        "spec": {"images": ["busybox:1.36"], "pullSecrets": ["regcred"]}
+    }))
+    .expect("a list");
+    match outcome(lists.create(&PostParams::default(), &list).await) {
+        Outcome::Denied(message) => assert!(
+            message.contains(&format!("may not get Secret \"{ns}/regcred\"")),
+            "{message}"
+        ),
+        other => panic!("a list naming a Secret alice cannot read was not refused: {other:?}"),
+    }
+}
+
+/// The measurement behind the pull-Secret bounds (decision 0026): how long SubjectAccessReviews
+/// take on this control plane, one at a time and [`secret_access::MAX_REVIEWS`] at once as the
+/// webhook sends them, and whole admissions at the bounds: an ImagePullJob naming
+/// [`limits::MAX_PULL_SECRETS`] Secrets, a SidecarSet naming as many in namespaces pinned by
+/// name up to `MAX_REVIEWS` reviews. Prints the numbers; each must stay inside the 10 s webhook
+/// timeout (the SidecarSet's reviews inside the 5 s its dry-run pod leaves).
+#[tokio::test]
+async fn pull_secret_reviews_at_the_bounds_fit_the_webhook_timeout() {
+    use k8s_openapi::api::authentication::v1::UserInfo;
+    use kruise_rs::apis::limits::MAX_PULL_SECRETS;
+    use kruise_rs::webhook::secret_access::{self, MAX_REVIEWS, SecretRead};
+    use std::time::Instant;
+
+    let cluster = webhook_cluster();
+    let admin = cluster.client().await;
+    let user = unique_name("alice");
+    let run = unique_name("run");
+    let names: Vec<String> = (0..MAX_PULL_SECRETS).map(|i| format!("reg{i}")).collect();
+    let spread = MAX_REVIEWS / MAX_PULL_SECRETS;
+    let mut namespaces = Vec::new();
+    for _ in 0..spread {
+        let ns = cluster.namespace("wh-sar-bench").await;
+        grant(
+            &admin,
+            Some(&ns),
+            &user,
+            json!([
+                {"apiGroups": [""], "resources": ["secrets"], "resourceNames": &names, "verbs": ["get"]},
+                {"apiGroups": ["apps.kruise.io"], "resources": ["imagepulljobs"], "verbs": ["create"]}
+            ]),
+        )
+        .await;
+        namespaces.push(ns);
+    }
+    grant(
+        &admin,
+        None,
+        &user,
+        json!([{"apiGroups": ["apps.kruise.io"], "resources": ["sidecarsets"], "verbs": ["create"]}]),
+    )
+    .await;
+    let alice_info = UserInfo {
+        username: Some(user.clone()),
+        groups: Some(vec!["system:authenticated".to_owned()]),
+        ..UserInfo::default()
+    };
+    let reads: Vec<SecretRead> = namespaces
+        .iter()
+        .flat_map(|ns| {
+            names.iter().enumerate().map(move |(i, name)| SecretRead {
+                field: format!("spec.imagePullSecrets[{i}]"),
+                namespace: ns.clone(),
+                name: name.clone(),
+            })
+        })
+        .collect();
+    assert_eq!(reads.len(), MAX_REVIEWS);
+    // Once RBAC has seen every grant, every review is allowed.
+    wait_for("RBAC to see alice's grants", RBAC_TIMEOUT, || async {
+        let answers = secret_access::ask(&admin, &alice_info, &reads).await;
+        answers
+            .iter()
+            .all(|a| *a == secret_access::Answer::Allowed)
+            .then_some(())
+    })
+    .await;
+
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let mut one = Vec::new();
+    for read in reads.iter().cycle().take(200) {
+        let start = Instant::now();
+        let answers = secret_access::ask(&admin, &alice_info, std::slice::from_ref(read)).await;
+        one.push(start.elapsed());
+        assert_eq!(answers, [secret_access::Answer::Allowed]);
+    }
+    one.sort();
+    let mut batches = Vec::new();
+    for _ in 0..20 {
+        let start = Instant::now();
+        let answers = secret_access::ask(&admin, &alice_info, &reads).await;
+        batches.push(start.elapsed());
+        assert_eq!(answers.len(), MAX_REVIEWS);
+    }
+    batches.sort();
+
+    // Whole admissions at the bounds, as alice.
+    let alice = impersonating(&user).await;
+    let jobs = Api::<ImagePullJob>::namespaced(alice.clone(), &namespaces[0]);
+    let secrets: Vec<&str> = names.iter().map(String::as_str).collect();
+    let start = Instant::now();
+    let created = jobs
+        .create(
+            &PostParams::default(),
+            &job(&unique_name("bench"), &secrets),
+        )
+        .await;
+    let job_took = start.elapsed();
+    assert!(created.is_ok(), "{created:?}");
+    let pinned = json!({"namespaceSelector": {"matchExpressions": [{
+        "key": "kubernetes.io/metadata.name", "operator": "In", "values": &namespaces
+    }]}});
+    let mut set = sidecarset(&run, pinned);
+    set["spec"]["imagePullSecrets"] =
+        json!(names.iter().map(|n| json!({"name": n})).collect::<Vec<_>>());
+    let set: DynamicObject = serde_json::from_value(set).expect("a SidecarSet");
+    let start = Instant::now();
+    let created = v1alpha1_sidecarsets(&alice)
+        .create(&PostParams::default(), &set)
+        .await;
+    let set_took = start.elapsed();
+    assert!(created.is_ok(), "{created:?}");
+
+    println!(
+        "one SubjectAccessReview (200, sequential): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; \
+         {MAX_REVIEWS} reviews {} at a time (20 runs): p50 {:.1} ms, max {:.1} ms; an \
+         ImagePullJob naming {MAX_PULL_SECRETS} Secrets: {:.1} ms; a SidecarSet naming \
+         {MAX_PULL_SECRETS} Secrets in {spread} namespaces ({MAX_REVIEWS} reviews): {:.1} ms",
+        ms(one[100]),
+        ms(one[197]),
+        ms(one[199]),
+        secret_access::CONCURRENT_REVIEWS,
+        ms(batches[10]),
+        ms(batches[19]),
+        ms(job_took),
+        ms(set_took),
+    );
+    assert!(batches[19] < Duration::from_secs(5), "{batches:?}");
+    assert!(job_took < Duration::from_secs(10) && set_took < Duration::from_secs(10));
+    let _ = Api::<SidecarSet>::all(admin.clone())
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&format!("{RUN_LABEL}={run}")),
+        )
+        .await;
+}
+
+/// Issue 42: a SidecarSet's pull Secrets are reviewed in every namespace it pins by name, which
+/// no schema bounds: past `MAX_REVIEWS` reviews the webhook refuses it, naming the field and the
+/// counts, rather than ask for longer than its timeout. (The admin may read every Secret: the
+/// refusal is for the count alone.)
+#[tokio::test]
+async fn a_sidecarset_pinning_too_many_namespaces_for_its_secrets_is_refused() {
+    use kruise_rs::apis::limits::MAX_PULL_SECRETS;
+    use kruise_rs::webhook::secret_access::MAX_REVIEWS;
+
+    let admin = webhook_cluster().client().await;
+    let run = unique_name("run");
+    let namespaces: Vec<String> = (0..=MAX_REVIEWS / MAX_PULL_SECRETS)
+        .map(|i| format!("pinned-{i}"))
+        .collect();
+    let secrets: Vec<Value> = (0..MAX_PULL_SECRETS)
+        .map(|i| json!({"name": format!("reg{i}")}))
+        .collect();
+    let mut object = sidecarset(
+        &run,
+        json!({"namespaceSelector": {"matchExpressions": [{
+            "key": "kubernetes.io/metadata.name", "operator": "In", "values": &namespaces
+        }]}}),
+    );
+    object["spec"]["imagePullSecrets"] = json!(secrets);
+    let object: DynamicObject = serde_json::from_value(object).expect("a SidecarSet");
+    let reviews = namespaces.len() * MAX_PULL_SECRETS;
+    match outcome(
+        v1alpha1_sidecarsets(&admin)
+            .create(&PostParams::default(), &object)
+            .await,
+    ) {
+        Outcome::Denied(message) => assert!(
+            message.contains(&format!(
+                "spec.imagePullSecrets: checking that the author may read {MAX_PULL_SECRETS} \
+                 Secret(s) in {} namespace(s) takes {reviews} access reviews, more than the \
+                 {MAX_REVIEWS}",
+                namespaces.len()
+            )),
+            "{message}"
+        ),
+        other => panic!("{reviews} access reviews were not refused: {other:?}"),
+    }
+}

@@ -180,3 +180,32 @@ fn every_crd_fits_the_client_side_apply_annotation() {
         );
     }
 }
+
+/// Issue 42: the apiserver bounds pull Secrets before the webhook sees the object, in both
+/// versions of each kind that names them.
+#[test]
+fn pull_secrets_are_bounded_in_the_schemas() {
+    let bounded = [
+        ("ImagePullJob", "pullSecrets"),
+        ("ImageListPullJob", "pullSecrets"),
+        ("SidecarSet", "imagePullSecrets"),
+    ];
+    for (kind, field) in bounded {
+        let crd = crds()
+            .into_iter()
+            .find(|c| c.spec.names.kind == kind)
+            .expect(kind);
+        for version in &crd.spec.versions {
+            let schema = serde_json::to_value(&version.schema).expect("serializes");
+            let max = schema.pointer(&format!(
+                "/openAPIV3Schema/properties/spec/properties/{field}/maxItems"
+            ));
+            assert_eq!(
+                max.and_then(serde_json::Value::as_u64),
+                Some(crate::apis::limits::MAX_PULL_SECRETS as u64),
+                "{kind} {} spec.{field}",
+                version.name
+            );
+        }
+    }
+}

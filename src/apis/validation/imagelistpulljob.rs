@@ -4,6 +4,7 @@
 //! Rules:
 //! - **images**: at least one, at most [`MAX_IMAGES`], each once, each a reference docker's
 //!   grammar accepts ([`ImageRef::parse`]); a denial names the entry (`spec.images[2]`).
+//! - **pullSecrets**: at most [`crate::apis::limits::MAX_PULL_SECRETS`], as an ImagePullJob's.
 //! - **the template** (selector, podSelector, parallelism, completionPolicy): the ImagePullJob
 //!   rules ([`validate_template`]), since each image's ImagePullJob is the template plus the
 //!   image and must pass them too.
@@ -15,7 +16,7 @@
 
 use std::collections::HashSet;
 
-use super::imagepulljob::validate_template;
+use super::imagepulljob::{validate_pull_secrets, validate_template};
 use super::{FieldError, ValidationErrors, index};
 use crate::apis::imagelistpulljob::{ImageListPullJob, ImageListPullJobSpec};
 use crate::image::ImageRef;
@@ -27,7 +28,9 @@ pub const MAX_IMAGES: usize = 255;
 
 /// Validates an ImageListPullJob being created.
 pub fn validate_create(job: &ImageListPullJob) -> Result<(), ValidationErrors> {
-    ValidationErrors(validate_spec(&job.spec)).into_result()
+    let mut errs = validate_pull_secrets(&job.spec.template.pull_secrets, None);
+    errs.extend(validate_spec(&job.spec));
+    ValidationErrors(errs).into_result()
 }
 
 /// Validates an update from `old` to `new`.
@@ -38,7 +41,12 @@ pub fn validate_update(
     if old.spec == new.spec {
         return Ok(());
     }
-    ValidationErrors(validate_spec(&new.spec)).into_result()
+    let mut errs = validate_pull_secrets(
+        &new.spec.template.pull_secrets,
+        Some(&old.spec.template.pull_secrets),
+    );
+    errs.extend(validate_spec(&new.spec));
+    ValidationErrors(errs).into_result()
 }
 
 fn validate_spec(spec: &ImageListPullJobSpec) -> Vec<FieldError> {

@@ -3,6 +3,9 @@
 //!
 //! Rules:
 //! - **update**: `spec.pullSecrets` is immutable.
+//! - **pullSecrets**: at most [`limits::MAX_PULL_SECRETS`] ([`validate_pull_secrets`]): the
+//!   webhook asks one SubjectAccessReview per Secret within its timeout (ours; upstream has no
+//!   bound).
 //! - **selector**: `names` and a label selector not both; names unique; label selector valid.
 //! - **podSelector**: not together with `selector`; valid.
 //! - **image**: required, and a reference docker's grammar accepts ([`ImageRef::parse`]).
@@ -26,7 +29,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{
     FieldError, ValidationErrors, check_raw_enum, index, validate_label_selector,
-    validate_nonnegative, validate_range, validate_selector_parts,
+    validate_max_items, validate_nonnegative, validate_range, validate_selector_parts,
 };
 use crate::apis::imagepulljob::{
     CompletionPolicyType, ImagePullJob, ImagePullJobSpec, ImagePullJobTemplate,
@@ -39,7 +42,9 @@ const DEFAULT_TIMEOUT_SECONDS: i64 = 600;
 
 /// Validates an ImagePullJob being created.
 pub fn validate_create(job: &ImagePullJob) -> Result<(), ValidationErrors> {
-    ValidationErrors(validate_spec(&job.spec)).into_result()
+    let mut errs = validate_pull_secrets(&job.spec.template.pull_secrets, None);
+    errs.extend(validate_spec(&job.spec));
+    ValidationErrors(errs).into_result()
 }
 
 /// Validates an update from `old` to `new`.
@@ -51,11 +56,26 @@ pub fn validate_update(old: &ImagePullJob, new: &ImagePullJob) -> Result<(), Val
             &new.spec.template.pull_secrets,
             "field is immutable",
         ));
+        errs.extend(validate_pull_secrets(
+            &new.spec.template.pull_secrets,
+            Some(&old.spec.template.pull_secrets),
+        ));
     }
     if old.spec != new.spec {
         errs.extend(validate_spec(&new.spec));
     }
     ValidationErrors(errs).into_result()
+}
+
+/// `spec.pullSecrets` (an ImagePullJob's or an ImageListPullJob's) names at most
+/// [`limits::MAX_PULL_SECRETS`] Secrets, when new or changed from `old`.
+pub fn validate_pull_secrets(pull_secrets: &[String], old: Option<&[String]>) -> Vec<FieldError> {
+    validate_max_items(
+        pull_secrets,
+        old,
+        "spec.pullSecrets",
+        limits::MAX_PULL_SECRETS,
+    )
 }
 
 /// Reports, from an ImagePullJob's raw JSON, enum fields the typed struct cannot hold.

@@ -593,6 +593,22 @@ pub fn validate_nonnegative(value: i64, path: &str) -> Vec<FieldError> {
     }
 }
 
+/// At most `max` items in the list at `path` (Kubernetes' `TooMany` wording). Checked only when
+/// the list is new or changed (`old` is the list before an update), so an object stored before
+/// the bound can still be edited, as the apiserver's CRD validation ratchets.
+pub fn validate_max_items<T: PartialEq>(
+    items: &[T],
+    old: Option<&[T]>,
+    path: &str,
+    max: usize,
+) -> Vec<FieldError> {
+    if items.len() <= max || old == Some(items) {
+        Vec::new()
+    } else {
+        vec![FieldError::too_many(path, items.len(), max)]
+    }
+}
+
 /// A number within `min..=max` (Kubernetes' `InclusiveRangeError` wording).
 pub fn validate_range(value: i64, path: &str, min: i64, max: i64) -> Vec<FieldError> {
     if (min..=max).contains(&value) {

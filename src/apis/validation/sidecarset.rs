@@ -37,9 +37,12 @@
 //!    [`validate_raw_enums`] reports it in Kubernetes' form from the raw JSON.)
 //! 8. **patchPodMetadata**: allowed by the whitelist policy; each entry has annotations, valid
 //!    keys, and, for `MergePatchJson`, JSON values; no key in two entries.
-//! 9. **update**: no container added or renamed (removal is fine); a container's
-//!    `upgradeStrategy.upgradeType` does not change.
-//! 10. **conflicts** with every other SidecarSet whose namespace selector and pod selector may
+//! 9. **imagePullSecrets**: at most [`crate::apis::limits::MAX_PULL_SECRETS`] (ours: the webhook
+//!    asks one SubjectAccessReview per Secret and namespace within its timeout), checked when
+//!    new or changed.
+//! 10. **update**: no container added or renamed (removal is fine); a container's
+//!     `upgradeStrategy.upgradeType` does not change.
+//! 11. **conflicts** with every other SidecarSet whose namespace selector and pod selector may
 //!     select the same pods (upstream's overlap test, [`super::is_selector_overlapping`]), except
 //!     a canary and its base: no shared container or init container name, no shared volume name
 //!     with a different definition, no shared patched annotation key where either side uses
@@ -50,10 +53,10 @@
 //! checks when anything else failed), paths name the exact field, names are RFC 1123 labels (the
 //! apiserver's own rule for the name joined with upstream's), a canary's base may be updated
 //! while the canary exists, container names clash across containers and init containers,
-//! `MergePatchJson` values must be JSON, images must parse, and an update that leaves the spec,
-//! labels and canary annotations alone is not re-validated against the cluster (so a
-//! ControllerRevision pruned by history, or a conflicting SidecarSet created in a race, never
-//! blocks a metadata-only update).
+//! `MergePatchJson` values must be JSON, images must parse, `imagePullSecrets` are bounded, and
+//! an update that leaves the spec, labels and canary annotations alone is not re-validated
+//! against the cluster (so a ControllerRevision pruned by history, or a conflicting SidecarSet
+//! created in a race, never blocks a metadata-only update).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -71,7 +74,7 @@ use super::pod_spec::{split_subscripted_path, validate_pod_parts};
 use super::{
     FieldError, ValidationErrors, check_raw_enum, child, dns1123_label_errors, index, invalid_each,
     is_selector_overlapping, key, qualified_name_errors, selector_is_empty, validate_annotations,
-    validate_int_or_percent, validate_label_selector, validate_labels,
+    validate_int_or_percent, validate_label_selector, validate_labels, validate_max_items,
 };
 use crate::apis::sidecarset::{
     ResourcesPolicy, SidecarContainer, SidecarContainerUpgradeType, SidecarSet,
@@ -309,6 +312,7 @@ pub fn validate_create<'a>(
     validate_metadata(new, &mut errs);
     validate_canary(new, None, &others, &mut errs);
     validate_spec(new, ctx, &mut errs);
+    validate_pull_secret_count(new, None, &mut errs);
     validate_conflicts(new, &others, &mut errs);
     ValidationErrors(errs).into_result()
 }
@@ -337,6 +341,7 @@ pub fn validate_update<'a>(
     let others: Vec<&SidecarSet> = others.into_iter().collect();
     validate_canary(new, Some(old), &others, &mut errs);
     validate_spec(new, ctx, &mut errs);
+    validate_pull_secret_count(new, Some(old), &mut errs);
     validate_container_changes(old, new, &mut errs);
     validate_conflicts(new, &others, &mut errs);
     ValidationErrors(errs).into_result()
@@ -512,6 +517,21 @@ fn validate_canary(
 }
 
 // --- 3–8. Spec ----------------------------------------------------------------------------------
+
+/// `spec.imagePullSecrets` names at most [`crate::apis::limits::MAX_PULL_SECRETS`] Secrets, when
+/// new or changed from `old`'s.
+fn validate_pull_secret_count(
+    set: &SidecarSet,
+    old: Option<&SidecarSet>,
+    errs: &mut Vec<FieldError>,
+) {
+    errs.extend(validate_max_items(
+        &set.spec.image_pull_secrets,
+        old.map(|old| old.spec.image_pull_secrets.as_slice()),
+        "spec.imagePullSecrets",
+        crate::apis::limits::MAX_PULL_SECRETS,
+    ));
+}
 
 fn validate_spec(set: &SidecarSet, ctx: &SidecarSetContext<'_>, errs: &mut Vec<FieldError>) {
     let spec = &set.spec;

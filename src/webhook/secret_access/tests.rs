@@ -243,3 +243,33 @@ fn the_review_carries_the_requesting_user_and_the_secret() {
     assert_eq!(attributes.resource.as_deref(), Some("secrets"));
     assert_eq!(attributes.name.as_deref(), Some("regcred"));
 }
+
+/// Issue 42: a SidecarSet's Secrets are reviewed in each namespace it pins by name, which no
+/// schema bounds; more reviews than the webhook can ask within its timeout are refused, naming
+/// the field and the counts.
+#[test]
+fn reviews_past_the_budget_are_refused_before_asking() {
+    let namespaces: Vec<String> = (0..5).map(|i| format!("ns{i}")).collect();
+    let names: Vec<String> = (0..16).map(|i| format!("s{i}")).collect();
+    let pinned = |n: usize| {
+        json!({"namespaceSelector": {"matchExpressions": [{
+            "key": "kubernetes.io/metadata.name", "operator": "In", "values": &namespaces[..n]
+        }]}})
+    };
+    let secrets: Vec<&str> = names.iter().map(String::as_str).collect();
+    let four = sidecarset_reads(&set(pinned(4), &secrets), None);
+    assert_eq!(four.len(), MAX_REVIEWS);
+    assert_eq!(within_budget(&four), Ok(()));
+    let five = sidecarset_reads(&set(pinned(5), &secrets), None);
+    assert_eq!(five.len(), 80);
+    let message = within_budget(&five).expect_err("80 reviews refused");
+    assert!(
+        message.starts_with(
+            "spec.imagePullSecrets: checking that the author may read 16 Secret(s) in 5 \
+             namespace(s) takes 80 access reviews, more than the 64"
+        ),
+        "{message}"
+    );
+    // A job names at most MAX_PULL_SECRETS Secrets: always within the budget.
+    const { assert!(crate::apis::limits::MAX_PULL_SECRETS <= MAX_REVIEWS) };
+}

@@ -169,3 +169,114 @@ fn an_empty_patch_is_a_plain_allow() {
     assert!(out["response"].get("patch").is_none());
     assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
 }
+
+/// An ImagePullJob UPDATE review as the apiserver writes it (Go's field order, compact), its
+/// object and old object each padded with an annotation of `padding` bytes.
+fn job_update_review(uid: &str, padding: usize) -> Vec<u8> {
+    let object = format!(
+        r#"{{"apiVersion":"apps.kruise.io/v1beta1","kind":"ImagePullJob","metadata":{{"name":"j","namespace":"ns","annotations":{{"big":"{}"}}}},"spec":{{"image":"busybox:1.36"}}}}"#,
+        "x".repeat(padding)
+    );
+    format!(
+        r#"{{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{{"uid":"{uid}","kind":{{"group":"apps.kruise.io","version":"v1beta1","kind":"ImagePullJob"}},"resource":{{"group":"apps.kruise.io","version":"v1beta1","resource":"imagepulljobs"}},"name":"j","namespace":"ns","operation":"UPDATE","userInfo":{{"username":"alice"}},"object":{object},"oldObject":{object},"dryRun":false}}}}"#
+    )
+    .into_bytes()
+}
+
+/// POSTs `body` to `path` of a router over [`Refuse`], with a Content-Length when `declared`.
+async fn post_to_router(path: &str, body: Vec<u8>, declared: bool) -> (StatusCode, Value, String) {
+    use tower::ServiceExt as _;
+    let mut request =
+        axum::http::Request::post(path).header(header::CONTENT_TYPE, "application/json");
+    if declared {
+        request = request.header(header::CONTENT_LENGTH, body.len());
+    }
+    let request = request.body(Body::from(body)).unwrap();
+    let answer = router(Arc::new(Refuse)).oneshot(request).await.unwrap();
+    let status = answer.status();
+    let bytes = axum::body::to_bytes(answer.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        text,
+    )
+}
+
+/// Issue 42: an UPDATE carries the object twice; over axum's default body limit (2 MiB) the
+/// server answered 413, which `failurePolicy: Ignore` turns into an admission. Such a review is
+/// now decided: the denial denies.
+#[tokio::test]
+async fn an_update_review_over_two_mib_is_decided() {
+    let body = job_update_review("u-big", 1_200 * 1024);
+    assert!(body.len() > 2 * 1024 * 1024, "{}", body.len());
+    let (status, answer, text) = post_to_router(VALIDATE_IMAGEPULLJOB, body, true).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(answer["response"]["uid"], "u-big");
+    assert_eq!(answer["response"]["allowed"], false);
+    assert_eq!(answer["response"]["status"]["message"], "no");
+}
+
+/// Both objects at the apiserver's default request limit (3 MiB each) still fit.
+#[tokio::test]
+async fn an_update_review_of_two_three_mib_objects_is_decided() {
+    let body = job_update_review("u-3mib", 3 * 1024 * 1024 - 512);
+    assert!(body.len() <= MAX_REVIEW_BYTES, "{}", body.len());
+    let (status, answer, text) = post_to_router(VALIDATE_IMAGEPULLJOB, body, false).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(answer["response"]["status"]["message"], "no");
+}
+
+/// Over the limit the body is not decided, but refused: a denial for its uid (whatever the
+/// failurePolicy), whether the apiserver declared its length or not.
+#[tokio::test]
+async fn a_review_over_the_limit_is_denied_for_its_uid() {
+    for declared in [true, false] {
+        let body = job_update_review("u-huge", MAX_REVIEW_BYTES / 2);
+        assert!(body.len() > MAX_REVIEW_BYTES);
+        let (status, answer, text) = post_to_router(VALIDATE_IMAGEPULLJOB, body, declared).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert_eq!(answer["response"]["uid"], "u-huge");
+        assert_eq!(answer["response"]["allowed"], false);
+        let message = answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            message.contains(&format!("limit of {MAX_REVIEW_BYTES} bytes")),
+            "{message}"
+        );
+    }
+}
+
+/// Without a uid to answer, the server still refuses (413): the apiserver applies the policy.
+#[tokio::test]
+async fn an_oversized_body_without_a_uid_is_413() {
+    let body = vec![b' '; MAX_REVIEW_BYTES + 1];
+    let (status, _, text) = post_to_router(VALIDATE_IMAGEPULLJOB, body, true).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{text}");
+    assert!(text.contains("over the webhook's limit"), "{text}");
+}
+
+#[test]
+fn the_uid_is_read_from_the_head_of_a_go_encoded_review() {
+    let body = job_update_review("0f2b5a7c-1d2e-4f00-9a1b-123456789abc", 10);
+    assert_eq!(
+        uid_in_head(&body[..200]).as_deref(),
+        Some("0f2b5a7c-1d2e-4f00-9a1b-123456789abc")
+    );
+    // Cut inside a character: the valid prefix is read.
+    let mut cut = body[..120].to_vec();
+    cut.extend_from_slice(&"é".as_bytes()[..1]);
+    assert!(uid_in_head(&cut).is_some());
+    // uid not first in the request, an odd uid, no request: nothing to answer.
+    for head in [
+        r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"dryRun":false,"uid":"u1"}}"#,
+        r#"{"kind":"AdmissionReview","request":{"uid":"u1\"x"}}"#,
+        r#"{"kind":"AdmissionReview","request":{"uid":""}}"#,
+        r#"{"kind":"AdmissionReview"}"#,
+    ] {
+        assert_eq!(uid_in_head(head.as_bytes()), None, "{head}");
+    }
+}

@@ -15,7 +15,8 @@ use kube::{Client, Config};
 
 use super::{ExtraControlPlane, test_controller_options};
 
-/// Label a namespace needs for its pods and ImagePullJobs to go through the webhooks.
+/// Label a namespace needs for its pods to go through the pod webhook. (The kruise kinds'
+/// webhooks see every namespace: nothing scopes them.)
 pub const WEBHOOK_NAMESPACE_LABEL: &str = "kruise-rs-webhook-test";
 /// The manager's own namespace on this control plane.
 pub const MANAGER_NAMESPACE: &str = "kruise-rs-system";
@@ -50,10 +51,10 @@ pub fn webhook_options(
             secret: "kruise-rs-webhook-certs".to_owned(),
         },
         endpoint: Endpoint::Url(format!("https://{addr}")),
-        failure_policy,
+        pod_failure_policy: failure_policy,
         timeout_seconds: 10,
         configuration_prefix: "kruise-rs".to_owned(),
-        namespace_selector: Some(LabelSelector {
+        pod_namespace_selector: Some(LabelSelector {
             match_labels: Some([(WEBHOOK_NAMESPACE_LABEL.to_owned(), "true".to_owned())].into()),
             ..LabelSelector::default()
         }),

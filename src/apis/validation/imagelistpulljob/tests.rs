@@ -135,3 +135,28 @@ fn the_template_durations_and_counts_are_bounded() {
         ]
     );
 }
+
+/// Issue 42: a list's pull Secrets are bounded as a job's (each of its jobs gets them), checked
+/// when new or changed.
+#[test]
+fn at_most_sixteen_pull_secrets() {
+    let secrets = |n: usize| json!((0..n).map(|i| format!("s{i}")).collect::<Vec<_>>());
+    assert_eq!(
+        create(json!({"images": ["nginx"], "pullSecrets": secrets(16)})),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        create(json!({"images": ["nginx"], "pullSecrets": secrets(17)})),
+        ["spec.pullSecrets: Too many: 17: must have at most 16 items"]
+    );
+    let old = job(json!({"images": ["nginx"], "pullSecrets": secrets(17)}));
+    let mut edited = old.clone();
+    edited.spec.images.push("busybox".to_owned());
+    assert_eq!(errors(validate_update(&old, &edited)), Vec::<String>::new());
+    let mut more = old.clone();
+    more.spec.template.pull_secrets.push("s17".to_owned());
+    assert_eq!(
+        errors(validate_update(&old, &more)),
+        ["spec.pullSecrets: Too many: 18: must have at most 16 items"]
+    );
+}

@@ -289,3 +289,27 @@ fn durations_and_counts_are_bounded() {
         ]
     );
 }
+
+fn secrets(n: usize) -> Value {
+    json!((0..n).map(|i| format!("s{i}")).collect::<Vec<_>>())
+}
+
+/// Issue 42: the webhook asks one SubjectAccessReview per pull Secret within its timeout, so
+/// their number is bounded, and a denial names the field.
+#[test]
+fn at_most_sixteen_pull_secrets() {
+    assert_eq!(limits::MAX_PULL_SECRETS, 16);
+    assert_eq!(
+        create(json!({"image": "nginx", "pullSecrets": secrets(16)})),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        create(json!({"image": "nginx", "pullSecrets": secrets(17)})),
+        ["spec.pullSecrets: Too many: 17: must have at most 16 items"]
+    );
+    // A job stored before the bound can still be edited; changing its Secrets is refused anyway.
+    let old = job(json!({"image": "nginx", "pullSecrets": secrets(17)}));
+    let mut edited = old.clone();
+    edited.spec.template.parallelism = Some(IntOrString::Int(2));
+    assert_eq!(errors(validate_update(&old, &edited)), Vec::<String>::new());
+}

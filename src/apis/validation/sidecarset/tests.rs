@@ -1842,3 +1842,31 @@ fn every_error_is_reported_at_once() {
         "{e}"
     );
 }
+
+/// Issue 42: the webhook reviews each pull Secret (in each namespace the SidecarSet pins)
+/// within its timeout, so `imagePullSecrets` is bounded; a SidecarSet stored before the bound
+/// can still be edited without touching them.
+#[test]
+fn at_most_sixteen_image_pull_secrets() {
+    let secrets = |n: usize| json!({"imagePullSecrets": (0..n).map(|i| json!({"name": format!("s{i}")})).collect::<Vec<_>>()});
+    assert!(create(&set("ok", with(base_json(), secrets(16)))).is_empty());
+    let too_many = set("many", with(base_json(), secrets(17)));
+    let errs = create(&too_many);
+    assert_eq!(
+        errs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["spec.imagePullSecrets: Too many: 17: must have at most 16 items"]
+    );
+    let mut edited = too_many.clone();
+    edited.spec.revision_history_limit = Some(3);
+    assert!(update(&too_many, &edited, &[]).is_empty());
+    // Changed, and still past the bound: refused.
+    let mut more = too_many.clone();
+    more.spec.image_pull_secrets.pop();
+    more.spec
+        .image_pull_secrets
+        .push(serde_json::from_value(json!({"name": "other"})).expect("a reference"));
+    assert_eq!(
+        paths(&update(&too_many, &more, &[])),
+        ["spec.imagePullSecrets"]
+    );
+}
