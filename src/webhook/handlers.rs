@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, future};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::admission::{AdmissionRequest, Operation};
-use kube::core::{DeserializeGuard, DynamicObject, ObjectMeta, PartialObjectMeta};
+use kube::core::{DynamicObject, ObjectMeta, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -107,7 +107,7 @@ impl Handlers {
             sidecarset_writer,
             unreadable::skip_unreadable(
                 watcher(
-                    Api::<DeserializeGuard<SidecarSet>>::all(client.clone()),
+                    Api::<unreadable::Guarded<SidecarSet>>::all(client.clone()),
                     watcher::Config::default(),
                 )
                 .default_backoff(),

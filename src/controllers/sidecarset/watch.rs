@@ -11,7 +11,6 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
-use kube::core::DeserializeGuard;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
@@ -158,7 +157,7 @@ pub async fn run_with_feeds(
 
     // Guarded: a SidecarSet our type refuses (its containers are schemaless, decision 0004) is
     // reported and left out instead of failing the list, and with it every other SidecarSet.
-    let sets = Api::<DeserializeGuard<SidecarSet>>::all(client.clone());
+    let sets = Api::<unreadable::Guarded<SidecarSet>>::all(client.clone());
     let set_stream = unreadable::skip_unreadable(
         watcher(sets, scoped).default_backoff(),
         unreadable::log_and_record::<SidecarSet>(
