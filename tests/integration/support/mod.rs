@@ -507,12 +507,22 @@ pub async fn create_with_warnings(
         .get_all(http::header::WARNING)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        // `299 - "text"` (RFC 7234); the apiserver escapes nothing the tests look for.
+        // `299 - "text"` (RFC 7234), the text a quoted-string: `\"` and `\\` escaped.
         .map(|v| {
-            v.strip_prefix("299 - \"")
+            let quoted = v
+                .strip_prefix("299 - \"")
                 .and_then(|v| v.strip_suffix('"'))
-                .unwrap_or(v)
-                .to_owned()
+                .unwrap_or(v);
+            let mut text = String::with_capacity(quoted.len());
+            let mut chars = quoted.chars();
+            while let Some(c) = chars.next() {
+                text.push(if c == '\\' {
+                    chars.next().unwrap_or(c)
+                } else {
+                    c
+                });
+            }
+            text
         })
         .collect();
     let bytes = response
