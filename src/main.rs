@@ -11,7 +11,9 @@ use kruise_rs::controllers::{ControllerOptions, Workers};
 use kruise_rs::daemon::{self, DaemonArgs};
 use kruise_rs::manager::{self, LeaderElection, ManagerOptions};
 use kruise_rs::runtime::RateLimit;
-use kruise_rs::webhook::{CertSource, Endpoint, FailurePolicy, WebhookOptions};
+use kruise_rs::webhook::{
+    CertSource, Endpoint, FailurePolicy, UnreadableSidecarSetPolicy, WebhookOptions,
+};
 use tracing::error;
 
 /// Serves OpenKruise's SidecarSet, ImagePullJob and NodeImage APIs.
@@ -300,6 +302,14 @@ struct WebhookArgs {
           num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     sidecarset_patch_pod_metadata_defaults_allowed: bool,
 
+    /// What the pod webhook does with a pod that a SidecarSet it cannot read (written around
+    /// the webhook with a field our types refuse) may select: `admit` it without that
+    /// SidecarSet, with an admission warning naming it, or `refuse` it, naming the SidecarSet
+    /// and the field. Whom it may select is read from its raw selection fields; if those do not
+    /// read either, it may select any pod.
+    #[arg(long, value_enum, default_value_t = UnreadableSidecarSetPolicy::Admit)]
+    unreadable_sidecarset_policy: UnreadableSidecarSetPolicy,
+
     /// After SIGTERM, how long the webhooks keep answering (with `/readyz` failing, so the
     /// Service drops this replica) before the server stops. Keep it below the pod's
     /// terminationGracePeriodSeconds minus its preStop sleep and about 15 s of stopping.
@@ -349,6 +359,7 @@ impl WebhookArgs {
             pod_object_selector: self.webhook_pod_object_selector,
             patch_pod_metadata_defaults_allowed: self
                 .sidecarset_patch_pod_metadata_defaults_allowed,
+            unreadable_sidecarset_policy: self.unreadable_sidecarset_policy,
             shutdown_grace: self.webhook_shutdown_grace,
         })
     }
@@ -532,6 +543,34 @@ mod tests {
         assert_eq!(defaults.shutdown_grace, Duration::from_secs(10));
         assert!(
             defaults.pod_object_selector.is_none() && defaults.pod_namespace_selector.is_none()
+        );
+    }
+
+    #[test]
+    fn unreadable_sidecarsets_admit_unless_told_to_refuse() {
+        let policy = |flags: &[&str]| {
+            manager_args(flags)
+                .webhook
+                .options()
+                .expect("webhooks on")
+                .unreadable_sidecarset_policy
+        };
+        assert_eq!(policy(&[]), UnreadableSidecarSetPolicy::Admit);
+        assert_eq!(
+            policy(&["--unreadable-sidecarset-policy=refuse"]),
+            UnreadableSidecarSetPolicy::Refuse
+        );
+        assert_eq!(
+            policy(&["--unreadable-sidecarset-policy", "admit"]),
+            UnreadableSidecarSetPolicy::Admit
+        );
+        assert!(
+            Cli::try_parse_from([
+                "kruise-rs",
+                "manager",
+                "--unreadable-sidecarset-policy=ignore"
+            ])
+            .is_err()
         );
     }
 

@@ -127,7 +127,9 @@ impl SidecarSet {
 }
 
 /// A core Container plus the SidecarSet-specific fields, flattened into one JSON object.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// Deserialized by hand (`sidecar_container_de`) rather than with `#[serde(flatten)]`, which
+/// reads the Container part from a buffer and so loses the path of an error inside it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SidecarContainer {
     #[serde(flatten)]
@@ -155,6 +157,87 @@ pub struct SidecarContainer {
     /// Sidecar resources computed from the app containers' resources at pod creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources_policy: Option<ResourcesPolicy>,
+}
+
+impl<'de> Deserialize<'de> for SidecarContainer {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(sidecar_container_de::SidecarContainerVisitor)
+    }
+}
+
+/// [`SidecarContainer`]'s deserialization: the object's keys go to `Container`'s own visitor
+/// straight from the deserializer's map, except the SidecarSet fields, taken out on the way.
+/// Every value is read from the original map, so a deserializer that tracks paths
+/// (`serde_path_to_error`) names the field inside the container that failed.
+mod sidecar_container_de {
+    use std::fmt;
+
+    use k8s_openapi::api::core::v1::Container;
+    use serde::Deserialize;
+    use serde::de::value::MapAccessDeserializer;
+    use serde::de::{DeserializeSeed, IntoDeserializer, MapAccess, Visitor};
+
+    use super::SidecarContainer;
+
+    pub(super) struct SidecarContainerVisitor;
+
+    impl<'de> Visitor<'de> for SidecarContainerVisitor {
+        type Value = SidecarContainer;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a sidecar container object")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<SidecarContainer, A::Error> {
+            let mut sidecar = SidecarContainer::default();
+            let container = Container::deserialize(MapAccessDeserializer::new(ContainerFields {
+                map,
+                sidecar: &mut sidecar,
+            }))?;
+            sidecar.container = container;
+            Ok(sidecar)
+        }
+    }
+
+    /// The container's map with the SidecarSet fields read into `sidecar` as they pass.
+    struct ContainerFields<'s, A> {
+        map: A,
+        sidecar: &'s mut SidecarContainer,
+    }
+
+    impl<'de, A: MapAccess<'de>> MapAccess<'de> for ContainerFields<'_, A> {
+        type Error = A::Error;
+
+        fn next_key_seed<K: DeserializeSeed<'de>>(
+            &mut self,
+            seed: K,
+        ) -> Result<Option<K::Value>, A::Error> {
+            loop {
+                let Some(key) = self.map.next_key::<String>()? else {
+                    return Ok(None);
+                };
+                let sidecar = &mut *self.sidecar;
+                match key.as_str() {
+                    "podInjectPolicy" => sidecar.pod_inject_policy = self.map.next_value()?,
+                    "upgradeStrategy" => sidecar.upgrade_strategy = self.map.next_value()?,
+                    "shareVolumePolicy" => sidecar.share_volume_policy = self.map.next_value()?,
+                    "shareVolumeDevicePolicy" => {
+                        sidecar.share_volume_device_policy = self.map.next_value()?;
+                    }
+                    "transferEnv" => sidecar.transfer_env = self.map.next_value()?,
+                    "resourcesPolicy" => sidecar.resources_policy = self.map.next_value()?,
+                    _ => return seed.deserialize(key.into_deserializer()).map(Some),
+                }
+            }
+        }
+
+        fn next_value_seed<V: DeserializeSeed<'de>>(
+            &mut self,
+            seed: V,
+        ) -> Result<V::Value, A::Error> {
+            self.map.next_value_seed(seed)
+        }
+    }
 }
 
 /// A sidecar container: every core/v1 Container field, plus the SidecarSet-specific fields.

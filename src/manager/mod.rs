@@ -34,7 +34,8 @@ use tokio::{
 
 use crate::controllers::shared::initial_list::{self, InitialList, StreamingLists};
 use crate::controllers::{self, CacheSync, ControllerOptions};
-use crate::webhook::{self, WebhookError, WebhookOptions, handlers::Handlers, server::Metered};
+use crate::webhook::handlers::{HandlerSettings, Handlers};
+use crate::webhook::{self, WebhookError, WebhookOptions, server::Metered};
 use tracing::{info, warn};
 
 pub use self::crds::{CrdState, REQUIRED_CRDS, UnusableCrds, check_crds};
@@ -206,10 +207,14 @@ pub async fn run(
     let (stop_webhook, webhook_stopping) = oneshot::channel::<()>();
     let (webhook_ready, webhook_serving) = oneshot::channel();
     let webhook_parts = opts.webhook.clone().map(|webhook_opts| {
-        let (handlers, caches) = Handlers::with_defaults_allowed(
+        let (handlers, caches) = Handlers::with_settings(
             webhook_client.clone(),
             &webhook_opts.namespace,
-            webhook_opts.patch_pod_metadata_defaults_allowed,
+            HandlerSettings {
+                patch_pod_metadata_defaults_allowed: webhook_opts
+                    .patch_pod_metadata_defaults_allowed,
+                unreadable_sidecarset_policy: webhook_opts.unreadable_sidecarset_policy,
+            },
         );
         (webhook_opts, handlers, caches)
     });

@@ -271,19 +271,7 @@ pub fn classify(
     let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default();
     match answer {
         Ok(Ok(())) => Outcome::Valid,
-        Ok(Err(kube::Error::Api(status))) if status.code == 422 => {
-            Outcome::Invalid(map_causes(&status, sidecars))
-        }
-        // The pod as written does not decode (a quantity that does not parse, a value of the
-        // wrong type): the rest of the pod is ours and well formed, so the SidecarSet is at fault.
-        Ok(Err(kube::Error::Api(status))) if status.code == 400 => {
-            let located = unparseable_quantities(pod);
-            Outcome::Invalid(if located.is_empty() {
-                vec![status.message.clone()]
-            } else {
-                located
-            })
-        }
+        Ok(Err(kube::Error::Api(status))) => classify_status(pod, sidecars, &status),
         Ok(Err(e)) => Outcome::Unknown(format!(
             "the dry-run pod in namespace {namespace} was not judged: {e}"
         )),
@@ -292,6 +280,100 @@ pub fn classify(
             TIMEOUT.as_secs()
         )),
     }
+}
+
+/// The verdict of a refusal. Only the apiserver's own checks of the pod judge the SidecarSet:
+/// its validation (422 with causes on the fields the SidecarSet contributes) and its decoding
+/// (400, "cannot be handled as a Pod"). An admission webhook, a ValidatingAdmissionPolicy or
+/// anything else refusing the pod (whatever code and reason it chose: a policy's default
+/// reason is `Invalid`) says nothing about the SidecarSet, so it gives no verdict.
+fn classify_status(pod: &Value, sidecars: usize, status: &kube::core::Status) -> Outcome {
+    let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default();
+    let not_judged = |by: &str| {
+        Outcome::Unknown(format!(
+            "the dry-run pod in namespace {namespace} was refused by {by}, not by pod \
+             validation, so it was not judged: {} ({})",
+            status.message, status.code
+        ))
+    };
+    if let Some(refuser) = admission_refuser(&status.message) {
+        return not_judged(&refuser);
+    }
+    match status.code {
+        422 if causes_point_at_sidecars(status, sidecars) => {
+            Outcome::Invalid(map_causes(status, sidecars))
+        }
+        // The pod as written does not decode (a quantity that does not parse, a value of the
+        // wrong type): the rest of the pod is ours and well formed, so the SidecarSet is at fault.
+        400 if status.message.contains(UNDECODABLE) => {
+            let located = unparseable_quantities(pod);
+            Outcome::Invalid(if located.is_empty() {
+                vec![status.message.clone()]
+            } else {
+                located
+            })
+        }
+        422 | 400 => not_judged("an admission check other than pod validation"),
+        _ => Outcome::Unknown(format!(
+            "the dry-run pod in namespace {namespace} was not judged: {} ({}: {})",
+            status.message, status.code, status.reason
+        )),
+    }
+}
+
+/// What the apiserver says when a request body does not decode as the kind
+/// (`<Kind> in version "v1" cannot be handled as a <Kind>: ...`).
+const UNDECODABLE: &str = "cannot be handled as a Pod";
+
+/// The admission plugin a refusal's message names, in the words the apiserver puts in front
+/// of it: `admission webhook "<name>" denied the request` or `ValidatingAdmissionPolicy
+/// '<name>' [with binding '<binding>'] denied request`.
+pub fn admission_refuser(message: &str) -> Option<String> {
+    let quoted_after = |marker: &str, quote: char| -> Option<(String, usize)> {
+        let start = message.find(marker)? + marker.len();
+        let rest = message.get(start..)?;
+        let end = rest.find(quote)?;
+        Some((rest.get(..end)?.to_owned(), start + end + 1))
+    };
+    if let Some((name, after)) = quoted_after("admission webhook \"", '"')
+        && message
+            .get(after..)
+            .is_some_and(|rest| rest.starts_with(" denied the request"))
+    {
+        return Some(format!("admission webhook {name:?}"));
+    }
+    if let Some((policy, after)) = quoted_after("ValidatingAdmissionPolicy '", '\'') {
+        let rest = message.get(after..).unwrap_or_default();
+        if rest.starts_with(" denied request") {
+            return Some(format!("ValidatingAdmissionPolicy '{policy}'"));
+        }
+        if let Some(binding) = rest.strip_prefix(" with binding '")
+            && let Some((binding, tail)) = binding.split_once('\'')
+            && tail.starts_with(" denied request")
+        {
+            return Some(format!(
+                "ValidatingAdmissionPolicy '{policy}' with binding '{binding}'"
+            ));
+        }
+    }
+    None
+}
+
+/// Whether one of an `Invalid` status's causes is a field the SidecarSet put in the pod (its
+/// containers, init containers, volumes, imagePullSecrets): Kubernetes' pod validation names
+/// the field it refuses; a refusal without such a cause is not about the SidecarSet.
+fn causes_point_at_sidecars(status: &kube::core::Status, sidecars: usize) -> bool {
+    status.details.as_ref().is_some_and(|d| {
+        d.causes
+            .iter()
+            .any(|c| is_sidecarset_field(&c.field, sidecars))
+    })
+}
+
+/// Whether `field` (a path in the synthetic pod) is inside what the SidecarSet contributes:
+/// [`map_field`] keeps it as the SidecarSet's own path.
+fn is_sidecarset_field(field: &str, sidecars: usize) -> bool {
+    !field.is_empty() && !map_field(field, sidecars).starts_with('(')
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, future};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::admission::{AdmissionRequest, Operation};
-use kube::core::{DeserializeGuard, DynamicObject, ObjectMeta, PartialObjectMeta};
+use kube::core::{DynamicObject, ObjectMeta, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -50,14 +50,25 @@ use crate::apis::validation::{self, ValidationErrors};
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_NAME_LABEL,
 };
-use crate::controllers::shared::unreadable;
+use crate::controllers::shared::unreadable::{self, UnreadableObject};
 use crate::events::Recorder;
 use crate::sidecar::{self, hash, unsupported};
 
+use super::unreadable_sidecarsets::{self, UnreadableSidecarSetPolicy};
 use super::unsupported_events::{self, Throttle};
 
 /// How long a pod request waits for the caches before it is refused.
 const CACHE_WAIT: Duration = Duration::from_secs(5);
+
+/// What the manager's flags change in the webhooks' answers.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HandlerSettings {
+    /// `patchPodMetadata` no whitelist rule covers is allowed (upstream's feature gate
+    /// `SidecarSetPatchPodMetadataDefaultsAllowed`).
+    pub patch_pod_metadata_defaults_allowed: bool,
+    /// What a pod an unreadable SidecarSet may select gets (decision 0027).
+    pub unreadable_sidecarset_policy: UnreadableSidecarSetPolicy,
+}
 
 /// The webhooks' state: a client for the rare reads and the caches for the common ones.
 pub struct Handlers {
@@ -65,6 +76,9 @@ pub struct Handlers {
     /// The manager's namespace: SidecarSet ControllerRevisions and the configuration ConfigMap.
     pub(super) namespace: String,
     pub(super) sidecarsets: Store<SidecarSet>,
+    /// The SidecarSets the cache above is missing because our type cannot read them, as raw
+    /// JSON: pods they may select are admitted with a warning or refused ([`HandlerSettings`]).
+    unreadable_sidecarsets: Store<UnreadableObject<SidecarSet>>,
     pub(super) namespaces: Store<PartialObjectMeta<Namespace>>,
     /// The ControllerRevisions of SidecarSets in `namespace`.
     revisions: Store<ControllerRevision>,
@@ -75,6 +89,7 @@ pub struct Handlers {
     /// `patchPodMetadata` no whitelist rule covers is allowed (upstream's feature gate
     /// `SidecarSetPatchPodMetadataDefaultsAllowed`).
     patch_pod_metadata_defaults_allowed: bool,
+    unreadable_sidecarset_policy: UnreadableSidecarSetPolicy,
     /// The dry-run pods' verdicts, so an unchanged SidecarSet costs no second dry run.
     dry_runs: dry_run::Verdicts,
 }
@@ -85,18 +100,17 @@ impl Handlers {
         client: Client,
         namespace: &str,
     ) -> (Arc<Self>, impl Future<Output = ()> + Send + 'static + use<>) {
-        Self::with_defaults_allowed(client, namespace, false)
+        Self::with_settings(client, namespace, HandlerSettings::default())
     }
 
-    /// [`Handlers::new`], with `patchPodMetadata` no whitelist rule covers allowed when
-    /// `patch_pod_metadata_defaults_allowed` (upstream's feature gate
-    /// `SidecarSetPatchPodMetadataDefaultsAllowed`).
-    pub fn with_defaults_allowed(
+    /// [`Handlers::new`], with the manager's flags.
+    pub fn with_settings(
         client: Client,
         namespace: &str,
-        patch_pod_metadata_defaults_allowed: bool,
+        settings: HandlerSettings,
     ) -> (Arc<Self>, impl Future<Output = ()> + Send + 'static + use<>) {
         let (sidecarsets, sidecarset_writer) = reflector::store();
+        let (unreadable_sidecarsets, unreadable_writer) = reflector::store();
         let (namespaces, namespace_writer) = reflector::store();
         let (revisions, revision_writer) = reflector::store();
         let (synced_tx, synced) = watch::channel(false);
@@ -105,13 +119,14 @@ impl Handlers {
         // admission) waiting; it is reported and left out (decision 0018).
         let sidecarset_stream = reflector::reflector(
             sidecarset_writer,
-            unreadable::skip_unreadable(
+            unreadable::skip_unreadable_into(
                 watcher(
-                    Api::<DeserializeGuard<SidecarSet>>::all(client.clone()),
+                    Api::<unreadable::Guarded<SidecarSet>>::all(client.clone()),
                     watcher::Config::default(),
                 )
                 .default_backoff(),
                 unreadable::log_and_record::<SidecarSet>(recorder.clone(), "sidecar injection"),
+                unreadable_writer,
             ),
         )
         .for_each(|_| future::ready(()));
@@ -159,9 +174,11 @@ impl Handlers {
             client,
             namespace: namespace.to_owned(),
             sidecarsets,
+            unreadable_sidecarsets,
             namespaces,
             synced,
-            patch_pod_metadata_defaults_allowed,
+            patch_pod_metadata_defaults_allowed: settings.patch_pod_metadata_defaults_allowed,
+            unreadable_sidecarset_policy: settings.unreadable_sidecarset_policy,
             dry_runs: dry_run::Verdicts::default(),
         });
         (handlers, caches)
@@ -624,6 +641,11 @@ impl Handlers {
             Ok(labels) => labels,
             Err(message) => return Verdict::Deny(message),
         };
+        // What the SidecarSet cache is missing, before what it holds (decision 0027).
+        let unreadable_warnings = match self.unreadable_selecting(&pod, &namespace_labels) {
+            Ok(warnings) => warnings,
+            Err(refusal) => return Verdict::Deny(refusal),
+        };
         // The cached objects themselves, not copies: cloning 50 SidecarSets cost more than the
         // whole injection (benches/admission.rs).
         let candidates = self.sidecarsets.state();
@@ -648,7 +670,12 @@ impl Handlers {
             random_unit,
         );
         let selected = match plan {
-            Ok(selected) if selected.is_empty() => return Verdict::Allow,
+            Ok(selected) if selected.is_empty() && unreadable_warnings.is_empty() => {
+                return Verdict::Allow;
+            }
+            Ok(selected) if selected.is_empty() => {
+                return Verdict::Patch(json_patch::Patch(Vec::new()), unreadable_warnings);
+            }
             Ok(selected) => selected,
             Err(err) => return Verdict::Deny(format!("cannot inject sidecars: {err}")),
         };
@@ -671,7 +698,8 @@ impl Handlers {
             Ok(injection) => injection,
             Err(err) => return Verdict::Deny(format!("cannot inject sidecars: {err}")),
         };
-        let mut warnings = screened.warnings();
+        let mut warnings = unreadable_warnings;
+        warnings.extend(screened.warnings());
         warnings.extend(injection.warnings);
         let raw = request
             .object
@@ -719,6 +747,56 @@ impl Handlers {
                     }
                 });
             }
+        }
+    }
+
+    /// The warnings for `pod` from the unreadable SidecarSets that may select it, or under
+    /// [`UnreadableSidecarSetPolicy::Refuse`] the denial naming them.
+    fn unreadable_selecting(
+        &self,
+        pod: &Pod,
+        namespace_labels: &BTreeMap<String, String>,
+    ) -> Result<Vec<String>, String> {
+        let unreadable = self.unreadable_sidecarsets.state();
+        if unreadable.is_empty() || !sidecar::matching::pod_is_active(pod) {
+            return Ok(Vec::new());
+        }
+        // As the readable SidecarSets are matched (an unset namespace is `default`).
+        let namespace = sidecar::matching::pod_namespace(pod);
+        let no_labels = BTreeMap::new();
+        let pod_labels = pod.metadata.labels.as_ref().unwrap_or(&no_labels);
+        let mut found: Vec<(&str, &str, unreadable_sidecarsets::Selection)> = unreadable
+            .iter()
+            .filter_map(|set| {
+                let set = &set.unreadable;
+                let selection = unreadable_sidecarsets::selects(
+                    &set.raw,
+                    namespace,
+                    pod_labels,
+                    namespace_labels,
+                );
+                (selection != unreadable_sidecarsets::Selection::No).then(|| {
+                    let name = set.metadata.name.as_deref().unwrap_or_default();
+                    (name, set.error.as_str(), selection)
+                })
+            })
+            .collect();
+        found.sort_by_key(|(name, _, _)| *name);
+        match self.unreadable_sidecarset_policy {
+            UnreadableSidecarSetPolicy::Admit => Ok(found
+                .iter()
+                .map(|(name, error, selection)| {
+                    unreadable_sidecarsets::warning(name, error, selection)
+                })
+                .collect()),
+            UnreadableSidecarSetPolicy::Refuse if found.is_empty() => Ok(Vec::new()),
+            UnreadableSidecarSetPolicy::Refuse => Err(found
+                .iter()
+                .map(|(name, error, selection)| {
+                    unreadable_sidecarsets::refusal(name, error, selection)
+                })
+                .collect::<Vec<_>>()
+                .join("; ")),
         }
     }
 

@@ -19,6 +19,7 @@ pub mod dry_run;
 pub mod handlers;
 pub mod secret_access;
 pub mod server;
+pub mod unreadable_sidecarsets;
 pub mod unsupported_events;
 
 use std::future::Future;
@@ -42,6 +43,7 @@ use tracing::{info, warn};
 use self::certs::{Certificates, Decision, ServingNames};
 pub use self::configuration::{ConfigurationParams, Endpoint, FailurePolicy};
 use self::server::{Admit, Server};
+pub use self::unreadable_sidecarsets::UnreadableSidecarSetPolicy;
 use crate::runtime::{self, START_UP_PATIENCE, retry_while};
 
 /// Field manager of the webhook configurations.
@@ -86,6 +88,9 @@ pub struct WebhookOptions {
     /// (`--sidecarset-patch-pod-metadata-defaults-allowed`, upstream's feature gate
     /// `SidecarSetPatchPodMetadataDefaultsAllowed`; off by default, as upstream).
     pub patch_pod_metadata_defaults_allowed: bool,
+    /// What the pod webhook does with a pod an unreadable SidecarSet may select
+    /// (`--unreadable-sidecarset-policy`, decision 0027).
+    pub unreadable_sidecarset_policy: UnreadableSidecarSetPolicy,
     /// How long the server keeps answering once shutdown has begun (`/readyz` already failing),
     /// so the apiserver stops sending requests before they can find it gone.
     pub shutdown_grace: Duration,

@@ -415,6 +415,7 @@ fn helm_values_change_the_rendered_objects() {
         "--set=namespaces.manager=kr-sys,namespaces.daemonConfig=kr-secrets",
         "--set=manager.replicas=1,manager.leaderElection.enabled=false",
         "--set=manager.webhook.failurePolicy=Ignore,manager.webhook.timeoutSeconds=5",
+        "--set=manager.webhook.unreadableSidecarSetPolicy=refuse",
         "--set=manager.extraArgs={--label-selector=shard=a}",
         "--set=manager.kubeApi.qps=2.5,manager.kubeApi.burst=7",
         "--set=manager.workers.sidecarset=5,manager.workers.nodeimage=4",
@@ -444,6 +445,7 @@ fn helm_values_change_the_rendered_objects() {
         "--leader-elect=false",
         "--webhook-failure-policy=ignore",
         "--webhook-timeout-seconds=5",
+        "--unreadable-sidecarset-policy=refuse",
         "--label-selector=shard=a",
         "--kube-api-qps=2.5",
         "--kube-api-burst=7",
@@ -592,6 +594,10 @@ fn helm_refuses_invalid_values() {
         (
             "manager.webhook.timeoutSeconds=31",
             "/manager/webhook/timeoutSeconds",
+        ),
+        (
+            "manager.webhook.unreadableSidecarSetPolicy=ignore",
+            "/manager/webhook/unreadableSidecarSetPolicy",
         ),
         ("manager.replicas=0", "/manager/replicas"),
         ("image.pullPolicy=Sometimes", "/image/pullPolicy"),

@@ -38,4 +38,5 @@ mod webhook_dry_run;
 mod webhook_fuzz;
 mod webhook_pull_secrets;
 mod webhook_scenarios;
+mod webhook_unreadable;
 mod webhook_unsupported;

@@ -6,8 +6,8 @@ use kruise_rs::apis::sidecarset::SidecarSet;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::support::unique_name;
-use crate::support::webhook::webhook_cluster;
+use crate::support::webhook::{MANAGER_NAMESPACE, webhook_cluster};
+use crate::support::{create_with_warnings, unique_name};
 
 /// A SidecarSet with `containers` (and `extra` spec fields), as raw JSON.
 fn raw_sidecarset(name: &str, containers: Value, extra: Value) -> Value {
@@ -158,6 +158,176 @@ async fn an_update_that_breaks_a_sidecar_is_refused_and_one_that_leaves_them_alo
         .await
         .expect("a label edit is admitted");
     sets.delete(&name, &Default::default())
+        .await
+        .expect("deleted");
+}
+
+/// A ValidatingAdmissionPolicy (and its binding) refusing every pod carrying a container named
+/// `marker`, with reason `Invalid`: what a policy engine refusing the dry-run pod looks like to
+/// the webhook (a 422, as a field error would be). Scoped by the marker so the other tests'
+/// dry runs on this cluster are not refused.
+fn marker_policy(name: &str, marker: &str) -> (Value, Value) {
+    let policy = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["CREATE"], "resources": ["pods"]
+            }]},
+            "matchConditions": [{
+                "name": "carries-the-marker",
+                "expression": format!("object.spec.containers.exists(c, c.name == '{marker}')")
+            }],
+            "validations": [{
+                "expression": "false",
+                "message": format!("pods with a {marker} container are refused here"),
+                "reason": "Invalid"
+            }]
+        }
+    });
+    let binding = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]}
+    });
+    (policy, binding)
+}
+
+fn admission_api(client: &kube::Client, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
+        plural,
+    );
+    Api::all_with(client.clone(), &resource)
+}
+
+/// Waits until a dry-run pod carrying `marker` in the manager's namespace is refused by the
+/// policy (`refused`) or passes (`!refused`): policies reach admission through an informer.
+async fn wait_for_marker_policy(client: &kube::Client, marker: &str, refused: bool) {
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "policy-probe-"},
+        "spec": {"containers": [{"name": marker, "image": "busybox"}]}
+    });
+    let path = format!("/api/v1/namespaces/{MANAGER_NAMESPACE}/pods?dryRun=All");
+    let what = if refused {
+        "the policy refusing marked pods"
+    } else {
+        "the policy gone"
+    };
+    crate::sidecarset_upgrade::poll(what, POLICY_PROPAGATION, || async {
+        let answer = create_with_warnings(client, &path, &pod).await;
+        let is_refused = answer.message().contains("ValidatingAdmissionPolicy");
+        if is_refused == refused {
+            Ok(())
+        } else {
+            Err(format!("{}: {}", answer.code, answer.message()))
+        }
+    })
+    .await;
+}
+
+/// How long a new or deleted policy may take to reach admission.
+const POLICY_PROPAGATION: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Issue 42, item 6: a policy that refuses the placeholder pod (reason `Invalid`, so a 422 like
+/// a field error) is not the SidecarSet's fault. A valid SidecarSet is admitted with a warning
+/// naming the policy, one that pod validation refuses is still refused (the apiserver validates
+/// before admission), and once the policy is gone the same name and spec are judged afresh:
+/// the policy's refusal was not remembered as a verdict.
+#[tokio::test]
+async fn a_policy_refusing_the_dry_run_pod_neither_refuses_the_sidecarset_nor_is_remembered() {
+    let client = webhook_cluster().client().await;
+    let marker = unique_name("refused-here");
+    let policy_name = unique_name("no-marked-pods");
+    let (policy, binding) = marker_policy(&policy_name, &marker);
+    let policies = admission_api(
+        &client,
+        "ValidatingAdmissionPolicy",
+        "validatingadmissionpolicies",
+    );
+    let bindings = admission_api(
+        &client,
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+    );
+    for (api, object) in [(&policies, &policy), (&bindings, &binding)] {
+        let object: DynamicObject = serde_json::from_value(object.clone()).expect("an object");
+        api.create(&PostParams::default(), &object)
+            .await
+            .expect("the policy and its binding are created");
+    }
+    wait_for_marker_policy(&client, &marker, true).await;
+
+    let sets = "/apis/apps.kruise.io/v1beta1/sidecarsets";
+    let name = unique_name("vap-valid");
+    let valid = raw_sidecarset(
+        &name,
+        json!([{"name": &marker, "image": "busybox"}]),
+        json!({}),
+    );
+    // A dry run of the SidecarSet: judged by the webhook, nothing stored, so the real create
+    // below has the same name and spec.
+    let under_policy = create_with_warnings(&client, &format!("{sets}?dryRun=All"), &valid).await;
+    assert_eq!(
+        under_policy.code,
+        201,
+        "a valid SidecarSet is admitted although a policy refuses its dry-run pod: {}",
+        under_policy.message()
+    );
+    assert!(
+        under_policy.warnings.iter().any(|w| w.contains(&format!(
+            "refused by ValidatingAdmissionPolicy '{policy_name}' with binding '{policy_name}'"
+        )) && w.contains("not judged")),
+        "a warning names the policy: {:?}",
+        under_policy.warnings
+    );
+
+    let invalid = raw_sidecarset(
+        &unique_name("vap-invalid"),
+        // Only Kubernetes' pod validation checks this (not the in-process checks).
+        json!([{"name": &marker, "image": "busybox", "securityContext": {"runAsUser": -1}}]),
+        json!({}),
+    );
+    let refused = create_with_warnings(&client, sets, &invalid).await;
+    assert_eq!(refused.code, 403, "{}", refused.message());
+    assert!(
+        refused
+            .message()
+            .contains("spec.containers[0].securityContext.runAsUser")
+            && refused.message().contains("pod validation"),
+        "refused by pod validation, naming the field: {}",
+        refused.message()
+    );
+
+    // The policy goes: the same name and spec get a verdict of their own, with no warning.
+    bindings
+        .delete(&policy_name, &Default::default())
+        .await
+        .expect("binding deleted");
+    policies
+        .delete(&policy_name, &Default::default())
+        .await
+        .expect("policy deleted");
+    wait_for_marker_policy(&client, &marker, false).await;
+    let after = create_with_warnings(&client, sets, &valid).await;
+    assert_eq!(
+        after.code,
+        201,
+        "the SidecarSet is admitted once the policy is gone: {}",
+        after.message()
+    );
+    assert!(
+        after.warnings.iter().all(|w| !w.contains("not checked")),
+        "judged by pod validation this time: {:?}",
+        after.warnings
+    );
+    Api::<SidecarSet>::all(client)
+        .delete(&name, &Default::default())
         .await
         .expect("deleted");
 }

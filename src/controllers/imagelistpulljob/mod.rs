@@ -145,7 +145,7 @@ pub struct Context {
     jobs_ready: tokio::sync::watch::Receiver<bool>,
     /// Children we created or deleted that the store has not caught up with.
     overlays: Overlays,
-    backoff: Backoff,
+    backoff: Arc<Backoff>,
     recorder: Recorder,
 }
 

@@ -30,7 +30,8 @@ pub const DELETED_REASON: &str = "Successful delete ImagePullJob";
 pub const CREATE_FAILED_REASON: &str = "FailedCreateImagePullJob";
 pub const DELETE_FAILED_REASON: &str = "FailedDeleteImagePullJob";
 
-fn key(list: &ImageListPullJob) -> String {
+/// The key of `list`'s failures in the backoff.
+pub(super) fn key(list: &ImageListPullJob) -> String {
     format!(
         "{}/{}",
         list.namespace().unwrap_or_default(),

@@ -15,13 +15,13 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use super::plan::KIND;
-use super::reconcile::{error_policy, reconcile};
+use super::reconcile::{error_policy, key, reconcile};
 use super::{Context, NAME};
 use crate::apis::imagelistpulljob::ImageListPullJob;
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::well_known::GROUP;
 use crate::controllers::ControllerOptions;
-use crate::controllers::shared::backoff::Backoff;
+use crate::controllers::shared::backoff::{self, Backoff};
 use crate::controllers::shared::shutdown::run_until_shutdown;
 use crate::events::Recorder;
 
@@ -64,10 +64,13 @@ pub async fn run(
 
     let (list_reader, list_writer) = reflector::store();
     let (lists_listed, mut lists_listed_rx) = watch::channel(false);
+    let backoff = Arc::new(Backoff::default());
+    let forget_deleted = backoff::forget_deleted(backoff.clone(), list_reader.clone(), "", key);
     let list_events = watcher(Api::<ImageListPullJob>::all(client.clone()), scoped)
         .default_backoff()
         .modify(|l: &mut ImageListPullJob| l.managed_fields_mut().clear())
         .reflect(list_writer)
+        .inspect(forget_deleted)
         .inspect(move |event| {
             if matches!(event, Ok(watcher::Event::InitDone)) {
                 lists_listed.send_replace(true);
@@ -95,7 +98,7 @@ pub async fn run(
         jobs,
         jobs_ready: jobs_ready_rx,
         overlays: Default::default(),
-        backoff: Backoff::default(),
+        backoff,
     });
     let list_store = controller.store();
     let shutdown = shutdown.shared();

@@ -93,7 +93,7 @@ pub struct Context {
     refreshed: Mutex<HashMap<String, i64>>,
     /// NodeImages as our own patches returned them, until the store has caught up with them.
     written: Arc<WrittenNodeImages>,
-    backoff: Backoff,
+    backoff: Arc<Backoff>,
     opts: ControllerOptions,
     recorder: Recorder,
 }

@@ -30,7 +30,8 @@ use crate::error_chain::error_chain;
 /// How long a reconcile waits for the first lists of NodeImages and Pods.
 const CACHE_WAIT: Duration = Duration::from_secs(10);
 
-fn key(job: &ImagePullJob) -> String {
+/// The key of `job`'s failures in the backoff.
+pub(super) fn key(job: &ImagePullJob) -> String {
     format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any())
 }
 

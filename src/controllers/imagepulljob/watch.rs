@@ -14,12 +14,12 @@ use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::warn;
 
-use super::reconcile::{error_policy, reconcile};
+use super::reconcile::{error_policy, key, reconcile};
 use super::{Context, NAME, WrittenNodeImages};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
 use crate::controllers::ControllerOptions;
-use crate::controllers::shared::backoff::Backoff;
+use crate::controllers::shared::backoff::{self, Backoff};
 use crate::controllers::shared::lean_nodeimage::NodeImageFeed;
 use crate::controllers::shared::pod_feed::PodFeed;
 use crate::controllers::shared::pod_summary::PodSummary;
@@ -104,9 +104,12 @@ pub async fn run_with_feeds(
     let job_metrics = opts.metrics.clone();
     let job_counts = job_reader.clone();
     let (jobs_listed, mut jobs_listed_rx) = watch::channel(false);
+    let backoff = Arc::new(Backoff::default());
+    let forget_deleted = backoff::forget_deleted(backoff.clone(), job_reader.clone(), "", key);
     let job_events = watcher(Api::<ImagePullJob>::all(client.clone()), scoped)
         .default_backoff()
         .reflect(job_writer)
+        .inspect(forget_deleted)
         .inspect(move |event| {
             if matches!(
                 event,
@@ -165,7 +168,7 @@ pub async fn run_with_feeds(
         jobs: controller.store(),
         refreshed: Mutex::default(),
         written,
-        backoff: Backoff::default(),
+        backoff,
         opts,
     });
     let job_store = controller.store();

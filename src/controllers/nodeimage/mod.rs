@@ -87,7 +87,7 @@ struct Context {
     recorder: Recorder,
     creation_delay: Duration,
     response_timeout: Duration,
-    backoff: Backoff,
+    backoff: std::sync::Arc<Backoff>,
     /// The three stores' readiness.
     ready: [watch::Ready; 3],
 }

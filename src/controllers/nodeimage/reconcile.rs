@@ -112,7 +112,7 @@ pub(super) async fn node(node: Arc<NodeSummary>, ctx: Arc<Context>) -> Result<Ac
         // The rest is the NodeImage applier's.
         _ => Action::await_change(),
     };
-    ctx.backoff.succeeded(&format!("node/{name}"));
+    ctx.backoff.succeeded(&node_key(&name));
     Ok(action)
 }
 
@@ -151,9 +151,24 @@ async fn create(
     Ok(())
 }
 
+/// Where Node keys start in the backoff.
+pub(super) const NODE_KEY_SCOPE: &str = "node/";
+/// Where NodeImage keys start in the backoff.
+pub(super) const NODEIMAGE_KEY_SCOPE: &str = "nodeimage/";
+
+/// The key of Node `name`'s failures in the backoff.
+pub(super) fn node_key(name: &str) -> String {
+    format!("{NODE_KEY_SCOPE}{name}")
+}
+
+/// The key of NodeImage `name`'s failures in the backoff.
+pub(super) fn nodeimage_key(name: &str) -> String {
+    format!("{NODEIMAGE_KEY_SCOPE}{name}")
+}
+
 pub(super) fn node_error_policy(node: Arc<NodeSummary>, err: &Error, ctx: Arc<Context>) -> Action {
     let name = node.name_any();
-    let wait = ctx.backoff.failed(&format!("node/{name}"));
+    let wait = ctx.backoff.failed(&node_key(&name));
     warn!(node = %name, error = %error_chain(err), ?wait, "reconcile failed; retrying");
     Action::requeue(wait)
 }
@@ -199,7 +214,7 @@ pub(super) async fn nodeimage(
         // Not reachable with a NodeImage in hand; nothing to do either way.
         Lifecycle::Absent | Lifecycle::CreateAt(_) | Lifecycle::Create(_) => Action::await_change(),
     };
-    ctx.backoff.succeeded(&format!("nodeimage/{name}"));
+    ctx.backoff.succeeded(&nodeimage_key(&name));
     Ok(action)
 }
 
@@ -209,7 +224,7 @@ pub(super) fn nodeimage_error_policy(
     ctx: Arc<Context>,
 ) -> Action {
     let name = nodeimage.name_any();
-    let wait = ctx.backoff.failed(&format!("nodeimage/{name}"));
+    let wait = ctx.backoff.failed(&nodeimage_key(&name));
     warn!(nodeimage = %name, error = %error_chain(err), ?wait, "reconcile failed; retrying");
     Action::requeue(wait)
 }

@@ -261,6 +261,32 @@ pub async fn run_with_nodeimages(
         same_uid,
     );
 
+    // Failures of Nodes and NodeImages that are gone are forgotten: the appliers reconcile
+    // only what their stores hold.
+    let backoff = Arc::new(Backoff::default());
+    let forget_node = backoff.clone();
+    let node_changes = node_changes.inspect(move |change| {
+        if change.after.is_none() {
+            forget_node.succeeded(&reconcile::node_key(&change.key.name));
+        }
+    });
+    let forget_nodeimage = backoff.clone();
+    let nodeimages_gone = nodeimage_store.clone();
+    let nodeimage_events = nodeimage_events.inspect(move |event| match &**event {
+        watcher::Event::Delete(ni) => {
+            forget_nodeimage.succeeded(&reconcile::nodeimage_key(&ni.name_any()))
+        }
+        watcher::Event::InitDone => {
+            let live: std::collections::HashSet<String> = nodeimages_gone
+                .state()
+                .iter()
+                .map(|ni| reconcile::nodeimage_key(&ni.name_any()))
+                .collect();
+            forget_nodeimage.forget_missing(reconcile::NODEIMAGE_KEY_SCOPE, |k| live.contains(k));
+        }
+        _ => {}
+    });
+
     let ctx = Arc::new(Context {
         client: client.clone(),
         nodeimages: nodeimage_api,
@@ -272,7 +298,7 @@ pub async fn run_with_nodeimages(
         recorder: Recorder::for_manager(client),
         creation_delay: opts.nodeimage_creation_delay,
         response_timeout: opts.nodeimage_response_timeout,
-        backoff: Backoff::default(),
+        backoff,
         ready: [nodes_ready, nodeimages_ready, jobs_ready],
     });
     let (listed, synced) = (ctx.clone(), opts.synced.clone());

@@ -3,9 +3,13 @@
 //! [`jittered`], which every retry and periodic requeue of the manager goes through, so that
 //! objects (or replicas) that failed together do not retry together.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use kube::Resource;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 
 /// Failure counts keyed by object (e.g. `namespace/name`).
 #[derive(Debug)]
@@ -46,6 +50,52 @@ impl Backoff {
     pub fn succeeded(&self, key: &str) {
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         failures.remove(key);
+    }
+}
+
+impl Backoff {
+    /// Forgets the failures of the keys starting with `scope` (`""`: every key) that
+    /// `exists` says are gone.
+    pub fn forget_missing(&self, scope: &str, exists: impl Fn(&str) -> bool) {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        failures.retain(|key, _| !key.starts_with(scope) || exists(key));
+    }
+
+    /// How many objects have failures counted.
+    pub fn len(&self) -> usize {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// Whether no object has failures counted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A controller's own watch, after its store applied the event: a deleted object's failures
+/// are forgotten (kube-runtime does not reconcile an object that is gone, so nothing else
+/// would), and after a relist those of every object `store` no longer holds (deleted while the
+/// watch was down: no event). `key` is the key the controller counts failures under; only keys
+/// starting with `scope` are this watch's.
+pub fn forget_deleted<K>(
+    backoff: Arc<Backoff>,
+    store: Store<K>,
+    scope: &'static str,
+    key: impl Fn(&K) -> String + Send + 'static,
+) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    move |event| match event {
+        Ok(watcher::Event::Delete(object)) => backoff.succeeded(&key(object)),
+        Ok(watcher::Event::InitDone) => {
+            let live: HashSet<String> = store.state().iter().map(|o| key(o)).collect();
+            backoff.forget_missing(scope, |k| live.contains(k));
+        }
+        _ => {}
     }
 }
 
@@ -90,6 +140,66 @@ mod tests {
         assert!(within_jitter(b.failed("b"), 1), "keys are independent");
         b.succeeded("a");
         assert!(within_jitter(b.failed("a"), 1));
+    }
+
+    fn set(name: &str) -> crate::apis::sidecarset::SidecarSet {
+        crate::apis::sidecarset::SidecarSet::new(name, Default::default())
+    }
+
+    #[test]
+    fn a_deleted_objects_failures_are_forgotten() {
+        use crate::apis::sidecarset::SidecarSet;
+        let backoff = Arc::new(Backoff::default());
+        let (store, mut writer) = kube::runtime::reflector::store::<SidecarSet>();
+        let mut hook = forget_deleted(backoff.clone(), store, "", |s: &SidecarSet| {
+            s.metadata.name.clone().unwrap_or_default()
+        });
+        let mut apply = |event: watcher::Event<SidecarSet>| {
+            writer.apply_watcher_event(&event);
+            hook(&Ok(event));
+        };
+        for event in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(set("a")),
+            watcher::Event::InitApply(set("b")),
+            watcher::Event::InitApply(set("c")),
+            watcher::Event::InitDone,
+        ] {
+            apply(event);
+        }
+        for name in ["a", "b", "c"] {
+            backoff.failed(name);
+        }
+        assert_eq!(backoff.len(), 3);
+        apply(watcher::Event::Apply(set("a")));
+        assert_eq!(backoff.len(), 3, "a change is not a deletion");
+        apply(watcher::Event::Delete(set("a")));
+        assert_eq!(backoff.len(), 2, "deleted: forgotten");
+        // b is deleted while the watch is down: the relist no longer has it.
+        for event in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(set("c")),
+            watcher::Event::InitDone,
+        ] {
+            apply(event);
+        }
+        assert_eq!(backoff.len(), 1, "gone from the relist: forgotten");
+        // The default base is 500 ms: c's second failure waits 1 s.
+        assert!(within_jitter(backoff.failed("c"), 1), "c's count is kept");
+    }
+
+    #[test]
+    fn forgetting_is_confined_to_its_scope() {
+        let b = Backoff::default();
+        for key in ["node/a", "node/b", "nodeimage/a", "nodeimage/b"] {
+            b.failed(key);
+        }
+        b.forget_missing("node/", |k| k == "node/a");
+        let mut left: Vec<String> = b.failures.lock().unwrap().keys().cloned().collect();
+        left.sort();
+        assert_eq!(left, ["node/a", "nodeimage/a", "nodeimage/b"]);
+        b.forget_missing("", |_| false);
+        assert!(b.is_empty());
     }
 
     #[test]

@@ -122,7 +122,7 @@ pub struct Context {
     sidecarsets: Store<SidecarSet>,
     /// Pods as our own patches returned them, until the store has caught up with them.
     written: Arc<WrittenPods>,
-    backoff: Backoff,
+    backoff: Arc<Backoff>,
     recorder: Recorder,
     metrics: ManagerMetrics,
 }

@@ -11,7 +11,6 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
-use kube::core::DeserializeGuard;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
@@ -26,7 +25,7 @@ use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::sidecarset::SidecarSet;
 use crate::apis::well_known::SIDECARSET_NAME_LABEL;
 use crate::controllers::ControllerOptions;
-use crate::controllers::shared::backoff::Backoff;
+use crate::controllers::shared::backoff::{self, Backoff};
 use crate::controllers::shared::lean_nodeimage::{self, NodeImageFeed};
 use crate::controllers::shared::pod_feed::{self, PodFeed};
 use crate::controllers::shared::shutdown::run_until_shutdown;
@@ -158,7 +157,7 @@ pub async fn run_with_feeds(
 
     // Guarded: a SidecarSet our type refuses (its containers are schemaless, decision 0004) is
     // reported and left out instead of failing the list, and with it every other SidecarSet.
-    let sets = Api::<DeserializeGuard<SidecarSet>>::all(client.clone());
+    let sets = Api::<unreadable::Guarded<SidecarSet>>::all(client.clone());
     let set_stream = unreadable::skip_unreadable(
         watcher(sets, scoped).default_backoff(),
         unreadable::log_and_record::<SidecarSet>(
@@ -173,9 +172,15 @@ pub async fn run_with_feeds(
     // them itself (see `reconcile`).
     let set_metrics = opts.metrics.clone();
     let known_sets = set_store.clone();
+    let backoff = Arc::new(Backoff::default());
+    let forget_deleted =
+        backoff::forget_deleted(backoff.clone(), set_store.clone(), "", |s: &SidecarSet| {
+            s.name_any()
+        });
     // Status writes (ours) change neither generation, labels nor annotations.
     let set_changes = set_stream
         .reflect(set_writer)
+        .inspect(forget_deleted)
         .inspect(move |event| {
             if matches!(
                 event,
@@ -212,7 +217,7 @@ pub async fn run_with_feeds(
         nodeimages,
         warned: Mutex::default(),
         written,
-        backoff: Backoff::default(),
+        backoff,
         metrics: opts.metrics.clone(),
         recorder: Recorder::for_manager(client),
     });

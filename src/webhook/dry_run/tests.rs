@@ -197,13 +197,165 @@ fn quantities_that_do_not_parse_are_named() {
 }
 
 fn api_error(code: u16, reason: &str) -> kube::Error {
+    status_error(json!({
+        "status": "Failure", "code": code, "reason": reason, "message": format!("a {reason}")
+    }))
+}
+
+fn status_error(body: Value) -> kube::Error {
     kube::Error::Api(
-        serde_json::from_value::<kube::core::Status>(json!({
-            "status": "Failure", "code": code, "reason": reason, "message": format!("a {reason}")
-        }))
-        .unwrap()
-        .boxed(),
+        serde_json::from_value::<kube::core::Status>(body)
+            .unwrap()
+            .boxed(),
     )
+}
+
+fn valid_pod() -> Value {
+    synthetic_pod(
+        &set(json!({"containers": [{"name": "proxy", "image": "envoy"}]})),
+        "kruise-system",
+    )
+}
+
+/// The body kube-apiserver 1.36 answers when a ValidatingAdmissionPolicy binding with
+/// `validationActions: [Deny]` refuses a pod and the validation gives no reason (the default
+/// is `Invalid`, so 422) or gives `reason` (its code).
+fn policy_denial(code: u16, reason: &str) -> Value {
+    let message = "ValidatingAdmissionPolicy 'no-test-pods' with binding 'no-test-pods-binding' \
+                   denied request: pods in this namespace are refused";
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": format!("pods \"kruise-rs-sidecarset-dry-run-\" is forbidden: {message}"),
+        "reason": reason, "code": code,
+        "details": {"name": "kruise-rs-sidecarset-dry-run-", "kind": "pods",
+                    "causes": [{"message": message}]}
+    })
+}
+
+#[test]
+fn a_policy_refusing_the_pod_gives_no_verdict_whatever_its_reason() {
+    let pod = valid_pod();
+    for (code, reason) in [(422, "Invalid"), (400, "BadRequest"), (403, "Forbidden")] {
+        match classify(&pod, 1, Ok(Err(status_error(policy_denial(code, reason))))) {
+            Outcome::Unknown(why) => assert!(
+                why.contains(
+                    "refused by ValidatingAdmissionPolicy 'no-test-pods' with binding \
+                     'no-test-pods-binding'"
+                ) && why.contains("not judged"),
+                "{code}: {why}"
+            ),
+            other => panic!("{code} {reason}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_webhook_refusing_the_pod_gives_no_verdict_even_naming_a_sidecar_field() {
+    let pod = valid_pod();
+    // What the apiserver makes of a webhook's `status` (its code and causes kept, the message
+    // prefixed): a policy engine pointing at the sidecar's resources.
+    let webhook = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "admission webhook \"validate.policy.example.com\" denied the request: \
+                    resource limits are required",
+        "reason": "Invalid", "code": 422,
+        "details": {"causes": [{"reason": "FieldValueRequired",
+                                "field": "spec.containers[0].resources.limits",
+                                "message": "resource limits are required"}]}
+    });
+    match classify(&pod, 1, Ok(Err(status_error(webhook)))) {
+        Outcome::Unknown(why) => assert!(
+            why.contains("refused by admission webhook \"validate.policy.example.com\""),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let bare = json!({
+        "status": "Failure", "code": 400, "reason": "BadRequest",
+        "message": "admission webhook \"deny.example.com\" denied the request without explanation"
+    });
+    match classify(&pod, 1, Ok(Err(status_error(bare)))) {
+        Outcome::Unknown(why) => assert!(
+            why.contains("admission webhook \"deny.example.com\""),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn pod_validation_of_the_sidecars_is_a_verdict_and_of_anything_else_is_not() {
+    let pod = valid_pod();
+    // kube-apiserver's answer to a sidecar port out of range (`ValidatePodCreate`).
+    let field_error = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "Pod \"kruise-rs-sidecarset-dry-run-\" is invalid: \
+                    spec.containers[0].ports[0].containerPort: Invalid value: 70000: must be \
+                    between 1 and 65535, inclusive",
+        "reason": "Invalid", "code": 422,
+        "details": {"name": "kruise-rs-sidecarset-dry-run-", "kind": "Pod", "causes": [{
+            "reason": "FieldValueInvalid",
+            "message": "Invalid value: 70000: must be between 1 and 65535, inclusive",
+            "field": "spec.containers[0].ports[0].containerPort"}]}
+    });
+    assert_eq!(
+        classify(&pod, 1, Ok(Err(status_error(field_error)))),
+        Outcome::Invalid(vec![
+            "spec.containers[0].ports[0].containerPort: Invalid value: 70000: must be between 1 \
+             and 65535, inclusive"
+                .into()
+        ])
+    );
+    // Invalid, but about the pod's own parts (the placeholder app container, the metadata):
+    // something else refused it.
+    for field in ["spec.containers[1].image", "metadata.labels", ""] {
+        let elsewhere = json!({
+            "status": "Failure", "code": 422, "reason": "Invalid",
+            "message": "Pod \"x\" is invalid: ...",
+            "details": {"causes": [{"reason": "FieldValueInvalid", "field": field, "message": "no"}]}
+        });
+        match classify(&pod, 1, Ok(Err(status_error(elsewhere)))) {
+            Outcome::Unknown(why) => assert!(why.contains("not judged"), "{field}: {why}"),
+            other => panic!("{field:?}: {other:?}"),
+        }
+    }
+    // A 400 that is not the pod failing to decode.
+    let other_400 = json!({"status": "Failure", "code": 400, "reason": "BadRequest",
+                           "message": "the quota engine says no"});
+    assert!(matches!(
+        classify(&pod, 1, Ok(Err(status_error(other_400)))),
+        Outcome::Unknown(_)
+    ));
+}
+
+#[test]
+fn the_refuser_is_read_from_the_apiservers_prefixes() {
+    assert_eq!(
+        admission_refuser("admission webhook \"a.b\" denied the request: no").as_deref(),
+        Some("admission webhook \"a.b\"")
+    );
+    assert_eq!(
+        admission_refuser(
+            "pods \"p\" is forbidden: ValidatingAdmissionPolicy 'p' denied request: x"
+        )
+        .as_deref(),
+        Some("ValidatingAdmissionPolicy 'p'")
+    );
+    assert_eq!(
+        admission_refuser("ValidatingAdmissionPolicy 'p' with binding 'b' denied request: x")
+            .as_deref(),
+        Some("ValidatingAdmissionPolicy 'p' with binding 'b'")
+    );
+    for other in [
+        "",
+        "admission webhook \"a.b",
+        "admission webhook \"a.b\" does not deny",
+        "ValidatingAdmissionPolicy 'p",
+        "ValidatingAdmissionPolicy 'p' with binding 'b",
+        "Pod \"x\" is invalid: spec.containers[0].image: Required value",
+    ] {
+        assert_eq!(admission_refuser(other), None, "{other:?}");
+    }
 }
 
 #[tokio::test]
@@ -215,11 +367,18 @@ async fn only_invalid_and_undecodable_pods_refuse_the_rest_is_no_verdict() {
         "kruise-system",
     );
     assert_eq!(classify(&pod, 1, Ok(Ok(()))), Outcome::Valid);
-    assert_eq!(
-        classify(&pod, 1, Ok(Err(api_error(422, "Invalid")))),
-        Outcome::Invalid(vec!["a Invalid".into()])
-    );
-    match classify(&pod, 1, Ok(Err(api_error(400, "BadRequest")))) {
+    match classify(&pod, 1, Ok(Err(api_error(422, "Invalid")))) {
+        Outcome::Unknown(why) => assert!(why.contains("not judged"), "{why}"),
+        other => panic!("a 422 naming no sidecar field: {other:?}"),
+    }
+    match classify(
+        &pod,
+        1,
+        Ok(Err(status_error(json!({
+            "status": "Failure", "code": 400, "reason": "BadRequest",
+            "message": "Pod in version \"v1\" cannot be handled as a Pod: quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+        })))),
+    ) {
         Outcome::Invalid(lines) => {
             assert!(
                 lines[0].starts_with("spec.containers[0].resources.limits[cpu]"),

@@ -470,6 +470,74 @@ impl ExtraControlPlane {
     }
 }
 
+/// What the apiserver answered a create: the status code, the body, and the admission
+/// warnings (the `Warning` headers' texts), which kube's typed calls drop.
+pub struct Created {
+    pub code: u16,
+    pub body: serde_json::Value,
+    pub warnings: Vec<String>,
+}
+
+impl Created {
+    /// The apiserver's message when it refused.
+    pub fn message(&self) -> &str {
+        self.body["message"].as_str().unwrap_or_default()
+    }
+}
+
+/// POSTs `object` to the collection at `path` (`/api/v1/namespaces/ns/pods`; `?dryRun=All`
+/// may follow) and returns the whole answer, warnings included.
+pub async fn create_with_warnings(
+    client: &Client,
+    path: &str,
+    object: &serde_json::Value,
+) -> Created {
+    let body = serde_json::to_vec(object).expect("an object encodes");
+    let request = http::Request::post(path)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(kube::client::Body::from(body))
+        .expect("a request");
+    let response = client
+        .send(request)
+        .await
+        .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+    let code = response.status().as_u16();
+    let warnings = response
+        .headers()
+        .get_all(http::header::WARNING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        // `299 - "text"` (RFC 7234), the text a quoted-string: `\"` and `\\` escaped.
+        .map(|v| {
+            let quoted = v
+                .strip_prefix("299 - \"")
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or(v);
+            let mut text = String::with_capacity(quoted.len());
+            let mut chars = quoted.chars();
+            while let Some(c) = chars.next() {
+                text.push(if c == '\\' {
+                    chars.next().unwrap_or(c)
+                } else {
+                    c
+                });
+            }
+            text
+        })
+        .collect();
+    let bytes = response
+        .into_body()
+        .collect_bytes()
+        .await
+        .unwrap_or_else(|e| panic!("POST {path}: reading the answer: {e}"));
+    let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    Created {
+        code,
+        body,
+        warnings,
+    }
+}
+
 /// Polls `events` (events.k8s.io) until one with `reason` is about an object named `name`, and
 /// returns it.
 pub async fn wait_for_event(

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kruise_rs::manager::{self, ManagerOptions};
-use kruise_rs::webhook::{CertSource, Endpoint, FailurePolicy, WebhookOptions};
+use kruise_rs::webhook::{
+    CertSource, Endpoint, FailurePolicy, UnreadableSidecarSetPolicy, WebhookOptions,
+};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
@@ -59,6 +61,7 @@ pub fn webhook_options(
             ..LabelSelector::default()
         }),
         patch_pod_metadata_defaults_allowed: false,
+        unreadable_sidecarset_policy: UnreadableSidecarSetPolicy::Admit,
         pod_object_selector: None,
         // Tests stop their managers at once; webhook_availability sets one.
         shutdown_grace: Duration::ZERO,
