@@ -447,7 +447,9 @@ async fn the_slot_is_free_while_the_runtime_is_waited_for() {
     let free_at = async {
         tokio::task::yield_now().await;
         assert!(slots.acquire("other").await);
-        Instant::now()
+        let at = Instant::now();
+        slots.release();
+        at
     };
     let started = Instant::now();
     let (_, free_at) = tokio::join!(waiting, free_at);
