@@ -9,7 +9,8 @@
 //! the job's author may read it, and names the jobs it serves in its references annotation. A
 //! tag is pulled only with the copies that name one of the tag's owners; a Secret that is not a
 //! copy (a job living in the daemons' namespace names its own) serves only owners of that
-//! namespace.
+//! namespace. A tag without owners (written by hand, by whoever may write NodeImage specs) is
+//! pulled with every Secret its image lists.
 
 use std::collections::BTreeMap;
 
@@ -29,13 +30,21 @@ pub fn copy_references(annotations: &BTreeMap<String, String>) -> impl Iterator<
 
 /// Whether the Secret `namespace/…` with `annotations` may be used to pull a tag whose owners
 /// are `owners`.
+///
+/// A tag without owners was written by hand: only whoever may write NodeImage specs (the
+/// manager, which never writes one, and cluster admins) can, so every Secret listed on its
+/// image serves it, as upstream's daemon does.
 pub fn serves<'a>(
     namespace: &str,
     annotations: &BTreeMap<String, String>,
     owners: impl IntoIterator<Item = &'a ObjectReference>,
 ) -> bool {
     let is_copy = annotations.contains_key(SECRET_SOURCE_KEY);
-    owners.into_iter().any(|owner| {
+    let mut owners = owners.into_iter().peekable();
+    if owners.peek().is_none() {
+        return true;
+    }
+    owners.any(|owner| {
         let (Some(owner_ns), Some(owner_name)) = (&owner.namespace, &owner.name) else {
             return false;
         };

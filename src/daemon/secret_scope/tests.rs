@@ -80,11 +80,16 @@ fn a_secret_that_is_no_copy_serves_only_owners_of_its_namespace() {
 }
 
 #[test]
-fn owners_without_a_namespace_or_name_and_no_owners_are_served_by_nothing() {
+fn an_owner_without_a_namespace_or_name_is_served_by_nothing() {
     let copy = copy_of("a/registry", "a/job");
     let mut nameless = owner("a", "job");
     nameless.name = None;
-    assert!(!serves(DAEMON_NS, &copy, &[nameless]));
-    assert!(!serves(DAEMON_NS, &copy, &[]));
-    assert!(!serves(DAEMON_NS, &BTreeMap::new(), &[]));
+    assert!(!serves(DAEMON_NS, &copy, &[nameless.clone()]));
+    assert!(!serves(DAEMON_NS, &BTreeMap::new(), &[nameless]));
+}
+
+#[test]
+fn a_tag_nobody_owns_was_written_by_an_admin_and_gets_every_listed_secret() {
+    assert!(serves(DAEMON_NS, &copy_of("a/registry", "a/job"), &[]));
+    assert!(serves("team", &BTreeMap::new(), &[]));
 }
