@@ -133,6 +133,8 @@ struct Record {
     /// (job, seconds, succeeded, failed) of each finished job.
     jobs: Vec<(String, f64, i32, i32)>,
     panics: BTreeSet<String>,
+    /// How far each log file has been scanned for panics.
+    log_offsets: HashMap<PathBuf, u64>,
 }
 
 type Shared = Arc<Mutex<Record>>;
@@ -854,8 +856,10 @@ fn manager_pid(pod: &str) -> Option<u32> {
     None
 }
 
-/// Every line holding "panicked" in the logs the kubelet keeps for kruise-system's pods.
-fn scan_panics(log_dir: &Path) -> Vec<String> {
+/// Every new line holding "panicked" in the logs the kubelet keeps for kruise-system's pods:
+/// each file is read on from `offsets` (how far it was read before; updated), whole lines only.
+fn scan_panics(log_dir: &Path, offsets: &mut HashMap<PathBuf, u64>) -> Vec<String> {
+    use std::io::{Read, Seek, SeekFrom};
     let mut found = Vec::new();
     let Ok(pods) = std::fs::read_dir(log_dir) else {
         return found;
@@ -874,20 +878,44 @@ fn scan_panics(log_dir: &Path) -> Vec<String> {
             if let Ok(entries) = std::fs::read_dir(&path) {
                 stack.extend(entries.flatten().map(|e| e.path()));
             }
-        } else if let Ok(text) = std::fs::read_to_string(&path) {
-            for line in text.lines().filter(|l| l.contains("panicked")) {
-                found.push(format!("{}: {line}", path.display()));
-            }
+            continue;
+        }
+        let Ok(mut file) = std::fs::File::open(&path) else {
+            continue;
+        };
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let offset = offsets
+            .get(&path)
+            .copied()
+            .filter(|o| *o <= len)
+            .unwrap_or(0);
+        let mut bytes = Vec::new();
+        if file.seek(SeekFrom::Start(offset)).is_err() || file.read_to_end(&mut bytes).is_err() {
+            continue;
+        }
+        let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        offsets.insert(path.clone(), offset + whole as u64);
+        for line in String::from_utf8_lossy(&bytes[..whole])
+            .lines()
+            .filter(|l| l.contains("panicked"))
+        {
+            found.push(format!("{}: {line}", path.display()));
         }
     }
     found
 }
 
 fn note_panics(record: &Shared, log_dir: &Path) {
-    let found = scan_panics(log_dir);
-    if !found.is_empty() {
-        record.lock().unwrap().panics.extend(found);
+    let mut offsets = std::mem::take(&mut record.lock().unwrap().log_offsets);
+    let found = scan_panics(log_dir, &mut offsets);
+    let mut r = record.lock().unwrap();
+    // A scan that ran meanwhile read some files further: keep the furthest.
+    for (path, offset) in std::mem::take(&mut r.log_offsets) {
+        let mine = offsets.entry(path).or_default();
+        *mine = (*mine).max(offset);
     }
+    r.log_offsets = offsets;
+    r.panics.extend(found);
 }
 
 /// Whether a log line of pod `pod`'s manager says it lost the Lease.
@@ -1505,5 +1533,80 @@ async fn chaos_invariants_hold_through_manager_lease_containerd_kubelet_and_apis
         "seed {seed}: {} invariant(s) broken ({calm_admissions} refusals after the faults):\n{}",
         r.violations.len(),
         r.violations.join("\n")
+    );
+}
+
+/// The panic scan finds a panic line in a kruise-system pod's log, reads each file on from
+/// where it stopped (a line written later is found, none twice), and ignores other namespaces.
+#[test]
+fn the_panic_scan_reads_new_lines_of_kruise_system_logs() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let ours = dir.path().join(format!(
+        "{SYSTEM_NAMESPACE}_kruise-rs-manager-x_uid/manager"
+    ));
+    let theirs = dir.path().join("default_app_uid/app");
+    std::fs::create_dir_all(&ours).unwrap();
+    std::fs::create_dir_all(&theirs).unwrap();
+    std::fs::write(
+        theirs.join("0.log"),
+        "thread 'main' panicked at app.rs:1:1\n",
+    )
+    .unwrap();
+    let log = ours.join("0.log");
+    std::fs::write(&log, "{\"message\":\"ready\"}\n").unwrap();
+    let mut offsets = HashMap::new();
+    assert!(scan_panics(dir.path(), &mut offsets).is_empty());
+    let mut file = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    // A line still being written is left for the next scan.
+    file.write_all(b"thread 'tokio-runtime-worker' panicked at src/x.rs:1:1")
+        .unwrap();
+    assert!(scan_panics(dir.path(), &mut offsets).is_empty());
+    file.write_all(b"\n").unwrap();
+    let found = scan_panics(dir.path(), &mut offsets);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("src/x.rs"), "{found:?}");
+    assert!(
+        scan_panics(dir.path(), &mut offsets).is_empty(),
+        "read once"
+    );
+}
+
+/// A selected pod needs both its set's container and the set's name in the injected list; a pod
+/// no set selects needs nothing.
+#[test]
+fn a_selected_pod_without_its_sidecar_or_listed_set_is_uninjected() {
+    let names = Names {
+        namespace: "ns".to_owned(),
+        churn_app: "inject".to_owned(),
+        inject_set: "inject".to_owned(),
+        stable_app: "roll".to_owned(),
+        roll_set: "roll".to_owned(),
+    };
+    let pod = |app: &str, containers: &[&str], listed: Option<&str>| -> Pod {
+        let containers: Vec<_> = containers
+            .iter()
+            .map(|c| json!({"name": c, "image": "i"}))
+            .collect();
+        let annotations = listed.map_or(json!({}), |l| json!({SIDECARSET_INJECTED_LIST: l}));
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "labels": {"app": app}, "annotations": annotations},
+            "spec": {"containers": containers}
+        }))
+        .unwrap()
+    };
+    assert_eq!(
+        missing_injection(
+            &pod("inject", &["app", "sidecar"], Some("other,inject")),
+            &names
+        ),
+        None
+    );
+    assert!(missing_injection(&pod("inject", &["app"], Some("inject")), &names).is_some());
+    assert!(missing_injection(&pod("inject", &["app", "sidecar"], None), &names).is_some());
+    assert!(missing_injection(&pod("roll", &["app", "sidecar"], Some("roll")), &names).is_some());
+    assert_eq!(
+        missing_injection(&pod("other", &["app"], None), &names),
+        None
     );
 }
