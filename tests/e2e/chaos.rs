@@ -133,6 +133,10 @@ struct Record {
     /// (job, seconds, succeeded, failed) of each finished job.
     jobs: Vec<(String, f64, i32, i32)>,
     panics: BTreeSet<String>,
+    /// The rolled SidecarSet's image from each time on (when the write was answered).
+    roll_images: Vec<(f64, String)>,
+    /// The longest a dry-run pod's injected image had not been the set's (seconds).
+    max_injection_lag: f64,
     /// How far each log file has been scanned for panics.
     log_offsets: HashMap<PathBuf, u64>,
 }
@@ -339,8 +343,30 @@ fn classify(error: &kube::Error) -> (String, Option<&'static str>) {
     }
 }
 
-/// Creates a pod every [`CREATE_EVERY`] (every other one a dry run), checks each answer's
-/// injection, deletes the oldest beyond [`CHURN_PODS`]; runs until `stop`.
+/// How long after the rolled SidecarSet changed a dry-run pod may still get its former image:
+/// each manager replica injects from its own watch of SidecarSets.
+const STALE_INJECTION: Duration = Duration::from_secs(10);
+
+/// How long before `sent` the image `injected` stopped being the rolled set's (0: it was current
+/// then, or became so by `answered`), from the set's `history` of (time written, image); `None`
+/// when the set never had it.
+fn staleness(history: &[(f64, String)], injected: &str, sent: f64, answered: f64) -> Option<f64> {
+    history
+        .iter()
+        .enumerate()
+        // Written a moment after our patch's answer is read: 2 s of leeway for the new image.
+        .filter(|(_, (from, image))| image == injected && *from - 2.0 <= answered)
+        .map(|(i, _)| match history.get(i + 1) {
+            Some((until, _)) => (sent - until).max(0.0),
+            None => 0.0,
+        })
+        .min_by(f64::total_cmp)
+}
+
+/// Creates a pod every [`CREATE_EVERY`], checks each answer's injection, deletes the oldest
+/// beyond [`CHURN_PODS`]; runs until `stop`. Every other one is a dry run of a pod the rolled
+/// SidecarSet selects (not stored: the rollout's pods stay the Deployment's), whose injected
+/// image must be the set's current one, or one it had within [`STALE_INJECTION`].
 async fn churn(
     client: Client,
     names: Names,
@@ -360,6 +386,12 @@ async fn churn(
         }
     }))
     .expect("a pod");
+    let mut rolled: Pod = pod.clone();
+    rolled.metadata.generate_name = Some("rolled-dry-run-".to_owned());
+    rolled.metadata.labels = Some(BTreeMap::from([(
+        "app".to_owned(),
+        names.stable_app.clone(),
+    )]));
     let dry_run = PostParams {
         dry_run: true,
         ..Default::default()
@@ -375,8 +407,10 @@ async fn churn(
         } else {
             &PostParams::default()
         };
+        let template = if dry { &rolled } else { &pod };
+        let sent = clock.now();
         let outcome =
-            tokio::time::timeout(Duration::from_secs(30), pods.create(params, &pod)).await;
+            tokio::time::timeout(Duration::from_secs(30), pods.create(params, template)).await;
         let at = clock.now();
         match outcome {
             Ok(Ok(stored)) => {
@@ -392,6 +426,28 @@ async fn churn(
                         .insert(format!("{} (dry run: {dry})", stored.name_any()));
                     r.violations
                         .push(format!("at {at:.1}s, the create's answer: {why}"));
+                } else if let Some(image) = container_image(&stored, "rolled") {
+                    match staleness(&r.roll_images, image, sent, at) {
+                        Some(lag) => {
+                            r.max_injection_lag = r.max_injection_lag.max(lag);
+                            if lag > STALE_INJECTION.as_secs_f64() {
+                                let what = format!(
+                                    "a dry-run pod sent at {sent:.1}s got {image}, which the \
+                                     rolled SidecarSet left {lag:.1}s before: {:?}",
+                                    r.roll_images
+                                );
+                                r.violations.push(what);
+                            }
+                        }
+                        None => {
+                            let what = format!(
+                                "a dry-run pod sent at {sent:.1}s got {image}, which the rolled \
+                                 SidecarSet never had: {:?}",
+                                r.roll_images
+                            );
+                            r.violations.push(what);
+                        }
+                    }
                 }
             }
             Ok(Err(e)) => {
@@ -479,6 +535,11 @@ async fn roll(
             eprintln!("chaos: {:7.1}s patching the SidecarSet: {e}", clock.now());
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        record
+            .lock()
+            .unwrap()
+            .roll_images
+            .push((clock.now(), image.clone()));
         eprintln!("chaos: {started:7.1}s rollout to {image} started");
         loop {
             if stop.load(Ordering::Relaxed) {
@@ -1283,6 +1344,11 @@ async fn chaos_invariants_hold_through_manager_lease_containerd_kubelet_and_apis
     }
 
     let record: Shared = Arc::default();
+    record
+        .lock()
+        .unwrap()
+        .roll_images
+        .push((0.0, images[0].clone()));
     let clock = Arc::new(Clock(Instant::now()));
     let stop_load = Arc::new(AtomicBool::new(false));
     let stop_drivers = Arc::new(AtomicBool::new(false));
@@ -1462,7 +1528,7 @@ async fn chaos_invariants_hold_through_manager_lease_containerd_kubelet_and_apis
          {MAX_UNAVAILABLE})\n\
          \x20 ImagePullJobs complete: {} ({} node pulls failed); most nodes pulling one job: {} \
          (parallelism {PARALLELISM})\n\
-         \x20 panics: {}",
+         \x20 injected images at most {:.1}s stale (bound {STALE_INJECTION:?}); panics: {}",
         minutes,
         clock.now(),
         r.admitted,
@@ -1480,6 +1546,7 @@ async fn chaos_invariants_hold_through_manager_lease_containerd_kubelet_and_apis
         r.jobs.len(),
         pulls_failed,
         r.max_pulling,
+        r.max_injection_lag,
         r.panics.len(),
     );
     for (at, class, message) in &r.refusals {
@@ -1609,4 +1676,24 @@ fn a_selected_pod_without_its_sidecar_or_listed_set_is_uninjected() {
         missing_injection(&pod("other", &["app"], None), &names),
         None
     );
+}
+
+/// An injected image is as stale as how long before the pod was sent the set had left it.
+#[test]
+fn staleness_is_how_long_ago_the_set_left_the_injected_image() {
+    let history = vec![
+        (0.0, "v1".to_owned()),
+        (10.0, "v2".to_owned()),
+        (20.0, "v3".to_owned()),
+        (30.0, "v1".to_owned()),
+    ];
+    assert_eq!(staleness(&history, "v3", 25.0, 25.1), Some(0.0));
+    assert_eq!(staleness(&history, "v2", 25.0, 25.1), Some(5.0));
+    // v1 again since 30 s: current, not 25 s stale.
+    assert_eq!(staleness(&history, "v1", 35.0, 35.1), Some(0.0));
+    assert_eq!(staleness(&history, "v1", 25.0, 25.1), Some(15.0));
+    // The new image a moment before our patch's answer was read.
+    assert_eq!(staleness(&history, "v2", 9.0, 9.5), Some(0.0));
+    assert_eq!(staleness(&history, "v3", 5.0, 5.1), None);
+    assert_eq!(staleness(&history, "v9", 5.0, 5.1), None);
 }
