@@ -1128,18 +1128,27 @@ impl Faulter {
             }
             Fault::LeaseStolen => {
                 let leases: Api<Lease> = Api::namespaced(client, SYSTEM_NAMESPACE);
-                let mut lease = leases
-                    .get(LEASE)
-                    .await
-                    .map_err(|e| format!("reading the Lease: {e}"))?;
-                let spec = lease.spec.get_or_insert_with(Default::default);
-                let victim = spec.holder_identity.clone().unwrap_or_default();
-                spec.holder_identity = Some(THIEF.to_owned());
-                spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
-                leases
-                    .replace(LEASE, &PostParams::default(), &lease)
-                    .await
-                    .map_err(|e| format!("stealing the Lease: {e}"))?;
+                // The leader renews every 2 s: a write between our read and ours is a 409; read
+                // again and steal again.
+                let mut attempts = 0;
+                let victim = loop {
+                    attempts += 1;
+                    let mut lease = leases
+                        .get(LEASE)
+                        .await
+                        .map_err(|e| format!("reading the Lease: {e}"))?;
+                    let spec = lease.spec.get_or_insert_with(Default::default);
+                    let victim = spec.holder_identity.clone().unwrap_or_default();
+                    spec.holder_identity = Some(THIEF.to_owned());
+                    spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+                    match leases.replace(LEASE, &PostParams::default(), &lease).await {
+                        Ok(_) => break victim,
+                        Err(kube::Error::Api(e)) if e.code == 409 && attempts < 10 => continue,
+                        Err(e) => {
+                            return Err(format!("stealing the Lease ({attempts} attempts): {e}"));
+                        }
+                    }
+                };
                 let log_dir = self.log_dir.clone();
                 let deadline = Instant::now() + STEP_DOWN_TIMEOUT;
                 loop {
