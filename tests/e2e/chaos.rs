@@ -233,6 +233,8 @@ struct Seen {
     /// Patched since (its image differed from the first at some point).
     patched: bool,
     in_flight: bool,
+    /// The pod and its rolled sidecar as last seen: name, spec image, status imageID, ready.
+    state: String,
 }
 
 /// Watches the namespace's pods: the injection of each pod at first sight, and the rollout's
@@ -300,6 +302,7 @@ async fn watch_pods(
                     first_image: image.clone(),
                     patched: false,
                     in_flight: false,
+                    state: String::new(),
                 }
             });
             if image != entry.first_image {
@@ -308,16 +311,26 @@ async fn watch_pods(
             entry.in_flight = entry.patched
                 && pod.metadata.deletion_timestamp.is_none()
                 && !runs_its_image(&pod, &digests);
+            let status = crate::sidecarset::status(&pod, "rolled");
+            entry.state = format!(
+                "{} spec {} imageID {} ready {}",
+                pod.name_any(),
+                image.as_deref().unwrap_or("-"),
+                status.map_or("-", |s| s.image_id.as_str()),
+                status.is_some_and(|s| s.ready)
+            );
         }
         let flying: Vec<String> = seen
             .iter()
             .filter(|(uid, s)| s.in_flight && live.contains(*uid))
-            .map(|(uid, _)| uid.clone())
+            .map(|(_, s)| s.state.clone())
             .collect();
         let mut r = record.lock().unwrap();
         if flying.len() > r.max_in_flight {
             r.max_in_flight = flying.len();
             r.at_max_in_flight = flying;
+            let at = format!("at {:.1}s", clock.now());
+            r.at_max_in_flight.insert(0, at);
         }
     }
 }
