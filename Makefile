@@ -24,6 +24,11 @@ test: deps ## Everything CI runs: format, lints, unit tests, the integration sui
 test-e2e: deps ## The end-to-end suite on a real node: kubelet, containerd, the chart installed with helm
 	tests/cluster/e2e.sh $(TEST)
 
+# `make test-chaos KRUISE_RS_CHAOS_MINUTES=60`: the hour; KRUISE_RS_CHAOS_SEED=<n> replays an order
+# of faults (docs/testing.md#the-chaos-run).
+test-chaos: deps ## The chaos run on a real node: pods, rollouts and jobs while the manager, its Lease, containerd, the kubelet and the apiserver fail
+	tests/cluster/chaos.sh
+
 # `make test-integration KUBE_VERSION=1.33 KRUISE_RS_APISERVER_ARGS=--feature-gates=WatchList=false
 # TEST=sidecarset`: one run of the integration suite (TEST: a cargo test filter).
 KUBE_VERSION ?= 1.36
@@ -45,4 +50,4 @@ manifests: ## Copy crds/ into the chart, render deploy/manifests/ from it (helm 
 fmt: ## Format the code
 	cargo fmt --all
 
-.PHONY: help deps run test test-e2e test-integration crds manifests fmt
+.PHONY: help deps run test test-e2e test-chaos test-integration crds manifests fmt

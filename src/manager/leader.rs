@@ -221,6 +221,19 @@ impl fmt::Display for Standing {
     }
 }
 
+/// Why a read or write of the Lease failed, for the log: a refusal names the permissions the
+/// manager needs; an apiserver that did not answer (restarting, overloaded) is not blamed on
+/// RBAC.
+fn lease_error_hint(err: &kube::Error) -> &'static str {
+    match err {
+        kube::Error::Api(status) if status.code == 401 || status.code == 403 => {
+            "the manager needs get, create and update on leases.coordination.k8s.io"
+        }
+        _ if crate::runtime::is_transient(err) => "the API server did not answer; asking again",
+        _ => "asking again",
+    }
+}
+
 fn is_conflict(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 409)
 }
@@ -397,8 +410,7 @@ async fn elect_with<A, FA, R, FR>(
             }
             Ok(Err(err)) => {
                 warn!(lease = %cfg.lease_name, namespace = %cfg.namespace, error = %err,
-                      "cannot read or write the leader lease (the manager needs get, create and \
-                       update on leases.coordination.k8s.io)");
+                      "cannot read or write the leader lease ({})", lease_error_hint(&err));
                 if renewed_at.is_some_and(|at| Instant::now() >= at + cfg.renew_deadline) {
                     renewed_at = None;
                     warn!(lease = %cfg.lease_name, identity = %cfg.identity, deadline = ?cfg.renew_deadline,

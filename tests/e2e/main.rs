@@ -7,6 +7,7 @@
 
 mod support;
 
+mod chaos;
 mod hot_upgrade;
 mod imagepulljob;
 mod lifecycle;

@@ -48,6 +48,8 @@ pub struct Cluster {
     pub containerd_socket: PathBuf,
     /// containerd's registry hosts directory: a `<host:port>/hosts.toml` per registry.
     pub certs_d: PathBuf,
+    /// start.sh's STATE_DIR: the pid files, the logs (`log/pods`: the kubelet's pod logs).
+    pub state_dir: PathBuf,
     kubeconfig: PathBuf,
     helm: PathBuf,
     test_images: PathBuf,
@@ -103,6 +105,7 @@ async fn connect() -> Cluster {
         node_name: var("NODE_NAME"),
         containerd_socket: PathBuf::from(var("CONTAINERD_SOCKET")),
         certs_d: PathBuf::from(var("CERTS_D")),
+        state_dir: PathBuf::from(var("STATE_DIR")),
         test_images: PathBuf::from(var("IMAGES")),
         kubeconfig,
         helm: PathBuf::from(required_env("KRUISE_RS_HELM")),
@@ -160,6 +163,11 @@ impl Cluster {
         format!("{}/{APP_REPOSITORY}:{tag}", self.registry)
     }
 
+    /// The test application image `tag` (v1, v2, v3) in its OCI layout, for [`skopeo_copy`].
+    pub fn test_image_source(&self, tag: &str) -> String {
+        format!("oci:{}:{tag}", self.test_images.display())
+    }
+
     pub fn product_image(&self, tag: &str) -> String {
         format!("{}/{PRODUCT_REPOSITORY}:{tag}", self.registry)
     }
@@ -169,8 +177,7 @@ impl Cluster {
             skopeo_copy(&self.product_image, &self.product_image(tag));
         }
         for tag in ["v1", "v2", "v3"] {
-            let source = format!("oci:{}:{tag}", self.test_images.display());
-            skopeo_copy(&source, &self.app_image(tag));
+            skopeo_copy(&self.test_image_source(tag), &self.app_image(tag));
         }
         self.install(FIRST_TAG).await;
     }

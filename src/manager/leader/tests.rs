@@ -398,3 +398,28 @@ fn a_follower_takes_a_lease_its_lease_duration_after_the_renewals_stop_whatever_
         );
     }
 }
+
+/// The chaos run's apiserver restarts logged "the manager needs get, create and update on
+/// leases" for every refused connection: only a refusal names the permissions.
+#[test]
+fn only_a_refusal_blames_the_leases_permissions() {
+    let api = |code: u16| {
+        kube::Error::Api(
+            kube::core::Status::failure("refused", "Test")
+                .with_code(code)
+                .boxed(),
+        )
+    };
+    for code in [401, 403] {
+        assert!(lease_error_hint(&api(code)).contains("needs get, create and update"));
+    }
+    let unreachable = kube::Error::Service("client error (Connect)".into());
+    for err in [unreachable, api(503), api(429)] {
+        let hint = lease_error_hint(&err);
+        assert!(
+            !hint.contains("needs") && hint.contains("did not answer"),
+            "{err}: {hint}"
+        );
+    }
+    assert_eq!(lease_error_hint(&api(404)), "asking again");
+}
