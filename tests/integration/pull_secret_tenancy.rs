@@ -116,75 +116,101 @@ async fn copies_of(namespace: &str, name: &str) -> Vec<Secret> {
         .collect()
 }
 
+/// Two tenants' namespaces (A holding the registry Secret `reg`), tags v1 and v2 of one private
+/// image in the htpasswd registry, and a served NodeImage with the daemon pulling through the
+/// recording CRI proxy.
+struct Tenancy {
+    client: kube::Client,
+    a: crate::support::TestNamespace,
+    b: crate::support::TestNamespace,
+    image: String,
+    node: String,
+    run: String,
+    proxy: CriProxy,
+    daemon: Daemon,
+}
+
+impl Tenancy {
+    async fn start(node_prefix: &str) -> Tenancy {
+        let env = node_env().await;
+        let cluster = cluster().await;
+        cluster.start_controllers();
+        let client = cluster.client().await;
+        let (a, b) = (
+            cluster.namespace("tenant-a").await,
+            cluster.namespace("tenant-b").await,
+        );
+        let registry = env.auth_registry();
+        Api::<Secret>::namespaced(client.clone(), a.name())
+            .create(
+                &PostParams::default(),
+                &docker_config_secret(
+                    a.name(),
+                    "reg",
+                    registry,
+                    env.auth_user(),
+                    env.auth_password(),
+                ),
+            )
+            .await
+            .expect("tenant A's secret");
+        let image = format!("{registry}/{}", unique_name("private-app"));
+        env.push(Variant::V1, &format!("{image}:v1"));
+        env.push(Variant::V2, &format!("{image}:v2"));
+        let node = unique_name(node_prefix);
+        let run = unique_name("run");
+        served_nodeimage(&node, &run).await;
+        let proxy = CriProxy::start(env.containerd_socket());
+        let daemon = Daemon::start(&node, proxy.socket(), cluster.kubeconfig_path(), 4).await;
+        Tenancy {
+            client,
+            a,
+            b,
+            image,
+            node,
+            run,
+            proxy,
+            daemon,
+        }
+    }
+
+    /// Creates, in `namespace`, a job pulling `tag` on the node with `secrets`.
+    async fn job(
+        &self,
+        namespace: &str,
+        tag: &str,
+        secrets: &[&str],
+        completion: CompletionPolicyType,
+    ) -> Api<ImagePullJob> {
+        let jobs = Api::<ImagePullJob>::namespaced(self.client.clone(), namespace);
+        let name = format!("pull-{tag}");
+        let image = format!("{}:{tag}", self.image);
+        jobs.create(
+            &PostParams::default(),
+            &job(&name, &self.run, &image, &self.node, secrets, completion),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("job {namespace}/{name}: {e}"));
+        jobs
+    }
+}
+
 #[tokio::test]
 async fn another_tenants_tag_of_the_same_image_is_not_pulled_with_its_credentials() {
-    let env = node_env().await;
-    let cluster = cluster().await;
-    cluster.start_controllers();
-    let client = cluster.client().await;
-    let (tenant_a, tenant_b) = (
-        cluster.namespace("tenant-a").await,
-        cluster.namespace("tenant-b").await,
-    );
-    let (a, b) = (tenant_a.name(), tenant_b.name());
-    let registry = env.auth_registry();
-    Api::<Secret>::namespaced(client.clone(), a)
-        .create(
-            &PostParams::default(),
-            &docker_config_secret(a, "reg", registry, env.auth_user(), env.auth_password()),
-        )
-        .await
-        .expect("tenant A's secret");
-    let image = format!("{registry}/{}", unique_name("private-app"));
-    env.push(Variant::V1, &format!("{image}:v1"));
-    env.push(Variant::V2, &format!("{image}:v2"));
-
-    let node = unique_name("tenancy");
-    let run = unique_name("run");
-    served_nodeimage(&node, &run).await;
-    let proxy = CriProxy::start(env.containerd_socket());
-    let daemon = Daemon::start(&node, proxy.socket(), cluster.kubeconfig_path(), 4).await;
-
+    let t = Tenancy::start("tenancy").await;
+    let (a, b) = (t.a.name(), t.b.name());
     // A's job keeps running (Never), so its copy exists and stays listed while B pulls.
-    let a_jobs = Api::<ImagePullJob>::namespaced(client.clone(), a);
-    a_jobs
-        .create(
-            &PostParams::default(),
-            &job(
-                "pull-v1",
-                &run,
-                &format!("{image}:v1"),
-                &node,
-                &["reg"],
-                CompletionPolicyType::Never,
-            ),
-        )
-        .await
-        .expect("tenant A's job");
+    t.job(a, "v1", &["reg"], CompletionPolicyType::Never).await;
     wait_tag(
-        &node,
-        &image,
+        &t.node,
+        &t.image,
         "v1",
         "pulled with tenant A's credentials",
         finished_at(ImagePullPhase::Succeeded, 0),
     )
     .await;
 
-    let b_jobs = Api::<ImagePullJob>::namespaced(client.clone(), b);
-    b_jobs
-        .create(
-            &PostParams::default(),
-            &job(
-                "pull-v2",
-                &run,
-                &format!("{image}:v2"),
-                &node,
-                &[],
-                CompletionPolicyType::Always,
-            ),
-        )
-        .await
-        .expect("tenant B's job");
+    let b_jobs = t.job(b, "v2", &[], CompletionPolicyType::Always).await;
     let done = wait_for("tenant B's job to finish", WAIT, || async {
         b_jobs
             .get("pull-v2")
@@ -196,8 +222,8 @@ async fn another_tenants_tag_of_the_same_image_is_not_pulled_with_its_credential
     .await;
     assert_eq!((done.succeeded, done.failed), (0, 1), "{done:?}");
     let refused = wait_tag(
-        &node,
-        &image,
+        &t.node,
+        &t.image,
         "v2",
         "refused by the registry",
         finished_at(ImagePullPhase::Failed, 0),
@@ -212,71 +238,36 @@ async fn another_tenants_tag_of_the_same_image_is_not_pulled_with_its_credential
         .first()
         .and_then(|c| c.metadata.name.clone())
         .expect("tenant A's copy exists while its job runs");
-    assert_eq!(listed_secrets(&node, &image).await, [copy_name]);
+    assert_eq!(listed_secrets(&t.node, &t.image).await, [copy_name]);
     let auth_of = |tag: &str| -> Vec<Option<String>> {
-        proxy
+        t.proxy
             .pull_requests()
             .into_iter()
             .filter(|r| {
                 r.image
                     .as_ref()
-                    .is_some_and(|i| i.image == format!("{image}:{tag}"))
+                    .is_some_and(|i| i.image == format!("{}:{tag}", t.image))
             })
             .map(|r| r.auth.map(|a| a.username))
             .collect()
     };
-    assert_eq!(auth_of("v1"), [Some(env.auth_user().to_owned())]);
+    assert_eq!(
+        auth_of("v1"),
+        [Some(node_env().await.auth_user().to_owned())]
+    );
     assert_eq!(
         auth_of("v2"),
         [None],
         "tenant B's PullImage carried no credentials"
     );
-    daemon.stop().await;
+    t.daemon.stop().await;
 }
 
 #[tokio::test]
 async fn a_finished_jobs_copy_leaves_the_nodeimage_and_is_never_reported_missing() {
-    let env = node_env().await;
-    let cluster = cluster().await;
-    cluster.start_controllers();
-    let client = cluster.client().await;
-    let (tenant_a, tenant_b) = (
-        cluster.namespace("tenant-a").await,
-        cluster.namespace("tenant-b").await,
-    );
-    let (a, b) = (tenant_a.name(), tenant_b.name());
-    let registry = env.auth_registry();
-    Api::<Secret>::namespaced(client.clone(), a)
-        .create(
-            &PostParams::default(),
-            &docker_config_secret(a, "reg", registry, env.auth_user(), env.auth_password()),
-        )
-        .await
-        .expect("tenant A's secret");
-    let image = format!("{registry}/{}", unique_name("private-app"));
-    env.push(Variant::V1, &format!("{image}:v1"));
-    env.push(Variant::V2, &format!("{image}:v2"));
-    let node = unique_name("tenancy-done");
-    let run = unique_name("run");
-    served_nodeimage(&node, &run).await;
-    let proxy = CriProxy::start(env.containerd_socket());
-    let daemon = Daemon::start(&node, proxy.socket(), cluster.kubeconfig_path(), 4).await;
-
-    let a_jobs = Api::<ImagePullJob>::namespaced(client.clone(), a);
-    a_jobs
-        .create(
-            &PostParams::default(),
-            &job(
-                "pull-v1",
-                &run,
-                &format!("{image}:v1"),
-                &node,
-                &["reg"],
-                CompletionPolicyType::Always,
-            ),
-        )
-        .await
-        .expect("tenant A's job");
+    let t = Tenancy::start("tenancy-done").await;
+    let (a, b) = (t.a.name(), t.b.name());
+    let a_jobs = t.job(a, "v1", &["reg"], CompletionPolicyType::Always).await;
     wait_for(
         "tenant A's job to finish and release its copy",
         WAIT,
@@ -292,29 +283,15 @@ async fn a_finished_jobs_copy_leaves_the_nodeimage_and_is_never_reported_missing
     )
     .await;
     assert_eq!(
-        listed_secrets(&node, &image).await.len(),
+        listed_secrets(&t.node, &t.image).await.len(),
         1,
         "the released copy is still listed until the image's next write"
     );
 
-    let b_jobs = Api::<ImagePullJob>::namespaced(client.clone(), b);
-    b_jobs
-        .create(
-            &PostParams::default(),
-            &job(
-                "pull-v2",
-                &run,
-                &format!("{image}:v2"),
-                &node,
-                &[],
-                CompletionPolicyType::Always,
-            ),
-        )
-        .await
-        .expect("tenant B's job");
+    t.job(b, "v2", &[], CompletionPolicyType::Always).await;
     let refused = wait_tag(
-        &node,
-        &image,
+        &t.node,
+        &t.image,
         "v2",
         "refused by the registry",
         finished_at(ImagePullPhase::Failed, 0),
@@ -327,9 +304,9 @@ async fn a_finished_jobs_copy_leaves_the_nodeimage_and_is_never_reported_missing
         "a released copy is nobody's problem: {message}"
     );
     assert_eq!(
-        listed_secrets(&node, &image).await,
+        listed_secrets(&t.node, &t.image).await,
         Vec::<String>::new(),
         "B's write dropped the copy no running owner holds"
     );
-    daemon.stop().await;
+    t.daemon.stop().await;
 }

@@ -990,6 +990,23 @@ async fn answer(api: &Api<NodeImage>, selector: &str, verdicts: &Verdicts) -> Re
 }
 
 /// The phase each of `nodes` reports for `image` (`<repository>:<tag>`) in its NodeImage status.
+/// Waits until every one of `nodes` reports `image` Pulling.
+async fn every_node_pulling(client: &Client, nodes: &[String], image: &str) {
+    poll(
+        "every node to report the new tag Pulling",
+        ROLLOUT_TIMEOUT,
+        || async move {
+            let phases = reported_phases(client, nodes, image).await;
+            phases
+                .values()
+                .all(|p| *p == Some(ImagePullPhase::Pulling))
+                .then_some(())
+                .ok_or_else(|| format!("phases {phases:?}"))
+        },
+    )
+    .await;
+}
+
 async fn reported_phases(
     client: &Client,
     nodes: &[String],
@@ -1330,20 +1347,7 @@ async fn each_pod_waits_until_its_node_has_pulled_the_new_image() {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     // Every node pulls (parallelism 3) and says so: still nothing is upgraded.
-    let (client, nodes_ref, image_ref) = (&env.client, &nodes, &new_image);
-    poll(
-        "every node to report the new tag Pulling",
-        ROLLOUT_TIMEOUT,
-        || async move {
-            let phases = reported_phases(client, nodes_ref, image_ref).await;
-            phases
-                .values()
-                .all(|p| *p == Some(ImagePullPhase::Pulling))
-                .then_some(())
-                .ok_or_else(|| format!("phases {phases:?}"))
-        },
-    )
-    .await;
+    every_node_pulling(&env.client, &nodes, &new_image).await;
     env.wait("the rollout still held", Kubelet::On, |v| {
         v.expect_counts(counts(3, 0, 3, 0))?;
         v.expect_condition(ROLLOUT_HELD, "True", "WaitingForPreDownload")?;
@@ -1439,20 +1443,7 @@ async fn a_pod_stops_waiting_for_its_nodes_pull_after_the_pull_timeout() {
 
     let new_image = env.image(PROXY, "2");
     env.set_images(&mut spec, &[(PROXY, "2")], json!({})).await;
-    let (client, nodes_ref, image_ref) = (&env.client, &nodes, &new_image);
-    poll(
-        "every node to report the new tag Pulling",
-        ROLLOUT_TIMEOUT,
-        || async move {
-            let phases = reported_phases(client, nodes_ref, image_ref).await;
-            phases
-                .values()
-                .all(|p| *p == Some(ImagePullPhase::Pulling))
-                .then_some(())
-                .ok_or_else(|| format!("phases {phases:?}"))
-        },
-    )
-    .await;
+    every_node_pulling(&env.client, &nodes, &new_image).await;
     env.wait(
         "both pods upgraded though no node finished pulling",
         Kubelet::On,
