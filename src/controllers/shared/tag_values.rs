@@ -365,8 +365,9 @@ pub fn must_restart(
 ///
 /// The image's `pullSecrets` become the secrets its tags' owners hold now (each once, those
 /// listed before first in their order): a copy whose owners all finished or left goes. While
-/// any owner is unknown, nothing listed goes (it may be that owner's); the daemon pulls each tag
-/// only with the copies of its own owners anyway (decision 0024).
+/// any owner is unknown, or a tag has none (written by hand), nothing listed goes (it may be
+/// theirs); the daemon pulls each tag only with the copies of its own owners anyway (decision
+/// 0024).
 pub fn refresh_image(
     image: &ImageSpec,
     ask: impl Fn(&ObjectReference) -> Option<OwnerAsk>,
@@ -379,7 +380,9 @@ pub fn refresh_image(
     for tag in &mut refreshed.tags {
         let asks: Vec<Option<OwnerAsk>> = tag.owner_references.iter().map(|o| ask(o)).collect();
         let all_known = asks.iter().all(Option::is_some);
-        any_unknown |= !all_known;
+        // A tag nobody owns was written by hand, with whatever Secrets its writer listed: they
+        // stay, as for an owner the store does not know.
+        any_unknown |= !all_known || tag.owner_references.is_empty();
         let mut known: Vec<OwnerAsk> = asks.into_iter().flatten().collect();
         for secret in known.iter().flat_map(|a| &a.pull_secrets) {
             if !held.contains(secret) {

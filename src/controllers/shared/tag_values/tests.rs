@@ -513,3 +513,16 @@ fn while_an_owner_is_unknown_no_listed_secret_goes() {
     let out = refresh_image(&image, asks, |_| false);
     assert_eq!(out.pull_secrets, [secret_ref("maybe-u9s"), secret_ref("a")]);
 }
+
+#[test]
+fn a_tag_nobody_owns_keeps_the_secrets_listed_for_it() {
+    // Written by hand with its Secret; a job then adds tag 2 of the same image without one.
+    let image = ImageSpec {
+        pull_secrets: vec![secret_ref("admins")],
+        tags: vec![tag("1", &[]), tag("2", &["u1"])],
+        ..Default::default()
+    };
+    let asks = |o: &ObjectReference| (o.uid.as_deref() == Some("u1")).then(|| holding(&[]));
+    let out = refresh_image(&image, asks, |_| false);
+    assert_eq!(out.pull_secrets, [secret_ref("admins")]);
+}
