@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use crate::apis::well_known::{SECRET_REFERENCES, SECRET_SOURCE_KEY};
 
 /// The jobs (`namespace/name`) a copy's references annotation names.
-pub fn copy_references(annotations: &BTreeMap<String, String>) -> impl Iterator<Item = &str> {
+fn copy_references(annotations: &BTreeMap<String, String>) -> impl Iterator<Item = &str> {
     annotations
         .get(SECRET_REFERENCES)
         .map_or("", String::as_str)

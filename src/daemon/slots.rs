@@ -119,7 +119,9 @@ impl FairSlots {
         state.free += 1;
     }
 
-    /// Refuses every waiter and every later acquire (shutdown).
+    /// Refuses every waiter and every later acquire. Only tests close the slots: the daemon
+    /// aborts its workers at shutdown instead.
+    #[cfg(test)]
     pub fn close(&self) {
         let mut state = self.state();
         state.closed = true;
@@ -131,7 +133,8 @@ impl FairSlots {
         }
     }
 
-    /// Slots free now (for tests and metrics).
+    /// Slots free now.
+    #[cfg(test)]
     pub fn available(&self) -> usize {
         self.state().free
     }
