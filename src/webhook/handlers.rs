@@ -2,9 +2,10 @@
 //! its answer into a [`Verdict`].
 //!
 //! The pod webhook reads SidecarSets and Namespaces from caches (reflectors started by
-//! [`Handlers::new`]) so an admission costs no apiserver round trip; until both caches have
-//! listed once, pod requests wait a moment and are then refused rather than admitted without
-//! their sidecars. A SidecarSet using a feature kruise-rs does not serve is left out of the pod
+//! [`Handlers::new`]); the SidecarSets are confirmed by a consistent metadata list shared between
+//! admissions, and the ones the cache lacks or holds stale are fetched
+//! ([`super::confirmed_sidecarsets`]). Until the caches have listed once, pod requests wait a
+//! moment and are then refused rather than admitted without their sidecars. A SidecarSet using a feature kruise-rs does not serve is left out of the pod
 //! with a warning and a throttled event ([`crate::sidecar::unsupported`],
 //! [`super::unsupported_events`]), or refuses it when annotated to.
 
@@ -26,6 +27,7 @@ use super::configuration::{
     MUTATE_IMAGELISTPULLJOB, MUTATE_IMAGEPULLJOB, MUTATE_NODEIMAGE, MUTATE_POD, MUTATE_SIDECARSET,
     VALIDATE_IMAGELISTPULLJOB, VALIDATE_IMAGEPULLJOB, VALIDATE_NODEIMAGE, VALIDATE_SIDECARSET,
 };
+use super::confirmed_sidecarsets::{self, ConsistentLists};
 use super::dry_run;
 use super::secret_access;
 use super::server::{Admit, AdmitFuture, Verdict};
@@ -50,7 +52,7 @@ use crate::apis::validation::{self, ValidationErrors};
 use crate::apis::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_NAME_LABEL,
 };
-use crate::controllers::shared::unreadable::{self, UnreadableObject};
+use crate::controllers::shared::unreadable::{self, Guarded, Unreadable, UnreadableObject};
 use crate::events::Recorder;
 use crate::sidecar::{self, hash, unsupported};
 
@@ -76,6 +78,9 @@ pub struct Handlers {
     /// The manager's namespace: SidecarSet ControllerRevisions and the configuration ConfigMap.
     pub(super) namespace: String,
     pub(super) sidecarsets: Store<SidecarSet>,
+    /// Consistent lists the caches of SidecarSets are confirmed against before a pod is
+    /// admitted: a watch runs behind the apiserver.
+    sidecarset_lists: Arc<ConsistentLists>,
     /// The SidecarSets the cache above is missing because our type cannot read them, as raw
     /// JSON: pods they may select are admitted with a warning or refused ([`HandlerSettings`]).
     unreadable_sidecarsets: Store<UnreadableObject<SidecarSet>>,
@@ -168,6 +173,7 @@ impl Handlers {
             }
         };
         let handlers = Arc::new(Self {
+            sidecarset_lists: ConsistentLists::of(Api::all(client.clone())),
             recorder,
             revisions,
             unsupported_events: Mutex::default(),
@@ -641,14 +647,16 @@ impl Handlers {
             Ok(labels) => labels,
             Err(message) => return Verdict::Deny(message),
         };
-        // What the SidecarSet cache is missing, before what it holds (decision 0027).
-        let unreadable_warnings = match self.unreadable_selecting(&pod, &namespace_labels) {
-            Ok(warnings) => warnings,
-            Err(refusal) => return Verdict::Deny(refusal),
+        let (candidates, unreadable) = match self.confirmed_sidecarsets().await {
+            Ok(confirmed) => confirmed,
+            Err(message) => return Verdict::Deny(message),
         };
-        // The cached objects themselves, not copies: cloning 50 SidecarSets cost more than the
-        // whole injection (benches/admission.rs).
-        let candidates = self.sidecarsets.state();
+        // What the SidecarSet cache is missing, before what it holds (decision 0027).
+        let unreadable_warnings =
+            match self.unreadable_selecting(&pod, &namespace_labels, &unreadable) {
+                Ok(warnings) => warnings,
+                Err(refusal) => return Verdict::Deny(refusal),
+            };
         // History only for SidecarSets that pin a revision (rare): fetched before planning.
         let mut histories: BTreeMap<String, Vec<ControllerRevision>> = BTreeMap::new();
         for set in candidates.iter() {
@@ -756,8 +764,8 @@ impl Handlers {
         &self,
         pod: &Pod,
         namespace_labels: &BTreeMap<String, String>,
+        unreadable: &[Arc<Unreadable>],
     ) -> Result<Vec<String>, String> {
-        let unreadable = self.unreadable_sidecarsets.state();
         if unreadable.is_empty() || !sidecar::matching::pod_is_active(pod) {
             return Ok(Vec::new());
         }
@@ -768,7 +776,6 @@ impl Handlers {
         let mut found: Vec<(&str, &str, unreadable_sidecarsets::Selection)> = unreadable
             .iter()
             .filter_map(|set| {
-                let set = &set.unreadable;
                 let selection = unreadable_sidecarsets::selects(
                     &set.raw,
                     namespace,
@@ -800,6 +807,58 @@ impl Handlers {
         }
     }
 
+    /// The SidecarSets as they are now, readable and not: the cached objects the consistent
+    /// list confirms (the objects themselves, not copies: cloning 50 SidecarSets cost more than
+    /// the whole injection, benches/admission.rs), and the others read from the apiserver.
+    async fn confirmed_sidecarsets(
+        &self,
+    ) -> Result<(Vec<Arc<SidecarSet>>, Vec<Arc<Unreadable>>), String> {
+        let refusal = |e: String| {
+            format!("cannot confirm which SidecarSets may select this pod ({e}); retry")
+        };
+        let listed = self
+            .sidecarset_lists
+            .started_after_now()
+            .await
+            .map_err(refusal)?;
+        let cached = self
+            .sidecarsets
+            .state()
+            .into_iter()
+            .map(Confirmed::Readable)
+            .chain(
+                self.unreadable_sidecarsets
+                    .state()
+                    .into_iter()
+                    .map(|u| Confirmed::Unreadable(Arc::new(u.unreadable.clone()))),
+            );
+        let confirmation = confirmed_sidecarsets::confirm(&listed, cached, |c| {
+            let meta = c.metadata();
+            (meta.name.as_deref(), meta.resource_version.as_deref())
+        });
+        let mut confirmed = confirmation.current;
+        let api = Api::<Guarded<SidecarSet>>::all(self.client.clone());
+        for name in &confirmation.fetch {
+            match api.get_opt(name).await {
+                Ok(Some(Guarded(Ok(set)))) => confirmed.push(Confirmed::Readable(Arc::new(set))),
+                Ok(Some(Guarded(Err(unreadable)))) => {
+                    confirmed.push(Confirmed::Unreadable(Arc::new(unreadable)));
+                }
+                // Deleted since the list.
+                Ok(None) => {}
+                Err(e) => return Err(refusal(format!("reading SidecarSet {name}: {e}"))),
+            }
+        }
+        let (mut readable, mut unreadable) = (Vec::new(), Vec::new());
+        for c in confirmed {
+            match c {
+                Confirmed::Readable(set) => readable.push(set),
+                Confirmed::Unreadable(u) => unreadable.push(u),
+            }
+        }
+        Ok((readable, unreadable))
+    }
+
     /// The labels of namespace `name`, from the cache or (for a namespace created a moment ago)
     /// from the apiserver.
     async fn namespace_labels(&self, name: &str) -> Result<BTreeMap<String, String>, String> {
@@ -811,6 +870,21 @@ impl Handlers {
             .await
             .map(|n| n.metadata.labels.unwrap_or_default())
             .map_err(|e| format!("cannot read the labels of namespace {name}: {e}"))
+    }
+}
+
+/// A SidecarSet the pod webhook weighs: one our type reads, or one it does not (decision 0027).
+enum Confirmed {
+    Readable(Arc<SidecarSet>),
+    Unreadable(Arc<Unreadable>),
+}
+
+impl Confirmed {
+    fn metadata(&self) -> &ObjectMeta {
+        match self {
+            Confirmed::Readable(set) => &set.metadata,
+            Confirmed::Unreadable(u) => &u.metadata,
+        }
     }
 }
 

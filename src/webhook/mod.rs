@@ -15,6 +15,7 @@
 
 pub mod certs;
 pub mod configuration;
+mod confirmed_sidecarsets;
 pub mod dry_run;
 pub mod handlers;
 pub mod secret_access;

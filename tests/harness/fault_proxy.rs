@@ -86,6 +86,8 @@ impl Injected {
 struct Shared {
     upstream: Client,
     state: Mutex<FaultState>,
+    /// While true, no watch passes an event on ([`FaultProxy::hold_watch_events`]).
+    held: tokio::sync::watch::Sender<bool>,
 }
 
 struct FaultState {
@@ -207,6 +209,7 @@ impl FaultProxy {
                 requests: 0,
                 watches: 0,
             }),
+            held: tokio::sync::watch::Sender::new(false),
         });
         let app = axum::Router::new()
             .fallback(forward)
@@ -243,6 +246,18 @@ impl FaultProxy {
     /// cut short or stalled keep their fate.
     pub fn calm(&self) {
         self.set(Faults::default(), 0);
+    }
+
+    /// Holds back every event of every watch, open or opened later, until
+    /// [`release_watch_events`](Self::release_watch_events): the caches behind the proxy stop
+    /// seeing changes (how far behind a watch can fall), while lists and reads stay current.
+    pub fn hold_watch_events(&self) {
+        self.shared.held.send_replace(true);
+    }
+
+    /// Lets the held events through, in order.
+    pub fn release_watch_events(&self) {
+        self.shared.held.send_replace(false);
     }
 
     pub fn injected(&self) -> Injected {
@@ -394,6 +409,18 @@ async fn forward(
             .then(move |chunk| async move {
                 tokio::time::sleep(stall).await;
                 chunk
+            })
+            .boxed();
+    }
+    if watch {
+        let held = shared.held.subscribe();
+        chunks = chunks
+            .then(move |chunk| {
+                let mut held = held.clone();
+                async move {
+                    let _ = held.wait_for(|held| !*held).await;
+                    chunk
+                }
             })
             .boxed();
     }

@@ -34,6 +34,7 @@ mod support;
 mod watch_lists;
 mod webhook;
 mod webhook_availability;
+mod webhook_cache_lag;
 mod webhook_dry_run;
 mod webhook_fuzz;
 mod webhook_pull_secrets;
