@@ -61,6 +61,12 @@ impl Backoff {
         failures.retain(|key, _| !key.starts_with(scope) || exists(key));
     }
 
+    /// Whether some key starting with `scope` has failures counted.
+    fn counts_any(&self, scope: &str) -> bool {
+        let failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        failures.keys().any(|key| key.starts_with(scope))
+    }
+
     /// How many objects have failures counted.
     pub fn len(&self) -> usize {
         self.failures
@@ -78,8 +84,10 @@ impl Backoff {
 /// A controller's own watch, after its store applied the event: a deleted object's failures
 /// are forgotten (kube-runtime does not reconcile an object that is gone, so nothing else
 /// would), and after a relist those of every object `store` no longer holds (deleted while the
-/// watch was down: no event). `key` is the key the controller counts failures under; only keys
-/// starting with `scope` are this watch's.
+/// watch was down: no event). A reconcile in flight when its object was deleted counts a failure
+/// after the deletion was seen; so each deletion also forgets whatever else `store` lacks, which
+/// costs a pass over the store only while some failure is counted. `key` is the key the
+/// controller counts failures under; only keys starting with `scope` are this watch's.
 pub fn forget_deleted<K>(
     backoff: Arc<Backoff>,
     store: Store<K>,
@@ -90,7 +98,13 @@ where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
     move |event| match event {
-        Ok(watcher::Event::Delete(object)) => backoff.succeeded(&key(object)),
+        Ok(watcher::Event::Delete(object)) => {
+            backoff.succeeded(&key(object));
+            if backoff.counts_any(scope) {
+                let live: HashSet<String> = store.state().iter().map(|o| key(o)).collect();
+                backoff.forget_missing(scope, |k| live.contains(k));
+            }
+        }
         Ok(watcher::Event::InitDone) => {
             let live: HashSet<String> = store.state().iter().map(|o| key(o)).collect();
             backoff.forget_missing(scope, |k| live.contains(k));
@@ -186,6 +200,38 @@ mod tests {
         assert_eq!(backoff.len(), 1, "gone from the relist: forgotten");
         // The default base is 500 ms: c's second failure waits 1 s.
         assert!(within_jitter(backoff.failed("c"), 1), "c's count is kept");
+    }
+
+    #[test]
+    fn a_failure_counted_after_its_objects_deletion_goes_with_the_next_deletion() {
+        use crate::apis::sidecarset::SidecarSet;
+        let backoff = Arc::new(Backoff::default());
+        let (store, mut writer) = kube::runtime::reflector::store::<SidecarSet>();
+        let mut hook = forget_deleted(backoff.clone(), store, "", |s: &SidecarSet| {
+            s.metadata.name.clone().unwrap_or_default()
+        });
+        let mut apply = |event: watcher::Event<SidecarSet>| {
+            writer.apply_watcher_event(&event);
+            hook(&Ok(event));
+        };
+        for event in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(set("a")),
+            watcher::Event::InitApply(set("b")),
+            watcher::Event::InitApply(set("c")),
+            watcher::Event::InitDone,
+        ] {
+            apply(event);
+        }
+        backoff.failed("c");
+        apply(watcher::Event::Delete(set("a")));
+        // a's reconcile was in flight: its error_policy runs after the delete was seen.
+        backoff.failed("a");
+        assert_eq!(backoff.len(), 2);
+        apply(watcher::Event::Delete(set("b")));
+        let mut left: Vec<String> = backoff.failures.lock().unwrap().keys().cloned().collect();
+        left.sort();
+        assert_eq!(left, ["c"], "a is gone, c still fails");
     }
 
     #[test]
