@@ -24,8 +24,10 @@
 //!   happened inside a fault's window: from the fault until the system is healthy again (both
 //!   manager replicas ready and behind the webhook Service's endpoints, a replica holding the
 //!   Lease, the node Ready) plus [`WINDOW_SLACK`];
-//! - never more than maxUnavailable pods in flight (patched, not yet running the new image
-//!   ready), never more than `parallelism` nodes pulling one job's image;
+//! - never more than maxUnavailable pods in flight (patched while ready, not yet running the new
+//!   image ready; a pod patched while not ready was unavailable already, and the controller
+//!   takes such pods without counting them, as upstream does), never more than `parallelism`
+//!   nodes pulling one job's image;
 //! - the rollout and the job running when the faults stop finish within [`FINISH_TIMEOUT`],
 //!   and the system is healthy within [`RECOVERY_TIMEOUT`] of each fault;
 //! - a stolen Lease makes its holder log that it lost it;
@@ -126,6 +128,8 @@ struct Record {
     faults: Vec<(Fault, f64, f64)>,
     max_in_flight: usize,
     at_max_in_flight: Vec<String>,
+    /// Patches the watch saw land on a pod that was not ready (taken without counting).
+    taken_unready: usize,
     max_pulling: usize,
     at_max_pulling: String,
     /// (revision image, seconds) of each finished rollout.
@@ -228,10 +232,16 @@ fn runs_its_image(pod: &Pod, digests: &HashMap<String, String>) -> bool {
 
 /// What the pod watch keeps per pod.
 struct Seen {
-    /// The rolled sidecar's image when the pod was first seen.
-    first_image: Option<String>,
-    /// Patched since (its image differed from the first at some point).
+    /// The rolled sidecar's image as last seen.
+    image: Option<String>,
+    /// Patched since first seen (its image changed at some point).
     patched: bool,
+    /// Not ready as last seen before its latest patch: the rollout took it "for free" (it was
+    /// unavailable already; the controller's rule, as upstream's), so it is not in flight
+    /// because of the rollout.
+    taken_unready: bool,
+    /// Ready as last seen.
+    ready: bool,
     in_flight: bool,
     /// The pod and its rolled sidecar as last seen: name, spec image, status imageID, ready.
     state: String,
@@ -299,25 +309,35 @@ async fn watch_pods(
                     r.violations.push(why);
                 }
                 Seen {
-                    first_image: image.clone(),
+                    image: image.clone(),
                     patched: false,
+                    taken_unready: false,
+                    ready: pod_ready(&pod),
                     in_flight: false,
                     state: String::new(),
                 }
             });
-            if image != entry.first_image {
+            if image != entry.image {
                 entry.patched = true;
+                entry.taken_unready = !entry.ready;
+                if entry.taken_unready {
+                    record.lock().unwrap().taken_unready += 1;
+                }
+                entry.image = image.clone();
             }
+            entry.ready = pod_ready(&pod);
             entry.in_flight = entry.patched
+                && !entry.taken_unready
                 && pod.metadata.deletion_timestamp.is_none()
                 && !runs_its_image(&pod, &digests);
             let status = crate::sidecarset::status(&pod, "rolled");
             entry.state = format!(
-                "{} spec {} imageID {} ready {}",
+                "{} spec {} imageID {} ready {} (pod ready {})",
                 pod.name_any(),
                 image.as_deref().unwrap_or("-"),
                 status.map_or("-", |s| s.image_id.as_str()),
-                status.is_some_and(|s| s.ready)
+                status.is_some_and(|s| s.ready),
+                entry.ready
             );
         }
         let flying: Vec<String> = seen
@@ -345,6 +365,10 @@ fn classify(error: &kube::Error) -> (String, Option<&'static str>) {
                 Some("webhook unreachable")
             } else if status.message.contains("kruise-rs webhook is starting") {
                 Some("webhook starting")
+            } else if status.message.contains("cannot confirm which SidecarSets") {
+                // The webhook's own read of the SidecarSets failed (decision 0031): a replica
+                // deleted with grace 0 answers a moment with a void token.
+                Some("webhook cannot read the apiserver")
             } else if status.code >= 500 || status.code == 429 {
                 Some("apiserver unavailable")
             } else {
@@ -1547,7 +1571,7 @@ async fn chaos_invariants_hold_through_manager_lease_containerd_kubelet_and_apis
          {refusal_causes:?}; uninjected: {}\n\
          \x20 faults: {} {faults_by_kind:?}\n\
          \x20 rollouts finished: {} (times {:?}); most pods in flight: {} (maxUnavailable \
-         {MAX_UNAVAILABLE})\n\
+         {MAX_UNAVAILABLE}; {} patches of pods not ready, not counted)\n\
          \x20 ImagePullJobs complete: {} ({} node pulls failed); most nodes pulling one job: {} \
          (parallelism {PARALLELISM})\n\
          \x20 injected images at most {:.1}s stale (bound {STALE_INJECTION:?}); panics: {}",
@@ -1565,6 +1589,7 @@ async fn chaos_invariants_hold_through_manager_lease_containerd_kubelet_and_apis
             .map(|(_, t)| format!("{t:.0}s"))
             .collect::<Vec<_>>(),
         r.max_in_flight,
+        r.taken_unready,
         r.jobs.len(),
         pulls_failed,
         r.max_pulling,
