@@ -11,6 +11,7 @@ pub mod imagepulljob;
 pub mod interned;
 pub mod limits;
 pub mod nodeimage;
+pub(crate) mod pull_secret_pins;
 pub mod shared_owner;
 pub mod shared_value;
 pub mod sidecarset;

@@ -81,6 +81,15 @@ pub const DELETION_PROTECTION_FINALIZER: &str = "apps.kruise.io/deletion-protect
 pub const SECRET_SOURCE_KEY: &str = "imagepulljobs.kruise.io/source-key";
 /// On a synced Secret: comma-joined sorted `namespace/name` of the jobs using it.
 pub const SECRET_REFERENCES: &str = "imagepulljobs.kruise.io/references";
+/// On an ImagePullJob (kruise-rs only): the uid of each pull Secret its author was checked
+/// against, `name=uid` comma-joined and sorted by name (`src/apis/pull_secret_pins.rs`). The
+/// manager writes an entry at the job's first claim of a Secret and never changes one; a
+/// Secret whose uid differs is not given to the daemons. Changing or removing an entry is a new
+/// check: the webhook asks whether whoever does it may read that Secret (decision 0029).
+pub const PULL_SECRET_UIDS: &str = "kruise-rs.io/pull-secret-uids";
+/// On a synced Secret (kruise-rs only): the uid of the source Secret its data came from; the
+/// jobs it lists were checked against that one.
+pub const SECRET_SOURCE_UID: &str = "kruise-rs.io/source-uid";
 /// On a synced Secret: `batch` for shared copies.
 pub const SECRET_MODE: &str = "imagepulljobs.kruise.io/mode";
 /// The `mode` value of shared secret copies.

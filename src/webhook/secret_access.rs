@@ -19,14 +19,15 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::Client;
 use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
 
 use crate::apis::imagepulljob::ImagePullJob;
 #[cfg(doc)]
 use crate::apis::limits::MAX_PULL_SECRETS;
+use crate::apis::pull_secret_pins;
 use crate::apis::sidecarset::{SidecarSet, SidecarSetSpec};
-use crate::apis::well_known::NAMESPACE_NAME_LABEL;
+use crate::apis::well_known::{NAMESPACE_NAME_LABEL, PULL_SECRET_UIDS};
 
 /// Why a job is refused, after the per-Secret reasons.
 pub const JOB_RULE: &str = "a job may only name Secrets its author can read";
@@ -81,17 +82,38 @@ pub enum Answer {
 /// old object did not already have: those were checked when they were added, for their author,
 /// and re-checking them would require whoever edits the job later (a label, a finalizer) to have
 /// the author's Secret access. (`pullSecrets` is immutable today, so an update adds none; the
-/// rule still holds if that ever changes.)
+/// rule still holds if that ever changes.) Also, on UPDATE, each name whose uid pin
+/// (`kruise-rs.io/pull-secret-uids`) the update changes or removes: that re-arms the job for
+/// the Secret found next, so whoever does it must be able to read it (decision 0029).
 pub fn job_reads(
     job: &ImagePullJob,
     namespace: &str,
     old: Option<&ImagePullJob>,
 ) -> Vec<SecretRead> {
-    pull_secret_reads(
-        &job.spec.template.pull_secrets,
+    let pull_secrets = &job.spec.template.pull_secrets;
+    let mut reads = pull_secret_reads(
+        pull_secrets,
         namespace,
         old.map(|old| old.spec.template.pull_secrets.as_slice()),
-    )
+    );
+    if let Some(old) = old {
+        let pin = |job: &ImagePullJob| job.annotations().get(PULL_SECRET_UIDS).cloned();
+        let rechecked =
+            pull_secret_pins::rechecked(pin(old).as_deref(), pin(job).as_deref(), pull_secrets);
+        for (i, name) in pull_secrets.iter().enumerate() {
+            let already = reads.iter().any(|r| &r.name == name);
+            if rechecked.contains(name) && !already {
+                reads.push(SecretRead {
+                    field: format!(
+                        "metadata.annotations[{PULL_SECRET_UIDS}] for spec.pullSecrets[{i}]"
+                    ),
+                    namespace: namespace.to_owned(),
+                    name: name.clone(),
+                });
+            }
+        }
+    }
+    reads
 }
 
 /// [`job_reads`] for any object whose `spec.pullSecrets` the manager will copy (an

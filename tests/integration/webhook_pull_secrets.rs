@@ -10,15 +10,17 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kruise_rs::apis::imagepulljob::ImagePullJob;
 use kruise_rs::apis::sidecarset::SidecarSet;
+use kruise_rs::apis::well_known::PULL_SECRET_UIDS;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
 };
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde_json::{Value, json};
 
 use crate::support::webhook::webhook_cluster;
-use crate::support::{unique_name, wait_for};
+use crate::support::{CONTROLLED_LABEL, unique_name, wait_for};
 
 /// Longest wait for the RBAC authorizer to see a new binding.
 const RBAC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -678,4 +680,185 @@ async fn a_sidecarset_pinning_too_many_namespaces_for_its_secrets_is_refused() {
         ),
         other => panic!("{reviews} access reviews were not refused: {other:?}"),
     }
+}
+
+/// A registry Secret `name` whose credential is `data`; returns its uid.
+async fn create_secret_holding(admin: &Client, namespace: &str, name: &str, data: &str) -> String {
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": data}
+    }))
+    .expect("a Secret");
+    Api::<Secret>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("Secret created")
+        .metadata
+        .uid
+        .expect("a uid")
+}
+
+/// The credential a Secret holds, as text.
+fn credential(secret: &Secret) -> Option<String> {
+    let data = secret.data.as_ref()?.get(".dockerconfigjson")?;
+    Some(String::from_utf8_lossy(&data.0).into_owned())
+}
+
+/// The job's pin annotation.
+async fn pins_of(jobs: &Api<ImagePullJob>, name: &str) -> Option<String> {
+    jobs.get(name)
+        .await
+        .ok()?
+        .metadata
+        .annotations?
+        .remove(PULL_SECRET_UIDS)
+}
+
+/// A Secret deleted and created again under the same name is another Secret: a running job
+/// keeps its author's check for the one it was checked against only (decision 0029). The copy
+/// for the daemons is withdrawn, not refreshed with the replacement's data; the job says why;
+/// removing the job's uid pin is a new check, refused to someone who may not read the Secret,
+/// and once passed the job copies the replacement.
+#[tokio::test]
+async fn a_recreated_pull_secret_is_not_copied_on_the_old_check() {
+    let cluster = webhook_cluster();
+    let admin = cluster.client().await;
+    let ns = cluster.namespace("wh-secret-uid").await;
+    let daemon_ns = crate::support::test_controller_options().daemon_config_namespace;
+    let copies = Api::<Secret>::namespaced(admin.clone(), &daemon_ns);
+    let copy = kruise_rs::controllers::imagepulljob::secrets::copy_name(&ns, "reg");
+    let jobs = Api::<ImagePullJob>::namespaced(admin.clone(), &ns);
+    let first = create_secret_holding(&admin, &ns, "reg", "{\"auths\":{\"first\":{}}}").await;
+    let name = "long-lived";
+    let mut pull: ImagePullJob = serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1", "kind": "ImagePullJob",
+        "metadata": {"name": name, "labels": {CONTROLLED_LABEL: "secret-uid"}},
+        "spec": {"image": "127.0.0.1:5000/private/app:1", "pullSecrets": ["reg"],
+                 "selector": {"names": [unique_name("no-such-node")]},
+                 "completionPolicy": {"type": "Never"}}
+    }))
+    .expect("a job");
+    pull = jobs
+        .create(&PostParams::default(), &pull)
+        .await
+        .expect("the admin's job is admitted");
+    let copied = wait_for("the first Secret's copy", RBAC_TIMEOUT, || async {
+        copies.get_opt(&copy).await.ok().flatten()
+    })
+    .await;
+    assert_eq!(
+        credential(&copied).as_deref(),
+        Some("{\"auths\":{\"first\":{}}}")
+    );
+    assert_eq!(
+        pins_of(&jobs, name).await,
+        Some(format!("reg={first}")),
+        "the job pins the Secret it copied"
+    );
+
+    // The Secret is deleted and another made under its name, with other credentials.
+    Api::<Secret>::namespaced(admin.clone(), &ns)
+        .delete("reg", &DeleteParams::default())
+        .await
+        .expect("delete the Secret");
+    let second = create_secret_holding(&admin, &ns, "reg", "{\"auths\":{\"second\":{}}}").await;
+    // Nothing watches Secrets: a change of the job makes it look again, as any later
+    // reconcile (a node's report, a requeue) would.
+    let poke = json!({"metadata": {"labels": {"poked": "1"}}});
+    jobs.patch(name, &PatchParams::default(), &Patch::Merge(&poke))
+        .await
+        .expect("poke the job");
+    let message = wait_for(
+        "the job to have looked at the new Secret",
+        RBAC_TIMEOUT,
+        || async {
+            let job = jobs.get(name).await.ok()?;
+            let taken = copies
+                .get_opt(&copy)
+                .await
+                .ok()?
+                .is_some_and(|c| credential(&c).is_some_and(|c| c.contains("second")));
+            let message = job.status.and_then(|s| s.message).unwrap_or_default();
+            (taken || message.contains(&second)).then_some(message)
+        },
+    )
+    .await;
+    let now = copies.get_opt(&copy).await.expect("read the copy");
+    assert!(
+        now.as_ref()
+            .and_then(credential)
+            .is_none_or(|c| !c.contains("second")),
+        "the copy took the replacement's data on the old check: {now:?}"
+    );
+    assert!(
+        now.is_none(),
+        "the first Secret's copy is withdrawn: {now:?}"
+    );
+    for words in [&format!("{ns}/reg"), &first, &second, PULL_SECRET_UIDS] {
+        let words: &str = words;
+        assert!(message.contains(words), "{words:?} not in {message}");
+    }
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(admin.clone(), &ns);
+    let event =
+        crate::support::wait_for_event(&events, "PullSecretReplaced", name, RBAC_TIMEOUT).await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+
+    // Re-arming is a new check: someone who may edit jobs but not read the Secret is refused.
+    let mallory = unique_name("mallory");
+    grant(
+        &admin,
+        Some(&ns),
+        &mallory,
+        json!([{"apiGroups": ["apps.kruise.io"], "resources": ["imagepulljobs"], "verbs": ["get", "patch"]}]),
+    )
+    .await;
+    let unpin = json!({"metadata": {"annotations": {PULL_SECRET_UIDS: null}}});
+    let as_mallory = Api::<ImagePullJob>::namespaced(impersonating(&mallory).await, &ns);
+    let refused = wait_for(
+        "mallory's edit to reach the webhook",
+        RBAC_TIMEOUT,
+        || async {
+            let result = as_mallory
+                .patch(name, &PatchParams::default(), &Patch::Merge(&unpin))
+                .await;
+            let outcome = outcome(result);
+            reached_the_webhook(&outcome).then_some(outcome)
+        },
+    )
+    .await;
+    let Outcome::Denied(message) = refused else {
+        panic!(
+            "removing the pin was not refused to a user who cannot read the Secret: {refused:?}"
+        );
+    };
+    assert!(
+        message.contains(&format!(
+            "user \"{mallory}\" may not get Secret \"{ns}/reg\""
+        )),
+        "{message}"
+    );
+    assert_eq!(pins_of(&jobs, name).await, Some(format!("reg={first}")));
+
+    // Someone who may read it (here the admin) removes the pin: the job copies the new Secret.
+    jobs.patch(name, &PatchParams::default(), &Patch::Merge(&unpin))
+        .await
+        .expect("the admin re-arms the job");
+    let copied = wait_for("the new Secret's copy", RBAC_TIMEOUT, || async {
+        copies.get_opt(&copy).await.ok().flatten()
+    })
+    .await;
+    assert_eq!(
+        credential(&copied).as_deref(),
+        Some("{\"auths\":{\"second\":{}}}")
+    );
+    assert_eq!(pins_of(&jobs, name).await, Some(format!("reg={second}")));
+    assert_eq!(
+        copied.metadata.annotations.unwrap_or_default()["kruise-rs.io/source-uid"],
+        second
+    );
+    drop(pull);
+    jobs.delete(name, &DeleteParams::default())
+        .await
+        .expect("clean up");
 }

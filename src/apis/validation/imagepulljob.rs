@@ -3,6 +3,7 @@
 //!
 //! Rules:
 //! - **update**: `spec.pullSecrets` is immutable.
+//! - **`kruise-rs.io/pull-secret-uids`**: `name=uid` entries, when set or changed (decision 0029).
 //! - **pullSecrets**: at most [`limits::MAX_PULL_SECRETS`] ([`validate_pull_secrets`]): the
 //!   webhook asks one SubjectAccessReview per Secret within its timeout (ours; upstream has no
 //!   bound).
@@ -26,6 +27,7 @@
 use std::collections::HashSet;
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
 
 use super::{
     FieldError, ValidationErrors, check_raw_enum, index, validate_label_selector,
@@ -35,6 +37,8 @@ use crate::apis::imagepulljob::{
     CompletionPolicyType, ImagePullJob, ImagePullJobSpec, ImagePullJobTemplate,
 };
 use crate::apis::limits;
+use crate::apis::pull_secret_pins;
+use crate::apis::well_known::PULL_SECRET_UIDS;
 use crate::image::ImageRef;
 
 /// `pullPolicy.timeoutSeconds` when unset (upstream's default).
@@ -43,6 +47,7 @@ const DEFAULT_TIMEOUT_SECONDS: i64 = 600;
 /// Validates an ImagePullJob being created.
 pub fn validate_create(job: &ImagePullJob) -> Result<(), ValidationErrors> {
     let mut errs = validate_pull_secrets(&job.spec.template.pull_secrets, None);
+    errs.extend(pull_secret_pins::validate(job.annotations()));
     errs.extend(validate_spec(&job.spec));
     ValidationErrors(errs).into_result()
 }
@@ -63,6 +68,9 @@ pub fn validate_update(old: &ImagePullJob, new: &ImagePullJob) -> Result<(), Val
     }
     if old.spec != new.spec {
         errs.extend(validate_spec(&new.spec));
+    }
+    if old.annotations().get(PULL_SECRET_UIDS) != new.annotations().get(PULL_SECRET_UIDS) {
+        errs.extend(pull_secret_pins::validate(new.annotations()));
     }
     ValidationErrors(errs).into_result()
 }

@@ -21,7 +21,8 @@ use super::status::{compute_status, next_deadline, nodes_to_start, with_notes};
 use super::targets::{NodeState, Target};
 use super::{Context, Error, FIELD_MANAGER, secrets};
 use crate::apis::imagepulljob::{ImagePullJob, ImagePullJobStatus};
-use crate::apis::well_known::DELETION_PROTECTION_FINALIZER;
+use crate::apis::pull_secret_pins::{self, Pins};
+use crate::apis::well_known::{DELETION_PROTECTION_FINALIZER, PULL_SECRET_UIDS};
 use crate::controllers::shared::lean_nodeimage;
 use crate::controllers::shared::nodeimage_images::{ImagesWriteError, update_images};
 use crate::controllers::shared::tag_values::stored_owner_ask;
@@ -106,7 +107,22 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
     let (pull_secrets, notes) = if job.spec.template.pull_secrets.is_empty() {
         (Vec::new(), Vec::new())
     } else {
-        if !set_finalizer(&jobs, job, true).await? {
+        let sources =
+            secrets::read_sources(&ctx.client, &namespace, &job.spec.template.pull_secrets).await?;
+        // Each Secret is pinned (by uid) to the job before its first copy: later a Secret of
+        // that name is copied only if it is the same one (decision 0029).
+        let (pins, unreadable) = match pull_secret_pins::of(job.annotations()) {
+            Ok(pins) => (pins, None),
+            Err(error) => (
+                Pins::new(),
+                Some(secrets::Problem::PinsUnreadable { error }),
+            ),
+        };
+        let added = match (&unreadable, namespace == daemon_ns) {
+            (None, false) => secrets::pins_to_add(&pins, &sources),
+            _ => None,
+        };
+        if !protect(&jobs, job, added.as_ref()).await? {
             // Gone: a copy made now would list a job that can never release it.
             return Ok(Action::await_change());
         }
@@ -115,12 +131,13 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
             daemon_ns,
             &namespace,
             &name,
-            &job.spec.template.pull_secrets,
+            &sources,
+            added.as_ref().unwrap_or(&pins),
         )
         .await?;
         // Each Secret left out: a Warning event, and the reason in the status message.
-        let mut notes = Vec::with_capacity(claimed.problems.len());
-        for problem in claimed.problems {
+        let mut notes = Vec::with_capacity(claimed.problems.len() + 1);
+        for problem in unreadable.into_iter().chain(claimed.problems) {
             let note = problem.to_string();
             publish(ctx, job, EventType::Warning, problem.reason(), note.clone()).await;
             notes.push(note);
@@ -341,6 +358,33 @@ async fn publish(ctx: &Context, job: &ImagePullJob, type_: EventType, reason: &s
     }
 }
 
+/// Before the job's first copy: its finalizer, and `pins` (when some are to be added) in its
+/// pin annotation, in one write. `false`: the job is gone.
+async fn protect(
+    jobs: &Api<ImagePullJob>,
+    job: &ImagePullJob,
+    pins: Option<&Pins>,
+) -> Result<bool, Error> {
+    match pins {
+        None => set_finalizer(jobs, job, true).await,
+        Some(pins) => {
+            let annotations =
+                serde_json::json!({ PULL_SECRET_UIDS: pull_secret_pins::render(pins) });
+            write_finalizers(jobs, job, with_finalizer(job, true), Some(annotations)).await
+        }
+    }
+}
+
+/// The job's finalizers with upstream's `apps.kruise.io/deletion-protection` `present` or not.
+fn with_finalizer(job: &ImagePullJob, present: bool) -> Vec<String> {
+    let mut finalizers = job.finalizers().to_vec();
+    finalizers.retain(|f| f != DELETION_PROTECTION_FINALIZER);
+    if present {
+        finalizers.push(DELETION_PROTECTION_FINALIZER.to_owned());
+    }
+    finalizers
+}
+
 /// Adds or removes upstream's `apps.kruise.io/deletion-protection` finalizer, guarded by the
 /// job's resourceVersion so a concurrent change to the list is never overwritten. `false`: the
 /// job is gone.
@@ -349,21 +393,30 @@ async fn set_finalizer(
     job: &ImagePullJob,
     present: bool,
 ) -> Result<bool, Error> {
-    let mut finalizers = job.finalizers().to_vec();
-    let has = finalizers
+    let has = job
+        .finalizers()
         .iter()
         .any(|f| f == DELETION_PROTECTION_FINALIZER);
     if has == present {
         return Ok(true);
     }
-    if present {
-        finalizers.push(DELETION_PROTECTION_FINALIZER.to_owned());
-    } else {
-        finalizers.retain(|f| f != DELETION_PROTECTION_FINALIZER);
-    }
-    let patch = serde_json::json!({
+    write_finalizers(jobs, job, with_finalizer(job, present), None).await
+}
+
+/// Writes `finalizers` (and `annotations`, merged, when given) guarded by the job's
+/// resourceVersion. `false`: the job is gone.
+async fn write_finalizers(
+    jobs: &Api<ImagePullJob>,
+    job: &ImagePullJob,
+    finalizers: Vec<String>,
+    annotations: Option<serde_json::Value>,
+) -> Result<bool, Error> {
+    let mut patch = serde_json::json!({
         "metadata": { "finalizers": finalizers, "resourceVersion": job.resource_version() }
     });
+    if let Some(annotations) = annotations {
+        patch["metadata"]["annotations"] = annotations;
+    }
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..Default::default()

@@ -16,6 +16,11 @@
 //!   annotation is not exactly this source (a collision, or pre-created by someone) is neither
 //!   reused nor overwritten ([`refresh_copy`]): the job reports the conflict and pulls without
 //!   it.
+//! - **Only the Secret the author was checked against** (decision 0029). A job pins each
+//!   Secret's uid before its first copy ([`pins_to_add`]); a Secret of that name with another
+//!   uid (deleted and created again) is not copied, and the job gives up its copy, as it does
+//!   when the Secret is gone ([`claim`]). The copy records its source's uid, so a copy refreshed
+//!   for a re-armed job serves that job only ([`refresh_copy`]).
 //! - **Releasing finds copies by their annotations, not their names.** [`release`] lists the
 //!   namespace and lets go of every copy of a source in the job's namespace that lists the job,
 //!   whatever its name ([`release_action`]). That covers copies named the way earlier versions
@@ -36,8 +41,10 @@ use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Precondit
 use kube::{Client, ResourceExt};
 
 use crate::apis::nodeimage::ReferenceObject;
+use crate::apis::pull_secret_pins::{self, Pin, Pins};
 use crate::apis::well_known::{
-    SECRET_MODE, SECRET_MODE_BATCH, SECRET_REFERENCES, SECRET_SOURCE_KEY,
+    PULL_SECRET_UIDS, SECRET_MODE, SECRET_MODE_BATCH, SECRET_REFERENCES, SECRET_SOURCE_KEY,
+    SECRET_SOURCE_UID,
 };
 
 /// The Secret types a registry credential comes in; the only ones copied for the daemons.
@@ -103,6 +110,16 @@ pub enum Problem {
         copy: String,
         found: Option<String>,
     },
+    /// The Secret is not the one the job's author was checked against (`pinned`: that one's
+    /// uid, `None` if the job pins none; `found`: this one's).
+    Replaced {
+        namespace: String,
+        name: String,
+        pinned: Option<String>,
+        found: String,
+    },
+    /// The job's pin annotation does not parse (`error`): no Secret is known to be checked.
+    PinsUnreadable { error: String },
 }
 
 impl Problem {
@@ -112,6 +129,8 @@ impl Problem {
             Problem::NotFound { .. } => "PullSecretNotFound",
             Problem::NotAPullSecret { .. } => "PullSecretWrongType",
             Problem::CopyConflict { .. } => "PullSecretCopyConflict",
+            Problem::Replaced { .. } => "PullSecretReplaced",
+            Problem::PinsUnreadable { .. } => "PullSecretPinsUnreadable",
         }
     }
 }
@@ -147,6 +166,29 @@ impl fmt::Display for Problem {
                     Some(found) => format!("a copy of {found}"),
                     None => "no copy (no source annotation)".to_owned(),
                 }
+            ),
+            Problem::Replaced {
+                namespace,
+                name,
+                pinned,
+                found,
+            } => write!(
+                f,
+                "spec.pullSecrets: Secret {namespace}/{name} (uid {found}) is not the Secret the \
+                 job's author was checked against ({}); not given to the node daemons (a copy \
+                 made earlier is withdrawn), pulling without it. A new check re-arms the job: \
+                 remove the job's annotation {PULL_SECRET_UIDS} (whoever does must be allowed \
+                 to get the Secret), or recreate the job",
+                match pinned {
+                    Some(pinned) => format!("uid {pinned}"),
+                    None => "none is pinned".to_owned(),
+                }
+            ),
+            Problem::PinsUnreadable { error } => write!(
+                f,
+                "metadata.annotations[{PULL_SECRET_UIDS}]: {error}; no pull Secret is given \
+                 to the node daemons until it is removed (whoever removes it must be allowed to \
+                 get the Secrets)"
             ),
         }
     }
@@ -238,6 +280,10 @@ pub enum CopyUpdate {
 }
 
 /// `copy` brought in line with `source` and serving `job`, if it is a copy of `source`.
+/// `job` must be pinned to `source`'s uid. A copy of an earlier Secret of that name (its
+/// source uid differs) serves only `job` from now on: the other jobs it listed were checked
+/// against the earlier one. A copy without a source uid (made before uids were recorded)
+/// keeps its jobs: each gives it up at its next claim unless pinned to this uid.
 pub fn refresh_copy(copy: &Secret, source: &Secret, job: &str) -> CopyUpdate {
     let found = copy.annotations().get(SECRET_SOURCE_KEY);
     if found.map(String::as_str) != Some(source_key(source).as_str()) {
@@ -245,9 +291,17 @@ pub fn refresh_copy(copy: &Secret, source: &Secret, job: &str) -> CopyUpdate {
             found: found.cloned(),
         };
     }
-    let mut refs = references(copy);
+    let uid = source.uid().unwrap_or_default();
+    let copied_uid = copy.annotations().get(SECRET_SOURCE_UID);
+    let mut refs = match copied_uid {
+        Some(copied) if *copied != uid => BTreeSet::new(),
+        _ => references(copy),
+    };
     let mut updated = copy.clone();
-    let mut changed = refs.insert(job.to_owned());
+    let mut changed = refs.insert(job.to_owned()) || copied_uid != Some(&uid);
+    updated
+        .annotations_mut()
+        .insert(SECRET_SOURCE_UID.into(), uid);
     if copy.data != source.data
         || copy.string_data != source.string_data
         || copy.type_ != source.type_
@@ -279,6 +333,10 @@ pub fn new_copy(source: &Secret, namespace: &str, job: &str) -> Secret {
                 (SECRET_SOURCE_KEY.to_owned(), source_key(source)),
                 (SECRET_REFERENCES.to_owned(), job.to_owned()),
                 (SECRET_MODE.to_owned(), SECRET_MODE_BATCH.to_owned()),
+                (
+                    SECRET_SOURCE_UID.to_owned(),
+                    source.uid().unwrap_or_default(),
+                ),
             ])),
             ..Default::default()
         },
@@ -338,42 +396,81 @@ pub struct Claimed {
     pub problems: Vec<Problem>,
 }
 
-/// Gives the job's pull secrets to the daemons: copies them into `daemon_ns` (creating the
-/// namespace if needed), or references them in place for a job in `daemon_ns` itself.
+/// The job's `pullSecrets` as found in its namespace now (`None`: no such Secret), in order.
+pub async fn read_sources(
+    client: &Client,
+    job_ns: &str,
+    secret_names: &[String],
+) -> Result<Vec<(String, Option<Secret>)>, SecretsError> {
+    let sources: Api<Secret> = Api::namespaced(client.clone(), job_ns);
+    let mut found = Vec::with_capacity(secret_names.len());
+    for name in secret_names {
+        let source = sources
+            .get_opt(name)
+            .await
+            .map_err(kube_err("reading", job_ns, name))?;
+        found.push((name.clone(), source));
+    }
+    Ok(found)
+}
+
+/// `pins` with the uid of every Secret in `sources` that will be copied and is not pinned yet,
+/// or `None` when nothing is to be added. These are pinned on the job before the first copy:
+/// a copy is never made of a Secret the job does not pin.
+pub fn pins_to_add(pins: &Pins, sources: &[(String, Option<Secret>)]) -> Option<Pins> {
+    let mut added = pins.clone();
+    for (name, source) in sources {
+        let Some(source) = source else { continue };
+        let Some(uid) = source.uid() else { continue };
+        if check_type(source).is_ok() && !added.contains_key(name) {
+            added.insert(name.clone(), uid);
+        }
+    }
+    (added != *pins).then_some(added)
+}
+
+/// Gives the job's pull secrets (`sources`, from [`read_sources`]) to the daemons: copies them
+/// into `daemon_ns` (creating the namespace if needed), or references them in place for a job
+/// in `daemon_ns` itself. A Secret the job does not pin (`pins`), or whose uid is not the one
+/// pinned, is not copied, and the job gives up any copy it holds of that name; so does a job
+/// whose Secret is gone.
 pub async fn claim(
     client: &Client,
     daemon_ns: &str,
     job_ns: &str,
     job: &str,
-    secret_names: &[String],
+    sources: &[(String, Option<Secret>)],
+    pins: &Pins,
 ) -> Result<Claimed, SecretsError> {
     let job_key = format!("{job_ns}/{job}");
-    let sources: Api<Secret> = Api::namespaced(client.clone(), job_ns);
     let copies: Api<Secret> = Api::namespaced(client.clone(), daemon_ns);
     let mut claimed = Claimed::default();
-    if job_ns != daemon_ns {
+    let in_place = job_ns == daemon_ns;
+    if !in_place {
         ensure_namespace(client, daemon_ns).await?;
     }
-    for name in secret_names {
-        let source = match sources
-            .get_opt(name)
-            .await
-            .map_err(kube_err("reading", job_ns, name))?
-        {
+    for (name, source) in sources {
+        let copy = copy_name(job_ns, name);
+        let source = match source {
             Some(source) => source,
             None => {
                 claimed.problems.push(Problem::NotFound {
                     namespace: job_ns.to_owned(),
                     name: name.clone(),
                 });
+                if !in_place {
+                    // That Secret can never come back (a new one has a new uid): its
+                    // credentials go with it.
+                    give_up(&copies, daemon_ns, &copy, job_ns, &job_key).await?;
+                }
                 continue;
             }
         };
-        if let Err(problem) = check_type(&source) {
+        if let Err(problem) = check_type(source) {
             claimed.problems.push(problem);
             continue;
         }
-        if job_ns == daemon_ns {
+        if in_place {
             // The daemons read this namespace already.
             claimed.refs.push(ReferenceObject {
                 namespace: Some(job_ns.into()),
@@ -382,7 +479,22 @@ pub async fn claim(
             });
             continue;
         }
-        let copy = copy_name(job_ns, name);
+        let found = source.uid().unwrap_or_default();
+        let pinned = match pull_secret_pins::check(pins, name, &found) {
+            Pin::Matches => None,
+            Pin::Unpinned => Some(None),
+            Pin::Replaced { pinned } => Some(Some(pinned)),
+        };
+        if let Some(pinned) = pinned {
+            claimed.problems.push(Problem::Replaced {
+                namespace: job_ns.to_owned(),
+                name: name.clone(),
+                pinned,
+                found,
+            });
+            give_up(&copies, daemon_ns, &copy, job_ns, &job_key).await?;
+            continue;
+        }
         let conflict = loop {
             let result = match copies
                 .get_opt(&copy)
@@ -392,11 +504,11 @@ pub async fn claim(
                 None => copies
                     .create(
                         &PostParams::default(),
-                        &new_copy(&source, daemon_ns, &job_key),
+                        &new_copy(source, daemon_ns, &job_key),
                     )
                     .await
                     .map_err(|e| ("creating", e)),
-                Some(existing) => match refresh_copy(&existing, &source, &job_key) {
+                Some(existing) => match refresh_copy(&existing, source, &job_key) {
                     CopyUpdate::Current => break None,
                     CopyUpdate::Conflict { found } => break Some(found),
                     CopyUpdate::Update(updated) => copies
@@ -425,6 +537,25 @@ pub async fn claim(
     Ok(claimed)
 }
 
+/// Drops the job from the copy named `copy`, if that is a copy it holds (deleting it when the
+/// job was its last).
+async fn give_up(
+    copies: &Api<Secret>,
+    daemon_ns: &str,
+    copy: &str,
+    job_ns: &str,
+    job_key: &str,
+) -> Result<(), SecretsError> {
+    match copies
+        .get_opt(copy)
+        .await
+        .map_err(kube_err("reading", daemon_ns, copy))?
+    {
+        Some(secret) => release_one(copies, daemon_ns, secret, job_ns, job_key).await,
+        None => Ok(()),
+    }
+}
+
 /// Drops the job from every copy that lists it, deleting the copies nobody uses any more.
 pub async fn release(
     client: &Client,
@@ -443,41 +574,54 @@ pub async fn release(
         .list(&ListParams::default())
         .await
         .map_err(kube_err("listing", daemon_ns, ""))?;
-    for mut secret in listed.items {
-        let name = secret.name_any();
-        while let Some(action) = release_action(&secret, job_ns, &job_key) {
-            let result = match action {
-                Release::Delete => {
-                    let precondition = Preconditions {
-                        resource_version: secret.resource_version(),
-                        uid: secret.uid(),
-                    };
-                    let params = DeleteParams {
-                        preconditions: Some(precondition),
-                        ..Default::default()
-                    };
-                    copies.delete(&name, &params).await.map(|_| ())
-                }
-                Release::Update(updated) => copies
-                    .replace(&name, &PostParams::default(), &updated)
-                    .await
-                    .map(|_| ()),
-            };
-            match result {
-                Ok(()) => break,
-                Err(e) if is_status(&e, 409) => {
-                    match copies
-                        .get_opt(&name)
-                        .await
-                        .map_err(kube_err("reading", daemon_ns, &name))?
-                    {
-                        Some(fresh) => secret = fresh,
-                        None => break,
-                    }
-                }
-                Err(e) if is_status(&e, 404) => break,
-                Err(e) => return Err(kube_err("releasing", daemon_ns, &name)(e)),
+    for secret in listed.items {
+        release_one(&copies, daemon_ns, secret, job_ns, &job_key).await?;
+    }
+    Ok(())
+}
+
+/// Drops `job_key` from `secret`'s references, if it is a copy listing the job, deleting it
+/// when the job was its last; a write refused as stale decides again on a fresh read.
+async fn release_one(
+    copies: &Api<Secret>,
+    daemon_ns: &str,
+    mut secret: Secret,
+    job_ns: &str,
+    job_key: &str,
+) -> Result<(), SecretsError> {
+    let name = secret.name_any();
+    while let Some(action) = release_action(&secret, job_ns, job_key) {
+        let result = match action {
+            Release::Delete => {
+                let precondition = Preconditions {
+                    resource_version: secret.resource_version(),
+                    uid: secret.uid(),
+                };
+                let params = DeleteParams {
+                    preconditions: Some(precondition),
+                    ..Default::default()
+                };
+                copies.delete(&name, &params).await.map(|_| ())
             }
+            Release::Update(updated) => copies
+                .replace(&name, &PostParams::default(), &updated)
+                .await
+                .map(|_| ()),
+        };
+        match result {
+            Ok(()) => break,
+            Err(e) if is_status(&e, 409) => {
+                match copies
+                    .get_opt(&name)
+                    .await
+                    .map_err(kube_err("reading", daemon_ns, &name))?
+                {
+                    Some(fresh) => secret = fresh,
+                    None => break,
+                }
+            }
+            Err(e) if is_status(&e, 404) => break,
+            Err(e) => return Err(kube_err("releasing", daemon_ns, &name)(e)),
         }
     }
     Ok(())

@@ -65,6 +65,36 @@ fn a_job_update_checks_only_secrets_the_old_job_lacked() {
 }
 
 #[test]
+fn a_job_update_that_moves_or_drops_a_uid_pin_checks_that_secret() {
+    let pinned = |value: Option<&str>| {
+        let mut j = job(&["a", "b"]);
+        if let Some(value) = value {
+            j.annotations_mut()
+                .insert(PULL_SECRET_UIDS.into(), value.into());
+        }
+        j
+    };
+    let old = pinned(Some("a=u1,b=u2"));
+    // The manager pinning, or any edit that leaves the pins alone: nothing to check.
+    assert!(job_reads(&pinned(Some("a=u1,b=u2")), "team", Some(&pinned(None))).is_empty());
+    assert!(job_reads(&pinned(Some("a=u1,b=u2")), "team", Some(&old)).is_empty());
+    // Removing the annotation re-arms both; changing one entry re-arms that one.
+    let reads = job_reads(&pinned(None), "team", Some(&old));
+    assert_eq!(
+        reads.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    assert_eq!(
+        reads[1].field,
+        "metadata.annotations[kruise-rs.io/pull-secret-uids] for spec.pullSecrets[1]"
+    );
+    assert_eq!(reads[1].namespace, "team");
+    let reads = job_reads(&pinned(Some("a=u1,b=u3")), "team", Some(&old));
+    assert_eq!(reads.len(), 1);
+    assert_eq!(reads[0].name, "b");
+}
+
+#[test]
 fn a_job_without_pull_secrets_needs_no_review() {
     assert!(job_reads(&job(&[]), "team", None).is_empty());
 }

@@ -313,3 +313,32 @@ fn at_most_sixteen_pull_secrets() {
     edited.spec.template.parallelism = Some(IntOrString::Int(2));
     assert_eq!(errors(validate_update(&old, &edited)), Vec::<String>::new());
 }
+
+#[test]
+fn a_uid_pin_annotation_must_parse_when_set_or_changed() {
+    let pinned = |value: &str| {
+        let mut j = job(json!({"image": "nginx:1.25", "pullSecrets": ["reg"]}));
+        j.annotations_mut()
+            .insert(PULL_SECRET_UIDS.to_owned(), value.to_owned());
+        j
+    };
+    assert!(errors(validate_create(&pinned("reg=u1"))).is_empty());
+    let bad = errors(validate_create(&pinned("reg")));
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(
+        bad[0].starts_with("metadata.annotations[kruise-rs.io/pull-secret-uids]: Invalid value"),
+        "{bad:?}"
+    );
+    assert_eq!(
+        errors(validate_update(&pinned("reg=u1"), &pinned("reg=u1,"))),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        errors(validate_update(&pinned("reg=u1"), &pinned("reg=u1=u2"))).len(),
+        1
+    );
+    // Left alone, an old bad value does not block other edits (the finalizer coming off).
+    let mut without_finalizer = pinned("junk");
+    without_finalizer.metadata.finalizers = Some(Vec::new());
+    assert!(errors(validate_update(&pinned("junk"), &without_finalizer)).is_empty());
+}

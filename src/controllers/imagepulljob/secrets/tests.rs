@@ -140,6 +140,85 @@ fn refreshing_adds_the_job_and_new_data_once() {
     assert_eq!(updated.data, rotated.data);
 }
 
+fn with_uid(mut secret: Secret, uid: &str) -> Secret {
+    secret.metadata.uid = Some(uid.to_owned());
+    secret
+}
+
+#[test]
+fn a_copy_records_its_sources_uid_and_a_replacement_serves_only_the_job_checked_for_it() {
+    let first = with_uid(secret("team", "reg", "old"), "u1");
+    let copy = new_copy(&first, "d", "team/job1");
+    assert_eq!(copy.annotations()[SECRET_SOURCE_UID], "u1");
+    let CopyUpdate::Update(shared) = refresh_copy(&copy, &first, "team/job2") else {
+        panic!("job2 added")
+    };
+    // The Secret deleted and made again: job3 was checked against the new one (it pins u2),
+    // job1 and job2 against the old one only.
+    let second = with_uid(secret("team", "reg", "new"), "u2");
+    let CopyUpdate::Update(replaced) = refresh_copy(&shared, &second, "team/job3") else {
+        panic!("the copy follows the Secret job3 pins")
+    };
+    assert_eq!(replaced.data, second.data);
+    assert_eq!(replaced.annotations()[SECRET_SOURCE_UID], "u2");
+    assert_eq!(
+        references(&replaced),
+        BTreeSet::from(["team/job3".to_owned()])
+    );
+    assert_eq!(
+        refresh_copy(&replaced, &second, "team/job3"),
+        CopyUpdate::Current
+    );
+}
+
+#[test]
+fn a_copy_made_before_uids_were_recorded_keeps_its_jobs_and_learns_the_uid() {
+    let source = with_uid(secret("team", "reg", "{}"), "u1");
+    let mut legacy = new_copy(&source, "d", "team/job1");
+    legacy.annotations_mut().remove(SECRET_SOURCE_UID);
+    let CopyUpdate::Update(updated) = refresh_copy(&legacy, &source, "team/job2") else {
+        panic!("job2 added")
+    };
+    assert_eq!(updated.annotations()[SECRET_SOURCE_UID], "u1");
+    assert_eq!(
+        references(&updated),
+        BTreeSet::from(["team/job1".to_owned(), "team/job2".to_owned()])
+    );
+}
+
+#[test]
+fn only_copied_secrets_not_yet_pinned_are_pinned() {
+    let reg = with_uid(secret("team", "reg", "{}"), "u1");
+    let mut opaque = with_uid(secret("team", "opaque", "{}"), "u9");
+    opaque.type_ = Some("Opaque".into());
+    let sources = vec![
+        ("reg".to_owned(), Some(reg)),
+        ("missing".to_owned(), None),
+        ("opaque".to_owned(), Some(opaque)),
+    ];
+    let added = pins_to_add(&Pins::new(), &sources).expect("reg is new");
+    assert_eq!(added, Pins::from([("reg".to_owned(), "u1".to_owned())]));
+    assert_eq!(pins_to_add(&added, &sources), None, "nothing more to pin");
+    // A pin is never moved: the replaced Secret stays unpinned-for.
+    let old = Pins::from([("reg".to_owned(), "u0".to_owned())]);
+    assert_eq!(pins_to_add(&old, &sources), None);
+}
+
+#[test]
+fn a_replaced_secret_is_reported_with_both_uids_and_how_to_re_arm() {
+    let problem = Problem::Replaced {
+        namespace: "team".into(),
+        name: "reg".into(),
+        pinned: Some("u1".into()),
+        found: "u2".into(),
+    };
+    assert_eq!(problem.reason(), "PullSecretReplaced");
+    let text = problem.to_string();
+    for words in ["team/reg", "u1", "u2", PULL_SECRET_UIDS, "recreate the job"] {
+        assert!(text.contains(words), "{words:?} missing: {text}");
+    }
+}
+
 #[test]
 fn a_secret_at_the_copy_name_is_reused_only_if_it_names_this_source() {
     let source = secret("team", "reg", "{}");
