@@ -101,15 +101,15 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
         Step::Run { image, parallelism } => (image, parallelism),
     };
 
-    // The daemons may read secrets only in their own namespace: copy the job's there, and keep
-    // the job from vanishing before the copies are released.
+    // Earlier versions kept a job with pull secrets from vanishing before its copies were
+    // released; nothing needs that now (decision 0030).
+    if !drop_old_finalizer(&jobs, job).await? {
+        return Ok(Action::await_change());
+    }
+    // The daemons may read secrets only in their own namespace: copy the job's there.
     let (pull_secrets, notes) = if job.spec.template.pull_secrets.is_empty() {
         (Vec::new(), Vec::new())
     } else {
-        if !set_finalizer(&jobs, job, true).await? {
-            // Gone: a copy made now would list a job that can never release it.
-            return Ok(Action::await_change());
-        }
         let claimed = secrets::claim(
             &ctx.client,
             daemon_ns,
@@ -118,6 +118,12 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
             &job.spec.template.pull_secrets,
         )
         .await?;
+        if claimed.added_reference && !still_exists(&jobs, job).await? {
+            // Deleted while its copies were claimed: the sweep its deletion made may have run
+            // before this reference was written.
+            secrets::release(&ctx.client, daemon_ns, &namespace, &name).await?;
+            return Ok(Action::await_change());
+        }
         // Each Secret left out: a Warning event, and the reason in the status message.
         let mut notes = Vec::with_capacity(claimed.problems.len());
         for problem in claimed.problems {
@@ -309,22 +315,21 @@ async fn refuse(
     Ok(Action::await_change())
 }
 
-/// A job done pulling (finished or being deleted) releases its secret copies, then its finalizer.
+/// A job done pulling (finished or being deleted) releases its secret copies, then drops the
+/// finalizer earlier versions put on it.
 async fn let_go(ctx: &Context, jobs: &Api<ImagePullJob>, job: &ImagePullJob) -> Result<(), Error> {
-    // The finalizer goes on before any copy is made and comes off only after the copies are
-    // released: without it there is nothing to release. A finished job is reconciled on every
-    // change of the NodeImages it owns; this spares each of those reconciles a GET per secret.
-    if !job
-        .finalizers()
-        .iter()
-        .any(|f| f == DELETION_PROTECTION_FINALIZER)
-    {
+    // A finished job is reconciled on every change of the NodeImages it owns: it releases once
+    // per manager start (and whenever it still carries the old finalizer), not on each.
+    let old_finalizer = has_old_finalizer(job);
+    let wants_release = !job.spec.template.pull_secrets.is_empty() && !ctx.was_released(job);
+    if !old_finalizer && !wants_release {
         return Ok(());
     }
     let namespace = job.namespace().unwrap_or_default();
     let daemon_ns = &ctx.opts.daemon_config_namespace;
     secrets::release(&ctx.client, daemon_ns, &namespace, &job.name_any()).await?;
-    set_finalizer(jobs, job, false).await.map(|_| ())
+    ctx.released(job);
+    drop_old_finalizer(jobs, job).await.map(|_| ())
 }
 
 /// Publishes an event on the job; failing to is logged, never fatal.
@@ -341,26 +346,24 @@ async fn publish(ctx: &Context, job: &ImagePullJob, type_: EventType, reason: &s
     }
 }
 
-/// Adds or removes upstream's `apps.kruise.io/deletion-protection` finalizer, guarded by the
-/// job's resourceVersion so a concurrent change to the list is never overwritten. `false`: the
-/// job is gone.
-async fn set_finalizer(
-    jobs: &Api<ImagePullJob>,
-    job: &ImagePullJob,
-    present: bool,
-) -> Result<bool, Error> {
-    let mut finalizers = job.finalizers().to_vec();
-    let has = finalizers
+fn has_old_finalizer(job: &ImagePullJob) -> bool {
+    job.finalizers()
         .iter()
-        .any(|f| f == DELETION_PROTECTION_FINALIZER);
-    if has == present {
+        .any(|f| f == DELETION_PROTECTION_FINALIZER)
+}
+
+/// Removes upstream's `apps.kruise.io/deletion-protection` finalizer, which earlier versions put
+/// on jobs with pull secrets, guarded by the job's resourceVersion so a concurrent change to the
+/// list is never overwritten. `false`: the job is gone.
+async fn drop_old_finalizer(jobs: &Api<ImagePullJob>, job: &ImagePullJob) -> Result<bool, Error> {
+    if !has_old_finalizer(job) {
         return Ok(true);
     }
-    if present {
-        finalizers.push(DELETION_PROTECTION_FINALIZER.to_owned());
-    } else {
-        finalizers.retain(|f| f != DELETION_PROTECTION_FINALIZER);
-    }
+    let finalizers: Vec<&String> = job
+        .finalizers()
+        .iter()
+        .filter(|f| *f != DELETION_PROTECTION_FINALIZER)
+        .collect();
     let patch = serde_json::json!({
         "metadata": { "finalizers": finalizers, "resourceVersion": job.resource_version() }
     });
@@ -376,6 +379,19 @@ async fn set_finalizer(
         // Gone already: nothing to protect.
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
         Err(source) => Err(Error::Finalizer {
+            name: job.name_any(),
+            source,
+        }),
+    }
+}
+
+/// Whether `job` (this very object: same uid) still exists and is not being deleted.
+async fn still_exists(jobs: &Api<ImagePullJob>, job: &ImagePullJob) -> Result<bool, Error> {
+    match jobs.get_metadata_opt(&job.name_any()).await {
+        Ok(found) => Ok(found.is_some_and(|found| {
+            found.metadata.uid == job.metadata.uid && found.metadata.deletion_timestamp.is_none()
+        })),
+        Err(source) => Err(Error::Read {
             name: job.name_any(),
             source,
         }),
