@@ -330,11 +330,19 @@ pub fn release_action(secret: &Secret, job_ns: &str, job: &str) -> Option<Releas
     Some(Release::Update(Box::new(updated)))
 }
 
-/// `namespace` and `name` of a reference (`namespace/name`); `None` if it names no job.
+/// `namespace` and `name` of a reference (`namespace/name`); `None` if it names no job: the
+/// parts must be a valid namespace and object name, as they go into the path of a GET.
 pub(crate) fn parse_reference(reference: &str) -> Option<(&str, &str)> {
-    reference
-        .split_once('/')
-        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'))
+    let (ns, name) = reference.split_once('/')?;
+    let valid = |part: &str, max: usize, dots: bool| {
+        part.len() <= max
+            && part.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && part.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && part.chars().all(|c| {
+                c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (dots && c == '.')
+            })
+    };
+    (valid(ns, 63, false) && valid(name, MAX_NAME, true)).then_some((ns, name))
 }
 
 /// The references of `secret`, if it is a copy (it has a source annotation), that `exists`

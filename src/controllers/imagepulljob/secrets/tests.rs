@@ -241,7 +241,9 @@ fn gone(keys: &[&str]) -> BTreeSet<String> {
 
 #[test]
 fn the_sweep_looks_up_only_the_jobs_the_store_lacks() {
-    let copy = listing("team/kept,team/vanished,other/vanished,no-slash,/x,y/,a/b/c");
+    let copy = listing(
+        "team/kept,team/vanished,other/vanished,no-slash,/x,y/,a/b/c,team/..,Team/x,team/x y,-a/b",
+    );
     let in_store = |ns: &str, name: &str| (ns, name) == ("team", "kept");
     assert_eq!(
         sweep_candidates(&copy, in_store),
