@@ -1,5 +1,6 @@
 //! The installed system's own life on a real cluster: leader failover while a rollout runs,
-//! `helm upgrade` to a new image tag under pod admissions, `helm uninstall`.
+//! `helm upgrade` to a new image tag under pod admissions, `helm uninstall` (leaving no webhook
+//! and no job that cannot be deleted).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,8 +11,9 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kruise_rs::apis::SidecarSet;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kruise_rs::apis::{ImagePullJob, SidecarSet};
+use kruise_rs::controllers::imagepulljob::secrets;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -226,6 +228,120 @@ async fn helm_upgrade_keeps_admitting_and_uninstall_leaves_no_webhooks() {
 
     // Install again for whatever runs next; the chart's namespaces must be gone first.
     let namespaces: Api<Namespace> = Api::all(cluster.client());
+    wait_for("the chart's namespaces to be deleted", TIMEOUT, || async {
+        let gone = namespaces.get_opt(SYSTEM_NAMESPACE).await.ok()?.is_none()
+            && namespaces
+                .get_opt("kruise-daemon-config")
+                .await
+                .ok()?
+                .is_none();
+        gone.then_some(())
+    })
+    .await;
+    cluster.install(FIRST_TAG).await;
+}
+
+/// How long deleting a job or a namespace may take once kruise-rs is gone: nothing is left that
+/// should hold them, so the apiserver's own garbage collection is all that runs.
+const REMOVAL_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A paused ImagePullJob (parallelism 0: it pulls nothing and stays running) that needs the
+/// registry Secret `reg` of its namespace, so the manager copies it for the daemons.
+fn paused_job_with_a_pull_secret(name: &str, node: &str) -> ImagePullJob {
+    serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1",
+        "kind": "ImagePullJob",
+        "metadata": {"name": name},
+        "spec": {
+            "image": "127.0.0.1:5000/e2e/never-pulled:1",
+            "selector": {"names": [node]},
+            "parallelism": 0,
+            "pullSecrets": ["reg"],
+            "completionPolicy": {"type": "Never"}
+        }
+    }))
+    .expect("an ImagePullJob")
+}
+
+/// A namespace holding the registry Secret `reg` and a paused job `name` using it; returns once
+/// the manager has copied `reg` for the daemons on the job's behalf.
+async fn job_with_a_copied_secret(cluster: &Cluster, prefix: &str, name: &str) -> String {
+    let ns = cluster.namespace(prefix, json!({})).await.name;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "reg"},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": r#"{"auths":{}}"#}
+    }))
+    .expect("a Secret");
+    Api::<Secret>::namespaced(cluster.client(), &ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("creating the registry Secret");
+    Api::<ImagePullJob>::namespaced(cluster.client(), &ns)
+        .create(
+            &PostParams::default(),
+            &paused_job_with_a_pull_secret(name, &cluster.node_name),
+        )
+        .await
+        .expect("creating the ImagePullJob");
+    let copies: Api<Secret> = Api::namespaced(cluster.client(), "kruise-daemon-config");
+    let copy = secrets::copy_name(&ns, "reg");
+    let reference = format!("{ns}/{name}");
+    wait_for(
+        "the manager to copy the job's pull secret",
+        TIMEOUT,
+        || async {
+            let copy = copies.get_opt(&copy).await.ok()??;
+            secrets::references(&copy)
+                .contains(&reference)
+                .then_some(())
+        },
+    )
+    .await;
+    ns
+}
+
+/// `helm uninstall` with ImagePullJobs holding pull-secret copies, then deleting one job and the
+/// namespace of another: both finish within a deadline, with no manager left to release anything
+/// (issue 42: a finalizer only the manager removed kept them forever). The system is installed
+/// again afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_helm_uninstall_jobs_with_pull_secrets_and_their_namespaces_delete() {
+    let exclusive = support::exclusive().await;
+    let cluster = exclusive.cluster;
+    let kept_ns = job_with_a_copied_secret(cluster, "e2e-uninstall-job", "pull").await;
+    let deleted_ns = job_with_a_copied_secret(cluster, "e2e-uninstall-ns", "pull").await;
+
+    cluster.helm(&["uninstall", RELEASE, "--wait", "--timeout", "3m"]);
+
+    let jobs: Api<ImagePullJob> = Api::namespaced(cluster.client(), &kept_ns);
+    jobs.delete("pull", &DeleteParams::default())
+        .await
+        .expect("deleting the job");
+    let namespaces: Api<Namespace> = Api::all(cluster.client());
+    namespaces
+        .delete(&deleted_ns, &DeleteParams::default())
+        .await
+        .expect("deleting the namespace");
+    wait_for("the job to be deleted", REMOVAL_DEADLINE, || async {
+        jobs.get_opt("pull").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    wait_for(
+        "the namespace holding a job to be deleted",
+        REMOVAL_DEADLINE,
+        || async {
+            namespaces
+                .get_opt(&deleted_ns)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+
+    // Install again for whatever runs next; the chart's namespaces must be gone first.
     wait_for("the chart's namespaces to be deleted", TIMEOUT, || async {
         let gone = namespaces.get_opt(SYSTEM_NAMESPACE).await.ok()?.is_none()
             && namespaces

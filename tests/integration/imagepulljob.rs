@@ -667,7 +667,7 @@ fn daemon_copy(name: &str, annotations: &[(&str, &str)]) -> Secret {
     }
 }
 
-/// Deletes job `name` and waits until it is gone (its finalizer, if any, removed).
+/// Deletes job `name` and waits until it is gone.
 async fn delete_job_and_wait(env: &Env, name: &str) {
     env.jobs()
         .delete(name, &Default::default())
@@ -748,17 +748,13 @@ async fn pull_secrets_are_copied_for_the_daemons_and_released_when_the_job_finis
     );
     let job = env.jobs().get("pull").await.expect("job");
     assert!(
-        job.finalizers()
-            .iter()
-            .any(|f| f == "apps.kruise.io/deletion-protection")
+        job.finalizers().is_empty(),
+        "no finalizer: deleting the job never waits for the manager (decision 0030)"
     );
 
     env.report(&nodes[0], "127.0.0.1:5000/private/app", "1", "Succeeded")
         .await;
-    env.wait_job("pull", "the job to complete and drop its finalizer", |j| {
-        completed(j) && j.finalizers().is_empty()
-    })
-    .await;
+    env.wait_job("pull", "the job to complete", completed).await;
     wait_for("the unused copy to be deleted", TIMEOUT, || {
         let (copies, copy) = (copies.clone(), copy.clone());
         async move {
@@ -783,10 +779,11 @@ async fn deleting_a_running_job_releases_its_secret_copies() {
     env.job("pull", s).await;
     let (copies, copy, _) = wait_secret_copy(&env).await;
     delete_job_and_wait(&env, "pull").await;
-    assert!(
-        copies.get_opt(&copy).await.expect("read").is_none(),
-        "the copy is released before the job goes"
-    );
+    wait_for("the deleted job's copy to be released", TIMEOUT, || {
+        let (copies, copy) = (copies.clone(), copy.clone());
+        async move { copies.get_opt(&copy).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
 }
 
 /// Every Secret in the daemons' namespace that says it is a copy of `source`.
@@ -841,12 +838,10 @@ async fn a_foreign_secret_at_the_copy_name_is_left_alone_and_reported() {
     env.nodes(1).await;
     registry_secret(&env, "reg").await;
     let copy = kruise_rs::controllers::imagepulljob::secrets::copy_name(&env.ns, "reg");
+    // It lists no job: one listing only jobs that are gone would be swept (decision 0030).
     let squatter = daemon_copy(
         &copy,
-        &[
-            ("imagepulljobs.kruise.io/source-key", "elsewhere/reg"),
-            ("imagepulljobs.kruise.io/references", "elsewhere/job"),
-        ],
+        &[("imagepulljobs.kruise.io/source-key", "elsewhere/reg")],
     );
     ensure_daemon_namespace(&env).await;
     let squatter = daemon_secrets(&env)
@@ -909,6 +904,15 @@ async fn copies_named_the_old_way_go_with_the_last_job_that_references_them() {
     };
     let only_ours = support::unique_name("reg");
     let shared = support::unique_name("reg");
+    // A job that stays (unlabelled: the test controllers leave it alone); one that did not
+    // exist would be swept from the shared copy.
+    env.jobs()
+        .create(
+            &PostParams::default(),
+            &ImagePullJob::new("staying", spec("nginx:staying", None, 0)),
+        )
+        .await
+        .expect("create the staying job");
     ensure_daemon_namespace(&env).await;
     for (name, refs) in [
         (&only_ours, format!("{}/pull", env.ns)),
@@ -925,12 +929,12 @@ async fn copies_named_the_old_way_go_with_the_last_job_that_references_them() {
     let (copies, copy, _) = wait_secret_copy(&env).await;
 
     delete_job_and_wait(&env, "pull").await;
-    // The finalizer comes off only after the release: nothing is left to wait for.
     for gone in [&copy, &only_ours] {
-        assert!(
-            copies.get_opt(gone).await.expect("read").is_none(),
-            "{gone} is released with its last job"
-        );
+        wait_for(&format!("{gone} to go with its last job"), TIMEOUT, || {
+            let copies = copies.clone();
+            async move { copies.get_opt(gone).await.ok()?.is_none().then_some(()) }
+        })
+        .await;
     }
     let kept = copies
         .get(&shared)
@@ -1233,4 +1237,146 @@ async fn a_full_nodeimage_is_reported_not_retried_as_a_conflict() {
     assert!(status.completion_time.is_none(), "{status:?}");
     let ni = env.nodeimages().get(&node).await.expect("NodeImage");
     assert_eq!(ni.spec.images.len(), 256, "{:?}", event.note);
+}
+
+/// The label the manager of [`copies_of_vanished_jobs_are_swept_and_no_job_waits_for_the_manager`]
+/// is confined to (the shared test controllers ignore its jobs).
+const SWEEP_LABEL: &str = "kruise-rs-test-sweep";
+
+/// No job waits for the manager to be deleted (issue 42: `helm uninstall` left jobs only the
+/// manager could release): a copy whose jobs all vanished while no manager ran goes when one
+/// starts, one that still serves a job (even one out of the manager's scope) only loses the
+/// vanished reference, a job gets no finalizer (and loses the one earlier versions set), and
+/// deleting a job releases its copy.
+#[tokio::test]
+async fn copies_of_vanished_jobs_are_swept_and_no_job_waits_for_the_manager() {
+    let cluster = support::cluster().await;
+    let client = cluster.client().await;
+    let jobs_ns = cluster.namespace("sweep-jobs").await;
+    let daemon_ns_guard = cluster.namespace("sweep-daemon").await;
+    let daemon_ns = daemon_ns_guard.name().to_owned();
+    let env = Env {
+        client: client.clone(),
+        ns: jobs_ns.name().to_owned(),
+        run: support::unique_name("sweep"),
+        _ns_guard: jobs_ns,
+    };
+    let copies: Api<Secret> = Api::namespaced(client.clone(), &daemon_ns);
+    let key = |job: &str| format!("{}/{job}", env.ns);
+    // Out of the manager's scope (no SWEEP_LABEL), but there: its reference stays.
+    env.jobs()
+        .create(
+            &PostParams::default(),
+            &ImagePullJob::new("present", spec("nginx:present", None, 0)),
+        )
+        .await
+        .expect("create the job out of scope");
+    let left_behind = |name: &str, refs: String| {
+        let mut copy = daemon_copy(
+            name,
+            &[
+                ("imagepulljobs.kruise.io/source-key", &key(name)),
+                ("imagepulljobs.kruise.io/references", &refs),
+                ("imagepulljobs.kruise.io/mode", "batch"),
+            ],
+        );
+        copy.metadata.namespace = Some(daemon_ns.clone());
+        copy
+    };
+    for copy in [
+        left_behind("orphan", key("vanished")),
+        left_behind("shared", format!("{},{}", key("vanished"), key("present"))),
+    ] {
+        copies
+            .create(&PostParams::default(), &copy)
+            .await
+            .expect("create a copy left behind");
+    }
+
+    let value = support::unique_name("sweep");
+    let opts = kruise_rs::manager::ManagerOptions {
+        controllers: kruise_rs::controllers::ControllerOptions {
+            label_selector: Some(format!("{SWEEP_LABEL}={value}")),
+            daemon_config_namespace: daemon_ns.clone(),
+            ..support::test_controller_options()
+        },
+        ..support::manager_options(cluster.kubeconfig_path())
+    };
+    let manager = support::start_manager(opts, TIMEOUT, "sweep").await;
+
+    wait_for("the orphaned copy to be deleted", TIMEOUT, || {
+        let copies = copies.clone();
+        async move { copies.get_opt("orphan").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let present = key("present");
+    wait_for("the vanished job's reference to go", TIMEOUT, || {
+        let (copies, present) = (copies.clone(), present.clone());
+        async move {
+            let copy = copies.get_opt("shared").await.ok()??;
+            (copy.annotations()["imagepulljobs.kruise.io/references"] == present).then_some(())
+        }
+    })
+    .await;
+
+    // A job in scope, with the finalizer earlier versions put on jobs with pull secrets.
+    registry_secret(&env, "reg").await;
+    let mut job = ImagePullJob::new("pull", {
+        let mut s = spec("127.0.0.1:5000/private/app:sweep", None, 0);
+        s.template.pull_secrets = vec!["reg".into()];
+        s
+    });
+    job.metadata.labels = Some(BTreeMap::from([(SWEEP_LABEL.to_owned(), value.clone())]));
+    job.metadata.finalizers = Some(vec!["apps.kruise.io/deletion-protection".to_owned()]);
+    env.jobs()
+        .create(&PostParams::default(), &job)
+        .await
+        .expect("create the job");
+    let copy = kruise_rs::controllers::imagepulljob::secrets::copy_name(&env.ns, "reg");
+    let pull = key("pull");
+    wait_for(
+        "the job's copy, and no finalizer on the job",
+        TIMEOUT,
+        || {
+            let (copies, copy, pull, jobs) =
+                (copies.clone(), copy.clone(), pull.clone(), env.jobs());
+            async move {
+                let copy = copies.get_opt(&copy).await.ok()??;
+                let job = jobs.get("pull").await.ok()?;
+                (copy.annotations()["imagepulljobs.kruise.io/references"] == pull
+                    && job.finalizers().is_empty())
+                .then_some(())
+            }
+        },
+    )
+    .await;
+
+    env.jobs()
+        .delete("pull", &Default::default())
+        .await
+        .expect("delete the job");
+    assert!(
+        env.jobs().get_opt("pull").await.expect("read").is_none(),
+        "the job goes at once: nothing holds it"
+    );
+    wait_for("the deleted job's copy to be released", TIMEOUT, || {
+        let (copies, copy) = (copies.clone(), copy.clone());
+        async move { copies.get_opt(&copy).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    assert_eq!(
+        copies
+            .get("shared")
+            .await
+            .expect("still serving a job")
+            .annotations()["imagepulljobs.kruise.io/references"],
+        present
+    );
+
+    let _ = manager.stop.send(());
+    manager
+        .task
+        .await
+        .expect("the manager task")
+        .expect("the manager stops cleanly");
 }

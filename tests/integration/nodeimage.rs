@@ -199,18 +199,10 @@ impl Env {
             .unwrap_or_else(|e| panic!("creating ImagePullJob {name}: {e}"))
     }
 
-    /// Deletes a job and waits until it is gone (dropping the finalizer the ImagePullJob
-    /// controller may have put on it, which is not what these tests are about).
+    /// Deletes a job and waits until it is gone.
     async fn delete_job(&self, ns: &TestNamespace, name: &str) {
         let jobs: Api<ImagePullJob> = Api::namespaced(self.client.clone(), ns.name());
         let _ = jobs.delete(name, &DeleteParams::default()).await;
-        let _ = jobs
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
-            )
-            .await;
         wait_for(&format!("ImagePullJob {name} to be gone"), TIMEOUT, || {
             let jobs = jobs.clone();
             async move { matches!(jobs.get_opt(name).await, Ok(None)).then_some(()) }

@@ -556,8 +556,8 @@ fn job_key(job: &ImagePullJob) -> String {
 }
 
 /// The ImagePullJobs labelled with SidecarSet `set`'s name, in every namespace, that are not
-/// being deleted (a job being deleted is gone as far as the SidecarSet controller goes; the
-/// ImagePullJob controller may still hold a finalizer on it), by namespace and name.
+/// being deleted (a job being deleted is gone as far as the SidecarSet controller goes, whatever
+/// finalizer another party holds on it), by namespace and name.
 async fn live_jobs(client: &Client, set: &str) -> Vec<ImagePullJob> {
     let params = ListParams::default().labels(&format!("{SIDECARSET_NAME_LABEL}={set}"));
     let mut jobs: Vec<ImagePullJob> = Api::<ImagePullJob>::all(client.clone())

@@ -30,7 +30,7 @@ mod watch;
 
 pub use self::watch::run_with_feeds;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -66,8 +66,14 @@ pub enum Error {
     },
     #[error(transparent)]
     Secrets(#[from] SecretsError),
-    #[error("updating the finalizers of ImagePullJob {name}")]
-    Finalizer {
+    #[error("updating the finalizers or pull-secret pins of ImagePullJob {name}")]
+    Metadata {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("reading ImagePullJob {name}")]
+    Read {
         name: String,
         #[source]
         source: kube::Error,
@@ -93,6 +99,9 @@ pub struct Context {
     refreshed: Mutex<HashMap<String, i64>>,
     /// NodeImages as our own patches returned them, until the store has caught up with them.
     written: Arc<WrittenNodeImages>,
+    /// The uids of finished jobs whose copies were released since this manager started
+    /// (forgotten when the job is deleted).
+    released: Arc<Mutex<HashSet<String>>>,
     backoff: Arc<Backoff>,
     opts: ControllerOptions,
     recorder: Recorder,
@@ -131,6 +140,21 @@ impl Context {
             Some(generation) => refreshed.insert(uid, generation),
             None => refreshed.remove(&uid),
         };
+    }
+
+    fn was_released(&self, job: &ImagePullJob) -> bool {
+        let released = self.released.lock().unwrap_or_else(|e| e.into_inner());
+        job.metadata
+            .uid
+            .as_ref()
+            .is_some_and(|uid| released.contains(uid))
+    }
+
+    fn released(&self, job: &ImagePullJob) {
+        if let Some(uid) = job.metadata.uid.clone() {
+            let mut released = self.released.lock().unwrap_or_else(|e| e.into_inner());
+            released.insert(uid);
+        }
     }
 
     fn remember(&self, written: LeanNodeImage) {

@@ -22,7 +22,8 @@ use crate::image::ImageRef;
 /// What a job needs before any node is looked at.
 #[derive(Debug, PartialEq)]
 pub enum Step {
-    /// Being deleted: release its secret copies and its finalizer; its NodeImage entries are
+    /// Being deleted (held by someone's finalizer: kruise-rs sets none, decision 0030): release
+    /// its secret copies and the finalizer earlier versions set; its NodeImage entries are
     /// collected by the NodeImage controller once it is gone.
     LetGo,
     /// Finished: release as above, then delete the job at `expiry`

@@ -102,8 +102,14 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
         Step::Run { image, parallelism } => (image, parallelism),
     };
 
-    // The daemons may read secrets only in their own namespace: copy the job's there, and keep
-    // the job from vanishing before the copies are released.
+    // Earlier versions kept a job with pull secrets from vanishing before its copies were
+    // released; nothing needs that now (decision 0030). The write's event brings the job back
+    // with the resourceVersion the pin write below is guarded by.
+    if has_old_finalizer(job) {
+        drop_old_finalizer(&jobs, job).await?;
+        return Ok(Action::await_change());
+    }
+    // The daemons may read secrets only in their own namespace: copy the job's there.
     let (pull_secrets, notes) = if job.spec.template.pull_secrets.is_empty() {
         (Vec::new(), Vec::new())
     } else {
@@ -122,8 +128,10 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
             (None, false) => secrets::pins_to_add(&pins, &sources),
             _ => None,
         };
-        if !protect(&jobs, job, added.as_ref()).await? {
-            // Gone: a copy made now would list a job that can never release it.
+        if let Some(added) = &added
+            && !write_pins(&jobs, job, added).await?
+        {
+            // Gone: a copy made now would list a job that no longer exists.
             return Ok(Action::await_change());
         }
         let claimed = secrets::claim(
@@ -135,6 +143,12 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
             added.as_ref().unwrap_or(&pins),
         )
         .await?;
+        if claimed.added_reference && !still_exists(&jobs, job).await? {
+            // Deleted while its copies were claimed: the sweep its deletion made may have run
+            // before this reference was written.
+            secrets::release(&ctx.client, daemon_ns, &namespace, &name).await?;
+            return Ok(Action::await_change());
+        }
         // Each Secret left out: a Warning event, and the reason in the status message.
         let mut notes = Vec::with_capacity(claimed.problems.len() + 1);
         for problem in unreadable.into_iter().chain(claimed.problems) {
@@ -326,22 +340,21 @@ async fn refuse(
     Ok(Action::await_change())
 }
 
-/// A job done pulling (finished or being deleted) releases its secret copies, then its finalizer.
+/// A job done pulling (finished or being deleted) releases its secret copies, then drops the
+/// finalizer earlier versions put on it.
 async fn let_go(ctx: &Context, jobs: &Api<ImagePullJob>, job: &ImagePullJob) -> Result<(), Error> {
-    // The finalizer goes on before any copy is made and comes off only after the copies are
-    // released: without it there is nothing to release. A finished job is reconciled on every
-    // change of the NodeImages it owns; this spares each of those reconciles a GET per secret.
-    if !job
-        .finalizers()
-        .iter()
-        .any(|f| f == DELETION_PROTECTION_FINALIZER)
-    {
+    // A finished job is reconciled on every change of the NodeImages it owns: it releases once
+    // per manager start (and whenever it still carries the old finalizer), not on each.
+    let old_finalizer = has_old_finalizer(job);
+    let wants_release = !job.spec.template.pull_secrets.is_empty() && !ctx.was_released(job);
+    if !old_finalizer && !wants_release {
         return Ok(());
     }
     let namespace = job.namespace().unwrap_or_default();
     let daemon_ns = &ctx.opts.daemon_config_namespace;
     secrets::release(&ctx.client, daemon_ns, &namespace, &job.name_any()).await?;
-    set_finalizer(jobs, job, false).await.map(|_| ())
+    ctx.released(job);
+    drop_old_finalizer(jobs, job).await.map(|_| ())
 }
 
 /// Publishes an event on the job; failing to is logged, never fatal.
@@ -358,65 +371,43 @@ async fn publish(ctx: &Context, job: &ImagePullJob, type_: EventType, reason: &s
     }
 }
 
-/// Before the job's first copy: its finalizer, and `pins` (when some are to be added) in its
-/// pin annotation, in one write. `false`: the job is gone.
-async fn protect(
-    jobs: &Api<ImagePullJob>,
-    job: &ImagePullJob,
-    pins: Option<&Pins>,
-) -> Result<bool, Error> {
-    match pins {
-        None => set_finalizer(jobs, job, true).await,
-        Some(pins) => {
-            let annotations =
-                serde_json::json!({ PULL_SECRET_UIDS: pull_secret_pins::render(pins) });
-            write_finalizers(jobs, job, with_finalizer(job, true), Some(annotations)).await
-        }
-    }
-}
-
-/// The job's finalizers with upstream's `apps.kruise.io/deletion-protection` `present` or not.
-fn with_finalizer(job: &ImagePullJob, present: bool) -> Vec<String> {
-    let mut finalizers = job.finalizers().to_vec();
-    finalizers.retain(|f| f != DELETION_PROTECTION_FINALIZER);
-    if present {
-        finalizers.push(DELETION_PROTECTION_FINALIZER.to_owned());
-    }
-    finalizers
-}
-
-/// Adds or removes upstream's `apps.kruise.io/deletion-protection` finalizer, guarded by the
-/// job's resourceVersion so a concurrent change to the list is never overwritten. `false`: the
-/// job is gone.
-async fn set_finalizer(
-    jobs: &Api<ImagePullJob>,
-    job: &ImagePullJob,
-    present: bool,
-) -> Result<bool, Error> {
-    let has = job
-        .finalizers()
+fn has_old_finalizer(job: &ImagePullJob) -> bool {
+    job.finalizers()
         .iter()
-        .any(|f| f == DELETION_PROTECTION_FINALIZER);
-    if has == present {
+        .any(|f| f == DELETION_PROTECTION_FINALIZER)
+}
+
+/// Removes upstream's `apps.kruise.io/deletion-protection` finalizer, which earlier versions put
+/// on jobs with pull secrets, guarded by the job's resourceVersion so a concurrent change to the
+/// list is never overwritten. `false`: the job is gone.
+async fn drop_old_finalizer(jobs: &Api<ImagePullJob>, job: &ImagePullJob) -> Result<bool, Error> {
+    if !has_old_finalizer(job) {
         return Ok(true);
     }
-    write_finalizers(jobs, job, with_finalizer(job, present), None).await
+    let finalizers: Vec<&String> = job
+        .finalizers()
+        .iter()
+        .filter(|f| *f != DELETION_PROTECTION_FINALIZER)
+        .collect();
+    patch_metadata(jobs, job, serde_json::json!({ "finalizers": finalizers })).await
 }
 
-/// Writes `finalizers` (and `annotations`, merged, when given) guarded by the job's
-/// resourceVersion. `false`: the job is gone.
-async fn write_finalizers(
+/// Before the job's first copy of a Secret: `pins` in the job's pin annotation (decision 0029).
+/// `false`: the job is gone.
+async fn write_pins(jobs: &Api<ImagePullJob>, job: &ImagePullJob, pins: &Pins) -> Result<bool, Error> {
+    let annotations = serde_json::json!({ PULL_SECRET_UIDS: pull_secret_pins::render(pins) });
+    patch_metadata(jobs, job, serde_json::json!({ "annotations": annotations })).await
+}
+
+/// Merges `metadata` into the job's, guarded by its resourceVersion so a concurrent change is
+/// never overwritten. `false`: the job is gone.
+async fn patch_metadata(
     jobs: &Api<ImagePullJob>,
     job: &ImagePullJob,
-    finalizers: Vec<String>,
-    annotations: Option<serde_json::Value>,
+    mut metadata: serde_json::Value,
 ) -> Result<bool, Error> {
-    let mut patch = serde_json::json!({
-        "metadata": { "finalizers": finalizers, "resourceVersion": job.resource_version() }
-    });
-    if let Some(annotations) = annotations {
-        patch["metadata"]["annotations"] = annotations;
-    }
+    metadata["resourceVersion"] = serde_json::json!(job.resource_version());
+    let patch = serde_json::json!({ "metadata": metadata });
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..Default::default()
@@ -426,9 +417,21 @@ async fn write_finalizers(
         .await
     {
         Ok(_) => Ok(true),
-        // Gone already: nothing to protect.
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(source) => Err(Error::Finalizer {
+        Err(source) => Err(Error::Metadata {
+            name: job.name_any(),
+            source,
+        }),
+    }
+}
+
+/// Whether `job` (this very object: same uid) still exists and is not being deleted.
+async fn still_exists(jobs: &Api<ImagePullJob>, job: &ImagePullJob) -> Result<bool, Error> {
+    match jobs.get_metadata_opt(&job.name_any()).await {
+        Ok(found) => Ok(found.is_some_and(|found| {
+            found.metadata.uid == job.metadata.uid && found.metadata.deletion_timestamp.is_none()
+        })),
+        Err(source) => Err(Error::Read {
             name: job.name_any(),
             source,
         }),

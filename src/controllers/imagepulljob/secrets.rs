@@ -26,9 +26,11 @@
 //!   whatever its name ([`release_action`]). That covers copies named the way earlier versions
 //!   named them (a `DefaultHasher` suffix): NodeImage entries written then still name them, so
 //!   they live exactly as long as a job references them and go with the last one, like any
-//!   other copy. A job never leaves references behind: it carries the
-//!   `apps.kruise.io/deletion-protection` finalizer from before its first copy until its copies
-//!   are released.
+//!   other copy.
+//! - **A job's deletion never waits for the manager** (decision 0030): jobs carry no finalizer.
+//!   A finished job releases its copies; a deleted one is gone at once, and [`sweep`] (after
+//!   every job deletion event and every full list of the jobs, hence at start) drops the
+//!   references to jobs that no longer exist, deleting the copies left serving none.
 //!
 //! Reference updates and deletes carry the Secret's resourceVersion (and uid): two jobs updating
 //! one copy never drop each other.
@@ -40,6 +42,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 
+use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::ReferenceObject;
 use crate::apis::pull_secret_pins::{self, Pin, Pins};
 use crate::apis::well_known::{
@@ -65,6 +68,13 @@ pub enum SecretsError {
     #[error("{action} Secret {namespace}/{name}")]
     Kube {
         action: &'static str,
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("reading ImagePullJob {namespace}/{name}")]
+    ReadJob {
         namespace: String,
         name: String,
         #[source]
@@ -378,6 +388,60 @@ pub fn release_action(secret: &Secret, job_ns: &str, job: &str) -> Option<Releas
     Some(Release::Update(Box::new(updated)))
 }
 
+/// `namespace` and `name` of a reference (`namespace/name`); `None` if it names no job: the
+/// parts must be a valid namespace and object name, as they go into the path of a GET.
+pub(crate) fn parse_reference(reference: &str) -> Option<(&str, &str)> {
+    let (ns, name) = reference.split_once('/')?;
+    let valid = |part: &str, max: usize, dots: bool| {
+        part.len() <= max
+            && part.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && part.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && part.chars().all(|c| {
+                c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (dots && c == '.')
+            })
+    };
+    (valid(ns, 63, false) && valid(name, MAX_NAME, true)).then_some((ns, name))
+}
+
+/// The references of `secret`, if it is a copy (it has a source annotation), that `exists`
+/// cannot vouch for: the jobs the sweep must look up. References that name no job are never
+/// candidates: nothing could release them, so nothing sweeps them either.
+pub(crate) fn sweep_candidates(
+    secret: &Secret,
+    exists: impl Fn(&str, &str) -> bool,
+) -> BTreeSet<String> {
+    if !secret.annotations().contains_key(SECRET_SOURCE_KEY) {
+        return BTreeSet::new();
+    }
+    references(secret)
+        .into_iter()
+        .filter(|r| parse_reference(r).is_some_and(|(ns, name)| !exists(ns, name)))
+        .collect()
+}
+
+/// What the sweep does to `secret` given the jobs known to be `gone`: `None` unless it is a copy
+/// that lists one of them; a copy whose references are all gone is deleted. A copy that lists no
+/// job at all is left alone (no version of kruise-rs leaves one; whoever made it owns it).
+pub(crate) fn sweep_action(secret: &Secret, gone: &BTreeSet<String>) -> Option<Release> {
+    if !secret.annotations().contains_key(SECRET_SOURCE_KEY) {
+        return None;
+    }
+    let mut refs = references(secret);
+    let before = refs.len();
+    refs.retain(|r| !gone.contains(r));
+    if refs.len() == before {
+        return None;
+    }
+    if refs.is_empty() {
+        return Some(Release::Delete);
+    }
+    let mut updated = secret.clone();
+    updated
+        .annotations_mut()
+        .insert(SECRET_REFERENCES.into(), join(&refs));
+    Some(Release::Update(Box::new(updated)))
+}
+
 /// What the NodeImage lists for a copy.
 pub fn reference_object(namespace: &str, copy: &str) -> ReferenceObject {
     ReferenceObject {
@@ -394,6 +458,9 @@ pub struct Claimed {
     pub refs: Vec<ReferenceObject>,
     /// The `pullSecrets` left out, and why.
     pub problems: Vec<Problem>,
+    /// Whether a copy lists the job now that did not before: a job deleted meanwhile would be
+    /// listed with nothing left to release it, so the caller checks it still exists.
+    pub added_reference: bool,
 }
 
 /// The job's `pullSecrets` as found in its namespace now (`None`: no such Secret), in order.
@@ -496,11 +563,14 @@ pub async fn claim(
             continue;
         }
         let conflict = loop {
-            let result = match copies
+            let existing = copies
                 .get_opt(&copy)
                 .await
-                .map_err(kube_err("reading", daemon_ns, &copy))?
-            {
+                .map_err(kube_err("reading", daemon_ns, &copy))?;
+            let adds = existing
+                .as_ref()
+                .is_none_or(|e| !references(e).contains(&job_key));
+            let result = match existing {
                 None => copies
                     .create(
                         &PostParams::default(),
@@ -518,7 +588,10 @@ pub async fn claim(
                 },
             };
             match result {
-                Ok(_) => break None,
+                Ok(_) => {
+                    claimed.added_reference |= adds;
+                    break None;
+                }
                 // Created or changed by someone else just now: decide again on fresh data.
                 Err((_, e)) if is_status(&e, 409) => continue,
                 Err((action, e)) => return Err(kube_err(action, daemon_ns, &copy)(e)),
@@ -551,7 +624,7 @@ async fn give_up(
         .await
         .map_err(kube_err("reading", daemon_ns, copy))?
     {
-        Some(secret) => release_one(copies, daemon_ns, secret, job_ns, job_key).await,
+        Some(secret) => settle(copies, daemon_ns, secret, |s| release_action(s, job_ns, job_key)).await,
         None => Ok(()),
     }
 }
@@ -575,22 +648,77 @@ pub async fn release(
         .await
         .map_err(kube_err("listing", daemon_ns, ""))?;
     for secret in listed.items {
-        release_one(&copies, daemon_ns, secret, job_ns, &job_key).await?;
+        settle(&copies, daemon_ns, secret, |s| {
+            release_action(s, job_ns, &job_key)
+        })
+        .await?;
     }
     Ok(())
 }
 
-/// Drops `job_key` from `secret`'s references, if it is a copy listing the job, deleting it
-/// when the job was its last; a write refused as stale decides again on a fresh read.
-async fn release_one(
+/// Drops the references to jobs that no longer exist from every copy in `daemon_ns`, deleting
+/// the copies left serving none. `in_store`: whether the caller's job store holds the job
+/// (`namespace`, `name`); any other is looked up, and only a 404 counts as gone, so jobs outside
+/// the caller's watch, or not seen by it yet, keep their references. Returns how many copies
+/// were updated or deleted.
+pub async fn sweep(
+    client: &Client,
+    daemon_ns: &str,
+    in_store: impl Fn(&str, &str) -> bool,
+) -> Result<usize, SecretsError> {
+    let copies: Api<Secret> = Api::namespaced(client.clone(), daemon_ns);
+    let listed = copies
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_err("listing", daemon_ns, ""))?
+        .items;
+    let mut gone = BTreeSet::new();
+    let mut present = BTreeSet::new();
+    for secret in &listed {
+        for reference in sweep_candidates(secret, &in_store) {
+            if gone.contains(&reference) || present.contains(&reference) {
+                continue;
+            }
+            let Some((namespace, name)) = parse_reference(&reference) else {
+                continue;
+            };
+            let jobs: Api<ImagePullJob> = Api::namespaced(client.clone(), namespace);
+            match jobs.get_metadata_opt(name).await {
+                Ok(None) => gone.insert(reference),
+                Ok(Some(_)) => present.insert(reference),
+                Err(source) => {
+                    return Err(SecretsError::ReadJob {
+                        namespace: namespace.to_owned(),
+                        name: name.to_owned(),
+                        source,
+                    });
+                }
+            };
+        }
+    }
+    if gone.is_empty() {
+        return Ok(0);
+    }
+    let mut settled = 0;
+    for secret in listed {
+        if sweep_action(&secret, &gone).is_some() {
+            settle(&copies, daemon_ns, secret, |s| sweep_action(s, &gone)).await?;
+            settled += 1;
+        }
+    }
+    Ok(settled)
+}
+
+/// Applies `action` to `secret` until it has nothing more to do: each write is guarded by the
+/// resourceVersion it was decided on, and a 409 decides again on the Secret as it is now.
+async fn settle(
     copies: &Api<Secret>,
     daemon_ns: &str,
     mut secret: Secret,
-    job_ns: &str,
-    job_key: &str,
+    action: impl Fn(&Secret) -> Option<Release>,
 ) -> Result<(), SecretsError> {
     let name = secret.name_any();
-    while let Some(action) = release_action(&secret, job_ns, job_key) {
+    while let Some(action) = action(&secret) {
         let result = match action {
             Release::Delete => {
                 let precondition = Preconditions {

@@ -1,6 +1,7 @@
 //! The ImagePullJob controller's watches and triggers: jobs, NodeImages (shared store with the
 //! reconciles) and the pods of the shared pod feed, and which jobs each change wakes.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,10 +13,10 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::reconcile::{error_policy, key, reconcile};
-use super::{Context, NAME, WrittenNodeImages};
+use super::{Context, NAME, WrittenNodeImages, secrets};
 use crate::apis::imagepulljob::ImagePullJob;
 use crate::apis::nodeimage::NodeImage;
 use crate::controllers::ControllerOptions;
@@ -24,6 +25,7 @@ use crate::controllers::shared::lean_nodeimage::NodeImageFeed;
 use crate::controllers::shared::pod_feed::PodFeed;
 use crate::controllers::shared::pod_summary::PodSummary;
 use crate::controllers::shared::shutdown::run_until_shutdown;
+use crate::error_chain::error_chain;
 use crate::events::Recorder;
 
 /// Jobs a NodeImage change may concern: running jobs whose selector could include the node,
@@ -106,6 +108,12 @@ pub async fn run_with_feeds(
     let (jobs_listed, mut jobs_listed_rx) = watch::channel(false);
     let backoff = Arc::new(Backoff::default());
     let forget_deleted = backoff::forget_deleted(backoff.clone(), job_reader.clone(), "", key);
+    // Every full list (the first one, at start) and every deletion: the copies may list jobs
+    // that are gone (decision 0030). A change made while a sweep runs makes one more sweep.
+    let (wake_sweep, sweep_wakes) = watch::channel(());
+    let released: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let released_jobs = released.clone();
+    let released_store = job_reader.clone();
     let job_events = watcher(Api::<ImagePullJob>::all(client.clone()), scoped)
         .default_backoff()
         .reflect(job_writer)
@@ -119,6 +127,24 @@ pub async fn run_with_feeds(
             }
             if matches!(event, Ok(watcher::Event::InitDone)) {
                 jobs_listed.send_replace(true);
+            }
+            match event {
+                Ok(watcher::Event::Delete(job)) => {
+                    if let Some(uid) = job.metadata.uid.as_ref() {
+                        lock(&released_jobs).remove(uid);
+                    }
+                    wake_sweep.send_replace(());
+                }
+                Ok(watcher::Event::InitDone) => {
+                    let live: HashSet<String> = released_store
+                        .state()
+                        .iter()
+                        .filter_map(|job| job.metadata.uid.clone())
+                        .collect();
+                    lock(&released_jobs).retain(|uid| live.contains(uid));
+                    wake_sweep.send_replace(());
+                }
+                _ => {}
             }
         })
         .applied_objects();
@@ -159,6 +185,12 @@ pub async fn run_with_feeds(
         }
     });
     let metrics = opts.metrics.clone();
+    let sweeper = sweep_copies(
+        client.clone(),
+        opts.daemon_config_namespace.clone(),
+        controller.store(),
+        sweep_wakes,
+    );
     let ctx = Arc::new(Context {
         caches_ready: caches_ready_rx,
         recorder: Recorder::for_manager(client.clone()),
@@ -168,6 +200,7 @@ pub async fn run_with_feeds(
         jobs: controller.store(),
         refreshed: Mutex::default(),
         written,
+        released,
         backoff,
         opts,
     });
@@ -193,7 +226,53 @@ pub async fn run_with_feeds(
                 warn!(error = %err, "imagepulljob controller");
             }
         });
+    let running = async move {
+        tokio::select! {
+            () = running => {}
+            () = sweeper => {}
+        }
+    };
     run_until_shutdown(running, shutdown, &job_store).await;
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// First wait after a failed sweep; doubled on each failure in a row, up to [`SWEEP_RETRY_MAX`].
+const SWEEP_RETRY: Duration = Duration::from_secs(1);
+const SWEEP_RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// Sweeps the copies in `daemon_ns` (see [`secrets::sweep`]) each time `wakes` changes, and
+/// again after a delay when a sweep fails. Ends when the job watch is gone.
+async fn sweep_copies(
+    client: Client,
+    daemon_ns: String,
+    jobs: Store<ImagePullJob>,
+    mut wakes: watch::Receiver<()>,
+) {
+    let mut retry = SWEEP_RETRY;
+    while wakes.changed().await.is_ok() {
+        loop {
+            wakes.borrow_and_update();
+            let in_store =
+                |ns: &str, name: &str| jobs.get(&ObjectRef::new(name).within(ns)).is_some();
+            match secrets::sweep(&client, &daemon_ns, in_store).await {
+                Ok(swept) => {
+                    if swept > 0 {
+                        info!(swept, namespace = %daemon_ns, "released the copies of deleted jobs");
+                    }
+                    retry = SWEEP_RETRY;
+                    break;
+                }
+                Err(err) => {
+                    warn!(error = %error_chain(&err), retry_in = ?retry, "cannot sweep the pull-secret copies");
+                    tokio::time::sleep(retry).await;
+                    retry = (retry * 2).min(SWEEP_RETRY_MAX);
+                }
+            }
+        }
+    }
 }
 
 /// The jobs' nodes by state (desired, active, succeeded, failed), summed over their statuses.

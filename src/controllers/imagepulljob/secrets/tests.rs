@@ -306,3 +306,60 @@ fn references_tolerate_spaces_and_empty_entries() {
         BTreeSet::from(["a/x".to_owned(), "b/y".to_owned()])
     );
 }
+
+fn listing(refs: &str) -> Secret {
+    let mut copy = new_copy(&secret("team", "reg", "{}"), "d", "team/job1");
+    copy.annotations_mut()
+        .insert(SECRET_REFERENCES.into(), refs.into());
+    copy
+}
+
+fn gone(keys: &[&str]) -> BTreeSet<String> {
+    keys.iter().map(|k| (*k).to_owned()).collect()
+}
+
+#[test]
+fn the_sweep_looks_up_only_the_jobs_the_store_lacks() {
+    let copy = listing(
+        "team/kept,team/vanished,other/vanished,no-slash,/x,y/,a/b/c,team/..,Team/x,team/x y,-a/b",
+    );
+    let in_store = |ns: &str, name: &str| (ns, name) == ("team", "kept");
+    assert_eq!(
+        sweep_candidates(&copy, in_store),
+        gone(&["other/vanished", "team/vanished"]),
+        "references naming no job are never candidates"
+    );
+    // A Secret that is no copy (no source annotation) is never swept, whatever it lists.
+    let mut plain = secret("d", "reg", "{}");
+    plain
+        .annotations_mut()
+        .insert(SECRET_REFERENCES.into(), "team/vanished".into());
+    assert!(sweep_candidates(&plain, |_, _| false).is_empty());
+    assert_eq!(sweep_action(&plain, &gone(&["team/vanished"])), None);
+}
+
+#[test]
+fn the_sweep_drops_gone_jobs_and_deletes_a_copy_serving_none() {
+    assert_eq!(
+        sweep_action(&listing("team/a,team/b"), &gone(&["team/a", "team/b"])),
+        Some(Release::Delete)
+    );
+    let Some(Release::Update(updated)) =
+        sweep_action(&listing("team/a,team/b"), &gone(&["team/a", "other/c"]))
+    else {
+        panic!("team/a dropped")
+    };
+    assert_eq!(references(&updated), gone(&["team/b"]));
+    assert_eq!(
+        updated.annotations()[SECRET_SOURCE_KEY],
+        "team/reg",
+        "the rest of the copy is kept"
+    );
+    assert_eq!(
+        sweep_action(&listing("team/a"), &gone(&["team/b"])),
+        None,
+        "nothing it lists is gone"
+    );
+    // No references at all: not something a job left, so not the sweep's to delete.
+    assert_eq!(sweep_action(&listing(""), &gone(&["team/a"])), None);
+}
