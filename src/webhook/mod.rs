@@ -7,8 +7,10 @@
 //!    whichever replica comes first;
 //! 2. the HTTPS server ([`server`]) on `--webhook-addr`;
 //! 3. the webhook configurations ([`configuration`]) applied with the CA as `caBundle`;
-//! 4. until shutdown, the certificates re-checked at the instant they need renewing, the server
-//!    reloaded and the configurations re-applied when they change.
+//! 4. until shutdown, self-managed: the Secret watched, and re-checked when a renewal or the end
+//!    of a rotation's grace comes due; a new CA goes into `caBundle` beside the previous ones
+//!    before this replica serves a certificate it signed (a deleted Secret is recreated by the
+//!    replica whose create wins). From a directory: read again every five minutes.
 //!
 //! What each webhook decides lives in pure functions elsewhere (`crate::sidecar` for injection,
 //! `crate::apis::defaults` and `crate::apis::validation`); [`handlers`] adapts them to requests.
@@ -26,10 +28,11 @@ pub mod unsupported_events;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -38,10 +41,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Client;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
-use self::certs::{Certificates, Decision, ServingNames};
+use self::certs::{Certificates, Decision, Serve, ServingNames};
 pub use self::configuration::{ConfigurationParams, Endpoint, FailurePolicy};
 use self::server::{Admit, Server};
 pub use self::unreadable_sidecarsets::UnreadableSidecarSetPolicy;
@@ -51,7 +55,7 @@ use crate::runtime::{self, START_UP_PATIENCE, retry_while};
 pub const FIELD_MANAGER: &str = "kruise-rs-webhook";
 /// How long requests in flight may take once shutdown has begun.
 const DRAIN: Duration = Duration::from_secs(5);
-/// Longest pause between certificate checks (a Secret edited by hand is noticed by then).
+/// Longest pause between certificate checks without a Secret event.
 const RECHECK: Duration = Duration::from_secs(6 * 3600);
 
 /// Where the certificates come from.
@@ -166,11 +170,14 @@ fn serving_names(opts: &WebhookOptions) -> ServingNames {
     }
 }
 
-/// Makes sure the Secret holds usable certificates and returns them.
+/// Makes sure the Secret holds usable certificates and returns them. A new CA keeps
+/// `trusted_before` (the `caBundle` this replica published, if any) as its previous CAs; when the
+/// Secret is there, its own bundle is what was trusted before.
 async fn self_managed(
     client: &Client,
     opts: &WebhookOptions,
     secret: &str,
+    trusted_before: Option<&str>,
 ) -> Result<Certificates, WebhookError> {
     let names = serving_names(opts);
     let secrets = Api::<Secret>::namespaced(client.clone(), &opts.namespace);
@@ -186,7 +193,14 @@ async fn self_managed(
             (Decision::RenewServing, Some(existing)) => {
                 certs::renew_serving(&existing, &names, now)?
             }
-            _ => certs::new_ca(&names, now)?,
+            (Decision::DropPrevious, Some(existing)) => certs::drop_previous(&existing),
+            (_, Some(existing)) => {
+                // Both what the Secret's CA and what this replica published are trusted now.
+                let mut before = certs::ca_bundle(&existing);
+                before.push_str(trusted_before.unwrap_or_default());
+                certs::new_ca(&names, now, Some(&before))?
+            }
+            (_, None) => certs::new_ca(&names, now, trusted_before)?,
         };
         let mut object = certs::to_secret(&fresh, secret, &opts.namespace);
         let written = match current {
@@ -199,12 +213,14 @@ async fn self_managed(
             }
             None => {
                 ensure_namespace(client, &opts.namespace).await?;
+                // Create is the arbiter: AlreadyExists means another replica won, and its
+                // certificates are read and adopted on the next turn.
                 secrets.create(&PostParams::default(), &object).await
             }
         };
         match written {
             Ok(_) => {
-                info!(secret = %format!("{}/{secret}", opts.namespace), not_after = %fresh.not_after, "webhook certificates written");
+                info!(secret = %format!("{}/{secret}", opts.namespace), not_after = %fresh.not_after, previous_cas_until = ?fresh.previous.as_ref().map(|p| p.until), "webhook certificates written");
                 return Ok(fresh);
             }
             Err(kube::Error::Api(status)) if status.code == 409 => continue,
@@ -243,46 +259,133 @@ async fn ensure_namespace(client: &Client, name: &str) -> Result<(), WebhookErro
     }
 }
 
-/// The certificate and key to serve, the CA for `caBundle`, and when to look again.
-struct Loaded {
+/// Certificates from `--webhook-cert-dir`: what to serve and the CA for `caBundle`.
+struct FromDirectory {
     cert: String,
     key: String,
     ca: Option<String>,
-    next_check: Duration,
 }
 
-async fn load(client: &Client, opts: &WebhookOptions) -> Result<Loaded, WebhookError> {
-    match &opts.certs {
-        CertSource::SelfManaged { secret } => {
-            let certs = self_managed(client, opts, secret).await?;
-            let renew_at = certs
-                .not_after
-                .checked_sub(SignedDuration::from_hours(24 * 30))
-                .unwrap_or(certs.not_after);
-            let until = Timestamp::now().duration_until(renew_at);
-            let next_check = Duration::try_from(until)
-                .unwrap_or(Duration::ZERO)
-                .min(RECHECK);
-            Ok(Loaded {
-                cert: certs.cert,
-                key: certs.key,
-                ca: Some(certs.ca_cert),
-                next_check: next_check.max(Duration::from_secs(60)),
-            })
+/// How often `--webhook-cert-dir` is read again.
+const DIRECTORY_RECHECK: Duration = Duration::from_secs(300);
+/// When a check of the self-managed certificates failed, the next one.
+const RETRY: Duration = Duration::from_secs(30);
+
+fn read_directory(dir: &std::path::Path) -> Result<FromDirectory, WebhookError> {
+    let read = |name: &str| {
+        let path = dir.join(name);
+        std::fs::read_to_string(&path).map_err(|source| WebhookError::ReadCert { path, source })
+    };
+    Ok(FromDirectory {
+        cert: read("tls.crt")?,
+        key: read("tls.key")?,
+        ca: read("ca.crt").ok(),
+    })
+}
+
+/// The next check of self-managed certificates when no Secret event comes first: their renewal,
+/// or the end of the previous CAs' grace.
+fn recheck_in(certs: &Certificates, now: Timestamp) -> Duration {
+    let renew_at = certs
+        .not_after
+        .checked_sub(SignedDuration::from_hours(24 * certs::RENEW_BEFORE_DAYS))
+        .unwrap_or(certs.not_after);
+    let at = match &certs.previous {
+        Some(previous) => renew_at.min(previous.until),
+        None => renew_at,
+    };
+    Duration::try_from(now.duration_until(at))
+        .unwrap_or(Duration::ZERO)
+        .clamp(Duration::from_secs(1), RECHECK)
+}
+
+/// A replica's side of the self-managed certificates: what it serves and what `caBundle` it
+/// published, moved along as the Secret changes.
+struct Rotation {
+    secret: String,
+    /// What the TLS acceptor holds.
+    served: Certificates,
+    /// The `caBundle` this replica last applied, and since when it holds its newest CA.
+    published: Option<String>,
+    published_at: tokio::time::Instant,
+}
+
+impl Rotation {
+    /// Reads (and if need be writes) the Secret, publishes its `caBundle`, then serves its
+    /// certificate once [`certs::serve`] allows. Returns when to look again without an event.
+    async fn step(
+        &mut self,
+        client: &Client,
+        opts: &WebhookOptions,
+        tls: &axum_server::tls_rustls::RustlsConfig,
+    ) -> Duration {
+        let certs = match self_managed(client, opts, &self.secret, self.published.as_deref()).await
+        {
+            Ok(certs) => certs,
+            Err(err) => {
+                warn!(error = %err, retry_in = ?RETRY, "cannot check the webhook certificates");
+                return RETRY;
+            }
+        };
+        let bundle = certs::ca_bundle(&certs);
+        if self.published.as_deref() != Some(bundle.as_str()) {
+            let params = configuration_params(opts, Some(bundle.clone()));
+            if let Err(err) = apply_configurations(client, &params).await {
+                // A CA not yet published is not served: keep the old certificate.
+                warn!(error = %err, retry_in = ?RETRY, "cannot update the webhook configurations' caBundle");
+                return RETRY;
+            }
+            let before = self
+                .published
+                .as_deref()
+                .map(certs::pem_certificates)
+                .unwrap_or_default();
+            if certs::pem_certificates(&bundle)
+                .iter()
+                .any(|cert| !before.contains(cert))
+            {
+                self.published_at = tokio::time::Instant::now();
+            }
+            info!(
+                cas = certs::pem_certificates(&bundle).len(),
+                "webhook configurations' caBundle updated"
+            );
+            self.published = Some(bundle);
         }
-        CertSource::Directory(dir) => {
-            let read = |name: &str| {
-                let path = dir.join(name);
-                std::fs::read_to_string(&path)
-                    .map_err(|source| WebhookError::ReadCert { path, source })
-            };
-            Ok(Loaded {
-                cert: read("tls.crt")?,
-                key: read("tls.key")?,
-                ca: read("ca.crt").ok(),
-                next_check: Duration::from_secs(300),
-            })
+        let mut next = recheck_in(&certs, Timestamp::now());
+        if (certs.cert.as_str(), certs.key.as_str())
+            != (self.served.cert.as_str(), self.served.key.as_str())
+        {
+            match certs::serve(
+                &self.served.ca_cert,
+                &certs.ca_cert,
+                self.published.as_deref(),
+                self.published_at.elapsed(),
+            ) {
+                Serve::Now => match tls
+                    .reload_from_pem(
+                        certs.cert.as_bytes().to_vec(),
+                        certs.key.as_bytes().to_vec(),
+                    )
+                    .await
+                {
+                    Ok(()) => {
+                        info!(not_after = %certs.not_after, "webhook serving certificate reloaded");
+                        self.served = certs;
+                    }
+                    Err(err) => {
+                        warn!(error = %err, "cannot reload the webhook certificate; serving the old one");
+                        next = RETRY;
+                    }
+                },
+                Serve::After(left) => {
+                    info!(in_ = ?left, "a new webhook CA is published; serving its certificate once the apiservers use it");
+                    next = next.min(left);
+                }
+                Serve::NotPublished => next = RETRY,
+            }
         }
+        next
     }
 }
 
@@ -350,14 +453,29 @@ pub async fn run(
     on_ready: Option<oneshot::Sender<SocketAddr>>,
 ) -> Result<(), WebhookError> {
     let mut shutdown = pin!(shutdown);
-    let loaded = retry_while(
-        "loading the webhook certificates",
-        START_UP_PATIENCE,
-        WebhookError::is_transient,
-        || load(&client, &opts),
-    )
-    .await?;
-    let tls = server::tls_config(&loaded.cert, &loaded.key)
+    let (cert, key, ca, self_managed_certs) = match &opts.certs {
+        CertSource::SelfManaged { secret } => {
+            let certs = retry_while(
+                "loading the webhook certificates",
+                START_UP_PATIENCE,
+                WebhookError::is_transient,
+                || self_managed(&client, &opts, secret, None),
+            )
+            .await?;
+            let bundle = certs::ca_bundle(&certs);
+            (
+                certs.cert.clone(),
+                certs.key.clone(),
+                Some(bundle),
+                Some(certs),
+            )
+        }
+        CertSource::Directory(dir) => {
+            let found = read_directory(dir)?;
+            (found.cert, found.key, found.ca, None)
+        }
+    };
+    let tls = server::tls_config(&cert, &key)
         .await
         .map_err(WebhookError::Tls)?;
     let server = Server::start(opts.addr, tls.clone(), server::router(admit))
@@ -366,7 +484,6 @@ pub async fn run(
             addr: opts.addr,
             source,
         })?;
-    let mut ca = loaded.ca.clone();
     let params = configuration_params(&opts, ca.clone());
     retry_while(
         "registering the webhooks",
@@ -379,48 +496,28 @@ pub async fn run(
     if let Some(on_ready) = on_ready {
         let _ = on_ready.send(server.addr);
     }
-    let mut next_check = loaded.next_check;
-    let mut served = (loaded.cert, loaded.key);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            () = tokio::time::sleep(next_check) => {}
+    match (&opts.certs, self_managed_certs) {
+        (CertSource::SelfManaged { secret }, Some(served)) => {
+            let rotation = Rotation {
+                secret: secret.clone(),
+                served,
+                published: ca,
+                published_at: tokio::time::Instant::now(),
+            };
+            follow_secret(&client, &opts, rotation, &tls, shutdown.as_mut()).await;
         }
-        match load(&client, &opts).await {
-            Ok(loaded) => {
-                next_check = loaded.next_check;
-                if (loaded.cert.as_str(), loaded.key.as_str())
-                    != (served.0.as_str(), served.1.as_str())
-                {
-                    match tls
-                        .reload_from_pem(
-                            loaded.cert.as_bytes().to_vec(),
-                            loaded.key.as_bytes().to_vec(),
-                        )
-                        .await
-                    {
-                        Ok(()) => info!("webhook serving certificate reloaded"),
-                        Err(err) => {
-                            warn!(error = %err, "cannot reload the webhook certificate; serving the old one")
-                        }
-                    }
-                    served = (loaded.cert, loaded.key);
-                }
-                if loaded.ca != ca {
-                    ca = loaded.ca;
-                    if let Err(err) =
-                        apply_configurations(&client, &configuration_params(&opts, ca.clone()))
-                            .await
-                    {
-                        warn!(error = %err, "cannot update the webhook configurations' caBundle");
-                    }
-                }
-            }
-            Err(err) => {
-                warn!(error = %err, "cannot check the webhook certificates; retrying in a minute");
-                next_check = Duration::from_secs(60);
-            }
+        (CertSource::Directory(dir), _) => {
+            follow_directory(
+                &client,
+                &opts,
+                dir,
+                (cert, key, ca),
+                &tls,
+                shutdown.as_mut(),
+            )
+            .await;
         }
+        (CertSource::SelfManaged { .. }, None) => {}
     }
     if !opts.shutdown_grace.is_zero() {
         info!(grace = ?opts.shutdown_grace, "webhooks keep answering while the endpoints drop this replica");
@@ -429,4 +526,84 @@ pub async fn run(
     }
     server.stop(DRAIN).await;
     Ok(())
+}
+
+/// Until `shutdown`: the certificate Secret watched (by name), each change or deletion, and each
+/// renewal or grace end that comes due, handled by [`Rotation::step`].
+async fn follow_secret(
+    client: &Client,
+    opts: &WebhookOptions,
+    mut rotation: Rotation,
+    tls: &axum_server::tls_rustls::RustlsConfig,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+) {
+    let secrets = Api::<Secret>::namespaced(client.clone(), &opts.namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", rotation.secret));
+    let mut events = pin!(watcher(secrets, config).default_backoff());
+    let mut next = recheck_in(&rotation.served, Timestamp::now());
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return,
+            Some(event) = events.next() => match event {
+                // The listing's objects come with its end (InitDone).
+                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,
+                Ok(_) => {}
+                Err(err) => {
+                    warn!(error = %err, "the webhook certificate Secret's watch failed; retrying");
+                    continue;
+                }
+            },
+            () = tokio::time::sleep(next) => {}
+        }
+        next = rotation.step(client, opts, tls).await;
+    }
+}
+
+/// Until `shutdown`: `--webhook-cert-dir` read again every [`DIRECTORY_RECHECK`], the server
+/// reloaded and the configurations re-applied when it changed.
+async fn follow_directory(
+    client: &Client,
+    opts: &WebhookOptions,
+    dir: &std::path::Path,
+    (cert, key, mut ca): (String, String, Option<String>),
+    tls: &axum_server::tls_rustls::RustlsConfig,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+) {
+    let mut served = (cert, key);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return,
+            () = tokio::time::sleep(DIRECTORY_RECHECK) => {}
+        }
+        let found = match read_directory(dir) {
+            Ok(found) => found,
+            Err(err) => {
+                warn!(error = %err, "cannot read the webhook certificates; serving the old ones");
+                continue;
+            }
+        };
+        if (found.cert.as_str(), found.key.as_str()) != (served.0.as_str(), served.1.as_str()) {
+            match tls
+                .reload_from_pem(
+                    found.cert.as_bytes().to_vec(),
+                    found.key.as_bytes().to_vec(),
+                )
+                .await
+            {
+                Ok(()) => info!("webhook serving certificate reloaded"),
+                Err(err) => {
+                    warn!(error = %err, "cannot reload the webhook certificate; serving the old one")
+                }
+            }
+            served = (found.cert, found.key);
+        }
+        if found.ca != ca {
+            ca = found.ca;
+            if let Err(err) =
+                apply_configurations(client, &configuration_params(opts, ca.clone())).await
+            {
+                warn!(error = %err, "cannot update the webhook configurations' caBundle");
+            }
+        }
+    }
 }

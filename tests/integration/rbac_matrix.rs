@@ -132,8 +132,8 @@ const MANAGER: &[Grant] = &[
     grant(SYSTEM, "secrets", &["create"],
         "self-managed webhook certificates: the first manager creates the Secret \
          (create cannot be limited by name)"),
-    named(SYSTEM, "secrets", &["kruise-rs-webhook-certs"], &["get", "update"],
-        "self-managed webhook certificates: read, renewed"),
+    named(SYSTEM, "secrets", &["kruise-rs-webhook-certs"], &["get", "list", "watch", "update"],
+        "self-managed webhook certificates: read, watched by name, renewed"),
     named(SYSTEM, "configmaps", &["kruise-configuration"], &["get"],
         "the patchPodMetadata whitelist the SidecarSet webhook enforces"),
     grant(SYSTEM, "controllerrevisions.apps", OWN, "SidecarSet revision history"),

@@ -435,6 +435,281 @@ async fn pods_created_while_a_replica_stops_are_all_admitted() {
     );
 }
 
+/// The `ca.crt` of the webhook certificate Secret, if it exists.
+async fn secret_ca(client: &Client) -> Option<String> {
+    let secret =
+        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), MANAGER_NAMESPACE)
+            .get_opt(CERT_SECRET)
+            .await
+            .expect("read the certificate Secret")?;
+    let data = secret.data?;
+    String::from_utf8(data.get("ca.crt")?.0.clone()).ok()
+}
+
+const CERT_SECRET: &str = "kruise-rs-webhook-certs";
+
+/// Whether the webhook on `addr` serves a certificate that `ca` (PEM) signed, for `127.0.0.1`:
+/// a TLS handshake trusting `ca` alone.
+fn serves_certificate_of(addr: std::net::SocketAddr, ca: &str) -> Result<(), String> {
+    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots
+            .add(cert.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+    let mut tls = rustls::ClientConnection::new(std::sync::Arc::new(config), name)
+        .map_err(|e| e.to_string())?;
+    let mut socket = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| e.to_string())?;
+    socket
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    while tls.is_handshaking() {
+        tls.complete_io(&mut socket)
+            .map_err(|e| format!("{addr}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Pod admissions a replica has answered (its `kruise_rs_manager_admissions_total` for pods).
+async fn pod_admissions(probe: std::net::SocketAddr) -> f64 {
+    let text = crate::support::scrape::scrape(probe).await;
+    text.lines()
+        .filter(|line| {
+            line.starts_with("kruise_rs_manager_admissions_total{")
+                && line.contains("kind=\"pods\"")
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Clears its flag when dropped.
+struct StopOnDrop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Issue 42: deleting the certificate Secret used to go unnoticed until a replica restarted (the
+/// Secret was polled every six hours), and then that replica put its new CA alone in `caBundle`
+/// while the other served a certificate of the old one: the apiserver's TLS to it failed and,
+/// under `Fail`, pods were refused. The Secret is now watched: a replica recreates it at once
+/// with a new CA, `caBundle` holds the new and the old CA, and each replica serves its new
+/// certificate only after that bundle is published. Pods created in a loop across the deletion
+/// are all admitted; meanwhile each replica, handshaken directly, always serves a certificate
+/// the published `caBundle` trusts (the apiserver speaks HTTP/2 to the webhook and may keep its
+/// one connection on either replica); both end on the new CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_created_while_the_certificate_secret_is_deleted_are_all_admitted() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    let plane = ExtraControlPlane::start_with_crds().await;
+    let client = client_for(plane.kubeconfig_path()).await;
+    let app = unique_name("web");
+    create_raw_sidecarset(
+        &client,
+        json!({
+            "apiVersion": "apps.kruise.io/v1beta1", "kind": "SidecarSet",
+            "metadata": {"name": "logger"},
+            "spec": {"selector": {"matchLabels": {"app": &app}},
+                     "containers": [{"name": "logger", "image": "busybox:1.36"}]}
+        }),
+    )
+    .await;
+    let (webhook_a, probe_a) = (free_loopback_port(), free_loopback_port());
+    let (webhook_b, probe_b) = (free_loopback_port(), free_loopback_port());
+    let service = ServiceProxy::start(vec![(webhook_a, probe_a), (webhook_b, probe_b)]).await;
+    let a = start_replica(&plane, webhook_a, probe_a, service.addr, Duration::ZERO).await;
+    let b = start_replica(&plane, webhook_b, probe_b, service.addr, Duration::ZERO).await;
+
+    let ns = unique_name("avail-ca");
+    crate::harness::objects::create_namespace(&client, &ns, &[(WEBHOOK_NAMESPACE_LABEL, "true")])
+        .await
+        .expect("namespace");
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    let body: Pod = serde_json::from_value(web_pod(&app)).expect("pod");
+    wait_until_injected(&pods, &body, "a pod injected through the proxy").await;
+    let old_ca = secret_ca(&client)
+        .await
+        .expect("the replicas wrote the Secret");
+
+    let creating = Arc::new(AtomicBool::new(true));
+    // Stops the loops however the test ends (a panic included: they would spin on a stopped
+    // apiserver and keep the runtime from shutting down).
+    let stop_creating = StopOnDrop(creating.clone());
+    let admitted = Arc::new(AtomicU32::new(0));
+    let loops: Vec<_> = (0..4)
+        .map(|_| {
+            let (pods, body) = (pods.clone(), body.clone());
+            let (creating, admitted) = (creating.clone(), admitted.clone());
+            tokio::spawn(async move {
+                let mut failures = Vec::new();
+                while creating.load(Ordering::Relaxed) {
+                    match pods.create(&PostParams::default(), &body).await {
+                        Ok(pod) if has_logger(&pod) => {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(pod) => failures.push(format!("{} not injected", pod.name_any())),
+                        Err(e) => failures.push(e.to_string()),
+                    }
+                }
+                failures
+            })
+        })
+        .collect();
+    // Whatever replica the apiserver's connections reach: every moment, each replica serves a
+    // certificate the published caBundle trusts (what the apiserver checks on each new
+    // connection).
+    let monitor = {
+        let (client, creating) = (client.clone(), creating.clone());
+        tokio::spawn(async move {
+            let configurations = Api::<
+                k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
+            >::all(client);
+            let (mut checks, mut untrusted) = (0u32, Vec::new());
+            while creating.load(Ordering::Relaxed) {
+                let bundle = configurations
+                    .get("kruise-rs-mutating-webhook-configuration")
+                    .await
+                    .ok()
+                    .and_then(|c| c.webhooks?.first()?.client_config.ca_bundle.clone())
+                    .and_then(|b| String::from_utf8(b.0).ok())
+                    .unwrap_or_default();
+                for (replica, addr) in [("A", webhook_a), ("B", webhook_b)] {
+                    let bundle = bundle.clone();
+                    let served =
+                        tokio::task::spawn_blocking(move || serves_certificate_of(addr, &bundle))
+                            .await
+                            .expect("join");
+                    checks += 1;
+                    if let Err(e) = served {
+                        untrusted.push(format!("replica {replica}: {e}"));
+                    }
+                }
+                // Pacing between rounds, not a wait for a condition.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (checks, untrusted)
+        })
+    };
+    let admitted_at_least = |n: u32| {
+        let admitted = admitted.clone();
+        move || {
+            let now = admitted.load(Ordering::Relaxed);
+            async move {
+                (now >= n)
+                    .then_some(())
+                    .ok_or_else(|| format!("{now} admitted"))
+            }
+        }
+    };
+    poll(
+        "pods admitted before the deletion",
+        TIMEOUT,
+        admitted_at_least(20),
+    )
+    .await;
+
+    let (before_a, before_b) = (pod_admissions(probe_a).await, pod_admissions(probe_b).await);
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), MANAGER_NAMESPACE)
+        .delete(CERT_SECRET, &Default::default())
+        .await
+        .expect("delete the certificate Secret");
+    let new_ca = poll("the Secret recreated with a new CA", TIMEOUT, || async {
+        match secret_ca(&client).await {
+            Some(ca) if ca != old_ca => Ok(ca),
+            Some(_) => Err("the old CA".to_owned()),
+            None => Err("no Secret".to_owned()),
+        }
+    })
+    .await;
+    for (replica, addr) in [("A", webhook_a), ("B", webhook_b)] {
+        let ca = new_ca.clone();
+        poll(
+            &format!("replica {replica} serving a certificate of the new CA"),
+            TIMEOUT,
+            || {
+                let ca = ca.clone();
+                async move {
+                    tokio::task::spawn_blocking(move || serves_certificate_of(addr, &ca))
+                        .await
+                        .map_err(|e| e.to_string())?
+                }
+            },
+        )
+        .await;
+    }
+    // Admissions go on after the move (the apiserver's connection may sit on either replica:
+    // the monitor checks both).
+    let moved = admitted.load(Ordering::Relaxed);
+    poll(
+        "pods admitted after the move",
+        TIMEOUT,
+        admitted_at_least(moved + 20),
+    )
+    .await;
+    let (after_a, after_b) = (pod_admissions(probe_a).await, pod_admissions(probe_b).await);
+
+    let bundle =
+        Api::<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration>::all(
+            client.clone(),
+        )
+        .get("kruise-rs-mutating-webhook-configuration")
+        .await
+        .expect("the mutating configuration")
+        .webhooks
+        .and_then(|w| w.first()?.client_config.ca_bundle.clone())
+        .expect("a caBundle");
+    drop(stop_creating);
+    let mut failures = Vec::new();
+    for handle in loops {
+        failures.extend(handle.await.expect("join"));
+    }
+    for replica in [a, b] {
+        let _ = replica.stop.send(());
+        let _ = tokio::time::timeout(TIMEOUT, replica.task).await;
+    }
+    drop(service);
+    let (checks, untrusted) = monitor.await.expect("join");
+    let total = admitted.load(Ordering::Relaxed);
+    println!(
+        "{total} pods admitted across the CA rotation (pod admissions by replica A {before_a} \
+         before the deletion, {after_a} after the move; B {before_b}, {after_b}); {} failed; \
+         {checks} handshakes with the published caBundle, {} refused",
+        failures.len(),
+        untrusted.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failed, the first: {:?}",
+        failures.len(),
+        failures.first()
+    );
+    assert!(
+        untrusted.is_empty(),
+        "{} handshakes refused, the first: {:?}",
+        untrusted.len(),
+        untrusted.first()
+    );
+    assert!(checks > 20, "only {checks} handshakes");
+    assert_eq!(
+        String::from_utf8(bundle.0).expect("PEM"),
+        format!("{new_ca}{old_ca}"),
+        "caBundle: the new CA, then the old one"
+    );
+}
+
 /// Issue 20: upstream's opt-out. A namespace labelled `control-plane` is not sent to the pod
 /// webhook, so its pods are created even while the webhook is down under `Fail`; beside it, a
 /// namespace without the label has its pods refused (the webhook is consulted, and down).
