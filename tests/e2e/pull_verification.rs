@@ -122,6 +122,48 @@ impl Drop for AlwaysVerify {
     }
 }
 
+fn run(program: &str, args: &[&str]) {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Pushes the test image v3, made unique by a label, to the htpasswd registry; returns its name.
+/// Unique: the kubelet keys its pull records by image ID, so an image the suite's pods had the
+/// kubelet pull (v3 from the open registry) would count as pulled by the kubelet, not preloaded.
+fn push_unique_private_image(cluster: &Cluster) -> String {
+    let name = unique_name("private-app");
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let layout = format!("oci:{}:v3", dir.path().display());
+    run(
+        "skopeo",
+        &["copy", "-q", &cluster.test_image_source("v3"), &layout],
+    );
+    run(
+        "umoci",
+        &[
+            "config",
+            "--image",
+            &format!("{}:v3", dir.path().display()),
+            &format!("--config.label=e2e.kruise-rs/unique={name}"),
+        ],
+    );
+    let image = format!("{}/{name}:v3", cluster.auth_registry);
+    support::skopeo_copy_as(
+        Some(&format!("{}:{}", cluster.auth_user, cluster.auth_password)),
+        &layout,
+        &image,
+    );
+    image
+}
+
 fn registry_secret(cluster: &Cluster, name: &str) -> Secret {
     let config = json!({"auths": {&cluster.auth_registry: {
         "username": cluster.auth_user, "password": cluster.auth_password
@@ -227,16 +269,7 @@ async fn a_daemon_pulled_private_image_needs_the_pods_credentials_only_under_alw
     let cluster = exclusive.cluster;
     wait_for_kubelet_policy(cluster, "NeverVerifyPreloadedImages").await;
 
-    let image = format!(
-        "{}/{}:v3",
-        cluster.auth_registry,
-        unique_name("private-app")
-    );
-    support::skopeo_copy_as(
-        Some(&format!("{}:{}", cluster.auth_user, cluster.auth_password)),
-        &cluster.test_image_source("v3"),
-        &image,
-    );
+    let image = push_unique_private_image(cluster);
     let owner = cluster.namespace("e2e-kep-owner", json!({})).await;
     Api::<Secret>::namespaced(cluster.client(), &owner.name)
         .create(&PostParams::default(), &registry_secret(cluster, "reg"))
