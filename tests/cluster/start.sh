@@ -23,6 +23,8 @@
 #     NODE_NAME, NODE_IP
 #     REGISTRY              127.0.0.1:PORT inside NETNS: the open registry containerd pulls from
 #     REGISTRY_LOG
+#     AUTH_REGISTRY, AUTH_USER, AUTH_PASSWORD
+#                           the htpasswd registry (containerd pulls from it too) and its account
 #     CONTAINERD_SOCKET     the socket's path as seen from outside the mount namespace
 #     CERTS_D               containerd's registry hosts (a hosts.toml per host:port, read at
 #                           every pull: add one for another loopback registry)
@@ -54,7 +56,7 @@ owner_pid=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --owner-pid) owner_pid=${2:?--owner-pid needs a PID}; shift 2 ;;
-    -h|--help) sed -n '2,36p' "$0" >&2; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0" >&2; exit 0 ;;
     -*) die "unknown option $1" ;;
     *) break ;;
   esac
@@ -206,6 +208,9 @@ evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.availabl
 serializeImagePulls: false
 nodeStatusUpdateFrequency: 5s
 syncFrequency: 10s
+# No imagePullCredentialsVerificationPolicy: the kubelet's default (KEP-2535), which a 1.33 or 1.34
+# kubelet refuses to read with its feature gate off. tests/e2e/pull_verification.rs appends
+# AlwaysVerify for a while, around kubelet restarts.
 YAML
 kubelet_log=$state/kubelet.log
 launch kubelet "$kubelet_log" nsenter --net="$netns" --mount="$mntns" "$node_bin/kubelet" \
@@ -259,6 +264,9 @@ ok=true
   echo "NODE_IP=$node_ip"
   echo "REGISTRY=$registry"
   echo "REGISTRY_LOG=$(node_var REGISTRY_LOG)"
+  echo "AUTH_REGISTRY=$(node_var AUTH_REGISTRY)"
+  echo "AUTH_USER=$(node_var AUTH_USER)"
+  echo "AUTH_PASSWORD=$(node_var AUTH_PASSWORD)"
   echo "CONTAINERD_SOCKET=$(node_var CONTAINERD_SOCKET)"
   echo "CERTS_D=$(node_var CERTS_D)"
   echo "IMAGES=$(node_var IMAGES)"

@@ -13,4 +13,5 @@ mod imagepulljob;
 mod lifecycle;
 mod native_sidecar;
 mod predownload;
+mod pull_verification;
 mod sidecarset;

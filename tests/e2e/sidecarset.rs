@@ -17,7 +17,7 @@ use serde_json::json;
 use crate::support::{self, Cluster, TIMEOUT, wait_for};
 
 /// The app container: exits on TERM (busybox `sleep` as PID 1 would wait out the grace period).
-fn app_command() -> serde_json::Value {
+pub fn app_command() -> serde_json::Value {
     json!([
         "/bin/busybox",
         "sh",

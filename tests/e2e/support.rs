@@ -44,6 +44,10 @@ pub const TIMEOUT: Duration = Duration::from_secs(180);
 /// The cluster of `tests/cluster/start.sh`.
 pub struct Cluster {
     pub registry: String,
+    /// The htpasswd registry (`127.0.0.1:PORT`) containerd also pulls from, and its account.
+    pub auth_registry: String,
+    pub auth_user: String,
+    pub auth_password: String,
     pub node_name: String,
     pub containerd_socket: PathBuf,
     /// containerd's registry hosts directory: a `<host:port>/hosts.toml` per registry.
@@ -102,6 +106,9 @@ async fn connect() -> Cluster {
     }
     Cluster {
         registry: var("REGISTRY"),
+        auth_registry: var("AUTH_REGISTRY"),
+        auth_user: var("AUTH_USER"),
+        auth_password: var("AUTH_PASSWORD"),
         node_name: var("NODE_NAME"),
         containerd_socket: PathBuf::from(var("CONTAINERD_SOCKET")),
         certs_d: PathBuf::from(var("CERTS_D")),
@@ -317,8 +324,19 @@ pub fn chart_dir() -> PathBuf {
 
 /// Copies an image to the cluster's (plain HTTP, loopback) registry.
 pub fn skopeo_copy(source: &str, destination: &str) {
-    let out = Command::new("skopeo")
-        .args(["copy", "-q", "--dest-tls-verify=false", source])
+    skopeo_copy_as(None, source, destination);
+}
+
+/// [`skopeo_copy`] to a registry that wants `user:password` (the htpasswd one), or to the open
+/// one with `None`.
+pub fn skopeo_copy_as(credentials: Option<&str>, source: &str, destination: &str) {
+    let mut command = Command::new("skopeo");
+    command.args(["copy", "-q", "--dest-tls-verify=false"]);
+    if let Some(credentials) = credentials {
+        command.arg(format!("--dest-creds={credentials}"));
+    }
+    let out = command
+        .arg(source)
         .arg(format!("docker://{destination}"))
         .output()
         .expect("running skopeo");
