@@ -11,7 +11,7 @@
 #      and e2e.sh's (KRUISE_RS_E2E_KEEP=1 leaves the cluster running)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-# The chaos test is #[ignore]d so that `make test`'s e2e run leaves it out; --nocapture shows
-# its progress (each fault, refusal and rollout as it happens).
+# The chaos test is #[ignore]d so that filtered e2e runs leave it out (`make test` runs it, one
+# round); --nocapture shows its progress (each fault, refusal and rollout as it happens).
 exec "$here/e2e.sh" --ignored --exact --nocapture \
   chaos::chaos_invariants_hold_through_manager_lease_containerd_kubelet_and_apiserver_faults

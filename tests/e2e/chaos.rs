@@ -1312,7 +1312,7 @@ fn seed() -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "minutes of faults on the real node: `make test-chaos` (tests/cluster/chaos.sh)"]
+#[ignore = "minutes of faults on the real node: `make test-chaos`, or e2e.sh without a filter"]
 async fn chaos_invariants_hold_through_manager_lease_containerd_kubelet_and_apiserver_faults() {
     let exclusive = support::exclusive().await;
     let cluster = exclusive.cluster;
