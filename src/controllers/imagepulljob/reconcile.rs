@@ -394,7 +394,11 @@ async fn drop_old_finalizer(jobs: &Api<ImagePullJob>, job: &ImagePullJob) -> Res
 
 /// Before the job's first copy of a Secret: `pins` in the job's pin annotation (decision 0029).
 /// `false`: the job is gone.
-async fn write_pins(jobs: &Api<ImagePullJob>, job: &ImagePullJob, pins: &Pins) -> Result<bool, Error> {
+async fn write_pins(
+    jobs: &Api<ImagePullJob>,
+    job: &ImagePullJob,
+    pins: &Pins,
+) -> Result<bool, Error> {
     let annotations = serde_json::json!({ PULL_SECRET_UIDS: pull_secret_pins::render(pins) });
     patch_metadata(jobs, job, serde_json::json!({ "annotations": annotations })).await
 }

@@ -624,7 +624,12 @@ async fn give_up(
         .await
         .map_err(kube_err("reading", daemon_ns, copy))?
     {
-        Some(secret) => settle(copies, daemon_ns, secret, |s| release_action(s, job_ns, job_key)).await,
+        Some(secret) => {
+            settle(copies, daemon_ns, secret, |s| {
+                release_action(s, job_ns, job_key)
+            })
+            .await
+        }
         None => Ok(()),
     }
 }
