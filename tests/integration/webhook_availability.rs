@@ -14,7 +14,9 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::sidecarset_upgrade::poll;
-use crate::support::webhook::{MANAGER_NAMESPACE, WEBHOOK_NAMESPACE_LABEL, webhook_options};
+use crate::support::webhook::{
+    MANAGER_NAMESPACE, WEBHOOK_NAMESPACE_LABEL, own_manager_with_webhooks, webhook_options,
+};
 use crate::support::{
     ExtraControlPlane, RunningManager, client_for, free_loopback_port, manager_options,
     start_manager, test_controller_options, unique_name, wait_for_event,
@@ -131,16 +133,8 @@ async fn an_unreadable_sidecarset_is_skipped_and_admissions_list_no_revisions() 
     )
     .await;
 
-    let opts = ManagerOptions {
-        controllers: kruise_rs::controllers::ControllerOptions {
-            namespace: MANAGER_NAMESPACE.to_owned(),
-            // The controllers watch every SidecarSet too, the unreadable one included.
-            label_selector: None,
-            ..test_controller_options()
-        },
-        webhook: Some(webhook_options(free_loopback_port(), FailurePolicy::Fail)),
-        ..manager_options(plane.kubeconfig_path())
-    };
+    // The controllers watch every SidecarSet too, the unreadable one included.
+    let opts = own_manager_with_webhooks(plane.kubeconfig_path());
     let manager = start_manager(opts, TIMEOUT, "beside an unreadable SidecarSet").await;
 
     let ns = unique_name("avail");

@@ -9,8 +9,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kruise_rs::apis::sidecarset::SidecarSet;
-use kruise_rs::manager::ManagerOptions;
-use kruise_rs::webhook::FailurePolicy;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::Config;
@@ -18,11 +16,8 @@ use serde_json::json;
 
 use crate::harness::fault_proxy::FaultProxy;
 use crate::sidecarset_upgrade::poll;
-use crate::support::webhook::{MANAGER_NAMESPACE, WEBHOOK_NAMESPACE_LABEL, webhook_options};
-use crate::support::{
-    ExtraControlPlane, client_for, free_loopback_port, manager_options, start_manager,
-    test_controller_options,
-};
+use crate::support::webhook::{WEBHOOK_NAMESPACE_LABEL, own_manager_with_webhooks};
+use crate::support::{ExtraControlPlane, client_for, start_manager};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const INJECTED_LIST: &str = "kruise.io/sidecarset-injected-list";
@@ -71,15 +66,7 @@ async fn a_pod_gets_the_sidecarsets_as_they_are_while_the_webhooks_cache_lags() 
     let proxy = FaultProxy::start(kube::Client::try_from(upstream).expect("client"), 1)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let opts = ManagerOptions {
-        controllers: kruise_rs::controllers::ControllerOptions {
-            namespace: MANAGER_NAMESPACE.to_owned(),
-            label_selector: None,
-            ..test_controller_options()
-        },
-        webhook: Some(webhook_options(free_loopback_port(), FailurePolicy::Fail)),
-        ..manager_options(proxy.kubeconfig())
-    };
+    let opts = own_manager_with_webhooks(proxy.kubeconfig());
     let _manager = start_manager(opts, TIMEOUT, "behind the fault proxy").await;
     let ns = "lag";
     crate::harness::objects::create_namespace(&client, ns, &[(WEBHOOK_NAMESPACE_LABEL, "true")])

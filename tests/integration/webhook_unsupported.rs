@@ -15,17 +15,14 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kruise_rs::apis::sidecarset::SidecarSet;
-use kruise_rs::manager::ManagerOptions;
-use kruise_rs::webhook::FailurePolicy;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 use crate::sidecarset_upgrade::poll;
-use crate::support::webhook::{MANAGER_NAMESPACE, WEBHOOK_NAMESPACE_LABEL, webhook_options};
+use crate::support::webhook::{WEBHOOK_NAMESPACE_LABEL, own_manager_with_webhooks};
 use crate::support::{
-    ExtraControlPlane, client_for, free_loopback_port, manager_options, run_with_stdin,
-    start_manager, test_controller_options, wait_for_event,
+    ExtraControlPlane, client_for, run_with_stdin, start_manager, wait_for_event,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -75,15 +72,7 @@ async fn a_pod_is_admitted_without_a_sidecarset_using_an_unsupported_feature() {
         sets.create(&create, &set).await.expect("created");
     }
 
-    let opts = ManagerOptions {
-        controllers: kruise_rs::controllers::ControllerOptions {
-            namespace: MANAGER_NAMESPACE.to_owned(),
-            label_selector: None,
-            ..test_controller_options()
-        },
-        webhook: Some(webhook_options(free_loopback_port(), FailurePolicy::Fail)),
-        ..manager_options(plane.kubeconfig_path())
-    };
+    let opts = own_manager_with_webhooks(plane.kubeconfig_path());
     let manager = start_manager(opts, TIMEOUT, "beside an unsupported SidecarSet").await;
 
     let ns = "unsupported";

@@ -160,15 +160,17 @@ mod tests {
         crate::apis::sidecarset::SidecarSet::new(name, Default::default())
     }
 
-    #[test]
-    fn a_deleted_objects_failures_are_forgotten() {
+    /// A SidecarSet watch with [`forget_deleted`] on `backoff`, after it listed a, b and c: feed
+    /// it events.
+    fn watched_abc(
+        backoff: &Arc<Backoff>,
+    ) -> impl FnMut(watcher::Event<crate::apis::sidecarset::SidecarSet>) {
         use crate::apis::sidecarset::SidecarSet;
-        let backoff = Arc::new(Backoff::default());
         let (store, mut writer) = kube::runtime::reflector::store::<SidecarSet>();
         let mut hook = forget_deleted(backoff.clone(), store, "", |s: &SidecarSet| {
             s.metadata.name.clone().unwrap_or_default()
         });
-        let mut apply = |event: watcher::Event<SidecarSet>| {
+        let mut apply = move |event: watcher::Event<SidecarSet>| {
             writer.apply_watcher_event(&event);
             hook(&Ok(event));
         };
@@ -181,6 +183,13 @@ mod tests {
         ] {
             apply(event);
         }
+        apply
+    }
+
+    #[test]
+    fn a_deleted_objects_failures_are_forgotten() {
+        let backoff = Arc::new(Backoff::default());
+        let mut apply = watched_abc(&backoff);
         for name in ["a", "b", "c"] {
             backoff.failed(name);
         }
@@ -204,25 +213,8 @@ mod tests {
 
     #[test]
     fn a_failure_counted_after_its_objects_deletion_goes_with_the_next_deletion() {
-        use crate::apis::sidecarset::SidecarSet;
         let backoff = Arc::new(Backoff::default());
-        let (store, mut writer) = kube::runtime::reflector::store::<SidecarSet>();
-        let mut hook = forget_deleted(backoff.clone(), store, "", |s: &SidecarSet| {
-            s.metadata.name.clone().unwrap_or_default()
-        });
-        let mut apply = |event: watcher::Event<SidecarSet>| {
-            writer.apply_watcher_event(&event);
-            hook(&Ok(event));
-        };
-        for event in [
-            watcher::Event::Init,
-            watcher::Event::InitApply(set("a")),
-            watcher::Event::InitApply(set("b")),
-            watcher::Event::InitApply(set("c")),
-            watcher::Event::InitDone,
-        ] {
-            apply(event);
-        }
+        let mut apply = watched_abc(&backoff);
         backoff.failed("c");
         apply(watcher::Event::Delete(set("a")));
         // a's reconcile was in flight: its error_policy runs after the delete was seen.

@@ -68,6 +68,23 @@ pub fn webhook_options(
     }
 }
 
+/// A manager of a test's own: controllers (watching every object, no test label) and webhooks
+/// at `Fail` on a free loopback port, talking to the apiserver through `kubeconfig`.
+pub fn own_manager_with_webhooks(kubeconfig: &std::path::Path) -> ManagerOptions {
+    ManagerOptions {
+        controllers: kruise_rs::controllers::ControllerOptions {
+            namespace: MANAGER_NAMESPACE.to_owned(),
+            label_selector: None,
+            ..test_controller_options()
+        },
+        webhook: Some(webhook_options(
+            crate::support::free_loopback_port(),
+            FailurePolicy::Fail,
+        )),
+        ..super::manager_options(kubeconfig)
+    }
+}
+
 fn start() -> Result<WebhookCluster, String> {
     let plane = ExtraControlPlane::start();
     plane.install_crds();
