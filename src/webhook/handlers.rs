@@ -4,7 +4,7 @@
 //! The pod webhook reads SidecarSets and Namespaces from caches (reflectors started by
 //! [`Handlers::new`]); the SidecarSets are confirmed by a consistent metadata list shared between
 //! admissions, and the ones the cache lacks or holds stale are fetched
-//! ([`super::confirmed_sidecarsets`]). Until the caches have listed once, pod requests wait a
+//! (`confirmed_sidecarsets.rs`). Until the caches have listed once, pod requests wait a
 //! moment and are then refused rather than admitted without their sidecars. A SidecarSet using a feature kruise-rs does not serve is left out of the pod
 //! with a warning and a throttled event ([`crate::sidecar::unsupported`],
 //! [`super::unsupported_events`]), or refuses it when annotated to.
