@@ -18,9 +18,10 @@
 //!    single-thread throughput, for a pod 3 SidecarSets select and for one none selects; then
 //!    `Handlers::admit` alone, the pure path (`plan_for_new_pod` + `inject` + `pod_patch`), and
 //!    every stage of a request timed on its own (decode, cache read, plan, inject, patch,
-//!    encode, drops), to show where the time goes (the handler's own patch step, its private
-//!    `patch_preserving`, is what `admit()` takes beyond the other stages); and throughput with a
-//!    task per core and more;
+//!    encode, drops) and the metadata list of SidecarSets the handler sends per request
+//!    (decision 0031), to show where the time goes (the handler's own patch step, its private
+//!    `patch_preserving`, is what `admit()` takes beyond the other stages and the list); and
+//!    throughput with a task per core and more;
 //! 5. through the apiserver, with the manager running, ROUNDS interleaved rounds of: pods in the
 //!    manager's namespace (which the configuration excludes: the webhook is not called), the
 //!    injected pod created directly there (what the bigger object alone costs), pods 3
@@ -722,6 +723,20 @@ async fn measure_in_process(
 }
 
 /// `requests` reviews spread over `tasks` tasks of the multi-threaded runtime: requests per second.
+/// `n` metadata lists of every SidecarSet from the apiserver's cache, one after another, as the
+/// pod webhook sends one per admission.
+async fn sidecarset_lists(client: &Client, n: usize) -> Result<Stats> {
+    let api = Api::<SidecarSet>::all(client.clone());
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        api.list_metadata(&ListParams::default().match_any())
+            .await?;
+        samples.push(t.elapsed());
+    }
+    Ok(stats(samples))
+}
+
 async fn parallel_throughput(
     handlers: &Arc<Handlers>,
     body: &Arc<Vec<u8>>,
@@ -890,13 +905,27 @@ async fn in_process(client: &Client, requests: usize) -> Result<InProcess> {
             us(in_admit),
             100.0 * in_admit.as_secs_f64() / admit.p50.as_secs_f64(),
         );
+        // Before injecting, the handler confirms its SidecarSet cache with a metadata list of the
+        // apiserver's cache (decision 0031): timed here on its own, through the same client.
+        let list = sidecarset_lists(client, 200).await?;
+        println!(
+            "    metadata list of the SidecarSets, resourceVersion 0 (the handler's cache \
+             confirmation, one per request sent one after another): p50 {}, p99 {}",
+            us(list.p50),
+            us(list.p99)
+        );
         // The handler builds its patch with its own (private) `patch_preserving`, which keeps the
-        // fields the typed Pod does not know; what admit() takes beyond its other stages is that.
+        // fields the typed Pod does not know; what admit() takes beyond its other stages and the
+        // list is that.
         if let Some(pod_patch) = pod_patch {
-            let rest = admit.p50.saturating_sub(in_admit.saturating_sub(pod_patch));
+            let rest = admit
+                .p50
+                .saturating_sub(in_admit.saturating_sub(pod_patch))
+                .saturating_sub(list.p50);
             println!(
-                "    admit()'s p50 less its other stages: {} for the handler's patch step \
-                 (to_value of the raw object + patch_preserving, private), against {} for pod_patch",
+                "    admit()'s p50 less its other stages and the list's p50: {} for the handler's \
+                 patch step (to_value of the raw object + patch_preserving, private), against {} \
+                 for pod_patch",
                 us(rest),
                 us(pod_patch)
             );

@@ -2,8 +2,8 @@
 //! its answer into a [`Verdict`].
 //!
 //! The pod webhook reads SidecarSets and Namespaces from caches (reflectors started by
-//! [`Handlers::new`]); the SidecarSets are confirmed by a consistent metadata list shared between
-//! admissions, and the ones the cache lacks or holds stale are fetched
+//! [`Handlers::new`]); the SidecarSets are confirmed by a metadata list of the apiserver's cache
+//! shared between admissions, and the ones the cache lacks or holds stale are fetched
 //! (`confirmed_sidecarsets.rs`). Until the caches have listed once, pod requests wait a
 //! moment and are then refused rather than admitted without their sidecars. A SidecarSet using a feature kruise-rs does not serve is left out of the pod
 //! with a warning and a throttled event ([`crate::sidecar::unsupported`],
@@ -27,7 +27,7 @@ use super::configuration::{
     MUTATE_IMAGELISTPULLJOB, MUTATE_IMAGEPULLJOB, MUTATE_NODEIMAGE, MUTATE_POD, MUTATE_SIDECARSET,
     VALIDATE_IMAGELISTPULLJOB, VALIDATE_IMAGEPULLJOB, VALIDATE_NODEIMAGE, VALIDATE_SIDECARSET,
 };
-use super::confirmed_sidecarsets::{self, ConsistentLists};
+use super::confirmed_sidecarsets::{self, SharedLists};
 use super::dry_run;
 use super::secret_access;
 use super::server::{Admit, AdmitFuture, Verdict};
@@ -78,9 +78,9 @@ pub struct Handlers {
     /// The manager's namespace: SidecarSet ControllerRevisions and the configuration ConfigMap.
     pub(super) namespace: String,
     pub(super) sidecarsets: Store<SidecarSet>,
-    /// Consistent lists the caches of SidecarSets are confirmed against before a pod is
-    /// admitted: a watch runs behind the apiserver.
-    sidecarset_lists: Arc<ConsistentLists>,
+    /// Lists of the apiserver's cache the SidecarSet cache is confirmed against before a pod
+    /// is admitted: our watch runs behind the apiserver.
+    sidecarset_lists: Arc<SharedLists>,
     /// The SidecarSets the cache above is missing because our type cannot read them, as raw
     /// JSON: pods they may select are admitted with a warning or refused ([`HandlerSettings`]).
     unreadable_sidecarsets: Store<UnreadableObject<SidecarSet>>,
@@ -173,7 +173,7 @@ impl Handlers {
             }
         };
         let handlers = Arc::new(Self {
-            sidecarset_lists: ConsistentLists::of(Api::all(client.clone())),
+            sidecarset_lists: SharedLists::of(Api::all(client.clone())),
             recorder,
             revisions,
             unsupported_events: Mutex::default(),
@@ -807,7 +807,7 @@ impl Handlers {
         }
     }
 
-    /// The SidecarSets as they are now, readable and not: the cached objects the consistent
+    /// The SidecarSets as they are now, readable and not: the cached objects the apiserver's
     /// list confirms (the objects themselves, not copies: cloning 50 SidecarSets cost more than
     /// the whole injection, benches/admission.rs), and the others read from the apiserver.
     async fn confirmed_sidecarsets(
