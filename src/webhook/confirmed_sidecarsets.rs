@@ -6,8 +6,10 @@
 //! with the old one (upstream's informer lags the same way). So each admission lists the
 //! SidecarSets' names and resource versions from the apiserver's own cache (metadata only,
 //! `resourceVersion=0`), in a list that started after the request arrived; it uses the cached
-//! objects the list names at the cached version, fetches the ones the cache lacks or holds at
-//! another version, and leaves out the ones the list no longer has (decision 0031).
+//! objects the list names at the cached version, and fetches the ones the cache lacks or holds
+//! at another version and the cached ones the list lacks (deleted, or the list came from an HA
+//! peer whose cache is behind: the list may add to the cache, never take away unconfirmed;
+//! decision 0031).
 //!
 //! Not a consistent (quorum) list: for a resource as quiet as SidecarSets, the apiserver answers
 //! one only once its cache has caught up with etcd's latest revision, which it learns by a
@@ -43,12 +45,13 @@ pub(super) struct Confirmation<T> {
     /// Cached at the version listed: used as cached.
     pub(super) current: Vec<T>,
     /// Listed, but missing from the cache or cached at another version (older, or newer than
-    /// the list; either way a fetch returns what is current): read from the apiserver.
+    /// the list; either way a fetch returns what is current), or cached but not listed (deleted,
+    /// or the list came from an apiserver whose cache is behind ours: only a fetch tells):
+    /// read from the apiserver.
     pub(super) fetch: Vec<String>,
 }
 
-/// Sorts the cached SidecarSets (`name_and_version` of each) against `listed`. A cached one the
-/// list lacks was deleted and is left out.
+/// Sorts the cached SidecarSets (`name_and_version` of each) against `listed`.
 pub(super) fn confirm<T>(
     listed: &Listed,
     cached: impl IntoIterator<Item = T>,
@@ -56,23 +59,29 @@ pub(super) fn confirm<T>(
 ) -> Confirmation<T> {
     let mut current = Vec::new();
     let mut confirmed: Vec<&str> = Vec::new();
+    let mut unlisted: Vec<String> = Vec::new();
     for object in cached {
         let (Some(name), version) = name_and_version(&object) else {
             continue;
         };
-        if let Some((listed_name, listed_version)) = listed.get_key_value(name)
-            && version == Some(listed_version.as_str())
-        {
-            confirmed.push(listed_name.as_str());
-            current.push(object);
+        match listed.get_key_value(name) {
+            Some((listed_name, listed_version)) if version == Some(listed_version.as_str()) => {
+                confirmed.push(listed_name.as_str());
+                current.push(object);
+            }
+            Some(_) => {}
+            None => unlisted.push(name.to_owned()),
         }
     }
     confirmed.sort_unstable();
-    let fetch = listed
+    let mut fetch: Vec<String> = listed
         .keys()
         .filter(|name| confirmed.binary_search(&name.as_str()).is_err())
         .cloned()
+        .chain(unlisted)
         .collect();
+    fetch.sort_unstable();
+    fetch.dedup();
     Confirmation { current, fetch }
 }
 
@@ -244,13 +253,14 @@ mod tests {
     }
 
     #[test]
-    fn a_sidecarset_the_list_no_longer_has_is_left_out() {
+    fn a_cached_sidecarset_the_list_lacks_is_fetched_not_dropped() {
+        // Deleted, or listed by an apiserver whose cache is behind ours: a fetch tells.
         let got = sort(
             &listed(&[("a", "1")]),
-            &[(Some("a"), Some("1")), (Some("deleted"), Some("3"))],
+            &[(Some("a"), Some("1")), (Some("gone"), Some("3"))],
         );
         assert_eq!(got.current, vec![(Some("a"), Some("1"))]);
-        assert!(got.fetch.is_empty());
+        assert_eq!(got.fetch, vec!["gone".to_owned()]);
     }
 
     #[test]
@@ -264,9 +274,10 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_list_leaves_nothing_to_inject() {
+    fn an_empty_list_has_every_cached_sidecarset_fetched() {
         let got = sort(&Listed::new(), &[(Some("a"), Some("1"))]);
-        assert!(got.current.is_empty() && got.fetch.is_empty());
+        assert!(got.current.is_empty());
+        assert_eq!(got.fetch, vec!["a".to_owned()]);
     }
 
     /// Lists that each wait for the test to let them end, counting how many started.

@@ -5,9 +5,10 @@
 //! [`Handlers::new`]); the SidecarSets are confirmed by a metadata list of the apiserver's cache
 //! shared between admissions, and the ones the cache lacks or holds stale are fetched
 //! (`confirmed_sidecarsets.rs`). Until the caches have listed once, pod requests wait a
-//! moment and are then refused rather than admitted without their sidecars. A SidecarSet using a feature kruise-rs does not serve is left out of the pod
-//! with a warning and a throttled event ([`crate::sidecar::unsupported`],
-//! [`super::unsupported_events`]), or refuses it when annotated to.
+//! moment and are then refused rather than admitted without their sidecars. A SidecarSet using
+//! a feature kruise-rs does not serve is left out of the pod with a warning and a throttled
+//! event ([`crate::sidecar::unsupported`], [`super::unsupported_events`]), or refuses it when
+//! annotated to.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -844,7 +845,7 @@ impl Handlers {
                 Ok(Some(Guarded(Err(unreadable)))) => {
                     confirmed.push(Confirmed::Unreadable(Arc::new(unreadable)));
                 }
-                // Deleted since the list.
+                // Deleted.
                 Ok(None) => {}
                 Err(e) => return Err(refusal(format!("reading SidecarSet {name}: {e}"))),
             }
