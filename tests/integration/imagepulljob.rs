@@ -936,14 +936,21 @@ async fn copies_named_the_old_way_go_with_the_last_job_that_references_them() {
         })
         .await;
     }
-    let kept = copies
-        .get(&shared)
-        .await
-        .expect("still used by another job");
-    assert_eq!(
-        kept.annotations()["imagepulljobs.kruise.io/references"],
-        format!("{}/staying", env.ns)
-    );
+    // The sweep settles the copies one by one: the shared one may come after the others.
+    let staying = format!("{}/staying", env.ns);
+    wait_for(
+        &format!("{shared} to keep only the job that stays"),
+        TIMEOUT,
+        || {
+            let (copies, shared, staying) = (copies.clone(), shared.clone(), staying.clone());
+            async move {
+                let kept = copies.get_opt(&shared).await.ok()??;
+                (kept.annotations().get("imagepulljobs.kruise.io/references") == Some(&staying))
+                    .then_some(())
+            }
+        },
+    )
+    .await;
     copies
         .delete(&shared, &Default::default())
         .await
