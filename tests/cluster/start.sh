@@ -15,6 +15,14 @@
 # chart's default daemon.criSocket), and the kubelet's mounts and logs never reach the host's. What stays global and
 # stop.sh restores: the sysctls the kubelet sets, its kubepods cgroups.
 #
+# NODES=3 adds nodes 2 and 3, each a network namespace of its own (NODE_i_NETNS: node IP
+# 10.77.i.2, pods 10.(87+i).0.0/16, a veth to the cluster namespace, which routes between them
+# and holds the control plane, the registries and the tests), a mount namespace, a containerd, a
+# kubelet with the cgroup root /kruise-rs-node-i, and a forwarder (forward.py) that makes the
+# registries' 127.0.0.1 ports answer inside the node's namespace too, so image references are the
+# same on every node. Their kubelets reach the apiserver at 10.0.0.1:443 (the kubernetes
+# Service's address, routed to the cluster namespace).
+#
 # Usage: tests/cluster/start.sh [--owner-pid PID] STATE_DIR
 #   Prints KEY=VALUE lines on stdout (also written to STATE_DIR/env):
 #     KUBECONFIG            admin kubeconfig (https://127.0.0.1:443: valid inside NETNS only)
@@ -30,10 +38,14 @@
 #                           every pull: add one for another loopback registry)
 #     IMAGES                the test images' OCI layout (tests/node/images.sh)
 #     KUBELET_LOG, STATE_DIR
+#     NODES, NODE_NAMES     how many nodes, their names (space-separated, node 1 first)
+#     NODE_i_NAME, NODE_i_IP, NODE_i_NETNS, NODE_i_MNTNS, NODE_i_CONTAINERD_SOCKET,
+#     NODE_i_KUBELET_LOG    for every node i (node 1's are also the keys above without i)
 #   Progress and errors go to stderr. With --owner-pid, a detached watchdog stops everything and
 #   removes STATE_DIR once PID is gone.
 # Stop with tests/cluster/stop.sh STATE_DIR.
-# Env: KUBE_VERSION            Kubernetes minor (default 1.36)
+# Env: NODES                   how many nodes, 1 to 3 (default 1)
+#      KUBE_VERSION            Kubernetes minor (default 1.36)
 #      KRUISE_RS_CLUSTER_TIMEOUT  seconds to wait for the node to be Ready (default 180)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -56,7 +68,7 @@ owner_pid=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --owner-pid) owner_pid=${2:?--owner-pid needs a PID}; shift 2 ;;
-    -h|--help) sed -n '2,38p' "$0" >&2; exit 0 ;;
+    -h|--help) sed -n '2,50p' "$0" >&2; exit 0 ;;
     -*) die "unknown option $1" ;;
     *) break ;;
   esac
@@ -72,8 +84,10 @@ done
 for plugin in bridge host-local loopback; do
   [[ -x /usr/lib/cni/$plugin ]] || die "/usr/lib/cni/$plugin is missing (apt-get install containernetworking-plugins)"
 done
-# One real node per machine: the kubelet's cgroups (kubepods) and sysctls are global.
-for dir in /sys/fs/cgroup/*/kubepods; do
+nodes=${NODES:-1}
+[[ $nodes =~ ^[1-3]$ ]] || die "NODES=$nodes: 1, 2 or 3"
+# One cluster per machine: the kubelets' cgroups (kubepods) and sysctls are global.
+for dir in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/*/kruise-rs-node-*; do
   [[ -d $dir ]] && die "$dir exists: another kubelet runs (or ran) here; stop it first (tests/cluster/stop.sh)"
 done
 mkdir -p "$1"
@@ -121,6 +135,8 @@ in_net ip link set node0-peer up
 in_net ip link set node0 up
 # The kubelet wants a default route; this one leads nowhere outside NETNS.
 in_net ip route add default dev node0
+# NETNS routes between the nodes' namespaces (NODES > 1).
+in_net sysctl -qw net.ipv4.ip_forward=1
 
 # A mount namespace kept by a bind mount on a file, which must sit on a private mount.
 mkdir -p "$state/ns" "$state/run" "$state/log" "$state/node/ctrd/cni" "$state/kubelet"
@@ -149,7 +165,9 @@ pki=$state/controlplane/pki
 
 # --- registry + containerd ---------------------------------------------------------------------
 # The pods' network: a bridge in NETNS, addresses and CNI caches under STATE_DIR.
-cat >"$state/node/ctrd/cni/10-bridge.conflist" <<JSON
+# cni_config SUBNET IPAM_DIR: one node's pod network configuration.
+cni_config() {
+  cat <<JSON
 {
   "cniVersion": "1.0.0",
   "name": "kruise-rs-pods",
@@ -162,14 +180,16 @@ cat >"$state/node/ctrd/cni/10-bridge.conflist" <<JSON
       "ipMasq": false,
       "ipam": {
         "type": "host-local",
-        "ranges": [[{ "subnet": "10.88.0.0/16" }]],
-        "dataDir": "$state/cni-ipam"
+        "ranges": [[{ "subnet": "$1" }]],
+        "dataDir": "$2"
       }
     },
     { "type": "loopback" }
   ]
 }
 JSON
+}
+cni_config 10.88.0.0/16 "$state/cni-ipam" >"$state/node/ctrd/cni/10-bridge.conflist"
 node_env=$(in_ns env KRUISE_RS_NODE_TIMEOUT=$(( deadline - $(date +%s) )) "$repo/tests/node/start.sh" "$state/node") \
   || die "starting the registry and containerd failed (see above)"
 echo "node $state/node" >>"$pids"
@@ -181,10 +201,12 @@ registry=$(node_var REGISTRY)
 for key in vm.overcommit_memory kernel.panic kernel.panic_on_oops; do
   echo "$key=$(sysctl -n "$key")"
 done >"$state/sysctl.saved"
-cat >"$state/kubelet/config.yaml" <<YAML
+# kubelet_config NODE_IP [CGROUP_ROOT]: the configuration of one node's kubelet.
+kubelet_config() {
+  cat <<YAML
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: $node_ip
+address: $1
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 healthzPort: 10248
@@ -195,7 +217,8 @@ authorization: {mode: AlwaysAllow}
 # cgroup v1 and no systemd on these machines.
 cgroupDriver: cgroupfs
 failCgroupV1: false
-cgroupsPerQOS: true
+cgroupsPerQOS: true${2:+
+cgroupRoot: $2}
 failSwapOn: false
 containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
 # No cluster DNS and none of the host's resolvers in pods: only loopback is ever contacted.
@@ -212,6 +235,8 @@ syncFrequency: 10s
 # kubelet refuses to read with its feature gate off. tests/e2e/pull_verification.rs appends
 # AlwaysVerify for a while, around kubelet restarts.
 YAML
+}
+kubelet_config "$node_ip" >"$state/kubelet/config.yaml"
 kubelet_log=$state/kubelet.log
 launch kubelet "$kubelet_log" nsenter --net="$netns" --mount="$mntns" "$node_bin/kubelet" \
   --config="$state/kubelet/config.yaml" \
@@ -222,6 +247,84 @@ launch kubelet "$kubelet_log" nsenter --net="$netns" --mount="$mntns" "$node_bin
   --node-ip="$node_ip" \
   --v=2
 kubelet_pid=$launched_pid
+kubelets=("$kubelet_pid:kubelet:$kubelet_log")
+node_names=("$node_name")
+
+# --- nodes 2 and 3 (NODES > 1) -----------------------------------------------------------------
+sandbox_image=$(node_var SANDBOX_IMAGE)
+certs_d=$(node_var CERTS_D)
+registry_ports="${registry##*:} $(node_var AUTH_REGISTRY | sed 's/.*://')"
+# registries_answer NETNS: both registries answer /v2/ on 127.0.0.1 inside NETNS.
+registries_answer() {
+  local port code
+  for port in $registry_ports; do
+    code=$(nsenter --net="$1" curl -s --noproxy '*' -o /dev/null -w '%{http_code}' --max-time 2 \
+      "http://127.0.0.1:$port/v2/") || return 1
+    [[ $code == 200 || $code == 401 ]] || return 1
+  done
+}
+# start_node I: node I in a network and a mount namespace of its own (see the top of this file).
+start_node() {
+  local i=$1 name=kruise-rs-node-$1 ip=10.77.$1.2 gateway=10.77.$1.1 pods=10.$((87 + $1)).0.0/16
+  local dir=$state/node-$i ns_name=$netns_name-$i mnt=$state/ns/mnt-$i cgroup=/kruise-rs-node-$1
+  local ns=/run/netns/$netns_name-$i ctl
+  mkdir -p "$dir/run" "$dir/log" "$dir/ctrd/cni" "$dir/kubelet"
+  echo "$ns_name" >>"$state/netns"
+  ip netns add "$ns_name" || die "ip netns add $ns_name failed"
+  ln -sfn "$ns" "$dir/netns"
+  in_net ip link add "node$i" type veth peer name eth0 netns "$ns_name"
+  in_net ip addr add "$gateway/24" dev "node$i"
+  in_net ip link set "node$i" up
+  in_net ip route add "$pods" via "$ip"
+  nsenter --net="$ns" sh -ec "
+    ip link set lo up
+    ip addr add '$ip/24' dev eth0
+    ip link set eth0 up
+    ip route add default via '$gateway'
+    sysctl -qw net.ipv4.ip_forward=1
+  " || die "setting up node $i's network failed"
+  touch "$mnt"
+  unshare --mount="$mnt" --propagation private true || die "unshare --mount for node $i failed"
+  nsenter --net="$ns" --mount="$mnt" sh -ec "
+    mount --bind '$dir/run' /run
+    mkdir -p /run/containerd
+    mount --bind '$dir/ctrd' /run/containerd
+    mount --bind '$dir/log' /var/log
+  " || die "setting up node $i's mounts failed"
+
+  launch "forwarder-$i" "$dir/forward.log" nsenter --net="$netns" python3 "$here/forward.py" \
+    "$dir/netns" $registry_ports
+  wait_ready "forwarder-$i" "$launched_pid" "$dir/forward.log" registries_answer "$ns" ||
+    fail "the registries do not answer in node $i's namespace" "$dir/forward.log"
+
+  cni_config "$pods" "$state/cni-ipam-$i" >"$dir/ctrd/cni/10-bridge.conflist"
+  nsenter --net="$ns" --mount="$mnt" env KRUISE_RS_NODE_TIMEOUT=$(( deadline - $(date +%s) )) \
+    "$repo/tests/node/containerd.sh" --sandbox-image "$sandbox_image" "$dir/ctrd" "$certs_d" >/dev/null ||
+    die "starting node $i's containerd failed (see above)"
+
+  # The kubelet's own cgroup root in every hierarchy (it refuses a root that does not exist); a
+  # new cpuset cgroup has no CPUs or memory nodes until given its parent's.
+  for ctl in /sys/fs/cgroup/*; do
+    [[ -d $ctl && ! -L $ctl ]] && mkdir -p "$ctl$cgroup"
+  done
+  if [[ -d /sys/fs/cgroup/cpuset$cgroup ]]; then
+    cat /sys/fs/cgroup/cpuset/cpuset.cpus >"/sys/fs/cgroup/cpuset$cgroup/cpuset.cpus"
+    cat /sys/fs/cgroup/cpuset/cpuset.mems >"/sys/fs/cgroup/cpuset$cgroup/cpuset.mems"
+  fi
+  kubelet_config "$ip" "$cgroup" >"$dir/kubelet/config.yaml"
+  sed 's#server: https://127\.0\.0\.1:443$#server: https://10.0.0.1:443#' "$kubeconfig" >"$dir/kubeconfig"
+  launch "kubelet-$i" "$dir/kubelet.log" nsenter --net="$ns" --mount="$mnt" "$node_bin/kubelet" \
+    --config="$dir/kubelet/config.yaml" \
+    --kubeconfig="$dir/kubeconfig" \
+    --root-dir="$dir/kubelet" \
+    --cert-dir="$dir/kubelet/pki" \
+    --hostname-override="$name" \
+    --node-ip="$ip" \
+    --v=2
+  kubelets+=("$launched_pid:kubelet-$i:$dir/kubelet.log")
+  node_names+=("$name")
+}
+for (( i = 2; i <= nodes; i++ )); do start_node "$i"; done
 
 # --- scheduler and controller-manager ----------------------------------------------------------
 launch kube-scheduler "$state/kube-scheduler.log" nsenter --net="$netns" "$node_bin/kube-scheduler" \
@@ -240,18 +343,22 @@ kubectl() { in_net "$cp_bin/kubectl" --kubeconfig="$kubeconfig" "$@"; }
 # node_ready: Ready, without the not-ready taint, and the default ServiceAccount exists (pods
 # created before it are refused).
 node_ready() {
-  kubectl get node "$node_name" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status} {.spec.taints}' 2>/dev/null |
+  kubectl get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status} {.spec.taints}' 2>/dev/null |
     grep -qx 'True ' || return 1
   kubectl get serviceaccount default -n default >/dev/null 2>&1
 }
-while ! node_ready; do
-  for p in "$kubelet_pid:kubelet:$kubelet_log" "$scheduler_pid:kube-scheduler:$state/kube-scheduler.log" \
+nodes_ready() {
+  local name
+  for name in "${node_names[@]}"; do node_ready "$name" || return 1; done
+}
+while ! nodes_ready; do
+  for p in "${kubelets[@]}" "$scheduler_pid:kube-scheduler:$state/kube-scheduler.log" \
     "$cm_pid:kube-controller-manager:$state/kube-controller-manager.log"; do
     IFS=: read -r pid name log <<<"$p"
     alive "$pid" || fail "$name exited" "$log"
   done
   owner_alive || fail "owner process $owner_pid is gone; giving up"
-  (( $(date +%s) < deadline )) || fail "node $node_name was not Ready within ${timeout}s" "$kubelet_log"
+  (( $(date +%s) < deadline )) || fail "nodes ${node_names[*]} were not all Ready within ${timeout}s" "$kubelet_log"
   sleep 0.5
 done
 
@@ -271,7 +378,23 @@ ok=true
   echo "CERTS_D=$(node_var CERTS_D)"
   echo "IMAGES=$(node_var IMAGES)"
   echo "KUBELET_LOG=$kubelet_log"
+  echo "NODES=$nodes"
+  echo "NODE_NAMES=${node_names[*]}"
+  echo "NODE_1_NAME=$node_name"
+  echo "NODE_1_IP=$node_ip"
+  echo "NODE_1_NETNS=$netns"
+  echo "NODE_1_MNTNS=$mntns"
+  echo "NODE_1_CONTAINERD_SOCKET=$(node_var CONTAINERD_SOCKET)"
+  echo "NODE_1_KUBELET_LOG=$kubelet_log"
+  for (( i = 2; i <= nodes; i++ )); do
+    echo "NODE_${i}_NAME=kruise-rs-node-$i"
+    echo "NODE_${i}_IP=10.77.$i.2"
+    echo "NODE_${i}_NETNS=/run/netns/$netns_name-$i"
+    echo "NODE_${i}_MNTNS=$state/ns/mnt-$i"
+    echo "NODE_${i}_CONTAINERD_SOCKET=$state/node-$i/ctrd/containerd.sock"
+    echo "NODE_${i}_KUBELET_LOG=$state/node-$i/kubelet.log"
+  done
 } >"$state/env"
-echo "start.sh: node $node_name Ready (kubelet $("$node_bin/kubelet" --version | cut -d' ' -f2), containerd," \
+echo "start.sh: nodes ${node_names[*]} Ready (kubelet $("$node_bin/kubelet" --version | cut -d' ' -f2), containerd," \
   "registry $registry, network namespace $netns_name) in $(elapsed_since "$t0")s" >&2
 cat "$state/env"

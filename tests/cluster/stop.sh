@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Stop a cluster started by tests/cluster/start.sh and undo what it changed on the machine: the
-# kubelet first (so it restarts nothing), then every pod process and containerd shim, the
-# scheduler and controller-manager, containerd and the registry, the control plane; then the
-# kubelet's kubepods cgroups, the sysctls it set, the mount namespace and the network namespace.
+# kubelets first (so they restart nothing), then every pod process and containerd shim, the
+# scheduler and controller-manager, the registry forwarders, the containerds and the registries,
+# the control plane; then the kubelets' cgroups, the sysctls they set, the mount namespaces and
+# the network namespaces.
 # Idempotent: a missing STATE_DIR or a half-started cluster is fine.
 #
 # Usage: tests/cluster/stop.sh STATE_DIR
@@ -21,12 +22,22 @@ stop() {
   stop_recorded "$pids" "$state" 10 "$@"
 }
 
-# pod_processes: every process in a kubepods cgroup, and the containerd shims of our containerd
-# (their command line names its socket, under STATE_DIR).
+# The kubelets' cgroup roots: node 1's is /, nodes 2 and 3 have /kruise-rs-node-i.
+cgroup_roots() {
+  local d
+  for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/*/kruise-rs-node-*; do
+    [[ -d $d ]] && echo "$d"
+  done
+  return 0
+}
+
+# pod_processes: every process in a kubelet's cgroups, and the containerd shims of our
+# containerds (their command line names its socket, under STATE_DIR).
 pod_processes() {
   local f pid
-  for f in /sys/fs/cgroup/pids/kubepods /sys/fs/cgroup/memory/kubepods; do
-    [[ -d $f ]] && find "$f" -name cgroup.procs -exec cat {} + 2>/dev/null
+  for f in $(cgroup_roots); do
+    [[ $f == /sys/fs/cgroup/pids/* || $f == /sys/fs/cgroup/memory/* ]] &&
+      find "$f" -name cgroup.procs -exec cat {} + 2>/dev/null
   done
   for pid in $(pgrep -f containerd-shim 2>/dev/null); do
     ours "$pid" "$state" && echo "$pid"
@@ -35,7 +46,7 @@ pod_processes() {
 }
 
 stop watchdog
-stop kubelet
+stop kubelet kubelet-2 kubelet-3
 for _ in $(seq 50); do
   victims=$(pod_processes | sort -u)
   [[ -z $victims ]] && break
@@ -43,13 +54,16 @@ for _ in $(seq 50); do
   kill -KILL $victims 2>/dev/null || true
   sleep 0.1
 done
-stop kube-scheduler kube-controller-manager
+stop kube-scheduler kube-controller-manager forwarder-2 forwarder-3
+for node in "$state"/node-[0-9]*; do
+  [[ -d $node/ctrd ]] && "$repo/tests/node/stop.sh" "$node/ctrd"
+done
 [[ -d $state/node ]] && "$repo/tests/node/stop.sh" "$state/node"
 [[ -d $state/controlplane ]] && "$repo/tests/controlplane/stop.sh" "$state/controlplane"
 
-# The kubelet's cgroups, deepest first (a cgroup is removable once it has no processes and no
+# The kubelets' cgroups, deepest first (a cgroup is removable once it has no processes and no
 # children).
-for root in /sys/fs/cgroup/*/kubepods; do
+for root in $(cgroup_roots); do
   [[ -d $root ]] && { find "$root" -depth -type d -exec rmdir {} + 2>/dev/null || true; }
   [[ -d $root ]] && echo "stop.sh: could not remove $root (processes left in it?)" >&2
 done
@@ -59,13 +73,15 @@ if [[ -f $state/sysctl.saved ]]; then
   rm -f "$state/sysctl.saved"
 fi
 
-# The mount namespace lives as long as a process or the bind mount on ns/mnt holds it.
+# A mount namespace lives as long as a process or the bind mount on ns/mnt(-i) holds it.
 if mountpoint -q "$state/ns" 2>/dev/null; then
-  umount "$state/ns/mnt" 2>/dev/null || true
+  for mnt in "$state"/ns/mnt*; do umount "$mnt" 2>/dev/null || true; done
   umount "$state/ns" 2>/dev/null || true
 fi
 if [[ -f $state/netns ]]; then
-  ip netns del "$(cat "$state/netns")" 2>/dev/null || true
+  while read -r name; do
+    [[ -n $name ]] && { ip netns del "$name" 2>/dev/null || true; }
+  done <"$state/netns"
   rm -f "$state/netns"
 fi
 [[ -f $pids ]] && : >"$pids"
