@@ -24,6 +24,12 @@ test: deps ## Everything CI runs: format, lints, unit tests, the integration sui
 test-e2e: deps ## The end-to-end suite on a real node: kubelet, containerd, the chart installed with helm
 	tests/cluster/e2e.sh $(TEST)
 
+# `make test-upstream UPSTREAM_SRC=~/src/kruise`: upstream OpenKruise's own e2e specs for the four
+# kinds (tag UPSTREAM_REF, default v1.9.0), built from that checkout, on a real three-node cluster
+# (docs/testing.md#upstreams-e2e-suite).
+test-upstream: deps ## Upstream OpenKruise's e2e specs (SidecarSet, PullImage, PullImages) against kruise-rs on three real nodes
+	UPSTREAM_SRC='$(UPSTREAM_SRC)' tests/upstream/run.sh
+
 # `make test-chaos KRUISE_RS_CHAOS_MINUTES=60`: the hour; KRUISE_RS_CHAOS_SEED=<n> replays an order
 # of faults (docs/testing.md#the-chaos-run).
 test-chaos: deps ## The chaos run on a real node: pods, rollouts and jobs while the manager, its Lease, containerd, the kubelet and the apiserver fail
@@ -50,4 +56,4 @@ manifests: ## Copy crds/ into the chart, render deploy/manifests/ from it (helm 
 fmt: ## Format the code
 	cargo fmt --all
 
-.PHONY: help deps run test test-e2e test-chaos test-integration crds manifests fmt
+.PHONY: help deps run test test-e2e test-upstream test-chaos test-integration crds manifests fmt
