@@ -9,7 +9,8 @@
 //! `revisionHistoryLimit: 10`, each `patchPodMetadata[].patchPolicy: Retain` and
 //! `injectionStrategy.revision.policy: Always` on a SidecarSet; `completionPolicy.type: Always`,
 //! `pullPolicy {timeoutSeconds: 600, backoffLimit: 3}` and `imagePullPolicy: IfNotPresent` on an
-//! ImagePullJob; and `pullPolicy {600, 3}` on a NodeImage tag arrive already set. The functions
+//! ImagePullJob (on an ImageListPullJob all but `imagePullPolicy`, as upstream); and
+//! `pullPolicy {600, 3}` on a NodeImage tag arrive already set. The functions
 //! set them anyway (a no-op then), so they also hold for objects built in code and in tests.
 //!
 //! What only the webhook can do, and these functions are for: a SidecarSet's per-container
@@ -26,7 +27,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::imagelistpulljob::ImageListPullJob;
-use super::imagepulljob::{CompletionPolicyType, ImagePullJob, ImagePullPolicy, PullPolicy};
+use super::imagepulljob::{
+    CompletionPolicyType, ImagePullJob, ImagePullJobTemplate, ImagePullPolicy, PullPolicy,
+};
 use super::nodeimage::{ImageTagPullPolicy, NodeImage};
 use super::sidecarset::{
     PodInjectPolicy, ShareVolumePolicy, ShareVolumePolicyType, SidecarContainer,
@@ -251,19 +254,22 @@ pub fn default_volume(v: &mut Volume) {
 /// Upstream's `SetDefaultsImagePullJobV1beta1`. Like upstream's v1beta1 path, no finalizer is
 /// added here: the controller adds it when the job holds secret copies.
 pub fn default_imagepulljob(job: &mut ImagePullJob) {
-    let spec = &mut job.spec;
-    spec.template
+    default_imagepulljob_template(&mut job.spec.template);
+}
+
+/// The defaults of an ImagePullJob, all in its template: `completionPolicy.type` Always,
+/// `pullPolicy {600, 3}`, `imagePullPolicy` IfNotPresent. What an ImageListPullJob's template
+/// becomes in the ImagePullJob of each image.
+pub fn default_imagepulljob_template(template: &mut ImagePullJobTemplate) {
+    template
         .completion_policy
         .type_
         .get_or_insert(CompletionPolicyType::Always);
-    let pull = spec
-        .template
-        .pull_policy
-        .get_or_insert_with(PullPolicy::default);
+    let pull = template.pull_policy.get_or_insert_with(PullPolicy::default);
     pull.timeout_seconds
         .get_or_insert(DEFAULT_PULL_TIMEOUT_SECONDS);
     pull.backoff_limit.get_or_insert(DEFAULT_PULL_BACKOFF_LIMIT);
-    spec.template
+    template
         .image_pull_policy
         .get_or_insert(ImagePullPolicy::IfNotPresent);
 }
@@ -271,8 +277,8 @@ pub fn default_imagepulljob(job: &mut ImagePullJob) {
 // --- ImageListPullJob ---------------------------------------------------------------------------
 
 /// Upstream's ImageListPullJob defaulting: `completionPolicy.type` Always, `pullPolicy {600, 3}`.
-/// `imagePullPolicy` is left alone, as upstream does (each image's ImagePullJob gets it from its
-/// own defaulting; the schema default sets it here anyway).
+/// `imagePullPolicy` is left alone, as upstream does, here and in the schema: unset, each image's
+/// ImagePullJob gets IfNotPresent from its own defaulting.
 pub fn default_imagelistpulljob(job: &mut ImageListPullJob) {
     let template = &mut job.spec.template;
     template

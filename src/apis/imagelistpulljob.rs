@@ -3,11 +3,12 @@
 //! Namespaced, served as `v1alpha1` and `v1beta1` with one schema like the other kinds. The spec
 //! is the images plus the [`ImagePullJobTemplate`] every child ImagePullJob copies, flattened
 //! as upstream inlines it, so the template's schema defaults (`completionPolicy.type: Always`,
-//! `pullPolicy {600, 3}`) apply here too.
+//! `pullPolicy {600, 3}`, which upstream's webhook sets on a list too) apply here too; its
+//! `imagePullPolicy` default does not (`without_image_pull_policy_default`).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::CustomResource;
-use schemars::JsonSchema;
+use schemars::{JsonSchema, Schema};
 use serde::{Deserialize, Serialize};
 
 use super::imagepulljob::ImagePullJobTemplate;
@@ -29,6 +30,7 @@ use super::imagepulljob::ImagePullJobTemplate;
     printcolumn = r#"{"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp", "description": "CreationTimestamp is a timestamp representing the server time when this object was created."}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = without_image_pull_policy_default)]
 pub struct ImageListPullJobSpec {
     /// The images to pull (1 to 255, each once), each by its own ImagePullJob.
     pub images: Vec<String>,
@@ -36,6 +38,23 @@ pub struct ImageListPullJobSpec {
     /// How to pull, on which nodes and until when: copied whole into each image's ImagePullJob.
     #[serde(flatten)]
     pub template: ImagePullJobTemplate,
+}
+
+/// Removes the template's `imagePullPolicy` default from the list's schema. Upstream defaults
+/// it on an ImagePullJob but not on an ImageListPullJob (neither its CRD nor its webhook):
+/// unset, each image's ImagePullJob gets `IfNotPresent` from its own defaulting. A schema
+/// default would also apply when a stored list is read, so a list upstream's kruise-manager
+/// runs would read with a field it never wrote, its template hash would change, and it would
+/// delete and recreate every child of every running list the moment the CRD is replaced
+/// during a switch.
+fn without_image_pull_policy_default(schema: &mut Schema) {
+    let policy = schema
+        .get_mut("properties")
+        .and_then(|p| p.get_mut("imagePullPolicy"))
+        .and_then(serde_json::Value::as_object_mut);
+    if let Some(policy) = policy {
+        policy.remove("default");
+    }
 }
 
 /// Observed state of an ImageListPullJob, summed over its ImagePullJobs (those that started).

@@ -13,8 +13,10 @@
 //!    manager was stopped.
 //!
 //! The upstream CRDs are ours with upstream's versions and conversion, plus a printer column of
-//! upstream's own that the switch must remove; they are written with field manager `helm`, the
-//! way upstream's chart installs them.
+//! upstream's own that the switch must remove, and without schema defaults for ImagePullJob,
+//! ImageListPullJob and NodeImage (upstream's CRDs of those have none: its webhooks set them);
+//! they are written with field manager `helm`, the way upstream's chart installs them.
+//! `runbook.rs` builds its upstream cluster from the same pieces.
 //!
 //! Upstream's kruise-manager itself is played by its leader Lease: `kruise-system/kruise-manager`,
 //! held and renewed the way client-go's leader election does. Our manager runs with
@@ -46,18 +48,18 @@ use tokio::sync::{oneshot, watch};
 use crate::sidecarset_upgrade::poll;
 use crate::support::{ExtraControlPlane, client_for, create_ready_node, http_get, run_with_stdin};
 
-const GROUP: &str = "apps.kruise.io";
-const ALPHA: &str = "v1alpha1";
-const BETA: &str = "v1beta1";
+pub(crate) const GROUP: &str = "apps.kruise.io";
+pub(crate) const ALPHA: &str = "v1alpha1";
+pub(crate) const BETA: &str = "v1beta1";
 const VERSIONS: [&str; 2] = [ALPHA, BETA];
 /// The namespace of the ImagePullJobs.
 const JOBS: &str = "cutover-jobs";
 /// The field manager standing in for upstream's installer.
-const UPSTREAM_MANAGER: &str = "helm";
+pub(crate) const UPSTREAM_MANAGER: &str = "helm";
 /// The printer column only upstream's CRDs have here.
 const UPSTREAM_COLUMN: &str = "UPSTREAM-ONLY";
 /// How long the apiserver may take to act on a CRD change, and the manager on an object.
-const TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -147,19 +149,23 @@ fn upstream_webhook() -> CustomResourceConversion {
 }
 
 #[derive(Clone, Copy, Debug)]
-enum Upstream {
+pub(crate) enum Upstream {
     /// 1.8: `v1alpha1` only, stored.
     V1_8,
     /// 1.9: both served, `v1beta1` stored, SidecarSet through a conversion webhook.
     V1_9,
 }
 
-/// Upstream's CRDs at `release`, built from ours (the same schema).
-fn upstream_crds(release: Upstream) -> Vec<CustomResourceDefinition> {
+/// Upstream's CRDs at `release`, built from ours (the same schema, but no defaults where
+/// upstream's have none).
+pub(crate) fn upstream_crds(release: Upstream) -> Vec<CustomResourceDefinition> {
     crd::crds()
         .into_iter()
         .map(|mut crd| {
             crd.spec.conversion = None;
+            if crd.spec.names.kind != "SidecarSet" {
+                without_defaults(&mut crd);
+            }
             if let Upstream::V1_8 = release {
                 crd.spec.versions.retain(|v| v.name == ALPHA);
             }
@@ -188,9 +194,35 @@ fn upstream_crds(release: Upstream) -> Vec<CustomResourceDefinition> {
         .collect()
 }
 
+/// Removes every `default` from `crd`'s schemas: upstream's ImagePullJob, ImageListPullJob and
+/// NodeImage CRDs have none (its mutating webhooks default those kinds).
+fn without_defaults(crd: &mut CustomResourceDefinition) {
+    fn walk(value: &mut Value, properties: bool) {
+        match value {
+            Value::Object(map) => {
+                if !properties {
+                    map.remove("default");
+                }
+                for (key, child) in map.iter_mut() {
+                    walk(child, !properties && key == "properties");
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|v| walk(v, false)),
+            _ => {}
+        }
+    }
+    for version in &mut crd.spec.versions {
+        if let Some(validation) = version.schema.as_mut() {
+            let mut json = serde_json::to_value(&validation.open_api_v3_schema).expect("a schema");
+            walk(&mut json, false);
+            validation.open_api_v3_schema = serde_json::from_value(json).expect("still a schema");
+        }
+    }
+}
+
 /// Creates or replaces `crds` as upstream's installer would, and waits until each is
 /// Established.
-async fn put_crds(client: &Client, crds: Vec<CustomResourceDefinition>) {
+pub(crate) async fn put_crds(client: &Client, crds: Vec<CustomResourceDefinition>) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PostParams {
         field_manager: Some(UPSTREAM_MANAGER.to_owned()),
@@ -230,7 +262,7 @@ async fn put_crds(client: &Client, crds: Vec<CustomResourceDefinition>) {
     }
 }
 
-async fn create_namespace(client: &Client, name: &str) {
+pub(crate) async fn create_namespace(client: &Client, name: &str) {
     let namespace = Namespace {
         metadata: kube::api::ObjectMeta {
             name: Some(name.to_owned()),
@@ -245,7 +277,7 @@ async fn create_namespace(client: &Client, name: &str) {
 }
 
 /// Creates a Ready Node `name` labelled `zone: a`.
-async fn create_node(client: &Client, name: &str) {
+pub(crate) async fn create_node(client: &Client, name: &str) {
     let labels = BTreeMap::from([("zone".to_owned(), "a".to_owned())]);
     create_ready_node(client, name, labels).await;
 }
@@ -432,27 +464,27 @@ async fn assert_every_object_reads_and_writes_in_both_versions(
 }
 
 /// Upstream's leader Lease (`--leader-election-id` default of kruise-manager) in its namespace.
-const UPSTREAM_LEASE: &str = "kruise-manager";
-const UPSTREAM_NAMESPACE: &str = "kruise-system";
+pub(crate) const UPSTREAM_LEASE: &str = "kruise-manager";
+pub(crate) const UPSTREAM_NAMESPACE: &str = "kruise-system";
 /// client-go's identity: host name and a UUID.
-const UPSTREAM_HOLDER: &str =
+pub(crate) const UPSTREAM_HOLDER: &str =
     "kruise-controller-manager-5d8c7b6f9d-x2x7q_3f1c2b1e-8f4a-4c1d-9a57-1b2c3d4e5f60";
 /// Shorter than upstream's 15 s, to keep the test short; our replica honours what the Lease says.
-const UPSTREAM_LEASE_SECONDS: i32 = 4;
-const OUR_IDENTITY: &str = "kruise-rs-manager-0";
+pub(crate) const UPSTREAM_LEASE_SECONDS: i32 = 4;
+pub(crate) const OUR_IDENTITY: &str = "kruise-rs-manager-0";
 
 /// Plays upstream's leading kruise-manager replica: holds [`UPSTREAM_LEASE`] and renews it every
 /// second, as client-go does (read, then update guarded by the resourceVersion), counting its
 /// renewals; a renewal that finds another holder fails the test. Stopping it stops renewing
 /// without releasing, as a deleted pod does (controller-runtime does not release by default).
-struct UpstreamLeader {
+pub(crate) struct UpstreamLeader {
     renewals: watch::Receiver<u32>,
     stop: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<Result<(), String>>,
 }
 
 impl UpstreamLeader {
-    async fn start(client: &Client) -> Self {
+    pub(crate) async fn start(client: &Client) -> Self {
         let api: Api<Lease> = Api::namespaced(client.clone(), UPSTREAM_NAMESPACE);
         let now = MicroTime(Timestamp::now());
         let lease: Lease = serde_json::from_value(json!({
@@ -500,7 +532,7 @@ impl UpstreamLeader {
     }
 
     /// Waits for `n` more renewals.
-    async fn renewed(&mut self, n: u32) {
+    pub(crate) async fn renewed(&mut self, n: u32) {
         let target = *self.renewals.borrow() + n;
         let renewals = &mut self.renewals;
         tokio::time::timeout(Duration::from_secs(u64::from(n) * 3 + 10), async move {
@@ -515,7 +547,7 @@ impl UpstreamLeader {
     }
 
     /// Stops renewing (the replica is gone); fails the test if a renewal had failed.
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         let _ = self.stop.send(());
         self.task
             .await
@@ -524,7 +556,7 @@ impl UpstreamLeader {
     }
 }
 
-async fn lease_holder(client: &Client) -> Option<String> {
+pub(crate) async fn lease_holder(client: &Client) -> Option<String> {
     Api::<Lease>::namespaced(client.clone(), UPSTREAM_NAMESPACE)
         .get(UPSTREAM_LEASE)
         .await
@@ -532,7 +564,7 @@ async fn lease_holder(client: &Client) -> Option<String> {
         .and_then(|l| l.spec?.holder_identity)
 }
 
-async fn leader_gauge(addr: std::net::SocketAddr) -> String {
+pub(crate) async fn leader_gauge(addr: std::net::SocketAddr) -> String {
     let (status, body) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics"))
         .await
         .expect("join")

@@ -12,7 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use kruise_rs::apis::imagelistpulljob::{ImageListPullJob, ImageListPullJobSpec};
 use kruise_rs::apis::imagepulljob::{
     CompletionPolicy, CompletionPolicyType, ImagePullJob, ImagePullJobNodeSelector,
-    ImagePullJobSpec, ImagePullJobTemplate,
+    ImagePullJobSpec, ImagePullJobTemplate, ImagePullPolicy,
 };
 use kruise_rs::apis::nodeimage::{ImageTagSpec, NodeImage};
 use kruise_rs::apis::well_known::{CONTROLLER_REVISION_HASH, FAKE_NODEIMAGE};
@@ -295,6 +295,10 @@ async fn a_list_fans_out_into_one_owned_job_per_image_and_completes() {
         )
         .await;
     let hash = template_hash(&list.spec.template);
+    // Created without `imagePullPolicy`, stored without it, as upstream stores it (its CRD has no
+    // default there, and a default would change what a list upstream runs reads as).
+    assert_eq!(template.image_pull_policy, None);
+    assert_eq!(list.spec.template.image_pull_policy, None);
 
     let children = env
         .wait_children(
@@ -331,8 +335,11 @@ async fn a_list_fans_out_into_one_owned_job_per_image_and_completes() {
                 block_owner_deletion: Some(true),
             }]
         );
-        // The whole template, defaults included, as the list holds it.
-        assert_eq!(child.spec.template, list.spec.template, "{image}");
+        // The whole template, defaults included, as the list holds it, and the ImagePullJob
+        // default the list does not have.
+        let mut want = list.spec.template.clone();
+        want.image_pull_policy = Some(ImagePullPolicy::IfNotPresent);
+        assert_eq!(child.spec.template, want, "{image}");
     }
     // The list carries the hash too, and its status starts.
     let labelled = env
@@ -382,6 +389,14 @@ async fn a_list_fans_out_into_one_owned_job_per_image_and_completes() {
         kubectl_row(&env.ns, "pull").await[..4],
         ["pull", "3", "3", "3"]
     );
+    // The children first made did the work: none was replaced as outdated.
+    let uids = |children: &BTreeMap<String, ImagePullJob>| -> Vec<(String, Option<String>)> {
+        children
+            .iter()
+            .map(|(image, job)| (image.clone(), job.metadata.uid.clone()))
+            .collect()
+    };
+    assert_eq!(uids(&env.children(&list).await), uids(&children));
 }
 
 #[tokio::test]

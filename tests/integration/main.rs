@@ -22,6 +22,7 @@ mod owner_reference_enforcement;
 mod pull_secret_tenancy;
 mod rate_limit;
 mod rbac_matrix;
+mod runbook;
 mod sidecarset_crash;
 mod sidecarset_hot_upgrade;
 mod sidecarset_native;

@@ -209,3 +209,36 @@ fn pull_secrets_are_bounded_in_the_schemas() {
         }
     }
 }
+
+/// Upstream defaults `imagePullPolicy` on an ImagePullJob and not on an ImageListPullJob. A
+/// schema default on the list would also apply when the apiserver reads a stored list: a list
+/// upstream's kruise-manager runs would read with a field it never wrote, its template hash
+/// would change and upstream would replace every child of every running list during a switch.
+#[test]
+fn only_the_imagepulljob_schema_defaults_the_image_pull_policy() {
+    for (kind, default) in [
+        ("ImagePullJob", Some(serde_json::json!("IfNotPresent"))),
+        ("ImageListPullJob", None),
+    ] {
+        let crd = crds()
+            .into_iter()
+            .find(|c| c.spec.names.kind == kind)
+            .expect(kind);
+        for version in &crd.spec.versions {
+            let schema = serde_json::to_value(&version.schema).expect("serializes");
+            let policy = schema
+                .pointer("/openAPIV3Schema/properties/spec/properties/imagePullPolicy")
+                .unwrap_or_else(|| panic!("{kind} {} has spec.imagePullPolicy", version.name));
+            assert_eq!(
+                policy.get("default"),
+                default.as_ref(),
+                "{kind} {} spec.imagePullPolicy",
+                version.name
+            );
+            assert_eq!(
+                policy["enum"],
+                serde_json::json!(["Always", "IfNotPresent"])
+            );
+        }
+    }
+}

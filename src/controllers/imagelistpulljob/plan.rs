@@ -10,6 +10,7 @@ use k8s_openapi::jiff::SignedDuration;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use crate::apis::defaults;
 use crate::apis::imagelistpulljob::{FailedImageStatus, ImageListPullJob, ImageListPullJobStatus};
 use crate::apis::imagepulljob::{
     CompletionPolicyType, ImagePullJob, ImagePullJobSpec, ImagePullJobTemplate,
@@ -58,19 +59,31 @@ pub fn next_step(list: &ImageListPullJob) -> Step {
     }
 }
 
-/// The `controller-revision-hash` of a template: 16 characters of the SHA-256 of its JSON,
-/// spelled as Kubernetes spells hashes in labels (upstream hashes Go's memory layout with
-/// FNV-32a, which no other program can reproduce; children are matched by their template, so
-/// the values need not agree).
+/// The `controller-revision-hash` of a list's template: 16 characters of the SHA-256 of the
+/// JSON of its [`child_template`], spelled as Kubernetes spells hashes in labels (upstream
+/// hashes Go's memory layout with FNV-32a, which no other program can reproduce; children are
+/// matched by their template, so the values need not agree). A list without `imagePullPolicy`
+/// hashes as one with `IfNotPresent`: their children are the same.
 pub fn template_hash(template: &ImagePullJobTemplate) -> String {
+    let template = child_template(template);
     // Serializing plain data cannot fail; an empty text still hashes.
-    let json = serde_json::to_vec(template).unwrap_or_default();
+    let json = serde_json::to_vec(&template).unwrap_or_default();
     let digest = ring::digest::digest(&ring::digest::SHA256, &json);
     let hex: String = digest.as_ref()[..8]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
     safe_encode_string(&hex)
+}
+
+/// The template of a list's ImagePullJobs as they are stored: the list's, with the
+/// ImagePullJob defaults its own (and upstream's) schema and webhook give an ImagePullJob. A
+/// list leaves `imagePullPolicy` unset when its author did (as upstream), and each image's job
+/// gets `IfNotPresent`; its children are compared with this, not with the list's template.
+pub fn child_template(template: &ImagePullJobTemplate) -> ImagePullJobTemplate {
+    let mut template = template.clone();
+    defaults::default_imagepulljob_template(&mut template);
+    template
 }
 
 /// Whether `job`'s controller is `list`.
@@ -82,7 +95,7 @@ pub fn controlled_by(job: &ImagePullJob, list_uid: &str) -> bool {
 
 /// The ImagePullJob that pulls `image` for `list`: named `<list>-<random>`, labelled as the
 /// list is plus `controller-revision-hash: <hash>`, controlled by the list, spec = the image and
-/// the whole template.
+/// the whole template as the job will be stored ([`child_template`]).
 pub fn child(list: &ImageListPullJob, image: &str, hash: &str) -> ImagePullJob {
     let name = list.name_any();
     let mut labels = list.labels().clone();
@@ -104,7 +117,7 @@ pub fn child(list: &ImageListPullJob, image: &str, hash: &str) -> ImagePullJob {
         },
         spec: ImagePullJobSpec {
             image: image.to_owned(),
-            template: list.spec.template.clone(),
+            template: child_template(&list.spec.template),
         },
         status: None,
     }
@@ -181,6 +194,7 @@ pub fn plan(
         why,
     };
 
+    let template = child_template(&list.spec.template);
     let mut out = Plan::default();
     let mut current = Vec::new();
     let mut listed = HashSet::new();
@@ -189,9 +203,7 @@ pub fn plan(
             continue;
         }
         let candidates = by_image.get(image.as_str()).map_or(&[][..], Vec::as_slice);
-        let kept = candidates
-            .iter()
-            .find(|c| c.spec.template == list.spec.template);
+        let kept = candidates.iter().find(|c| c.spec.template == template);
         match kept {
             Some(kept) => {
                 if kept
@@ -210,7 +222,7 @@ pub fn plan(
             if kept.is_some_and(|k| std::ptr::eq(*k, *other)) {
                 continue;
             }
-            let why = if other.spec.template == list.spec.template {
+            let why = if other.spec.template == template {
                 Why::Duplicate
             } else {
                 Why::Outdated

@@ -462,6 +462,11 @@ impl ExtraControlPlane {
         self.0.kubectl()
     }
 
+    /// The kubectl built next to this control plane's kube-apiserver.
+    pub fn kubectl_path(&self) -> PathBuf {
+        self.0.kubectl_path()
+    }
+
     /// Installs `crds/` and waits until they are Established.
     pub fn install_crds(&self) {
         self.0

@@ -2,7 +2,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::*;
 use crate::apis::imagelistpulljob::ImageListPullJobSpec;
-use crate::apis::imagepulljob::{CompletionPolicy, ImagePullJobStatus};
+use crate::apis::imagepulljob::{CompletionPolicy, ImagePullJobStatus, ImagePullPolicy};
 
 fn t(seconds: i64) -> Time {
     Time(Timestamp::from_second(seconds).unwrap())
@@ -95,7 +95,12 @@ fn a_child_is_the_image_plus_the_whole_template_controlled_by_the_list() {
         }])
     );
     assert_eq!(c.spec.image, "nginx:1.27");
-    assert_eq!(c.spec.template, l.spec.template);
+    assert_eq!(c.spec.template, child_template(&l.spec.template));
+    assert_eq!(c.spec.template.pull_secrets, ["s"]);
+    assert_eq!(
+        c.spec.template.completion_policy.ttl_seconds_after_finished,
+        Some(30)
+    );
     assert!(controlled_by(&c, "uid-list"));
     assert!(!controlled_by(&c, "uid-other"));
 }
@@ -222,6 +227,62 @@ fn a_child_with_an_equal_template_and_a_foreign_hash_is_adopted_and_relabelled()
     assert_eq!(p.relabel, ["list-up", "list-bare"]);
 }
 
+/// Upstream leaves a list's `imagePullPolicy` unset when its author did, and each image's job
+/// gets `IfNotPresent` from the ImagePullJob defaults: such a child is the list's, not outdated.
+#[test]
+fn a_list_without_image_pull_policy_keeps_its_children_with_if_not_present() {
+    let l = list(&["a", "b"]);
+    assert_eq!(l.spec.template.image_pull_policy, None);
+    let mut upstream = ImagePullJob::new(
+        "list-up",
+        ImagePullJobSpec {
+            image: "a".into(),
+            template: l.spec.template.clone(),
+        },
+    );
+    crate::apis::defaults::default_imagepulljob(&mut upstream);
+    assert_eq!(
+        upstream.spec.template.image_pull_policy,
+        Some(ImagePullPolicy::IfNotPresent)
+    );
+    upstream.metadata = child_of(&l, "list-up", "a", 1).metadata;
+    let ours = child_of(&l, "list-b", "b", 2);
+    assert_eq!(
+        ours.spec.template.image_pull_policy,
+        Some(ImagePullPolicy::IfNotPresent),
+        "a child is created as it will be stored"
+    );
+    let p = plan(&l, &arcs(vec![upstream, ours]), &hash(&l), &t(10));
+    assert!(p.create.is_empty(), "{:?}", p.create);
+    assert!(p.delete.is_empty(), "{:?}", p.delete);
+    assert!(p.relabel.is_empty(), "{:?}", p.relabel);
+}
+
+#[test]
+fn a_list_without_image_pull_policy_hashes_as_one_with_if_not_present() {
+    let unset = list(&["a"]);
+    let mut explicit = unset.clone();
+    explicit.spec.template.image_pull_policy = Some(ImagePullPolicy::IfNotPresent);
+    assert_eq!(hash(&unset), hash(&explicit));
+    let mut always = unset.clone();
+    always.spec.template.image_pull_policy = Some(ImagePullPolicy::Always);
+    assert_ne!(hash(&unset), hash(&always));
+    let child = child_of(&always, "list-1", "a", 1);
+    assert_eq!(
+        child.spec.template.image_pull_policy,
+        Some(ImagePullPolicy::Always)
+    );
+    // A list that changes from unset to Always replaces its children.
+    let p = plan(
+        &always,
+        &arcs(vec![child_of(&unset, "list-0", "a", 0)]),
+        &hash(&always),
+        &t(10),
+    );
+    assert_eq!(names(&p.delete), [("list-0", Why::Outdated)]);
+    assert_eq!(p.create, ["a"]);
+}
+
 #[test]
 fn a_child_being_deleted_is_not_counted_nor_kept() {
     let l = list(&["a"]);
@@ -300,7 +361,7 @@ fn the_list_completes_when_every_child_has_and_keeps_its_start_time() {
     // Never: never (its children carry Never too).
     l.spec.template.completion_policy.type_ = Some(CompletionPolicyType::Never);
     let children = children.into_iter().map(|mut c| {
-        c.spec.template = l.spec.template.clone();
+        c.spec.template = child_template(&l.spec.template);
         c
     });
     let p = plan(&l, &arcs(children.collect()), &hash(&l), &t(10));
