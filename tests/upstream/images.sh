@@ -70,7 +70,22 @@ while read -r applet; do
   [[ -n $applet ]] || continue
   [[ -e $root$applet ]] || ln -s /bin/busybox "$root$applet"
 done < <("$busybox" --list-full | sed 's|^|/|')
-# PID 1 gets no default signal handling: a shell with a trap does.
+# PID 1 gets no default signal handling: a shell with a trap does. The specs' commands are
+# mostly `/bin/sh -c "sleep ..."`, and this busybox runs its applets without a PATH lookup, so
+# /bin/sh itself, as PID 1 only, runs the command as its child and exits on SIGTERM (the kernel
+# then ends the rest of the container); anywhere else it is busybox's sh.
+rm -f "$root/bin/sh"
+cat >"$root/bin/sh" <<'SH'
+#!/bin/busybox sh
+if [ "$$" = 1 ]; then
+  trap 'exit 143' TERM INT
+  /bin/busybox sh "$@" &
+  wait $!
+  exit $?
+fi
+exec /bin/busybox sh "$@"
+SH
+chmod 0755 "$root/bin/sh"
 for cmd in sleep tail; do
   rm -f "$root/bin/$cmd" "$root/usr/bin/$cmd"
   cat >"$root/bin/$cmd" <<SH
