@@ -786,6 +786,52 @@ async fn deleting_a_running_job_releases_its_secret_copies() {
     .await;
 }
 
+/// A running job's copy follows its source Secret: a rotated credential reaches the daemons'
+/// copy within the source recheck (5 s), though nothing else happens to the job (upstream's spec
+/// "never completion pull job with updated pull secrets" gives it 10 s).
+#[tokio::test]
+async fn a_running_jobs_copy_follows_its_rotated_source_secret() {
+    let env = env("ipj-secrot").await;
+    let nodes = env.nodes(1).await;
+    registry_secret(&env, "reg").await;
+    let mut s = spec("127.0.0.1:5000/private/app:3", env.selector(), 1);
+    s.template.pull_secrets = vec!["reg".into()];
+    // The played node never reports: the job keeps running.
+    env.job("pull", s).await;
+    let (copies, copy, _) = wait_secret_copy(&env).await;
+    // Settled: its entry written and its status saying so, so no write of its own is left to
+    // wake it (a rotation racing one would be picked up by chance).
+    env.wait_entry(&nodes[0], "127.0.0.1:5000/private/app", "3")
+        .await;
+    env.wait_job("pull", "the job to report its active node", |j| {
+        j.status.as_ref().is_some_and(|s| s.active == 1)
+    })
+    .await;
+    let rotated = r#"{"auths":{"127.0.0.1:5000":{"auth":"cm90YXRlZDpwYXNz"}}}"#;
+    Api::<Secret>::namespaced(env.client.clone(), &env.ns)
+        .patch(
+            "reg",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {".dockerconfigjson": rotated}})),
+        )
+        .await
+        .expect("rotate the source Secret");
+    let started = std::time::Instant::now();
+    wait_for(
+        "the copy to carry the rotated credential",
+        Duration::from_secs(15),
+        || {
+            let (copies, copy) = (copies.clone(), copy.clone());
+            async move {
+                let data = copies.get(&copy).await.ok()?.data?;
+                (data.get(".dockerconfigjson")?.0 == rotated.as_bytes()).then_some(())
+            }
+        },
+    )
+    .await;
+    eprintln!("the copy followed the source in {:.1?}", started.elapsed());
+}
+
 /// Every Secret in the daemons' namespace that says it is a copy of `source`.
 async fn copies_of(env: &Env, source: &str) -> Vec<Secret> {
     let list = daemon_secrets(env)

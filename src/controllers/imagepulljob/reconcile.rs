@@ -46,6 +46,21 @@ fn now() -> Time {
     Time(Timestamp::now())
 }
 
+/// How often a running job holding pull-secret copies reads its sources again, so a rotated
+/// credential reaches the daemons' copy within this: the manager lists and watches no Secrets
+/// (it may only `get` them by name), where upstream's watch of every Secret answers at once.
+pub(super) const SOURCE_RECHECK: Duration = Duration::from_secs(5);
+
+/// When to reconcile a job again by itself: at its next deadline, and no later than
+/// [`SOURCE_RECHECK`] while it runs holding copies of pull secrets.
+fn next_wake(deadline: Option<Duration>, running_with_copies: bool) -> Option<Duration> {
+    let recheck = running_with_copies.then_some(SOURCE_RECHECK);
+    match (deadline, recheck) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 fn until(at: Timestamp) -> Duration {
     let now = Timestamp::now();
     let wait = at.duration_since(now);
@@ -162,6 +177,7 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
     // Our own writes the store has not caught up with yet count as written.
     let by_name = plan::by_name(ctx.fresh_nodeimages());
     let pods = ctx.pods.state();
+    let holds_copies = !pull_secrets.is_empty();
     let req = JobRequest::new(
         job,
         image.familiar_name().to_owned(),
@@ -273,10 +289,16 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
     if let Some(err) = first_error {
         return Err(err.into());
     }
-    Ok(match next_deadline(job, &status) {
-        Some(at) => Action::requeue(until(at)),
-        None => Action::await_change(),
-    })
+    let running = status.completion_time.is_none();
+    Ok(
+        match next_wake(
+            next_deadline(job, &status).map(until),
+            running && holds_copies,
+        ) {
+            Some(wait) => Action::requeue(wait),
+            None => Action::await_change(),
+        },
+    )
 }
 
 /// What to tell the job's author about the nodes whose NodeImage refused its entry.
@@ -439,5 +461,21 @@ async fn still_exists(jobs: &Api<ImagePullJob>, job: &ImagePullJob) -> Result<bo
             name: job.name_any(),
             source,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_running_job_with_copies_wakes_by_the_source_recheck_at_the_latest() {
+        let long = Duration::from_secs(600);
+        let short = Duration::from_secs(2);
+        assert_eq!(next_wake(None, false), None);
+        assert_eq!(next_wake(Some(long), false), Some(long));
+        assert_eq!(next_wake(None, true), Some(SOURCE_RECHECK));
+        assert_eq!(next_wake(Some(long), true), Some(SOURCE_RECHECK));
+        assert_eq!(next_wake(Some(short), true), Some(short));
     }
 }
