@@ -3,10 +3,9 @@
 # agnhost, Docker Hub's busybox and nginx, openkruise/hotupgrade-sample), built offline with umoci
 # from the static /bin/busybox as one OCI layout, into a cache keyed by content. Each reference
 # gets a layer of its own naming it, so every reference has a distinct digest (the specs tell
-# images apart), over one shared base layer: busybox with its applets, where `sleep` and `tail`
-# exit on SIGTERM even as PID 1 (busybox's own ignore it there, and every pod deletion would wait
-# out its whole grace period). The nginx and httpd stand-ins serve HTTP on port 80 (busybox httpd)
-# as the real ones do; busybox's run `sh`, as the real ones.
+# images apart), over one shared base layer: busybox with its applets. Each behaves as the image
+# it stands for where the specs can tell: busybox's run `sh` and, as PID 1, ignore SIGTERM; the
+# nginx and httpd stand-ins serve HTTP on port 80 (busybox httpd) and exit on SIGTERM.
 #
 # Usage: tests/upstream/images.sh          prints the OCI layout directory
 #        tests/upstream/images.sh --refs   prints "TAG REFERENCE" lines: push oci:LAYOUT:TAG to the
@@ -29,9 +28,9 @@ refs=(
   "nginx-1.21.1|http|docker.io/library/nginx:1.21.1"
   "nginx-1.23.1|http|docker.io/library/nginx:1.23.1"
   "nginx-latest|http|docker.io/library/nginx:latest"
-  "hotupgrade-sidecarv1|sleep|docker.io/openkruise/hotupgrade-sample:sidecarv1"
-  "hotupgrade-sidecarv2|sleep|docker.io/openkruise/hotupgrade-sample:sidecarv2"
-  "hotupgrade-empty|sleep|docker.io/openkruise/hotupgrade-sample:empty"
+  "hotupgrade-sidecarv1|idle|docker.io/openkruise/hotupgrade-sample:sidecarv1"
+  "hotupgrade-sidecarv2|idle|docker.io/openkruise/hotupgrade-sample:sidecarv2"
+  "hotupgrade-empty|idle|docker.io/openkruise/hotupgrade-sample:empty"
   "e2e-busybox|shell|registry.k8s.io/e2e-test-images/busybox:1.36.1-1"
   "e2e-nginx|http|registry.k8s.io/e2e-test-images/nginx:1.14-4"
   "e2e-nginx-new|http|registry.k8s.io/e2e-test-images/nginx:1.15-4"
@@ -70,33 +69,17 @@ while read -r applet; do
   [[ -n $applet ]] || continue
   [[ -e $root$applet ]] || ln -s /bin/busybox "$root$applet"
 done < <("$busybox" --list-full | sed 's|^|/|')
-# PID 1 gets no default signal handling: a shell with a trap does. The specs' commands are
-# mostly `/bin/sh -c "sleep ..."`, and this busybox runs its applets without a PATH lookup, so
-# /bin/sh itself, as PID 1 only, runs the command as its child and exits on SIGTERM (the kernel
-# then ends the rest of the container); anywhere else it is busybox's sh.
-rm -f "$root/bin/sh"
-cat >"$root/bin/sh" <<'SH'
-#!/bin/busybox sh
-if [ "$$" = 1 ]; then
-  trap 'exit 143' TERM INT
-  /bin/busybox sh "$@" &
-  wait $!
-  exit $?
-fi
-exec /bin/busybox sh "$@"
-SH
-chmod 0755 "$root/bin/sh"
-for cmd in sleep tail; do
-  rm -f "$root/bin/$cmd" "$root/usr/bin/$cmd"
-  cat >"$root/bin/$cmd" <<SH
+# Signals as the real images take them, since upstream's specs time their steps by them: busybox
+# as PID 1 has no handler for SIGTERM (`sleep`, `tail`, `sh` are its applets: a pod waits out its
+# grace period, and an in-place sidecar upgrade takes 30 s), while nginx, httpd, agnhost and the
+# hot-upgrade sample exit on it.
+cat >"$root/bin/standin-idle" <<'SH'
 #!/bin/sh
-trap 'exit 143' TERM INT
-/bin/busybox $cmd "\$@" &
-wait \$!
+# The hot-upgrade sample's stand-in: idles until SIGTERM.
+trap 'exit 0' TERM INT
+/bin/busybox sleep 2147483647 &
+wait $!
 SH
-  chmod 0755 "$root/bin/$cmd"
-  ln -s /bin/$cmd "$root/usr/bin/$cmd"
-done
 cat >"$root/bin/standin-http" <<'SH'
 #!/bin/sh
 # The nginx/httpd stand-in: HTTP on port 80 until SIGTERM.
@@ -114,7 +97,7 @@ case ${1:-} in
 esac
 wait $!
 SH
-chmod 0755 "$root/bin/standin-http" "$root/bin/agnhost"
+chmod 0755 "$root/bin/standin-http" "$root/bin/agnhost" "$root/bin/standin-idle"
 echo "kruise-rs stand-in" >"$root/usr/share/nginx/html/index.html"
 echo "root:x:0:0:root:/root:/bin/sh" >"$root/etc/passwd"
 echo "root:x:0:" >"$root/etc/group"
@@ -134,7 +117,7 @@ echo "root:x:0:" >"$root/etc/group"
     case $kind in
       shell) umoci config --image "$tmp/oci:$tag" --config.cmd=sh ;;
       http) umoci config --image "$tmp/oci:$tag" --config.cmd=/bin/standin-http ;;
-      sleep) umoci config --image "$tmp/oci:$tag" --config.cmd=sleep --config.cmd=2147483647 ;;
+      idle) umoci config --image "$tmp/oci:$tag" --config.cmd=/bin/standin-idle ;;
       agnhost) umoci config --image "$tmp/oci:$tag" --config.entrypoint=/bin/agnhost ;;
       *) die "unknown kind $kind" ;;
     esac
