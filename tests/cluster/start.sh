@@ -236,16 +236,18 @@ syncFrequency: 10s
 # AlwaysVerify for a while, around kubelet restarts.
 YAML
 }
+# launch_kubelet RECORD NODE_NAME NODE_IP NETNS MNTNS DIR KUBECONFIG: a node's kubelet, in the
+# node's namespaces, its state under DIR/kubelet and its log DIR/kubelet.log.
+launch_kubelet() {
+  local record=$1 name=$2 ip=$3 net=$4 mnt=$5 dir=$6 config=$7
+  launch "$record" "$dir/kubelet.log" nsenter --net="$net" --mount="$mnt" "$node_bin/kubelet" \
+    --config="$dir/kubelet/config.yaml" --kubeconfig="$config" \
+    --root-dir="$dir/kubelet" --cert-dir="$dir/kubelet/pki" \
+    --hostname-override="$name" --node-ip="$ip" --v=2
+}
 kubelet_config "$node_ip" >"$state/kubelet/config.yaml"
 kubelet_log=$state/kubelet.log
-launch kubelet "$kubelet_log" nsenter --net="$netns" --mount="$mntns" "$node_bin/kubelet" \
-  --config="$state/kubelet/config.yaml" \
-  --kubeconfig="$kubeconfig" \
-  --root-dir="$state/kubelet" \
-  --cert-dir="$state/kubelet/pki" \
-  --hostname-override="$node_name" \
-  --node-ip="$node_ip" \
-  --v=2
+launch_kubelet kubelet "$node_name" "$node_ip" "$netns" "$mntns" "$state" "$kubeconfig"
 kubelet_pid=$launched_pid
 kubelets=("$kubelet_pid:kubelet:$kubelet_log")
 node_names=("$node_name")
@@ -313,14 +315,7 @@ start_node() {
   fi
   kubelet_config "$ip" "$cgroup" >"$dir/kubelet/config.yaml"
   sed 's#server: https://127\.0\.0\.1:443$#server: https://10.0.0.1:443#' "$kubeconfig" >"$dir/kubeconfig"
-  launch "kubelet-$i" "$dir/kubelet.log" nsenter --net="$ns" --mount="$mnt" "$node_bin/kubelet" \
-    --config="$dir/kubelet/config.yaml" \
-    --kubeconfig="$dir/kubeconfig" \
-    --root-dir="$dir/kubelet" \
-    --cert-dir="$dir/kubelet/pki" \
-    --hostname-override="$name" \
-    --node-ip="$ip" \
-    --v=2
+  launch_kubelet "kubelet-$i" "$name" "$ip" "$ns" "$mnt" "$dir" "$dir/kubeconfig"
   kubelets+=("$launched_pid:kubelet-$i:$dir/kubelet.log")
   node_names+=("$name")
 }

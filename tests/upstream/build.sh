@@ -5,7 +5,8 @@
 # its Go dependencies come from the Go module proxy (which refuses the kruise module itself, so the
 # checkout is the only source of it). A second run for the same commit does nothing.
 #
-# Usage: tests/upstream/build.sh UPSTREAM_SRC [REF]   prints the path of the e2e.test binary
+# Usage: tests/upstream/build.sh UPSTREAM_SRC [REF]   prints the path of the e2e.test binary;
+#                                                      the ginkgo CLI is beside it
 #   UPSTREAM_SRC  a git clone of https://github.com/openkruise/kruise (bare or not)
 #   REF           tag or commit (default v1.9.0)
 # Env: KRUISE_RS_CACHE (default ~/.cache/kruise-rs)
@@ -22,12 +23,13 @@ git -C "$src" cat-file -e "$commit:test/e2e/e2e_test.go" 2>/dev/null ||
 
 cache=${KRUISE_RS_CACHE:-$HOME/.cache/kruise-rs}/upstream-e2e
 out=$cache/$commit
-if [[ -x $out/e2e.test ]]; then echo "$out/e2e.test"; exit 0; fi
+built() { [[ -x $out/e2e.test && -x $out/ginkgo ]]; }
+if built; then echo "$out/e2e.test"; exit 0; fi
 command -v go >/dev/null || die "Go is needed to build upstream's e2e suite"
 mkdir -p "$cache"
 exec 9>"$cache/$commit.lock"
 flock 9
-if [[ -x $out/e2e.test ]]; then echo "$out/e2e.test"; exit 0; fi
+if built; then echo "$out/e2e.test"; exit 0; fi
 
 t0=$(date +%s)
 work=$cache/.partial-$commit
@@ -37,9 +39,15 @@ git -C "$src" archive "$commit" | tar -x -C "$work/src"
 # -mod=mod: the proxy serves every dependency go.sum names; upstream keeps no vendor directory.
 (cd "$work/src" && GOFLAGS=-mod=mod CGO_ENABLED=0 go test -c -o "$work/e2e.test" ./test/e2e) >&2 ||
   die "go test -c ./test/e2e failed (see above)"
+# The ginkgo CLI upstream's go.mod names, which runs the binary's specs in parallel processes as
+# upstream's CI does (tools/hack/run-kruise-e2e-test.sh: `ginkgo -p`).
+ginkgo_version=$(awk '$1 == "github.com/onsi/ginkgo/v2" && $2 ~ /^v/ { print $2; exit }' "$work/src/go.mod")
+[[ -n $ginkgo_version ]] || die "$ref's go.mod names no github.com/onsi/ginkgo/v2"
+GOBIN=$work GOFLAGS= go install "github.com/onsi/ginkgo/v2/ginkgo@$ginkgo_version" >&2 ||
+  die "go install ginkgo@$ginkgo_version failed (see above)"
 rm -rf "$out"
 mkdir -p "$out"
-mv "$work/e2e.test" "$out/e2e.test"
+mv "$work/e2e.test" "$work/ginkgo" "$out/"
 echo "$ref ($commit)" >"$out/VERSION"
 rm -rf "$work"
 echo "build.sh: built upstream's e2e suite at $ref ($commit) in $(( $(date +%s) - t0 )) s" >&2

@@ -18,6 +18,7 @@
 #      UPSTREAM_FOCUS  ginkgo focus regexp (default: the four kinds' specs)
 #      UPSTREAM_SKIP   ginkgo skip regexp (default: kinds kruise-rs does not serve)
 #      UPSTREAM_HELM_ARGS  more helm arguments for the install
+#      UPSTREAM_PROCS  parallel ginkgo processes (default 4; the specs mostly wait on pods)
 #      NODES           nodes of the cluster (default 3)
 #      KRUISE_RS_UPSTREAM_KEEP=1  leave the cluster running (stop: tests/cluster/stop.sh STATE_DIR)
 set -euo pipefail
@@ -32,6 +33,7 @@ ref=${UPSTREAM_REF:-v1.9.0}
 focus=${UPSTREAM_FOCUS:-SidecarSet|SidecarResourcesPolicy|PullImage|PullImages}
 skip=${UPSTREAM_SKIP:-SidecarTerminator|ContainerPriority|PodUnavailableBudget}
 out=${KRUISE_RS_UPSTREAM_OUT:-/tmp/kruise-rs-upstream-results}
+procs=${UPSTREAM_PROCS:-4}
 t0=$(date +%s)
 
 e2e_test=$("$here/build.sh" "$src" "$ref")
@@ -109,11 +111,12 @@ echo "run.sh: kruise-rs installed on $nodes nodes in $(( $(date +%s) - t0 )) s; 
 # --- the specs ---------------------------------------------------------------------------------
 mkdir -p "$out"
 rc=0
-in_net env KUBECONFIG="$kubeconfig" "$e2e_test" \
-  --ginkgo.focus="$focus" --ginkgo.skip="$skip" \
-  --ginkgo.timeout=4h --ginkgo.v --ginkgo.no-color \
-  --ginkgo.json-report="$out/report.json" --ginkgo.junit-report="$out/junit.xml" \
-  >"$out/e2e.log" 2>&1 || rc=$?
+# In parallel processes, as upstream's CI runs them (`ginkgo -p`); the specs marked Serial (the
+# PullImage ones) run alone at the end.
+in_net env KUBECONFIG="$kubeconfig" "$(dirname "$e2e_test")/ginkgo" run \
+  --procs="$procs" --focus="$focus" --skip="$skip" --timeout=4h -v --no-color \
+  --output-dir="$out" --json-report=report.json --junit-report=junit.xml \
+  "$e2e_test" >"$out/e2e.log" 2>&1 || rc=$?
 python3 "$here/summary.py" "$out/report.json" "$ref" "$nodes" >"$out/summary.md" ||
   die "no report from the specs (exit $rc); their output: $out/e2e.log"
 cat "$out/summary.md"
