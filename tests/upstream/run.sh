@@ -79,8 +79,8 @@ server = "http://$registry"
 TOML
 done
 push() { in_net skopeo copy -q --dest-tls-verify=false "$1" "docker://$registry/$2"; }
-while read -r tag ref; do
-  push "oci:$standins:$tag" "${ref#*/}" || die "pushing the stand-in for $ref failed"
+while read -r tag reference; do
+  push "oci:$standins:$tag" "${reference#*/}" || die "pushing the stand-in for $reference failed"
 done < <("$here/images.sh" --refs)
 push "$product" kruise-rs/kruise-rs:upstream-e2e || die "pushing the product image failed"
 
