@@ -4,17 +4,23 @@
 # namespace, where the tests push the image, `helm install` the chart and watch a real kubelet.
 # The cluster is stopped afterwards, pass or fail; its logs stay in STATE_DIR when a test failed.
 # Then `make run`'s real-node demo (tests/cluster/demo.sh, KRUISE_RS_DEMO=once) on a cluster of
-# its own: the examples as a user applies them, on the real kubelet.
+# its own: the examples as a user applies them, on the real kubelet; then the three-node tests
+# (tests/e2e/multinode.rs) on a NODES=3 cluster of their own.
 #
 # Usage: tests/cluster/e2e.sh [TEST_FILTER...]   (arguments go to the test binary; with any, the
-#                                                 demo and the chaos run are left out)
-# Env: KRUISE_RS_IMAGE_PROFILE  dev (default) or release: which build the product image packs
+#                                                 demo, the chaos run and the three-node
+#                                                 tests are left out)
+# Env: NODES=3  a three-node cluster (start.sh); for the #[ignore]d three-node tests:
+#               NODES=3 tests/cluster/e2e.sh --ignored multinode::
+#      KRUISE_RS_IMAGE_PROFILE  dev (default) or release: which build the product image packs
 #      KRUISE_RS_E2E_KEEP=1  leave the cluster running afterwards (stop it with
 #                            tests/cluster/stop.sh STATE_DIR; tests/cluster/exec.sh STATE_DIR
 #                            kubectl ... reaches it meanwhile)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
+# The one-node suite reads one node's containerd and kubelet log: NODES only with a filter.
+[[ $# -gt 0 ]] || export NODES=1
 t0=$(date +%s)
 
 # The image from the dev build the tests already made, unless KRUISE_RS_IMAGE_PROFILE=release
@@ -64,4 +70,8 @@ if [[ $# -eq 0 && -z $keep ]]; then
   t1=$(date +%s)
   KRUISE_RS_DEMO=once "$here/demo.sh"
   echo "e2e.sh: the real-node demo finished in $(( $(date +%s) - t1 )) s" >&2
+  # Then the three-node tests (tests/e2e/multinode.rs) on a cluster of three nodes of their own.
+  t2=$(date +%s)
+  NODES=3 "$here/e2e.sh" --ignored multinode::
+  echo "e2e.sh: the three-node tests passed in $(( $(date +%s) - t2 )) s" >&2
 fi

@@ -11,6 +11,7 @@ mod chaos;
 mod hot_upgrade;
 mod imagepulljob;
 mod lifecycle;
+mod multinode;
 mod native_sidecar;
 mod predownload;
 mod pull_verification;

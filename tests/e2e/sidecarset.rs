@@ -119,7 +119,7 @@ pub fn ready(pod: &Pod) -> bool {
 }
 
 /// Patched to `image` and not yet running it (its sidecar's imageID is another digest).
-fn in_flight(pod: &Pod, image: &str, digest: &str) -> bool {
+pub fn in_flight(pod: &Pod, image: &str, digest: &str) -> bool {
     let patched = pod.spec.as_ref().is_some_and(|s| {
         s.containers
             .iter()
@@ -206,7 +206,12 @@ pub async fn running_pods(cluster: &Cluster, namespace: &str, app: &str, count: 
 
 /// Whether the node's containerd has `image` (CRI ImageStatus).
 pub async fn node_has_image(cluster: &Cluster, image: &str) -> bool {
-    let mut client = support::image_client(&cluster.containerd_socket);
+    containerd_has_image(&cluster.containerd_socket, image).await
+}
+
+/// Whether the containerd at `socket` has `image` (CRI ImageStatus).
+pub async fn containerd_has_image(socket: &std::path::Path, image: &str) -> bool {
+    let mut client = support::image_client(socket);
     let response = client
         .image_status(ImageStatusRequest {
             image: Some(ImageSpec {

@@ -41,6 +41,13 @@ pub const APP_REPOSITORY: &str = "e2e/app";
 /// How long a real kubelet may take for what the tests wait on (pulls, restarts, rollouts).
 pub const TIMEOUT: Duration = Duration::from_secs(180);
 
+/// One node of the cluster (`NODE_i_*` in start.sh's env file).
+pub struct ClusterNode {
+    pub name: String,
+    /// Its containerd's socket, as seen from the tests.
+    pub containerd_socket: PathBuf,
+}
+
 /// The cluster of `tests/cluster/start.sh`.
 pub struct Cluster {
     pub registry: String,
@@ -50,6 +57,8 @@ pub struct Cluster {
     pub auth_password: String,
     pub node_name: String,
     pub containerd_socket: PathBuf,
+    /// Every node, node 1 (`node_name`) first: one unless started with `NODES=3`.
+    pub nodes: Vec<ClusterNode>,
     /// containerd's registry hosts directory: a `<host:port>/hosts.toml` per registry.
     pub certs_d: PathBuf,
     /// start.sh's STATE_DIR: the pid files, the logs (`log/pods`: the kubelet's pod logs).
@@ -104,7 +113,17 @@ async fn connect() -> Cluster {
              network namespace (tests/cluster/e2e.sh runs it there)?"
         );
     }
+    let count: usize = var("NODES")
+        .parse()
+        .unwrap_or_else(|e| panic!("{} has a NODES that is no count: {e}", env_file.display()));
+    let nodes = (1..=count)
+        .map(|i| ClusterNode {
+            name: var(&format!("NODE_{i}_NAME")),
+            containerd_socket: PathBuf::from(var(&format!("NODE_{i}_CONTAINERD_SOCKET"))),
+        })
+        .collect();
     Cluster {
+        nodes,
         registry: var("REGISTRY"),
         auth_registry: var("AUTH_REGISTRY"),
         auth_user: var("AUTH_USER"),
@@ -261,11 +280,13 @@ impl Cluster {
                     && status.replicas == Some(want);
                 let daemonset = daemonsets.get(DAEMON).await.ok()?;
                 let ds = daemonset.status.as_ref()?;
+                // A daemon on every node.
+                let nodes = i32::try_from(self.nodes.len()).expect("a few nodes");
                 let daemon_rolled = ds.observed_generation == daemonset.metadata.generation
-                    && ds.desired_number_scheduled == 1
-                    && ds.updated_number_scheduled == Some(1)
-                    && ds.number_ready == 1
-                    && ds.number_available == Some(1);
+                    && ds.desired_number_scheduled == nodes
+                    && ds.updated_number_scheduled == Some(nodes)
+                    && ds.number_ready == nodes
+                    && ds.number_available == Some(nodes);
                 // Old pods may still be terminating after a rollout: all running ones are `tag`'s.
                 let running = pods.list(&Default::default()).await.ok()?;
                 let stale = running.items.iter().any(|p| {
@@ -279,13 +300,15 @@ impl Cluster {
             },
         )
         .await;
-        // The node's NodeImage, which the manager creates once the node is 30 s old
+        // Each node's NodeImage, which the manager creates once the node is 30 s old
         // (--nodeimage-creation-delay): ImagePullJobs and pre-download select nodes through it.
         let nodeimages: Api<kruise_rs::apis::NodeImage> = Api::all(self.client());
-        wait_for("the node's NodeImage", TIMEOUT, || async {
-            nodeimages.get_opt(&self.node_name).await.ok().flatten()
-        })
-        .await;
+        for node in &self.nodes {
+            wait_for(&format!("{}'s NodeImage", node.name), TIMEOUT, || async {
+                nodeimages.get_opt(&node.name).await.ok().flatten()
+            })
+            .await;
+        }
         let configurations: Api<MutatingWebhookConfiguration> = Api::all(self.client());
         wait_for("the mutating webhooks with a caBundle", TIMEOUT, || async {
             let configuration = configurations.get(MUTATING_CONFIGURATION).await.ok()?;
