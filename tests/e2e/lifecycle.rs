@@ -14,10 +14,12 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kruise_rs::apis::{ImagePullJob, SidecarSet};
 use kruise_rs::controllers::imagepulljob::secrets;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
-use crate::sidecarset::{create_sidecarset, deployment, running_pods, sidecarset};
+use crate::sidecarset::{
+    create_sidecarset, deployment, running_pods, set_sidecar_image, sidecarset,
+};
 use crate::support::{
     self, Cluster, FIRST_TAG, RELEASE, SECOND_TAG, SYSTEM_NAMESPACE, TIMEOUT, wait_for,
 };
@@ -56,16 +58,7 @@ async fn the_other_replica_takes_over_and_finishes_the_rollout() {
 
     let first = wait_for("a leader", TIMEOUT, || leader(cluster)).await;
     let sidecarsets: Api<SidecarSet> = Api::all(cluster.client());
-    sidecarsets
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"containers": [
-                {"name": "sidecar", "image": v2, "imagePullPolicy": "IfNotPresent"}
-            ]}})),
-        )
-        .await
-        .expect("starting the rollout");
+    set_sidecar_image(cluster, &name, &v2).await;
     // The rollout has started once the leader wrote the new revision's status.
     wait_for("the leader to start the rollout", TIMEOUT, || async {
         let s = sidecarsets.get(&name).await.ok()?;

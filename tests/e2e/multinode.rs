@@ -7,14 +7,13 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kruise_rs::apis::SidecarSet;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
 use crate::sidecarset::{
     UnavailableWatch, containerd_has_image, create_sidecarset, deployment, in_flight, running_pods,
-    sidecarset,
+    set_sidecar_image, sidecarset, wait_every_pod_updated,
 };
 use crate::support::{self, Cluster, TIMEOUT, skopeo_copy, unique_name, wait_for};
 
@@ -148,30 +147,8 @@ async fn predownload_reaches_each_node_before_its_pod_in_rollout_order() {
     };
     let sampler = RolloutSampler::start(cluster, pods.clone(), &name, &fresh);
     let started = Instant::now();
-    let sidecarsets: Api<SidecarSet> = Api::all(cluster.client());
-    sidecarsets
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"containers": [
-                {"name": "sidecar", "image": fresh, "imagePullPolicy": "IfNotPresent"}
-            ]}})),
-        )
-        .await
-        .expect("changing the sidecar image");
-    wait_for(
-        "the SidecarSet to report every pod updated and ready",
-        TIMEOUT,
-        || async {
-            let s = sidecarsets.get(&name).await.ok()?;
-            let status = s.status?;
-            (status.observed_generation == s.metadata.generation
-                && status.updated_pods == 3
-                && status.updated_ready_pods == 3)
-                .then_some(())
-        },
-    )
-    .await;
+    set_sidecar_image(cluster, &name, &fresh).await;
+    wait_every_pod_updated(cluster, &name, 3).await;
     let most_unavailable = watch.stop().await;
     let (pulled, patched) = sampler.stop().await;
 

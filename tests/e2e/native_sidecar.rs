@@ -13,7 +13,9 @@ use kruise_rs::apis::{ImagePullJob, SidecarSet};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::sidecarset::{UnavailableWatch, deployment, running_pods, status};
+use crate::sidecarset::{
+    UnavailableWatch, deployment, running_pods, status, wait_every_pod_updated,
+};
 use crate::support::{self, TIMEOUT, wait_for};
 
 /// The native sidecar's name.
@@ -197,21 +199,7 @@ async fn native_sidecar_upgraded_in_place_by_the_kubelet() {
         )
         .await
         .expect("resuming the rollout");
-    wait_for(
-        "the SidecarSet to report every pod updated and ready",
-        TIMEOUT,
-        || async {
-            let s = sidecarsets.get(&name).await.ok()?;
-            let generation = s.metadata.generation;
-            let status = s.status?;
-            (status.observed_generation == generation
-                && status.matched_pods == 2
-                && status.updated_pods == status.matched_pods
-                && status.updated_ready_pods == status.matched_pods)
-                .then_some(())
-        },
-    )
-    .await;
+    wait_every_pod_updated(cluster, &name, 2).await;
     let after = running_pods(cluster, &ns.name, &name, 2).await;
     let elapsed = started.elapsed();
     let most_unavailable = watch.stop().await;

@@ -204,6 +204,42 @@ pub async fn running_pods(cluster: &Cluster, namespace: &str, app: &str, count: 
     .await
 }
 
+/// Points the SidecarSet `name`'s container `sidecar` at `image`: a rollout starts.
+pub async fn set_sidecar_image(cluster: &Cluster, name: &str, image: &str) {
+    let sidecarsets: Api<SidecarSet> = Api::all(cluster.client());
+    sidecarsets
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"containers": [
+                {"name": "sidecar", "image": image, "imagePullPolicy": "IfNotPresent"}
+            ]}})),
+        )
+        .await
+        .expect("changing the sidecar image");
+}
+
+/// Waits until the SidecarSet `name` reports its `pods` matched pods all updated and ready, for
+/// its latest generation.
+pub async fn wait_every_pod_updated(cluster: &Cluster, name: &str, pods: i32) {
+    let sidecarsets: Api<SidecarSet> = Api::all(cluster.client());
+    wait_for(
+        "the SidecarSet to report every pod updated and ready",
+        TIMEOUT,
+        || async {
+            let s = sidecarsets.get(name).await.ok()?;
+            let generation = s.metadata.generation;
+            let status = s.status?;
+            (status.observed_generation == generation
+                && status.matched_pods == pods
+                && status.updated_pods == pods
+                && status.updated_ready_pods == pods)
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 /// Whether the node's containerd has `image` (CRI ImageStatus).
 pub async fn node_has_image(cluster: &Cluster, image: &str) -> bool {
     containerd_has_image(&cluster.containerd_socket, image).await
@@ -322,21 +358,7 @@ async fn sidecar_upgraded_in_place_by_the_kubelet_after_predownload() {
         )
         .await
         .expect("resuming the rollout");
-    wait_for(
-        "the SidecarSet to report every pod updated and ready",
-        TIMEOUT,
-        || async {
-            let s = sidecarsets.get(&name).await.ok()?;
-            let generation = s.metadata.generation;
-            let status = s.status?;
-            (status.observed_generation == generation
-                && status.matched_pods == 3
-                && status.updated_pods == 3
-                && status.updated_ready_pods == 3)
-                .then_some(())
-        },
-    )
-    .await;
+    wait_every_pod_updated(cluster, &name, 3).await;
     let after = running_pods(cluster, &ns.name, &name, 3).await;
     let most_unavailable = watch.stop().await;
 
