@@ -46,7 +46,7 @@ use serde_json::{Value, json};
 use tokio::sync::{oneshot, watch};
 
 use crate::sidecarset_upgrade::poll;
-use crate::support::{ExtraControlPlane, client_for, create_ready_node, http_get, run_with_stdin};
+use crate::support::{ExtraControlPlane, client_for, create_ready_node, http_get};
 
 pub(crate) const GROUP: &str = "apps.kruise.io";
 pub(crate) const ALPHA: &str = "v1alpha1";
@@ -976,14 +976,7 @@ async fn switching_from_upstream_with_kubectl_only_and_migrating_stored_versions
     for kind in Kind::ALL {
         let resource = format!("{}.{BETA}.{GROUP}", kind.plural());
         let listed = kubectl_ok(plane, &["get", &resource, "-A", "-o", "json"]);
-        let replaced = run_with_stdin(
-            {
-                let mut cmd = plane.kubectl();
-                cmd.args(["replace", "-f", "-"]);
-                cmd
-            },
-            &listed,
-        );
+        let replaced = plane.kubectl_with_stdin(&["replace", "-f", "-"], &listed);
         assert!(
             replaced.status.success(),
             "kubectl replace {resource}: {}",

@@ -75,9 +75,7 @@ use crate::cutover::{
     create_namespace, create_node, leader_gauge, lease_holder, put_crds, upstream_crds,
 };
 use crate::sidecarset_upgrade::poll;
-use crate::support::{
-    ExtraControlPlane, RunningManager, client_for, run_with_stdin, start_manager,
-};
+use crate::support::{ExtraControlPlane, RunningManager, client_for, start_manager};
 
 const README: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/README.md");
 const SECTION: &str = "## Switching from OpenKruise";
@@ -643,12 +641,8 @@ fn upstream_installation(plane: &ExtraControlPlane) {
                "webhooks": webhook("vpod.kb.io", "/validate-pod")}),
     ];
     let list = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
-    let out = run_with_stdin(
-        {
-            let mut cmd = plane.kubectl();
-            cmd.args(["create", "--field-manager", UPSTREAM_MANAGER, "-f", "-"]);
-            cmd
-        },
+    let out = plane.kubectl_with_stdin(
+        &["create", "--field-manager", UPSTREAM_MANAGER, "-f", "-"],
         &list,
     );
     assert!(

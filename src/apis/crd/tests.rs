@@ -181,6 +181,22 @@ fn every_crd_fits_the_client_side_apply_annotation() {
     }
 }
 
+/// Each served version's name and schema (as JSON) of the CRD of `kind`.
+fn version_schemas(kind: &str) -> Vec<(String, serde_json::Value)> {
+    let crd = crds()
+        .into_iter()
+        .find(|c| c.spec.names.kind == kind)
+        .expect(kind);
+    crd.spec
+        .versions
+        .iter()
+        .map(|v| {
+            let schema = serde_json::to_value(&v.schema).expect("serializes");
+            (v.name.clone(), schema)
+        })
+        .collect()
+}
+
 /// Issue 42: the apiserver bounds pull Secrets before the webhook sees the object, in both
 /// versions of each kind that names them.
 #[test]
@@ -191,20 +207,14 @@ fn pull_secrets_are_bounded_in_the_schemas() {
         ("SidecarSet", "imagePullSecrets"),
     ];
     for (kind, field) in bounded {
-        let crd = crds()
-            .into_iter()
-            .find(|c| c.spec.names.kind == kind)
-            .expect(kind);
-        for version in &crd.spec.versions {
-            let schema = serde_json::to_value(&version.schema).expect("serializes");
+        for (version, schema) in version_schemas(kind) {
             let max = schema.pointer(&format!(
                 "/openAPIV3Schema/properties/spec/properties/{field}/maxItems"
             ));
             assert_eq!(
                 max.and_then(serde_json::Value::as_u64),
                 Some(crate::apis::limits::MAX_PULL_SECRETS as u64),
-                "{kind} {} spec.{field}",
-                version.name
+                "{kind} {version} spec.{field}"
             );
         }
     }
@@ -220,20 +230,14 @@ fn only_the_imagepulljob_schema_defaults_the_image_pull_policy() {
         ("ImagePullJob", Some(serde_json::json!("IfNotPresent"))),
         ("ImageListPullJob", None),
     ] {
-        let crd = crds()
-            .into_iter()
-            .find(|c| c.spec.names.kind == kind)
-            .expect(kind);
-        for version in &crd.spec.versions {
-            let schema = serde_json::to_value(&version.schema).expect("serializes");
+        for (version, schema) in version_schemas(kind) {
             let policy = schema
                 .pointer("/openAPIV3Schema/properties/spec/properties/imagePullPolicy")
-                .unwrap_or_else(|| panic!("{kind} {} has spec.imagePullPolicy", version.name));
+                .unwrap_or_else(|| panic!("{kind} {version} has spec.imagePullPolicy"));
             assert_eq!(
                 policy.get("default"),
                 default.as_ref(),
-                "{kind} {} spec.imagePullPolicy",
-                version.name
+                "{kind} {version} spec.imagePullPolicy"
             );
             assert_eq!(
                 policy["enum"],

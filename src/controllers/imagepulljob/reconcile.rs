@@ -49,7 +49,7 @@ fn now() -> Time {
 /// How often a running job holding pull-secret copies reads its sources again, so a rotated
 /// credential reaches the daemons' copy within this: the manager lists and watches no Secrets
 /// (it may only `get` them by name), where upstream's watch of every Secret answers at once.
-pub(super) const SOURCE_RECHECK: Duration = Duration::from_secs(5);
+const SOURCE_RECHECK: Duration = Duration::from_secs(5);
 
 /// When to reconcile a job again by itself: at its next deadline, and no later than
 /// [`SOURCE_RECHECK`] while it runs holding copies of pull secrets.

@@ -462,6 +462,13 @@ impl ExtraControlPlane {
         self.0.kubectl()
     }
 
+    /// Runs `kubectl ARGS` against this control plane with `input` on its stdin.
+    pub fn kubectl_with_stdin(&self, args: &[&str], input: &str) -> std::process::Output {
+        let mut cmd = self.kubectl();
+        cmd.args(args);
+        run_with_stdin(cmd, input)
+    }
+
     /// The kubectl built next to this control plane's kube-apiserver.
     pub fn kubectl_path(&self) -> PathBuf {
         self.0.kubectl_path()
