@@ -19,7 +19,8 @@ alive() {
 ours() {
   local cmdline
   [[ -r /proc/$1/cmdline ]] || return 0 # no procfs: trust the pid file
-  cmdline=$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null) || return 1
+  # The braces: the redirection's own error (the process exited meanwhile) is silenced too.
+  cmdline=$({ tr '\0' ' ' <"/proc/$1/cmdline"; } 2>/dev/null) || return 1
   [[ $cmdline == *"$2"* ]]
 }
 
