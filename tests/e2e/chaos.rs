@@ -57,7 +57,10 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::sidecarset::{create_sidecarset_injecting, deployment, running_pods, sidecarset};
-use crate::support::{self, Cluster, DAEMON, SYSTEM_NAMESPACE, TIMEOUT, wait_for};
+use crate::support::{
+    self, Cluster, DAEMON, LEASE, SYSTEM_NAMESPACE, TIMEOUT, lease_holder, logged_lost_lease,
+    manager_pods, wait_for,
+};
 
 #[path = "../harness/played_daemon.rs"]
 mod played_daemon;
@@ -84,7 +87,6 @@ const CALM_MS: std::ops::Range<u64> = 4000..10_000;
 /// How long a stolen Lease's holder may take to log that it lost it (retry period 2 s, renew
 /// deadline 10 s).
 const STEP_DOWN_TIMEOUT: Duration = Duration::from_secs(20);
-const LEASE: &str = "kruise-rs-manager";
 const WEBHOOK_SERVICE: &str = "kruise-rs-webhook";
 const THIEF: &str = "chaos-lease-thief";
 /// The daemon's probe port (the chart's `http` port).
@@ -798,32 +800,6 @@ fn pod_ready(pod: &Pod) -> bool {
     crate::sidecarset::ready(pod)
 }
 
-/// The live manager pods (not terminating).
-async fn manager_pods(client: &Client) -> Option<Vec<Pod>> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
-    let list = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/component=manager"))
-        .await
-        .ok()?;
-    Some(
-        list.items
-            .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .collect(),
-    )
-}
-
-async fn lease_holder(client: &Client) -> Option<String> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
-    leases
-        .get_opt(LEASE)
-        .await
-        .ok()??
-        .spec?
-        .holder_identity
-        .filter(|h| !h.is_empty())
-}
-
 /// Healthy: the node Ready; both manager replicas ready, and exactly their addresses ready
 /// behind the webhook Service; one of them holding the Lease; the daemon ready. Else what is
 /// not.
@@ -1024,32 +1000,6 @@ fn note_panics(record: &Shared, log_dir: &Path) {
     }
     r.log_offsets = offsets;
     r.panics.extend(found);
-}
-
-/// Whether a log line of pod `pod`'s manager says it lost the Lease.
-fn logged_lost_lease(log_dir: &Path, pod: &str) -> bool {
-    let Ok(entries) = std::fs::read_dir(log_dir) else {
-        return false;
-    };
-    let prefix = format!("{SYSTEM_NAMESPACE}_{pod}_");
-    entries
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .any(|e| {
-            let mut stack = vec![e.path()];
-            while let Some(path) = stack.pop() {
-                if path.is_dir() {
-                    if let Ok(entries) = std::fs::read_dir(&path) {
-                        stack.extend(entries.flatten().map(|e| e.path()));
-                    }
-                } else if std::fs::read_to_string(&path)
-                    .is_ok_and(|t| t.contains("lost the leader lease"))
-                {
-                    return true;
-                }
-            }
-            false
-        })
 }
 
 struct Faulter {

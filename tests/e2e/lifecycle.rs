@@ -10,7 +10,6 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kruise_rs::apis::{ImagePullJob, SidecarSet};
 use kruise_rs::controllers::imagepulljob::secrets;
@@ -21,23 +20,9 @@ use crate::sidecarset::{
     create_sidecarset, deployment, running_pods, set_sidecar_image, sidecarset,
 };
 use crate::support::{
-    self, Cluster, FIRST_TAG, RELEASE, SECOND_TAG, SYSTEM_NAMESPACE, TIMEOUT, wait_for,
+    self, Cluster, FIRST_TAG, LEASE_DURATION, RELEASE, SECOND_TAG, SYSTEM_NAMESPACE, TIMEOUT,
+    lease_holder, wait_for,
 };
-
-/// The chart's default leader Lease and the manager's lease duration.
-const LEASE: &str = "kruise-rs-manager";
-const LEASE_DURATION: Duration = Duration::from_secs(15);
-
-async fn leader(cluster: &Cluster) -> Option<String> {
-    let leases: Api<Lease> = Api::namespaced(cluster.client(), SYSTEM_NAMESPACE);
-    leases
-        .get_opt(LEASE)
-        .await
-        .ok()??
-        .spec?
-        .holder_identity
-        .filter(|h| !h.is_empty())
-}
 
 /// Deleting the leading manager pod mid-rollout: the other replica holds the Lease within the
 /// lease duration and finishes the rollout the first one started.
@@ -56,7 +41,8 @@ async fn the_other_replica_takes_over_and_finishes_the_rollout() {
         .expect("creating the Deployment");
     running_pods(cluster, &ns.name, &name, 2).await;
 
-    let first = wait_for("a leader", TIMEOUT, || leader(cluster)).await;
+    let client = cluster.client();
+    let first = wait_for("a leader", TIMEOUT, || lease_holder(&client)).await;
     let sidecarsets: Api<SidecarSet> = Api::all(cluster.client());
     set_sidecar_image(cluster, &name, &v2).await;
     // The rollout has started once the leader wrote the new revision's status.
@@ -74,7 +60,11 @@ async fn the_other_replica_takes_over_and_finishes_the_rollout() {
     let second = wait_for(
         "another replica to lead",
         LEASE_DURATION + Duration::from_secs(5),
-        || async { leader(cluster).await.filter(|holder| *holder != first) },
+        || async {
+            lease_holder(&client)
+                .await
+                .filter(|holder| *holder != first)
+        },
     )
     .await;
     let takeover = deleted.elapsed();

@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde_json::json;
@@ -31,6 +32,9 @@ pub const SYSTEM_NAMESPACE: &str = "kruise-system";
 pub const MANAGER: &str = "kruise-rs-manager";
 pub const DAEMON: &str = "kruise-rs-daemon";
 pub const MUTATING_CONFIGURATION: &str = "kruise-rs-mutating-webhook-configuration";
+/// The chart's default leader Lease, and the manager's lease duration.
+pub const LEASE: &str = "kruise-rs-manager";
+pub const LEASE_DURATION: Duration = Duration::from_secs(15);
 /// Where the product image is pushed; tags [`FIRST_TAG`] and [`SECOND_TAG`] hold the same image.
 pub const PRODUCT_REPOSITORY: &str = "kruise-rs/kruise-rs";
 pub const FIRST_TAG: &str = "e2e-1";
@@ -43,9 +47,13 @@ pub const TIMEOUT: Duration = Duration::from_secs(180);
 
 /// One node of the cluster (`NODE_i_*` in start.sh's env file).
 pub struct ClusterNode {
+    /// 1 for the node that hosts the control plane, then 2, 3 (`tests/cluster/node.sh` takes it).
+    pub index: usize,
     pub name: String,
     /// Its containerd's socket, as seen from the tests.
     pub containerd_socket: PathBuf,
+    /// Where its kubelet keeps the pods' logs (`/var/log/pods` on the node).
+    pub pod_logs: PathBuf,
 }
 
 /// The cluster of `tests/cluster/start.sh`.
@@ -118,8 +126,14 @@ async fn connect() -> Cluster {
         .unwrap_or_else(|e| panic!("{} has a NODES that is no count: {e}", env_file.display()));
     let nodes = (1..=count)
         .map(|i| ClusterNode {
+            index: i,
             name: var(&format!("NODE_{i}_NAME")),
             containerd_socket: PathBuf::from(var(&format!("NODE_{i}_CONTAINERD_SOCKET"))),
+            // start.sh bind-mounts these over each node's /var/log.
+            pod_logs: match i {
+                1 => PathBuf::from(var("STATE_DIR")).join("log/pods"),
+                i => PathBuf::from(var("STATE_DIR")).join(format!("node-{i}/log/pods")),
+            },
         })
         .collect();
     Cluster {
@@ -325,6 +339,32 @@ impl Cluster {
         .await;
     }
 
+    /// `tests/cluster/node.sh STATE_DIR ACTION INDEX`: node `index` goes `down`, comes `up`,
+    /// is `cut` off the network or `mend`ed; panics with the script's output when it fails.
+    pub async fn node_action(&self, action: &str, index: usize) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/node.sh");
+        let state = self.state_dir.clone();
+        let (action, index) = (action.to_owned(), index.to_string());
+        let out = tokio::task::spawn_blocking(move || {
+            Command::new(script)
+                .arg(&state)
+                .arg(&action)
+                .arg(&index)
+                .output()
+                .map(|out| (action, index, out))
+        })
+        .await
+        .expect("the node.sh task")
+        .expect("running tests/cluster/node.sh");
+        let (action, index, out) = out;
+        assert!(
+            out.status.success(),
+            "node.sh {action} {index} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// A fresh namespace with `labels`. Left in place: the cluster goes away after the suite, and
     /// a later test's pods never depend on an earlier one's being gone.
     pub async fn namespace(&self, prefix: &str, labels: serde_json::Value) -> TestNamespace {
@@ -349,6 +389,77 @@ impl Cluster {
         .await;
         TestNamespace { name }
     }
+}
+
+/// The replica holding the leader Lease (its pod's name), if any.
+pub async fn lease_holder(client: &Client) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    leases
+        .get_opt(LEASE)
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
+        .filter(|h| !h.is_empty())
+}
+
+/// The live manager pods (not terminating).
+pub async fn manager_pods(client: &Client) -> Option<Vec<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let list = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/component=manager"))
+        .await
+        .ok()?;
+    Some(
+        list.items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect(),
+    )
+}
+
+/// Whether a log line of manager pod `pod` says it lost the Lease, in the pod logs under
+/// `log_dir` (a node's [`ClusterNode::pod_logs`]).
+pub fn logged_lost_lease(log_dir: &Path, pod: &str) -> bool {
+    manager_logged_at(log_dir, pod, "lost the leader lease").is_some()
+}
+
+/// When the kubelet recorded the first line of kruise-system pod `pod`'s logs under `log_dir` (a
+/// node's [`ClusterNode::pod_logs`]) that holds `text`.
+pub fn manager_logged_at(
+    log_dir: &Path,
+    pod: &str,
+    text: &str,
+) -> Option<k8s_openapi::jiff::Timestamp> {
+    let prefix = format!("{SYSTEM_NAMESPACE}_{pod}_");
+    let mut stack: Vec<PathBuf> = std::fs::read_dir(log_dir)
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    let mut first = None;
+    while let Some(path) = stack.pop() {
+        if path.is_dir() {
+            if let Ok(entries) = std::fs::read_dir(&path) {
+                stack.extend(entries.flatten().map(|e| e.path()));
+            }
+            continue;
+        }
+        let Ok(text_of_file) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        // CRI log lines: "<RFC 3339 time> <stream> <tag> <message>".
+        let at = text_of_file
+            .lines()
+            .filter(|l| l.contains(text))
+            .find_map(|l| l.split(' ').next()?.parse().ok());
+        first = match (first, at) {
+            (Some(a), Some(b)) => Some(std::cmp::min(a, b)),
+            (a, b) => a.or(b),
+        };
+    }
+    first
 }
 
 pub struct TestNamespace {
