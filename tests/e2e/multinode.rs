@@ -5,17 +5,23 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kruise_rs::apis::{ImagePullJob, NodeImage, SidecarSet};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::sidecarset::{
-    UnavailableWatch, containerd_has_image, create_sidecarset, deployment, in_flight, running_pods,
-    set_sidecar_image, sidecarset, wait_every_pod_updated,
+    UnavailableWatch, containerd_has_image, create_sidecarset, deployment, in_flight, ready,
+    running_pods, set_sidecar_image, sidecarset, wait_every_pod_updated,
 };
-use crate::support::{self, Cluster, TIMEOUT, skopeo_copy, unique_name, wait_for};
+use crate::support::{
+    self, Cluster, ClusterNode, DAEMON, FIRST_TAG, LEASE, LEASE_DURATION, RELEASE,
+    SYSTEM_NAMESPACE, TIMEOUT, lease_holder, manager_logged_at, manager_pods, skopeo_copy,
+    unique_name, wait_for,
+};
 
 fn require_three_nodes(cluster: &Cluster) {
     assert!(
@@ -209,5 +215,509 @@ async fn predownload_reaches_each_node_before_its_pod_in_rollout_order() {
     assert!(
         most_unavailable <= 1,
         "{most_unavailable} pods unavailable at once, maxUnavailable 1"
+    );
+}
+
+/// The node named `name`, by its index (1: the control plane's node).
+fn node_named<'a>(cluster: &'a Cluster, name: &str) -> &'a ClusterNode {
+    cluster
+        .nodes
+        .iter()
+        .find(|n| n.name == name)
+        .unwrap_or_else(|| panic!("{name} is none of the cluster's nodes"))
+}
+
+fn node_of_pod(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_else(|| panic!("{} is not scheduled", pod.name_any()))
+}
+
+async fn set_unschedulable(cluster: &Cluster, node: &str, unschedulable: bool) {
+    Api::<Node>::all(cluster.client())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": unschedulable}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("setting {node} unschedulable={unschedulable}: {e}"));
+}
+
+/// No manager replica on `node` afterwards: it is cordoned, the replicas there are deleted one at
+/// a time (each replaced and ready before the next goes, so admissions keep an answer), then it
+/// is uncordoned. The replicas' anti-affinity keeps them on different nodes.
+async fn move_managers_off(cluster: &Cluster, node: &str) {
+    let client = cluster.client();
+    let on_node = |pods: &[Pod]| -> Vec<String> {
+        pods.iter()
+            .filter(|p| node_of_pod(p) == node)
+            .map(|p| p.name_any())
+            .collect()
+    };
+    let managers = manager_pods(&client).await.expect("the manager pods");
+    if on_node(&managers).is_empty() {
+        return;
+    }
+    set_unschedulable(cluster, node, true).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    for victim in on_node(&managers) {
+        pods.delete(&victim, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("deleting manager pod {victim}: {e}"));
+        wait_for(
+            &format!("{victim} replaced by a ready replica off {node}"),
+            TIMEOUT,
+            || async {
+                let live = manager_pods(&client).await?;
+                let holder = lease_holder(&client).await?;
+                (live.len() == 2
+                    && live.iter().all(ready)
+                    && !live.iter().any(|p| p.name_any() == victim)
+                    && live.iter().any(|p| p.name_any() == holder))
+                .then_some(())
+            },
+        )
+        .await;
+    }
+    set_unschedulable(cluster, node, false).await;
+}
+
+fn pull_job(name: &str, image: &str, completion: &str, parallelism: i32) -> ImagePullJob {
+    serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1",
+        "kind": "ImagePullJob",
+        "metadata": {"name": name},
+        "spec": {
+            "image": image,
+            // A label every kubelet puts on its own Node, so a node registering again has it.
+            "selector": {"matchLabels": {"kubernetes.io/os": "linux"}},
+            "parallelism": parallelism,
+            "pullPolicy": {"timeoutSeconds": 60, "backoffLimit": 1},
+            "completionPolicy": {"type": completion}
+        }
+    }))
+    .expect("an ImagePullJob")
+}
+
+/// A node leaves in the middle of a label-selector ImagePullJob (the machine powers off, then its
+/// Node is deleted): its NodeImage goes and the job completes counting the nodes that remain, as
+/// upstream does (its `desired` is the NodeImages it selects). The node comes back (containerd
+/// and kubelet start, the Node registers again): its NodeImage is created, the daemon runs there,
+/// and a running `Never` job pulls its image on it; the completed job does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "three real nodes: NODES=3 tests/cluster/e2e.sh --ignored multinode::"]
+async fn a_node_leaving_mid_job_is_dropped_and_a_joining_node_is_picked_up() {
+    let exclusive = support::exclusive().await;
+    let cluster = exclusive.cluster;
+    require_three_nodes(cluster);
+    let ns = cluster.namespace("e2e-churn", json!({})).await;
+    let name = unique_name("churn");
+    // The last node: a node that hosts no manager replica, so admissions keep their answers.
+    let leaving = cluster.nodes.last().expect("three nodes");
+    move_managers_off(cluster, &leaving.name).await;
+    let once = format!("{}/e2e/{name}-once:v1", cluster.registry);
+    let always = format!("{}/e2e/{name}-kept:v1", cluster.registry);
+    skopeo_copy(&cluster.test_image_source("v2"), &once);
+    skopeo_copy(&cluster.test_image_source("v3"), &always);
+
+    cluster.node_action("down", leaving.index).await;
+    let jobs: Api<ImagePullJob> = Api::namespaced(cluster.client(), &ns.name);
+    for job in [
+        pull_job("once", &once, "Always", 3),
+        pull_job("kept", &always, "Never", 3),
+    ] {
+        jobs.create(&PostParams::default(), &job)
+            .await
+            .expect("creating the ImagePullJob");
+    }
+    // The middle of the job: the two live nodes pulled, the powered-off one never answers.
+    let status = wait_for(
+        "the two live nodes pulled, the third pending",
+        TIMEOUT,
+        || async {
+            let status = jobs.get("once").await.ok()?.status?;
+            (status.desired == 3 && status.succeeded == 2 && status.active == 1).then_some(status)
+        },
+    )
+    .await;
+    assert!(
+        status.completion_time.is_none(),
+        "completed with a node pending: {status:?}"
+    );
+
+    Api::<Node>::all(cluster.client())
+        .delete(&leaving.name, &DeleteParams::default())
+        .await
+        .expect("deleting the powered-off Node");
+    let nodeimages: Api<NodeImage> = Api::all(cluster.client());
+    wait_for(
+        &format!("{}'s NodeImage deleted with its Node", leaving.name),
+        TIMEOUT,
+        || async {
+            nodeimages
+                .get_opt(&leaving.name)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    let status = wait_for("the job to complete", TIMEOUT, || async {
+        let status = jobs.get("once").await.ok()?.status?;
+        status.completion_time.is_some().then_some(status)
+    })
+    .await;
+    assert_eq!(
+        (
+            status.desired,
+            status.succeeded,
+            status.failed,
+            status.active
+        ),
+        (2, 2, 0, 0),
+        "the job counts the nodes that remain: {status:?}"
+    );
+
+    cluster.node_action("up", leaving.index).await;
+    wait_for(
+        &format!("{} registered again and Ready", leaving.name),
+        TIMEOUT,
+        || async {
+            let node = Api::<Node>::all(cluster.client())
+                .get_opt(&leaving.name)
+                .await
+                .ok()??;
+            node_ready(&node).then_some(())
+        },
+    )
+    .await;
+    // NodeImage created (once the node is --nodeimage-creation-delay old), the daemon Ready on
+    // every node: the suite's own readiness check.
+    cluster.wait_ready(FIRST_TAG).await;
+    let status = wait_for(
+        "the running Never job to pull on the node that joined",
+        TIMEOUT,
+        || async {
+            let status = jobs.get("kept").await.ok()?.status?;
+            (status.desired == 3 && status.succeeded == 3).then_some(status)
+        },
+    )
+    .await;
+    assert_eq!(status.failed, 0, "{status:?}");
+    assert!(
+        containerd_has_image(&leaving.containerd_socket, &always).await,
+        "{} joined without {always}",
+        leaving.name
+    );
+    assert!(
+        !containerd_has_image(&leaving.containerd_socket, &once).await,
+        "the completed job pulled {once} on {}, which joined after it completed",
+        leaving.name
+    );
+    jobs.delete("kept", &DeleteParams::default())
+        .await
+        .expect("deleting the Never job");
+}
+
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The leader's node cut off the network mid-rollout (it goes NotReady; the leader runs on,
+/// isolated): the other replica holds the Lease within the lease duration, and the rollout the
+/// first leader started (one pod of three updated, the partition then lowered) finishes. The
+/// first leader stopped its controllers before the other acquired the Lease, and does not take
+/// it back once its node is connected again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "three real nodes: NODES=3 tests/cluster/e2e.sh --ignored multinode::"]
+async fn the_leaders_node_cut_off_the_other_replica_finishes_the_rollout() {
+    let exclusive = support::exclusive().await;
+    let cluster = exclusive.cluster;
+    require_three_nodes(cluster);
+    let client = cluster.client();
+    let ns = cluster.namespace("e2e-cut", json!({})).await;
+    let name = unique_name("cut");
+    let control_node = &cluster.nodes[0];
+    let (v1, v2) = (cluster.app_image("v1"), cluster.app_image("v2"));
+
+    // The rollout's pods on the node that stays: a cut-off kubelet could not restart them.
+    create_sidecarset(cluster, &sidecarset(&name, &ns.name, &v1, 1), &ns.name).await;
+    let mut pinned = deployment(&name, &v1, 3);
+    pinned
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+        .expect("a pod template")
+        .node_selector = Some(
+        [(
+            "kubernetes.io/hostname".to_owned(),
+            control_node.name.clone(),
+        )]
+        .into(),
+    );
+    Api::<Deployment>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &pinned)
+        .await
+        .expect("creating the Deployment");
+    running_pods(cluster, &ns.name, &name, 3).await;
+
+    // Both replicas off node 1 (which cannot be cut), so the leader runs on node 2 or 3.
+    move_managers_off(cluster, &control_node.name).await;
+    let managers = manager_pods(&client).await.expect("the manager pods");
+    let leader = lease_holder(&client).await.expect("a leader");
+    let node_of = |pod: &str| {
+        managers
+            .iter()
+            .find(|p| p.name_any() == pod)
+            .map(node_of_pod)
+            .unwrap_or_else(|| panic!("{pod} is no live manager pod"))
+    };
+    let leader_node = node_named(cluster, &node_of(&leader));
+    let follower = managers
+        .iter()
+        .map(|p| p.name_any())
+        .find(|p| *p != leader)
+        .expect("a second replica");
+    assert_ne!(
+        node_of(&follower),
+        leader_node.name,
+        "both replicas on one node"
+    );
+
+    // The first leader updates one pod of three, held there by the partition.
+    let sidecarsets: Api<SidecarSet> = Api::all(client.clone());
+    sidecarsets
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "containers": [{"name": "sidecar", "image": v2, "imagePullPolicy": "IfNotPresent"}],
+                "updateStrategy": {"partition": 2}
+            }})),
+        )
+        .await
+        .expect("starting the rollout");
+    wait_for("the first leader to update one pod", TIMEOUT, || async {
+        let s = sidecarsets.get(&name).await.ok()?;
+        let status = s.status?;
+        (status.observed_generation == s.metadata.generation && status.updated_ready_pods == 1)
+            .then_some(())
+    })
+    .await;
+
+    let cut = Instant::now();
+    cluster.node_action("cut", leader_node.index).await;
+    eprintln!(
+        "multinode: cut {} off, where leader {leader} runs ({follower} on {})",
+        leader_node.name,
+        node_of(&follower)
+    );
+    // Admission may reach the cut-off replica until its node is NotReady: retry.
+    wait_for("the partition lowered to 0", TIMEOUT, || async {
+        sidecarsets
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"updateStrategy": {"partition": 0}}})),
+            )
+            .await
+            .ok()
+    })
+    .await;
+    wait_for(
+        &format!("{follower} to hold the Lease"),
+        TIMEOUT,
+        || async { (lease_holder(&client).await? == follower).then_some(()) },
+    )
+    .await;
+    let takeover = cut.elapsed();
+    eprintln!("multinode: {follower} leads {takeover:.1?} after the cut");
+    // The Lease runs out LEASE_DURATION after the last renewal, which came before the cut; the
+    // follower looks every retry period (2 s).
+    assert!(
+        takeover <= LEASE_DURATION + Duration::from_secs(5),
+        "{follower} took {takeover:.1?} to lead (lease duration {LEASE_DURATION:?})"
+    );
+    wait_every_pod_updated(cluster, &name, 3).await;
+    eprintln!(
+        "multinode: rollout finished {:.1?} after the cut",
+        cut.elapsed()
+    );
+    assert_eq!(
+        lease_holder(&client).await.as_deref(),
+        Some(follower.as_str()),
+        "the Lease changed hands again during the rollout"
+    );
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_for(
+        &format!("{} NotReady", leader_node.name),
+        TIMEOUT,
+        || async { (!node_ready(&nodes.get(&leader_node.name).await.ok()?)).then_some(()) },
+    )
+    .await;
+
+    // No two leaders: the first stopped its controllers (its renewals failing for the renew
+    // deadline) before the follower acquired the Lease. Its node's log files are written on the
+    // node, cut off or not.
+    let stepped_down = wait_for(
+        &format!("{leader} to log that it stopped leading"),
+        TIMEOUT,
+        || async {
+            manager_logged_at(
+                &leader_node.pod_logs,
+                &leader,
+                "could not renew the leader lease within the renew deadline",
+            )
+        },
+    )
+    .await;
+    let acquired = Api::<Lease>::namespaced(client.clone(), SYSTEM_NAMESPACE)
+        .get(LEASE)
+        .await
+        .expect("the Lease")
+        .spec
+        .and_then(|s| s.acquire_time)
+        .expect("the Lease's acquire time")
+        .0;
+    eprintln!(
+        "multinode: {leader} stepped down at {stepped_down}, {follower} acquired at {acquired}"
+    );
+    assert!(
+        stepped_down < acquired,
+        "{follower} acquired the Lease at {acquired}, before {leader} stopped leading at {stepped_down}"
+    );
+
+    cluster.node_action("mend", leader_node.index).await;
+    wait_for(
+        &format!("{} Ready again", leader_node.name),
+        TIMEOUT,
+        || async { node_ready(&nodes.get(&leader_node.name).await.ok()?).then_some(()) },
+    )
+    .await;
+    cluster.wait_ready(FIRST_TAG).await;
+    assert_eq!(
+        lease_holder(&client).await.as_deref(),
+        Some(follower.as_str()),
+        "the first leader took the Lease back"
+    );
+}
+
+/// `helm upgrade` rolls the daemon DaemonSet (one node at a time) while ImagePullJobs pull one
+/// node at a time: every job completes on every node, none fails, and every image is on every
+/// node's containerd: no pull is lost to a daemon replaced mid-job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "three real nodes: NODES=3 tests/cluster/e2e.sh --ignored multinode::"]
+async fn a_rolling_update_of_the_daemon_loses_no_pull() {
+    let exclusive = support::exclusive().await;
+    let cluster = exclusive.cluster;
+    require_three_nodes(cluster);
+    let ns = cluster.namespace("e2e-roll", json!({})).await;
+    let name = unique_name("roll");
+    let images: Vec<String> = (1..=6)
+        .map(|i| format!("{}/e2e/{name}-{i}:v1", cluster.registry))
+        .collect();
+    for (i, image) in images.iter().enumerate() {
+        skopeo_copy(&cluster.test_image_source(["v2", "v3"][i % 2]), image);
+    }
+    let daemonsets: Api<DaemonSet> = Api::namespaced(cluster.client(), SYSTEM_NAMESPACE);
+    let daemonset = daemonsets.get(DAEMON).await.expect("the daemon DaemonSet");
+    let generation = daemonset.metadata.generation;
+
+    // A new daemon pod template, the release's other values kept: the default pull concurrency
+    // (2) made explicit, or 3 where an earlier run on this cluster made it explicit already.
+    let explicit_default = serde_json::to_string(&daemonset.spec)
+        .expect("a DaemonSet spec")
+        .contains("--max-concurrent-pulls=2");
+    let pulls = if explicit_default { 3 } else { 2 };
+    cluster.helm(&[
+        "upgrade",
+        RELEASE,
+        support::chart_dir().to_str().expect("UTF-8 path"),
+        "--reuse-values",
+        "--set",
+        &format!("daemon.extraArgs[0]=--max-concurrent-pulls={pulls}"),
+    ]);
+    let nodes = i32::try_from(cluster.nodes.len()).expect("a few nodes");
+    let rolling = |ds: &DaemonSet| {
+        let status = ds.status.as_ref();
+        ds.metadata.generation != generation
+            && status.is_some_and(|s| {
+                s.observed_generation == ds.metadata.generation
+                    && s.updated_number_scheduled.unwrap_or(0) < nodes
+            })
+    };
+    let updated = |ds: &DaemonSet| ds.status.as_ref().and_then(|s| s.updated_number_scheduled);
+    let updated_before = wait_for("the daemon's rolling update to start", TIMEOUT, || async {
+        let ds = daemonsets.get(DAEMON).await.ok()?;
+        rolling(&ds).then_some(updated(&ds).unwrap_or(0))
+    })
+    .await;
+    // One job per image, each over the three nodes one node at a time: pulls keep coming for as
+    // long as the rollout lasts.
+    let jobs: Api<ImagePullJob> = Api::namespaced(cluster.client(), &ns.name);
+    let names: Vec<String> = (0..images.len()).map(|i| format!("roll-{i}")).collect();
+    for (job, image) in names.iter().zip(&images) {
+        jobs.create(&PostParams::default(), &pull_job(job, image, "Always", 1))
+            .await
+            .expect("creating an ImagePullJob");
+    }
+    // Every 200 ms until every job completed: the jobs' statuses, and the daemon pods replaced
+    // meanwhile.
+    let started = Instant::now();
+    let deadline = started + TIMEOUT;
+    let mut updated_during = updated_before;
+    let statuses = loop {
+        let mut statuses = Vec::new();
+        for job in &names {
+            if let Some(status) = jobs.get(job).await.ok().and_then(|j| j.status) {
+                statuses.push(status);
+            }
+        }
+        if statuses.len() == names.len() && statuses.iter().all(|s| s.completion_time.is_some()) {
+            break statuses;
+        }
+        if let Some(now) = daemonsets.get(DAEMON).await.ok().as_ref().and_then(updated) {
+            updated_during = updated_during.max(now);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the jobs did not complete within {TIMEOUT:?}: {statuses:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!(
+        "multinode: {} jobs completed in {:.1?}; daemon pods replaced meanwhile: {updated_before} \
+         before, {updated_during} while they ran",
+        names.len(),
+        started.elapsed()
+    );
+    for (job, status) in names.iter().zip(&statuses) {
+        assert_eq!(
+            (status.desired, status.succeeded, status.failed),
+            (nodes, nodes, 0),
+            "{job}: {status:?}"
+        );
+    }
+    for node in &cluster.nodes {
+        for image in &images {
+            assert!(
+                containerd_has_image(&node.containerd_socket, image).await,
+                "{} lacks {image}",
+                node.name
+            );
+        }
+    }
+    cluster.wait_ready(FIRST_TAG).await;
+    // The jobs overlapped the rollout: a daemon was replaced while they pulled.
+    assert!(
+        updated_during > updated_before,
+        "no daemon pod was replaced while the jobs ran ({updated_before} updated before, \
+         {updated_during} after): nothing overlapped the rollout"
     );
 }
