@@ -332,17 +332,19 @@ jq -nr --arg image "$new_image" --argjson t0 "$t0" --argjson nodes "$nodes" \
   | "    pre-download: " + (if ($created | length) == 0 then "no job created"
         else ($created | map("\(.at | ago) \(.note)") | join("; ")) end),
     "    timeline (seconds after the SidecarSet'"'"'s patch, in whole seconds as the API has them):",
-    # Within a second: a node kubelet pulls only before its daemon does (or finds the image).
-    ([($daemon[] | {at, o: 1, what: "node \(.node): its daemon pulled \($image | short) (in \(.took), job \(.job))"}),
-      ($pulls[] | select(.ok | not) | {at, o: 1, what: "node \(.node): its daemon FAILED to pull \($image | short): \(.note)"}),
-      ($pods[] | select(.pulled) | {at: .pulled, o: 0, what: "node \(.node): the kubelet pulled \($image | short) itself, for \(.pod)"}),
-      ($pods[] | select(.patched) | {at: .patched, o: 2, what: "pod \(.pod) on \(.node): patched by the SidecarSet to \($image | short)"}),
+    # Within a second: a pod is patched before its kubelet pulls, and after the daemon of its node
+    # pulled, unless the kubelet pulled there first (the daemon then finds the image).
+    ($by_node | map(select(.by == "kubelet") | .node)) as $kubelet_nodes
+    | ([($daemon[] | {at, o: (.node as $n | if any($kubelet_nodes[]; . == $n) then 2.5 else 0 end), what: "node \(.node): its daemon pulled \($image | short) (in \(.took), job \(.job))"}),
+      ($pulls[] | select(.ok | not) | {at, o: 0, what: "node \(.node): its daemon FAILED to pull \($image | short): \(.note)"}),
+      ($pods[] | select(.pulled) | {at: .pulled, o: 2, what: "node \(.node): the kubelet pulled \($image | short) itself, for \(.pod)"}),
+      ($pods[] | select(.patched) | {at: .patched, o: 1, what: "pod \(.pod) on \(.node): patched by the SidecarSet to \($image | short)"}),
       ($pods[] | select(.started) | {at: .started, o: 3, what: "pod \(.pod) on \(.node): log-agent restarted; the kubelet: \(.kubelet)"})]
      | sort_by(.at, .o)[] | "      \(.at | at)  \(.what)"),
     "    per node, who brought \($image | short):",
     ($by_node[] | "      \(.node): " + (if .by == "daemon" then "its daemon'"'"'s pre-download, at \(.daemon.at | ago); its pod(s) patched at \(.patched | map(ago) | join(", "))"
         elif .by == "kubelet" then "the kubelet, for \(.kubelet.pod) at \(.kubelet.pulled | ago), the first pod upgraded here"
-          + (if .daemon then " (its daemon'"'"'s pre-download came after, at \(.daemon.at | ago))" else " (no pre-download for this node: no pod here was left to upgrade)" end)
+          + (if .daemon then " (its daemon'"'"'s pre-download came after, at \(.daemon.at | ago))" else " (its daemon did not pull it)" end)
         else "nobody (no pod here moved to it)" end)),
     (if $nodes == 1 then "    one node: the first pod upgraded (the canary) had the kubelet pull the image onto the only node before pre-download started; NODES=3 shows pre-download"
      else empty end),
