@@ -3,9 +3,10 @@
 # cluster (tests/cluster/start.sh), then `cargo test --test e2e` inside the cluster's network
 # namespace, where the tests push the image, `helm install` the chart and watch a real kubelet.
 # The cluster is stopped afterwards, pass or fail; its logs stay in STATE_DIR when a test failed.
-# Then `make run`'s real-node demo (tests/cluster/demo.sh, KRUISE_RS_DEMO=once) on a cluster of
-# its own: the examples as a user applies them, on the real kubelet; then the three-node tests
-# (tests/e2e/multinode.rs) on a NODES=3 cluster of their own.
+# Then `make run`'s real-node demo (tests/cluster/demo.sh, KRUISE_RS_DEMO=once) on a three-node
+# cluster of its own: the examples as a user applies them, on real kubelets, failing unless the
+# daemons pre-downloaded the new sidecar image on the nodes the rollout had not reached yet; then
+# the three-node tests (tests/e2e/multinode.rs) on a NODES=3 cluster of their own.
 #
 # Usage: tests/cluster/e2e.sh [TEST_FILTER...]   (arguments go to the test binary; with any, the
 #                                                 demo, the chaos run and the three-node
@@ -68,7 +69,7 @@ if [[ $# -eq 0 && -z $keep ]]; then
   trap - EXIT
   finish
   t1=$(date +%s)
-  KRUISE_RS_DEMO=once "$here/demo.sh"
+  NODES=3 KRUISE_RS_DEMO=once "$here/demo.sh"
   echo "e2e.sh: the real-node demo finished in $(( $(date +%s) - t1 )) s" >&2
   # Then the three-node tests (tests/e2e/multinode.rs) on a cluster of three nodes of their own.
   t2=$(date +%s)

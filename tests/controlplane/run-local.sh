@@ -180,7 +180,7 @@ TOML
   helpers+=("$daemon_pid")
   echo "    containerd $cri_socket, registry $registry (serving registry.example.com to node-c)," \
     "daemon log $state/daemon-node-c.log" >&2
-  real_node=node-c
+  real_node="node-c"
 }
 say "starting a real containerd, registry and node daemon for node-c"
 start_real_node || true
@@ -222,8 +222,9 @@ else
 fi
 
 say "creating 3 app=web pods in namespace shop, one per node (the log-agent SidecarSet injects them)"
-# web-1 and web-2 are tier=low, which the SidecarSet's priorityStrategy upgrades first; web-3 on
-# node-c goes last, once half of the pods are upgraded and node-c has pre-downloaded the image.
+# web-1 and web-2 are tier=low, which the SidecarSet's priorityStrategy upgrades first; once the
+# first of them (its first batch, 20%) is upgraded and ready, the pre-download starts on the nodes
+# of the other two, and web-3 on node-c goes last, once node-c has pre-downloaded the image.
 for i in 1 2 3; do
   node=node-$(echo x a b c | cut -d' ' -f$((i + 1)))
   tier=$( ((i < 3)) && echo low || echo high)
