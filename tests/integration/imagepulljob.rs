@@ -1372,10 +1372,14 @@ async fn copies_of_vanished_jobs_are_swept_and_no_job_waits_for_the_manager() {
     })
     .await;
 
-    // A job in scope, with the finalizer earlier versions put on jobs with pull secrets.
+    // A job in scope, with the finalizer earlier versions put on jobs with pull secrets. It
+    // selects a NodeImage of its own, which never reports: the job stays active and holds its
+    // copy. (Selecting every NodeImage, it completed at once, releasing the copy, whenever the
+    // other tests running meanwhile had none.)
     registry_secret(&env, "reg").await;
+    env.nodes(1).await;
     let mut job = ImagePullJob::new("pull", {
-        let mut s = spec("127.0.0.1:5000/private/app:sweep", None, 0);
+        let mut s = spec("127.0.0.1:5000/private/app:sweep", env.selector(), 0);
         s.template.pull_secrets = vec!["reg".into()];
         s
     });
