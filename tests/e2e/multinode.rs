@@ -218,7 +218,7 @@ async fn predownload_reaches_each_node_before_its_pod_in_rollout_order() {
     );
 }
 
-/// The node named `name`, by its index (1: the control plane's node).
+/// The cluster's node called `name` (its index is what `tests/cluster/node.sh` takes).
 fn node_named<'a>(cluster: &'a Cluster, name: &str) -> &'a ClusterNode {
     cluster
         .nodes
@@ -314,19 +314,19 @@ async fn a_node_leaving_mid_job_is_dropped_and_a_joining_node_is_picked_up() {
     require_three_nodes(cluster);
     let ns = cluster.namespace("e2e-churn", json!({})).await;
     let name = unique_name("churn");
-    // The last node: a node that hosts no manager replica, so admissions keep their answers.
+    // The last node, with no manager replica left on it, so admissions keep their answers.
     let leaving = cluster.nodes.last().expect("three nodes");
     move_managers_off(cluster, &leaving.name).await;
     let once = format!("{}/e2e/{name}-once:v1", cluster.registry);
-    let always = format!("{}/e2e/{name}-kept:v1", cluster.registry);
+    let kept = format!("{}/e2e/{name}-kept:v1", cluster.registry);
     skopeo_copy(&cluster.test_image_source("v2"), &once);
-    skopeo_copy(&cluster.test_image_source("v3"), &always);
+    skopeo_copy(&cluster.test_image_source("v3"), &kept);
 
     cluster.node_action("down", leaving.index).await;
     let jobs: Api<ImagePullJob> = Api::namespaced(cluster.client(), &ns.name);
     for job in [
         pull_job("once", &once, "Always", 3),
-        pull_job("kept", &always, "Never", 3),
+        pull_job("kept", &kept, "Never", 3),
     ] {
         jobs.create(&PostParams::default(), &job)
             .await
@@ -408,8 +408,8 @@ async fn a_node_leaving_mid_job_is_dropped_and_a_joining_node_is_picked_up() {
     .await;
     assert_eq!(status.failed, 0, "{status:?}");
     assert!(
-        containerd_has_image(&leaving.containerd_socket, &always).await,
-        "{} joined without {always}",
+        containerd_has_image(&leaving.containerd_socket, &kept).await,
+        "{} joined without {kept}",
         leaving.name
     );
     assert!(
