@@ -15,7 +15,8 @@ use serde_json::json;
 
 use crate::sidecarset::{
     UnavailableWatch, containerd_has_image, create_sidecarset, deployment, in_flight, ready,
-    running_pods, set_sidecar_image, sidecarset, wait_every_pod_updated,
+    running_pods, set_sidecar_image, set_sidecar_image_with_strategy, sidecarset,
+    wait_every_pod_updated,
 };
 use crate::support::{
     self, Cluster, ClusterNode, DAEMON, FIRST_TAG, LEASE, LEASE_DURATION, RELEASE,
@@ -491,18 +492,8 @@ async fn the_leaders_node_cut_off_the_other_replica_finishes_the_rollout() {
     );
 
     // The first leader updates one pod of three, held there by the partition.
+    set_sidecar_image_with_strategy(cluster, &name, &v2, json!({"partition": 2})).await;
     let sidecarsets: Api<SidecarSet> = Api::all(client.clone());
-    sidecarsets
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {
-                "containers": [{"name": "sidecar", "image": v2, "imagePullPolicy": "IfNotPresent"}],
-                "updateStrategy": {"partition": 2}
-            }})),
-        )
-        .await
-        .expect("starting the rollout");
     wait_for("the first leader to update one pod", TIMEOUT, || async {
         let s = sidecarsets.get(&name).await.ok()?;
         let status = s.status?;

@@ -206,17 +206,29 @@ pub async fn running_pods(cluster: &Cluster, namespace: &str, app: &str, count: 
 
 /// Points the SidecarSet `name`'s container `sidecar` at `image`: a rollout starts.
 pub async fn set_sidecar_image(cluster: &Cluster, name: &str, image: &str) {
+    set_sidecar_image_with_strategy(cluster, name, image, json!({})).await;
+}
+
+/// [`set_sidecar_image`] with `strategy` merged into the SidecarSet's `updateStrategy` in the
+/// same write (a partition, a pause).
+pub async fn set_sidecar_image_with_strategy(
+    cluster: &Cluster,
+    name: &str,
+    image: &str,
+    strategy: serde_json::Value,
+) {
     let sidecarsets: Api<SidecarSet> = Api::all(cluster.client());
     sidecarsets
         .patch(
             name,
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"containers": [
-                {"name": "sidecar", "image": image, "imagePullPolicy": "IfNotPresent"}
-            ]}})),
+            &Patch::Merge(json!({"spec": {
+                "containers": [{"name": "sidecar", "image": image, "imagePullPolicy": "IfNotPresent"}],
+                "updateStrategy": strategy
+            }})),
         )
         .await
-        .expect("changing the sidecar image");
+        .unwrap_or_else(|e| panic!("changing the sidecar image to {image} ({strategy}): {e}"));
 }
 
 /// Waits until the SidecarSet `name` reports its `pods` matched pods all updated and ready, for
@@ -301,18 +313,8 @@ async fn sidecar_upgraded_in_place_by_the_kubelet_after_predownload() {
     }
 
     // Pre-download, proved by pausing the rollout: the image arrives with no pod patched.
+    set_sidecar_image_with_strategy(cluster, &name, &v2, json!({"paused": true})).await;
     let sidecarsets: Api<SidecarSet> = Api::all(cluster.client());
-    sidecarsets
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {
-                "containers": [{"name": "sidecar", "image": v2, "imagePullPolicy": "IfNotPresent"}],
-                "updateStrategy": {"paused": true}
-            }})),
-        )
-        .await
-        .expect("changing the sidecar image, paused");
     let repository = v2.rsplit_once(':').expect("tagged").0.to_owned();
     wait_for(
         "the daemon to pull the new sidecar image",
