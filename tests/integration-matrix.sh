@@ -8,7 +8,7 @@
 #        tests/integration-matrix.sh --versions  print the Kubernetes minors it needs (one a line;
 #                                                tests/setup.sh builds them)
 # Env:   CARGO_TEST_FLAGS  flags for every `cargo test` (default --locked)
-#        KRUISE_RS_TEST_THREADS  tests each run runs at once (default 4)
+#        KRUISE_RS_TEST_THREADS  tests each run runs at once (default: libtest's, one per core)
 #
 # One run of one version: make test-integration KUBE_VERSION=1.33 [KRUISE_RS_APISERVER_ARGS=...]
 set -euo pipefail
@@ -52,10 +52,13 @@ if [[ -n ${KUBECONFIG:-} ]]; then
   unset KUBECONFIG
 fi
 read -r -a cargo_flags <<<"${CARGO_TEST_FLAGS:---locked}"
-# Four at once, not libtest's one per core: the tests mostly wait on the apiserver, the manager
-# and the fault schedules. Measured on 2 cores: the 1.36 run 352 s with 2 (all 233 passed), 199 s
-# with 4 (all passed); the 1.33 run 222 s with 2, 133-142 s with 4.
-threads=${KRUISE_RS_TEST_THREADS:-4}
+# The tests mostly wait on the apiserver, the manager and the fault schedules, so more at once
+# than libtest's one per core is faster (2 cores: the 1.36 run 352 s with 2, 199 s with 4; 1.33
+# 222 s and 133-142 s), but with 4 the WatchList-off run still failed 1 of 8 times after the
+# one test found so far was fixed (docs/testing.md#kubernetes-versions), so the default stays
+# libtest's until the other is found.
+threads=()
+[[ -n ${KRUISE_RS_TEST_THREADS:-} ]] && threads=(--test-threads="$KRUISE_RS_TEST_THREADS")
 # Each run's output is kept so that the reasons of failures can be repeated after the summary: a
 # CI log is often read from its end, where run 1's failures would otherwise be far above.
 logs=$(mktemp -d)
@@ -68,12 +71,12 @@ for run in "${runs[@]}"; do
   n=$((n + 1))
   read -r -a args <<<"$test_args"
   label="KUBE_VERSION=$version${api_args:+ KRUISE_RS_APISERVER_ARGS=$api_args}"
-  printf '\n==> integration run %d/%d: %s, cargo test %s --test integration -- --test-threads=%s %s\n' \
-    "$n" "${#runs[@]}" "$label" "${cargo_flags[*]}" "$threads" "${args[*]}" >&2
+  printf '\n==> integration run %d/%d: %s, cargo test %s --test integration -- %s\n' \
+    "$n" "${#runs[@]}" "$label" "${cargo_flags[*]}" "${threads[*]} ${args[*]}" >&2
   start=$(date +%s)
   rc=0
   KUBE_VERSION=$version KRUISE_RS_APISERVER_ARGS=$api_args \
-    cargo test "${cargo_flags[@]}" --test integration -- --test-threads="$threads" "${args[@]}" 2>&1 \
+    cargo test "${cargo_flags[@]}" --test integration -- "${threads[@]}" "${args[@]}" 2>&1 \
     | tee "$logs/$n.log" || rc=$?
   secs=$(($(date +%s) - start))
   if ((rc == 0)); then result=passed; else result="FAILED (exit $rc)"; failed=1; fi

@@ -1346,6 +1346,12 @@ async fn copies_of_vanished_jobs_are_swept_and_no_job_waits_for_the_manager() {
             .expect("create a copy left behind");
     }
 
+    // The NodeImage the job below selects, there before the manager lists: a job that matches
+    // no NodeImage completes at once and releases its copy, so the job must not be seen before
+    // it. (It selected every NodeImage once, and failed whenever the tests running meanwhile had
+    // none; then it made its own just before the job, and failed when the manager saw the job
+    // first.)
+    env.nodes(1).await;
     let value = support::unique_name("sweep");
     let opts = kruise_rs::manager::ManagerOptions {
         controllers: kruise_rs::controllers::ControllerOptions {
@@ -1373,11 +1379,9 @@ async fn copies_of_vanished_jobs_are_swept_and_no_job_waits_for_the_manager() {
     .await;
 
     // A job in scope, with the finalizer earlier versions put on jobs with pull secrets. It
-    // selects a NodeImage of its own, which never reports: the job stays active and holds its
-    // copy. (Selecting every NodeImage, it completed at once, releasing the copy, whenever the
-    // other tests running meanwhile had none.)
+    // selects a NodeImage of its own (made before the manager starts, above), which never
+    // reports: the job stays active and holds its copy.
     registry_secret(&env, "reg").await;
-    env.nodes(1).await;
     let mut job = ImagePullJob::new("pull", {
         let mut s = spec("127.0.0.1:5000/private/app:sweep", env.selector(), 0);
         s.template.pull_secrets = vec!["reg".into()];
