@@ -1346,13 +1346,20 @@ async fn copies_of_vanished_jobs_are_swept_and_no_job_waits_for_the_manager() {
             .expect("create a copy left behind");
     }
 
-    // The NodeImage the job below selects, there before the manager lists: a job that matches
-    // no NodeImage completes at once and releases its copy, so the job must not be seen before
-    // it. (It selected every NodeImage once, and failed whenever the tests running meanwhile had
-    // none; then it made its own just before the job, and failed when the manager saw the job
-    // first.)
-    env.nodes(1).await;
+    // The NodeImage the job below selects, in the manager's scope (its label selector confines
+    // NodeImages too) and there before the manager lists: a job that matches no NodeImage
+    // completes at once and releases its copy. (Made without the label, it was never seen: the
+    // job completed at once and the test passed only when it looked before the release.)
     let value = support::unique_name("sweep");
+    let node = env.nodes(1).await.remove(0);
+    env.nodeimages()
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {SWEEP_LABEL: value}}})),
+        )
+        .await
+        .expect("label the NodeImage into the manager's scope");
     let opts = kruise_rs::manager::ManagerOptions {
         controllers: kruise_rs::controllers::ControllerOptions {
             label_selector: Some(format!("{SWEEP_LABEL}={value}")),
@@ -1412,6 +1419,24 @@ async fn copies_of_vanished_jobs_are_swept_and_no_job_waits_for_the_manager() {
     )
     .await;
 
+    // Still active and holding its copy, so that the release below is the deletion's doing.
+    let active = env.jobs().get("pull").await.expect("read the job");
+    assert!(
+        active
+            .status
+            .as_ref()
+            .is_none_or(|s| s.completion_time.is_none()),
+        "the job completed before it was deleted: {:?}",
+        active.status
+    );
+    assert!(
+        copies
+            .get_opt(&copy)
+            .await
+            .expect("read the copy")
+            .is_some(),
+        "the job's copy went before the job"
+    );
     env.jobs()
         .delete("pull", &Default::default())
         .await
