@@ -8,7 +8,7 @@
 #        tests/integration-matrix.sh --versions  print the Kubernetes minors it needs (one a line;
 #                                                tests/setup.sh builds them)
 # Env:   CARGO_TEST_FLAGS  flags for every `cargo test` (default --locked)
-#        KRUISE_RS_TEST_THREADS  tests each run runs at once (default: libtest's, one per core)
+#        KRUISE_RS_TEST_THREADS  tests each run runs at once (default 4)
 #
 # One run of one version: make test-integration KUBE_VERSION=1.33 [KRUISE_RS_APISERVER_ARGS=...]
 set -euo pipefail
@@ -52,13 +52,11 @@ if [[ -n ${KUBECONFIG:-} ]]; then
   unset KUBECONFIG
 fi
 read -r -a cargo_flags <<<"${CARGO_TEST_FLAGS:---locked}"
-# The tests mostly wait on the apiserver, the manager and the fault schedules, so more at once
-# than libtest's one per core is faster (2 cores: the 1.36 run 352 s with 2, 199 s with 4; 1.33
-# 222 s and 133-142 s), but with 4 the WatchList-off run still failed 1 of 8 times after the
-# one test found so far was fixed (docs/testing.md#kubernetes-versions), so the default stays
-# libtest's until the other is found.
-threads=()
-[[ -n ${KRUISE_RS_TEST_THREADS:-} ]] && threads=(--test-threads="$KRUISE_RS_TEST_THREADS")
+# The tests mostly wait on the apiserver, the manager and the fault schedules, so four at once
+# is faster than libtest's one per core (2 cores: the 1.36 run 352 s with 2, 199 s with 4; 1.33
+# 222 s and 133-142 s). Four at once is also how tests that depend on the others were found
+# (docs/testing.md#kubernetes-versions).
+threads=(--test-threads="${KRUISE_RS_TEST_THREADS:-4}")
 # Each run's output is kept so that the reasons of failures can be repeated after the summary: a
 # CI log is often read from its end, where run 1's failures would otherwise be far above.
 logs=$(mktemp -d)
