@@ -26,8 +26,9 @@
 #      KRUISE_RS_CACHE           passed through to build.sh
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-
-die() { echo "start.sh: $*" >&2; exit 1; }
+script=start.sh
+# shellcheck source-path=SCRIPTDIR source=../lib/processes.sh
+source "$here/../lib/processes.sh"  # die, fail, owner_alive, free_ports, launch, wait_ready, forget_pid
 
 # --- internal mode: the watchdog (started below by this very script, detached) -----------------
 if [[ ${1:-} == --watchdog ]]; then
@@ -76,7 +77,6 @@ ln -sfn "$bin" "$state/bin"
 pids=$state/pids
 : >"$pids"
 ok=false
-owner_alive() { [[ -z $owner_pid ]] || kill -0 "$owner_pid" 2>/dev/null; }
 # Anything that makes this script fail after processes were started must not leave them running:
 # the caller only gets an error, never a handle to clean up with.
 cleanup_on_failure() {
@@ -130,67 +130,7 @@ sign() {
 } >&2 || die "generating the PKI with openssl failed"
 chmod 600 "$pki"/*.key
 
-# --- helpers -----------------------------------------------------------------------------------
-# free_ports N: N distinct free loopback ports. All sockets stay open until every port is chosen,
-# so the N ports differ; another process may still grab one before we bind it (see retries below).
-free_ports() {
-  python3 -c '
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-' "$1"
-}
-
-# launch NAME LOG CMD...: run CMD in its own session (setsid) so terminal signals aimed at the
-# caller's process group do not reach it and stop.sh can signal its whole process group. stdio
-# must not be the caller's pipes, or a caller reading our output to EOF would wait forever.
-# This script never enables job control, so the background child is not a process-group leader
-# and setsid execs in place (no fork): $! is the server's own pid.
-launch() {
-  local name=$1 log=$2
-  shift 2
-  setsid "$@" </dev/null >"$log" 2>&1 &
-  echo "$name $!" >>"$pids"
-  launched_pid=$!
-}
-
 deadline=$(( $(date +%s) + timeout ))
-fail() {  # fail WHAT LOG: report with the log tail; the EXIT trap stops what was started
-  echo "start.sh: $1" >&2
-  if [[ -f $2 ]]; then
-    echo "---- last lines of $2 ----" >&2
-    tail -n 40 "$2" >&2
-    echo "----" >&2
-  fi
-  exit 1
-}
-
-# wait_ready NAME PID LOG CHECK...: poll CHECK until it succeeds. Returns 0 when ready, 2 when the
-# process died because its port was taken (caller retries with new ports); otherwise fails.
-wait_ready() {
-  local name=$1 pid=$2 log=$3
-  shift 3
-  while :; do
-    if "$@" >/dev/null 2>&1; then return 0; fi
-    if ! kill -0 "$pid" 2>/dev/null; then
-      if grep -q 'address already in use' "$log" 2>/dev/null; then return 2; fi
-      fail "$name exited before becoming ready" "$log"
-    fi
-    owner_alive || fail "owner process $owner_pid is gone; giving up" ""
-    if (( $(date +%s) >= deadline )); then
-      fail "$name was not ready within ${timeout}s" "$log"
-    fi
-    sleep 0.2
-  done
-}
-
-forget_pid() {  # drop a dead process from the pid file before retrying
-  local tmp
-  tmp=$(grep -v " $1\$" "$pids" || true)
-  printf '%s\n' "$tmp" | sed '/^$/d' >"$pids"
-}
 
 # --- etcd --------------------------------------------------------------------------------------
 etcd_log=$state/etcd.log
@@ -198,6 +138,7 @@ for attempt in 1 2 3; do
   ports=$(free_ports 2)
   read -r etcd_port peer_port <<<"$ports"
   rm -rf "$state/etcd"
+  : >"$etcd_log"  # launch appends; wait_ready reads this attempt's errors only
   launch etcd "$etcd_log" "$bin/etcd" --name=test --data-dir="$state/etcd" \
     --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
     --listen-peer-urls="http://127.0.0.1:$peer_port" --initial-advertise-peer-urls="http://127.0.0.1:$peer_port" \
@@ -222,6 +163,7 @@ for attempt in 1 2 3; do
   # ServiceAccount admission is off because no controller-manager creates the default SA
   # (unless KRUISE_RS_SERVICE_ACCOUNTS=1).
   # Priority-and-fairness and profiling are off: less startup work and nothing tests need.
+  : >"$api_log"
   launch kube-apiserver "$api_log" "$bin/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$etcd_port" \
     --bind-address="$api_address" \
