@@ -47,8 +47,9 @@ if ! why=$(check); then echo "demo.sh: no real node here: $why" >&2; exit 1; fi
 nodes=${NODES:-3}
 [[ $nodes =~ ^[1-3]$ ]] || { echo "demo.sh: NODES=$nodes: 1, 2 or 3" >&2; exit 1; }
 
-say() { printf '\n==> %s\n' "$*" >&2; }
-timeout=${KRUISE_RS_DEMO_TIMEOUT:-300}
+# shellcheck source-path=SCRIPTDIR source=../lib/demo.sh
+source "$repo/tests/lib/demo.sh"  # say, progress, watch_until, rollout_done
+demo_timeout=${KRUISE_RS_DEMO_TIMEOUT:-300}
 demo_t0=$(date +%s)
 
 say "building the product image (${KRUISE_RS_IMAGE_PROFILE:-release} build; the first release build takes ~13 min) and the node binaries"
@@ -74,10 +75,10 @@ helm() {
 }
 # until DESCRIPTION COMMAND...: poll COMMAND every 0.5 s until it holds, at most the step timeout.
 until_true() {
-  local what=$1 deadline=$(( $(date +%s) + timeout ))
+  local what=$1 deadline=$(( $(date +%s) + demo_timeout ))
   shift
   until "$@"; do
-    (( $(date +%s) < deadline )) || { echo "demo.sh: $what: not within ${timeout}s" >&2; return 1; }
+    (( $(date +%s) < deadline )) || { echo "demo.sh: $what: not within ${demo_timeout}s" >&2; return 1; }
     sleep 0.5
   done
 }
@@ -126,7 +127,7 @@ runtime_digest=$(in_net skopeo inspect --tls-verify=false --format '{{.Digest}}'
 # --- kruise-rs, installed as a user would --------------------------------------------------------
 say "helm install kruise-rs deploy/chart/kruise-rs (image $registry/kruise-rs/kruise-rs:demo)"
 # The NodeImage of a node younger than --nodeimage-creation-delay (30 s) waits; the nodes are new.
-helm install kruise-rs deploy/chart/kruise-rs --wait --timeout "${timeout}s" \
+helm install kruise-rs deploy/chart/kruise-rs --wait --timeout "${demo_timeout}s" \
   --set image.repository="$registry/kruise-rs/kruise-rs" --set image.tag=demo \
   --set 'manager.extraArgs[0]=--nodeimage-creation-delay=0s' >&2
 kubectl -n kruise-system get pods -o wide >&2
@@ -189,34 +190,7 @@ YAML
 # --- watching ---------------------------------------------------------------------------------------
 obs=$state/observed
 mkdir -p "$obs"
-progress() {
-  local set jobs
-  set=$(kubectl get sidecarset log-agent -o json | jq -r '.status as $s |
-    "matched \($s.matchedPods // 0) updated \($s.updatedPods // 0) updatedReady \($s.updatedReadyPods // 0)"
-    + ([$s.conditions[]? | select(.type == "RolloutHeld" or .type == "ImagePreDownload")
-        | " | \(.type)=\(.status)\(if .reason then " (\(.reason))" else "" end)"] | join(""))') || true
-  jobs=$(kubectl get imagepulljobs -A -l kruise.io/sidecarset-name=log-agent -o json | jq -r '[.items[]
-    | "\(.metadata.name) \(.status.succeeded // 0)/\(.status.desired // 0) of \(.spec.selector.names // [] | join(","))"]
-    | if length == 0 then "" else " | pre-download jobs: " + join(", ") end') || true
-  printf '    [%3ss] log-agent: %s%s\n' "$(( $(date +%s) - t0 ))" "$set" "$jobs" >&2
-}
 finished=true
-watch_until() {  # progress every second until CONDITION holds (at most the step timeout)
-  local deadline=$(( $(date +%s) + timeout ))
-  while true; do
-    progress
-    if "$@"; then return 0; fi
-    if (( $(date +%s) >= deadline )); then break; fi
-    sleep 1
-  done
-  echo "    (not finished after ${timeout}s)" >&2
-  finished=false
-}
-rollout_done() {
-  kubectl get sidecarset log-agent -o json | jq -e --arg img "$1" '
-    (.spec.containers[0].image == $img) and (.status.observedGeneration == .metadata.generation)
-    and (.status.matchedPods == 3) and (.status.updatedReadyPods == 3)' >/dev/null
-}
 examples_done() {
   kubectl get imagepulljobs -A -o json | jq -e --argjson pinned "$(jq length <<<"$pin_nodes")" '
     [.items[] | {key: .metadata.name, value: .status}] | from_entries

@@ -92,7 +92,8 @@ fi
 
 # --- the demo ------------------------------------------------------------------------------------
 # No kubelet and no node runs here: demo-kubelet.sh plays both for the demo nodes and pods.
-say() { printf '\n==> %s\n' "$*" >&2; }
+# shellcheck source-path=SCRIPTDIR source=../lib/demo.sh
+source "$repo/tests/lib/demo.sh"  # say, progress, watch_until, rollout_done
 helpers=()
 manager_pid=""
 stop_all() {
@@ -251,36 +252,9 @@ YAML
   echo "    web-$i on $node, tier=$tier: containers $(kubectl -n shop get pod "web-$i" -o jsonpath='{.spec.containers[*].name}')" >&2
 done
 
-progress() {
-  local jobs set
-  jobs=$(kubectl get imagepulljobs -A -o json | jq -r '[.items[] |
-    "\(.metadata.name) \(.status.succeeded // 0)/\(.status.desired // 0)\(if .status.completionTime then " done" else "" end)"] | join(", ")') || true
-  set=$(kubectl get sidecarset log-agent -o json | jq -r '.status as $s |
-    "matched \($s.matchedPods // 0) updated \($s.updatedPods // 0) ready \($s.readyPods // 0) updatedReady \($s.updatedReadyPods // 0)"
-    + ([$s.conditions[]? | select(.type == "RolloutHeld" or .type == "ImagePreDownload")
-        | " | \(.type)=\(.status)\(if .reason then " (\(.reason))" else "" end)"] | join(""))') || true
-  printf '    [%3ss] jobs: %s\n           log-agent: %s\n' "$(( $(date +%s) - t0 ))" "${jobs:-none}" "$set" >&2
-}
-# watch_until CONDITION_COMMAND: progress every second until it holds (at most the demo timeout);
-# a step that does not finish is reported and marks the demo unfinished.
 demo_timeout=${KRUISE_RS_DEMO_TIMEOUT:-300}
+demo_log=$log
 finished=true
-watch_until() {
-  local i
-  for i in $(seq "$demo_timeout"); do
-    progress
-    if "$@"; then return 0; fi
-    sleep 1
-  done
-  echo "    (still not finished after ${demo_timeout}s: see $log; its last lines:)" >&2
-  tail -n 25 "$log" | sed 's/^/      /' >&2
-  finished=false
-}
-rollout_done() {
-  kubectl get sidecarset log-agent -o json | jq -e --arg img "$1" '
-    (.spec.containers[0].image == $img) and (.status.observedGeneration == .metadata.generation)
-    and (.status.matchedPods == 3) and (.status.updatedReadyPods == .status.matchedPods)' >/dev/null
-}
 jobs_done() {
   kubectl get imagepulljob prefetch-web -o json | jq -e '.status.completionTime != null' >/dev/null
 }
