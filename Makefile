@@ -13,10 +13,10 @@ run: deps ## Start a local control plane, install the CRDs, apply examples/ and 
 
 test: deps ## Everything CI runs: format, lints, unit tests, the integration suite on each Kubernetes version, the end-to-end suite on a real node
 	cargo fmt --all -- --check
-	cargo clippy --all-targets --locked -- -D warnings
+	cargo clippy --workspace --all-targets --locked -- -D warnings
 	cargo clippy --test e2e --locked -- -D warnings  # test = false: not in --all-targets
-	RUSTDOCFLAGS='-D warnings' cargo doc --locked --no-deps --lib  # no broken intra-doc links
-	cargo test --locked --lib --bins
+	RUSTDOCFLAGS='-D warnings' cargo doc --locked --no-deps --workspace --lib  # no broken intra-doc links
+	cargo test --locked --workspace --lib --bins
 	tests/integration-matrix.sh
 	tests/cluster/e2e.sh
 

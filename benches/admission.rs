@@ -32,7 +32,7 @@
 //!    webhook, and CPU per pod of the apiserver, etcd, this process and the manager. Every run's
 //!    pods are deleted after it, so each starts with the same store;
 //! 6. the manager stopped and its configurations deleted, the baseline again (drift check);
-//! 7. with `SECOND_MANAGER=<description file>` (format: tests/harness/manager_under_test.rs;
+//! 7. with `SECOND_MANAGER=<description file>` (format: crates/testkit/src/manager_under_test.rs;
 //!    upstream's, its webhooks registered for real:
 //!    benches/upstream-kruise-manager/manager.admission.yaml), the same again for that manager
 //!    on a fresh control plane: baseline, the manager started and waited for (a SidecarSet comes
@@ -43,8 +43,7 @@
 //! goal (p99 ≤ 2 ms in-process) and ratios; nothing is asserted. The manager logs at
 //! `MANAGER_RUST_LOG` (default `warn`) into a temporary file whose tail a failure prints.
 
-#[path = "../tests/harness/mod.rs"]
-mod harness;
+use kruise_rs_testkit as harness;
 
 use harness::bench::{Result, env_number, median};
 use harness::controlplane::{ControlPlane, Crds, apiserver_metric};

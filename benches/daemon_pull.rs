@@ -27,8 +27,7 @@
 //! `DAEMON_RUST_LOG` (default `info`) into a temporary file, or into `DAEMON_LOG_FILE` (kept; the
 //! second daemon's log replaces the first's); a failure prints its last lines.
 
-#[path = "../tests/harness/mod.rs"]
-mod harness;
+use kruise_rs_testkit as harness;
 
 use harness::bench::{Result, env_number, median};
 use harness::controlplane::{ControlPlane, Crds};

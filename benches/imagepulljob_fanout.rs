@@ -21,7 +21,7 @@
 //! Each timed phase also prints the CPU seconds the manager, kube-apiserver, etcd and this
 //! program spent, and the apiserver's mean time serving one NodeImage write.
 //!
-//! `SECOND_MANAGER=<description file>` (format: tests/harness/manager_under_test.rs; upstream's
+//! `SECOND_MANAGER=<description file>` (format: crates/testkit/src/manager_under_test.rs; upstream's
 //! kruise-manager: benches/upstream-kruise-manager/manager.example.yaml) runs the same phases
 //! against that manager after ours, on a control plane of its own; a table then puts both
 //! managers' figures side by side with their ratio.
@@ -41,8 +41,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-#[path = "../tests/harness/mod.rs"]
-mod harness;
+use kruise_rs_testkit as harness;
 
 use harness::bench::Result;
 use harness::controlplane::{

@@ -35,7 +35,7 @@
 //! `MANAGER_WRAPPER` (a command taking the manager's program as its first argument, such as
 //! `heaptrack`) runs the manager under it; RSS is then the wrapper's process's. `MANAGER_ARGS`
 //! (whitespace-separated, e.g. `--kube-api-qps 0`) are appended to the manager's command line.
-//! `SECOND_MANAGER=<description file>` (format: tests/harness/manager_under_test.rs; upstream's
+//! `SECOND_MANAGER=<description file>` (format: crates/testkit/src/manager_under_test.rs; upstream's
 //! kruise-manager: benches/upstream-kruise-manager/manager.example.yaml) runs the same phases
 //! against that manager after ours, on a control plane of its own, and prints both managers'
 //! figures side by side with their ratio (up to where a run stopped, if one did).
@@ -46,8 +46,7 @@
 //! Figures are printed with their ratio to the goal, to the empty baseline, to the steady figure
 //! and to the plain client; nothing is asserted.
 
-#[path = "../tests/harness/mod.rs"]
-mod harness;
+use kruise_rs_testkit as harness;
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};

@@ -35,8 +35,7 @@
 //! Figures are printed with their ratio to the baseline (goal: rollout within 1.5x); nothing is
 //! asserted.
 
-#[path = "../tests/harness/mod.rs"]
-mod harness;
+use kruise_rs_testkit as harness;
 
 use harness::bench::{Result, env_number, median};
 use harness::controlplane::{ControlPlane, Crds};

@@ -17,8 +17,7 @@
 //! At the end: the last minute's RSS and descriptors against the first's. Flat is the goal;
 //! nothing is asserted.
 
-#[path = "../tests/harness/mod.rs"]
-mod harness;
+use kruise_rs_testkit as harness;
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};

@@ -62,8 +62,7 @@ use crate::support::{
     manager_pods, wait_for,
 };
 
-#[path = "../harness/played_daemon.rs"]
-mod played_daemon;
+use kruise_rs_testkit::played_daemon;
 
 const MINUTES_VAR: &str = "KRUISE_RS_CHAOS_MINUTES";
 const SEED_VAR: &str = "KRUISE_RS_CHAOS_SEED";

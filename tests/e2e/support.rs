@@ -22,9 +22,7 @@ use kube::{Client, Config};
 use serde_json::json;
 use tokio::sync::{OnceCell, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-#[path = "../harness/shared.rs"]
-mod shared;
-pub use shared::{unique_name, wait_for};
+pub use kruise_rs_testkit::shared::{unique_name, wait_for};
 
 /// The chart's fixed names.
 pub const RELEASE: &str = "kruise-rs";

@@ -1,3 +1,5 @@
+use kruise_rs_testkit as harness;
+
 mod api_objects;
 mod cutover;
 mod daemon;
@@ -7,8 +9,6 @@ mod demo;
 mod deploy;
 mod events;
 mod faults;
-#[path = "../harness/mod.rs"]
-mod harness;
 mod helm;
 mod imagelistpulljob;
 mod imagepulljob;

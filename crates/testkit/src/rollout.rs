@@ -20,7 +20,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::oneshot;
 
-use super::controlplane::apiserver_requests;
+use crate::controlplane::apiserver_requests;
 
 /// A pod's hash annotation holding one entry, for SidecarSet `set` with the one sidecar
 /// `sidecar`, as an injection or upgrade writes it.

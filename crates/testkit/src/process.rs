@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use super::repo_path;
+use crate::repo_path;
 
 /// What a `start.sh` printed, and the state directory it keeps its processes' files in.
 pub struct Started {

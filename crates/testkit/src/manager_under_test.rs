@@ -27,8 +27,8 @@ use std::process::{Command, Stdio};
 
 use serde::Deserialize;
 
-use super::controlplane::ControlPlane;
-use super::process::{self, ChildGuard, free_loopback_port};
+use crate::controlplane::ControlPlane;
+use crate::process::{self, ChildGuard, free_loopback_port};
 
 /// The environment variable naming a second manager's description file.
 pub const SECOND_MANAGER: &str = "SECOND_MANAGER";
@@ -181,7 +181,7 @@ impl ManagerUnderTest {
         }
         ManagerUnderTest {
             name: "kruise-rs".into(),
-            binary: PathBuf::from(env!("CARGO_BIN_EXE_kruise-rs")),
+            binary: crate::kruise_rs_binary(),
             args,
             env: BTreeMap::from([(
                 "RUST_LOG".to_owned(),
@@ -602,7 +602,7 @@ mod tests {
     #[test]
     fn ours_runs_the_built_binary_with_the_benches_flags() {
         let m = ManagerUnderTest::ours();
-        assert_eq!(m.binary, Path::new(env!("CARGO_BIN_EXE_kruise-rs")));
+        assert_eq!(m.binary, crate::kruise_rs_binary());
         assert_eq!(m.args[..3], ["manager", "--kubeconfig", "{kubeconfig}"]);
         assert!(m.args.iter().all(|a| placeholders(a).is_ok()));
     }

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
-use super::process::{self, ChildGuard, output_with_stdin};
-use super::repo_path;
+use crate::process::{self, ChildGuard, output_with_stdin};
+use crate::repo_path;
 
 const START: &str = "tests/controlplane/start.sh";
 const STOP: &str = "tests/controlplane/stop.sh";
@@ -94,7 +94,7 @@ impl ControlPlane {
     pub fn install_crds(&self, crds: Crds) -> Result<(), String> {
         let applied = match crds {
             Crds::Generated => {
-                let manifests = Command::new(env!("CARGO_BIN_EXE_kruise-rs"))
+                let manifests = Command::new(crate::kruise_rs_binary())
                     .arg("crds")
                     .stdin(Stdio::null())
                     .output()
@@ -185,10 +185,10 @@ impl ControlPlane {
         let mut command = match wrapper {
             Some(wrapper) => {
                 let mut c = Command::new(wrapper);
-                c.arg(env!("CARGO_BIN_EXE_kruise-rs"));
+                c.arg(crate::kruise_rs_binary());
                 c
             }
-            None => Command::new(env!("CARGO_BIN_EXE_kruise-rs")),
+            None => Command::new(crate::kruise_rs_binary()),
         };
         ChildGuard::spawn(
             command

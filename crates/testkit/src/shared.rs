@@ -1,5 +1,4 @@
-//! What every test binary uses (tests/integration through the harness, tests/e2e including this
-//! file alone with `#[path]`): unique object names, and polling with a deadline instead of
+//! What every test binary uses: unique object names, and polling with a deadline instead of
 //! sleeping.
 
 use std::future::Future;
