@@ -63,6 +63,7 @@ use crate::support::{
 };
 
 use kruise_rs_testkit::played_daemon;
+use kruise_rs_testkit::rollout::container_image;
 
 const MINUTES_VAR: &str = "KRUISE_RS_CHAOS_MINUTES";
 const SEED_VAR: &str = "KRUISE_RS_CHAOS_SEED";
@@ -207,16 +208,6 @@ fn missing_injection(pod: &Pod, names: &Names) -> Option<String> {
             pod.annotations().get(SIDECARSET_INJECTED_LIST)
         )),
     }
-}
-
-fn container_image<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
-    pod.spec
-        .as_ref()?
-        .containers
-        .iter()
-        .find(|c| c.name == name)?
-        .image
-        .as_deref()
 }
 
 /// Whether `pod`'s rolled sidecar runs its spec's image, ready.
