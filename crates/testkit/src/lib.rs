@@ -3,8 +3,9 @@
 //! `/proc` figures (RSS, CPU time), Ready fake Nodes, played node daemons, following a rollout,
 //! unique names and deadline polling.
 //!
-//! A dev-dependency of the `kruise-rs` package: `tests/integration`, `tests/e2e` and every bench
-//! use it as `harness` (`use kruise_rs_testkit as harness;`).
+//! A dev-dependency of the `kruise-rs` package: `tests/integration` and the benches use it as
+//! `harness` (`use kruise_rs_testkit as harness;`); `tests/e2e`, which runs against a real
+//! cluster, takes only [`shared`] and [`played_daemon`].
 //!
 //! Errors are `String`s: a test panics with them, a bench's `Box<dyn Error>` takes them by `?`.
 
@@ -29,7 +30,7 @@ pub fn repo_path(rel: &str) -> std::path::PathBuf {
 /// The `kruise-rs` binary cargo built beside the running test or bench: cargo builds a package's
 /// binaries before its integration tests and benches, into `target/<profile>/`, and the test's
 /// own executable sits in `target/<profile>/deps/`.
-pub fn kruise_rs_binary() -> std::path::PathBuf {
+pub(crate) fn kruise_rs_binary() -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("the running executable's path");
     exe.parent()
         .and_then(std::path::Path::parent)
