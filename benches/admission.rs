@@ -64,10 +64,10 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kruise_rs::apis::sidecarset::SidecarSet;
-use kruise_rs::sidecar;
 use kruise_rs::webhook::handlers::Handlers;
 use kruise_rs::webhook::server::{self, Admit, Verdict};
+use kruise_rs_api::sidecarset::SidecarSet;
+use kruise_rs_sidecar as sidecar;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};

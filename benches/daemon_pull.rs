@@ -41,8 +41,8 @@ use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
 use k8s_cri::v1::PodSandboxConfig;
-use kruise_rs::apis::nodeimage::{ImagePullPhase, NodeImage};
-use kruise_rs::daemon::cri::Cri;
+use kruise_rs_api::nodeimage::{ImagePullPhase, NodeImage};
+use kruise_rs_daemon::cri::Cri;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;

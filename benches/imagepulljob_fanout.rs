@@ -34,8 +34,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use kruise_rs::apis::imagepulljob::{ImagePullJob, ImagePullJobSpec, ImagePullJobTemplate};
-use kruise_rs::apis::nodeimage::NodeImage;
+use kruise_rs_api::imagepulljob::{ImagePullJob, ImagePullJobSpec, ImagePullJobTemplate};
+use kruise_rs_api::nodeimage::NodeImage;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -365,12 +365,12 @@ async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
     let idle = ImagePullJobSpec {
         image: "baseline:1".into(),
         template: ImagePullJobTemplate {
-            selector: Some(kruise_rs::apis::imagepulljob::ImagePullJobNodeSelector {
+            selector: Some(kruise_rs_api::imagepulljob::ImagePullJobNodeSelector {
                 names: vec!["no-such-node".into()],
                 ..Default::default()
             }),
-            completion_policy: kruise_rs::apis::imagepulljob::CompletionPolicy {
-                type_: Some(kruise_rs::apis::imagepulljob::CompletionPolicyType::Never),
+            completion_policy: kruise_rs_api::imagepulljob::CompletionPolicy {
+                type_: Some(kruise_rs_api::imagepulljob::CompletionPolicyType::Never),
                 ..Default::default()
             },
             ..Default::default()
@@ -464,7 +464,7 @@ async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
                 parallelism: Some(
                     k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(parallelism),
                 ),
-                selector: Some(kruise_rs::apis::imagepulljob::ImagePullJobNodeSelector {
+                selector: Some(kruise_rs_api::imagepulljob::ImagePullJobNodeSelector {
                     match_labels: Some(BTreeMap::from([(LABEL.to_owned(), "true".to_owned())])),
                     ..Default::default()
                 }),

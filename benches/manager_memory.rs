@@ -65,16 +65,16 @@ use harness::rollout::{
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kruise_rs::apis::defaults::default_sidecarset;
-use kruise_rs::apis::imagepulljob::{
+use kruise_rs_api::defaults::default_sidecarset;
+use kruise_rs_api::imagepulljob::{
     ImagePullJob, ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate,
 };
-use kruise_rs::apis::nodeimage::NodeImage;
-use kruise_rs::apis::sidecarset::SidecarSet;
-use kruise_rs::apis::well_known::{
+use kruise_rs_api::nodeimage::NodeImage;
+use kruise_rs_api::sidecarset::SidecarSet;
+use kruise_rs_api::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
 };
-use kruise_rs::sidecar::annotations::{SidecarSetUpgradeSpec, render_hashes};
+use kruise_rs_sidecar::annotations::{SidecarSetUpgradeSpec, render_hashes};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};

@@ -54,19 +54,19 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kruise_rs::apis::defaults::default_sidecarset;
-use kruise_rs::apis::sidecarset::{SidecarSet, SidecarSetStatus};
-use kruise_rs::apis::well_known::{
-    SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
-    SIDECARSET_INPLACE_UPDATE_STATE,
-};
 use kruise_rs::controllers::ControllerOptions;
 use kruise_rs::controllers::shared::lean_nodeimage::LeanNodeImage;
 use kruise_rs::controllers::shared::pod_summary::{PodSummary, strip_pod};
 use kruise_rs::controllers::sidecarset::pods::NamespaceLabels;
 use kruise_rs::controllers::sidecarset::predownload::{self, Decision};
 use kruise_rs::controllers::sidecarset::{self, PreDownloadInputs, owned_pods, plan};
-use kruise_rs::sidecar::hash::sidecarset_hash;
+use kruise_rs_api::defaults::default_sidecarset;
+use kruise_rs_api::sidecarset::{SidecarSet, SidecarSetStatus};
+use kruise_rs_api::well_known::{
+    SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
+    SIDECARSET_INPLACE_UPDATE_STATE,
+};
+use kruise_rs_sidecar::hash::sidecarset_hash;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};

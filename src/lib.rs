@@ -1,18 +1,11 @@
-//! kruise-rs: OpenKruise's SidecarSet, ImagePullJob and NodeImage APIs served from Rust.
+//! kruise-rs's controller-manager: the admission webhooks, the controllers, leader election and
+//! the probes, on top of the workspace's crates (`kruise-rs-api` for the kinds,
+//! `kruise-rs-sidecar` for what a SidecarSet does to a pod, `kruise-rs-kube` for the client and
+//! process plumbing). The node daemon is `kruise-rs-daemon`, which links none of this.
 //!
 //! The binary (`src/main.rs`) wires these modules into the `manager`, `daemon` and `crds`
-//! subcommands, and `src/bin/kruise-rs-daemon.rs` the daemon alone; everything with a decision
-//! in it lives here so it can be unit tested.
+//! subcommands, and `src/bin/kruise-rs-daemon.rs` the daemon alone.
 
-pub mod apis;
-pub mod cli;
 pub mod controllers;
-pub mod daemon;
-pub mod error_chain;
-pub mod events;
-pub mod image;
 pub mod manager;
-pub mod quote;
-pub mod runtime;
-pub mod sidecar;
 pub mod webhook;

@@ -5,15 +5,15 @@ use std::{io::Write, net::SocketAddr, path::PathBuf, process::ExitCode, time::Du
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kruise_rs::cli::{LogFormat, error_chain, init_logging, parse_duration, shutdown_signal};
 use kruise_rs::controllers::shared::initial_list::StreamingLists;
 use kruise_rs::controllers::{ControllerOptions, Workers};
-use kruise_rs::daemon::{self, DaemonArgs};
 use kruise_rs::manager::{self, LeaderElection, ManagerOptions};
-use kruise_rs::runtime::RateLimit;
 use kruise_rs::webhook::{
     CertSource, Endpoint, FailurePolicy, UnreadableSidecarSetPolicy, WebhookOptions,
 };
+use kruise_rs_daemon::{self as daemon, DaemonArgs};
+use kruise_rs_kube::RateLimit;
+use kruise_rs_kube::cli::{LogFormat, error_chain, init_logging, parse_duration, shutdown_signal};
 use tracing::error;
 
 /// Serves OpenKruise's SidecarSet, ImagePullJob and NodeImage APIs.
@@ -374,7 +374,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Before the runtime's threads start: each keeps the malloc arena it first gets.
     if matches!(cli.command, Command::Manager(_)) {
-        kruise_rs::runtime::allocator::one_arena();
+        kruise_rs::manager::allocator::one_arena();
     }
     match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -449,7 +449,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             timeout,
             ..
         }) => {
-            let client = kruise_rs::runtime::connect(kubeconfig.as_deref()).await?;
+            let client = kruise_rs_kube::connect(kubeconfig.as_deref()).await?;
             let outcomes = kruise_rs::manager::crd_install::install(&client, timeout)
                 .await
                 .context("cannot install the CRDs")?;
@@ -461,10 +461,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Crds(CrdsArgs {
             out_dir: Some(dir), ..
-        }) => kruise_rs::apis::crd::write_all(&dir)
+        }) => kruise_rs_api::crd::write_all(&dir)
             .with_context(|| format!("cannot write the CRDs into {}", dir.display())),
         Command::Crds(CrdsArgs { out_dir: None, .. }) => {
-            let yaml = kruise_rs::apis::crds_yaml();
+            let yaml = kruise_rs_api::crds_yaml();
             let mut stdout = std::io::stdout().lock();
             match stdout
                 .write_all(yaml.as_bytes())
@@ -732,7 +732,7 @@ mod tests {
         assert_eq!(args.cri_socket, None);
         assert_eq!(
             args.cri_liveness_timeout,
-            kruise_rs::daemon::DEFAULT_CRI_LIVENESS_TIMEOUT
+            kruise_rs_daemon::DEFAULT_CRI_LIVENESS_TIMEOUT
         );
         assert_eq!(args.plugin_config_file, None);
         assert_eq!(args.plugin_bin_dir, PathBuf::from("/kruise/plugins"));

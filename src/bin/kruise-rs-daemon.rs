@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
-use kruise_rs::cli::{LogFormat, error_chain, init_logging, shutdown_signal};
-use kruise_rs::daemon::{self, DaemonArgs};
+use kruise_rs_daemon::{self as daemon, DaemonArgs};
+use kruise_rs_kube::cli::{LogFormat, error_chain, init_logging, shutdown_signal};
 use tracing::error;
 
 /// Pulls what this node's NodeImage asks for through CRI (`kruise-rs daemon`, on its own).

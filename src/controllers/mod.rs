@@ -19,7 +19,7 @@ use futures::FutureExt;
 use kube::Client;
 use kube::runtime::watcher;
 
-use crate::runtime::ManagerMetrics;
+use crate::manager::metrics::ManagerMetrics;
 use tokio::sync::watch;
 
 pub use self::shared::initial_list::InitialList;

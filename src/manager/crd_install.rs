@@ -25,8 +25,8 @@ use kube::{Api, Client};
 use tokio::time::Instant;
 
 use super::crds::{Conversion, CrdState, conversion_reset_patch};
-use crate::apis::crd;
-use crate::controllers::shared::backoff::jittered;
+use kruise_rs_api::crd;
+use kruise_rs_kube::backoff::jittered;
 
 /// The field manager of everything `crds --install` writes.
 pub const FIELD_MANAGER: &str = "kruise-rs";

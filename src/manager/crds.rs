@@ -19,8 +19,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 use kube::{Api, Client};
 
 use super::ManagerError;
-use crate::apis::well_known::{LEGACY_VERSION, STORAGE_VERSION};
-use crate::runtime::{START_UP_PATIENCE, retry_transient};
+use kruise_rs_api::well_known::{LEGACY_VERSION, STORAGE_VERSION};
+use kruise_rs_kube::{START_UP_PATIENCE, retry_transient};
 
 /// The CRDs the manager needs; it refuses to start unless every one is usable ([`check_crds`]).
 pub const REQUIRED_CRDS: [&str; 4] = [
@@ -161,7 +161,7 @@ impl CrdState {
         }
     }
 
-    /// What [`crds::crds`](crate::apis::crd::crds) installs: Established, conversion `None`,
+    /// What [`crds::crds`](kruise_rs_api::crd::crds) installs: Established, conversion `None`,
     /// both versions served, only `v1beta1` stored.
     pub fn ours(name: &str) -> Self {
         Self {

@@ -41,7 +41,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::controllers::shared::backoff::jittered;
+use kruise_rs_kube::backoff::jittered;
 
 /// Default name of the Lease.
 pub const DEFAULT_LEASE_NAME: &str = "kruise-rs-manager";
@@ -229,7 +229,7 @@ fn lease_error_hint(err: &kube::Error) -> &'static str {
         kube::Error::Api(status) if status.code == 401 || status.code == 403 => {
             "the manager needs get, create and update on leases.coordination.k8s.io"
         }
-        _ if crate::runtime::is_transient(err) => "the API server did not answer; asking again",
+        _ if kruise_rs_kube::is_transient(err) => "the API server did not answer; asking again",
         _ => "asking again",
     }
 }

@@ -16,9 +16,11 @@
 //!    the webhooks answering for their grace period (the Service drops this replica meanwhile),
 //!    drain the HTTP servers and return.
 
+pub mod allocator;
 pub mod crd_install;
 pub mod crds;
 pub mod leader;
+pub mod metrics;
 pub mod readiness;
 pub mod server_version;
 
@@ -42,9 +44,10 @@ pub use self::crds::{CrdState, REQUIRED_CRDS, UnusableCrds, check_crds};
 pub use self::leader::LeaderElection;
 use self::readiness::Controllers;
 pub use self::server_version::ServerTooOld;
-use crate::runtime::{
-    self, ConnectError, LimitWaits, ManagerMetrics, Metrics, ProbeState, RateLimit,
-    START_UP_PATIENCE, load_config, retry_transient,
+use crate::manager::metrics::ManagerMetrics;
+use kruise_rs_kube::{
+    self, ConnectError, LimitWaits, Metrics, ProbeState, RateLimit, START_UP_PATIENCE, load_config,
+    retry_transient,
 };
 
 /// The controllers' default client-side request limit (`--kube-api-qps`, `--kube-api-burst`):
@@ -174,7 +177,7 @@ pub async fn run(
         limit_waits.register(registry);
     })));
     let (stop_server, server_stopping) = oneshot::channel::<()>();
-    let mut server = pin!(runtime::serve(listener, state.clone(), async move {
+    let mut server = pin!(kruise_rs_kube::serve(listener, state.clone(), async move {
         // A dropped sender also stops the server.
         let _ = server_stopping.await;
     }));
@@ -457,8 +460,8 @@ async fn start(opts: &ManagerOptions, waits: &LimitWaits) -> Result<Started, Man
     // Leader election and the webhooks have a client outside the limit: a queue of controller
     // requests must not hold up a renewal past the renew deadline (leader election sends one
     // request a retry period), nor an admission past its deadline.
-    let unlimited = runtime::client(config.clone(), None, waits)?;
-    let client = runtime::client(config, opts.kube_api_rate, waits)?;
+    let unlimited = kruise_rs_kube::client(config.clone(), None, waits)?;
+    let client = kruise_rs_kube::client(config, opts.kube_api_rate, waits)?;
     let info = retry_transient(
         "reading the API server's version",
         START_UP_PATIENCE,

@@ -29,7 +29,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::api::ObjectMeta;
 
-use crate::apis::well_known::{GROUP, LEGACY_VERSION, NAMESPACE_NAME_LABEL, STORAGE_VERSION};
+use kruise_rs_api::well_known::{GROUP, LEGACY_VERSION, NAMESPACE_NAME_LABEL, STORAGE_VERSION};
 
 /// A namespace carrying this label (any value) is never sent to the pod webhook, as upstream.
 pub const CONTROL_PLANE_LABEL: &str = "control-plane";

@@ -30,7 +30,7 @@ use kube::Api;
 use kube::api::ListParams;
 use tokio::sync::watch;
 
-use crate::apis::sidecarset::SidecarSet;
+use kruise_rs_api::sidecarset::SidecarSet;
 
 /// How long one list may take before the admissions waiting for it are refused: well inside the
 /// webhook's timeout (10 s by default), even for a request that waits out a list in flight.

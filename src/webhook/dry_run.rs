@@ -2,7 +2,7 @@
 //! validation: a pod built from the SidecarSet ([`synthetic_pod`]) is created with
 //! `dryRun=All` in the manager's namespace, and the apiserver's field errors are mapped back to
 //! the SidecarSet's paths ([`map_causes`]). Upstream runs the same validation in-process; the
-//! Rust checks in `crate::apis::validation::pod_spec` cover the common rules, this covers the
+//! Rust checks in `kruise_rs_api::validation::pod_spec` cover the common rules, this covers the
 //! rest (resources, quantities, securityContext, envFrom, lifecycle and probe handlers).
 //! [Decision 0012](../../docs/decisions/0012-sidecarset-validated-by-a-dry-run-pod.md): a dry
 //! run that cannot be made admits, with a warning.
@@ -158,7 +158,7 @@ pub fn unparseable_quantities(pod: &Value) -> Vec<String> {
             .map(str::to_owned)
             .unwrap_or_else(|| value.to_string());
         let parses = match value {
-            Value::String(s) => crate::sidecar::quantity::go_quantity_text(s).is_some(),
+            Value::String(s) => kruise_rs_api::quantity::go_quantity_text(s).is_some(),
             Value::Number(_) => true,
             _ => false,
         };

@@ -7,7 +7,7 @@
 //! (`confirmed_sidecarsets.rs`). Until the caches have listed once, pod requests wait a
 //! moment and are then refused rather than admitted without their sidecars. A SidecarSet using
 //! a feature kruise-rs does not serve is left out of the pod with a warning and a throttled
-//! event ([`crate::sidecar::unsupported`], [`super::unsupported_events`]), or refuses it when
+//! event ([`kruise_rs_sidecar::unsupported`], [`super::unsupported_events`]), or refuses it when
 //! annotated to.
 
 use std::future::Future;
@@ -40,22 +40,22 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::ObjectRef;
 
-use crate::apis::defaults;
-use crate::apis::imagelistpulljob::ImageListPullJob;
-use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::nodeimage::NodeImage;
-use crate::apis::sidecarset::SidecarSet;
-use crate::apis::validation::sidecarset::{
+use crate::controllers::shared::unreadable::{self, Guarded, Unreadable, UnreadableObject};
+use kruise_rs_api::defaults;
+use kruise_rs_api::imagelistpulljob::ImageListPullJob;
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_api::nodeimage::NodeImage;
+use kruise_rs_api::sidecarset::SidecarSet;
+use kruise_rs_api::validation::sidecarset::{
     KnownRevision, PatchPodMetadataPolicy, SidecarSetContext, WHITELIST_CONFIGMAP,
     WHITELIST_CONFIGMAP_KEY,
 };
-use crate::apis::validation::{self, ValidationErrors};
-use crate::apis::well_known::{
+use kruise_rs_api::validation::{self, ValidationErrors};
+use kruise_rs_api::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_NAME_LABEL,
 };
-use crate::controllers::shared::unreadable::{self, Guarded, Unreadable, UnreadableObject};
-use crate::events::Recorder;
-use crate::sidecar::{self, hash, unsupported};
+use kruise_rs_kube::events::Recorder;
+use kruise_rs_sidecar::{self as sidecar, hash, unsupported};
 
 use super::unreadable_sidecarsets::{self, UnreadableSidecarSetPolicy};
 use super::unsupported_events::{self, Throttle};

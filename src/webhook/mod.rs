@@ -12,8 +12,8 @@
 //!    before this replica serves a certificate it signed (a deleted Secret is recreated by the
 //!    replica whose create wins). From a directory: read again every five minutes.
 //!
-//! What each webhook decides lives in pure functions elsewhere (`crate::sidecar` for injection,
-//! `crate::apis::defaults` and `crate::apis::validation`); [`handlers`] adapts them to requests.
+//! What each webhook decides lives in pure functions elsewhere (`kruise_rs_sidecar` for injection,
+//! `kruise_rs_api::defaults` and `kruise_rs_api::validation`); [`handlers`] adapts them to requests.
 
 pub mod certs;
 pub mod configuration;
@@ -49,7 +49,7 @@ use self::certs::{Certificates, Decision, Serve, ServingNames};
 pub use self::configuration::{ConfigurationParams, Endpoint, FailurePolicy};
 use self::server::{Admit, Server};
 pub use self::unreadable_sidecarsets::UnreadableSidecarSetPolicy;
-use crate::runtime::{self, START_UP_PATIENCE, retry_while};
+use kruise_rs_kube::{START_UP_PATIENCE, retry_while};
 
 /// Field manager of the webhook configurations.
 pub const FIELD_MANAGER: &str = "kruise-rs-webhook";
@@ -134,7 +134,7 @@ pub enum WebhookError {
 impl WebhookError {
     /// Whether the API server refused for a moment (429, 5xx, unreachable): start-up asks again.
     fn is_transient(&self) -> bool {
-        matches!(self, WebhookError::Api { source, .. } if runtime::is_transient(source))
+        matches!(self, WebhookError::Api { source, .. } if kruise_rs_kube::is_transient(source))
     }
 }
 

@@ -22,12 +22,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 
-use crate::apis::imagepulljob::ImagePullJob;
+use kruise_rs_api::imagepulljob::ImagePullJob;
 #[cfg(doc)]
-use crate::apis::limits::MAX_PULL_SECRETS;
-use crate::apis::pull_secret_pins;
-use crate::apis::sidecarset::{SidecarSet, SidecarSetSpec};
-use crate::apis::well_known::{NAMESPACE_NAME_LABEL, PULL_SECRET_UIDS};
+use kruise_rs_api::limits::MAX_PULL_SECRETS;
+use kruise_rs_api::pull_secret_pins;
+use kruise_rs_api::sidecarset::{SidecarSet, SidecarSetSpec};
+use kruise_rs_api::well_known::{NAMESPACE_NAME_LABEL, PULL_SECRET_UIDS};
 
 /// Why a job is refused, after the per-Secret reasons.
 pub const JOB_RULE: &str = "a job may only name Secrets its author can read";

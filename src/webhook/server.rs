@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 use tower::util::MapResponseLayer;
 use tracing::Instrument;
 
-use crate::runtime::ManagerMetrics;
+use crate::manager::metrics::ManagerMetrics;
 
 use super::configuration::{
     MUTATE_IMAGELISTPULLJOB, MUTATE_IMAGEPULLJOB, MUTATE_NODEIMAGE, MUTATE_POD, MUTATE_SIDECARSET,

@@ -11,9 +11,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::apis::well_known::NAMESPACE_NAME_LABEL;
 use crate::controllers::shared::unreadable::read_with_path;
-use crate::sidecar::matching::{selector_is_empty, selector_matches};
+use kruise_rs_api::well_known::NAMESPACE_NAME_LABEL;
+use kruise_rs_sidecar::matching::{selector_is_empty, selector_matches};
 
 /// What the pod webhook does with a pod an unreadable SidecarSet may select.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -38,7 +38,7 @@ pub enum Selection {
 
 /// Whether the SidecarSet whose raw object (without metadata) is `raw` selects a pod labelled
 /// `pod_labels` in `namespace` labelled `namespace_labels`, with the webhook's rules
-/// (`crate::sidecar::matching`): paused injection selects nothing, `spec.namespace` (when set)
+/// (`kruise_rs_sidecar::matching`): paused injection selects nothing, `spec.namespace` (when set)
 /// stands for the namespace selector, an empty or unset pod selector matches no pod.
 pub fn selects(
     raw: &Value,

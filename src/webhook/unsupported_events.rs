@@ -1,5 +1,5 @@
 //! The Warning events the pod webhook records when it admits a pod without a SidecarSet that
-//! uses a feature kruise-rs does not serve ([`crate::sidecar::unsupported`]).
+//! uses a feature kruise-rs does not serve ([`kruise_rs_sidecar::unsupported`]).
 //!
 //! The pod does not exist yet at admission (no uid), so the event is about the SidecarSet
 //! (cluster-scoped: it lands in namespace `default`) and names the pod's namespace and name or
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::{Event, EventType};
 
-use crate::sidecar::unsupported::Found;
+use kruise_rs_sidecar::unsupported::Found;
 
 /// At most one event per SidecarSet and feature this often.
 pub const WINDOW: Duration = Duration::from_secs(60);
@@ -85,7 +85,7 @@ pub fn pod_key(pod: &Pod) -> String {
 pub fn event(found: &Found, pod: &str, unreported: u64) -> Event {
     let mut note = format!(
         "pod {pod} was admitted without this SidecarSet: {found} (annotate the SidecarSet {}=refuse to refuse such pods instead)",
-        crate::sidecar::unsupported::UNSUPPORTED_FEATURES
+        kruise_rs_sidecar::unsupported::UNSUPPORTED_FEATURES
     );
     if unreported > 0 {
         note.push_str(&format!(

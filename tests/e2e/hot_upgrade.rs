@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use kruise_rs::apis::SidecarSet;
+use kruise_rs_api::SidecarSet;
 use kube::api::{Api, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};

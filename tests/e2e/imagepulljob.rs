@@ -1,7 +1,7 @@
 //! An ImagePullJob with `sandboxConfig` pulled through the daemon DaemonSet into the node's
 //! containerd.
 
-use kruise_rs::apis::ImagePullJob;
+use kruise_rs_api::ImagePullJob;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 

@@ -9,7 +9,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kruise_rs::apis::{ImagePullJob, NodeImage, SidecarSet};
+use kruise_rs_api::{ImagePullJob, NodeImage, SidecarSet};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use kruise_rs::apis::well_known::{SIDECARSET_CONTAINER_LABEL, SIDECARSET_NAME_LABEL};
-use kruise_rs::apis::{ImagePullJob, SidecarSet};
+use kruise_rs_api::well_known::{SIDECARSET_CONTAINER_LABEL, SIDECARSET_NAME_LABEL};
+use kruise_rs_api::{ImagePullJob, SidecarSet};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use k8s_openapi::api::core::v1::{Event, Pod, Secret};
-use kruise_rs::apis::ImagePullJob;
+use kruise_rs_api::ImagePullJob;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 

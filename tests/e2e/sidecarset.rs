@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_cri::v1::{ImageSpec, ImageStatusRequest};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use kruise_rs::apis::{NodeImage, SidecarSet};
+use kruise_rs_api::{NodeImage, SidecarSet};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 

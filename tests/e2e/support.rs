@@ -314,7 +314,7 @@ impl Cluster {
         .await;
         // Each node's NodeImage, which the manager creates once the node is 30 s old
         // (--nodeimage-creation-delay): ImagePullJobs and pre-download select nodes through it.
-        let nodeimages: Api<kruise_rs::apis::NodeImage> = Api::all(self.client());
+        let nodeimages: Api<kruise_rs_api::NodeImage> = Api::all(self.client());
         for node in &self.nodes {
             wait_for(&format!("{}'s NodeImage", node.name), TIMEOUT, || async {
                 nodeimages.get_opt(&node.name).await.ok().flatten()

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kruise_rs::apis::{ImagePullJob, NodeImage, SidecarSet};
+use kruise_rs_api::{ImagePullJob, NodeImage, SidecarSet};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
 use serde_json::Value;
@@ -317,7 +317,7 @@ async fn seed_manifests_apply_and_keep_sandbox_config_owners_and_pull_policy() {
     // Upstream's webhook defaults, applied here by the schema.
     assert_eq!(
         job.spec.template.completion_policy.type_,
-        Some(kruise_rs::apis::imagepulljob::CompletionPolicyType::Always)
+        Some(kruise_rs_api::imagepulljob::CompletionPolicyType::Always)
     );
     let pull = job
         .spec
@@ -331,7 +331,7 @@ async fn seed_manifests_apply_and_keep_sandbox_config_owners_and_pull_policy() {
     );
     assert_eq!(
         job.spec.template.image_pull_policy,
-        Some(kruise_rs::apis::common::ImagePullPolicy::IfNotPresent)
+        Some(kruise_rs_api::common::ImagePullPolicy::IfNotPresent)
     );
 
     let node = Api::<NodeImage>::all(client)

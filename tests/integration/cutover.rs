@@ -36,10 +36,10 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kruise_rs::apis::crd;
 use kruise_rs::controllers::ControllerOptions;
 use kruise_rs::manager::crds::{conversion_reset_patch, ensure_installed};
 use kruise_rs::manager::{self, LeaderElection, ManagerError, ManagerOptions};
+use kruise_rs_api::crd;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};

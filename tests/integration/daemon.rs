@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Event, Secret};
-use kruise_rs::apis::nodeimage::{ImagePullPhase, ImageTagStatus, NodeImage};
-use kruise_rs::daemon;
+use kruise_rs_api::nodeimage::{ImagePullPhase, ImageTagStatus, NodeImage};
+use kruise_rs_daemon as daemon;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -1053,7 +1053,7 @@ async fn the_daemon_binary_waits_for_a_runtime_and_lists_the_sockets_it_tried() 
         "exit {:?}: {stderr}",
         output.status
     );
-    for candidate in kruise_rs::daemon::CANDIDATE_SOCKETS {
+    for candidate in kruise_rs_daemon::CANDIDATE_SOCKETS {
         let path = run_dir.path().join(candidate);
         assert!(
             stderr.contains(&*path.to_string_lossy()),
@@ -1107,17 +1107,17 @@ async fn the_seed_job_pulls_through_the_manager_and_the_daemon() {
 
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seed-003-imagepulljob.yaml");
-    let mut job: kruise_rs::apis::imagepulljob::ImagePullJob =
+    let mut job: kruise_rs_api::imagepulljob::ImagePullJob =
         serde_yaml::from_str(&std::fs::read_to_string(path).expect("seed")).expect("parses");
     job.metadata.namespace = None;
     job.metadata.labels = Some(BTreeMap::from([("kruise-rs-test".to_owned(), run.clone())]));
     job.spec.image = format!("{image}:v1");
     job.spec.template.pull_secrets = vec!["reg".to_owned()];
-    job.spec.template.selector = Some(kruise_rs::apis::imagepulljob::ImagePullJobNodeSelector {
+    job.spec.template.selector = Some(kruise_rs_api::imagepulljob::ImagePullJobNodeSelector {
         names: vec![node.clone()],
         ..Default::default()
     });
-    let jobs = Api::<kruise_rs::apis::imagepulljob::ImagePullJob>::namespaced(client.clone(), ns);
+    let jobs = Api::<kruise_rs_api::imagepulljob::ImagePullJob>::namespaced(client.clone(), ns);
     let name = job.metadata.name.clone().expect("the seed job has a name");
     jobs.create(&PostParams::default(), &job)
         .await
@@ -1168,7 +1168,7 @@ async fn the_seed_job_pulls_through_the_manager_and_the_daemon() {
 /// sandboxConfig per image, so both pulls carried the merge).
 #[tokio::test]
 async fn two_tags_of_one_image_reach_cri_each_with_its_own_jobs_sandbox_labels() {
-    use kruise_rs::apis::imagepulljob::{
+    use kruise_rs_api::imagepulljob::{
         ImagePullJob, ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate,
     };
     let env = node_env().await;
@@ -1210,7 +1210,7 @@ async fn two_tags_of_one_image_reach_cri_each_with_its_own_jobs_sandbox_labels()
                         names: vec![node.clone()],
                         ..Default::default()
                     }),
-                    sandbox_config: Some(kruise_rs::apis::common::SandboxConfig {
+                    sandbox_config: Some(kruise_rs_api::common::SandboxConfig {
                         labels: BTreeMap::from([(format!("job-{name}"), "yes".to_owned())]),
                         annotations: BTreeMap::from([(
                             "io.kubernetes.image.metrics.tags".to_owned(),

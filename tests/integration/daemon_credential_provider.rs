@@ -9,8 +9,8 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Secret;
-use kruise_rs::apis::nodeimage::ImagePullPhase;
-use kruise_rs::daemon::CredentialProviderOptions;
+use kruise_rs_api::nodeimage::ImagePullPhase;
+use kruise_rs_daemon::CredentialProviderOptions;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 

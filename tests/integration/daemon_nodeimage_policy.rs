@@ -12,7 +12,7 @@ use k8s_openapi::api::authentication::v1::{
     BoundObjectReference, SelfSubjectReview, TokenRequest, TokenRequestSpec,
 };
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ServiceAccount};
-use kruise_rs::apis::nodeimage::NodeImage;
+use kruise_rs_api::nodeimage::NodeImage;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::AuthInfo;
 use kube::{Client, ResourceExt};

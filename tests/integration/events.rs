@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
-use kruise_rs::events::Recorder;
+use kruise_rs_kube::events::Recorder;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::{Resource, ResourceExt};

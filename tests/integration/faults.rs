@@ -22,12 +22,12 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
-use kruise_rs::apis::imagepulljob::{
+use kruise_rs_api::imagepulljob::{
     ImagePullJob, ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate,
 };
-use kruise_rs::apis::nodeimage::NodeImage;
-use kruise_rs::apis::sidecarset::SidecarSet;
-use kruise_rs::apis::well_known::{FAKE_NODEIMAGE, SIDECARSET_HASH};
+use kruise_rs_api::nodeimage::NodeImage;
+use kruise_rs_api::sidecarset::SidecarSet;
+use kruise_rs_api::well_known::{FAKE_NODEIMAGE, SIDECARSET_HASH};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};

@@ -354,9 +354,9 @@ fn chart_crds_are_copies_of_crds() {
 /// it: ImageListPullJob (its CRD, its controller's grants, the start-up CRD check).
 #[test]
 fn the_chart_ships_and_grants_every_kind_the_manager_serves() {
-    let crds: Vec<String> = kruise_rs::apis::crds()
+    let crds: Vec<String> = kruise_rs_api::crds()
         .iter()
-        .map(kruise_rs::apis::crd::file_name)
+        .map(kruise_rs_api::crd::file_name)
         .collect();
     for name in &crds {
         assert!(
@@ -853,7 +853,7 @@ fn helm_daemon_credential_provider_values() {
     let back: Value = serde_yaml::from_str(&rendered).expect("YAML");
     assert_eq!(back, config);
     // The daemon accepts what the chart renders.
-    let providers = kruise_rs::daemon::credential_provider::parse_config(&rendered)
+    let providers = kruise_rs_daemon::credential_provider::parse_config(&rendered)
         .expect("a config the daemon accepts");
     assert_eq!(providers[0].name, "ecr-credential-provider");
     let on_pod = pod(&on);

@@ -9,14 +9,14 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
-use kruise_rs::apis::imagelistpulljob::{ImageListPullJob, ImageListPullJobSpec};
-use kruise_rs::apis::imagepulljob::{
+use kruise_rs::controllers::imagelistpulljob::plan::template_hash;
+use kruise_rs_api::imagelistpulljob::{ImageListPullJob, ImageListPullJobSpec};
+use kruise_rs_api::imagepulljob::{
     CompletionPolicy, CompletionPolicyType, ImagePullJob, ImagePullJobNodeSelector,
     ImagePullJobSpec, ImagePullJobTemplate, ImagePullPolicy,
 };
-use kruise_rs::apis::nodeimage::{ImageTagSpec, NodeImage};
-use kruise_rs::apis::well_known::{CONTROLLER_REVISION_HASH, FAKE_NODEIMAGE};
-use kruise_rs::controllers::imagelistpulljob::plan::template_hash;
+use kruise_rs_api::nodeimage::{ImageTagSpec, NodeImage};
+use kruise_rs_api::well_known::{CONTROLLER_REVISION_HASH, FAKE_NODEIMAGE};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -750,7 +750,7 @@ async fn the_webhook_refuses_bad_images_naming_the_entry() {
 async fn a_list_of_three_images_is_pulled_by_the_daemon_through_containerd() {
     use crate::support::daemon::Daemon;
     use crate::support::node::{Variant, node_env};
-    use kruise_rs::apis::nodeimage::ImagePullPhase;
+    use kruise_rs_api::nodeimage::ImagePullPhase;
 
     let node_env = node_env().await;
     let env = env("ilpj-node").await;
@@ -774,7 +774,7 @@ async fn a_list_of_three_images_is_pulled_by_the_daemon_through_containerd() {
 
     let refs: Vec<&str> = images.iter().map(String::as_str).collect();
     let mut template = env.template();
-    template.pull_policy = Some(kruise_rs::apis::imagepulljob::PullPolicy {
+    template.pull_policy = Some(kruise_rs_api::imagepulljob::PullPolicy {
         timeout_seconds: Some(60),
         backoff_limit: Some(1),
     });

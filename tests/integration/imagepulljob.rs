@@ -8,12 +8,12 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Secret};
 use k8s_openapi::api::events::v1::Event;
-use kruise_rs::apis::imagepulljob::{
+use kruise_rs_api::imagepulljob::{
     CompletionPolicy, CompletionPolicyType, ImagePullJob, ImagePullJobNodeSelector,
     ImagePullJobSpec, ImagePullJobTemplate,
 };
-use kruise_rs::apis::nodeimage::{ImageTagSpec, NodeImage};
-use kruise_rs::apis::well_known::FAKE_NODEIMAGE;
+use kruise_rs_api::nodeimage::{ImageTagSpec, NodeImage};
+use kruise_rs_api::well_known::FAKE_NODEIMAGE;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -388,7 +388,7 @@ async fn a_never_job_picks_up_a_node_added_later() {
 async fn jobs_sharing_a_node_and_an_image_lose_nothing() {
     let env = env("ipj-share").await;
     let nodes = env.nodes(3).await;
-    let sandbox = kruise_rs::apis::common::SandboxConfig {
+    let sandbox = kruise_rs_api::common::SandboxConfig {
         labels: BTreeMap::from([("app".to_owned(), "foo".to_owned())]),
         annotations: BTreeMap::from([(
             "io.kubernetes.image.metrics.tags".to_owned(),
@@ -1059,8 +1059,8 @@ async fn a_node_that_recovers_leaves_failed_nodes() {
     assert!(status.failed_nodes.is_empty(), "{:?}", status.failed_nodes);
 }
 
-fn sandbox_labels(pairs: &[(&str, &str)]) -> kruise_rs::apis::common::SandboxConfig {
-    kruise_rs::apis::common::SandboxConfig {
+fn sandbox_labels(pairs: &[(&str, &str)]) -> kruise_rs_api::common::SandboxConfig {
+    kruise_rs_api::common::SandboxConfig {
         labels: pairs
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -1155,7 +1155,7 @@ async fn deleting_one_of_two_jobs_takes_its_sandbox_labels_and_patience_with_it(
     let nodes = env.nodes(1).await;
     let mut a = spec("nginx:shared", env.selector(), 1);
     a.template.sandbox_config = Some(sandbox_labels(&[("app", "a"), ("both", "x")]));
-    a.template.pull_policy = Some(kruise_rs::apis::imagepulljob::PullPolicy {
+    a.template.pull_policy = Some(kruise_rs_api::imagepulljob::PullPolicy {
         timeout_seconds: Some(3000),
         backoff_limit: None,
     });

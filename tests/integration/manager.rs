@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use kruise_rs::apis::imagepulljob::ImagePullJob;
 use kruise_rs::manager::{self, ManagerError};
+use kruise_rs_api::imagepulljob::ImagePullJob;
 use tokio::sync::oneshot;
 
 use crate::support::{self, ExtraControlPlane, KillOnDrop, free_loopback_port, http_get, wait_for};

@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kruise_rs::apis::imagepulljob::{
+use kruise_rs::manager::ManagerOptions;
+use kruise_rs_api::imagepulljob::{
     ImagePullJob, ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate,
 };
-use kruise_rs::apis::nodeimage::NodeImage;
-use kruise_rs::apis::sidecarset::SidecarSet;
-use kruise_rs::apis::well_known::FAKE_NODEIMAGE;
-use kruise_rs::manager::ManagerOptions;
+use kruise_rs_api::nodeimage::NodeImage;
+use kruise_rs_api::sidecarset::SidecarSet;
+use kruise_rs_api::well_known::FAKE_NODEIMAGE;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 

@@ -11,14 +11,14 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kruise_rs::apis::imagepulljob::{
+use kruise_rs::controllers::nodeimage::plan::not_responded;
+use kruise_rs_api::imagepulljob::{
     ImagePullJob, ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate,
 };
-use kruise_rs::apis::nodeimage::{
+use kruise_rs_api::nodeimage::{
     ImagePullPhase, ImageSpec, ImageTagPullPolicy, ImageTagSpec, NodeImage,
 };
-use kruise_rs::apis::well_known::FAKE_NODEIMAGE;
-use kruise_rs::controllers::nodeimage::plan::not_responded;
+use kruise_rs_api::well_known::FAKE_NODEIMAGE;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;

@@ -9,11 +9,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
-use kruise_rs::apis::imagepulljob::{
+use kruise_rs_api::imagepulljob::{
     CompletionPolicy, CompletionPolicyType, ImagePullJob, ImagePullJobNodeSelector,
     ImagePullJobSpec, ImagePullJobTemplate, PullPolicy,
 };
-use kruise_rs::apis::nodeimage::{ImagePullPhase, NodeImage};
+use kruise_rs_api::nodeimage::{ImagePullPhase, NodeImage};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kruise_rs::controllers::{ControllerOptions, sidecarset};
-use kruise_rs::runtime::{self, LimitWaits, RateLimit};
+use kruise_rs_kube::{LimitWaits, RateLimit};
 use kube::api::{Api, ListParams};
 use serde_json::json;
 use tokio::sync::oneshot;
@@ -64,12 +64,12 @@ async fn a_sidecarset_rollout_completes_under_a_low_request_limit() {
     )
     .await;
 
-    let config = runtime::load_config(Some(cluster.kubeconfig_path()))
+    let config = kruise_rs_kube::load_config(Some(cluster.kubeconfig_path()))
         .await
         .expect("the test cluster's kubeconfig loads");
     let limit = RateLimit::from_flags(QPS, BURST).expect("a valid limit");
     let waits = LimitWaits::default();
-    let limited = runtime::client(config, limit, &waits).expect("a limited client");
+    let limited = kruise_rs_kube::client(config, limit, &waits).expect("a limited client");
     let opts = ControllerOptions {
         label_selector: Some(format!("{LABEL}={name}")),
         namespace: MANAGER_NAMESPACE.to_owned(),

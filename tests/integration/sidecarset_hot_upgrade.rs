@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kruise_rs::apis::sidecarset::SidecarSet;
-use kruise_rs::apis::well_known::{
+use kruise_rs_api::sidecarset::SidecarSet;
+use kruise_rs_api::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_VERSION_ALT_ENV, SIDECARSET_VERSION_ALT_PREFIX,
     SIDECARSET_VERSION_ENV, SIDECARSET_VERSION_PREFIX, SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,

@@ -6,7 +6,7 @@
 //! the real kubelet does (the e2e suite checks that one).
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use kruise_rs::apis::well_known::SIDECARSET_INPLACE_UPDATE_STATE;
+use kruise_rs_api::well_known::SIDECARSET_INPLACE_UPDATE_STATE;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -114,7 +114,7 @@ async fn wait_rollout(
     set: &str,
     kubelet_on: bool,
     expected: Counts,
-    check: impl Fn(&kruise_rs::apis::sidecarset::SidecarSet, &[Pod]) -> Result<(), String>,
+    check: impl Fn(&kruise_rs_api::sidecarset::SidecarSet, &[Pod]) -> Result<(), String>,
 ) -> Vec<Pod> {
     let check = &check;
     let what = format!("SidecarSet {set} to report {expected:?} (kubelet on: {kubelet_on})");
@@ -143,7 +143,7 @@ async fn wait_rollout(
     .await
 }
 
-fn condition_reason(set: &kruise_rs::apis::sidecarset::SidecarSet, type_: &str) -> String {
+fn condition_reason(set: &kruise_rs_api::sidecarset::SidecarSet, type_: &str) -> String {
     set.status
         .iter()
         .flat_map(|s| &s.conditions)

@@ -29,10 +29,10 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ResourceQuota, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kruise_rs::apis::imagepulljob::ImagePullJob;
-use kruise_rs::apis::nodeimage::{ImagePullPhase, NodeImage};
-use kruise_rs::apis::sidecarset::SidecarSet;
-use kruise_rs::apis::well_known::{
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_api::nodeimage::{ImagePullPhase, NodeImage};
+use kruise_rs_api::sidecarset::SidecarSet;
+use kruise_rs_api::well_known::{
     CONTROLLER_REVISION_HASH, IMAGE_PREDOWNLOAD_MIN_UPDATED_READY_PODS,
     IMAGE_PREDOWNLOAD_PARALLELISM, IMAGE_PREDOWNLOAD_TIMEOUT_SECONDS, SIDECARSET_NAME_LABEL,
 };

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use kruise_rs::apis::sidecarset::SidecarSet;
+use kruise_rs_api::sidecarset::SidecarSet;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};

@@ -23,8 +23,8 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kruise_rs::apis::sidecarset::SidecarSet;
-use kruise_rs::apis::well_known::{
+use kruise_rs_api::sidecarset::SidecarSet;
+use kruise_rs_api::well_known::{
     SIDECARSET_CUSTOM_VERSION_LABEL, SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE,
     SIDECARSET_INJECTED_LIST, SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_NAME_LABEL,
     SIDECARSET_UPGRADABLE_CONDITION,

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kruise_rs::apis::imagepulljob::ImagePullJob;
-use kruise_rs::apis::nodeimage::NodeImage;
-use kruise_rs::apis::sidecarset::SidecarSet;
 use kruise_rs::webhook::{ConfigurationParams, Endpoint, FailurePolicy};
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_api::nodeimage::NodeImage;
+use kruise_rs_api::sidecarset::SidecarSet;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};

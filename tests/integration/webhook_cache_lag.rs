@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kruise_rs::apis::sidecarset::SidecarSet;
+use kruise_rs_api::sidecarset::SidecarSet;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::Config;

@@ -2,7 +2,7 @@
 //! check (resources, securityContext, probe handlers, envFrom...) is refused by Kubernetes' own
 //! pod validation, naming the SidecarSet's field; valid SidecarSets are admitted.
 
-use kruise_rs::apis::sidecarset::SidecarSet;
+use kruise_rs_api::sidecarset::SidecarSet;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 

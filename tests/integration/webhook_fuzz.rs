@@ -39,15 +39,15 @@ use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
-use kruise_rs::apis::defaults::default_sidecarset;
-use kruise_rs::apis::sidecarset::SidecarSet;
-use kruise_rs::apis::validation::sidecarset::{
+use kruise_rs::webhook::dry_run::{self, Outcome as Outcome0012};
+use kruise_rs_api::defaults::default_sidecarset;
+use kruise_rs_api::sidecarset::SidecarSet;
+use kruise_rs_api::validation::sidecarset::{
     KnownRevision, PatchPodMetadataPolicy, SidecarSetContext, validate_create,
 };
-use kruise_rs::sidecar::hash::{sidecarset_hash, sidecarset_hash_without_image};
-use kruise_rs::sidecar::hot_upgrade::{injects_twins, twin_names};
-use kruise_rs::sidecar::{InjectionError, inject, plan_for_new_pod, pod_patch};
-use kruise_rs::webhook::dry_run::{self, Outcome as Outcome0012};
+use kruise_rs_sidecar::hash::{sidecarset_hash, sidecarset_hash_without_image};
+use kruise_rs_sidecar::hot_upgrade::{injects_twins, twin_names};
+use kruise_rs_sidecar::{InjectionError, inject, plan_for_new_pod, pod_patch};
 use kube::api::{Api, PostParams};
 use kube::core::ObjectMeta;
 use serde_json::{Value, json};
@@ -928,7 +928,7 @@ fn revision_of(set: &SidecarSet, old: Value, with_hashes: bool) -> ControllerRev
     let mut annotations = BTreeMap::new();
     if with_hashes {
         let mut restored = set.spec.clone();
-        let spec: kruise_rs::apis::sidecarset::SidecarSetSpec = serde_json::from_value(json!({
+        let spec: kruise_rs_api::sidecarset::SidecarSetSpec = serde_json::from_value(json!({
             "containers": old["containers"].as_array().cloned().unwrap_or_default(),
             "initContainers": old["initContainers"].as_array().cloned().unwrap_or_default(),
         }))
@@ -1195,7 +1195,7 @@ fn run_case(
 /// Properties 2 and 3, checked in-process.
 fn check_injection(
     pod: &Pod,
-    injection: &kruise_rs::sidecar::Injection,
+    injection: &kruise_rs_sidecar::Injection,
     sets: &[SidecarSet],
     failures: &mut Vec<String>,
 ) {

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kruise_rs::apis::imagepulljob::ImagePullJob;
-use kruise_rs::apis::sidecarset::SidecarSet;
-use kruise_rs::apis::well_known::PULL_SECRET_UIDS;
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_api::sidecarset::SidecarSet;
+use kruise_rs_api::well_known::PULL_SECRET_UIDS;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
     PatchParams, PostParams,
@@ -248,7 +248,7 @@ async fn a_job_may_name_only_secrets_its_author_can_read() {
 /// them, as a job's.
 #[tokio::test]
 async fn an_image_list_may_name_only_secrets_its_author_can_read() {
-    use kruise_rs::apis::imagelistpulljob::ImageListPullJob;
+    use kruise_rs_api::imagelistpulljob::ImageListPullJob;
     let cluster = webhook_cluster();
     let admin = cluster.client().await;
     let ns = cluster.namespace("wh-list-secrets").await;
@@ -424,7 +424,7 @@ async fn a_sidecarset_may_name_only_secrets_its_author_can_read_where_it_selects
 async fn jobs_outside_the_pod_webhooks_namespaces_are_still_checked() {
     use crate::support::webhook::WEBHOOK_NAMESPACE_LABEL;
     use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-    use kruise_rs::apis::imagelistpulljob::ImageListPullJob;
+    use kruise_rs_api::imagelistpulljob::ImageListPullJob;
 
     let cluster = webhook_cluster();
     let admin = cluster.client().await;
@@ -511,8 +511,8 @@ async fn jobs_outside_the_pod_webhooks_namespaces_are_still_checked() {
 #[tokio::test]
 async fn pull_secret_reviews_at_the_bounds_fit_the_webhook_timeout() {
     use k8s_openapi::api::authentication::v1::UserInfo;
-    use kruise_rs::apis::limits::MAX_PULL_SECRETS;
     use kruise_rs::webhook::secret_access::{self, MAX_REVIEWS, SecretRead};
+    use kruise_rs_api::limits::MAX_PULL_SECRETS;
     use std::time::Instant;
 
     let cluster = webhook_cluster();
@@ -644,8 +644,8 @@ async fn pull_secret_reviews_at_the_bounds_fit_the_webhook_timeout() {
 /// refusal is for the count alone.)
 #[tokio::test]
 async fn a_sidecarset_pinning_too_many_namespaces_for_its_secrets_is_refused() {
-    use kruise_rs::apis::limits::MAX_PULL_SECRETS;
     use kruise_rs::webhook::secret_access::MAX_REVIEWS;
+    use kruise_rs_api::limits::MAX_PULL_SECRETS;
 
     let admin = webhook_cluster().client().await;
     let run = unique_name("run");

@@ -20,7 +20,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
-use kruise_rs::apis::sidecarset::SidecarSet;
+use kruise_rs_api::sidecarset::SidecarSet;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};

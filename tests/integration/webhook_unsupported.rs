@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
-use kruise_rs::apis::sidecarset::SidecarSet;
+use kruise_rs_api::sidecarset::SidecarSet;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};

@@ -89,9 +89,9 @@ pub async fn create_namespace(
 }
 
 /// Writes the hash annotations the webhook would write onto `set` (already defaulted).
-pub fn stamp_hashes(set: &mut kruise_rs::apis::sidecarset::SidecarSet) {
-    use kruise_rs::apis::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
-    use kruise_rs::sidecar::hash::{sidecarset_hash, sidecarset_hash_without_image};
+pub fn stamp_hashes(set: &mut kruise_rs_api::sidecarset::SidecarSet) {
+    use kruise_rs_api::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
+    use kruise_rs_sidecar::hash::{sidecarset_hash, sidecarset_hash_without_image};
     let hash = sidecarset_hash(&set.spec);
     let without_image = sidecarset_hash_without_image(&set.spec);
     let annotations = set

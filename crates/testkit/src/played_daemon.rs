@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kruise_rs::apis::nodeimage::{ImagePullPhase, ImageTagStatus, NodeImage};
+use kruise_rs_api::nodeimage::{ImagePullPhase, ImageTagStatus, NodeImage};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};

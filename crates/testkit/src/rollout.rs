@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kruise_rs::apis::sidecarset::{SidecarSet, SidecarSetStatus};
-use kruise_rs::apis::well_known::{SIDECARSET_HASH, SIDECARSET_INPLACE_UPDATE_STATE};
 use kruise_rs::controllers::sidecarset::pods::{
     InPlaceUpdateState, LastContainerStatus, render_update_states,
 };
-use kruise_rs::sidecar::annotations::{SidecarSetUpgradeSpec, render_hashes};
+use kruise_rs_api::sidecarset::{SidecarSet, SidecarSetStatus};
+use kruise_rs_api::well_known::{SIDECARSET_HASH, SIDECARSET_INPLACE_UPDATE_STATE};
+use kruise_rs_sidecar::annotations::{SidecarSetUpgradeSpec, render_hashes};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::oneshot;

@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
-use super::shared::backoff::Backoff;
-use crate::apis::imagepulljob::ImagePullJob;
-use crate::events::Recorder;
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_kube::backoff::Backoff;
+use kruise_rs_kube::events::Recorder;
 
 /// Field manager of everything this controller writes.
 pub const FIELD_MANAGER: &str = "kruise-rs-imagelistpulljob";

@@ -10,13 +10,15 @@ use k8s_openapi::jiff::SignedDuration;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use crate::apis::defaults;
-use crate::apis::imagelistpulljob::{FailedImageStatus, ImageListPullJob, ImageListPullJobStatus};
-use crate::apis::imagepulljob::{
+use kruise_rs_api::defaults;
+use kruise_rs_api::imagelistpulljob::{
+    FailedImageStatus, ImageListPullJob, ImageListPullJobStatus,
+};
+use kruise_rs_api::imagepulljob::{
     CompletionPolicyType, ImagePullJob, ImagePullJobSpec, ImagePullJobTemplate,
 };
-use crate::apis::well_known::{CONTROLLER_REVISION_HASH, GROUP, STORAGE_VERSION};
-use crate::sidecar::hash::safe_encode_string;
+use kruise_rs_api::well_known::{CONTROLLER_REVISION_HASH, GROUP, STORAGE_VERSION};
+use kruise_rs_sidecar::hash::safe_encode_string;
 
 /// The kind of the lists, as their children's ownerReferences name it.
 pub const KIND: &str = "ImageListPullJob";

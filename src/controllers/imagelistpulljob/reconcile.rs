@@ -16,10 +16,10 @@ use tracing::{info, instrument, warn};
 
 use super::plan::{self, Doomed, Step};
 use super::{Context, Error, FIELD_MANAGER};
-use crate::apis::imagelistpulljob::{ImageListPullJob, ImageListPullJobStatus};
-use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::well_known::CONTROLLER_REVISION_HASH;
-use crate::error_chain::error_chain;
+use kruise_rs_api::imagelistpulljob::{ImageListPullJob, ImageListPullJobStatus};
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_api::well_known::CONTROLLER_REVISION_HASH;
+use kruise_rs_kube::error_chain::error_chain;
 
 /// How long a reconcile waits for the first list of ImagePullJobs.
 const CACHE_WAIT: Duration = Duration::from_secs(10);

@@ -17,13 +17,13 @@ use tracing::warn;
 use super::plan::KIND;
 use super::reconcile::{error_policy, key, reconcile};
 use super::{Context, NAME};
-use crate::apis::imagelistpulljob::ImageListPullJob;
-use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::well_known::GROUP;
 use crate::controllers::ControllerOptions;
-use crate::controllers::shared::backoff::{self, Backoff};
 use crate::controllers::shared::shutdown::run_until_shutdown;
-use crate::events::Recorder;
+use kruise_rs_api::imagelistpulljob::ImageListPullJob;
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_api::well_known::GROUP;
+use kruise_rs_kube::backoff::{self, Backoff};
+use kruise_rs_kube::events::Recorder;
 
 /// The list that controls `job`, if one does.
 fn list_of(job: &ImagePullJob) -> Option<ObjectRef<ImageListPullJob>> {
@@ -127,8 +127,8 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apis::imagelistpulljob::ImageListPullJobSpec;
     use crate::controllers::imagelistpulljob::plan::child;
+    use kruise_rs_api::imagelistpulljob::ImageListPullJobSpec;
 
     #[test]
     fn a_child_wakes_its_list_and_nothing_else_wakes_one() {

@@ -6,13 +6,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::interned::InternedString;
-use crate::apis::nodeimage::{ImageTagSpec, Images, NodeImageStatus, ReferenceObject};
-use crate::apis::shared_owner::{SharedOwner, share};
 use crate::controllers::shared::tag_values::{
     OwnerAsk, PullTerms, in_flight, refresh_image, reported,
 };
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_api::interned::InternedString;
+use kruise_rs_api::nodeimage::{ImageTagSpec, Images, NodeImageStatus, ReferenceObject};
+use kruise_rs_api::shared_owner::{SharedOwner, share};
 
 /// Everything a job asks of every node, computed once per reconcile.
 #[derive(Clone, Debug, PartialEq)]

@@ -39,13 +39,13 @@ use kube::{Client, ResourceExt};
 
 use self::secrets::SecretsError;
 use super::ControllerOptions;
-use super::shared::backoff::Backoff;
 use super::shared::nodeimage_images::ImagesWriteError;
 use super::shared::pod_summary::PodSummary;
-use crate::apis::imagepulljob::ImagePullJob;
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_kube::backoff::Backoff;
 
 use super::shared::lean_nodeimage::LeanNodeImage;
-use crate::events::Recorder;
+use kruise_rs_kube::events::Recorder;
 
 /// Field manager of everything this controller writes.
 pub const FIELD_MANAGER: &str = "kruise-rs-imagepulljob";
@@ -271,7 +271,7 @@ mod written_tests {
     use kube::runtime::reflector::store::Writer;
 
     use super::*;
-    use crate::apis::nodeimage::{NodeImage, NodeImageSpec};
+    use kruise_rs_api::nodeimage::{NodeImage, NodeImageSpec};
 
     fn nodeimage(name: &str, generation: i64) -> LeanNodeImage {
         let mut ni = NodeImage::new(name, NodeImageSpec::default());

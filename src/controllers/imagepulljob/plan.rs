@@ -13,11 +13,11 @@ use kube::ResourceExt;
 use super::entry::JobRequest;
 use super::status::parallelism;
 use super::targets::{SelectorError, Target, node_state, select_nodes};
-use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::well_known::GROUP;
 use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
 use crate::controllers::shared::pod_summary::PodSummary;
-use crate::image::ImageRef;
+use kruise_rs_api::image::ImageRef;
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_api::well_known::GROUP;
 
 /// What a job needs before any node is looked at.
 #[derive(Debug, PartialEq)]

@@ -20,13 +20,13 @@ use super::plan::{self, Step};
 use super::status::{compute_status, next_deadline, nodes_to_start, with_notes};
 use super::targets::{NodeState, Target};
 use super::{Context, Error, FIELD_MANAGER, secrets};
-use crate::apis::imagepulljob::{ImagePullJob, ImagePullJobStatus};
-use crate::apis::pull_secret_pins::{self, Pins};
-use crate::apis::well_known::{DELETION_PROTECTION_FINALIZER, PULL_SECRET_UIDS};
 use crate::controllers::shared::lean_nodeimage;
 use crate::controllers::shared::nodeimage_images::{ImagesWriteError, update_images};
 use crate::controllers::shared::tag_values::stored_owner_ask;
-use crate::error_chain::error_chain;
+use kruise_rs_api::imagepulljob::{ImagePullJob, ImagePullJobStatus};
+use kruise_rs_api::pull_secret_pins::{self, Pins};
+use kruise_rs_api::well_known::{DELETION_PROTECTION_FINALIZER, PULL_SECRET_UIDS};
+use kruise_rs_kube::error_chain::error_chain;
 
 /// How long a reconcile waits for the first lists of NodeImages and Pods.
 const CACHE_WAIT: Duration = Duration::from_secs(10);

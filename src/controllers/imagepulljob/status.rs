@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::targets::{NodeState, Target};
-use crate::apis::imagepulljob::{CompletionPolicyType, ImagePullJob, ImagePullJobStatus};
+use kruise_rs_api::imagepulljob::{CompletionPolicyType, ImagePullJob, ImagePullJobStatus};
 
 /// How many nodes may pull at once: `spec.parallelism` as an integer (a numeric string is
 /// accepted, as upstream does), default 1. `Err` quotes a value that is neither.

@@ -14,8 +14,8 @@ use kube::ResourceExt;
 use kube::core::Selector;
 use kube::core::labels::Expression;
 
-use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::nodeimage::{ImagePullPhase, NodeImage, ReferenceObject};
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_api::nodeimage::{ImagePullPhase, NodeImage, ReferenceObject};
 
 /// Where one target node stands for one job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -17,16 +17,16 @@ use tracing::{info, warn};
 
 use super::reconcile::{error_policy, key, reconcile};
 use super::{Context, NAME, WrittenNodeImages, secrets};
-use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::nodeimage::NodeImage;
 use crate::controllers::ControllerOptions;
-use crate::controllers::shared::backoff::{self, Backoff};
 use crate::controllers::shared::lean_nodeimage::NodeImageFeed;
 use crate::controllers::shared::pod_feed::PodFeed;
 use crate::controllers::shared::pod_summary::PodSummary;
 use crate::controllers::shared::shutdown::run_until_shutdown;
-use crate::error_chain::error_chain;
-use crate::events::Recorder;
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_api::nodeimage::NodeImage;
+use kruise_rs_kube::backoff::{self, Backoff};
+use kruise_rs_kube::error_chain::error_chain;
+use kruise_rs_kube::events::Recorder;
 
 /// Jobs a NodeImage change may concern: running jobs whose selector could include the node,
 /// and any job the NodeImage names as an owner.
@@ -288,7 +288,7 @@ fn node_counts(jobs: &[Arc<ImagePullJob>]) -> [i64; 4] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apis::imagepulljob::ImagePullJobStatus;
+    use kruise_rs_api::imagepulljob::ImagePullJobStatus;
 
     #[test]
     fn node_counts_sum_the_statuses() {

@@ -60,12 +60,12 @@ use std::time::Duration;
 use kube::runtime::reflector::Store;
 use kube::{Api, Client};
 
-use super::shared::backoff::Backoff;
 use super::shared::node_summary::NodeSummary;
-use crate::apis::imagepulljob::ImagePullJob;
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_kube::backoff::Backoff;
 
 use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
-use crate::events::Recorder;
+use kruise_rs_kube::events::Recorder;
 
 /// Field manager of every write of this controller.
 pub const FIELD_MANAGER: &str = "kruise-rs-nodeimage";

@@ -18,14 +18,14 @@ use crate::controllers::shared::node_summary::NodeSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::apis::nodeimage::{
+pub use crate::controllers::shared::tag_values::is_image_pull_job;
+use crate::controllers::shared::tag_values::{OwnerAsk, in_flight, refresh_image};
+use kruise_rs_api::image::joined_ref;
+use kruise_rs_api::nodeimage::{
     ImagePullPhase, ImageSpec, ImageStatuses, ImageTagSpec, ImageTagStatus, Images, NodeImage,
     NodeImageSpec, NodeImageStatus, SharedOwner,
 };
-use crate::apis::well_known::{FAKE_NODEIMAGE, VIRTUAL_KUBELET_TYPE};
-pub use crate::controllers::shared::tag_values::is_image_pull_job;
-use crate::controllers::shared::tag_values::{OwnerAsk, in_flight, refresh_image};
-use crate::image::joined_ref;
+use kruise_rs_api::well_known::{FAKE_NODEIMAGE, VIRTUAL_KUBELET_TYPE};
 
 /// Never requeue sooner than this after a reconcile, even when an instant is closer (or past).
 pub const MIN_REQUEUE: Duration = Duration::from_secs(1);

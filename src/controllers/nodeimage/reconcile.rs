@@ -19,14 +19,14 @@ use tracing::{debug, info, warn};
 
 use super::plan::{self, FailedTag, Lifecycle};
 use super::{Context, FIELD_MANAGER, patches};
-use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::nodeimage::{NodeImage, NodeImageSpec};
-use crate::controllers::shared::backoff::jittered;
 use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
 use crate::controllers::shared::nodeimage_images::{ImagesWriteError, update_images};
 use crate::controllers::shared::tag_values::stored_owner_ask;
-use crate::error_chain::error_chain;
-use crate::image::joined_ref;
+use kruise_rs_api::image::joined_ref;
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_api::nodeimage::{NodeImage, NodeImageSpec};
+use kruise_rs_kube::backoff::jittered;
+use kruise_rs_kube::error_chain::error_chain;
 
 /// How often a refused status patch is re-read and retried within one reconcile.
 const STATUS_ATTEMPTS: usize = 5;

@@ -21,15 +21,15 @@ use kube::runtime::{WatchStreamExt, applier, controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use super::{Context, NAME, plan, reconcile};
-use crate::apis::imagepulljob::{ImagePullJob, ImagePullJobStatus};
+use kruise_rs_api::imagepulljob::{ImagePullJob, ImagePullJobStatus};
 
 use crate::controllers::ControllerOptions;
-use crate::controllers::shared::backoff::Backoff;
 use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
 use crate::controllers::shared::lean_nodeimage::{self, NodeImageFeed, watch_nodeimages};
 use crate::controllers::shared::node_summary::{NodeStatusSummary, NodeSummary};
 use crate::controllers::shared::pod_feed::alongside;
-use crate::events::Recorder;
+use kruise_rs_kube::backoff::Backoff;
+use kruise_rs_kube::events::Recorder;
 
 /// Keeps of a Node only what the controller reads: name, uid, labels, deletionTimestamp and the
 /// Ready condition's status and transition time. Without a resourceVersion, an update that

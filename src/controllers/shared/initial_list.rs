@@ -17,7 +17,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
 use kube::{Client, Resource};
 
-use crate::apis::nodeimage::NodeImage;
+use kruise_rs_api::nodeimage::NodeImage;
 
 /// A label no object carries: the probe watches stream nothing but their closing bookmark.
 const PROBE_LABEL: &str = "kruise-rs.io/streaming-list-probe";

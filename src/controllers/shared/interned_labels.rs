@@ -10,7 +10,7 @@
 //! [`Interned`] strings: each distinct key or value is allocated once and shared, so a Node's
 //! labels cost a pointer pair per label plus its few unique values (its hostname).
 //!
-//! The strings themselves are interned by [`crate::apis::interned`] (the API types share
+//! The strings themselves are interned by [`kruise_rs_api::interned`] (the API types share
 //! some too), re-exported here.
 
 use std::collections::BTreeMap;
@@ -22,9 +22,9 @@ use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use smallvec::SmallVec;
 
-use crate::apis::interned::Text;
-pub use crate::apis::interned::{Interned, intern, shared_str, shared_str_option};
-use crate::sidecar::matching::LabelLookup;
+use kruise_rs_api::interned::Text;
+pub use kruise_rs_api::interned::{Interned, intern, shared_str, shared_str_option};
+use kruise_rs_sidecar::matching::LabelLookup;
 
 /// A label map, sorted by key, its strings interned.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]

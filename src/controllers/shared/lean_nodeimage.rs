@@ -26,7 +26,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::interned_labels::Labels;
 use super::pod_feed::{Feed, fan_out};
-use crate::apis::nodeimage::{NodeImage, NodeImageSpec, NodeImageStatus};
+use kruise_rs_api::nodeimage::{NodeImage, NodeImageSpec, NodeImageStatus};
 
 /// A NodeImage as read from the apiserver: managedFields left unparsed, labels interned.
 /// Reads as the NodeImage it holds, except its labels: `metadata.labels` is always `None`, so

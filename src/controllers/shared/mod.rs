@@ -3,7 +3,6 @@
 //!
 //! Nothing here reaches into a per-kind module; the per-kind modules reach in here.
 
-pub mod backoff;
 pub mod initial_list;
 pub mod interned_labels;
 pub mod lean_nodeimage;

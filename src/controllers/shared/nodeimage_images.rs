@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::lean_nodeimage::LeanNodeImage;
-use crate::apis::nodeimage::{ImageSpec, Images, NodeImage};
+use kruise_rs_api::nodeimage::{ImageSpec, Images, NodeImage};
 
 /// How often [`update_images`] re-reads and retries after a refused patch.
 const ATTEMPTS: usize = 5;
@@ -281,7 +281,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apis::nodeimage::ImageTagSpec;
+    use kruise_rs_api::nodeimage::ImageTagSpec;
     use serde_json::json;
 
     fn image(tags: &[&str]) -> ImageSpec {

@@ -28,9 +28,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::interned_labels::{Interned, Labels, shared_str, shared_str_option};
-use crate::apis::compact::{compact_option_vec, compact_vec};
+use kruise_rs_api::compact::{compact_option_vec, compact_vec};
 
-use crate::apis::well_known::{
+use kruise_rs_api::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_UPGRADABLE_CONDITION,
     SIDECARSET_VERSION_ALT_PREFIX, SIDECARSET_VERSION_PREFIX,

@@ -23,16 +23,16 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 
-use crate::apis::common::{ImagePullPolicy, SandboxConfig};
+use kruise_rs_api::common::{ImagePullPolicy, SandboxConfig};
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::apis::imagepulljob::{CompletionPolicyType, ImagePullJob, ImagePullJobTemplate};
-use crate::apis::limits;
-use crate::apis::nodeimage::{
+use crate::controllers::imagepulljob::secrets::{copy_name, reference_object};
+use kruise_rs_api::imagepulljob::{CompletionPolicyType, ImagePullJob, ImagePullJobTemplate};
+use kruise_rs_api::limits;
+use kruise_rs_api::nodeimage::{
     ImageSpec, ImageTagPullPolicy, ImageTagSpec, ImageTagStatus, NodeImageStatus, ReferenceObject,
 };
-use crate::apis::well_known::GROUP;
-use crate::controllers::imagepulljob::secrets::{copy_name, reference_object};
+use kruise_rs_api::well_known::GROUP;
 
 /// Upstream's per-pull defaults.
 pub const DEFAULT_TIMEOUT_SECONDS: i32 = 600;

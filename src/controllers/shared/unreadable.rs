@@ -23,7 +23,7 @@ use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use crate::events::Recorder;
+use kruise_rs_kube::events::Recorder;
 
 /// An object as a watch read it: `K`, or why not. Unlike kube's `DeserializeGuard`, the error
 /// names the path of the field that failed (`spec.containers[0].ports: invalid type: ...`), and
@@ -346,7 +346,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apis::sidecarset::SidecarSet;
+    use kruise_rs_api::sidecarset::SidecarSet;
     use serde_json::json;
 
     fn guarded(value: serde_json::Value) -> Guarded<SidecarSet> {
@@ -437,7 +437,7 @@ mod tests {
         assert_eq!(c.container.ports.as_ref().map(Vec::len), Some(1));
         assert_eq!(
             c.pod_inject_policy,
-            Some(crate::apis::sidecarset::PodInjectPolicy::AfterAppContainer)
+            Some(kruise_rs_api::sidecarset::PodInjectPolicy::AfterAppContainer)
         );
         assert_eq!(c.transfer_env.len(), 1);
         assert_eq!(c.upgrade_strategy, None);

@@ -1,6 +1,6 @@
 //! Hot upgrade on the controller side: which twin of a hot sidecar takes the new image, and
 //! when the twin that served before goes back to the empty image (the *flip*). The twins and
-//! their annotations are [`crate::sidecar::hot_upgrade`]'s; the rollout around it (batches,
+//! their annotations are [`kruise_rs_sidecar::hot_upgrade`]'s; the rollout around it (batches,
 //! maxUnavailable, status) is the cold one.
 //!
 //! A hot sidecar `mesh` runs as `mesh-1` and `mesh-2`. In steady state the working twin (the
@@ -20,12 +20,12 @@ use serde_json::{Value, json};
 use super::pods::{
     InPlaceUpdateState, LastContainerStatus, parse_update_states, render_update_states,
 };
-use crate::apis::sidecarset::{SidecarContainer, SidecarSet};
-use crate::apis::well_known::{
+use crate::controllers::shared::pod_summary::{ContainerSummary, PodSummary};
+use kruise_rs_api::sidecarset::{SidecarContainer, SidecarSet};
+use kruise_rs_api::well_known::{
     SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
 };
-use crate::controllers::shared::pod_summary::{ContainerSummary, PodSummary};
-use crate::sidecar::hot_upgrade::{
+use kruise_rs_sidecar::hot_upgrade::{
     Twin, TwinRoles, is_hot_upgrade, record_flip, twin_name, twin_of, twin_roles, working_twins,
 };
 

@@ -46,13 +46,13 @@ use tokio::sync::watch as channel;
 
 use self::expectations::WrittenPods;
 use self::revisions::RevisionsError;
-use super::shared::backoff::Backoff;
 use super::shared::lean_nodeimage::LeanNodeImage;
 use super::shared::pod_summary::{PodSummary, strip_pod};
-use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::sidecarset::SidecarSet;
-use crate::events::Recorder;
-use crate::runtime::ManagerMetrics;
+use crate::manager::metrics::ManagerMetrics;
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_api::sidecarset::SidecarSet;
+use kruise_rs_kube::backoff::Backoff;
+use kruise_rs_kube::events::Recorder;
 
 pub use self::plan::{Plan, PreDownloadInputs, owned_pods, plan};
 pub use self::watch::{run, run_with_feeds};

@@ -19,15 +19,15 @@ use super::status::{PODS_UPGRADABLE, StatusReport, compute_status, unsupported_c
 use super::strategy::Hold;
 use super::strategy::{Batch, CurrentHashes, PodState, PodView, classify, next_batch};
 use super::upgrade::{upgradable_condition, upgraded_condition};
-use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
-use crate::apis::well_known::{
+use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
+use crate::controllers::shared::pod_summary::PodSummary;
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_api::sidecarset::{SidecarSet, SidecarSetStatus};
+use kruise_rs_api::well_known::{
     CONTROLLER_REVISION_HASH, SIDECARSET_HASH, SIDECARSET_INPLACE_UPDATE_STATE,
     SIDECARSET_NAME_LABEL,
 };
-use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
-use crate::controllers::shared::pod_summary::PodSummary;
-use crate::sidecar::annotations::parse_hashes;
+use kruise_rs_sidecar::annotations::parse_hashes;
 
 /// Everything one reconcile decides before it writes anything.
 pub struct Plan<'a> {

@@ -25,9 +25,9 @@ use std::sync::Mutex;
 use crate::controllers::shared::pod_summary::PodSummary;
 use kube::runtime::watcher;
 
-use crate::apis::well_known::{SIDECARSET_INJECTED_LIST, SIDECARSET_UPGRADABLE_CONDITION};
 use crate::controllers::shared::interned_labels::Interned;
-use crate::sidecar::annotations::parse_injected_list;
+use kruise_rs_api::well_known::{SIDECARSET_INJECTED_LIST, SIDECARSET_UPGRADABLE_CONDITION};
+use kruise_rs_sidecar::annotations::parse_injected_list;
 
 /// What of a pod can matter to its SidecarSets; see the module documentation. One is kept per
 /// pod, so it is small: the injected list is the pod's own (interned) annotation value, the same

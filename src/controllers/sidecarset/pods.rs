@@ -31,20 +31,20 @@ use serde_json::Value;
 
 use super::hot_upgrade::others_on_empty_image;
 use super::strategy::{CurrentHashes, PodPhase, PodView, SidecarView};
-use crate::apis::sidecarset::{SidecarContainer, SidecarSet};
-use crate::apis::well_known::{
-    SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
-    SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
-};
 use crate::controllers::shared::pod_summary::{
     ContainerStatusSummary, ContainerSummary, PodSummary,
 };
-use crate::image::ImageRef;
-use crate::sidecar::annotations::{parse_injected_list, pod_entry};
-use crate::sidecar::gojson::html_escape_compact_json;
-use crate::sidecar::hash::is_native_sidecar;
-use crate::sidecar::hot_upgrade::{injects_twins, is_twin_of, pod_has_twins, working_twins};
-use crate::sidecar::matching::{pod_namespace, sidecarset_matches};
+use kruise_rs_api::image::ImageRef;
+use kruise_rs_api::sidecarset::{SidecarContainer, SidecarSet};
+use kruise_rs_api::well_known::{
+    SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
+    SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
+};
+use kruise_rs_sidecar::annotations::{parse_injected_list, pod_entry};
+use kruise_rs_sidecar::gojson::html_escape_compact_json;
+use kruise_rs_sidecar::hash::is_native_sidecar;
+use kruise_rs_sidecar::hot_upgrade::{injects_twins, is_twin_of, pod_has_twins, working_twins};
+use kruise_rs_sidecar::matching::{pod_namespace, sidecarset_matches};
 
 /// Namespace name to labels, for namespace selectors.
 pub type NamespaceLabels = BTreeMap<String, BTreeMap<String, String>>;

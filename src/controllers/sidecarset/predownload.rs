@@ -60,22 +60,22 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Owne
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::strategy::{Batch, PodView, max_unavailable_count, partition_count};
-use crate::apis::common::{ImagePullPolicy, SandboxConfig};
-use crate::apis::imagepulljob::{
+use kruise_rs_api::common::{ImagePullPolicy, SandboxConfig};
+use kruise_rs_api::image::ImageRef;
+use kruise_rs_api::imagepulljob::{
     CompletionPolicy, CompletionPolicyType, ImagePullJob, ImagePullJobNodeSelector,
     ImagePullJobSpec, ImagePullJobTemplate, PullPolicy,
 };
-use crate::apis::limits;
-use crate::apis::nodeimage::{ImagePullPhase, NodeImage};
-use crate::apis::sidecarset::{SidecarSet, SidecarSetUpdateStrategyType};
-use crate::apis::well_known::{
+use kruise_rs_api::limits;
+use kruise_rs_api::nodeimage::{ImagePullPhase, NodeImage};
+use kruise_rs_api::sidecarset::{SidecarSet, SidecarSetUpdateStrategyType};
+use kruise_rs_api::well_known::{
     CONTROLLER_REVISION_HASH, IMAGE_PREDOWNLOAD_MIN_UPDATED_READY_PODS,
     IMAGE_PREDOWNLOAD_PARALLELISM, IMAGE_PREDOWNLOAD_TIMEOUT_SECONDS, SIDECARSET_CONTAINER_LABEL,
     SIDECARSET_NAME_LABEL,
 };
-use crate::image::ImageRef;
-use crate::sidecar::hash::is_native_sidecar;
-use crate::sidecar::hot_upgrade::{is_hot_upgrade, is_twin_of};
+use kruise_rs_sidecar::hash::is_native_sidecar;
+use kruise_rs_sidecar::hot_upgrade::{is_hot_upgrade, is_twin_of};
 
 /// Status condition: where the pre-download stands.
 pub const IMAGE_PREDOWNLOAD: &str = "ImagePreDownload";

@@ -29,12 +29,12 @@ use super::revisions;
 use super::strategy::{CurrentHashes, PodView};
 use super::upgrade::{UpgradeError, upgrade_patch};
 use super::{Context, Error, FIELD_MANAGER};
-use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
-use crate::controllers::shared::backoff::jittered;
 use crate::controllers::shared::pod_summary::PodSummary;
-use crate::error_chain::error_chain;
-use crate::sidecar::revision::history::revisions_to_delete;
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_api::sidecarset::{SidecarSet, SidecarSetStatus};
+use kruise_rs_kube::backoff::jittered;
+use kruise_rs_kube::error_chain::error_chain;
+use kruise_rs_sidecar::revision::history::revisions_to_delete;
 
 /// How long a reconcile waits for the first lists of pods, namespaces and revisions.
 const CACHE_WAIT: Duration = Duration::from_secs(10);

@@ -1,4 +1,4 @@
-//! The SidecarSet's ControllerRevisions written: what [`crate::sidecar::revision::history`]
+//! The SidecarSet's ControllerRevisions written: what [`kruise_rs_sidecar::revision::history`]
 //! decides (register the current spec, delete what is beyond the history limit), done through
 //! the API. The rules themselves, and how they differ from upstream, are described there.
 
@@ -7,9 +7,9 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Map, Value, json};
 
 use super::FIELD_MANAGER;
-use crate::apis::sidecarset::SidecarSet;
-use crate::apis::well_known::SIDECARSET_CUSTOM_VERSION_LABEL;
-use crate::sidecar::revision::history::{
+use kruise_rs_api::sidecarset::SidecarSet;
+use kruise_rs_api::well_known::SIDECARSET_CUSTOM_VERSION_LABEL;
+use kruise_rs_sidecar::revision::history::{
     Registration, equal_revisions, go_json_text, is_own_revision, missing_custom_version,
     new_revision, plan_registration,
 };

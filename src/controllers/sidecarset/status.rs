@@ -31,8 +31,8 @@ use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::apis::sidecarset::{SidecarSet, SidecarSetStatus};
-use crate::sidecar::unsupported::{self, REFUSE, UNSUPPORTED_FEATURES};
+use kruise_rs_api::sidecarset::{SidecarSet, SidecarSetStatus};
+use kruise_rs_sidecar::unsupported::{self, REFUSE, UNSUPPORTED_FEATURES};
 
 use super::strategy::{Batch, Hold, PodPhase, PodState, PodView, StrategyError, classify};
 

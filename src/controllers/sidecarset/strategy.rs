@@ -89,14 +89,14 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use smallvec::SmallVec;
 
-use crate::apis::sidecarset::{
+use crate::controllers::shared::interned_labels::{Interned, Labels};
+use crate::controllers::shared::pod_summary::PodSummary;
+use kruise_rs_api::sidecarset::{
     SidecarSet, SidecarSetUpdateStrategy, SidecarSetUpdateStrategyType, UpdatePriorityStrategy,
     UpdateScatterTerm,
 };
-use crate::controllers::shared::interned_labels::{Interned, Labels};
-use crate::controllers::shared::pod_summary::PodSummary;
-use crate::sidecar::hash::current_hashes;
-use crate::sidecar::matching::{SelectorError, selector_matches};
+use kruise_rs_sidecar::hash::current_hashes;
+use kruise_rs_sidecar::matching::{SelectorError, selector_matches};
 
 /// A pod's lifecycle phase, as far as ordering and activity go.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

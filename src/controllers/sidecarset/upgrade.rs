@@ -15,7 +15,7 @@
 //!
 //! A hot-upgrade sidecar's new image goes to one of its twins ([`twin_to_upgrade`]), which the
 //! same patch records as working with its version annotations
-//! ([`crate::sidecar::hot_upgrade::record_upgrade`]); the old twin is reset later
+//! ([`kruise_rs_sidecar::hot_upgrade::record_upgrade`]); the old twin is reset later
 //! ([`super::hot_upgrade::flip_patch`]).
 //!
 //! The patch first *tests* the annotation values it was computed from and the container names
@@ -36,20 +36,20 @@ use super::pods::{
     InPlaceUpdateState, LastContainerStatus, parse_update_states, render_update_states, view,
 };
 use super::strategy::CurrentHashes;
-use crate::apis::sidecarset::SidecarSet;
-use crate::apis::well_known::{
+use kruise_rs_api::sidecarset::SidecarSet;
+use kruise_rs_api::well_known::{
     SIDECARSET_HASH, SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_UPGRADABLE_CONDITION,
 };
-use crate::sidecar::annotations::{SidecarSetUpgradeSpec, parse_hashes, render_hashes};
-use crate::sidecar::hash::is_native_sidecar;
-use crate::sidecar::hot_upgrade::{is_hot_upgrade, record_upgrade, twin_name};
-use crate::sidecar::metadata::{MetadataPatchError, patch_pod_metadata};
+use kruise_rs_sidecar::annotations::{SidecarSetUpgradeSpec, parse_hashes, render_hashes};
+use kruise_rs_sidecar::hash::is_native_sidecar;
+use kruise_rs_sidecar::hot_upgrade::{is_hot_upgrade, record_upgrade, twin_name};
+use kruise_rs_sidecar::metadata::{MetadataPatchError, patch_pod_metadata};
 
 /// Why a pod cannot be upgraded as it is.
 #[derive(Debug, thiserror::Error)]
 pub enum UpgradeError {
     #[error(transparent)]
-    Annotation(#[from] crate::sidecar::annotations::AnnotationError),
+    Annotation(#[from] kruise_rs_sidecar::annotations::AnnotationError),
     #[error("spec.patchPodMetadata: {0}")]
     Metadata(#[from] MetadataPatchError),
 }

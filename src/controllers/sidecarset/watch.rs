@@ -21,17 +21,17 @@ use tracing::debug;
 use super::expectations::WrittenPods;
 use super::pod_events::PodTracker;
 use super::{Context, NAME, plan, reconcile};
-use crate::apis::imagepulljob::ImagePullJob;
-use crate::apis::sidecarset::SidecarSet;
-use crate::apis::well_known::SIDECARSET_NAME_LABEL;
 use crate::controllers::ControllerOptions;
-use crate::controllers::shared::backoff::{self, Backoff};
 use crate::controllers::shared::lean_nodeimage::{self, NodeImageFeed};
 use crate::controllers::shared::pod_feed::{self, PodFeed};
 use crate::controllers::shared::shutdown::run_until_shutdown;
 use crate::controllers::shared::unreadable;
-use crate::error_chain::error_chain;
-use crate::events::Recorder;
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_api::sidecarset::SidecarSet;
+use kruise_rs_api::well_known::SIDECARSET_NAME_LABEL;
+use kruise_rs_kube::backoff::{self, Backoff};
+use kruise_rs_kube::error_chain::error_chain;
+use kruise_rs_kube::events::Recorder;
 
 /// Runs the SidecarSet controller until `shutdown` resolves, with pod and NodeImage watches of
 /// its own.

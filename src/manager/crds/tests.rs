@@ -348,7 +348,7 @@ fn established_condition_is_read_from_status() {
 
 #[test]
 fn our_generated_crds_read_as_ours() {
-    for generated in crate::apis::crd::crds() {
+    for generated in kruise_rs_api::crd::crds() {
         let mut generated = generated;
         generated.status = Some(CustomResourceDefinitionStatus {
             stored_versions: Some(vec![STORAGE_VERSION.to_owned()]),

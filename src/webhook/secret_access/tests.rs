@@ -301,5 +301,5 @@ fn reviews_past_the_budget_are_refused_before_asking() {
         "{message}"
     );
     // A job names at most MAX_PULL_SECRETS Secrets: always within the budget.
-    const { assert!(crate::apis::limits::MAX_PULL_SECRETS <= MAX_REVIEWS) };
+    const { assert!(kruise_rs_api::limits::MAX_PULL_SECRETS <= MAX_REVIEWS) };
 }

@@ -1,5 +1,5 @@
 use super::*;
-use crate::runtime::ADMISSION_KINDS;
+use crate::manager::metrics::ADMISSION_KINDS;
 use json_patch::{AddOperation, PatchOperation};
 
 #[test]
@@ -144,7 +144,7 @@ impl Admit for Refuse {
 #[tokio::test]
 async fn metered_counts_each_decision_by_kind_and_verdict() {
     let metrics = ManagerMetrics::new();
-    let registry = crate::runtime::Metrics::with(|r| metrics.register(r));
+    let registry = kruise_rs_kube::Metrics::with(|r| metrics.register(r));
     let metered = Metered {
         inner: Arc::new(Refuse),
         metrics: metrics.clone(),

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kruise_rs::daemon::{self, CredentialProviderOptions, DaemonError, DaemonOptions};
+use kruise_rs_daemon::{self as daemon, CredentialProviderOptions, DaemonError, DaemonOptions};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 

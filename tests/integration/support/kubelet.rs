@@ -29,7 +29,7 @@ use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kruise_rs::runtime::{START_UP_PATIENCE, retry_transient};
+use kruise_rs_kube::{START_UP_PATIENCE, retry_transient};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};

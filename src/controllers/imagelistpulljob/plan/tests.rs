@@ -1,8 +1,8 @@
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::*;
-use crate::apis::imagelistpulljob::ImageListPullJobSpec;
-use crate::apis::imagepulljob::{CompletionPolicy, ImagePullJobStatus, ImagePullPolicy};
+use kruise_rs_api::imagelistpulljob::ImageListPullJobSpec;
+use kruise_rs_api::imagepulljob::{CompletionPolicy, ImagePullJobStatus, ImagePullPolicy};
 
 fn t(seconds: i64) -> Time {
     Time(Timestamp::from_second(seconds).unwrap())
@@ -240,7 +240,7 @@ fn a_list_without_image_pull_policy_keeps_its_children_with_if_not_present() {
             template: l.spec.template.clone(),
         },
     );
-    crate::apis::defaults::default_imagepulljob(&mut upstream);
+    kruise_rs_api::defaults::default_imagepulljob(&mut upstream);
     assert_eq!(
         upstream.spec.template.image_pull_policy,
         Some(ImagePullPolicy::IfNotPresent)

@@ -1,10 +1,12 @@
 use super::*;
-use crate::apis::common::{ImagePullPolicy, SandboxConfig};
-use crate::apis::imagepulljob::{
+use k8s_openapi::jiff::Timestamp;
+use kruise_rs_api::common::{ImagePullPolicy, SandboxConfig};
+use kruise_rs_api::imagepulljob::{
     CompletionPolicy, ImagePullJobSpec, ImagePullJobTemplate, PullPolicy,
 };
-use crate::apis::nodeimage::{ImagePullPhase, ImageStatus, ImageStatuses, ImageTagStatus, Images};
-use k8s_openapi::jiff::Timestamp;
+use kruise_rs_api::nodeimage::{
+    ImagePullPhase, ImageStatus, ImageStatuses, ImageTagStatus, Images,
+};
 
 fn t(s: i64) -> Time {
     Time(Timestamp::from_second(s).unwrap())

@@ -4,11 +4,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::*;
-use crate::apis::imagepulljob::{
+use crate::controllers::imagepulljob::targets::NodeState;
+use kruise_rs_api::imagepulljob::{
     CompletionPolicy, ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobStatus,
 };
-use crate::apis::nodeimage::{ImageSpec, ImageTagSpec, NodeImage};
-use crate::controllers::imagepulljob::targets::NodeState;
+use kruise_rs_api::nodeimage::{ImageSpec, ImageTagSpec, NodeImage};
 
 fn job(image: &str) -> ImagePullJob {
     let mut j = ImagePullJob::new(
@@ -155,7 +155,7 @@ fn a_node_whose_entry_lists_the_job_is_pulling() {
     let j = job("nginx:1.27");
     let mut ni = NodeImage::new("a", Default::default());
     let owner = request(&j).owner;
-    ni.spec.images = crate::apis::nodeimage::Images::from([(
+    ni.spec.images = kruise_rs_api::nodeimage::Images::from([(
         "nginx".into(),
         ImageSpec {
             tags: vec![ImageTagSpec {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::apis::imagepulljob::{CompletionPolicy, ImagePullJobSpec, ImagePullJobTemplate};
+use kruise_rs_api::imagepulljob::{CompletionPolicy, ImagePullJobSpec, ImagePullJobTemplate};
 
 fn t(seconds: i64) -> Time {
     Time(Timestamp::from_second(seconds).unwrap())

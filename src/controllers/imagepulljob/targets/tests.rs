@@ -7,8 +7,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
-use crate::apis::imagepulljob::{ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate};
-use crate::apis::nodeimage::{
+use kruise_rs_api::imagepulljob::{
+    ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate,
+};
+use kruise_rs_api::nodeimage::{
     ImageSpec, ImageStatus, ImageTagSpec, ImageTagStatus, NodeImageStatus,
 };
 
@@ -170,7 +172,7 @@ fn with_tag(owner: &str, version: i64, reported: Option<(i64, ImagePullPhase)>) 
     );
     if let Some((v, phase)) = reported {
         n.status = Some(NodeImageStatus {
-            image_statuses: crate::apis::nodeimage::ImageStatuses::from([(
+            image_statuses: kruise_rs_api::nodeimage::ImageStatuses::from([(
                 "nginx".into(),
                 ImageStatus {
                     tags: vec![ImageTagStatus {

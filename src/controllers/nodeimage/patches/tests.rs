@@ -1,5 +1,5 @@
 use super::*;
-use crate::apis::nodeimage::{ImagePullPhase, ImageStatus, ImageTagStatus};
+use kruise_rs_api::nodeimage::{ImagePullPhase, ImageStatus, ImageTagStatus};
 
 fn tag(name: &str, phase: ImagePullPhase) -> ImageTagStatus {
     ImageTagStatus {

@@ -1,8 +1,8 @@
 use super::*;
-use crate::apis::nodeimage::{ImageStatus, ImageTagPullPolicy, Images};
 use crate::controllers::shared::interned_labels::Labels;
 use crate::controllers::shared::node_summary::NodeStatusSummary;
 use k8s_openapi::api::core::v1::NodeCondition;
+use kruise_rs_api::nodeimage::{ImageStatus, ImageTagPullPolicy, Images};
 use kube::api::ObjectMeta;
 
 const T0: i64 = 1_700_000_000;
@@ -675,12 +675,12 @@ fn an_image_without_tags_is_dropped_and_others_keep_secrets_and_sandbox() {
         ),
     ]);
     let nginx = s.images.get_mut("nginx").expect("nginx");
-    nginx.pull_secrets = vec![crate::apis::nodeimage::ReferenceObject {
+    nginx.pull_secrets = vec![kruise_rs_api::nodeimage::ReferenceObject {
         namespace: Some("kruise-daemon-config".into()),
         name: Some("s".into()),
         mode: Some("batch".into()),
     }];
-    nginx.sandbox_config = Some(Box::new(crate::apis::nodeimage::SandboxConfig {
+    nginx.sandbox_config = Some(Box::new(kruise_rs_api::nodeimage::SandboxConfig {
         labels: labels(&[("app", "x")]),
         ..Default::default()
     }));
@@ -1033,8 +1033,8 @@ fn counts() {
 
 #[test]
 fn an_image_that_lost_an_owner_is_recomputed_from_the_owners_left() {
-    use crate::apis::common::{ImagePullPolicy, SandboxConfig};
     use crate::controllers::shared::tag_values::OwnerAsk;
+    use kruise_rs_api::common::{ImagePullPolicy, SandboxConfig};
     let label = |k: &str| SandboxConfig {
         labels: BTreeMap::from([(k.to_owned(), "x".to_owned())]),
         ..Default::default()
@@ -1088,8 +1088,8 @@ fn an_image_that_lost_an_owner_is_recomputed_from_the_owners_left() {
 
 #[test]
 fn a_gone_owners_pull_secret_copy_is_collected_with_it() {
-    use crate::apis::nodeimage::ReferenceObject;
     use crate::controllers::shared::tag_values::OwnerAsk;
+    use kruise_rs_api::nodeimage::ReferenceObject;
     let copy = |name: &str| ReferenceObject {
         namespace: Some("kruise-daemon-config".into()),
         name: Some(name.into()),

@@ -117,7 +117,7 @@ fn selectors_match_as_on_a_map() {
 fn label_selectors_match_as_on_a_map() {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
-    use crate::sidecar::matching::selector_matches;
+    use kruise_rs_sidecar::matching::selector_matches;
     let labels_ = map(&[("zone", "a"), ("tier", "web"), ("gpu", "")]);
     let labels = Labels::from(&labels_);
     let requirement = |key: &str, operator: &str, values: &[&str]| LabelSelectorRequirement {
@@ -185,7 +185,7 @@ fn an_unshared_map_keeps_its_strings_out_of_the_table_until_retained() {
     let held: Holder =
         serde_json::from_value(serde_json::json!({"map": {"k": value}})).expect("parses");
     let mut labels = held.map.expect("a map");
-    assert!(!crate::apis::interned::in_table(value));
+    assert!(!kruise_rs_api::interned::in_table(value));
     labels.retain_shared(|_| true);
     let shared = intern(value);
     assert!(std::ptr::eq(labels.get("k").expect("kept"), &*shared));

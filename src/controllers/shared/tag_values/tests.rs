@@ -1,6 +1,6 @@
 use super::*;
-use crate::apis::imagepulljob::{CompletionPolicy, PullPolicy};
-use crate::apis::nodeimage::ImagePullPhase;
+use kruise_rs_api::imagepulljob::{CompletionPolicy, PullPolicy};
+use kruise_rs_api::nodeimage::ImagePullPhase;
 
 const EXTRA: Duration = Duration::from_secs(300);
 
@@ -293,9 +293,9 @@ fn refresh_leaves_a_tag_with_an_unknown_owner_and_its_image_metadata() {
 #[test]
 fn in_flight_until_the_node_reports_this_round_finished() {
     let status = |version: i64, done: bool| NodeImageStatus {
-        image_statuses: crate::apis::nodeimage::ImageStatuses::from([(
+        image_statuses: kruise_rs_api::nodeimage::ImageStatuses::from([(
             "nginx".into(),
-            crate::apis::nodeimage::ImageStatus {
+            kruise_rs_api::nodeimage::ImageStatus {
                 tags: vec![ImageTagStatus {
                     version: Some(version),
                     completion_time: done.then_some(
@@ -383,16 +383,16 @@ fn terms_stored_past_the_bounds_make_tags_the_nodeimage_schema_accepts() {
                 "tag": "v1", "createdAt": "2026-01-01T00:00:00Z", "pullPolicy": policy,
             }))
             .unwrap();
-            let mut node = crate::apis::nodeimage::NodeImage::new("n", Default::default());
+            let mut node = kruise_rs_api::nodeimage::NodeImage::new("n", Default::default());
             node.spec.images.insert(
                 "nginx".into(),
-                crate::apis::nodeimage::ImageSpec {
+                kruise_rs_api::nodeimage::ImageSpec {
                     tags: vec![tag],
                     ..Default::default()
                 },
             );
             assert_eq!(
-                crate::apis::validation::nodeimage::validate_create(&node),
+                kruise_rs_api::validation::nodeimage::validate_create(&node),
                 Ok(()),
                 "{timeout} {backoff} {deadline} {ttl} {completion:?}: {policy:?}"
             );
@@ -412,7 +412,7 @@ fn terms_stored_past_the_bounds_make_tags_the_nodeimage_schema_accepts() {
 fn running_job(namespace: &str, secrets: &[&str]) -> ImagePullJob {
     let mut job = ImagePullJob::new(
         "job",
-        crate::apis::imagepulljob::ImagePullJobSpec {
+        kruise_rs_api::imagepulljob::ImagePullJobSpec {
             image: "nginx:1".into(),
             template: ImagePullJobTemplate {
                 pull_secrets: secrets.iter().map(|s| (*s).to_owned()).collect(),
@@ -455,7 +455,7 @@ fn a_finished_or_deleted_job_holds_no_copies() {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use k8s_openapi::jiff::Timestamp;
     let mut finished = running_job("team-a", &["reg"]);
-    finished.status = Some(crate::apis::imagepulljob::ImagePullJobStatus {
+    finished.status = Some(kruise_rs_api::imagepulljob::ImagePullJobStatus {
         completion_time: Some(Time(Timestamp::UNIX_EPOCH)),
         ..Default::default()
     });

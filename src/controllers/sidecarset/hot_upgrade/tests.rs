@@ -2,12 +2,12 @@
 //! sequence (inject, upgrade, flip, upgrade back), a failed image, and the guards.
 
 use super::*;
-use crate::apis::sidecarset::SidecarSetSpec;
-use crate::apis::well_known::SIDECARSET_HASH;
 use crate::controllers::sidecarset::pods::{owns, test_view};
 use crate::controllers::sidecarset::strategy::CurrentHashes;
 use crate::controllers::sidecarset::upgrade::upgrade_patch;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kruise_rs_api::sidecarset::SidecarSetSpec;
+use kruise_rs_api::well_known::SIDECARSET_HASH;
 
 const EMPTY: &str = "empty:1";
 

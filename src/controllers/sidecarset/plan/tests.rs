@@ -5,11 +5,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
 use serde_json::{Value, json};
 
 use super::*;
-use crate::apis::imagepulljob::{ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate};
-use crate::apis::sidecarset::SidecarSetSpec;
-use crate::apis::well_known::{SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST};
 use crate::controllers::sidecarset::pods::{namespace_labels, test_view};
 use crate::controllers::sidecarset::predownload::{JobPlan, knobs_when};
+use kruise_rs_api::imagepulljob::{
+    ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate,
+};
+use kruise_rs_api::sidecarset::SidecarSetSpec;
+use kruise_rs_api::well_known::{SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST};
 
 const MANAGER_NS: &str = "kruise-system";
 

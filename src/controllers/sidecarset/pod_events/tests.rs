@@ -1,7 +1,7 @@
 use serde_json::json;
 
 use super::*;
-use crate::apis::well_known::SIDECARSET_INJECTED_LIST;
+use kruise_rs_api::well_known::SIDECARSET_INJECTED_LIST;
 
 fn pod(name: &str, list: &str) -> PodSummary {
     serde_json::from_value(json!({

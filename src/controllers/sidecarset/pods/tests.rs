@@ -1,8 +1,8 @@
 use serde_json::json;
 
 use super::*;
-use crate::apis::sidecarset::SidecarSetSpec;
 use crate::controllers::shared::pod_summary::strip_pod;
+use kruise_rs_api::sidecarset::SidecarSetSpec;
 
 fn set(image: &str) -> SidecarSet {
     let spec: SidecarSetSpec = serde_json::from_value(json!({

@@ -7,13 +7,13 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::apis::nodeimage::NodeImage;
-use crate::apis::sidecarset::{SidecarSetSpec, SidecarSetStatus};
-use crate::apis::well_known::{
-    SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
-};
 use crate::controllers::sidecarset::pods::test_view;
 use crate::controllers::sidecarset::strategy::next_batch;
+use kruise_rs_api::nodeimage::NodeImage;
+use kruise_rs_api::sidecarset::{SidecarSetSpec, SidecarSetStatus};
+use kruise_rs_api::well_known::{
+    SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
+};
 
 const MANAGER_NS: &str = "kruise-system";
 

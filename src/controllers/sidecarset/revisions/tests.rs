@@ -1,7 +1,9 @@
 use super::*;
-use crate::apis::sidecarset::SidecarSetStatus;
-use crate::sidecar::revision::history::tests::{NS, minimal, name_of, rich, sidecarset, text_of};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use kruise_rs_api::sidecarset::SidecarSetStatus;
+use kruise_rs_sidecar::revision::history::fixtures::{
+    NS, minimal, name_of, rich, sidecarset, text_of,
+};
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

@@ -4,10 +4,10 @@ use serde_json::json;
 use smallvec::smallvec;
 
 use super::*;
-use crate::apis::sidecarset::SidecarSetSpec;
-use crate::apis::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
 use crate::controllers::sidecarset::pods::test_pod;
 use crate::controllers::sidecarset::strategy::{SidecarView, next_batch};
+use kruise_rs_api::sidecarset::SidecarSetSpec;
+use kruise_rs_api::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
 
 fn set(strategy: serde_json::Value) -> SidecarSet {
     let spec: SidecarSetSpec = serde_json::from_value(json!({
@@ -457,7 +457,7 @@ fn several_unsupported_features_make_one_reason() {
     }))
     .expect("container");
     let c = unsupported_condition(&s, &[], &now).expect("condition");
-    let features: Vec<&str> = crate::sidecar::unsupported::FEATURES
+    let features: Vec<&str> = kruise_rs_sidecar::unsupported::FEATURES
         .iter()
         .map(|f| f.name)
         .collect();

@@ -1,8 +1,8 @@
 use super::*;
-use crate::apis::sidecarset::SidecarSetSpec;
-use crate::apis::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
 use crate::controllers::sidecarset::pods::{change_pod, test_pod};
 use fastrand::Rng;
+use kruise_rs_api::sidecarset::SidecarSetSpec;
+use kruise_rs_api::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
 use serde_json::json;
 use smallvec::smallvec;
 
@@ -616,8 +616,8 @@ fn current_hashes_come_from_the_annotations_or_else_the_defaulted_spec() {
     bare.metadata.annotations = None;
     // As the webhook would write them at the next update: from the defaulted spec.
     let mut defaulted = bare.clone();
-    crate::apis::defaults::default_sidecarset(&mut defaulted);
-    use crate::sidecar::hash::{sidecarset_hash, sidecarset_hash_without_image};
+    kruise_rs_api::defaults::default_sidecarset(&mut defaulted);
+    use kruise_rs_sidecar::hash::{sidecarset_hash, sidecarset_hash_without_image};
     assert_eq!(
         CurrentHashes::of(&bare),
         CurrentHashes {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::apis::sidecarset::{SidecarSetSpec, SidecarSetStatus};
+use kruise_rs_api::sidecarset::{SidecarSetSpec, SidecarSetStatus};
 
 fn now() -> Time {
     Time("2026-11-29T12:00:00Z".parse().expect("time"))

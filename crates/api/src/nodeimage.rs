@@ -1,0 +1,431 @@
+//! NodeImage: the images one node should hold, and what its daemon reports about them.
+//!
+//! Cluster-scoped, one per Node, named after it; its labels mirror the Node's. `spec.images` is
+//! keyed by image name (`nginx`, `ghcr.io/org/app`); each tag entry is a list-map item keyed by
+//! `tag`, and its `ownerReferences` a list map keyed by `uid`, so several ImagePullJobs can each
+//! server-side-apply their own entries without overwriting each other's (upstream's
+//! read-modify-write loses entries, kruise#1517). The JSON shape is upstream's.
+
+use std::hash::{Hash, Hasher};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::CustomResource;
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+
+pub use super::common::{ImagePullPolicy, SandboxConfig};
+pub use super::compact::SortedMap;
+use super::compact::compact_vec;
+use super::interned::{Interned, InternedString, shared_str_option};
+use super::limits;
+pub use super::shared_owner::SharedOwner;
+use super::shared_owner::shared_owners;
+pub use super::shared_value::Shared;
+use super::shared_value::{Shareable, shared_table};
+
+/// Desired state of a NodeImage.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "apps.kruise.io",
+    version = "v1beta1",
+    kind = "NodeImage",
+    status = "NodeImageStatus",
+    derive = "Default",
+    derive = "PartialEq",
+    doc = "NodeImage lists the images one node should pull and reports their state.",
+    printcolumn = r#"{"name": "DESIRED", "type": "integer", "jsonPath": ".status.desired", "description": "Number of all images on this node."}"#,
+    printcolumn = r#"{"name": "PULLING", "type": "integer", "jsonPath": ".status.pulling", "description": "Number of image pull tasks active."}"#,
+    printcolumn = r#"{"name": "SUCCEED", "type": "integer", "jsonPath": ".status.succeeded", "description": "Number of image pull tasks succeeded."}"#,
+    printcolumn = r#"{"name": "FAILED", "type": "integer", "jsonPath": ".status.failed", "description": "Number of image pull tasks failed."}"#,
+    printcolumn = r#"{"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp", "description": "Time since the NodeImage was created."}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeImageSpec {
+    /// Image name (without tag) to what to pull of it.
+    #[serde(default, skip_serializing_if = "SortedMap::is_empty")]
+    #[schemars(extend("maxProperties" = 256))]
+    pub images: Images,
+}
+
+/// `spec.images`: image name to what to pull of it. A job's entry is the same on every node
+/// it targets, so equal entries are stored once (`Shared`).
+pub type Images = SortedMap<InternedString, Shared<ImageSpec>>;
+
+/// `status.imageStatuses`: image name to the state of its tags, equal ones stored once.
+pub type ImageStatuses = SortedMap<InternedString, Shared<ImageStatus>>;
+
+/// What to pull of one image name.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageSpec {
+    /// Pull secrets, by namespace and name.
+    #[serde(
+        default,
+        deserialize_with = "compact_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub pull_secrets: Vec<ReferenceObject>,
+    /// The tags (or `sha256:` digests) to pull.
+    #[serde(default, deserialize_with = "compact_vec")]
+    #[schemars(schema_with = "tags_schema")]
+    pub tags: Vec<ImageTagSpec>,
+    /// Labels and annotations passed to the CRI `PullImage` call.
+    // Boxed, as the tag's: rarely set, 56 bytes inline on every entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_config: Option<Box<SandboxConfig>>,
+}
+
+impl Shareable for ImageSpec {
+    fn hash_key<H: Hasher>(&self, state: &mut H) {
+        for tag in &self.tags {
+            tag.tag.hash(state);
+            tag.version.hash(state);
+            tag.created_at.as_ref().map(time_key).hash(state);
+            for owner in &tag.owner_references {
+                owner.uid.hash(state);
+            }
+        }
+        self.pull_secrets.hash(state);
+    }
+
+    shared_table!(ImageSpec);
+}
+
+/// A time as what tells two apart, for hashing (`Time` has no `Hash`).
+fn time_key(t: &Time) -> (i64, i32) {
+    (t.0.as_second(), t.0.subsec_nanosecond())
+}
+
+/// A Secret by namespace and name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReferenceObject {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `batch` for shared secret copies (v1beta1; v1alpha1 readers ignore it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+}
+
+/// One tag of an image to pull, and who asked for it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageTagSpec {
+    /// A tag, or a digest such as `sha256:…`.
+    // Interned, as the image names are: the same few on thousands of NodeImages.
+    #[schemars(length(min = 1))]
+    pub tag: InternedString,
+    /// When the entry was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = {}))]
+    pub pull_policy: Option<ImageTagPullPolicy>,
+    /// The ImagePullJobs that want this tag.
+    // Each shared with every tag its owner owns (`shared_owner`): a fan-out writes the same one
+    // into thousands of NodeImages.
+    #[serde(
+        default,
+        deserialize_with = "shared_owners",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    #[schemars(schema_with = "owner_references_schema")]
+    pub owner_references: Vec<SharedOwner>,
+    /// Bumped to ask for another pull.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub version: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+    /// The sandbox metadata of this tag's owners, passed to CRI `PullImage` for this tag (a
+    /// kruise-rs addition: upstream keeps one per image). Unset: the image's `sandboxConfig`.
+    // Boxed: set only for jobs that carry sandbox metadata, and 56 bytes inline on every tag
+    // of every NodeImage otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_config: Option<Box<SandboxConfig>>,
+}
+
+/// How one tag is pulled.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageTagPullPolicy {
+    /// Seconds one pull may take, 1 to 86400. Defaults to 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = 600), range(min = limits::MIN_TIMEOUT_SECONDS, max = limits::MAX_TIMEOUT_SECONDS))]
+    pub timeout_seconds: Option<i32>,
+    /// Retries before the tag counts as failed, 0 to 1000. Defaults to 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = 3), range(min = limits::MIN_BACKOFF_LIMIT, max = limits::MAX_BACKOFF_LIMIT))]
+    pub backoff_limit: Option<i32>,
+    /// Seconds after the pull finished before the entry is removed; not negative.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = limits::MIN_TTL_SECONDS))]
+    pub ttl_seconds_after_finished: Option<i32>,
+    /// Seconds after creation the pull may stay active, 1 to 31536000 (365 days).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = limits::MIN_ACTIVE_DEADLINE_SECONDS, max = limits::MAX_ACTIVE_DEADLINE_SECONDS))]
+    pub active_deadline_seconds: Option<i64>,
+}
+
+fn tags_schema(generator: &mut SchemaGenerator) -> Schema {
+    let item = generator.subschema_for::<ImageTagSpec>();
+    json_schema!({
+        "type": "array",
+        "items": item,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["tag"]
+    })
+}
+
+fn owner_references_schema(generator: &mut SchemaGenerator) -> Schema {
+    let mut item = generator.subschema_for::<ObjectReference>();
+    // A list-map key must be required; every writer (our controller, upstream's) sets a uid.
+    item.insert("required".into(), serde_json::json!(["uid"]));
+    json_schema!({
+        "type": "array",
+        "items": item,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["uid"]
+    })
+}
+
+/// Observed state of a NodeImage, written by the node's daemon.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeImageStatus {
+    /// Tags in the spec.
+    #[serde(default)]
+    pub desired: i32,
+    #[serde(default)]
+    pub succeeded: i32,
+    #[serde(default)]
+    pub failed: i32,
+    #[serde(default)]
+    pub pulling: i32,
+    #[serde(default)]
+    pub waiting: i32,
+    /// Image name to the state of its tags.
+    #[serde(default, skip_serializing_if = "SortedMap::is_empty")]
+    pub image_statuses: ImageStatuses,
+    /// Declared by upstream; nothing there writes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_sync_status: Option<SyncStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ImageStatus {
+    #[serde(default, deserialize_with = "compact_vec")]
+    pub tags: Vec<ImageTagStatus>,
+}
+
+impl Shareable for ImageStatus {
+    fn hash_key<H: Hasher>(&self, state: &mut H) {
+        for tag in &self.tags {
+            tag.tag.hash(state);
+            tag.phase.hash(state);
+            tag.progress.hash(state);
+            tag.version.hash(state);
+            tag.start_time.as_ref().map(time_key).hash(state);
+            tag.completion_time.as_ref().map(time_key).hash(state);
+            tag.image_id.hash(state);
+            tag.message.hash(state);
+        }
+    }
+
+    shared_table!(ImageStatus);
+}
+
+/// The state of one tag on the node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageTagStatus {
+    pub tag: InternedString,
+    pub phase: ImagePullPhase,
+    /// 0 to 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// The spec `version` this state is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<i64>,
+    /// `<name>@<runtime image id>`.
+    // Interned: every node that pulled the image reports the same one.
+    #[serde(
+        rename = "imageID",
+        default,
+        with = "shared_str_option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub image_id: Option<Interned>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl ImageTagStatus {
+    /// A tag in `phase`, with nothing else known yet.
+    pub fn new(tag: impl Into<InternedString>, phase: ImagePullPhase) -> Self {
+        Self {
+            tag: tag.into(),
+            phase,
+            progress: None,
+            start_time: None,
+            completion_time: None,
+            version: None,
+            image_id: None,
+            message: None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum ImagePullPhase {
+    Waiting,
+    Pulling,
+    Succeeded,
+    Failed,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SyncStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<SyncStatusPhase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum SyncStatusPhase {
+    Succeeded,
+    Failed,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_seed_nodeimage_parses_with_sandbox_config_owners_and_pull_policy() {
+        let yaml = include_str!("../../../tests/fixtures/seed-003-nodeimage.yaml");
+        let node: NodeImage = serde_yaml::from_str(yaml).expect("parses");
+        let nginx = &node.spec.images["nginx"];
+        let sandbox = nginx.sandbox_config.as_ref().expect("sandboxConfig");
+        assert_eq!(sandbox.labels["app"], "foo");
+        assert_eq!(
+            sandbox.annotations["io.kubernetes.image.metrics.tags"],
+            "app=foo"
+        );
+        let tag = &nginx.tags[0];
+        assert_eq!(tag.tag, "latest");
+        assert_eq!(
+            tag.owner_references[0].uid.as_deref(),
+            Some("64f5b96a-8596-4688-8e15-c1e7adddd209")
+        );
+        let policy = tag.pull_policy.as_ref().expect("pullPolicy");
+        assert_eq!(
+            (
+                policy.timeout_seconds,
+                policy.backoff_limit,
+                policy.ttl_seconds_after_finished
+            ),
+            (Some(600), Some(3), Some(2246))
+        );
+    }
+
+    #[test]
+    fn tag_status_uses_upstreams_image_id_spelling() {
+        let status = ImageTagStatus {
+            tag: "v1".into(),
+            phase: ImagePullPhase::Succeeded,
+            progress: Some(100),
+            start_time: None,
+            completion_time: None,
+            version: Some(2),
+            image_id: Some("nginx@sha256:abc".into()),
+            message: None,
+        };
+        let json = serde_json::to_value(&status).expect("serializes");
+        assert_eq!(
+            json,
+            json!({"tag": "v1", "phase": "Succeeded", "progress": 100, "version": 2, "imageID": "nginx@sha256:abc"})
+        );
+        assert_eq!(
+            serde_json::from_value::<ImageTagStatus>(json).expect("parses"),
+            status
+        );
+    }
+
+    #[test]
+    fn parsed_nodeimages_share_their_image_names_tags_owner_references_and_image_ids() {
+        let nodeimage = |node: &str| {
+            serde_json::from_value::<NodeImage>(json!({
+                "apiVersion": "apps.kruise.io/v1beta1", "kind": "NodeImage",
+                "metadata": {"name": node},
+                "spec": {"images": {"nginx": {"tags": [{"tag": "1.27", "ownerReferences": [
+                    {"apiVersion": "apps.kruise.io/v1beta1", "kind": "ImagePullJob",
+                     "namespace": "default", "name": "shared-test-job", "uid": "shared-test-uid"}
+                ]}]}}},
+                "status": {"imageStatuses": {"nginx": {"tags": [
+                    {"tag": "1.27", "phase": "Succeeded", "imageID": "nginx@sha256:shared-test"}
+                ]}}}
+            }))
+            .expect("parses")
+        };
+        let (a, b) = (nodeimage("a"), nodeimage("b"));
+        let owner = |n: &NodeImage| n.spec.images["nginx"].tags[0].owner_references[0].clone();
+        assert!(std::sync::Arc::ptr_eq(&owner(&a), &owner(&b)));
+        let id = |n: &NodeImage| {
+            n.status.as_ref().expect("status").image_statuses["nginx"].tags[0]
+                .image_id
+                .clone()
+                .expect("imageID")
+        };
+        assert!(std::sync::Arc::ptr_eq(&id(&a), &id(&b)));
+        assert_eq!(&*id(&a), "nginx@sha256:shared-test");
+        let same = |x: &str, y: &str| x.as_ptr() == y.as_ptr();
+        let spec_name = |n: &NodeImage| n.spec.images.keys().next().expect("an image").clone();
+        let status_name = |n: &NodeImage| {
+            let status = n.status.as_ref().expect("status");
+            status
+                .image_statuses
+                .keys()
+                .next()
+                .expect("an image")
+                .clone()
+        };
+        assert!(same(&spec_name(&a), &spec_name(&b)));
+        assert!(same(&spec_name(&a), &status_name(&b)));
+        let spec_tag = |n: &NodeImage| n.spec.images["nginx"].tags[0].tag.clone();
+        let status_tag = |n: &NodeImage| {
+            n.status.as_ref().expect("status").image_statuses["nginx"].tags[0]
+                .tag
+                .clone()
+        };
+        assert!(same(&spec_tag(&a), &spec_tag(&b)));
+        assert!(same(&spec_tag(&a), &status_tag(&b)));
+        assert_eq!(
+            serde_json::to_value(&a.spec).expect("serializes")["images"]["nginx"]["tags"][0]["tag"],
+            "1.27"
+        );
+    }
+
+    #[test]
+    fn pull_secret_mode_is_kept() {
+        let spec: ImageSpec = serde_json::from_value(json!({
+            "pullSecrets": [{"namespace": "kruise-daemon-config", "name": "s", "mode": "batch"}],
+            "tags": []
+        }))
+        .expect("parses");
+        assert_eq!(spec.pull_secrets[0].mode.as_deref(), Some("batch"));
+    }
+}
