@@ -25,7 +25,7 @@
 //!
 //! To give properties 4 and 5 something to bite on, roughly a third of the SidecarSets carry a
 //! deliberate defect (or an odd but valid value) among those the validator documents checking
-//! (`src/apis/validation/pod_spec.rs`), and some that only the dry-run pod checks (marked
+//! (`crates/api/src/validation/pod_spec.rs`), and some that only the dry-run pod checks (marked
 //! "dry run"); the summary line counts how each kind was judged.
 //! The pods as generated are dry-run too: the generator must only produce valid pods, or a
 //! rejected injected pod would say nothing about injection. Every failure is collected and

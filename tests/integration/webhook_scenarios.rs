@@ -7,7 +7,7 @@
 //!   as a ReplicaSet's pods have; a test that needs several pods creates them one by one.
 //! - No SidecarSet controller exists yet, so where upstream waits for it to record a
 //!   ControllerRevision or set `status.latestRevision`, the test writes what it would write
-//!   (kruise.md §2.4), in the shape `src/sidecar/revision.rs` reads.
+//!   (kruise.md §2.4), in the shape `crates/sidecar/src/revision.rs` reads.
 //! - Every SidecarSet selects a label value of its own (and, like upstream's, only its test's
 //!   namespace), so tests running in parallel never inject into each other's pods.
 //! - The webhook reads SidecarSets from a cache that sees a write a moment later. Instead of

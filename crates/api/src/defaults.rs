@@ -17,7 +17,7 @@
 //! defaults (`podInjectPolicy` differs between containers and init containers, and the
 //! containers are schemaless like upstream's), the Kubernetes container and volume defaults
 //! upstream applies to sidecars, and a NodeImage tag's `createdAt` (the admission time) and tag
-//! order. The SidecarSet hash annotations are computed elsewhere (`src/sidecar/hash.rs`), after
+//! order. The SidecarSet hash annotations are computed elsewhere (`crates/sidecar/src/hash.rs`), after
 //! these defaults.
 
 use k8s_openapi::api::core::v1::{

@@ -39,7 +39,7 @@ pub const SIDECARSET_VERSION_ENV: &str = "SIDECARSET_VERSION";
 pub const SIDECARSET_VERSION_ALT_ENV: &str = "SIDECARSET_VERSION_ALT";
 /// On a SidecarSet (kruise-rs only): `refuse` makes pods it matches be refused while it uses a
 /// feature kruise-rs does not serve yet; without it such pods are admitted without it, with a
-/// warning (`src/sidecar/unsupported.rs`).
+/// warning (`crates/sidecar/src/unsupported.rs`).
 pub const UNSUPPORTED_FEATURES: &str = "kruise-rs.io/unsupported-features";
 /// Pod condition type whose message is a JSON map of SidecarSet name to "can upgrade".
 pub const SIDECARSET_UPGRADABLE_CONDITION: &str = "SidecarSetUpgradable";
@@ -82,7 +82,7 @@ pub const SECRET_SOURCE_KEY: &str = "imagepulljobs.kruise.io/source-key";
 /// On a synced Secret: comma-joined sorted `namespace/name` of the jobs using it.
 pub const SECRET_REFERENCES: &str = "imagepulljobs.kruise.io/references";
 /// On an ImagePullJob (kruise-rs only): the uid of each pull Secret its author was checked
-/// against, `name=uid` comma-joined and sorted by name (`src/apis/pull_secret_pins.rs`). The
+/// against, `name=uid` comma-joined and sorted by name (`crates/api/src/pull_secret_pins.rs`). The
 /// manager writes an entry at the job's first claim of a Secret and never changes one; a
 /// Secret whose uid differs is not given to the daemons. Changing or removing an entry is a new
 /// check: the webhook asks whether whoever does it may read that Secret (decision 0029).

@@ -10,7 +10,7 @@ type Labels = Vec<(&'static str, &'static str)>;
 
 /// Cheap to clone: every field shares its value.
 #[derive(Clone, Debug)]
-pub struct DaemonMetrics {
+pub(crate) struct DaemonMetrics {
     /// Finished pulls by `result` (`succeeded`, `failed`).
     pub pulls: Family<Labels, Counter>,
     /// Seconds from a pull's start (after waiting for a slot) to its end.
@@ -24,7 +24,7 @@ pub struct DaemonMetrics {
 }
 
 impl DaemonMetrics {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             pulls: Family::default(),
             pull_seconds: Histogram::new([
@@ -37,7 +37,7 @@ impl DaemonMetrics {
     }
 
     /// Registers every metric under `daemon_` in `registry`.
-    pub fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         let daemon = registry.sub_registry_with_prefix("daemon");
         daemon.register(
             "pulls",
@@ -66,13 +66,13 @@ impl DaemonMetrics {
         );
     }
 
-    pub fn pull_finished(&self, succeeded: bool, seconds: f64) {
+    pub(crate) fn pull_finished(&self, succeeded: bool, seconds: f64) {
         let result = if succeeded { "succeeded" } else { "failed" };
         self.pulls.get_or_create(&vec![("result", result)]).inc();
         self.pull_seconds.observe(seconds);
     }
 
-    pub fn status_write(&self, result: &'static str) {
+    pub(crate) fn status_write(&self, result: &'static str) {
         self.status_writes
             .get_or_create(&vec![("result", result)])
             .inc();

@@ -76,7 +76,7 @@ struct Worker {
 
 impl State {
     /// What every worker reports now.
-    pub fn worker_statuses(&self) -> BTreeMap<TagKey, ImageTagStatus> {
+    pub(crate) fn worker_statuses(&self) -> BTreeMap<TagKey, ImageTagStatus> {
         self.workers
             .iter()
             .map(|(key, w)| (key.clone(), w.status.clone()))
@@ -93,7 +93,7 @@ impl State {
 }
 
 impl Shared {
-    pub fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         // A worker that panicked while holding the lock left consistent data (every update is
         // a single assignment), so the poison is ignored.
         self.state
@@ -103,7 +103,7 @@ impl Shared {
 
     /// Takes `object` as the newest NodeImage unless what is held is newer; `force` takes it
     /// anyway (a fresh GET after a conflict). Returns whether it was taken.
-    pub fn set_latest(&self, object: NodeImage, force: bool) -> bool {
+    pub(crate) fn set_latest(&self, object: NodeImage, force: bool) -> bool {
         let object = strip(object);
         let mut state = self.lock();
         let newer = state.latest.as_ref().is_none_or(|held| {
@@ -119,7 +119,7 @@ impl Shared {
     }
 
     /// Plans against the newest NodeImage and starts and stops workers accordingly.
-    pub fn sync(self: &Arc<Self>) {
+    pub(crate) fn sync(self: &Arc<Self>) {
         let mut state = self.lock();
         let Some(latest) = state.latest.clone() else {
             let keys: Vec<TagKey> = state.workers.keys().cloned().collect();
@@ -171,7 +171,7 @@ impl Shared {
     }
 
     /// Stops every worker (shutdown); what they reported stays in the status.
-    pub fn stop_all(&self) {
+    pub(crate) fn stop_all(&self) {
         let mut state = self.lock();
         let keys: Vec<TagKey> = state.workers.keys().cloned().collect();
         for key in &keys {

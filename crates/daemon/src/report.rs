@@ -25,17 +25,17 @@ use kruise_rs_kube::backoff::jittered;
 /// Field manager of the daemon's status writes.
 pub const FIELD_MANAGER: &str = "kruise-rs-daemon";
 /// Writes a node may make at once after a quiet spell.
-pub const WRITE_BURST: f64 = 4.0;
+pub(crate) const WRITE_BURST: f64 = 4.0;
 /// Writes per second a busy node makes at most, once its burst is spent.
-pub const WRITES_PER_SECOND: f64 = 2.0;
+pub(crate) const WRITES_PER_SECOND: f64 = 2.0;
 /// Changes this close together go out in one write (a worker's Waiting and Pulling, say).
 const GATHER: Duration = Duration::from_millis(10);
 /// Pause before the first retry of a write that failed for another reason than a conflict.
-pub const FIRST_RETRY: Duration = Duration::from_secs(2);
+pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(2);
 /// Longest pause between retries, before its jitter.
-pub const MAX_RETRY: Duration = Duration::from_secs(60);
+pub(crate) const MAX_RETRY: Duration = Duration::from_secs(60);
 /// Each retry pause is stretched by a random share of up to this much of itself.
-pub const RETRY_JITTER: f64 = 0.5;
+pub(crate) const RETRY_JITTER: f64 = 0.5;
 
 /// Reports until `stop` resolves.
 pub(super) async fn report(shared: Arc<Shared>, stop: impl Future<Output = ()>) {
@@ -128,13 +128,13 @@ pub(super) async fn report(shared: Arc<Shared>, stop: impl Future<Output = ()>) 
 
 /// A token bucket: [`WRITE_BURST`] tokens, refilled at [`WRITES_PER_SECOND`]; a write takes one.
 #[derive(Debug)]
-pub struct Pacer {
+pub(crate) struct Pacer {
     tokens: f64,
     at: Instant,
 }
 
 impl Pacer {
-    pub fn new(now: Instant) -> Self {
+    pub(crate) fn new(now: Instant) -> Self {
         Self {
             tokens: WRITE_BURST,
             at: now,
@@ -148,7 +148,7 @@ impl Pacer {
     }
 
     /// How long until a write may go out.
-    pub fn wait(&mut self, now: Instant) -> Duration {
+    pub(crate) fn wait(&mut self, now: Instant) -> Duration {
         self.refill(now);
         if self.tokens >= 1.0 {
             Duration::ZERO
@@ -158,7 +158,7 @@ impl Pacer {
     }
 
     /// Spends a token for a write made now.
-    pub fn take(&mut self, now: Instant) {
+    pub(crate) fn take(&mut self, now: Instant) {
         self.refill(now);
         self.tokens -= 1.0;
     }
@@ -166,7 +166,7 @@ impl Pacer {
 
 /// The pause after `failures` failed writes in a row (1-based): [`FIRST_RETRY`] doubling up to
 /// [`MAX_RETRY`], stretched by up to [`RETRY_JITTER`] of itself.
-pub fn retry_delay(failures: u32) -> Duration {
+pub(crate) fn retry_delay(failures: u32) -> Duration {
     let doublings = failures.saturating_sub(1).min(16);
     let delay = FIRST_RETRY.saturating_mul(1 << doublings).min(MAX_RETRY);
     jittered(delay, RETRY_JITTER)

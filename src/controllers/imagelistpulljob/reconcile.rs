@@ -25,10 +25,10 @@ use kruise_rs_kube::error_chain::error_chain;
 const CACHE_WAIT: Duration = Duration::from_secs(10);
 
 /// Upstream's event reasons (with spaces; events.k8s.io/v1 limits a reason's length only).
-pub const CREATED_REASON: &str = "Successful create ImagePullJob";
-pub const DELETED_REASON: &str = "Successful delete ImagePullJob";
-pub const CREATE_FAILED_REASON: &str = "FailedCreateImagePullJob";
-pub const DELETE_FAILED_REASON: &str = "FailedDeleteImagePullJob";
+pub(super) const CREATED_REASON: &str = "Successful create ImagePullJob";
+pub(super) const DELETED_REASON: &str = "Successful delete ImagePullJob";
+pub(super) const CREATE_FAILED_REASON: &str = "FailedCreateImagePullJob";
+pub(super) const DELETE_FAILED_REASON: &str = "FailedDeleteImagePullJob";
 
 /// The key of `list`'s failures in the backoff.
 pub(super) fn key(list: &ImageListPullJob) -> String {

@@ -33,7 +33,7 @@ const STATUS_ATTEMPTS: usize = 5;
 
 /// Why a reconcile failed; the error policy retries it with backoff.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(super) enum Error {
     #[error("creating NodeImage {name}")]
     Create {
         name: String,

@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status};
 /// A channel to the CRI server on the unix socket `socket`. Lazy: it connects on the first call
 /// and reconnects on a later call after the server went away (a call made while it is down fails
 /// with `Unavailable`). Needs a tokio runtime.
-pub fn cri_channel(socket: &Path) -> Channel {
+pub(crate) fn cri_channel(socket: &Path) -> Channel {
     let socket = socket.to_path_buf();
     Endpoint::from_static("http://[::]").connect_with_connector_lazy(tower::service_fn(
         move |_: Uri| {
@@ -37,7 +37,7 @@ pub fn cri_channel(socket: &Path) -> Channel {
 }
 
 /// An `ImageService` client for the CRI server on the unix socket `socket` (see [`cri_channel`]).
-pub fn image_client(socket: &Path) -> ImageServiceClient<Channel> {
+pub(crate) fn image_client(socket: &Path) -> ImageServiceClient<Channel> {
     ImageServiceClient::new(cri_channel(socket))
 }
 
@@ -48,7 +48,7 @@ struct Record {
 }
 
 /// The recording proxy; stops (and removes its socket) when dropped.
-pub struct CriProxy {
+pub(crate) struct CriProxy {
     socket: PathBuf,
     record: Arc<Mutex<Record>>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
@@ -59,7 +59,7 @@ pub struct CriProxy {
 impl CriProxy {
     /// Serve the `ImageService` on a new unix socket, forwarding to the CRI server at
     /// `upstream_socket` (which need not be up yet, and may go away and come back).
-    pub fn start(upstream_socket: &Path) -> CriProxy {
+    pub(crate) fn start(upstream_socket: &Path) -> CriProxy {
         let dir = tempfile::Builder::new()
             .prefix("kruise-rs-cri-proxy-")
             .tempdir()
@@ -118,18 +118,18 @@ impl CriProxy {
     }
 
     /// The proxy's unix socket, to give to the daemon in place of containerd's.
-    pub fn socket(&self) -> &Path {
+    pub(crate) fn socket(&self) -> &Path {
         &self.socket
     }
 
     /// Every `PullImage` request received so far, oldest first.
-    pub fn pull_requests(&self) -> Vec<PullImageRequest> {
+    pub(crate) fn pull_requests(&self) -> Vec<PullImageRequest> {
         self.record.lock().expect("record lock").pulls.clone()
     }
 
     /// How often `method` was called, by its gRPC name: `PullImage`, `ImageStatus`,
     /// `ListImages`, `RemoveImage`, `ImageFsInfo`.
-    pub fn calls(&self, method: &str) -> usize {
+    pub(crate) fn calls(&self, method: &str) -> usize {
         let record = self.record.lock().expect("record lock");
         record.calls.get(method).copied().unwrap_or(0)
     }

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use super::{http_get, wait_for};
 
-pub struct Daemon {
+pub(crate) struct Daemon {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), DaemonError>>,
     pub addr: SocketAddr,
@@ -20,7 +20,7 @@ pub struct Daemon {
 impl Daemon {
     /// Starts the daemon of `node` on the CRI `socket`, returning once its probe server is
     /// bound (not yet ready: see [`Self::wait_ready`]).
-    pub async fn start(
+    pub(crate) async fn start(
         node: &str,
         socket: &Path,
         kubeconfig: &Path,
@@ -37,7 +37,7 @@ impl Daemon {
     }
 
     /// [`Self::start`] with `--cri-liveness-timeout` `cri_liveness_timeout`.
-    pub async fn start_with(
+    pub(crate) async fn start_with(
         node: &str,
         socket: &Path,
         kubeconfig: &Path,
@@ -51,7 +51,7 @@ impl Daemon {
 
     /// [`Self::start`] with credential provider plugins (`--plugin-config-file`,
     /// `--plugin-bin-dir`).
-    pub async fn start_with_credential_providers(
+    pub(crate) async fn start_with_credential_providers(
         node: &str,
         socket: &Path,
         kubeconfig: &Path,
@@ -104,7 +104,7 @@ impl Daemon {
     }
 
     /// Asks it to stop and waits (15 s at most) for a clean exit.
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -115,7 +115,7 @@ impl Daemon {
             .expect("the daemon stops cleanly");
     }
 
-    pub async fn get(&self, path: &'static str) -> (u16, String) {
+    pub(crate) async fn get(&self, path: &'static str) -> (u16, String) {
         let addr = self.addr;
         tokio::task::spawn_blocking(move || http_get(addr, path))
             .await
@@ -124,14 +124,14 @@ impl Daemon {
     }
 
     /// The value of a metric line `name value` (labels included in `name`).
-    pub async fn metric(&self, name: &str) -> Option<f64> {
+    pub(crate) async fn metric(&self, name: &str) -> Option<f64> {
         let (_, body) = self.get("/metrics").await;
         body.lines()
             .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
     }
 
     /// Waits until `/healthz` answers 200 (`live`) or 503; returns the body.
-    pub async fn wait_live(&self, live: bool, within: Duration) -> String {
+    pub(crate) async fn wait_live(&self, live: bool, within: Duration) -> String {
         let want = if live { 200 } else { 503 };
         wait_for(&format!("/healthz to answer {want}"), within, || async {
             let (status, body) = self.get("/healthz").await;
@@ -141,7 +141,7 @@ impl Daemon {
     }
 
     /// Waits until `/readyz` answers 200 (`ready`) or 503.
-    pub async fn wait_ready(&self, ready: bool, within: Duration) {
+    pub(crate) async fn wait_ready(&self, ready: bool, within: Duration) {
         let want = if ready { 200 } else { 503 };
         wait_for(&format!("/readyz to answer {want}"), within, || async {
             (self.get("/readyz").await.0 == want).then_some(())

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 /// The options tests start from, changing what they test with `..manager_options(path)`:
 /// `kubeconfig`, probes on a free loopback port, [`super::test_controller_options`], and no
 /// webhooks, leader election or client-side rate limit.
-pub fn manager_options(kubeconfig: &Path) -> ManagerOptions {
+pub(crate) fn manager_options(kubeconfig: &Path) -> ManagerOptions {
     ManagerOptions {
         kubeconfig: Some(kubeconfig.to_owned()),
         probe_addr: "127.0.0.1:0".parse().expect("a loopback address"),
@@ -25,7 +25,7 @@ pub fn manager_options(kubeconfig: &Path) -> ManagerOptions {
 }
 
 /// A manager running in a task of this process.
-pub struct RunningManager {
+pub(crate) struct RunningManager {
     /// Where it serves `/healthz`, `/readyz` and `/metrics`.
     pub probe_addr: SocketAddr,
     /// Its shutdown signal (what SIGTERM resolves in `main`).
@@ -35,7 +35,11 @@ pub struct RunningManager {
 
 /// Starts `manager::run(opts)` in a task and waits up to `timeout` for it to report ready;
 /// panics naming `what` if it does not.
-pub async fn start_manager(opts: ManagerOptions, timeout: Duration, what: &str) -> RunningManager {
+pub(crate) async fn start_manager(
+    opts: ManagerOptions,
+    timeout: Duration,
+    what: &str,
+) -> RunningManager {
     let (ready_tx, ready_rx) = oneshot::channel();
     let (stop, stopping) = oneshot::channel::<()>();
     let task = tokio::spawn(manager::run(

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use crate::harness::controlplane::{ControlPlane, Crds, config_of};
 use crate::harness::objects::create_namespace;
-pub use crate::harness::process::{KillOnDrop, terminate};
+pub(crate) use crate::harness::process::{KillOnDrop, terminate};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
@@ -27,26 +27,26 @@ use kube::config::Kubeconfig;
 use kube::{Api, Client, Config};
 use serde::Deserialize;
 
-pub mod cri_proxy;
-pub mod daemon;
-pub mod in_process_manager;
-pub use crate::harness::shared::{unique_name, wait_for};
-pub use in_process_manager::{RunningManager, manager_options, start_manager};
-pub mod kubelet;
-pub mod node;
-pub mod scrape;
-pub mod webhook;
+pub(crate) mod cri_proxy;
+pub(crate) mod daemon;
+pub(crate) mod in_process_manager;
+pub(crate) use crate::harness::shared::{unique_name, wait_for};
+pub(crate) use in_process_manager::{RunningManager, manager_options, start_manager};
+pub(crate) mod kubelet;
+pub(crate) mod node;
+pub(crate) mod scrape;
+pub(crate) mod webhook;
 
 /// Field manager of everything the harness applies.
-pub const FIELD_MANAGER: &str = "kruise-rs-tests";
+pub(crate) const FIELD_MANAGER: &str = "kruise-rs-tests";
 /// Label put on every namespace the harness creates (handy to clean up a shared cluster).
-pub const TEST_LABEL: &str = "kruise-rs-tests";
+pub(crate) const TEST_LABEL: &str = "kruise-rs-tests";
 
 /// How long CRDs may take to become `Established`.
 const CRD_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The cluster the tests run against; see [`cluster`].
-pub struct TestCluster {
+pub(crate) struct TestCluster {
     kubeconfig_path: PathBuf,
     kubeconfig: Kubeconfig,
     kubectl: PathBuf,
@@ -60,16 +60,16 @@ static CONTROLLERS: OnceLock<()> = OnceLock::new();
 
 /// How long the test controllers let a node leave a requested image unanswered. Tests that play
 /// the daemon answer within a second; the timeout test waits this long.
-pub const TEST_RESPONSE_TIMEOUT: Duration = Duration::from_secs(8);
+pub(crate) const TEST_RESPONSE_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// The label the test controllers are confined to: Nodes, NodeImages and ImagePullJobs meant
 /// for them carry it (any value; tests use a unique one). Objects other tests make for other
 /// purposes (a NodeImage read back field by field, a job with no selector) are left alone.
-pub const CONTROLLED_LABEL: &str = "kruise-rs-test";
+pub(crate) const CONTROLLED_LABEL: &str = "kruise-rs-test";
 
 /// The seed of a randomized test: the u64 in the environment variable `var` when set (to replay
 /// a printed run), else one from the clock. Panics on a value that is not a u64.
-pub fn seed_from_env(var: &str) -> u64 {
+pub(crate) fn seed_from_env(var: &str) -> u64 {
     match std::env::var(var) {
         Ok(text) => text
             .parse()
@@ -82,7 +82,7 @@ pub fn seed_from_env(var: &str) -> u64 {
 }
 
 /// The controller settings every integration test runs with.
-pub fn test_controller_options() -> kruise_rs::controllers::ControllerOptions {
+pub(crate) fn test_controller_options() -> kruise_rs::controllers::ControllerOptions {
     kruise_rs::controllers::ControllerOptions {
         nodeimage_creation_delay: Duration::ZERO,
         nodeimage_response_timeout: TEST_RESPONSE_TIMEOUT,
@@ -95,7 +95,7 @@ static CRDS: tokio::sync::OnceCell<Result<(), String>> = tokio::sync::OnceCell::
 /// The process-wide test cluster, started (and its CRDs installed) on first use.
 ///
 /// Panics with the reason when the cluster cannot be started: tests fail, they never skip.
-pub async fn cluster() -> &'static TestCluster {
+pub(crate) async fn cluster() -> &'static TestCluster {
     // Starting runs a short blocking script (seconds); other tests block on the same OnceLock
     // meanwhile. Storing the error means later tests fail at once instead of retrying.
     let cluster = match CLUSTER.get_or_init(start) {
@@ -150,7 +150,7 @@ fn external(value: &std::ffi::OsStr, kubectl: Option<PathBuf>) -> Result<TestClu
 
 /// The Kubernetes minor a local control plane runs: `KUBE_VERSION` (which start.sh and build.sh
 /// read), default 1.36.
-pub fn local_kube_minor() -> String {
+pub(crate) fn local_kube_minor() -> String {
     std::env::var("KUBE_VERSION")
         .ok()
         .map(|v| v.trim().trim_start_matches('v').to_owned())
@@ -188,33 +188,33 @@ fn local(kubectl: Option<PathBuf>) -> Result<TestCluster, String> {
 
 impl TestCluster {
     /// Whether this process started the control plane (as opposed to using `KUBECONFIG`).
-    pub fn is_local(&self) -> bool {
+    pub(crate) fn is_local(&self) -> bool {
         self.local.is_some()
     }
 
     /// The directory with the local control plane's logs and PKI, if this process started it.
-    pub fn state_dir(&self) -> Option<&Path> {
+    pub(crate) fn state_dir(&self) -> Option<&Path> {
         self.local.as_ref().map(ControlPlane::state_dir)
     }
 
     /// A kubeconfig file for the cluster, e.g. for a controller run as a child process.
-    pub fn kubeconfig_path(&self) -> &Path {
+    pub(crate) fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig_path
     }
 
-    pub fn kubeconfig(&self) -> &Kubeconfig {
+    pub(crate) fn kubeconfig(&self) -> &Kubeconfig {
         &self.kubeconfig
     }
 
     /// A client configuration for the kubeconfig's current context.
-    pub async fn config(&self) -> Config {
+    pub(crate) async fn config(&self) -> Config {
         config_of(self.kubeconfig.clone(), &self.kubeconfig_path)
             .await
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// A fresh client bound to the calling test's runtime.
-    pub async fn client(&self) -> Client {
+    pub(crate) async fn client(&self) -> Client {
         Client::try_from(self.config().await).unwrap_or_else(|e| {
             panic!(
                 "building a client for {}: {e}",
@@ -225,7 +225,7 @@ impl TestCluster {
 
     /// `kubectl --kubeconfig <this cluster>`; the binary is `$KUBECTL` if set, else the one built
     /// next to kube-apiserver (local) or `kubectl` from `PATH` (`KUBECONFIG`).
-    pub fn kubectl(&self) -> Command {
+    pub(crate) fn kubectl(&self) -> Command {
         let mut cmd = Command::new(&self.kubectl);
         cmd.arg("--kubeconfig").arg(&self.kubeconfig_path);
         cmd
@@ -233,7 +233,7 @@ impl TestCluster {
 
     /// Server-side apply every CustomResourceDefinition in `crds/*.yaml` and wait until all are
     /// `Established`. Done once per process; later calls return at once.
-    pub async fn install_crds(&self) {
+    pub(crate) async fn install_crds(&self) {
         let result = CRDS.get_or_init(|| self.apply_crds()).await;
         if let Err(e) = result {
             panic!("{e}");
@@ -291,7 +291,7 @@ impl TestCluster {
     /// runtime of their own (each test's runtime ends with the test). Tests play the node daemon
     /// and the kubelet themselves. Only one set of controllers may run per cluster, or they
     /// would compete for the same objects.
-    pub fn start_controllers(&self) {
+    pub(crate) fn start_controllers(&self) {
         CONTROLLERS.get_or_init(|| {
             let kubeconfig = self.kubeconfig.clone();
             let path = self.kubeconfig_path.clone();
@@ -325,7 +325,7 @@ impl TestCluster {
     ///
     /// On a `KUBECONFIG` cluster it is deleted (in the background) when the guard drops; a local
     /// control plane has no namespace controller to finish deletions and is thrown away anyway.
-    pub async fn namespace(&self, prefix: &str) -> TestNamespace {
+    pub(crate) async fn namespace(&self, prefix: &str) -> TestNamespace {
         let name = unique_name(prefix);
         create_namespace(&self.client().await, &name, &[(TEST_LABEL, "true")])
             .await
@@ -346,13 +346,13 @@ impl TestCluster {
 }
 
 /// A namespace created by [`TestCluster::namespace`].
-pub struct TestNamespace {
+pub(crate) struct TestNamespace {
     name: String,
     cleanup: Option<Command>,
 }
 
 impl TestNamespace {
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 }
@@ -374,7 +374,7 @@ impl Drop for TestNamespace {
 }
 
 /// The CustomResourceDefinitions in `crds/` at the repository root, with the file of each.
-pub fn repository_crds() -> Result<Vec<(PathBuf, CustomResourceDefinition)>, String> {
+pub(crate) fn repository_crds() -> Result<Vec<(PathBuf, CustomResourceDefinition)>, String> {
     read_crds(&Path::new(env!("CARGO_MANIFEST_DIR")).join("crds"))
 }
 
@@ -418,7 +418,7 @@ fn read_crds(dir: &Path) -> Result<Vec<(PathBuf, CustomResourceDefinition)>, Str
 }
 
 /// Runs `cmd` with `input` on its standard input and returns its output.
-pub fn run_with_stdin(mut cmd: Command, input: &str) -> std::process::Output {
+pub(crate) fn run_with_stdin(mut cmd: Command, input: &str) -> std::process::Output {
     crate::harness::process::output_with_stdin(&mut cmd, input.as_bytes())
         .unwrap_or_else(|e| panic!("{e}"))
 }
@@ -426,15 +426,15 @@ pub fn run_with_stdin(mut cmd: Command, input: &str) -> std::process::Output {
 /// A second, empty control plane (no CRDs) for tests that need a cluster in another state than
 /// the shared one: the harness's [`ControlPlane`], panicking instead of returning errors.
 /// Stopped when dropped; the start script's watchdog covers a crash.
-pub struct ExtraControlPlane(ControlPlane);
+pub(crate) struct ExtraControlPlane(ControlPlane);
 
 impl ExtraControlPlane {
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         Self::start_with_apiserver_args(None)
     }
 
     /// Starts one and installs `crds/`, on a blocking thread (the start script takes seconds).
-    pub async fn start_with_crds() -> Self {
+    pub(crate) async fn start_with_crds() -> Self {
         tokio::task::spawn_blocking(|| {
             let plane = Self::start();
             plane.install_crds();
@@ -447,35 +447,35 @@ impl ExtraControlPlane {
     /// Starts one whose kube-apiserver gets `args` on top of start.sh's (through
     /// `KRUISE_RS_APISERVER_ARGS`, replacing what the suite's environment set there), e.g.
     /// `--feature-gates=WatchList=false`.
-    pub fn start_with_apiserver_args(args: Option<&str>) -> Self {
+    pub(crate) fn start_with_apiserver_args(args: Option<&str>) -> Self {
         let plane = ControlPlane::start_with_apiserver_args("kruise-rs-extra-cp-", args)
             .unwrap_or_else(|e| panic!("starting an extra control plane failed: {e}"));
         ExtraControlPlane(plane)
     }
 
-    pub fn kubeconfig_path(&self) -> &Path {
+    pub(crate) fn kubeconfig_path(&self) -> &Path {
         self.0.kubeconfig()
     }
 
     /// `kubectl --kubeconfig <this control plane>`, with the kubectl built next to it.
-    pub fn kubectl(&self) -> Command {
+    pub(crate) fn kubectl(&self) -> Command {
         self.0.kubectl()
     }
 
     /// Runs `kubectl ARGS` against this control plane with `input` on its stdin.
-    pub fn kubectl_with_stdin(&self, args: &[&str], input: &str) -> std::process::Output {
+    pub(crate) fn kubectl_with_stdin(&self, args: &[&str], input: &str) -> std::process::Output {
         let mut cmd = self.kubectl();
         cmd.args(args);
         run_with_stdin(cmd, input)
     }
 
     /// The kubectl built next to this control plane's kube-apiserver.
-    pub fn kubectl_path(&self) -> PathBuf {
+    pub(crate) fn kubectl_path(&self) -> PathBuf {
         self.0.kubectl_path()
     }
 
     /// Installs `crds/` and waits until they are Established.
-    pub fn install_crds(&self) {
+    pub(crate) fn install_crds(&self) {
         self.0
             .install_crds(Crds::Repository)
             .unwrap_or_else(|e| panic!("on the extra control plane: {e}"));
@@ -484,7 +484,7 @@ impl ExtraControlPlane {
 
 /// What the apiserver answered a create: the status code, the body, and the admission
 /// warnings (the `Warning` headers' texts), which kube's typed calls drop.
-pub struct Created {
+pub(crate) struct Created {
     pub code: u16,
     pub body: serde_json::Value,
     pub warnings: Vec<String>,
@@ -492,14 +492,14 @@ pub struct Created {
 
 impl Created {
     /// The apiserver's message when it refused.
-    pub fn message(&self) -> &str {
+    pub(crate) fn message(&self) -> &str {
         self.body["message"].as_str().unwrap_or_default()
     }
 }
 
 /// POSTs `object` to the collection at `path` (`/api/v1/namespaces/ns/pods`; `?dryRun=All`
 /// may follow) and returns the whole answer, warnings included.
-pub async fn create_with_warnings(
+pub(crate) async fn create_with_warnings(
     client: &Client,
     path: &str,
     object: &serde_json::Value,
@@ -552,7 +552,7 @@ pub async fn create_with_warnings(
 
 /// Polls `events` (events.k8s.io) until one with `reason` is about an object named `name`, and
 /// returns it.
-pub async fn wait_for_event(
+pub(crate) async fn wait_for_event(
     events: &Api<k8s_openapi::api::events::v1::Event>,
     reason: &str,
     name: &str,
@@ -574,7 +574,7 @@ pub async fn wait_for_event(
 }
 
 /// A minimal HTTP/1.1 GET against a loopback server: status code and body.
-pub fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+pub(crate) fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -597,19 +597,23 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16,
 }
 
 /// Creates a Node with `labels` and a Ready condition, as the kubelet would report it.
-pub async fn create_ready_node(client: &Client, name: &str, labels: BTreeMap<String, String>) {
+pub(crate) async fn create_ready_node(
+    client: &Client,
+    name: &str,
+    labels: BTreeMap<String, String>,
+) {
     crate::harness::objects::create_ready_node(client, name, labels)
         .await
         .unwrap_or_else(|e| panic!("creating Ready Node {name}: {e}"));
 }
 
 /// A loopback port nothing listens on right now.
-pub fn free_loopback_port() -> std::net::SocketAddr {
+pub(crate) fn free_loopback_port() -> std::net::SocketAddr {
     crate::harness::process::free_loopback_port().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A client for the cluster a kubeconfig file names.
-pub async fn client_for(kubeconfig: &Path) -> Client {
+pub(crate) async fn client_for(kubeconfig: &Path) -> Client {
     crate::harness::controlplane::client_for(kubeconfig)
         .await
         .unwrap_or_else(|e| panic!("{e}"))

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 /// The test images, tags of the OCI layout `tests/node/images.sh` builds from busybox.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Variant {
+pub(crate) enum Variant {
     /// busybox, entrypoint `/bin/busybox sleep 3600`.
     V1,
     /// V1 plus a small layer with `/etc/kruise-rs-variant` (`v2`): another digest, same base.
@@ -30,10 +30,10 @@ pub enum Variant {
 }
 
 impl Variant {
-    pub const ALL: [Variant; 3] = [Variant::V1, Variant::V2, Variant::V3];
+    pub(crate) const ALL: [Variant; 3] = [Variant::V1, Variant::V2, Variant::V3];
 
     /// The tag in the OCI layout.
-    pub fn tag(self) -> &'static str {
+    pub(crate) fn tag(self) -> &'static str {
         match self {
             Variant::V1 => "v1",
             Variant::V2 => "v2",
@@ -44,7 +44,7 @@ impl Variant {
 
 /// The process-wide node environment; see [`node_env`].
 #[derive(Debug)]
-pub struct NodeEnv {
+pub(crate) struct NodeEnv {
     state_dir: PathBuf,
     registry: String,
     registry_log: PathBuf,
@@ -64,7 +64,7 @@ static NODE: OnceLock<Result<NodeEnv, String>> = OnceLock::new();
 /// The node environment of this test process, started on first use.
 ///
 /// Panics with the start script's output when it cannot be started: tests fail, never skip.
-pub async fn node_env() -> &'static NodeEnv {
+pub(crate) async fn node_env() -> &'static NodeEnv {
     // A blocking start of about a second; other tests wait on the same OnceLock meanwhile.
     // The error is kept, so later tests fail at once instead of retrying.
     match NODE.get_or_init(start) {
@@ -125,56 +125,56 @@ impl NodeEnv {
     }
 
     /// `127.0.0.1:PORT` of the registry without authentication.
-    pub fn registry(&self) -> &str {
+    pub(crate) fn registry(&self) -> &str {
         &self.registry
     }
 
     /// `127.0.0.1:PORT` of the registry with htpasswd authentication ([`Self::auth_user`]).
-    pub fn auth_registry(&self) -> &str {
+    pub(crate) fn auth_registry(&self) -> &str {
         &self.auth_registry
     }
 
-    pub fn auth_user(&self) -> &str {
+    pub(crate) fn auth_user(&self) -> &str {
         &self.auth_user
     }
 
-    pub fn auth_password(&self) -> &str {
+    pub(crate) fn auth_password(&self) -> &str {
         &self.auth_password
     }
 
     /// The shared containerd's CRI socket (image store shared by every test of this process).
-    pub fn containerd_socket(&self) -> &Path {
+    pub(crate) fn containerd_socket(&self) -> &Path {
         &self.containerd_socket
     }
 
-    pub fn containerd_log(&self) -> &Path {
+    pub(crate) fn containerd_log(&self) -> &Path {
         &self.containerd_log
     }
 
     /// containerd's registry `config_path`: a `<host:port>/hosts.toml` per registry.
-    pub fn certs_d(&self) -> &Path {
+    pub(crate) fn certs_d(&self) -> &Path {
         &self.certs_d
     }
 
     /// The OCI layout holding the [`Variant`]s.
-    pub fn images_dir(&self) -> &Path {
+    pub(crate) fn images_dir(&self) -> &Path {
         &self.images
     }
 
     /// The CRI pause image the containerds are configured with (V1 on [`Self::registry`]).
-    pub fn sandbox_image(&self) -> &str {
+    pub(crate) fn sandbox_image(&self) -> &str {
         &self.sandbox_image
     }
 
     /// Where `start.sh` keeps configs, data and logs.
-    pub fn state_dir(&self) -> &Path {
+    pub(crate) fn state_dir(&self) -> &Path {
         &self.state_dir
     }
 
     /// Push `variant` to `dest` (`127.0.0.1:PORT/repo:tag`, `docker://` optional) with skopeo,
     /// with the credentials when `dest` is on [`Self::auth_registry`]. Returns the manifest
     /// digest (`sha256:...`), the same as [`Self::manifest_digest`]. Panics when the push fails.
-    pub fn push(&self, variant: Variant, dest: &str) -> String {
+    pub(crate) fn push(&self, variant: Variant, dest: &str) -> String {
         let dest = dest.strip_prefix("docker://").unwrap_or(dest);
         let digest_file = tempfile::NamedTempFile::new().expect("a temporary file");
         let mut cmd = Command::new("skopeo");
@@ -211,7 +211,7 @@ impl NodeEnv {
 
     /// The manifest digest of `variant` in the OCI layout (what a registry serves after
     /// [`Self::push`]).
-    pub fn manifest_digest(&self, variant: Variant) -> String {
+    pub(crate) fn manifest_digest(&self, variant: Variant) -> String {
         let index = self.read_json(&self.images.join("index.json"));
         index["manifests"]
             .as_array()
@@ -225,7 +225,7 @@ impl NodeEnv {
 
     /// The config digest of `variant`: the image ID containerd reports (`PullImage`'s
     /// `image_ref`, `ImageStatus`'s `id`).
-    pub fn image_id(&self, variant: Variant) -> String {
+    pub(crate) fn image_id(&self, variant: Variant) -> String {
         let digest = self.manifest_digest(variant);
         let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
         let manifest = self.read_json(&self.images.join("blobs/sha256").join(hex));
@@ -247,7 +247,7 @@ impl NodeEnv {
     ///
     /// The registry writes a line just after its response, so poll for lines you expect
     /// ([`wait_for`](super::wait_for)) rather than reading once right after a pull.
-    pub fn registry_log_lines(&self, registry: &str, needle: &str) -> Vec<String> {
+    pub(crate) fn registry_log_lines(&self, registry: &str, needle: &str) -> Vec<String> {
         let log = if registry == self.registry {
             &self.registry_log
         } else if registry == self.auth_registry {
@@ -270,7 +270,7 @@ impl NodeEnv {
     /// Start another containerd with its root, state, socket and log under `dir` (keep the path
     /// short: the socket path must stay under 100 bytes), pulling from the same registries.
     /// Stopped when dropped; this process's exit stops it too.
-    pub fn start_containerd(&self, dir: &Path) -> ExtraContainerd {
+    pub(crate) fn start_containerd(&self, dir: &Path) -> ExtraContainerd {
         let dir = std::path::absolute(dir)
             .unwrap_or_else(|e| panic!("making {} absolute: {e}", dir.display()));
         let extra = ExtraContainerd {
@@ -288,7 +288,7 @@ impl NodeEnv {
 /// A containerd of a test's own, from [`NodeEnv::start_containerd`]: it can be stopped and
 /// started again on the same root and state (images pulled before stay).
 #[derive(Debug)]
-pub struct ExtraContainerd {
+pub(crate) struct ExtraContainerd {
     dir: PathBuf,
     certs_d: PathBuf,
     sandbox_image: String,
@@ -301,27 +301,27 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl ExtraContainerd {
     /// The CRI socket (the same path across restarts).
-    pub fn socket(&self) -> &Path {
+    pub(crate) fn socket(&self) -> &Path {
         &self.socket
     }
 
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
     /// containerd's log, appended to by every start.
-    pub fn log(&self) -> PathBuf {
+    pub(crate) fn log(&self) -> PathBuf {
         self.dir.join("containerd.log")
     }
 
     /// The pid while running (as far as this handle knows).
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         *self.pid.lock().expect("pid lock")
     }
 
     /// Start containerd (again) and wait until it serves. Panics when it is running already or
     /// does not come up.
-    pub fn start(&self) {
+    pub(crate) fn start(&self) {
         let script = script("containerd.sh");
         let output = Command::new(&script)
             .arg("--owner-pid")
@@ -351,12 +351,12 @@ impl ExtraContainerd {
     }
 
     /// SIGTERM, then wait until the process is gone. A no-op when it is not running.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.signal_and_wait("TERM");
     }
 
     /// SIGKILL (a crash: no cleanup, the socket file stays), then wait until the process is gone.
-    pub fn kill(&self) {
+    pub(crate) fn kill(&self) {
         self.signal_and_wait("KILL");
     }
 
@@ -399,7 +399,7 @@ impl ExtraContainerd {
     }
 
     /// Whether containerd is running.
-    pub fn is_running(&self) -> bool {
+    pub(crate) fn is_running(&self) -> bool {
         self.pid().is_some_and(|pid| self.runs(pid))
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{http_get, wait_for};
 
 /// The text `/metrics` on `addr` serves; panics unless it answers 200.
-pub async fn scrape(addr: SocketAddr) -> String {
+pub(crate) async fn scrape(addr: SocketAddr) -> String {
     let (status, body) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics"))
         .await
         .expect("join")
@@ -16,7 +16,7 @@ pub async fn scrape(addr: SocketAddr) -> String {
 }
 
 /// The value of the sample `series` (name and labels exactly as encoded), if present.
-pub fn sample(text: &str, series: &str) -> Option<f64> {
+pub(crate) fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|value| value.trim().parse().ok())
@@ -24,7 +24,7 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
 
 /// Waits up to `timeout` until `series` is present on `addr` and `accept`s its value; returns
 /// the scrape.
-pub async fn wait_sample(
+pub(crate) async fn wait_sample(
     addr: SocketAddr,
     series: &str,
     timeout: Duration,

@@ -19,11 +19,11 @@ use super::{ExtraControlPlane, test_controller_options};
 
 /// Label a namespace needs for its pods to go through the pod webhook. (The kruise kinds'
 /// webhooks see every namespace: nothing scopes them.)
-pub const WEBHOOK_NAMESPACE_LABEL: &str = "kruise-rs-webhook-test";
+pub(crate) const WEBHOOK_NAMESPACE_LABEL: &str = "kruise-rs-webhook-test";
 /// The manager's own namespace on this control plane.
-pub const MANAGER_NAMESPACE: &str = "kruise-rs-system";
+pub(crate) const MANAGER_NAMESPACE: &str = "kruise-rs-system";
 
-pub struct WebhookCluster {
+pub(crate) struct WebhookCluster {
     plane: ExtraControlPlane,
     pub webhook_addr: std::net::SocketAddr,
     /// Where the manager serves `/healthz`, `/readyz` and `/metrics`.
@@ -34,7 +34,7 @@ static WEBHOOK_CLUSTER: OnceLock<Result<WebhookCluster, String>> = OnceLock::new
 
 /// The webhook test cluster, started on first use with the manager (controllers and webhooks)
 /// running on a runtime of its own. Panics with the reason when it cannot start.
-pub fn webhook_cluster() -> &'static WebhookCluster {
+pub(crate) fn webhook_cluster() -> &'static WebhookCluster {
     match WEBHOOK_CLUSTER.get_or_init(start) {
         Ok(cluster) => cluster,
         Err(e) => panic!("{e}"),
@@ -42,7 +42,7 @@ pub fn webhook_cluster() -> &'static WebhookCluster {
 }
 
 /// The options the test manager's webhooks run with, on `addr`.
-pub fn webhook_options(
+pub(crate) fn webhook_options(
     addr: std::net::SocketAddr,
     failure_policy: FailurePolicy,
 ) -> WebhookOptions {
@@ -70,7 +70,7 @@ pub fn webhook_options(
 
 /// A manager of a test's own: controllers (watching every object, no test label) and webhooks
 /// at `Fail` on a free loopback port, talking to the apiserver through `kubeconfig`.
-pub fn own_manager_with_webhooks(kubeconfig: &std::path::Path) -> ManagerOptions {
+pub(crate) fn own_manager_with_webhooks(kubeconfig: &std::path::Path) -> ManagerOptions {
     ManagerOptions {
         controllers: kruise_rs::controllers::ControllerOptions {
             namespace: MANAGER_NAMESPACE.to_owned(),
@@ -143,11 +143,11 @@ fn start() -> Result<WebhookCluster, String> {
 }
 
 impl WebhookCluster {
-    pub fn kubeconfig_path(&self) -> &std::path::Path {
+    pub(crate) fn kubeconfig_path(&self) -> &std::path::Path {
         self.plane.kubeconfig_path()
     }
 
-    pub async fn client(&self) -> Client {
+    pub(crate) async fn client(&self) -> Client {
         let kubeconfig = Kubeconfig::read_from(self.plane.kubeconfig_path()).expect("kubeconfig");
         let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
@@ -156,7 +156,7 @@ impl WebhookCluster {
     }
 
     /// A namespace whose pods and jobs go through the webhooks.
-    pub async fn namespace(&self, prefix: &str) -> String {
+    pub(crate) async fn namespace(&self, prefix: &str) -> String {
         let name = super::unique_name(prefix);
         crate::harness::objects::create_namespace(
             &self.client().await,
