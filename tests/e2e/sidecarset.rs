@@ -17,7 +17,7 @@ use serde_json::json;
 use crate::support::{self, Cluster, TIMEOUT, wait_for};
 
 /// The app container: exits on TERM (busybox `sleep` as PID 1 would wait out the grace period).
-pub fn app_command() -> serde_json::Value {
+pub(crate) fn app_command() -> serde_json::Value {
     json!([
         "/bin/busybox",
         "sh",
@@ -26,7 +26,12 @@ pub fn app_command() -> serde_json::Value {
     ])
 }
 
-pub fn sidecarset(name: &str, namespace: &str, image: &str, max_unavailable: i32) -> SidecarSet {
+pub(crate) fn sidecarset(
+    name: &str,
+    namespace: &str,
+    image: &str,
+    max_unavailable: i32,
+) -> SidecarSet {
     serde_json::from_value(json!({
         "apiVersion": "apps.kruise.io/v1beta1",
         "kind": "SidecarSet",
@@ -41,7 +46,7 @@ pub fn sidecarset(name: &str, namespace: &str, image: &str, max_unavailable: i32
     .expect("a SidecarSet")
 }
 
-pub fn deployment(name: &str, image: &str, replicas: i32) -> Deployment {
+pub(crate) fn deployment(name: &str, image: &str, replicas: i32) -> Deployment {
     serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
@@ -61,12 +66,12 @@ pub fn deployment(name: &str, image: &str, replicas: i32) -> Deployment {
 
 /// Creates `sidecarset` and waits until the webhook injects it (a dry-run pod in `namespace`
 /// comes back with the sidecar): the webhook's cache lags the create a little.
-pub async fn create_sidecarset(cluster: &Cluster, sidecarset: &SidecarSet, namespace: &str) {
+pub(crate) async fn create_sidecarset(cluster: &Cluster, sidecarset: &SidecarSet, namespace: &str) {
     create_sidecarset_injecting(cluster, sidecarset, namespace, "sidecar").await;
 }
 
 /// [`create_sidecarset`], waiting for a dry-run pod with the container `injected`.
-pub async fn create_sidecarset_injecting(
+pub(crate) async fn create_sidecarset_injecting(
     cluster: &Cluster,
     sidecarset: &SidecarSet,
     namespace: &str,
@@ -102,7 +107,7 @@ pub async fn create_sidecarset_injecting(
     .await;
 }
 
-pub fn status<'a>(pod: &'a Pod, container: &str) -> Option<&'a ContainerStatus> {
+pub(crate) fn status<'a>(pod: &'a Pod, container: &str) -> Option<&'a ContainerStatus> {
     pod.status
         .as_ref()?
         .container_statuses
@@ -111,7 +116,7 @@ pub fn status<'a>(pod: &'a Pod, container: &str) -> Option<&'a ContainerStatus> 
         .find(|s| s.name == container)
 }
 
-pub fn ready(pod: &Pod) -> bool {
+pub(crate) fn ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -119,7 +124,7 @@ pub fn ready(pod: &Pod) -> bool {
 }
 
 /// Patched to `image` and not yet running it (its sidecar's imageID is another digest).
-pub fn in_flight(pod: &Pod, image: &str, digest: &str) -> bool {
+pub(crate) fn in_flight(pod: &Pod, image: &str, digest: &str) -> bool {
     let patched = pod.spec.as_ref().is_some_and(|s| {
         s.containers
             .iter()
@@ -131,14 +136,14 @@ pub fn in_flight(pod: &Pod, image: &str, digest: &str) -> bool {
 /// Samples the pods labelled `app=<app>` until stopped and keeps the most that were unavailable
 /// at once: not Ready, or `in_flight` (patched, not yet running the new image). Sampling, not
 /// waiting: a rollout's in-flight window is seconds long, longer than the 150 ms between lists.
-pub struct UnavailableWatch {
+pub(crate) struct UnavailableWatch {
     most: Arc<AtomicUsize>,
     done: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl UnavailableWatch {
-    pub fn start(
+    pub(crate) fn start(
         pods: Api<Pod>,
         app: &str,
         in_flight: impl Fn(&Pod) -> bool + Send + 'static,
@@ -166,7 +171,7 @@ impl UnavailableWatch {
     }
 
     /// Stops sampling; the most pods seen unavailable at once.
-    pub async fn stop(self) -> usize {
+    pub(crate) async fn stop(self) -> usize {
         self.done.store(true, Ordering::Relaxed);
         self.task.await.expect("the readiness watcher");
         self.most.load(Ordering::Relaxed)
@@ -186,7 +191,12 @@ fn running_started_at(status: &ContainerStatus) -> Option<String> {
 
 /// The pods of the Deployment `app`, once there are `count` and all run with every container
 /// ready.
-pub async fn running_pods(cluster: &Cluster, namespace: &str, app: &str, count: usize) -> Vec<Pod> {
+pub(crate) async fn running_pods(
+    cluster: &Cluster,
+    namespace: &str,
+    app: &str,
+    count: usize,
+) -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(cluster.client(), namespace);
     let selector = ListParams::default().labels(&format!("app={app}"));
     wait_for(
@@ -205,13 +215,13 @@ pub async fn running_pods(cluster: &Cluster, namespace: &str, app: &str, count: 
 }
 
 /// Points the SidecarSet `name`'s container `sidecar` at `image`: a rollout starts.
-pub async fn set_sidecar_image(cluster: &Cluster, name: &str, image: &str) {
+pub(crate) async fn set_sidecar_image(cluster: &Cluster, name: &str, image: &str) {
     set_sidecar_image_with_strategy(cluster, name, image, json!({})).await;
 }
 
 /// [`set_sidecar_image`] with `strategy` merged into the SidecarSet's `updateStrategy` in the
 /// same write (a partition, a pause).
-pub async fn set_sidecar_image_with_strategy(
+pub(crate) async fn set_sidecar_image_with_strategy(
     cluster: &Cluster,
     name: &str,
     image: &str,
@@ -233,7 +243,7 @@ pub async fn set_sidecar_image_with_strategy(
 
 /// Waits until the SidecarSet `name` reports its `pods` matched pods all updated and ready, for
 /// its latest generation.
-pub async fn wait_every_pod_updated(cluster: &Cluster, name: &str, pods: i32) {
+pub(crate) async fn wait_every_pod_updated(cluster: &Cluster, name: &str, pods: i32) {
     let sidecarsets: Api<SidecarSet> = Api::all(cluster.client());
     wait_for(
         "the SidecarSet to report every pod updated and ready",
@@ -253,12 +263,12 @@ pub async fn wait_every_pod_updated(cluster: &Cluster, name: &str, pods: i32) {
 }
 
 /// Whether the node's containerd has `image` (CRI ImageStatus).
-pub async fn node_has_image(cluster: &Cluster, image: &str) -> bool {
+pub(crate) async fn node_has_image(cluster: &Cluster, image: &str) -> bool {
     containerd_has_image(&cluster.containerd_socket, image).await
 }
 
 /// Whether the containerd at `socket` has `image` (CRI ImageStatus).
-pub async fn containerd_has_image(socket: &std::path::Path, image: &str) -> bool {
+pub(crate) async fn containerd_has_image(socket: &std::path::Path, image: &str) -> bool {
     let mut client = support::image_client(socket);
     let response = client
         .image_status(ImageStatusRequest {

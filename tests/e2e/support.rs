@@ -22,29 +22,29 @@ use kube::{Client, Config};
 use serde_json::json;
 use tokio::sync::{OnceCell, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-pub use kruise_rs_testkit::shared::{unique_name, wait_for};
+pub(crate) use kruise_rs_testkit::shared::{unique_name, wait_for};
 
 /// The chart's fixed names.
-pub const RELEASE: &str = "kruise-rs";
-pub const SYSTEM_NAMESPACE: &str = "kruise-system";
-pub const MANAGER: &str = "kruise-rs-manager";
-pub const DAEMON: &str = "kruise-rs-daemon";
-pub const MUTATING_CONFIGURATION: &str = "kruise-rs-mutating-webhook-configuration";
+pub(crate) const RELEASE: &str = "kruise-rs";
+pub(crate) const SYSTEM_NAMESPACE: &str = "kruise-system";
+pub(crate) const MANAGER: &str = "kruise-rs-manager";
+pub(crate) const DAEMON: &str = "kruise-rs-daemon";
+pub(crate) const MUTATING_CONFIGURATION: &str = "kruise-rs-mutating-webhook-configuration";
 /// The chart's default leader Lease, and the manager's lease duration.
-pub const LEASE: &str = "kruise-rs-manager";
-pub const LEASE_DURATION: Duration = Duration::from_secs(15);
+pub(crate) const LEASE: &str = "kruise-rs-manager";
+pub(crate) const LEASE_DURATION: Duration = Duration::from_secs(15);
 /// Where the product image is pushed; tags [`FIRST_TAG`] and [`SECOND_TAG`] hold the same image.
-pub const PRODUCT_REPOSITORY: &str = "kruise-rs/kruise-rs";
-pub const FIRST_TAG: &str = "e2e-1";
-pub const SECOND_TAG: &str = "e2e-2";
+pub(crate) const PRODUCT_REPOSITORY: &str = "kruise-rs/kruise-rs";
+pub(crate) const FIRST_TAG: &str = "e2e-1";
+pub(crate) const SECOND_TAG: &str = "e2e-2";
 /// The test application images: busybox `sleep`, v2/v3 add a layer each (tests/node/images.sh).
-pub const APP_REPOSITORY: &str = "e2e/app";
+pub(crate) const APP_REPOSITORY: &str = "e2e/app";
 
 /// How long a real kubelet may take for what the tests wait on (pulls, restarts, rollouts).
-pub const TIMEOUT: Duration = Duration::from_secs(180);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(180);
 
 /// One node of the cluster (`NODE_i_*` in start.sh's env file).
-pub struct ClusterNode {
+pub(crate) struct ClusterNode {
     /// 1 for the node that hosts the control plane, then 2, 3 (`tests/cluster/node.sh` takes it).
     pub index: usize,
     pub name: String,
@@ -55,7 +55,7 @@ pub struct ClusterNode {
 }
 
 /// The cluster of `tests/cluster/start.sh`.
-pub struct Cluster {
+pub(crate) struct Cluster {
     pub registry: String,
     /// The htpasswd registry (`127.0.0.1:PORT`) containerd also pulls from, and its account.
     pub auth_registry: String,
@@ -93,7 +93,7 @@ fn required_env(name: &str) -> String {
 }
 
 /// The cluster, read from `KRUISE_RS_CLUSTER`; panics (never skips) when it is missing.
-pub async fn cluster() -> &'static Cluster {
+pub(crate) async fn cluster() -> &'static Cluster {
     CLUSTER.get_or_init(connect).await
 }
 
@@ -153,19 +153,19 @@ async fn connect() -> Cluster {
 }
 
 /// kruise-rs installed and ready, held for the test's duration (others may hold it too).
-pub struct Installed {
+pub(crate) struct Installed {
     pub cluster: &'static Cluster,
     _guard: RwLockReadGuard<'static, ()>,
 }
 
 /// kruise-rs installed and ready, held by this test alone: it may upgrade, kill or uninstall it,
 /// and must leave it installed and ready (see [`Cluster::install`]).
-pub struct Exclusive {
+pub(crate) struct Exclusive {
     pub cluster: &'static Cluster,
     _guard: RwLockWriteGuard<'static, ()>,
 }
 
-pub async fn installed() -> Installed {
+pub(crate) async fn installed() -> Installed {
     let cluster = cluster().await;
     let guard = SYSTEM.read().await;
     INSTALLED.get_or_init(|| cluster.first_install()).await;
@@ -175,7 +175,7 @@ pub async fn installed() -> Installed {
     }
 }
 
-pub async fn exclusive() -> Exclusive {
+pub(crate) async fn exclusive() -> Exclusive {
     let cluster = cluster().await;
     let guard = SYSTEM.write().await;
     INSTALLED.get_or_init(|| cluster.first_install()).await;
@@ -186,27 +186,27 @@ pub async fn exclusive() -> Exclusive {
 }
 
 impl Cluster {
-    pub fn client(&self) -> Client {
+    pub(crate) fn client(&self) -> Client {
         Client::try_from(self.config.clone()).expect("a client")
     }
 
     /// A client that impersonates `user` (the cluster's admin may).
-    pub fn client_as(&self, user: &str) -> Client {
+    pub(crate) fn client_as(&self, user: &str) -> Client {
         let mut config = self.config.clone();
         config.auth_info.impersonate = Some(user.to_owned());
         Client::try_from(config).expect("an impersonating client")
     }
 
-    pub fn app_image(&self, tag: &str) -> String {
+    pub(crate) fn app_image(&self, tag: &str) -> String {
         format!("{}/{APP_REPOSITORY}:{tag}", self.registry)
     }
 
     /// The test application image `tag` (v1, v2, v3) in its OCI layout, for [`skopeo_copy`].
-    pub fn test_image_source(&self, tag: &str) -> String {
+    pub(crate) fn test_image_source(&self, tag: &str) -> String {
         format!("oci:{}:{tag}", self.test_images.display())
     }
 
-    pub fn product_image(&self, tag: &str) -> String {
+    pub(crate) fn product_image(&self, tag: &str) -> String {
         format!("{}/{PRODUCT_REPOSITORY}:{tag}", self.registry)
     }
 
@@ -232,7 +232,7 @@ impl Cluster {
 
     /// `helm install` the chart with the image `tag` (only the image values set), then wait
     /// for [`Cluster::wait_ready`].
-    pub async fn install(&self, tag: &str) {
+    pub(crate) async fn install(&self, tag: &str) {
         self.helm(&[
             "install",
             RELEASE,
@@ -246,7 +246,7 @@ impl Cluster {
     }
 
     /// Runs helm against the cluster; returns stdout, panics with the output on failure.
-    pub fn helm(&self, args: &[&str]) -> String {
+    pub(crate) fn helm(&self, args: &[&str]) -> String {
         let out = self.helm_output(args);
         assert!(
             out.status.success(),
@@ -274,7 +274,7 @@ impl Cluster {
 
     /// Both workloads rolled out with image `tag` and ready (their real readiness probes), the
     /// node's NodeImage created and the mutating configuration holding a caBundle.
-    pub async fn wait_ready(&self, tag: &str) {
+    pub(crate) async fn wait_ready(&self, tag: &str) {
         let image = self.product_image(tag);
         let deployments: Api<Deployment> = Api::namespaced(self.client(), SYSTEM_NAMESPACE);
         let daemonsets: Api<DaemonSet> = Api::namespaced(self.client(), SYSTEM_NAMESPACE);
@@ -339,7 +339,7 @@ impl Cluster {
 
     /// `tests/cluster/node.sh STATE_DIR ACTION INDEX`: node `index` goes `down`, comes `up`,
     /// is `cut` off the network or `mend`ed; panics with the script's output when it fails.
-    pub async fn node_action(&self, action: &str, index: usize) {
+    pub(crate) async fn node_action(&self, action: &str, index: usize) {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/node.sh");
         let state = self.state_dir.clone();
         let (action, index) = (action.to_owned(), index.to_string());
@@ -365,7 +365,7 @@ impl Cluster {
 
     /// A fresh namespace with `labels`. Left in place: the cluster goes away after the suite, and
     /// a later test's pods never depend on an earlier one's being gone.
-    pub async fn namespace(&self, prefix: &str, labels: serde_json::Value) -> TestNamespace {
+    pub(crate) async fn namespace(&self, prefix: &str, labels: serde_json::Value) -> TestNamespace {
         let name = unique_name(prefix);
         let namespaces: Api<Namespace> = Api::all(self.client());
         let ns: Namespace = serde_json::from_value(json!({
@@ -390,7 +390,7 @@ impl Cluster {
 }
 
 /// The replica holding the leader Lease (its pod's name), if any.
-pub async fn lease_holder(client: &Client) -> Option<String> {
+pub(crate) async fn lease_holder(client: &Client) -> Option<String> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
     leases
         .get_opt(LEASE)
@@ -402,7 +402,7 @@ pub async fn lease_holder(client: &Client) -> Option<String> {
 }
 
 /// The live manager pods (not terminating).
-pub async fn manager_pods(client: &Client) -> Option<Vec<Pod>> {
+pub(crate) async fn manager_pods(client: &Client) -> Option<Vec<Pod>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
     let list = pods
         .list(&ListParams::default().labels("app.kubernetes.io/component=manager"))
@@ -418,13 +418,13 @@ pub async fn manager_pods(client: &Client) -> Option<Vec<Pod>> {
 
 /// Whether a log line of manager pod `pod` says it lost the Lease, in the pod logs under
 /// `log_dir` (a node's [`ClusterNode::pod_logs`]).
-pub fn logged_lost_lease(log_dir: &Path, pod: &str) -> bool {
+pub(crate) fn logged_lost_lease(log_dir: &Path, pod: &str) -> bool {
     manager_logged_at(log_dir, pod, "lost the leader lease").is_some()
 }
 
 /// When the kubelet recorded the first line of kruise-system pod `pod`'s logs under `log_dir` (a
 /// node's [`ClusterNode::pod_logs`]) that holds `text`.
-pub fn manager_logged_at(
+pub(crate) fn manager_logged_at(
     log_dir: &Path,
     pod: &str,
     text: &str,
@@ -460,22 +460,22 @@ pub fn manager_logged_at(
     first
 }
 
-pub struct TestNamespace {
+pub(crate) struct TestNamespace {
     pub name: String,
 }
 
-pub fn chart_dir() -> PathBuf {
+pub(crate) fn chart_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/chart/kruise-rs")
 }
 
 /// Copies an image to the cluster's (plain HTTP, loopback) registry.
-pub fn skopeo_copy(source: &str, destination: &str) {
+pub(crate) fn skopeo_copy(source: &str, destination: &str) {
     skopeo_copy_as(None, source, destination);
 }
 
 /// [`skopeo_copy`] to a registry that wants `user:password` (the htpasswd one), or to the open
 /// one with `None`.
-pub fn skopeo_copy_as(credentials: Option<&str>, source: &str, destination: &str) {
+pub(crate) fn skopeo_copy_as(credentials: Option<&str>, source: &str, destination: &str) {
     let mut command = Command::new("skopeo");
     command.args(["copy", "-q", "--dest-tls-verify=false"]);
     if let Some(credentials) = credentials {
@@ -494,7 +494,7 @@ pub fn skopeo_copy_as(credentials: Option<&str>, source: &str, destination: &str
 }
 
 /// The digest the registry serves for `image` (`REGISTRY/REPO:TAG`), as `sha256:...`.
-pub fn registry_digest(image: &str) -> String {
+pub(crate) fn registry_digest(image: &str) -> String {
     let out = Command::new("skopeo")
         .args(["inspect", "--tls-verify=false", "--format", "{{.Digest}}"])
         .arg(format!("docker://{image}"))
@@ -509,7 +509,7 @@ pub fn registry_digest(image: &str) -> String {
 }
 
 /// A CRI `ImageService` client for containerd's socket (connects on first use).
-pub fn image_client(
+pub(crate) fn image_client(
     socket: &Path,
 ) -> k8s_cri::v1::image_service_client::ImageServiceClient<tonic::transport::Channel> {
     let socket = socket.to_path_buf();
