@@ -6,15 +6,15 @@
 //!    SidecarSet CRD has a conversion webhook pointing at kruise-manager), merge-patch
 //!    `spec.conversion` to `{strategy: None, webhook: null}` ([`conversion_reset_patch`]): an
 //!    apply alone cannot remove the webhook stanza, which kubectl or Helm owns;
-//! 2. server-side apply ours, as field manager [`FIELD_MANAGER`], forcing conflicts (upstream's
+//! 2. server-side apply ours, as field manager `FIELD_MANAGER`, forcing conflicts (upstream's
 //!    kubectl or Helm own the fields we take over);
 //! 3. wait until it is Established;
 //! 4. read one existing object back by name in every served version, until that works: a
 //!    changed conversion takes a moment to reach the apiserver's handlers, and a LIST can answer
 //!    from the watch cache while a GET would still fail.
 //!
-//! Running it again changes nothing and says so. The decisions ([`needs_conversion_reset`],
-//! [`Applied::of`], [`established`]) are pure functions.
+//! Running it again changes nothing and says so. The decisions (`needs_conversion_reset`,
+//! [`Applied::of`], `established`) are pure functions.
 
 use std::fmt;
 use std::time::Duration;
@@ -29,7 +29,7 @@ use kruise_rs_api::crd;
 use kruise_rs_kube::backoff::jittered;
 
 /// The field manager of everything `crds --install` writes.
-pub const FIELD_MANAGER: &str = "kruise-rs";
+pub(crate) const FIELD_MANAGER: &str = "kruise-rs";
 
 /// How often the CRD and the objects are read again while waiting.
 const POLL: Duration = Duration::from_millis(200);
@@ -138,13 +138,15 @@ impl fmt::Display for CrdOutcome {
 /// The conversion to remove from `existing` before our CRD is applied over it: anything but
 /// strategy `None` (kruise-rs serves no conversion webhook, see
 /// `docs/decisions/0001-no-conversion-webhook.md`). `None` for a CRD that does not exist yet.
-pub fn needs_conversion_reset(existing: Option<&CustomResourceDefinition>) -> Option<Conversion> {
+pub(crate) fn needs_conversion_reset(
+    existing: Option<&CustomResourceDefinition>,
+) -> Option<Conversion> {
     let conversion = Conversion::of(existing?.spec.conversion.as_ref());
     (conversion != Conversion::None).then_some(conversion)
 }
 
 /// Whether `crd` is Established; `Err` with the reason when the apiserver refused its names.
-pub fn established(crd: &CustomResourceDefinition) -> Result<bool, String> {
+pub(crate) fn established(crd: &CustomResourceDefinition) -> Result<bool, String> {
     let conditions = crd
         .status
         .as_ref()

@@ -33,16 +33,16 @@ pub const REQUIRED_CRDS: [&str; 4] = [
 /// The versions that must be served: the controllers and the webhooks read and write `v1beta1`;
 /// users' manifests (and upstream's documentation) use both, and the webhooks are registered for
 /// both.
-pub const SERVED_VERSIONS: [&str; 2] = [LEGACY_VERSION, STORAGE_VERSION];
+pub(crate) const SERVED_VERSIONS: [&str; 2] = [LEGACY_VERSION, STORAGE_VERSION];
 
 /// The versions whose stored objects the manager can read: both have our one schema.
-pub const READABLE_STORED_VERSIONS: [&str; 2] = [LEGACY_VERSION, STORAGE_VERSION];
+pub(crate) const READABLE_STORED_VERSIONS: [&str; 2] = [LEGACY_VERSION, STORAGE_VERSION];
 
 /// The command that installs the CRDs, or switches them from upstream's.
-pub const INSTALL_COMMAND: &str = "kruise-rs crds --install";
+pub(crate) const INSTALL_COMMAND: &str = "kruise-rs crds --install";
 
 /// How to install the CRDs, as quoted in [`UnusableCrds`]'s message.
-pub const INSTALL_HINT: &str = "install them with `kruise-rs crds --install` \
+pub(crate) const INSTALL_HINT: &str = "install them with `kruise-rs crds --install` \
      (or `kruise-rs crds | kubectl apply --server-side -f -`)";
 
 /// The merge patch that takes a CRD off a conversion webhook: strategy `None`, and the webhook
@@ -52,7 +52,7 @@ pub fn conversion_reset_patch() -> serde_json::Value {
 }
 
 /// The `kubectl` command equivalent to [`conversion_reset_patch`] for CRD `name`.
-pub fn kubectl_conversion_reset(name: &str) -> String {
+pub(crate) fn kubectl_conversion_reset(name: &str) -> String {
     format!(
         "kubectl patch crd {name} --type=merge -p '{}'",
         conversion_reset_patch()
@@ -65,7 +65,7 @@ pub enum Conversion {
     /// The apiserver rewrites `apiVersion` only: what kruise-rs needs.
     #[default]
     None,
-    /// Through a webhook, at `endpoint` (a Service or a URL, as [`describe_client_config`] says).
+    /// Through a webhook, at `endpoint` (a Service or a URL, as `describe_client_config` says).
     Webhook { endpoint: String },
     /// A strategy this version of kruise-rs does not know.
     Other(String),
@@ -102,7 +102,7 @@ impl fmt::Display for Conversion {
 }
 
 /// `service kruise-system/kruise-webhook-service:443 path /convert`, or `url https://...`.
-pub fn describe_client_config(config: &WebhookClientConfig) -> String {
+pub(crate) fn describe_client_config(config: &WebhookClientConfig) -> String {
     if let Some(service) = &config.service {
         let port = service.port.map(|p| format!(":{p}")).unwrap_or_default();
         let path = service
@@ -184,9 +184,9 @@ pub struct UnusableCrds {
     pub not_established: Vec<String>,
     /// Required CRDs that convert otherwise than with strategy `None`, and how they do.
     pub conversion: Vec<(String, Conversion)>,
-    /// Required CRDs that do not serve some of [`SERVED_VERSIONS`], and which.
+    /// Required CRDs that do not serve some of `SERVED_VERSIONS`, and which.
     pub unserved: Vec<(String, Vec<String>)>,
-    /// Required CRDs with objects stored in versions not in [`READABLE_STORED_VERSIONS`], and
+    /// Required CRDs with objects stored in versions not in `READABLE_STORED_VERSIONS`, and
     /// which.
     pub unreadable_stored: Vec<(String, Vec<String>)>,
 }
@@ -285,8 +285,8 @@ impl fmt::Display for UnusableCrds {
 impl std::error::Error for UnusableCrds {}
 
 /// Decides whether the CRDs found on the API server are usable, for each of [`REQUIRED_CRDS`]:
-/// present, Established, conversion `None`, every one of [`SERVED_VERSIONS`] served, and only
-/// [`READABLE_STORED_VERSIONS`] in `status.storedVersions`. Other CRDs in `found` are ignored;
+/// present, Established, conversion `None`, every one of `SERVED_VERSIONS` served, and only
+/// `READABLE_STORED_VERSIONS` in `status.storedVersions`. Other CRDs in `found` are ignored;
 /// of several entries with one name, the first Established one counts.
 pub fn check_crds(found: &[CrdState]) -> Result<(), UnusableCrds> {
     let mut problems = UnusableCrds::default();

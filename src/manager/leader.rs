@@ -2,12 +2,12 @@
 //! only one reconciles and writes.
 //!
 //! Every replica serves the webhooks and the probes; only the holder of the Lease runs the
-//! controllers ([`run_while_leading`]). The protocol:
+//! controllers (`run_while_leading`). The protocol:
 //!
 //! * **Acquire.** A replica that does not lead reads the Lease about every retry period
 //!   (jittered, so that followers do not poll in step; creating it if it is missing). When
 //!   nobody holds it, or the record has not changed for `leaseDurationSeconds` since this
-//!   replica first saw it as it is ([`observe`], [`decide`]), the replica writes itself in as
+//!   replica first saw it as it is (`observe`, [`decide`]), the replica writes itself in as
 //!   holder (new `acquireTime` and `renewTime`, `leaseTransitions` + 1). The write carries the
 //!   `resourceVersion` it read, so of two replicas racing for it the apiserver lets one win and
 //!   answers the other 409 Conflict.
@@ -71,7 +71,7 @@ pub struct LeaderElection {
 
 impl LeaderElection {
     /// Upstream's defaults: Lease `kruise-rs-manager`, 15 s lease, 10 s renew deadline, 2 s
-    /// retry period, identity from [`default_identity`].
+    /// retry period, identity from `default_identity`.
     pub fn new(namespace: impl Into<String>) -> Self {
         Self {
             lease_name: DEFAULT_LEASE_NAME.to_owned(),
@@ -118,7 +118,7 @@ impl LeaderElection {
 
 /// `POD_NAME` when set (the downward API's `metadata.name`), else the host name with a random
 /// suffix, so that two processes on one host are different candidates.
-pub fn default_identity() -> String {
+pub(crate) fn default_identity() -> String {
     if let Some(name) = std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()) {
         return name;
     }
@@ -152,7 +152,7 @@ pub struct Observed {
 
 /// `last` brought up to date with `spec`, read at `now`: any change of the record (a renewal,
 /// a new holder, a transition) starts a new observation; the same record keeps the old one.
-pub fn observe(last: Option<Observed>, spec: &LeaseSpec, now: Instant) -> Observed {
+pub(crate) fn observe(last: Option<Observed>, spec: &LeaseSpec, now: Instant) -> Observed {
     match last {
         Some(last) if last.spec == *spec => last,
         _ => Observed {
@@ -459,7 +459,7 @@ async fn elect_with<A, FA, R, FR>(
 /// and `false` once the election has ended (the manager's `kruise_rs_manager_leader` gauge).
 ///
 /// Returns `Ok(())` after a shutdown, `Err(WorkEnded)` if `work` ended by itself.
-pub async fn run_while_leading<W, F>(
+pub(crate) async fn run_while_leading<W, F>(
     client: Client,
     cfg: LeaderElection,
     shutdown: impl Future<Output = ()>,
@@ -527,7 +527,7 @@ async fn report_standing(mut leading: watch::Receiver<bool>, mut report: impl Fn
 /// The work given to [`run_while_leading`] ended by itself.
 #[derive(Debug, thiserror::Error)]
 #[error("the leader's work ended unexpectedly")]
-pub struct WorkEnded;
+pub(crate) struct WorkEnded;
 
 #[cfg(test)]
 mod tests;

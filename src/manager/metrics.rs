@@ -15,7 +15,7 @@ use prometheus_client::{
 pub use crate::controllers::CONTROLLERS;
 
 /// The resource kinds the admission webhooks serve.
-pub const ADMISSION_KINDS: [&str; 5] = [
+pub(crate) const ADMISSION_KINDS: [&str; 5] = [
     "pods",
     "sidecarsets",
     "imagepulljobs",
@@ -24,10 +24,11 @@ pub const ADMISSION_KINDS: [&str; 5] = [
 ];
 
 /// The states of a SidecarSet's pods, as its status counts them.
-pub const SIDECARSET_POD_STATES: [&str; 4] = ["matched", "updated", "ready", "updated_ready"];
+pub(crate) const SIDECARSET_POD_STATES: [&str; 4] =
+    ["matched", "updated", "ready", "updated_ready"];
 
 /// The states of an ImagePullJob's nodes, as its status counts them.
-pub const IMAGEPULLJOB_NODE_STATES: [&str; 4] = ["desired", "active", "succeeded", "failed"];
+pub(crate) const IMAGEPULLJOB_NODE_STATES: [&str; 4] = ["desired", "active", "succeeded", "failed"];
 
 type Labels = Vec<(&'static str, &'static str)>;
 type SidecarSetLabels = Vec<(&'static str, String)>;

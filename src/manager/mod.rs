@@ -3,7 +3,7 @@
 //!
 //! [`run`] is the whole lifecycle:
 //! 1. connect (`--kubeconfig`, else `KUBECONFIG` / `~/.kube/config`, else in-cluster);
-//! 2. log the server's Kubernetes version and refuse one older than [`server_version::FLOOR`];
+//! 2. log the server's Kubernetes version and refuse one older than `server_version::FLOOR`;
 //!    check that [`crds::REQUIRED_CRDS`] are usable ([`crds::check_crds`]: installed,
 //!    Established, no conversion webhook, both versions served), or refuse to start;
 //!    ask once whether the server streams lists ([`controllers::shared::initial_list`]);

@@ -6,7 +6,7 @@
 
 /// Where this replica's controllers are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Controllers {
+pub(crate) enum Controllers {
     /// Not running here: another replica holds the Lease (or they have stopped).
     Standby,
     /// Running; some controller's caches have not listed yet.
@@ -17,12 +17,15 @@ pub enum Controllers {
 
 /// The readiness decision. `webhook_caches`: `None` when this replica serves no webhooks, else
 /// whether their caches have listed.
-pub fn is_ready(webhook_caches: Option<bool>, controllers: Controllers) -> bool {
+pub(crate) fn is_ready(webhook_caches: Option<bool>, controllers: Controllers) -> bool {
     webhook_caches.unwrap_or(true) && controllers != Controllers::Syncing
 }
 
 /// What `/readyz` waits for, for the log when it is not ready.
-pub fn waiting_for(webhook_caches: Option<bool>, controllers: Controllers) -> Vec<&'static str> {
+pub(crate) fn waiting_for(
+    webhook_caches: Option<bool>,
+    controllers: Controllers,
+) -> Vec<&'static str> {
     let mut waiting = Vec::new();
     if webhook_caches == Some(false) {
         waiting.push("the webhooks' caches");

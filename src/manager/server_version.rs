@@ -5,13 +5,13 @@
 use std::fmt;
 
 /// The oldest Kubernetes minor supported (and tested): 1.33.
-pub const FLOOR: ServerVersion = ServerVersion {
+pub(crate) const FLOOR: ServerVersion = ServerVersion {
     major: 1,
     minor: 33,
 };
 
 /// The newest Kubernetes minor the test suite runs at.
-pub const NEWEST_TESTED: ServerVersion = ServerVersion {
+pub(crate) const NEWEST_TESTED: ServerVersion = ServerVersion {
     major: 1,
     minor: 36,
 };
@@ -29,7 +29,7 @@ impl fmt::Display for ServerVersion {
     }
 }
 
-/// The server is older than [`FLOOR`].
+/// The server is older than `FLOOR`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
     "the API server runs Kubernetes {git_version} ({version}); kruise-rs needs {FLOOR} or newer \
@@ -49,7 +49,7 @@ fn leading_number(s: &str) -> Option<u32> {
 
 /// Reads `major.minor` from the `/version` fields, falling back to `gitVersion`
 /// (`v1.33.13-gke.100`) where `major`/`minor` are empty or odd.
-pub fn parse(major: &str, minor: &str, git_version: &str) -> Option<ServerVersion> {
+pub(crate) fn parse(major: &str, minor: &str, git_version: &str) -> Option<ServerVersion> {
     if let (Some(major), Some(minor)) = (leading_number(major), leading_number(minor)) {
         return Some(ServerVersion { major, minor });
     }

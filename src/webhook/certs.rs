@@ -8,9 +8,9 @@
 //!
 //! A new CA (the old one near its end, or the Secret deleted or unreadable) is a rotation:
 //! replicas still serve certificates the old CA signed until they move, so the Secret keeps what
-//! the `caBundle` trusted before under `ca-previous.crt` for [`PREVIOUS_CA_GRACE`], and the
-//! `caBundle` is both ([`ca_bundle`]). Replicas switch to the new serving certificate only once
-//! that bundle is published ([`serve`]); the previous CAs are dropped when the grace is over.
+//! the `caBundle` trusted before under `ca-previous.crt` for `PREVIOUS_CA_GRACE`, and the
+//! `caBundle` is both (`ca_bundle`). Replicas switch to the new serving certificate only once
+//! that bundle is published (`serve`); the previous CAs are dropped when the grace is over.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -33,7 +33,7 @@ pub(crate) const RENEW_BEFORE_DAYS: i64 = 30;
 /// How long the CAs trusted before a rotation stay in `caBundle`. Replicas watch the Secret and
 /// move within seconds; an hour covers one whose watch was cut for a while, and keeps a CA whose
 /// key may have leaked (a reason to delete the Secret) trusted no longer than that.
-pub const PREVIOUS_CA_GRACE: SignedDuration = SignedDuration::from_hours(1);
+pub(crate) const PREVIOUS_CA_GRACE: SignedDuration = SignedDuration::from_hours(1);
 /// At most this many previous CAs are kept (rotations in a row within the grace).
 const MAX_PREVIOUS_CAS: usize = 3;
 
@@ -149,7 +149,7 @@ pub fn decide(existing: Option<&Certificates>, names: &ServingNames, now: Timest
 }
 
 /// `certs` without their previous CAs.
-pub fn drop_previous(certs: &Certificates) -> Certificates {
+pub(crate) fn drop_previous(certs: &Certificates) -> Certificates {
     Certificates {
         previous: None,
         ..certs.clone()
@@ -157,7 +157,7 @@ pub fn drop_previous(certs: &Certificates) -> Certificates {
 }
 
 /// What the webhook configurations carry as `caBundle`: the CA, then the previous ones.
-pub fn ca_bundle(certs: &Certificates) -> String {
+pub(crate) fn ca_bundle(certs: &Certificates) -> String {
     let mut bundle = pem_certificates(&certs.ca_cert);
     if let Some(previous) = &certs.previous {
         for cert in pem_certificates(&previous.pem) {
@@ -170,7 +170,7 @@ pub fn ca_bundle(certs: &Certificates) -> String {
 }
 
 /// The certificates of a PEM bundle, each ending in a newline (other text dropped).
-pub fn pem_certificates(bundle: &str) -> Vec<String> {
+pub(crate) fn pem_certificates(bundle: &str) -> Vec<String> {
     const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
     const END: &str = "-----END CERTIFICATE-----";
     let mut certs = Vec::new();
@@ -187,7 +187,7 @@ pub fn pem_certificates(bundle: &str) -> Vec<String> {
 }
 
 /// Whether `bundle` holds every certificate of `cert` (and `cert` has one).
-pub fn bundle_trusts(bundle: &str, cert: &str) -> bool {
+pub(crate) fn bundle_trusts(bundle: &str, cert: &str) -> bool {
     let wanted = pem_certificates(cert);
     let held = pem_certificates(bundle);
     !wanted.is_empty() && wanted.iter().all(|c| held.contains(c))
@@ -195,7 +195,7 @@ pub fn bundle_trusts(bundle: &str, cert: &str) -> bool {
 
 /// Whether a replica serving a certificate of `served_ca` may serve one of `next_ca` now.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Serve {
+pub(crate) enum Serve {
     Now,
     /// Once the published `caBundle` has had this long to reach the apiservers.
     After(std::time::Duration),
@@ -205,11 +205,11 @@ pub enum Serve {
 
 /// How long the apiservers may take to use a `caBundle` once written: they read webhook
 /// configurations through a watch, which delivers within a second when healthy.
-pub const CA_BUNDLE_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const CA_BUNDLE_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Decides [`Serve`]: the same CA is already trusted; a new one only once `published` (the
 /// bundle this replica wrote, `published_for` ago) holds it and [`CA_BUNDLE_SETTLE`] has passed.
-pub fn serve(
+pub(crate) fn serve(
     served_ca: &str,
     next_ca: &str,
     published: Option<&str>,
@@ -231,7 +231,7 @@ pub fn serve(
 
 /// A new CA and a serving certificate signed by it. `trusted_before` (PEM) is the `caBundle`
 /// replicas may still be serving under: kept as the previous CAs for [`PREVIOUS_CA_GRACE`].
-pub fn new_ca(
+pub(crate) fn new_ca(
     names: &ServingNames,
     now: Timestamp,
     trusted_before: Option<&str>,
@@ -278,7 +278,7 @@ pub fn new_ca(
 }
 
 /// A new serving certificate signed by the CA of `existing`.
-pub fn renew_serving(
+pub(crate) fn renew_serving(
     existing: &Certificates,
     names: &ServingNames,
     now: Timestamp,
@@ -332,7 +332,7 @@ fn renew_serving_with(
 }
 
 /// The Secret holding `certs`.
-pub fn to_secret(certs: &Certificates, name: &str, namespace: &str) -> Secret {
+pub(crate) fn to_secret(certs: &Certificates, name: &str, namespace: &str) -> Secret {
     let bytes = |s: &str| ByteString(s.as_bytes().to_vec());
     let mut annotations = BTreeMap::from([
         (NOT_AFTER.to_owned(), certs.not_after.to_string()),
@@ -365,7 +365,7 @@ pub fn to_secret(certs: &Certificates, name: &str, namespace: &str) -> Secret {
 /// The certificates in `secret`, or `None` when anything is missing or unreadable (the caller
 /// then generates new ones). Previous CAs without a readable end date are left out (and so
 /// dropped from `caBundle` at the next write).
-pub fn from_secret(secret: &Secret) -> Option<Certificates> {
+pub(crate) fn from_secret(secret: &Secret) -> Option<Certificates> {
     let data = secret.data.as_ref()?;
     let text = |key: &str| String::from_utf8(data.get(key)?.0.clone()).ok();
     let annotations = secret.metadata.annotations.as_ref()?;

@@ -32,7 +32,7 @@ use kube::api::ObjectMeta;
 use kruise_rs_api::well_known::{GROUP, LEGACY_VERSION, NAMESPACE_NAME_LABEL, STORAGE_VERSION};
 
 /// A namespace carrying this label (any value) is never sent to the pod webhook, as upstream.
-pub const CONTROL_PLANE_LABEL: &str = "control-plane";
+pub(crate) const CONTROL_PLANE_LABEL: &str = "control-plane";
 
 /// What the apiserver does with a request it cannot get an answer for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -100,15 +100,15 @@ struct Route {
 const KRUISE_VERSIONS: &[&str] = &[STORAGE_VERSION, LEGACY_VERSION];
 const CREATE_UPDATE: &[&str] = &["CREATE", "UPDATE"];
 
-pub const MUTATE_POD: &str = "/mutate-pod";
-pub const MUTATE_SIDECARSET: &str = "/mutate-sidecarset";
-pub const VALIDATE_SIDECARSET: &str = "/validate-sidecarset";
-pub const MUTATE_IMAGEPULLJOB: &str = "/mutate-imagepulljob";
-pub const VALIDATE_IMAGEPULLJOB: &str = "/validate-imagepulljob";
-pub const MUTATE_IMAGELISTPULLJOB: &str = "/mutate-imagelistpulljob";
-pub const VALIDATE_IMAGELISTPULLJOB: &str = "/validate-imagelistpulljob";
-pub const MUTATE_NODEIMAGE: &str = "/mutate-nodeimage";
-pub const VALIDATE_NODEIMAGE: &str = "/validate-nodeimage";
+pub(crate) const MUTATE_POD: &str = "/mutate-pod";
+pub(crate) const MUTATE_SIDECARSET: &str = "/mutate-sidecarset";
+pub(crate) const VALIDATE_SIDECARSET: &str = "/validate-sidecarset";
+pub(crate) const MUTATE_IMAGEPULLJOB: &str = "/mutate-imagepulljob";
+pub(crate) const VALIDATE_IMAGEPULLJOB: &str = "/validate-imagepulljob";
+pub(crate) const MUTATE_IMAGELISTPULLJOB: &str = "/mutate-imagelistpulljob";
+pub(crate) const VALIDATE_IMAGELISTPULLJOB: &str = "/validate-imagelistpulljob";
+pub(crate) const MUTATE_NODEIMAGE: &str = "/mutate-nodeimage";
+pub(crate) const VALIDATE_NODEIMAGE: &str = "/validate-nodeimage";
 
 const MUTATING: &[Route] = &[
     Route {

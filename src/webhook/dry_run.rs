@@ -1,7 +1,7 @@
 //! A SidecarSet's containers, init containers and volumes checked by Kubernetes' own pod
 //! validation: a pod built from the SidecarSet ([`synthetic_pod`]) is created with
 //! `dryRun=All` in the manager's namespace, and the apiserver's field errors are mapped back to
-//! the SidecarSet's paths ([`map_causes`]). Upstream runs the same validation in-process; the
+//! the SidecarSet's paths (`map_causes`). Upstream runs the same validation in-process; the
 //! Rust checks in `kruise_rs_api::validation::pod_spec` cover the common rules, this covers the
 //! rest (resources, quantities, securityContext, envFrom, lifecycle and probe handlers).
 //! [Decision 0012](../../docs/decisions/0012-sidecarset-validated-by-a-dry-run-pod.md): a dry
@@ -17,11 +17,11 @@ use serde_json::{Map, Value, json};
 
 /// Name of the app container the synthetic pod carries besides the sidecars (suffixed if a
 /// sidecar has the same name).
-pub const PLACEHOLDER: &str = "kruise-rs-dry-run-app";
+pub(crate) const PLACEHOLDER: &str = "kruise-rs-dry-run-app";
 /// `generateName` of the synthetic pod (never stored: dry run).
 pub const GENERATE_NAME: &str = "kruise-rs-sidecarset-dry-run-";
 /// How long the dry run may take before the SidecarSet is admitted unchecked.
-pub const TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(5);
 /// Verdicts remembered (one per SidecarSet name); past this the memory starts over.
 const CACHE_LIMIT: usize = 4096;
 
@@ -100,7 +100,7 @@ pub fn synthetic_pod(set: &Value, namespace: &str) -> Value {
 /// SidecarSet: containers, init containers, volumes and imagePullSecrets keep their indexes;
 /// the placeholder (index `sidecars`, the SidecarSet's container count) and fields the
 /// SidecarSet does not have are named as the pod's.
-pub fn map_field(field: &str, sidecars: usize) -> String {
+pub(crate) fn map_field(field: &str, sidecars: usize) -> String {
     let placeholder = format!("spec.containers[{sidecars}]");
     let is_list_item = |list: &str| {
         field
@@ -126,7 +126,7 @@ pub fn map_field(field: &str, sidecars: usize) -> String {
 
 /// The denial lines for an apiserver `Invalid` status: one `path: message` per cause, paths
 /// mapped by [`map_field`]; the status message when there are no causes.
-pub fn map_causes(status: &kube::core::Status, sidecars: usize) -> Vec<String> {
+pub(crate) fn map_causes(status: &kube::core::Status, sidecars: usize) -> Vec<String> {
     let causes = status
         .details
         .as_ref()
@@ -150,7 +150,7 @@ pub fn map_causes(status: &kube::core::Status, sidecars: usize) -> Vec<String> {
 /// The quantities of `pod` (a [`synthetic_pod`]) that do not parse, as SidecarSet field
 /// errors: the apiserver refuses such a pod while decoding it (400, without a field path), so
 /// they are found here. Resources of the sidecars and init containers, `emptyDir.sizeLimit`.
-pub fn unparseable_quantities(pod: &Value) -> Vec<String> {
+pub(crate) fn unparseable_quantities(pod: &Value) -> Vec<String> {
     let mut out = Vec::new();
     let mut check = |path: String, value: &Value| {
         let text = value
@@ -210,7 +210,7 @@ pub enum Outcome {
 /// Remembered verdicts: per SidecarSet name, the digest of the synthetic pod judged and the
 /// verdict (only [`Outcome::Valid`] and [`Outcome::Invalid`]: they depend on the pod alone).
 #[derive(Default)]
-pub struct Verdicts {
+pub(crate) struct Verdicts {
     by_name: Mutex<HashMap<String, ([u8; 32], Outcome)>>,
 }
 
@@ -223,7 +223,7 @@ fn digest(pod: &Value) -> [u8; 32] {
 
 impl Verdicts {
     /// The remembered verdict for `name`'s `pod`, if the pod is the one judged.
-    pub fn get(&self, name: &str, pod: &Value) -> Option<Outcome> {
+    pub(crate) fn get(&self, name: &str, pod: &Value) -> Option<Outcome> {
         let key = digest(pod);
         let map = self.by_name.lock().unwrap_or_else(|e| e.into_inner());
         map.get(name)
@@ -232,7 +232,7 @@ impl Verdicts {
     }
 
     /// Remembers a definite verdict (an [`Outcome::Unknown`] is not remembered).
-    pub fn put(&self, name: &str, pod: &Value, outcome: &Outcome) {
+    pub(crate) fn put(&self, name: &str, pod: &Value, outcome: &Outcome) {
         if matches!(outcome, Outcome::Unknown(_)) {
             return;
         }
@@ -244,8 +244,8 @@ impl Verdicts {
     }
 }
 
-/// Creates `pod` with `dryRun=All` (bounded by [`TIMEOUT`]) and classifies the answer.
-/// `sidecars` is the SidecarSet's container count (for [`map_causes`]).
+/// Creates `pod` with `dryRun=All` (bounded by `TIMEOUT`) and classifies the answer.
+/// `sidecars` is the SidecarSet's container count (for `map_causes`).
 pub async fn judge(client: &Client, pod: &Value, sidecars: usize) -> Outcome {
     let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default();
     let object: DynamicObject = match serde_json::from_value(pod.clone()) {
@@ -263,7 +263,7 @@ pub async fn judge(client: &Client, pod: &Value, sidecars: usize) -> Outcome {
 }
 
 /// The verdict of the dry run's answer: `Err(Elapsed)` when none came within [`TIMEOUT`].
-pub fn classify(
+pub(crate) fn classify(
     pod: &Value,
     sidecars: usize,
     answer: Result<Result<(), kube::Error>, tokio::time::error::Elapsed>,
@@ -328,7 +328,7 @@ const UNDECODABLE: &str = "cannot be handled as a Pod";
 /// The admission plugin a refusal's message names, in the words the apiserver puts in front
 /// of it: `admission webhook "<name>" denied the request` or `ValidatingAdmissionPolicy
 /// '<name>' [with binding '<binding>'] denied request`.
-pub fn admission_refuser(message: &str) -> Option<String> {
+pub(crate) fn admission_refuser(message: &str) -> Option<String> {
     let quoted_after = |marker: &str, quote: char| -> Option<(String, usize)> {
         let start = message.find(marker)? + marker.len();
         let rest = message.get(start..)?;

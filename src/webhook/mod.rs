@@ -52,7 +52,7 @@ pub use self::unreadable_sidecarsets::UnreadableSidecarSetPolicy;
 use kruise_rs_kube::{START_UP_PATIENCE, retry_while};
 
 /// Field manager of the webhook configurations.
-pub const FIELD_MANAGER: &str = "kruise-rs-webhook";
+pub(crate) const FIELD_MANAGER: &str = "kruise-rs-webhook";
 /// How long requests in flight may take once shutdown has begun.
 const DRAIN: Duration = Duration::from_secs(5);
 /// Longest pause between certificate checks without a Secret event.

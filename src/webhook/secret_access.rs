@@ -8,8 +8,8 @@
 //! the apiserver, with a SubjectAccessReview for the requesting user, whether that user may `get`
 //! each Secret named, and refuse the object when not.
 //!
-//! Which Secrets to ask about ([`job_reads`], [`sidecarset_reads`]) and what the answers mean
-//! ([`verdict`]) are pure; [`ask`] is the API call.
+//! Which Secrets to ask about (`job_reads`, `sidecarset_reads`) and what the answers mean
+//! (`verdict`) are pure; [`ask`] is the API call.
 
 use std::collections::BTreeSet;
 
@@ -30,9 +30,9 @@ use kruise_rs_api::sidecarset::{SidecarSet, SidecarSetSpec};
 use kruise_rs_api::well_known::{NAMESPACE_NAME_LABEL, PULL_SECRET_UIDS};
 
 /// Why a job is refused, after the per-Secret reasons.
-pub const JOB_RULE: &str = "a job may only name Secrets its author can read";
+pub(crate) const JOB_RULE: &str = "a job may only name Secrets its author can read";
 /// Why a SidecarSet is refused, after the per-Secret reasons.
-pub const SIDECARSET_RULE: &str = "a SidecarSet may only name Secrets its author can read in \
+pub(crate) const SIDECARSET_RULE: &str = "a SidecarSet may only name Secrets its author can read in \
      every namespace it can select (spec.namespace, or a namespaceSelector on \
      kubernetes.io/metadata.name, narrows that)";
 
@@ -85,7 +85,7 @@ pub enum Answer {
 /// rule still holds if that ever changes.) Also, on UPDATE, each name whose uid pin
 /// (`kruise-rs.io/pull-secret-uids`) the update changes or removes: that re-arms the job for
 /// the Secret found next, so whoever does it must be able to read it (decision 0029).
-pub fn job_reads(
+pub(crate) fn job_reads(
     job: &ImagePullJob,
     namespace: &str,
     old: Option<&ImagePullJob>,
@@ -119,7 +119,7 @@ pub fn job_reads(
 /// [`job_reads`] for any object whose `spec.pullSecrets` the manager will copy (an
 /// ImageListPullJob's go into the ImagePullJob of each of its images): `pull_secrets` now,
 /// `old` on UPDATE.
-pub fn pull_secret_reads(
+pub(crate) fn pull_secret_reads(
     pull_secrets: &[String],
     namespace: &str,
     old: Option<&[String]>,
@@ -142,7 +142,7 @@ pub fn pull_secret_reads(
 
 /// The namespaces a SidecarSet can select, as far as admission can know them.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Scope {
+pub(crate) enum Scope {
     /// At most these: the selector requires `kubernetes.io/metadata.name`, which the apiserver
     /// sets to the namespace's name and keeps there, so no namespace outside can ever match.
     Namespaces(BTreeSet<String>),
@@ -163,7 +163,7 @@ impl Scope {
 /// Where the pre-download jobs of a SidecarSet with this spec can be created (one per pod
 /// namespace): v1alpha1's `spec.namespace` (which wins over `namespaceSelector`), or the
 /// namespaces a `namespaceSelector` pins by name; every namespace otherwise.
-pub fn sidecarset_scope(spec: &SidecarSetSpec) -> Scope {
+pub(crate) fn sidecarset_scope(spec: &SidecarSetSpec) -> Scope {
     match spec.effective_namespace_selector() {
         Some(selector) => pinned_namespaces(&selector).map_or(Scope::Cluster, Scope::Namespaces),
         None => Scope::Cluster,
@@ -203,7 +203,7 @@ fn pinned_namespaces(selector: &LabelSelector) -> Option<BTreeSet<String>> {
 /// each namespace of its [`Scope`] (cluster-wide as one review with namespace `""`). On UPDATE,
 /// a name the old object had is skipped where the old scope already covered the namespace (it
 /// was checked then); a name in a wider scope than before is checked again.
-pub fn sidecarset_reads(set: &SidecarSet, old: Option<&SidecarSet>) -> Vec<SecretRead> {
+pub(crate) fn sidecarset_reads(set: &SidecarSet, old: Option<&SidecarSet>) -> Vec<SecretRead> {
     let scope = sidecarset_scope(&set.spec);
     let old_scope = old.map(|old| sidecarset_scope(&old.spec));
     let before: BTreeSet<&str> = old
@@ -243,7 +243,7 @@ pub fn sidecarset_reads(set: &SidecarSet, old: Option<&SidecarSet>) -> Vec<Secre
 
 /// Refuses `reads` when they are more than [`MAX_REVIEWS`]: asking them all could outlast the
 /// webhook's timeout. The message names the field, and how many Secrets in how many namespaces.
-pub fn within_budget(reads: &[SecretRead]) -> Result<(), String> {
+pub(crate) fn within_budget(reads: &[SecretRead]) -> Result<(), String> {
     if reads.len() <= MAX_REVIEWS {
         return Ok(());
     }
@@ -267,7 +267,7 @@ pub fn within_budget(reads: &[SecretRead]) -> Result<(), String> {
 /// read is allowed, else a message naming each Secret refused or not checked, the user, and
 /// `rule`. A review that failed refuses too (fail closed): admitting unchecked would hand the
 /// Secret to every node, and the author can simply retry.
-pub fn verdict(
+pub(crate) fn verdict(
     user: &str,
     reads: &[SecretRead],
     answers: &[Answer],

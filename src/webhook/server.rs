@@ -42,7 +42,7 @@ use super::configuration::{
 /// margin = 7 MiB. axum's default limit (2 MiB) answered 413 to the UPDATE of any object over
 /// 1 MiB, which the apiserver reads as the webhook failing: with `failurePolicy: Ignore`, an
 /// unvalidated admission.
-pub const MAX_REVIEW_BYTES: usize = 7 * 1024 * 1024;
+pub(crate) const MAX_REVIEW_BYTES: usize = 7 * 1024 * 1024;
 
 /// How much of a body over [`MAX_REVIEW_BYTES`] is kept to find its request's uid.
 const HEAD_BYTES: usize = 4096;
@@ -135,7 +135,7 @@ pub enum Verdict {
 }
 
 /// Every webhook path this server answers.
-pub const PATHS: &[&str] = &[
+pub(crate) const PATHS: &[&str] = &[
     MUTATE_POD,
     MUTATE_SIDECARSET,
     VALIDATE_SIDECARSET,
@@ -159,7 +159,7 @@ pub trait Admit: Send + Sync + 'static {
 }
 
 /// The resource kind a webhook path admits (a label of the admission metrics).
-pub fn kind_of(path: &str) -> &'static str {
+pub(crate) fn kind_of(path: &str) -> &'static str {
     match path {
         MUTATE_POD => "pods",
         MUTATE_SIDECARSET | VALIDATE_SIDECARSET => "sidecarsets",
@@ -182,7 +182,7 @@ impl Verdict {
 }
 
 /// An [`Admit`] that records each decision's kind, verdict and duration in [`ManagerMetrics`].
-pub struct Metered {
+pub(crate) struct Metered {
     pub inner: Arc<dyn Admit>,
     pub metrics: ManagerMetrics,
 }
@@ -207,7 +207,7 @@ impl Admit for Metered {
 }
 
 /// The router: `POST <path>` for every path in [`PATHS`], bodies up to [`MAX_REVIEW_BYTES`].
-pub fn router(admit: Arc<dyn Admit>) -> Router {
+pub(crate) fn router(admit: Arc<dyn Admit>) -> Router {
     let mut router = Router::new();
     for path in PATHS {
         router = router.route(
@@ -300,7 +300,7 @@ pub fn response(uid: &str, verdict: &Verdict) -> Value {
 }
 
 /// A running HTTPS server.
-pub struct Server {
+pub(crate) struct Server {
     handle: Handle<SocketAddr>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
     /// Set while shutting down: every answer closes its connection.
@@ -310,7 +310,7 @@ pub struct Server {
 
 impl Server {
     /// Serves `router` on `addr` with the PEM certificate and key in `tls`.
-    pub async fn start(
+    pub(crate) async fn start(
         addr: SocketAddr,
         tls: RustlsConfig,
         router: Router,
@@ -348,12 +348,12 @@ impl Server {
     }
 
     /// Keeps serving, closing each connection after its answer (see [`Server::start`]).
-    pub fn drain(&self) {
+    pub(crate) fn drain(&self) {
         self.draining.store(true, Ordering::Relaxed);
     }
 
     /// Stops accepting, lets requests in flight finish for up to `grace`.
-    pub async fn stop(self, grace: Duration) {
+    pub(crate) async fn stop(self, grace: Duration) {
         self.handle.graceful_shutdown(Some(grace));
         let _ = self.task.await;
     }
@@ -361,7 +361,7 @@ impl Server {
 
 /// The TLS configuration from PEM text, with the ring provider installed first (the process
 /// has a single default provider; kube's client uses ring too).
-pub async fn tls_config(cert: &str, key: &str) -> std::io::Result<RustlsConfig> {
+pub(crate) async fn tls_config(cert: &str, key: &str) -> std::io::Result<RustlsConfig> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     RustlsConfig::from_pem(cert.as_bytes().to_vec(), key.as_bytes().to_vec()).await
 }

@@ -27,7 +27,7 @@ pub enum UnreadableSidecarSetPolicy {
 
 /// Whether an unreadable SidecarSet selects a pod, as far as its raw JSON tells.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Selection {
+pub(crate) enum Selection {
     /// A part that reads rules the pod out.
     No,
     /// Every selection part reads, and they select the pod.
@@ -40,7 +40,7 @@ pub enum Selection {
 /// `pod_labels` in `namespace` labelled `namespace_labels`, with the webhook's rules
 /// (`kruise_rs_sidecar::matching`): paused injection selects nothing, `spec.namespace` (when set)
 /// stands for the namespace selector, an empty or unset pod selector matches no pod.
-pub fn selects(
+pub(crate) fn selects(
     raw: &Value,
     namespace: &str,
     pod_labels: &BTreeMap<String, String>,
@@ -121,7 +121,7 @@ fn evaluate(
 
 /// The admission warning for a pod admitted although the unreadable SidecarSet `name` may
 /// select it (`error`: why the SidecarSet cannot be read).
-pub fn warning(name: &str, error: &str, selection: &Selection) -> String {
+pub(crate) fn warning(name: &str, error: &str, selection: &Selection) -> String {
     format!(
         "SidecarSet {name:?} cannot be read ({error}){}, so this pod is admitted without its \
          sidecars; fix the SidecarSet, then recreate the pod",
@@ -131,7 +131,7 @@ pub fn warning(name: &str, error: &str, selection: &Selection) -> String {
 
 /// The denial of a pod the unreadable SidecarSet `name` may select, under
 /// `--unreadable-sidecarset-policy=refuse`.
-pub fn refusal(name: &str, error: &str, selection: &Selection) -> String {
+pub(crate) fn refusal(name: &str, error: &str, selection: &Selection) -> String {
     format!(
         "SidecarSet {name:?} cannot be read ({error}){}; the manager refuses such pods until \
          it is fixed (--unreadable-sidecarset-policy=refuse)",

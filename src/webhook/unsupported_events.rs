@@ -3,8 +3,8 @@
 //!
 //! The pod does not exist yet at admission (no uid), so the event is about the SidecarSet
 //! (cluster-scoped: it lands in namespace `default`) and names the pod's namespace and name or
-//! `generateName`. A Deployment of 1,000 pods must not write 1,000 events: [`Throttle`] lets
-//! one event per SidecarSet and feature through per [`WINDOW`], in memory, and the next one
+//! `generateName`. A Deployment of 1,000 pods must not write 1,000 events: `Throttle` lets
+//! one event per SidecarSet and feature through per `WINDOW`, in memory, and the next one
 //! says how many pods went unreported since.
 
 use std::collections::HashMap;
@@ -16,16 +16,16 @@ use kube::runtime::events::{Event, EventType};
 use kruise_rs_sidecar::unsupported::Found;
 
 /// At most one event per SidecarSet and feature this often.
-pub const WINDOW: Duration = Duration::from_secs(60);
+pub(crate) const WINDOW: Duration = Duration::from_secs(60);
 /// An entry unused this long is dropped (with its count of unreported pods).
 const FORGET: Duration = Duration::from_secs(10 * 60);
 
 /// Event reason.
-pub const REASON: &str = "UnsupportedFeature";
+pub(crate) const REASON: &str = "UnsupportedFeature";
 
 /// Which (SidecarSet, feature) events may be published now; the clock is passed in.
 #[derive(Debug, Default)]
-pub struct Throttle {
+pub(crate) struct Throttle {
     last: HashMap<(String, &'static str), Entry>,
 }
 
@@ -41,7 +41,12 @@ impl Throttle {
     /// `Some(n)` when an event about `sidecarset` and `feature` may be published at `now`, `n`
     /// being the pods left unreported since the previous one; `None` (and the pod counted)
     /// when one was published less than [`WINDOW`] ago.
-    pub fn admit(&mut self, sidecarset: &str, feature: &'static str, now: Instant) -> Option<u64> {
+    pub(crate) fn admit(
+        &mut self,
+        sidecarset: &str,
+        feature: &'static str,
+        now: Instant,
+    ) -> Option<u64> {
         self.last
             .retain(|_, e| now.saturating_duration_since(e.published) < FORGET);
         match self.last.get_mut(&(sidecarset.to_owned(), feature)) {
@@ -72,7 +77,7 @@ impl Throttle {
 }
 
 /// `namespace/name` of a pod being created, or `namespace/generateName*` before it has a name.
-pub fn pod_key(pod: &Pod) -> String {
+pub(crate) fn pod_key(pod: &Pod) -> String {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
     match (&pod.metadata.name, &pod.metadata.generate_name) {
         (Some(name), _) if !name.is_empty() => format!("{namespace}/{name}"),
@@ -82,7 +87,7 @@ pub fn pod_key(pod: &Pod) -> String {
 }
 
 /// The Warning event for `pod` admitted without a SidecarSet because of `found`.
-pub fn event(found: &Found, pod: &str, unreported: u64) -> Event {
+pub(crate) fn event(found: &Found, pod: &str, unreported: u64) -> Event {
     let mut note = format!(
         "pod {pod} was admitted without this SidecarSet: {found} (annotate the SidecarSet {}=refuse to refuse such pods instead)",
         kruise_rs_sidecar::unsupported::UNSUPPORTED_FEATURES

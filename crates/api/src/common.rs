@@ -29,7 +29,7 @@ pub enum ImagePullPolicy {
 /// volumes: a full `core/v1` schema would push the CRD past the 256 KiB `kubectl apply`
 /// annotation limit, and the webhook validates these with core rules anyway. Items must carry a
 /// `name`, because the Rust types (and Kubernetes) cannot do without one.
-pub fn named_objects_schema(_: &mut SchemaGenerator) -> Schema {
+pub(crate) fn named_objects_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "array",
         "items": {

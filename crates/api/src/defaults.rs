@@ -39,14 +39,14 @@ use super::sidecarset::{
 use crate::image::ImageRef;
 
 /// Upstream's (and Kubernetes') defaults.
-pub const DEFAULT_REVISION_HISTORY_LIMIT: i32 = 10;
-pub const DEFAULT_PULL_TIMEOUT_SECONDS: i32 = 600;
-pub const DEFAULT_PULL_BACKOFF_LIMIT: i32 = 3;
+pub(crate) const DEFAULT_REVISION_HISTORY_LIMIT: i32 = 10;
+pub(crate) const DEFAULT_PULL_TIMEOUT_SECONDS: i32 = 600;
+pub(crate) const DEFAULT_PULL_BACKOFF_LIMIT: i32 = 3;
 /// `0644`, Kubernetes' default mode of secret, configMap, downwardAPI and projected files.
-pub const DEFAULT_VOLUME_FILE_MODE: i32 = 0o644;
+pub(crate) const DEFAULT_VOLUME_FILE_MODE: i32 = 0o644;
 /// Kubernetes' default projected service-account token lifetime (one hour).
-pub const DEFAULT_TOKEN_EXPIRATION_SECONDS: i64 = 3600;
-pub const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
+pub(crate) const DEFAULT_TOKEN_EXPIRATION_SECONDS: i64 = 3600;
+pub(crate) const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
 
 // --- SidecarSet ---------------------------------------------------------------------------------
 
@@ -111,7 +111,7 @@ fn default_sidecar_container(c: &mut SidecarContainer, inject: PodInjectPolicy) 
 /// the per-field defaults of `setDefaultContainerV1beta1`). Like upstream, the startup probe is
 /// left alone (the apiserver defaults it on the pod), so the SidecarSet hash matches upstream's;
 /// resource quantities are not re-rounded to milli-units.
-pub fn default_container(c: &mut Container) {
+pub(crate) fn default_container(c: &mut Container) {
     if c.image_pull_policy.as_deref().is_none_or(str::is_empty) {
         c.image_pull_policy = Some(default_image_pull_policy(c.image.as_deref()).to_owned());
     }
@@ -157,7 +157,7 @@ pub fn default_container(c: &mut Container) {
 
 /// Kubernetes' rule: `Always` for an image whose tag is `latest` or that has neither tag nor
 /// digest, else `IfNotPresent` (also for a reference that does not parse, as Kubernetes does).
-pub fn default_image_pull_policy(image: Option<&str>) -> &'static str {
+pub(crate) fn default_image_pull_policy(image: Option<&str>) -> &'static str {
     let latest = image
         .and_then(|i| ImageRef::parse(i).ok())
         .is_some_and(|r| match (r.tag(), r.digest()) {
@@ -203,7 +203,7 @@ fn default_field_ref(field_ref: &mut ObjectFieldSelector) {
 /// The Kubernetes volume defaults upstream applies (`SetDefaultPodVolumes`): a volume without a
 /// source is an `emptyDir`; hostPath `type` `""`; file modes `0644`; downward API field
 /// references `v1`; projected token lifetime one hour.
-pub fn default_volume(v: &mut Volume) {
+pub(crate) fn default_volume(v: &mut Volume) {
     if super::validation::pod_spec::volume_sources(v).is_empty() {
         v.empty_dir = Some(EmptyDirVolumeSource::default());
     }

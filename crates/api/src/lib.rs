@@ -20,7 +20,7 @@ pub mod pull_secret_pins;
 pub mod quantity;
 pub mod quote;
 pub mod shared_owner;
-pub mod shared_value;
+mod shared_value;
 pub mod sidecarset;
 pub mod validation;
 pub mod well_known;

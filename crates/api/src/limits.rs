@@ -30,5 +30,5 @@ pub const MAX_ACTIVE_DEADLINE_SECONDS: i64 = 365 * 86_400;
 /// A job's `completionPolicy.ttlSecondsAfterFinished`: at most 365 days. A NodeImage tag's
 /// TTL is only kept from being negative: the manager computes it from the job's TTL or
 /// deadline plus its own margin, which can pass this bound.
-pub const MIN_TTL_SECONDS: i32 = 0;
-pub const MAX_JOB_TTL_SECONDS: i32 = 365 * 86_400;
+pub(crate) const MIN_TTL_SECONDS: i32 = 0;
+pub(crate) const MAX_JOB_TTL_SECONDS: i32 = 365 * 86_400;

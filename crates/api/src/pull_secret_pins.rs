@@ -21,7 +21,7 @@ use crate::well_known::PULL_SECRET_UIDS;
 pub type Pins = BTreeMap<String, String>;
 
 /// The pins in `value`, or what is wrong with it.
-pub fn parse(value: &str) -> Result<Pins, String> {
+pub(crate) fn parse(value: &str) -> Result<Pins, String> {
     let mut pins = Pins::new();
     for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         let Some((name, uid)) = entry.split_once('=') else {

@@ -1,11 +1,11 @@
 //! How every message quotes a value it got from a user: Debug-quoted (control characters
-//! escaped, as Kubernetes shows a bad string value) and cut after [`QUOTE_MAX_CHARS`]
+//! escaped, as Kubernetes shows a bad string value) and cut after `QUOTE_MAX_CHARS`
 //! characters, so a huge input cannot flood an admission response, an event or a log line.
 
 use std::fmt;
 
 /// Longest value, in characters, quoted whole; longer ones are cut with `…`.
-pub const QUOTE_MAX_CHARS: usize = 200;
+pub(crate) const QUOTE_MAX_CHARS: usize = 200;
 
 /// Displays its string quoted and cut (see the module docs); for `format!` and `#[error]`.
 #[derive(Clone, Copy, Debug)]

@@ -31,13 +31,13 @@ use kruise_rs_api::image::{DEFAULT_REGISTRY, ImageRef};
 use kruise_rs_api::quote::Quoted;
 
 /// Secret type of a `~/.docker/config.json` style secret.
-pub const DOCKER_CONFIG_JSON_TYPE: &str = "kubernetes.io/dockerconfigjson";
+pub(crate) const DOCKER_CONFIG_JSON_TYPE: &str = "kubernetes.io/dockerconfigjson";
 /// Data key holding the JSON of a [`DOCKER_CONFIG_JSON_TYPE`] secret: `{"auths": {KEY: {…}}}`.
-pub const DOCKER_CONFIG_JSON_KEY: &str = ".dockerconfigjson";
+pub(crate) const DOCKER_CONFIG_JSON_KEY: &str = ".dockerconfigjson";
 /// Secret type of a legacy `~/.dockercfg` style secret.
-pub const DOCKERCFG_TYPE: &str = "kubernetes.io/dockercfg";
+pub(crate) const DOCKERCFG_TYPE: &str = "kubernetes.io/dockercfg";
 /// Data key holding the JSON of a [`DOCKERCFG_TYPE`] secret: `{KEY: {…}}`.
-pub const DOCKERCFG_KEY: &str = ".dockercfg";
+pub(crate) const DOCKERCFG_KEY: &str = ".dockercfg";
 
 /// Hosts that all mean Docker Hub, whose [`ImageRef::registry`] is [`DEFAULT_REGISTRY`].
 const DOCKER_HUB_ALIASES: [&str; 3] = [DEFAULT_REGISTRY, "index.docker.io", "registry-1.docker.io"];
@@ -48,7 +48,7 @@ const DOCKER_HUB_ALIASES: [&str; 3] = [DEFAULT_REGISTRY, "index.docker.io", "reg
 /// entries without any are not added to a [`Keyring`]. `Debug` shows the user name but never the
 /// password or the tokens.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Credential {
+pub(crate) struct Credential {
     pub username: String,
     pub password: String,
     /// `identitytoken` in the docker config (an OAuth refresh token).
@@ -108,7 +108,7 @@ impl fmt::Debug for Redacted<'_> {
 /// (`namespace/name`) and, for an entry, its registry key; none quotes a credential.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum SecretError {
+pub(crate) enum SecretError {
     #[error(
         "secret {secret} has type {}, so it holds no registry credentials (expected {DOCKER_CONFIG_JSON_TYPE} or {DOCKERCFG_TYPE})",
         Quoted(.secret_type)
@@ -160,7 +160,7 @@ pub enum SecretError {
 /// Build it with [`Keyring::add_secret`] once per secret, then ask [`Keyring::lookup`] which
 /// credentials to try, in order, for an image.
 #[derive(Default, Debug, Clone)]
-pub struct Keyring {
+pub(crate) struct Keyring {
     /// In insertion order; `lookup` sorts the matches, stably.
     entries: Vec<Entry>,
 }
@@ -191,7 +191,7 @@ impl Keyring {
     ///   that only names a credential helper), as in kubelet.
     ///
     /// On error nothing of the secret is added. Entries of one secret are added in key order.
-    pub fn add_secret(
+    pub(crate) fn add_secret(
         &mut self,
         source: &str,
         secret_type: &str,
@@ -207,7 +207,7 @@ impl Keyring {
     /// e.g. an `auth` entry of a credential provider plugin's response. Returns whether it was
     /// added: a credential without user name, password or token, or a key no image could
     /// match, is left out as [`Keyring::add_secret`] leaves such entries out.
-    pub fn add_credential(&mut self, key: &str, credential: Credential) -> bool {
+    pub(crate) fn add_credential(&mut self, key: &str, credential: Credential) -> bool {
         if credential.is_empty() {
             return false;
         }
@@ -226,7 +226,7 @@ impl Keyring {
     /// fewer `*`, so an exact host comes before a wildcard; ties keep insertion order. A
     /// credential whose user name, password and tokens equal an earlier one's is left out,
     /// whatever its source or key.
-    pub fn lookup(&self, image: &ImageRef) -> Vec<&Credential> {
+    pub(crate) fn lookup(&self, image: &ImageRef) -> Vec<&Credential> {
         let target = Target::new(image);
         let mut matches: Vec<&Entry> = self
             .entries
@@ -245,12 +245,14 @@ impl Keyring {
     }
 
     /// Whether no secret added any credential.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     /// How many entries all secrets added (a credential written for two keys counts twice).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 }

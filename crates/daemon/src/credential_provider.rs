@@ -6,7 +6,7 @@
 //! `--image-credential-provider-bin-dir`; upstream's kruise-daemon takes the same pair as
 //! `--plugin-config-file` and `--plugin-bin-dir`, and so does ours. For every pull the daemon
 //! asks each provider whose `matchImages` match the image, in config order, and tries the
-//! credentials of their answers after the pull secrets' ([`CredentialProviders::credentials`]).
+//! credentials of their answers after the pull secrets' (`CredentialProviders::credentials`).
 //!
 //! The behaviour follows the kubelet's (`pkg/credentialprovider/plugin`), rule by rule:
 //! - **Config.** Decoded strictly (an unknown field is an error) from YAML or JSON; every
@@ -20,13 +20,13 @@
 //!   dot-separated labels and each matches (`*` globs within one label: `*.azurecr.io`,
 //!   `app*.k8s.io`), the ports are equal (a pattern without a port does not match an image
 //!   whose registry has one, as in the kubelet's code), and the pattern's path is a prefix of
-//!   the repository, in whole segments (see [`super::auth`] for the small ways the shared
+//!   the repository, in whole segments (see `super::auth` for the small ways the shared
 //!   matcher is stricter than the kubelet's string prefix).
 //! - **Exec.** `<bin-dir>/<name> args…`, with the daemon's environment plus the config's `env`
 //!   (which wins), a `CredentialProviderRequest` as JSON on stdin whose `image` is the fully
 //!   qualified repository without tag or digest (`docker.io/library/nginx`, as the kubelet
 //!   sends it), and a `CredentialProviderResponse` of the same `apiVersion` expected on
-//!   stdout. A plugin that runs longer than [`EXEC_TIMEOUT`] (one minute, the kubelet's) is
+//!   stdout. A plugin that runs longer than `EXEC_TIMEOUT` (one minute, the kubelet's) is
 //!   killed; a non-zero exit is an error quoting its trimmed stderr.
 //! - **Cache.** A response is kept for its `cacheDuration`, else the provider's
 //!   `defaultCacheDuration`; zero keeps nothing. `cacheKeyType` says what it covers: `Image`
@@ -44,7 +44,7 @@
 //! kubelet does, so a plugin must not print secrets there.
 //!
 //! The config, matching, response and cache rules are pure functions, unit tested in
-//! `credential_provider/tests.rs`; the exec is the thin async [`exec_plugin`].
+//! `credential_provider/tests.rs`; the exec is the thin async `exec_plugin`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -68,20 +68,20 @@ use kruise_rs_api::quote::Quoted;
 
 /// Where the config is read from when `--plugin-config-file` is not given (upstream's default);
 /// a missing file there means no plugins.
-pub const DEFAULT_CONFIG_FILE: &str = "/kruise/CredentialProviderPlugin.yaml";
+pub(crate) const DEFAULT_CONFIG_FILE: &str = "/kruise/CredentialProviderPlugin.yaml";
 /// Where the plugin executables are when `--plugin-bin-dir` is not given (upstream's default).
-pub const DEFAULT_BIN_DIR: &str = "/kruise/plugins";
+pub(crate) const DEFAULT_BIN_DIR: &str = "/kruise/plugins";
 /// The one `apiVersion` of a `CredentialProviderConfig` read.
-pub const CONFIG_API_VERSION: &str = "kubelet.config.k8s.io/v1";
-pub const CONFIG_KIND: &str = "CredentialProviderConfig";
+pub(crate) const CONFIG_API_VERSION: &str = "kubelet.config.k8s.io/v1";
+pub(crate) const CONFIG_KIND: &str = "CredentialProviderConfig";
 /// The one exec protocol version spoken (a provider's `apiVersion`).
-pub const PROVIDER_API_VERSION: &str = "credentialprovider.kubelet.k8s.io/v1";
+pub(crate) const PROVIDER_API_VERSION: &str = "credentialprovider.kubelet.k8s.io/v1";
 const REQUEST_KIND: &str = "CredentialProviderRequest";
 const RESPONSE_KIND: &str = "CredentialProviderResponse";
 /// How long one plugin run may take before it is killed: the kubelet's catch-all minute.
-pub const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest stderr quoted in an error, in characters.
-pub const STDERR_MAX_CHARS: usize = 500;
+pub(crate) const STDERR_MAX_CHARS: usize = 500;
 
 // --- config ------------------------------------------------------------------------------------
 
@@ -89,11 +89,11 @@ pub const STDERR_MAX_CHARS: usize = 500;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CredentialProviderOptions {
     /// `--plugin-config-file` when given: it must exist and be valid. `None` reads
-    /// [`DEFAULT_CONFIG_FILE`] if it exists, and runs without plugins if it does not.
+    /// `DEFAULT_CONFIG_FILE` if it exists, and runs without plugins if it does not.
     pub config_file: Option<PathBuf>,
     /// `--plugin-bin-dir`.
     pub bin_dir: PathBuf,
-    /// How long one plugin run may take ([`EXEC_TIMEOUT`]).
+    /// How long one plugin run may take (`EXEC_TIMEOUT`).
     pub exec_timeout: Duration,
 }
 
@@ -419,7 +419,7 @@ fn bad_name(name: &str) -> Option<&'static str> {
 
 /// Parses Go's `time.ParseDuration` syntax (`300ms`, `1.5h`, `2h45m`, `-1s`, `0`) into a sign
 /// (`true` when negative) and a magnitude. The error quotes the text.
-pub fn parse_go_duration(text: &str) -> Result<(bool, Duration), String> {
+pub(crate) fn parse_go_duration(text: &str) -> Result<(bool, Duration), String> {
     let invalid = || format!("{} is not a duration like 30s, 5m or 12h", Quoted(text));
     let (negative, mut rest) = match text.as_bytes().first() {
         Some(b'-') => (true, &text[1..]),
@@ -485,7 +485,7 @@ pub fn parse_go_duration(text: &str) -> Result<(bool, Duration), String> {
 
 /// What a response's credentials cover in the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum CacheKeyType {
+pub(crate) enum CacheKeyType {
     Image,
     Registry,
     Global,
@@ -493,7 +493,7 @@ pub enum CacheKeyType {
 
 /// One `auth` entry of a response: the registry key it was written for and the credential.
 #[derive(Clone, PartialEq, Eq)]
-pub struct AuthEntry {
+pub(crate) struct AuthEntry {
     pub key: String,
     pub username: String,
     pub password: String,
@@ -511,7 +511,7 @@ impl fmt::Debug for AuthEntry {
 
 /// A decoded `CredentialProviderResponse`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Response {
+pub(crate) struct Response {
     pub cache_key_type: CacheKeyType,
     /// `cacheDuration`, when given; a negative one is zero.
     pub cache_duration: Option<Duration>,
@@ -520,7 +520,7 @@ pub struct Response {
 }
 
 /// The request written to a plugin's stdin.
-pub fn request_json(api_version: &str, image: &str) -> Vec<u8> {
+pub(crate) fn request_json(api_version: &str, image: &str) -> Vec<u8> {
     serde_json::json!({
         "apiVersion": api_version,
         "kind": REQUEST_KIND,
@@ -532,7 +532,7 @@ pub fn request_json(api_version: &str, image: &str) -> Vec<u8> {
 
 /// Decodes a plugin's stdout, which must be a `CredentialProviderResponse` of `api_version`.
 /// Messages name fields and the kinds of values, never a value of `auth`.
-pub fn parse_response(stdout: &[u8], api_version: &str) -> Result<Response, String> {
+pub(crate) fn parse_response(stdout: &[u8], api_version: &str) -> Result<Response, String> {
     let root: Value =
         serde_json::from_slice(stdout).map_err(|err| format!("its output is not JSON ({err})"))?;
     let Value::Object(root) = root else {
@@ -614,7 +614,7 @@ pub fn parse_response(stdout: &[u8], api_version: &str) -> Result<Response, Stri
 
 /// What a cached response covers.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum CacheKey {
+pub(crate) enum CacheKey {
     /// A fully qualified repository, e.g. `docker.io/library/nginx`.
     Image(String),
     /// A registry host with its port, e.g. `127.0.0.1:5000`.
@@ -623,7 +623,7 @@ pub enum CacheKey {
 }
 
 impl CacheKey {
-    pub fn new(kind: CacheKeyType, image: &ImageRef) -> CacheKey {
+    pub(crate) fn new(kind: CacheKeyType, image: &ImageRef) -> CacheKey {
         match kind {
             CacheKeyType::Image => CacheKey::Image(image.name().to_owned()),
             CacheKeyType::Registry => CacheKey::Registry(image.registry().to_owned()),
@@ -643,14 +643,14 @@ impl CacheKey {
 
 /// How long to keep a response: its `cacheDuration` if it gave one, else the provider's
 /// default; `None` (do not keep it) when that is zero.
-pub fn cache_lifetime(response: Option<Duration>, default: Duration) -> Option<Duration> {
+pub(crate) fn cache_lifetime(response: Option<Duration>, default: Duration) -> Option<Duration> {
     let lifetime = response.unwrap_or(default);
     (!lifetime.is_zero()).then_some(lifetime)
 }
 
 /// One provider's cached responses.
 #[derive(Debug, Default)]
-pub struct Cache {
+pub(crate) struct Cache {
     entries: BTreeMap<CacheKey, Cached>,
 }
 
@@ -663,7 +663,7 @@ struct Cached {
 impl Cache {
     /// The unexpired response covering `image`: the image's entry, else its registry's, else
     /// the global one.
-    pub fn get(&self, image: &ImageRef, now: Instant) -> Option<Arc<Response>> {
+    pub(crate) fn get(&self, image: &ImageRef, now: Instant) -> Option<Arc<Response>> {
         CacheKey::candidates(image).iter().find_map(|key| {
             self.entries
                 .get(key)
@@ -674,7 +674,7 @@ impl Cache {
 
     /// Keeps `response` for `image` as its `cacheKeyType` says, for as long as
     /// [`cache_lifetime`] says (not at all for zero), and drops what has expired.
-    pub fn insert(
+    pub(crate) fn insert(
         &mut self,
         image: &ImageRef,
         response: Arc<Response>,
@@ -697,11 +697,13 @@ impl Cache {
         );
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 }
@@ -710,7 +712,7 @@ impl Cache {
 
 /// Why one plugin run gave no response.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ExecError {
+pub(crate) enum ExecError {
     #[error("cannot run {}: {message}", .path.display())]
     Spawn { path: PathBuf, message: String },
     #[error("it did not answer within {}s and was killed", .timeout.as_secs_f64())]
@@ -730,7 +732,7 @@ fn stderr_suffix(stderr: &str) -> String {
 }
 
 /// A plugin's stderr for a message: trimmed, and cut after [`STDERR_MAX_CHARS`] characters.
-pub fn trim_stderr(stderr: &[u8]) -> String {
+pub(crate) fn trim_stderr(stderr: &[u8]) -> String {
     let text = String::from_utf8_lossy(stderr);
     let text = text.trim();
     match text.char_indices().nth(STDERR_MAX_CHARS) {
@@ -741,7 +743,7 @@ pub fn trim_stderr(stderr: &[u8]) -> String {
 
 /// Runs the plugin `path` once with `args`, the daemon's environment plus `env`, and
 /// `request` on stdin; returns its decoded answer. Killed after `timeout`.
-pub async fn exec_plugin(
+pub(crate) async fn exec_plugin(
     path: &Path,
     args: &[String],
     env: &[(String, String)],
@@ -871,7 +873,7 @@ impl Provider {
 
 /// The daemon's credential provider plugins; empty when none are configured.
 #[derive(Clone, Default)]
-pub struct CredentialProviders {
+pub(crate) struct CredentialProviders {
     providers: Vec<Arc<Provider>>,
 }
 
@@ -885,7 +887,9 @@ impl fmt::Debug for CredentialProviders {
 
 impl CredentialProviders {
     /// Reads the config the options name (see [`CredentialProviderOptions::config_file`]).
-    pub fn load(opts: &CredentialProviderOptions) -> Result<CredentialProviders, ConfigError> {
+    pub(crate) fn load(
+        opts: &CredentialProviderOptions,
+    ) -> Result<CredentialProviders, ConfigError> {
         let (path, explicit) = match &opts.config_file {
             Some(path) => (path.clone(), true),
             None => (PathBuf::from(DEFAULT_CONFIG_FILE), false),
@@ -932,7 +936,7 @@ impl CredentialProviders {
     }
 
     /// Providers from validated configs, whose binaries are in `bin_dir`.
-    pub fn new(configs: Vec<ProviderConfig>, bin_dir: &Path, timeout: Duration) -> Self {
+    pub(crate) fn new(configs: Vec<ProviderConfig>, bin_dir: &Path, timeout: Duration) -> Self {
         CredentialProviders {
             providers: configs
                 .into_iter()
@@ -950,7 +954,8 @@ impl CredentialProviders {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.providers.is_empty()
     }
 
@@ -971,7 +976,7 @@ impl CredentialProviders {
     /// the responses' `auth` keys (so [`Keyring::lookup`] picks those that apply), and why any
     /// provider gave none. A failure is logged without secrets and the other providers still
     /// answer.
-    pub async fn credentials(&self, image: &ImageRef) -> (Keyring, Vec<String>) {
+    pub(crate) async fn credentials(&self, image: &ImageRef) -> (Keyring, Vec<String>) {
         let mut keyring = Keyring::default();
         let mut problems = Vec::new();
         for provider in &self.providers {

@@ -5,27 +5,27 @@
 //! 1. connect to the apiserver and serve `/healthz`, `/readyz`, `/metrics`;
 //! 2. find the CRI image service (`--cri-socket`, or the usual containerd / CRI-O / cri-dockerd
 //!    sockets under the host's run directory), retrying every few seconds while none answers;
-//! 3. watch the node's own NodeImage (`node.rs`), plan workers from it ([`plan`]), pull
-//!    ([`pull`], credentials from the pull secrets ([`auth`]), then from the kubelet credential
-//!    provider plugins ([`credential_provider`])), and report (`report.rs`, the status from [`status`]);
+//! 3. watch the node's own NodeImage (`node.rs`), plan workers from it (`plan`), pull
+//!    (`pull`, credentials from the pull secrets (`auth`), then from the kubelet credential
+//!    provider plugins ([`credential_provider`])), and report (`report.rs`, the status from `status`);
 //! 4. keep checking the runtime: `/readyz` answers 200 only while the runtime answers and the
 //!    NodeImage watch has synced, and `/healthz` fails once it has not answered for
-//!    `--cri-liveness-timeout` ([`liveness`]: a restarted runtime's new socket needs a new mount);
+//!    `--cri-liveness-timeout` (`liveness`: a restarted runtime's new socket needs a new mount);
 //! 5. on shutdown, stop the workers (a restarted daemon resumes them from the status) and return.
 
 mod args;
-pub mod auth;
+mod auth;
 pub mod credential_provider;
 pub mod cri;
-pub mod liveness;
+mod liveness;
 mod metrics;
 mod node;
-pub mod plan;
-pub mod pull;
+mod plan;
+mod pull;
 mod report;
-pub mod secret_scope;
-pub mod slots;
-pub mod status;
+mod secret_scope;
+mod slots;
+mod status;
 
 use std::future::Future;
 use std::io;
@@ -54,7 +54,7 @@ pub use self::report::FIELD_MANAGER;
 use kruise_rs_kube::{ConnectError, LimitWaits, Metrics, ProbeState, RateLimit, load_config};
 
 /// Reporting controller of the daemon's events.
-pub const REPORTER: &str = "kruise-rs-daemon";
+pub(crate) const REPORTER: &str = "kruise-rs-daemon";
 /// How often the runtime is looked for while none answers, and checked once found.
 const RUNTIME_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 /// client-go's default request rate, which upstream's daemon keeps: one node's daemon needs a
@@ -81,7 +81,7 @@ pub struct DaemonOptions {
     pub host_run_dir: PathBuf,
     /// Where to serve `/healthz`, `/readyz` and `/metrics`; port 0 picks a free port.
     pub probe_addr: SocketAddr,
-    /// How long the runtime may go unanswered before `/healthz` fails ([`liveness`]).
+    /// How long the runtime may go unanswered before `/healthz` fails (`liveness`).
     pub cri_liveness_timeout: Duration,
     /// Pulls in flight at once on this node (at least 1).
     pub max_concurrent_pulls: usize,

@@ -21,7 +21,7 @@ pub const DEFAULT_CRI_LIVENESS_TIMEOUT: Duration = Duration::from_secs(60);
 /// Whether the daemon is live at `now`: `Err(silent_for)` once the runtime has failed to answer
 /// for longer than `limit`, counted from `silent_since`, the first check that failed since it last
 /// answered (the daemon's start, until it first answers); `None` (live) while it answers.
-pub fn runtime_liveness(
+pub(crate) fn runtime_liveness(
     silent_since: Option<Instant>,
     now: Instant,
     limit: Duration,
@@ -40,14 +40,14 @@ pub fn runtime_liveness(
 /// Since when the runtime has not answered, shared by the runtime checks (which write it) and
 /// `/healthz` (which reads it). The clock is the caller's: every method takes the instant.
 #[derive(Debug)]
-pub struct RuntimeSilence {
+pub(crate) struct RuntimeSilence {
     silent_since: Mutex<Option<Instant>>,
     limit: Duration,
 }
 
 impl RuntimeSilence {
     /// Silent since `started`: the daemon has not reached its runtime yet.
-    pub fn new(started: Instant, limit: Duration) -> Self {
+    pub(crate) fn new(started: Instant, limit: Duration) -> Self {
         Self {
             silent_since: Mutex::new(Some(started)),
             limit,
@@ -55,17 +55,17 @@ impl RuntimeSilence {
     }
 
     /// The runtime answered.
-    pub fn answered(&self) {
+    pub(crate) fn answered(&self) {
         *self.lock() = None;
     }
 
     /// A check at `at` got no answer; the silence counts from the first such check.
-    pub fn unanswered(&self, at: Instant) {
+    pub(crate) fn unanswered(&self, at: Instant) {
         self.lock().get_or_insert(at);
     }
 
     /// [`runtime_liveness`] at `now`, with the reason `/healthz` gives when it fails.
-    pub fn check(&self, now: Instant) -> Result<(), String> {
+    pub(crate) fn check(&self, now: Instant) -> Result<(), String> {
         let since = *self.lock();
         runtime_liveness(since, now, self.limit).map_err(|silent_for| {
             format!(

@@ -21,13 +21,13 @@ use kruise_rs_api::nodeimage::{
 };
 
 /// `timeoutSeconds` when unset or not positive (upstream's default).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 /// `backoffLimit` when unset or negative (upstream's default).
-pub const DEFAULT_BACKOFF_LIMIT: u32 = 3;
+pub(crate) const DEFAULT_BACKOFF_LIMIT: u32 = 3;
 
 /// One tag of one image: the unit a worker pulls.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct TagKey {
+pub(crate) struct TagKey {
     /// The `spec.images` key (a familiar image name).
     pub image: String,
     /// The tag, or a `sha256:` digest.
@@ -35,7 +35,7 @@ pub struct TagKey {
 }
 
 impl TagKey {
-    pub fn new(image: impl Into<String>, tag: impl Into<String>) -> Self {
+    pub(crate) fn new(image: impl Into<String>, tag: impl Into<String>) -> Self {
         Self {
             image: image.into(),
             tag: tag.into(),
@@ -45,7 +45,7 @@ impl TagKey {
 
 /// Everything a worker needs to pull one tag.
 #[derive(Clone, Debug, PartialEq)]
-pub struct PullTask {
+pub(crate) struct PullTask {
     pub key: TagKey,
     pub version: i64,
     /// Attempts in all: `backoffLimit + 1`.
@@ -67,13 +67,13 @@ pub struct PullTask {
 
 /// A worker the daemon has, as the planner sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Running {
+pub(crate) struct Running {
     pub version: i64,
 }
 
 /// What to change.
 #[derive(Debug, Default, PartialEq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Workers to stop (and forget) first.
     pub stop: Vec<TagKey>,
     /// Workers to start, in spec order (images by name, tags as listed).
@@ -81,12 +81,12 @@ pub struct Plan {
 }
 
 /// The spec version of a tag; upstream's zero when unset.
-pub fn spec_version(version: Option<i64>) -> i64 {
+pub(crate) fn spec_version(version: Option<i64>) -> i64 {
     version.unwrap_or(0)
 }
 
 /// Decides the plan; see the module documentation for the rules.
-pub fn plan(
+pub(crate) fn plan(
     spec: &NodeImageSpec,
     status: Option<&NodeImageStatus>,
     running: &BTreeMap<TagKey, Running>,

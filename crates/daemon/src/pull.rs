@@ -15,11 +15,11 @@ use super::plan::PullTask;
 use kruise_rs_api::well_known::{PULLING_IMAGE_BY, PULLING_IMAGE_BY_VALUE};
 
 /// First pause between attempts; it doubles up to [`MAX_BACKOFF`].
-pub const FIRST_BACKOFF: Duration = Duration::from_secs(1);
-pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+pub(crate) const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// The image calls a pull makes.
-pub trait ImageRuntime: Send + Sync {
+pub(crate) trait ImageRuntime: Send + Sync {
     fn image_status(
         &self,
         image: &str,
@@ -53,7 +53,7 @@ impl ImageRuntime for Cri {
 
 /// What a pull needs besides the task.
 #[derive(Debug)]
-pub struct PullInput<'a> {
+pub(crate) struct PullInput<'a> {
     /// The fully qualified reference (`registry/repo:tag` or `registry/repo@sha256:…`).
     pub image: &'a str,
     /// `registry/repo`, to pick the matching repo digest for the image id.
@@ -68,7 +68,7 @@ pub struct PullInput<'a> {
 }
 
 /// The image id to report: `name@sha256:…`.
-pub type ImageId = String;
+pub(crate) type ImageId = String;
 
 /// Pulls with up to `task.attempts` attempts; `Err` is the message for the status.
 ///
@@ -77,7 +77,7 @@ pub type ImageId = String;
 /// failing does not keep other tags from pulling. An attempt that failed because the runtime
 /// could not be reached (down, restarting) is not counted: the pull waits until the runtime
 /// answers again and repeats it, up to [`MAX_UNCOUNTED`] times, within the active deadline.
-pub async fn pull<R: ImageRuntime>(
+pub(crate) async fn pull<R: ImageRuntime>(
     runtime: &R,
     slot: &mut Slot<'_>,
     task: &PullTask,
@@ -155,9 +155,9 @@ pub async fn pull<R: ImageRuntime>(
 /// Attempts a pull may repeat uncounted because the runtime could not be reached. Enough for
 /// any number of ordinary runtime restarts during one pull; a runtime that goes down on every
 /// pull of the image ends up counting them.
-pub const MAX_UNCOUNTED: u32 = 10;
+pub(crate) const MAX_UNCOUNTED: u32 = 10;
 /// Longest pause between two checks of a runtime that does not answer.
-pub const MAX_RUNTIME_RECHECK: Duration = Duration::from_secs(5);
+pub(crate) const MAX_RUNTIME_RECHECK: Duration = Duration::from_secs(5);
 
 /// Waits until the runtime answers, checking after 1s, 2s, 4s, then every
 /// [`MAX_RUNTIME_RECHECK`].
@@ -183,7 +183,7 @@ async fn within<T>(deadline: Option<Instant>, work: impl Future<Output = T>) -> 
 /// A worker's place among the node's concurrent pulls: held while it talks to the runtime,
 /// given back while it waits. Taken in `share`'s turn ([`FairSlots`]).
 #[derive(Debug)]
-pub struct Slot<'a> {
+pub(crate) struct Slot<'a> {
     slots: &'a FairSlots,
     share: String,
     held: bool,
@@ -191,7 +191,7 @@ pub struct Slot<'a> {
 
 impl<'a> Slot<'a> {
     /// Waits for a slot for `share` (the tenant of the tag); `None` once `slots` is closed.
-    pub async fn acquire(slots: &'a FairSlots, share: &str) -> Option<Self> {
+    pub(crate) async fn acquire(slots: &'a FairSlots, share: &str) -> Option<Self> {
         let mut slot = Self {
             slots,
             share: share.to_owned(),
@@ -225,7 +225,7 @@ impl Drop for Slot<'_> {
 }
 
 /// The pause after failed attempt number `attempt` (1-based): 1s, 2s, 4s, … capped at 30s.
-pub fn backoff(attempt: u32) -> Duration {
+pub(crate) fn backoff(attempt: u32) -> Duration {
     let doublings = attempt.saturating_sub(1).min(16);
     FIRST_BACKOFF
         .saturating_mul(1 << doublings)
@@ -314,7 +314,7 @@ async fn attempt_once<R: ImageRuntime>(
 
 /// `name@sha256:…` from the runtime: the repo digest under this name (what a pod's `imageID`
 /// shows and what pulls the same content again), else `name@<image id>` as upstream reports.
-pub fn image_id(name: &str, present: &PresentImage) -> ImageId {
+pub(crate) fn image_id(name: &str, present: &PresentImage) -> ImageId {
     present
         .repo_digests
         .iter()
@@ -324,7 +324,7 @@ pub fn image_id(name: &str, present: &PresentImage) -> ImageId {
 }
 
 /// The NodeImage's sandbox labels and annotations, marked as a kruise-daemon pull.
-pub fn sandbox_config(task: &PullTask) -> PodSandboxConfig {
+pub(crate) fn sandbox_config(task: &PullTask) -> PodSandboxConfig {
     let mut annotations: std::collections::HashMap<String, String> = task
         .sandbox
         .annotations

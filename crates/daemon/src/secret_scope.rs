@@ -34,7 +34,7 @@ fn copy_references(annotations: &BTreeMap<String, String>) -> impl Iterator<Item
 /// A tag without owners was written by hand: only whoever may write NodeImage specs (the
 /// manager, which never writes one, and cluster admins) can, so every Secret listed on its
 /// image serves it, as upstream's daemon does.
-pub fn serves<'a>(
+pub(crate) fn serves<'a>(
     namespace: &str,
     annotations: &BTreeMap<String, String>,
     owners: impl IntoIterator<Item = &'a ObjectReference>,

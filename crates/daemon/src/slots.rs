@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 
 /// The slots of one node.
 #[derive(Debug)]
-pub struct FairSlots {
+pub(crate) struct FairSlots {
     state: Mutex<State>,
 }
 
@@ -41,7 +41,7 @@ struct Waiter {
 
 impl FairSlots {
     /// `count` slots (at least one).
-    pub fn new(count: usize) -> Self {
+    pub(crate) fn new(count: usize) -> Self {
         Self {
             state: Mutex::new(State {
                 free: count.max(1),
@@ -60,7 +60,7 @@ impl FairSlots {
 
     /// Waits for a slot for `share`; `false` once the slots are closed. Cancel-safe: a wait
     /// dropped after a slot was handed to it gives the slot on.
-    pub async fn acquire(&self, share: &str) -> bool {
+    pub(crate) async fn acquire(&self, share: &str) -> bool {
         let (id, rx) = {
             let mut state = self.state();
             if state.closed {
@@ -97,7 +97,7 @@ impl FairSlots {
     }
 
     /// Gives a slot back: to the next share in turn, else to the free count.
-    pub fn release(&self) {
+    pub(crate) fn release(&self) {
         let mut state = self.state();
         while let Some(share) = state.turns.pop_front() {
             let Some(queue) = state.queues.get_mut(&share) else {
@@ -122,7 +122,7 @@ impl FairSlots {
     /// Refuses every waiter and every later acquire. Only tests close the slots: the daemon
     /// aborts its workers at shutdown instead.
     #[cfg(test)]
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         let mut state = self.state();
         state.closed = true;
         state.turns.clear();
@@ -135,7 +135,7 @@ impl FairSlots {
 
     /// Slots free now.
     #[cfg(test)]
-    pub fn available(&self) -> usize {
+    pub(crate) fn available(&self) -> usize {
         self.state().free
     }
 }

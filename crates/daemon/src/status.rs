@@ -20,7 +20,7 @@ use kruise_rs_api::nodeimage::{
 };
 
 /// The status to report for `spec`, given the status last seen and the workers' states.
-pub fn desired_status(
+pub(crate) fn desired_status(
     spec: &NodeImageSpec,
     observed: Option<&NodeImageStatus>,
     workers: &BTreeMap<TagKey, ImageTagStatus>,
@@ -72,7 +72,7 @@ pub fn desired_status(
 
 /// A merge patch of the status subresource turning `observed` into `desired`, guarded by
 /// `resource_version`. Images present before and absent now are removed explicitly.
-pub fn status_patch(
+pub(crate) fn status_patch(
     observed: Option<&NodeImageStatus>,
     desired: &NodeImageStatus,
     resource_version: &str,

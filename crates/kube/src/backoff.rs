@@ -29,7 +29,7 @@ impl Backoff {
     }
 
     /// Records a failure of `key` and returns how long to wait before retrying it:
-    /// `base * 2^(failures-1)`, at most `cap`, stretched by up to [`BACKOFF_JITTER`] of itself
+    /// `base * 2^(failures-1)`, at most `cap`, stretched by up to `BACKOFF_JITTER` of itself
     /// at random (so at most `cap * 1.2`).
     pub fn failed(&self, key: &str) -> Duration {
         jittered(self.unjittered(key), BACKOFF_JITTER)
@@ -115,7 +115,7 @@ where
 
 /// The share of a backoff delay [`Backoff::failed`] may add at random: enough to spread a
 /// thousand objects that failed on the same apiserver outage over a fifth of the delay.
-pub const BACKOFF_JITTER: f64 = 0.2;
+pub(crate) const BACKOFF_JITTER: f64 = 0.2;
 
 /// `delay` stretched by a random share of up to `factor` of itself (`delay * (1 + [0, factor))`),
 /// so that many clients failing at once do not retry in step (client-go's `wait.Jitter`).

@@ -20,7 +20,7 @@ const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
 
 /// Publishes Events as `reporter`; cheap to share behind an `Arc`, as the contexts do.
 /// Reporting controller of every event the manager's controllers publish.
-pub const MANAGER_REPORTER: &str = "kruise-rs-manager";
+pub(crate) const MANAGER_REPORTER: &str = "kruise-rs-manager";
 
 pub struct Recorder {
     client: Client,
@@ -30,7 +30,7 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// The manager's controllers' recorder: reporting controller [`MANAGER_REPORTER`], instance
+    /// The manager's controllers' recorder: reporting controller `MANAGER_REPORTER`, instance
     /// the pod (`POD_NAME`, set by the chart), when known.
     pub fn for_manager(client: Client) -> Self {
         Self::new(

@@ -11,7 +11,7 @@ pub mod error_chain;
 pub mod events;
 pub mod metrics;
 mod probe_server;
-pub mod rate_limit;
+mod rate_limit;
 mod transient;
 
 pub use self::client::{ConnectError, client, connect, load_config};

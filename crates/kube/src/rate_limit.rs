@@ -123,13 +123,13 @@ impl TokenBucket {
 
 /// Wraps a service in a [`RateLimited`] one, whose waits are counted in a [`LimitWaits`].
 #[derive(Clone, Debug)]
-pub struct RateLimitLayer {
+pub(crate) struct RateLimitLayer {
     limit: RateLimit,
     waits: LimitWaits,
 }
 
 impl RateLimitLayer {
-    pub fn new(limit: RateLimit, waits: LimitWaits) -> Self {
+    pub(crate) fn new(limit: RateLimit, waits: LimitWaits) -> Self {
         Self { limit, waits }
     }
 }
@@ -153,7 +153,7 @@ impl<S> Layer<S> for RateLimitLayer {
 ///
 /// The kube `Client` puts a buffer in front of its stack, so one `RateLimited` (one bucket)
 /// serves every clone of the client, and callers queue in the buffer while it waits.
-pub struct RateLimited<S> {
+pub(crate) struct RateLimited<S> {
     inner: S,
     bucket: TokenBucket,
     /// A token was taken for the next `call` (readiness may be asked several times first).

@@ -44,7 +44,7 @@ pub struct SidecarSetUpgradeSpec {
 }
 
 /// A pod's hash annotation: SidecarSet name to its entry.
-pub type SidecarSetHashes = BTreeMap<String, SidecarSetUpgradeSpec>;
+pub(crate) type SidecarSetHashes = BTreeMap<String, SidecarSetUpgradeSpec>;
 
 /// Why an annotation on the pod cannot be read.
 #[derive(Debug, thiserror::Error)]
@@ -111,7 +111,7 @@ pub fn parse_injected_list(value: &str) -> BTreeSet<String> {
 }
 
 /// Writes `kruise.io/sidecarset-injected-list`: sorted, comma-joined.
-pub fn render_injected_list(names: &BTreeSet<String>) -> String {
+pub(crate) fn render_injected_list(names: &BTreeSet<String>) -> String {
     names
         .iter()
         .map(String::as_str)

@@ -6,7 +6,7 @@
 //! in three ways that matter here, and this module closes each gap:
 //!
 //! - **Field order.** Go writes struct fields in declaration order; serde_json's `Value` sorts
-//!   them. The tables below ([`SIDECAR_CONTAINER`] and what it reaches) list every field of
+//!   them. The tables below (`SIDECAR_CONTAINER` and what it reaches) list every field of
 //!   kruise's v1beta1 `SidecarContainer` and of core/v1 `Container` in Go's order (taken from
 //!   `k8s.io/api` v0.36, a superset of the v0.32 upstream builds with; fields a version lacks are
 //!   simply never present).
@@ -15,7 +15,7 @@
 //!   `omitempty` is written as `null`, a required scalar as its zero value. Rust models all of
 //!   these as `Option`, so each table entry records what Go does.
 //! - **Strings.** Go escapes `<`, `>`, `&`, U+2028 and U+2029 (HTML-safe output); quantities are
-//!   re-rendered in their canonical form (see [`super::quantity`]).
+//!   re-rendered in their canonical form (see `super::quantity`).
 //!
 //! Keys a table does not know (fields newer than these tables) are written after the known ones
 //! in sorted order, so the output stays deterministic and still changes when they change.

@@ -82,7 +82,7 @@ fn sha256_hex(data: &[u8]) -> String {
 
 /// The exact text upstream hashes: `{"containers":[…]}`, plus `"initContainers"` when any init
 /// container is a native sidecar. Public so a mismatch can be diagnosed by comparing texts.
-pub fn hash_input(spec: &SidecarSetSpec, without_image: bool) -> String {
+pub(crate) fn hash_input(spec: &SidecarSetSpec, without_image: bool) -> String {
     let mut out = String::from("{\"containers\":");
     write_containers(&mut out, &spec.containers, without_image);
     if spec.init_containers.iter().any(is_native_sidecar) {

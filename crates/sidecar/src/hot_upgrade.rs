@@ -2,7 +2,7 @@
 //! annotations that say which twin works and which version each runs. Pure, in upstream's
 //! names and bytes, so pods that upstream's webhook injected are read the same way.
 //!
-//! Injection ([`super::injection`]) builds the twins with [`expand`]; the controller reads the
+//! Injection (`super::injection`) builds the twins with `expand`; the controller reads the
 //! annotations to upgrade one twin and later reset the other
 //! (`controllers::sidecarset::hot_upgrade`).
 //!
@@ -41,9 +41,9 @@ use super::hash::is_native_sidecar;
 
 /// The version annotation value of a twin injected working (upstream: "first injected, not
 /// upgraded yet").
-pub const INJECTED_VERSION: &str = "1";
+pub(crate) const INJECTED_VERSION: &str = "1";
 /// The version annotation value of a twin on the empty image.
-pub const EMPTY_VERSION: &str = "0";
+pub(crate) const EMPTY_VERSION: &str = "0";
 
 /// Why the twins of a sidecar cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -123,13 +123,13 @@ pub fn is_twin_of(container: &str, sidecar: &str) -> bool {
 }
 
 /// The pod annotation holding the twin `container`'s version: `version.sidecarset.kruise.io/mesh-1`.
-pub fn version_annotation(container: &str) -> String {
+pub(crate) fn version_annotation(container: &str) -> String {
     format!("{SIDECARSET_VERSION_PREFIX}{container}")
 }
 
 /// The pod annotation holding the other twin's version, as seen by `container`:
 /// `versionalt.sidecarset.kruise.io/mesh-1`.
-pub fn version_alt_annotation(container: &str) -> String {
+pub(crate) fn version_alt_annotation(container: &str) -> String {
     format!("{SIDECARSET_VERSION_ALT_PREFIX}{container}")
 }
 
@@ -137,7 +137,7 @@ pub fn version_alt_annotation(container: &str) -> String {
 /// then `SIDECARSET_VERSION_ALT`, each a downward-API field reference to its annotation
 /// (`metadata.annotations['version.sidecarset.kruise.io/mesh-1']`). `apiVersion` is left out,
 /// as upstream's webhook leaves it; the apiserver defaults it to `v1`.
-pub fn version_env(container: &str) -> [EnvVar; 2] {
+pub(crate) fn version_env(container: &str) -> [EnvVar; 2] {
     let field = |name: &str, annotation: String| EnvVar {
         name: name.to_owned(),
         value: None,
@@ -160,7 +160,7 @@ pub fn version_env(container: &str) -> [EnvVar; 2] {
 
 /// The two containers and the version annotations a hot-upgrade sidecar injects.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Twins {
+pub(crate) struct Twins {
     /// `<name>-1`, the sidecar's own image: the working twin.
     pub working: SidecarContainer,
     /// `<name>-2`, on `hotUpgradeEmptyImage`: the idle twin.
@@ -172,7 +172,7 @@ pub struct Twins {
 impl Twins {
     /// The working-container entry this sidecar adds to
     /// `kruise.io/sidecarset-working-hotupgrade-container`: (sidecar name, working twin name).
-    pub fn working_entry(&self, sidecar: &str) -> (String, String) {
+    pub(crate) fn working_entry(&self, sidecar: &str) -> (String, String) {
         (sidecar.to_owned(), self.working.container.name.clone())
     }
 }
@@ -181,7 +181,7 @@ impl Twins {
 /// built it, env and mounts merged), renamed `-1` and `-2`, the second on the empty image, each
 /// with [`version_env`] appended to its env; and their version annotations (`-1`: `"1"`/`"0"`,
 /// `-2`: `"0"`/`"1"`). The caller records `-1` as working with [`working_annotation`].
-pub fn inject_twins(sidecar: &SidecarContainer) -> Result<Twins, HotUpgradeError> {
+pub(crate) fn inject_twins(sidecar: &SidecarContainer) -> Result<Twins, HotUpgradeError> {
     let name = &sidecar.container.name;
     let empty_image = sidecar
         .upgrade_strategy
@@ -235,7 +235,7 @@ pub fn injects_twins(sidecar: &SidecarContainer, init_container: bool) -> bool {
 
 /// One SidecarSet's sidecars (containers, or init containers), as injection adds them.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Expansion {
+pub(crate) struct Expansion {
     /// The sidecars in order, each hot-upgrade one replaced by its twins (`-1` then `-2`).
     pub containers: Vec<SidecarContainer>,
     /// Version annotations of every twin, and, when there is at least one hot-upgrade
@@ -247,7 +247,7 @@ pub struct Expansion {
 /// [`injects_twins`] becomes its twins, the others stay; `working` (the pod's working map,
 /// carried across the SidecarSets injected into one pod, as upstream does) gets
 /// `<name>` → `<name>-1` for each, and the annotation is written from all of it.
-pub fn expand(
+pub(crate) fn expand(
     sidecars: impl IntoIterator<Item = SidecarContainer>,
     init_container: bool,
     working: &mut BTreeMap<String, String>,
@@ -280,7 +280,7 @@ pub fn expand(
 /// working twin, in Go's `json.Marshal` bytes (keys sorted, compact, HTML-safe escapes):
 /// `{"envoy":"envoy-2","mesh":"mesh-1"}`. Upstream writes the whole map, entries of earlier
 /// SidecarSets and of the pod's existing annotation included.
-pub fn working_annotation(working: &BTreeMap<String, String>) -> String {
+pub(crate) fn working_annotation(working: &BTreeMap<String, String>) -> String {
     let mut out = String::from("{");
     for (i, (sidecar, twin)) in working.iter().enumerate() {
         if i > 0 {
@@ -342,24 +342,27 @@ pub fn twin_roles(sidecar: &str, working: &BTreeMap<String, String>) -> TwinRole
 }
 
 /// The versions one twin reads through its env, from the pod's annotations.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct TwinVersions<'a> {
+pub(crate) struct TwinVersions<'a> {
     /// `version.sidecarset.kruise.io/<twin>`: `"0"` on the empty image, `"1"` as injected,
     /// else the SidecarSet `resourceVersion` it was upgraded at.
-    pub version: Option<&'a str>,
+    pub(crate) version: Option<&'a str>,
     /// `versionalt.sidecarset.kruise.io/<twin>`: the other twin's version.
-    pub alt: Option<&'a str>,
+    pub(crate) alt: Option<&'a str>,
 }
 
+#[cfg(test)]
 impl TwinVersions<'_> {
     /// Whether the annotations record this twin as on the empty image.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.version == Some(EMPTY_VERSION)
     }
 }
 
 /// The version annotations of the twin `container`.
-pub fn twin_versions<'a>(
+#[cfg(test)]
+pub(crate) fn twin_versions<'a>(
     container: &str,
     annotations: Option<&'a BTreeMap<String, String>>,
 ) -> TwinVersions<'a> {

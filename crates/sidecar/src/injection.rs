@@ -66,7 +66,7 @@ use super::resources::{ResourcesPolicyError, apply_resources_policy};
 use super::revision::SelectedSidecarSet;
 
 /// The env var that marks a container as injected by a SidecarSet.
-pub const SIDECAR_ENV_KEY: &str = "IS_INJECTED";
+pub(crate) const SIDECAR_ENV_KEY: &str = "IS_INJECTED";
 
 /// The result of [`inject`].
 #[derive(Clone, Debug, PartialEq)]
@@ -430,7 +430,7 @@ impl<'a> PodContext<'a> {
 }
 
 /// Whether a pod container was put there by a SidecarSet (its first `IS_INJECTED` says `true`).
-pub fn is_injected_container(container: &Container) -> bool {
+pub(crate) fn is_injected_container(container: &Container) -> bool {
     container
         .env
         .iter()

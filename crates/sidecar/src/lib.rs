@@ -5,7 +5,7 @@
 //!
 //! - [`matching`]: which SidecarSets apply to a pod (selectors, namespaces, pause, canaries).
 //! - [`revision`]: which version of a SidecarSet a new pod gets (`injectionStrategy.revision`).
-//! - [`injection`]: the pod after injection, and the JSON patch the webhook returns.
+//! - `injection`: the pod after injection, and the JSON patch the webhook returns.
 //! - [`metadata`]: `patchPodMetadata` (Retain / Overwrite / MergePatchJson).
 //! - [`annotations`]: the pod annotations recording what was injected, in upstream's bytes.
 //! - [`hash`]: the SidecarSet hashes, equal to upstream's.
@@ -22,10 +22,10 @@ pub mod annotations;
 pub mod gojson;
 pub mod hash;
 pub mod hot_upgrade;
-pub mod injection;
+mod injection;
 pub mod matching;
 pub mod metadata;
-pub mod resources;
+mod resources;
 pub mod revision;
 pub mod unsupported;
 

@@ -124,7 +124,7 @@ pub fn pod_namespace(pod: &impl Resource) -> &str {
 }
 
 /// Whether `set` selects `pod`, given the labels of the pod's Namespace object.
-pub fn sidecarset_matches_pod(
+pub(crate) fn sidecarset_matches_pod(
     set: &SidecarSet,
     pod: &Pod,
     namespace_labels: &BTreeMap<String, String>,
@@ -165,7 +165,7 @@ pub fn sidecarset_matches(
 }
 
 /// The base SidecarSet a canary SidecarSet replaces, if `set` is a canary.
-pub fn canary_base(set: &SidecarSet) -> Option<&str> {
+pub(crate) fn canary_base(set: &SidecarSet) -> Option<&str> {
     let annotations = set.metadata.annotations.as_ref()?;
     let is_canary = annotations.get(SIDECARSET_CANARY).map(String::as_str) == Some("true");
     let base = annotations.get(SIDECARSET_BASE).map(String::as_str)?;
@@ -174,7 +174,7 @@ pub fn canary_base(set: &SidecarSet) -> Option<&str> {
 
 /// The SidecarSets to inject into a new pod, in name order: not paused, matching the pod and its
 /// namespace, with every base named by a matching canary removed.
-pub fn sidecarsets_for_pod<'a>(
+pub(crate) fn sidecarsets_for_pod<'a>(
     candidates: impl IntoIterator<Item = &'a SidecarSet>,
     pod: &Pod,
     namespace_labels: &BTreeMap<String, String>,

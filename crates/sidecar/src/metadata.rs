@@ -86,7 +86,7 @@ pub fn patch_pod_metadata(
 }
 
 /// RFC 7386 merge of `patch` into `doc`, both JSON text, with upstream's edge cases.
-pub fn merge_patch_json(doc: &str, patch: &str) -> Result<String, MergePatchError> {
+pub(crate) fn merge_patch_json(doc: &str, patch: &str) -> Result<String, MergePatchError> {
     let doc: Value =
         serde_json::from_str(doc).map_err(|e| MergePatchError::DocumentNotJson(e.to_string()))?;
     let patch: Value =

@@ -27,16 +27,16 @@ use kruise_rs_kube::backoff::Backoff;
 use kruise_rs_kube::events::Recorder;
 
 /// Field manager of everything this controller writes.
-pub const FIELD_MANAGER: &str = "kruise-rs-imagelistpulljob";
+pub(crate) const FIELD_MANAGER: &str = "kruise-rs-imagelistpulljob";
 /// The controller's name in metrics and in [`super::CacheSync`].
-pub const NAME: &str = "imagelistpulljob";
+pub(crate) const NAME: &str = "imagelistpulljob";
 
 /// How long our own creates and deletes are overlaid on a store that has not shown them (a
 /// watch that lags this long has been re-listed, and the store is then authoritative again).
 const OVERLAY_TTL: Duration = Duration::from_secs(120);
 
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error("the ImagePullJob cache is not filled yet")]
     CachesNotReady,
     #[error("labelling ImageListPullJob {name} with its template hash")]
@@ -137,7 +137,7 @@ impl Overlays {
 }
 
 /// What every reconcile shares.
-pub struct Context {
+pub(crate) struct Context {
     client: Client,
     /// Every ImagePullJob the manager sees; a list's children are those it controls.
     jobs: Store<ImagePullJob>,

@@ -1,6 +1,6 @@
 //! The ImageListPullJob controller's decisions, from plain values: what a list needs next
-//! ([`next_step`]), which ImagePullJobs to create, delete and relabel ([`plan`]), the list's
-//! status ([`compute_status`]) and the batches creations go in ([`slow_start_batches`]).
+//! (`next_step`), which ImagePullJobs to create, delete and relabel ([`plan`]), the list's
+//! status ([`compute_status`]) and the batches creations go in (`slow_start_batches`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -21,11 +21,11 @@ use kruise_rs_api::well_known::{CONTROLLER_REVISION_HASH, GROUP, STORAGE_VERSION
 use kruise_rs_sidecar::hash::safe_encode_string;
 
 /// The kind of the lists, as their children's ownerReferences name it.
-pub const KIND: &str = "ImageListPullJob";
+pub(crate) const KIND: &str = "ImageListPullJob";
 
 /// What a list needs before its children are looked at.
 #[derive(Debug, PartialEq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Being deleted: the garbage collector takes its ImagePullJobs; nothing to do.
     LetGo,
     /// Finished: delete the list at `expiry` (`ttlSecondsAfterFinished`, its children go with
@@ -36,7 +36,7 @@ pub enum Step {
 }
 
 /// The first decision of every reconcile.
-pub fn next_step(list: &ImageListPullJob) -> Step {
+pub(crate) fn next_step(list: &ImageListPullJob) -> Step {
     if list.metadata.deletion_timestamp.is_some() {
         return Step::LetGo;
     }
@@ -62,7 +62,7 @@ pub fn next_step(list: &ImageListPullJob) -> Step {
 }
 
 /// The `controller-revision-hash` of a list's template: 16 characters of the SHA-256 of the
-/// JSON of its [`child_template`], spelled as Kubernetes spells hashes in labels (upstream
+/// JSON of its `child_template`, spelled as Kubernetes spells hashes in labels (upstream
 /// hashes Go's memory layout with FNV-32a, which no other program can reproduce; children are
 /// matched by their template, so the values need not agree). A list without `imagePullPolicy`
 /// hashes as one with `IfNotPresent`: their children are the same.
@@ -82,14 +82,14 @@ pub fn template_hash(template: &ImagePullJobTemplate) -> String {
 /// ImagePullJob defaults its own (and upstream's) schema and webhook give an ImagePullJob. A
 /// list leaves `imagePullPolicy` unset when its author did (as upstream), and each image's job
 /// gets `IfNotPresent`; its children are compared with this, not with the list's template.
-pub fn child_template(template: &ImagePullJobTemplate) -> ImagePullJobTemplate {
+pub(crate) fn child_template(template: &ImagePullJobTemplate) -> ImagePullJobTemplate {
     let mut template = template.clone();
     defaults::default_imagepulljob_template(&mut template);
     template
 }
 
 /// Whether `job`'s controller is `list`.
-pub fn controlled_by(job: &ImagePullJob, list_uid: &str) -> bool {
+pub(crate) fn controlled_by(job: &ImagePullJob, list_uid: &str) -> bool {
     job.owner_references()
         .iter()
         .any(|o| o.controller == Some(true) && o.kind == KIND && o.uid == list_uid)
@@ -98,7 +98,7 @@ pub fn controlled_by(job: &ImagePullJob, list_uid: &str) -> bool {
 /// The ImagePullJob that pulls `image` for `list`: named `<list>-<random>`, labelled as the
 /// list is plus `controller-revision-hash: <hash>`, controlled by the list, spec = the image and
 /// the whole template as the job will be stored ([`child_template`]).
-pub fn child(list: &ImageListPullJob, image: &str, hash: &str) -> ImagePullJob {
+pub(crate) fn child(list: &ImageListPullJob, image: &str, hash: &str) -> ImagePullJob {
     let name = list.name_any();
     let mut labels = list.labels().clone();
     labels.insert(CONTROLLER_REVISION_HASH.to_owned(), hash.to_owned());
@@ -243,7 +243,7 @@ pub fn plan(
 }
 
 /// The hint every failed image's entry carries (upstream's words).
-pub fn failed_message(job_name: &str) -> String {
+pub(crate) fn failed_message(job_name: &str) -> String {
     format!("Please check for details which nodes failed by 'kubectl get ImagePullJob {job_name}'.")
 }
 
@@ -293,7 +293,7 @@ pub fn compute_status(
 
 /// The sizes of the batches `n` creations go in: 1, 2, 4, … (the last one what is left), as
 /// upstream's slow start; a batch that fails stops the ones after it.
-pub fn slow_start_batches(n: usize) -> Vec<usize> {
+pub(crate) fn slow_start_batches(n: usize) -> Vec<usize> {
     let mut batches = Vec::new();
     let (mut left, mut size) = (n, 1usize);
     while left > 0 {

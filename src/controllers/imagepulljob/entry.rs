@@ -16,7 +16,7 @@ use kruise_rs_api::shared_owner::{SharedOwner, share};
 
 /// Everything a job asks of every node, computed once per reconcile.
 #[derive(Clone, Debug, PartialEq)]
-pub struct JobRequest {
+pub(crate) struct JobRequest {
     /// NodeImage key: the familiar image name.
     pub name: String,
     /// Tag, or `sha256:…` digest.
@@ -27,7 +27,7 @@ pub struct JobRequest {
 }
 
 impl JobRequest {
-    pub fn new(
+    pub(crate) fn new(
         job: &ImagePullJob,
         name: String,
         tag: String,
@@ -48,7 +48,7 @@ impl JobRequest {
 }
 
 /// How a tag names the job that asked for it.
-pub fn owner_reference(job: &ImagePullJob) -> ObjectReference {
+pub(crate) fn owner_reference(job: &ImagePullJob) -> ObjectReference {
     ObjectReference {
         api_version: Some("apps.kruise.io/v1beta1".into()),
         kind: Some("ImagePullJob".into()),
@@ -64,7 +64,7 @@ pub fn owner_reference(job: &ImagePullJob) -> ObjectReference {
 /// current asks ([`refresh_image`]):
 /// `req` answers for its own job, `others` for the other owners (from the job store; `None` for
 /// a job it does not know, whose tags are then left alone).
-pub fn with_job_entry(
+pub(crate) fn with_job_entry(
     images: &Images,
     status: Option<&NodeImageStatus>,
     req: &JobRequest,

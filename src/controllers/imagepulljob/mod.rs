@@ -15,7 +15,7 @@
 //! [`tag_values`](super::shared::tag_values)), and the NodeImage controller does the same for the
 //! remaining owners when a job is gone.
 //!
-//! Writes go through [`update_images`](super::shared::nodeimage_images::update_images) (guarded
+//! Writes go through `update_images` (guarded
 //! JSON patches), so jobs sharing a node never lose each other's entries. The NodeImage store can lag behind our own writes; the objects our
 //! patches return are kept until the store catches up (`Context::fresher`), so a reconcile
 //! never counts a node it just started as not started, and `parallelism` holds exactly.
@@ -48,12 +48,12 @@ use super::shared::lean_nodeimage::LeanNodeImage;
 use kruise_rs_kube::events::Recorder;
 
 /// Field manager of everything this controller writes.
-pub const FIELD_MANAGER: &str = "kruise-rs-imagepulljob";
+pub(crate) const FIELD_MANAGER: &str = "kruise-rs-imagepulljob";
 /// The controller's name in metrics and in [`super::CacheSync`].
-pub const NAME: &str = "imagepulljob";
+pub(crate) const NAME: &str = "imagepulljob";
 
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error("the NodeImage and Pod caches are not filled yet")]
     CachesNotReady,
     #[error(transparent)]
@@ -87,7 +87,7 @@ pub enum Error {
 }
 
 /// What every reconcile shares.
-pub struct Context {
+pub(crate) struct Context {
     client: Client,
     /// True once the NodeImage and Pod stores hold a first full list.
     caches_ready: tokio::sync::watch::Receiver<bool>,
@@ -182,7 +182,7 @@ fn fresher(
 
 /// NodeImages as our own patches returned them, until the store has caught up with them.
 #[derive(Default)]
-pub struct WrittenNodeImages(Mutex<HashMap<String, Arc<LeanNodeImage>>>);
+pub(crate) struct WrittenNodeImages(Mutex<HashMap<String, Arc<LeanNodeImage>>>);
 
 impl WrittenNodeImages {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<LeanNodeImage>>> {
@@ -222,7 +222,7 @@ impl WrittenNodeImages {
     /// it, so that a fan-out over thousands of nodes does not keep a second copy of every
     /// NodeImage it wrote until its reconcile ends. A re-list's objects (`InitApply`) reach the
     /// store only at its end, so they forget nothing; `forget_caught_up` catches those.
-    pub fn saw(&self, event: &watcher::Event<LeanNodeImage>) {
+    pub(crate) fn saw(&self, event: &watcher::Event<LeanNodeImage>) {
         let (watcher::Event::Apply(ni) | watcher::Event::Delete(ni)) = event else {
             return;
         };

@@ -1,5 +1,5 @@
 //! The ImagePullJob controller's decisions, from plain values: what a job needs next
-//! ([`next_step`]) and where each of its target nodes stands ([`targets`]). The pieces they are
+//! (`next_step`) and where each of its target nodes stands (`targets`). The pieces they are
 //! built from live beside this file: [`super::targets`] (which nodes, in which order),
 //! [`super::status`] (the status, which nodes start next, the next deadline) and [`super::entry`]
 //! (what a job writes into a NodeImage).
@@ -21,7 +21,7 @@ use kruise_rs_api::well_known::GROUP;
 
 /// What a job needs before any node is looked at.
 #[derive(Debug, PartialEq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Being deleted (held by someone's finalizer: kruise-rs sets none, decision 0030): release
     /// its secret copies and the finalizer earlier versions set; its NodeImage entries are
     /// collected by the NodeImage controller once it is gone.
@@ -40,7 +40,7 @@ pub enum Step {
 }
 
 /// The first decision of every reconcile.
-pub fn next_step(job: &ImagePullJob) -> Step {
+pub(crate) fn next_step(job: &ImagePullJob) -> Step {
     if job.metadata.deletion_timestamp.is_some() {
         return Step::LetGo;
     }
@@ -84,7 +84,7 @@ fn controlled_by_a_list(job: &ImagePullJob) -> bool {
 /// The job's target nodes in pull order, each with where it stands for `req`, among the nodes
 /// that have a NodeImage (`nodeimages`, by name). `pods` may include other namespaces' pods.
 /// `Err`: a selector that does not parse (the job is refused, `InvalidSelector`).
-pub fn targets<'a>(
+pub(crate) fn targets<'a>(
     job: &ImagePullJob,
     req: &JobRequest,
     nodeimages: &'a HashMap<String, Arc<LeanNodeImage>>,
@@ -109,7 +109,7 @@ pub fn targets<'a>(
 }
 
 /// The NodeImages by name, as [`targets`] takes them.
-pub fn by_name(
+pub(crate) fn by_name(
     nodeimages: impl IntoIterator<Item = Arc<LeanNodeImage>>,
 ) -> HashMap<String, Arc<LeanNodeImage>> {
     nodeimages.into_iter().map(|n| (n.name_any(), n)).collect()

@@ -6,29 +6,29 @@
 //!
 //! - **Only pull secrets travel.** A source Secret is copied (or, for a job in the daemons' own
 //!   namespace, referenced in place) only if its type is `kubernetes.io/dockerconfigjson` or
-//!   `kubernetes.io/dockercfg` ([`check_type`]). Anything else (a service-account token, an
+//!   `kubernetes.io/dockercfg` (`check_type`). Anything else (a service-account token, an
 //!   Opaque Secret named by mistake) would hand a credential to every daemon for nothing: the
-//!   job gets a [`Problem`] (Warning event and status message) and pulls without it.
+//!   job gets a `Problem` (Warning event and status message) and pulls without it.
 //! - **Names.** A copy's name is the source name plus SHA-256 of `namespace/name`
 //!   ([`copy_name`]), stable across Rust releases and manager versions, so claiming a copy is a
 //!   GET, not a list.
 //! - **A copy is reused only if it says it is one.** A Secret at the copy name whose source
 //!   annotation is not exactly this source (a collision, or pre-created by someone) is neither
-//!   reused nor overwritten ([`refresh_copy`]): the job reports the conflict and pulls without
+//!   reused nor overwritten (`refresh_copy`): the job reports the conflict and pulls without
 //!   it.
 //! - **Only the Secret the author was checked against** (decision 0029). A job pins each
-//!   Secret's uid before its first copy ([`pins_to_add`]); a Secret of that name with another
+//!   Secret's uid before its first copy (`pins_to_add`); a Secret of that name with another
 //!   uid (deleted and created again) is not copied, and the job gives up its copy, as it does
-//!   when the Secret is gone ([`claim`]). The copy records its source's uid, so a copy refreshed
-//!   for a re-armed job serves that job only ([`refresh_copy`]).
-//! - **Releasing finds copies by their annotations, not their names.** [`release`] lists the
+//!   when the Secret is gone (`claim`). The copy records its source's uid, so a copy refreshed
+//!   for a re-armed job serves that job only (`refresh_copy`).
+//! - **Releasing finds copies by their annotations, not their names.** `release` lists the
 //!   namespace and lets go of every copy of a source in the job's namespace that lists the job,
-//!   whatever its name ([`release_action`]). That covers copies named the way earlier versions
+//!   whatever its name (`release_action`). That covers copies named the way earlier versions
 //!   named them (a `DefaultHasher` suffix): NodeImage entries written then still name them, so
 //!   they live exactly as long as a job references them and go with the last one, like any
 //!   other copy.
 //! - **A job's deletion never waits for the manager** (decision 0030): jobs carry no finalizer.
-//!   A finished job releases its copies; a deleted one is gone at once, and [`sweep`] (after
+//!   A finished job releases its copies; a deleted one is gone at once, and `sweep` (after
 //!   every job deletion event and every full list of the jobs, hence at start) drops the
 //!   references to jobs that no longer exist, deleting the copies left serving none.
 //!
@@ -51,7 +51,7 @@ use kruise_rs_api::well_known::{
 };
 
 /// The Secret types a registry credential comes in; the only ones copied for the daemons.
-pub const PULL_SECRET_TYPES: [&str; 2] =
+pub(crate) const PULL_SECRET_TYPES: [&str; 2] =
     ["kubernetes.io/dockerconfigjson", "kubernetes.io/dockercfg"];
 
 /// Hex characters of SHA-256 kept in a copy name. 64 bits: an accidental collision among the
@@ -64,7 +64,7 @@ const HASH_HEX: usize = 16;
 const MAX_NAME: usize = 253;
 
 #[derive(Debug, thiserror::Error)]
-pub enum SecretsError {
+pub(crate) enum SecretsError {
     #[error("{action} Secret {namespace}/{name}")]
     Kube {
         action: &'static str,
@@ -103,7 +103,7 @@ fn is_status(err: &kube::Error, code: u16) -> bool {
 /// Why one of a job's `pullSecrets` is not given to the daemons. The job pulls without it; the
 /// reconcile reports each as a Warning event (`reason`) and in the job's status message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Problem {
+pub(crate) enum Problem {
     /// No Secret of that name in the job's namespace.
     NotFound { namespace: String, name: String },
     /// The Secret is not a registry credential (`type_`: its type, `None` if it has none).
@@ -134,7 +134,7 @@ pub enum Problem {
 
 impl Problem {
     /// The event reason.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             Problem::NotFound { .. } => "PullSecretNotFound",
             Problem::NotAPullSecret { .. } => "PullSecretWrongType",
@@ -205,7 +205,7 @@ impl fmt::Display for Problem {
 }
 
 /// `Ok` if `secret` is a registry credential, the only kind given to the daemons.
-pub fn check_type(secret: &Secret) -> Result<(), Problem> {
+pub(crate) fn check_type(secret: &Secret) -> Result<(), Problem> {
     match secret.type_.as_deref() {
         Some(t) if PULL_SECRET_TYPES.contains(&t) => Ok(()),
         other => Err(Problem::NotAPullSecret {
@@ -279,7 +279,7 @@ fn source_key(secret: &Secret) -> String {
 
 /// What to do with the Secret found at a copy's name.
 #[derive(Debug, PartialEq)]
-pub enum CopyUpdate {
+pub(crate) enum CopyUpdate {
     /// It is the copy, current and serving the job.
     Current,
     /// It is the copy: write this (the job added, the source's data).
@@ -294,7 +294,7 @@ pub enum CopyUpdate {
 /// source uid differs) serves only `job` from now on: the other jobs it listed were checked
 /// against the earlier one. A copy without a source uid (made before uids were recorded)
 /// keeps its jobs: each gives it up at its next claim unless pinned to this uid.
-pub fn refresh_copy(copy: &Secret, source: &Secret, job: &str) -> CopyUpdate {
+pub(crate) fn refresh_copy(copy: &Secret, source: &Secret, job: &str) -> CopyUpdate {
     let found = copy.annotations().get(SECRET_SOURCE_KEY);
     if found.map(String::as_str) != Some(source_key(source).as_str()) {
         return CopyUpdate::Conflict {
@@ -331,7 +331,7 @@ pub fn refresh_copy(copy: &Secret, source: &Secret, job: &str) -> CopyUpdate {
 }
 
 /// A new copy of `source` in `namespace`, serving `job`.
-pub fn new_copy(source: &Secret, namespace: &str, job: &str) -> Secret {
+pub(crate) fn new_copy(source: &Secret, namespace: &str, job: &str) -> Secret {
     let source_ns = source.namespace().unwrap_or_default();
     let source_name = source.name_any();
     Secret {
@@ -359,7 +359,7 @@ pub fn new_copy(source: &Secret, namespace: &str, job: &str) -> Secret {
 
 /// What releasing a job does to one Secret of the daemons' namespace.
 #[derive(Debug, PartialEq)]
-pub enum Release {
+pub(crate) enum Release {
     /// The job was its last reference: delete it.
     Delete,
     /// Write it with the job dropped from its references.
@@ -369,7 +369,7 @@ pub enum Release {
 /// What releasing `job` (`namespace/name`, in `job_ns`) does to `secret`: `None` unless it is a
 /// copy of a Secret in `job_ns` (its source annotation says so) that lists the job. Its name
 /// does not matter: copies named by earlier versions go the same way.
-pub fn release_action(secret: &Secret, job_ns: &str, job: &str) -> Option<Release> {
+pub(crate) fn release_action(secret: &Secret, job_ns: &str, job: &str) -> Option<Release> {
     let source = secret.annotations().get(SECRET_SOURCE_KEY)?;
     if source.split_once('/').map(|(ns, _)| ns) != Some(job_ns) {
         return None;
@@ -443,7 +443,7 @@ pub(crate) fn sweep_action(secret: &Secret, gone: &BTreeSet<String>) -> Option<R
 }
 
 /// What the NodeImage lists for a copy.
-pub fn reference_object(namespace: &str, copy: &str) -> ReferenceObject {
+pub(crate) fn reference_object(namespace: &str, copy: &str) -> ReferenceObject {
     ReferenceObject {
         namespace: Some(namespace.to_owned()),
         name: Some(copy.to_owned()),
@@ -453,7 +453,7 @@ pub fn reference_object(namespace: &str, copy: &str) -> ReferenceObject {
 
 /// What [`claim`] gives the daemons, and what it could not.
 #[derive(Debug, Default)]
-pub struct Claimed {
+pub(crate) struct Claimed {
     /// The references for the job's NodeImage entries, in `pullSecrets` order.
     pub refs: Vec<ReferenceObject>,
     /// The `pullSecrets` left out, and why.
@@ -464,7 +464,7 @@ pub struct Claimed {
 }
 
 /// The job's `pullSecrets` as found in its namespace now (`None`: no such Secret), in order.
-pub async fn read_sources(
+pub(crate) async fn read_sources(
     client: &Client,
     job_ns: &str,
     secret_names: &[String],
@@ -484,7 +484,7 @@ pub async fn read_sources(
 /// `pins` with the uid of every Secret in `sources` that will be copied and is not pinned yet,
 /// or `None` when nothing is to be added. These are pinned on the job before the first copy:
 /// a copy is never made of a Secret the job does not pin.
-pub fn pins_to_add(pins: &Pins, sources: &[(String, Option<Secret>)]) -> Option<Pins> {
+pub(crate) fn pins_to_add(pins: &Pins, sources: &[(String, Option<Secret>)]) -> Option<Pins> {
     let mut added = pins.clone();
     for (name, source) in sources {
         let Some(source) = source else { continue };
@@ -501,7 +501,7 @@ pub fn pins_to_add(pins: &Pins, sources: &[(String, Option<Secret>)]) -> Option<
 /// in `daemon_ns` itself. A Secret the job does not pin (`pins`), or whose uid is not the one
 /// pinned, is not copied, and the job gives up any copy it holds of that name; so does a job
 /// whose Secret is gone.
-pub async fn claim(
+pub(crate) async fn claim(
     client: &Client,
     daemon_ns: &str,
     job_ns: &str,
@@ -635,7 +635,7 @@ async fn give_up(
 }
 
 /// Drops the job from every copy that lists it, deleting the copies nobody uses any more.
-pub async fn release(
+pub(crate) async fn release(
     client: &Client,
     daemon_ns: &str,
     job_ns: &str,
@@ -666,7 +666,7 @@ pub async fn release(
 /// (`namespace`, `name`); any other is looked up, and only a 404 counts as gone, so jobs outside
 /// the caller's watch, or not seen by it yet, keep their references. Returns how many copies
 /// were updated or deleted.
-pub async fn sweep(
+pub(crate) async fn sweep(
     client: &Client,
     daemon_ns: &str,
     in_store: impl Fn(&str, &str) -> bool,

@@ -10,7 +10,7 @@ use kruise_rs_api::imagepulljob::{CompletionPolicyType, ImagePullJob, ImagePullJ
 
 /// How many nodes may pull at once: `spec.parallelism` as an integer (a numeric string is
 /// accepted, as upstream does), default 1. `Err` quotes a value that is neither.
-pub fn parallelism(job: &ImagePullJob) -> Result<usize, String> {
+pub(crate) fn parallelism(job: &ImagePullJob) -> Result<usize, String> {
     match &job.spec.template.parallelism {
         None => Ok(1),
         Some(IntOrString::Int(n)) if *n >= 0 => Ok(*n as usize),
@@ -24,7 +24,7 @@ pub fn parallelism(job: &ImagePullJob) -> Result<usize, String> {
 
 /// The not-yet-synced nodes to write now, in target order: at most `parallelism` nodes pull at
 /// once, counting the ones already pulling.
-pub fn nodes_to_start(targets: &[Target], parallelism: usize) -> Vec<&str> {
+pub(crate) fn nodes_to_start(targets: &[Target], parallelism: usize) -> Vec<&str> {
     let pulling = targets
         .iter()
         .filter(|t| t.state == NodeState::Pulling)
@@ -114,7 +114,7 @@ pub fn compute_status(job: &ImagePullJob, targets: &[Target], now: &Time) -> Ima
 /// `status` with `notes` (what the reconcile could not do: a pull secret left out) after its
 /// message, so the status says why pulls may fail. A note already there is not added again: a
 /// finished job's status is kept as it was written, notes included.
-pub fn with_notes(mut status: ImagePullJobStatus, notes: &[String]) -> ImagePullJobStatus {
+pub(crate) fn with_notes(mut status: ImagePullJobStatus, notes: &[String]) -> ImagePullJobStatus {
     for note in notes {
         let message = status.message.get_or_insert_with(String::new);
         if message.contains(note.as_str()) {
@@ -130,7 +130,7 @@ pub fn with_notes(mut status: ImagePullJobStatus, notes: &[String]) -> ImagePull
 
 /// When a job needs attention with nothing else happening: at its active deadline while it runs,
 /// at its TTL expiry once it finished. `None` when only a change can move it.
-pub fn next_deadline(job: &ImagePullJob, status: &ImagePullJobStatus) -> Option<Timestamp> {
+pub(crate) fn next_deadline(job: &ImagePullJob, status: &ImagePullJobStatus) -> Option<Timestamp> {
     match &status.completion_time {
         Some(done) => {
             let ttl = job

@@ -38,7 +38,7 @@ pub struct Target {
 /// Why the job's selector cannot be used.
 #[derive(Debug, thiserror::Error)]
 #[error("spec.{field} is not a valid label selector: {reason}")]
-pub struct SelectorError {
+pub(crate) struct SelectorError {
     pub field: &'static str,
     pub reason: String,
 }
@@ -71,7 +71,7 @@ fn pod_occupies_node(pod: &PodSummary) -> Option<&str> {
 
 /// The job's target nodes, in pull order, among the nodes that have a NodeImage.
 /// `nodeimages` may be in any order; `pods` may include other namespaces' pods.
-pub fn select_nodes<'a>(
+pub(crate) fn select_nodes<'a>(
     job: &ImagePullJob,
     nodeimages: impl IntoIterator<Item = &'a LeanNodeImage>,
     pods: impl IntoIterator<Item = &'a PodSummary>,
@@ -131,7 +131,7 @@ pub fn select_nodes<'a>(
 /// Where `node` stands for the job `job_uid` pulling `tag` of image `name` with `secrets`:
 /// synced means the tag entry lists the job and the image lists the secrets; finished means the
 /// node reported a final phase for the entry's version.
-pub fn node_state(
+pub(crate) fn node_state(
     nodeimage: &NodeImage,
     name: &str,
     tag: &str,

@@ -11,9 +11,9 @@
 //! * the **NodeImage applier** (store: NodeImages) deletes a NodeImage whose Node is gone or
 //!   going (unless labelled `apps.kruise.io/fake-nodeimage`), keeps its labels equal to the
 //!   Node's, garbage-collects `spec.images` and times out unanswered tags in `status`, then
-//!   requeues at the next instant any of that would change ([`plan::next_wake`]).
+//!   requeues at the next instant any of that would change (`plan::next_wake`).
 //!
-//! Both decide through the same pure [`plan::lifecycle`] and act on their half of it.
+//! Both decide through the same pure `plan::lifecycle` and act on their half of it.
 //!
 //! Three watches feed three stores, each stripped before storing ([`watch`]): Nodes (labels,
 //! deletion, Ready condition only), NodeImages (all but managedFields; a watch and store shared
@@ -32,16 +32,16 @@
 //! the appliers' queues, and the appliers stop once their reconciles in flight are done. (A
 //! kube-runtime `Controller` with `graceful_shutdown_on` keeps its reflector's writer alive, so
 //! when told to stop before its first list completes it waits for that store forever.)
-//! Reconciles wait for all three stores through [`watch::Ready`], never through
+//! Reconciles wait for all three stores through `watch::Ready`, never through
 //! `Store::wait_until_ready`, whose future wakes only the last of several concurrent waiters.
 //!
-//! # Writes (field manager [`FIELD_MANAGER`])
+//! # Writes (field manager `FIELD_MANAGER`)
 //!
 //! * create: `POST` with the Node's labels and an empty spec (409 = someone was first: fine);
-//! * labels: a merge patch ([`patches::labels_patch`]), this controller being their only writer;
-//! * `spec.images`: [`update_images`](super::shared::nodeimage_images::update_images), the guarded JSON
+//! * labels: a merge patch (`patches::labels_patch`), this controller being their only writer;
+//! * `spec.images`: `update_images`, the guarded JSON
 //!   patch shared with the ImagePullJob controller, so its concurrent additions survive;
-//! * `status`: a guarded JSON patch on the status subresource ([`patches::status_patch`]), which
+//! * `status`: a guarded JSON patch on the status subresource (`patches::status_patch`), which
 //!   the node daemon's concurrent writes refuse rather than lose;
 //! * delete: with a uid precondition.
 //!
@@ -68,9 +68,9 @@ use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
 use kruise_rs_kube::events::Recorder;
 
 /// Field manager of every write of this controller.
-pub const FIELD_MANAGER: &str = "kruise-rs-nodeimage";
+pub(crate) const FIELD_MANAGER: &str = "kruise-rs-nodeimage";
 /// The controller's name in metrics and in [`super::CacheSync`].
-pub const NAME: &str = "nodeimage";
+pub(crate) const NAME: &str = "nodeimage";
 
 /// What the reconcilers share.
 struct Context {

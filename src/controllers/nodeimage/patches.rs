@@ -1,11 +1,11 @@
 //! The patches the NodeImage controller sends, built as pure functions.
 //!
-//! * [`status_patch`]: a guarded JSON Patch of `status` (the node daemon is the main writer
+//! * `status_patch`: a guarded JSON Patch of `status` (the node daemon is the main writer
 //!   there). Each replaced value is `test`ed first, so a concurrent daemon write makes the
 //!   apiserver refuse ours (422) instead of being overwritten; the caller re-reads and decides
 //!   again. A key we add cannot be tested for absence, so adding guards the whole map (or the
 //!   object's `resourceVersion` when there is no map yet), as `nodeimage_images` does for spec.
-//! * [`labels_patch`]: a merge patch making `metadata.labels` equal to the Node's. This
+//! * `labels_patch`: a merge patch making `metadata.labels` equal to the Node's. This
 //!   controller is the only writer of NodeImage labels, so it needs no guard: a label someone
 //!   else adds meanwhile triggers another reconcile, which removes it.
 
@@ -47,7 +47,7 @@ fn test_resource_version(ops: &mut Vec<PatchOperation>, resource_version: Option
 /// `whole` replaces the whole status, guarded by `resourceVersion` only: for a status we saw
 /// empty, and as the fallback when a value test failed although the object had not changed
 /// (the stored JSON differs from ours in form, e.g. fractional seconds written by another tool).
-pub fn status_patch(
+pub(crate) fn status_patch(
     old: &NodeImageStatus,
     resource_version: Option<&str>,
     new: &NodeImageStatus,
@@ -135,7 +135,7 @@ pub fn status_patch(
 }
 
 /// The merge patch making a NodeImage's labels exactly `wanted`; `None` when they already are.
-pub fn labels_patch(
+pub(crate) fn labels_patch(
     current: &BTreeMap<String, String>,
     wanted: &BTreeMap<String, String>,
 ) -> Option<Value> {

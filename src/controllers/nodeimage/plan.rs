@@ -1,12 +1,12 @@
 //! The NodeImage controller's decisions, as pure functions of plain values and `now`.
 //!
-//! * [`lifecycle`]: whether a Node's NodeImage should be created (now or later), kept (with
+//! * `lifecycle`: whether a Node's NodeImage should be created (now or later), kept (with
 //!   which labels) or deleted.
-//! * [`collect`]: garbage collection of `spec.images` (gone owner jobs, expired TTLs, empty
+//! * `collect`: garbage collection of `spec.images` (gone owner jobs, expired TTLs, empty
 //!   images).
-//! * [`timeouts`]: tags the node never answered, or answered but never finished, marked Failed
+//! * `timeouts`: tags the node never answered, or answered but never finished, marked Failed
 //!   in `status`, with the counts recomputed.
-//! * [`next_wake`] / [`requeue_after`]: the next instant any of the above changes its mind.
+//! * `next_wake` / `requeue_after`: the next instant any of the above changes its mind.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -28,12 +28,12 @@ use kruise_rs_api::nodeimage::{
 use kruise_rs_api::well_known::{FAKE_NODEIMAGE, VIRTUAL_KUBELET_TYPE};
 
 /// Never requeue sooner than this after a reconcile, even when an instant is closer (or past).
-pub const MIN_REQUEUE: Duration = Duration::from_secs(1);
+pub(crate) const MIN_REQUEUE: Duration = Duration::from_secs(1);
 /// Requeue at least this often: a safety net for missed events, not a timer anything relies on.
-pub const MAX_REQUEUE: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_REQUEUE: Duration = Duration::from_secs(3600);
 
 /// The message of a tag its node deadline passed for.
-pub const DEADLINE_EXCEEDED: &str = "pulling exceeds the activeDeadlineSeconds";
+pub(crate) const DEADLINE_EXCEEDED: &str = "pulling exceeds the activeDeadlineSeconds";
 
 /// The Node label whose value [`VIRTUAL_KUBELET_TYPE`] makes the controller ignore the Node.
 const NODE_TYPE_LABEL: &str = "type";
@@ -58,7 +58,7 @@ fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
 
 /// How long to wait before reconciling again for `wake`: at least [`MIN_REQUEUE`], at most
 /// [`MAX_REQUEUE`] (also when nothing is pending).
-pub fn requeue_after(wake: Option<Timestamp>, now: Timestamp) -> Duration {
+pub(crate) fn requeue_after(wake: Option<Timestamp>, now: Timestamp) -> Duration {
     let Some(wake) = wake else {
         return MAX_REQUEUE;
     };
@@ -68,7 +68,7 @@ pub fn requeue_after(wake: Option<Timestamp>, now: Timestamp) -> Duration {
 
 /// A duration the way Go prints one (`3s`, `10m0s`, `1h0m0s`, `1.5s`, `500ms`), as upstream's
 /// messages and users' alerts expect.
-pub fn go_duration(d: Duration) -> String {
+pub(crate) fn go_duration(d: Duration) -> String {
     if d < Duration::from_secs(1) {
         return match d.as_millis() {
             0 => "0s".to_owned(),
@@ -99,7 +99,7 @@ pub fn not_responded(timeout: Duration) -> String {
 
 /// What should happen to the NodeImage of one node name.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Lifecycle {
+pub(crate) enum Lifecycle {
     /// None exists and none is wanted yet: no Node, a Node not Ready, being deleted, or of
     /// `type: virtual-kubelet`.
     Absent,
@@ -119,7 +119,7 @@ pub enum Lifecycle {
 
 /// Whether a Node's Ready condition is True, and since when (`Some(None)`: True, but with no
 /// transition time, which counts as "long ago", as upstream's zero time does).
-pub fn ready_since(node: &NodeSummary) -> Option<Option<Timestamp>> {
+pub(crate) fn ready_since(node: &NodeSummary) -> Option<Option<Timestamp>> {
     let ready = node
         .status
         .as_ref()?
@@ -131,18 +131,18 @@ pub fn ready_since(node: &NodeSummary) -> Option<Option<Timestamp>> {
 }
 
 /// Whether the controller ignores this Node (`type: virtual-kubelet`).
-pub fn is_virtual_kubelet(node: &NodeSummary) -> bool {
+pub(crate) fn is_virtual_kubelet(node: &NodeSummary) -> bool {
     node.labels.get(NODE_TYPE_LABEL) == Some(VIRTUAL_KUBELET_TYPE)
 }
 
 /// Whether a NodeImage may live without a Node: labelled `apps.kruise.io/fake-nodeimage`, with
 /// any value (upstream checks only the key's presence).
-pub fn is_fake(nodeimage: &LeanNodeImage) -> bool {
+pub(crate) fn is_fake(nodeimage: &LeanNodeImage) -> bool {
     nodeimage.labels().get(FAKE_NODEIMAGE).is_some()
 }
 
 /// The lifecycle decision for one name, from its Node and NodeImage (either may be absent).
-pub fn lifecycle(
+pub(crate) fn lifecycle(
     node: Option<&NodeSummary>,
     nodeimage: Option<&LeanNodeImage>,
     creation_delay: Duration,
@@ -179,7 +179,7 @@ pub fn lifecycle(
 // --- spec garbage collection --------------------------------------------------------------------
 
 /// The ImagePullJob owner references of a spec, each once (by uid), for liveness checks.
-pub fn job_owners(spec: &NodeImageSpec) -> Vec<&ObjectReference> {
+pub(crate) fn job_owners(spec: &NodeImageSpec) -> Vec<&ObjectReference> {
     let mut seen = BTreeSet::new();
     spec.images
         .values()
@@ -220,7 +220,7 @@ fn ttl_expiry(status: &NodeImageStatus, image: &str, tag: &ImageTagSpec) -> Opti
 
 /// The result of [`collect`].
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Collected {
+pub(crate) struct Collected {
     /// `spec.images` after collection (equal to the input when nothing was collected).
     pub images: Images,
     /// When a kept tag's TTL expires next.
@@ -245,7 +245,7 @@ pub struct Collected {
 /// Unlike upstream, a tag without `createdAt` is not dropped: an older writer or a user may
 /// omit it, and it says nothing about whether the tag is still wanted. It only means its
 /// creation time is unknown, so [`timeouts`] cannot time it out.
-pub fn collect(
+pub(crate) fn collect(
     spec: &NodeImageSpec,
     status: &NodeImageStatus,
     gone_jobs: &BTreeSet<String>,
@@ -300,7 +300,7 @@ pub fn collect(
 
 /// A tag [`timeouts`] marked Failed, for the events.
 #[derive(Clone, Debug, PartialEq)]
-pub struct FailedTag {
+pub(crate) struct FailedTag {
     pub image: String,
     pub tag: String,
     pub message: String,
@@ -310,7 +310,7 @@ pub struct FailedTag {
 
 impl FailedTag {
     /// The event note, for the owners and the NodeImage alike.
-    pub fn note(&self, node: &str) -> String {
+    pub(crate) fn note(&self, node: &str) -> String {
         format!(
             "Failed to pull image {} on node {node}: {}",
             joined_ref(&self.image, &self.tag),
@@ -321,7 +321,7 @@ impl FailedTag {
 
 /// The result of [`timeouts`].
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Timeouts {
+pub(crate) struct Timeouts {
     /// The new status, when a tag was marked Failed; `None` when nothing changes.
     pub status: Option<NodeImageStatus>,
     /// The tags marked Failed now.
@@ -341,7 +341,7 @@ pub struct Timeouts {
 /// longer in the spec are dropped and `desired`, `pulling`, `succeeded` and `failed` recounted
 /// (`waiting` is the daemon's alone). Tags without `createdAt` never time out (when they were
 /// asked for is unknown).
-pub fn timeouts(
+pub(crate) fn timeouts(
     spec: &NodeImageSpec,
     status: &NodeImageStatus,
     now: Timestamp,
@@ -436,7 +436,7 @@ fn mark_failed(
 }
 
 /// Drops status entries of tags not in the spec and recounts everything but `waiting`.
-pub fn prune_and_count(spec: &NodeImageSpec, status: &mut NodeImageStatus) {
+pub(crate) fn prune_and_count(spec: &NodeImageSpec, status: &mut NodeImageStatus) {
     status.image_statuses.retain(|name, image_status| {
         let Some(image) = spec.images.get(name) else {
             return false;
@@ -455,7 +455,7 @@ pub fn prune_and_count(spec: &NodeImageSpec, status: &mut NodeImageStatus) {
 
 /// The counts [`prune_and_count`] writes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counts {
+pub(crate) struct Counts {
     pub desired: i32,
     pub pulling: i32,
     pub succeeded: i32,
@@ -463,7 +463,7 @@ pub struct Counts {
 }
 
 /// `desired` = tags in the spec; the others = status tags in that phase.
-pub fn count(spec: &NodeImageSpec, statuses: &ImageStatuses) -> Counts {
+pub(crate) fn count(spec: &NodeImageSpec, statuses: &ImageStatuses) -> Counts {
     let to_i32 = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
     let desired = to_i32(spec.images.values().map(|i| i.tags.len()).sum());
     let phases = statuses.values().flat_map(|s| &s.tags).map(|t| t.phase);
@@ -484,7 +484,7 @@ pub fn count(spec: &NodeImageSpec, statuses: &ImageStatuses) -> Counts {
 
 /// The next instant a reconcile of this NodeImage would change something by time alone: a TTL
 /// expiry, a response timeout or a deadline.
-pub fn next_wake(
+pub(crate) fn next_wake(
     nodeimage: &NodeImage,
     now: Timestamp,
     response_timeout: Duration,

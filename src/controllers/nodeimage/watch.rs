@@ -2,7 +2,7 @@
 //!
 //! kube-runtime's `Controller` keeps whole objects and offers no stable way to strip them before
 //! they are stored (`for_stream` is behind an unstable feature), and Nodes are big (their
-//! `status.images` alone runs to kilobytes). So the stores here are fed by [`changes`], which
+//! `status.images` alone runs to kilobytes). So the stores here are fed by `changes`, which
 //! applies each (already stripped) watch event to a store and reports the objects whose stored
 //! form changed. Because the stored form holds only what decisions read, a Node heartbeat or a
 //! job's status update changes nothing and wakes no reconcile.
@@ -34,7 +34,7 @@ use kruise_rs_kube::events::Recorder;
 /// Keeps of a Node only what the controller reads: name, uid, labels, deletionTimestamp and the
 /// Ready condition's status and transition time. Without a resourceVersion, an update that
 /// touches nothing else leaves the stored Node equal, and so triggers nothing.
-pub fn strip_node(node: NodeSummary) -> NodeSummary {
+pub(crate) fn strip_node(node: NodeSummary) -> NodeSummary {
     let ready = node
         .status
         .and_then(|s| s.conditions)
@@ -61,7 +61,7 @@ pub fn strip_node(node: NodeSummary) -> NodeSummary {
 
 /// Of an ImagePullJob, its identity (it exists, with this uid) and its spec (what it asks of
 /// the tags it owns, recomputed when another owner is gone).
-pub fn strip_job(job: ImagePullJob) -> ImagePullJob {
+pub(crate) fn strip_job(job: ImagePullJob) -> ImagePullJob {
     ImagePullJob {
         metadata: ObjectMeta {
             name: job.metadata.name,
@@ -84,7 +84,7 @@ pub fn strip_job(job: ImagePullJob) -> ImagePullJob {
 }
 
 /// One object whose stored form a watch event changed.
-pub struct Change<K: Resource> {
+pub(crate) struct Change<K: Resource> {
     pub key: ObjectRef<K>,
     pub before: Option<Arc<K>>,
     pub after: Option<Arc<K>>,
@@ -96,16 +96,16 @@ pub struct Change<K: Resource> {
 /// several reconciles waiting at once only the last one to poll is woken (the others hang, and
 /// with them a graceful shutdown).
 #[derive(Clone, Debug)]
-pub struct Ready(tokio::sync::watch::Receiver<bool>);
+pub(crate) struct Ready(tokio::sync::watch::Receiver<bool>);
 
 impl Ready {
     /// Resolves once the store has been listed, or its watch has stopped (shutdown).
-    pub async fn wait(&self) {
+    pub(crate) async fn wait(&self) {
         let _ = self.0.clone().wait_for(|ready| *ready).await;
     }
 
     /// Whether the store has been listed.
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         *self.0.borrow()
     }
 }
@@ -115,7 +115,7 @@ impl Ready {
 /// swapped in, so objects that changed or vanished while the watch was down are reported then,
 /// after the store holds their new state. Watch errors are logged; the watcher recovers.
 /// The [`Ready`] turns ready at the first `InitDone`.
-pub fn changes<K, S>(
+pub(crate) fn changes<K, S>(
     events: S,
     mut writer: Writer<K>,
     same: fn(&K, &K) -> bool,
@@ -201,12 +201,12 @@ where
 }
 
 /// `same` for types compared whole.
-pub fn equal<K: PartialEq>(a: &K, b: &K) -> bool {
+pub(crate) fn equal<K: PartialEq>(a: &K, b: &K) -> bool {
     a == b
 }
 
 /// `same` for ImagePullJobs: only a different uid (a job replaced under the same name) counts.
-pub fn same_uid(a: &ImagePullJob, b: &ImagePullJob) -> bool {
+pub(crate) fn same_uid(a: &ImagePullJob, b: &ImagePullJob) -> bool {
     a.uid() == b.uid()
 }
 

@@ -103,7 +103,9 @@ pub fn decide(outcomes: &[(&str, ProbeOutcome)]) -> (InitialList, String) {
 }
 
 /// Reads a probe watch's first event: streaming works only if it is the closing bookmark.
-pub fn judge_first_event<K>(event: Option<Result<WatchEvent<K>, kube::Error>>) -> ProbeOutcome
+pub(crate) fn judge_first_event<K>(
+    event: Option<Result<WatchEvent<K>, kube::Error>>,
+) -> ProbeOutcome
 where
     K: Resource,
 {
@@ -132,7 +134,7 @@ where
 
 /// Sorts the error of a refused watch request: 4xx answers other than 401/403/429 are the
 /// server saying no to the parameters; anything else says nothing about the feature.
-pub fn judge_request_error(err: &kube::Error) -> ProbeOutcome {
+pub(crate) fn judge_request_error(err: &kube::Error) -> ProbeOutcome {
     match err {
         kube::Error::Api(status)
             if (400..500).contains(&status.code) && ![401, 403, 429].contains(&status.code) =>
@@ -178,7 +180,7 @@ pub async fn detect(client: &Client) -> (InitialList, String) {
 }
 
 /// The mode the flag fixes without asking the server; `None` for `Auto`.
-pub fn forced(flag: StreamingLists) -> Option<(InitialList, String)> {
+pub(crate) fn forced(flag: StreamingLists) -> Option<(InitialList, String)> {
     match flag {
         StreamingLists::Auto => None,
         StreamingLists::Always => Some((
@@ -193,7 +195,7 @@ pub fn forced(flag: StreamingLists) -> Option<(InitialList, String)> {
 }
 
 /// The initial-list mode the flag asks for, with the reason: `Auto` asks the server.
-pub async fn choose(client: &Client, flag: StreamingLists) -> (InitialList, String) {
+pub(crate) async fn choose(client: &Client, flag: StreamingLists) -> (InitialList, String) {
     match forced(flag) {
         Some(choice) => choice,
         None => detect(client).await,

@@ -31,15 +31,16 @@ use kruise_rs_sidecar::matching::LabelLookup;
 pub struct Labels(Box<[(Interned, Interned)]>);
 
 impl Labels {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.0.len()
     }
 
-    pub fn get(&self, key: &str) -> Option<&str> {
+    pub(crate) fn get(&self, key: &str) -> Option<&str> {
         self.0
             .binary_search_by(|(k, _)| k.as_ref().cmp(key))
             .ok()
@@ -47,19 +48,19 @@ impl Labels {
     }
 
     /// `key`'s value as the shared string itself (a clone shares it).
-    pub fn get_shared(&self, key: &str) -> Option<&Interned> {
+    pub(crate) fn get_shared(&self, key: &str) -> Option<&Interned> {
         self.0
             .binary_search_by(|(k, _)| k.as_ref().cmp(key))
             .ok()
             .map(|i| &self.0[i].1)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
         self.0.iter().map(|(k, v)| (k.as_ref(), v.as_ref()))
     }
 
     /// The map as the API types hold it.
-    pub fn to_map(&self) -> BTreeMap<String, String> {
+    pub(crate) fn to_map(&self) -> BTreeMap<String, String> {
         self.iter()
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect()
@@ -67,7 +68,7 @@ impl Labels {
 
     /// Whether every requirement holds, as kube's `Selector::matches` decides for a map
     /// (`requirements`: a `Selector`'s, collected once for many label maps).
-    pub fn matches(&self, requirements: &[Expression]) -> bool {
+    pub(crate) fn matches(&self, requirements: &[Expression]) -> bool {
         requirements.iter().all(|r| self.satisfies(r))
     }
 
@@ -84,14 +85,14 @@ impl Labels {
 
     /// Sets `key` to `value` (a copy of the map with one more pair: for building maps, not
     /// for hot paths).
-    pub fn insert(&mut self, key: &str, value: &str) {
+    pub(crate) fn insert(&mut self, key: &str, value: &str) {
         let rest = self.iter().filter(|(k, _)| *k != key);
         *self = Labels::from_pairs(rest.chain([(key, value)]));
     }
 
     /// Keeps the pairs whose key `keep` accepts, each string shared from now on (a map read
     /// with [`Labels::deserialize_unshared`] becomes an ordinary, interned one).
-    pub fn retain_shared(&mut self, keep: impl Fn(&str) -> bool) {
+    pub(crate) fn retain_shared(&mut self, keep: impl Fn(&str) -> bool) {
         let kept: Vec<(Interned, Interned)> = self
             .0
             .iter()
@@ -105,7 +106,9 @@ impl Labels {
     /// be dropped (a pod's annotations), so that strings nobody keeps never enter the table
     /// (where they would stay until its next sweep). [`Labels::retain_shared`] interns what
     /// is kept.
-    pub fn deserialize_unshared<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Self>, D::Error> {
+    pub(crate) fn deserialize_unshared<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Self>, D::Error> {
         d.deserialize_option(OptionVisitor { share: false })
     }
 

@@ -11,7 +11,7 @@
 //! kept as [`Labels`] beside the NodeImage instead, so each distinct string is stored once; the
 //! rest of the metadata is kept whole.
 //!
-//! [`watch_nodeimages`] is the one NodeImage watch and store the NodeImage, ImagePullJob and
+//! `watch_nodeimages` is the one NodeImage watch and store the NodeImage, ImagePullJob and
 //! SidecarSet controllers share (each stored its own copy of every NodeImage before).
 
 use std::collections::BTreeMap;
@@ -172,17 +172,17 @@ impl k8s_openapi::Metadata for LeanNodeImage {
 }
 
 /// The NodeImage API on `client`'s apiserver, every response parsed without managedFields.
-pub fn api(client: Client) -> Api<LeanNodeImage> {
+pub(crate) fn api(client: Client) -> Api<LeanNodeImage> {
     Api::all(client)
 }
 
 /// What one controller gets of the shared NodeImage watch.
-pub type NodeImageFeed = Feed<LeanNodeImage>;
+pub(crate) type NodeImageFeed = Feed<LeanNodeImage>;
 
 /// Watches every NodeImage `config` selects for `consumers` controllers, into one store.
 /// Returns the future that drives the watch (run it alongside the controllers; it ends when
 /// every feed is dropped) and one feed per consumer.
-pub fn watch_nodeimages(
+pub(crate) fn watch_nodeimages(
     client: Client,
     config: watcher::Config,
     consumers: usize,

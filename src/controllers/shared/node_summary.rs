@@ -5,7 +5,7 @@
 //!
 //! The labels are [`Labels`], their strings shared by every Node (a cloud node's 17 labels took
 //! 2.3 KiB a Node as a map), and live beside the metadata: `metadata.labels` is always `None`,
-//! so read [`NodeSummary::labels`], never `ResourceExt::labels`.
+//! so read `NodeSummary::labels`, never `ResourceExt::labels`.
 
 use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -14,7 +14,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use super::interned_labels::Labels;
 
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct NodeSummary {
+pub(crate) struct NodeSummary {
     /// Without labels: they are in `labels`.
     pub metadata: ObjectMeta,
     pub labels: Labels,
@@ -82,7 +82,7 @@ impl Serialize for NodeSummary {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct NodeStatusSummary {
+pub(crate) struct NodeStatusSummary {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<NodeCondition>>,
 }

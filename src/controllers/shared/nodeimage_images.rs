@@ -4,7 +4,7 @@
 //! A write is a JSON Patch that touches only the images that changed, each preceded by a `test`
 //! of the exact value it replaces. If another writer changed that image meanwhile, the apiserver
 //! refuses the whole patch (nothing is lost, unlike upstream's read-modify-write, kruise#1517) and
-//! [`update_images`] re-reads the object and decides again. Status writes by the node daemon do
+//! `update_images` re-reads the object and decides again. Status writes by the node daemon do
 //! not conflict with it: unlike a resourceVersion precondition, the tests look only at the data
 //! being replaced. A stale cache costs one refused patch and a GET, never a wait (kruise#1528).
 //!
@@ -26,7 +26,7 @@ const ATTEMPTS: usize = 5;
 
 /// Why `spec.images` could not be written.
 #[derive(Debug, thiserror::Error)]
-pub enum ImagesWriteError {
+pub(crate) enum ImagesWriteError {
     #[error("NodeImage {name} no longer exists")]
     NotFound { name: String },
     #[error("NodeImage {name} kept changing under us; gave up after {ATTEMPTS} attempts")]
@@ -59,7 +59,7 @@ fn images_path(rest: &[&str]) -> PointerBuf {
 /// keep).
 #[derive(Debug, Serialize)]
 #[serde(tag = "op", rename_all = "lowercase")]
-pub enum ImagesOp<'a> {
+pub(crate) enum ImagesOp<'a> {
     Test { path: PointerBuf, value: Json<'a> },
     Add { path: PointerBuf, value: Json<'a> },
     Replace { path: PointerBuf, value: Json<'a> },
@@ -69,7 +69,7 @@ pub enum ImagesOp<'a> {
 /// A value in an [`ImagesOp`]: typed where we hold it typed, quoted where it was read raw.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
-pub enum Json<'a> {
+pub(crate) enum Json<'a> {
     Text(&'a str),
     Image(&'a ImageSpec),
     Images(&'a Images),
@@ -80,7 +80,7 @@ pub enum Json<'a> {
 
 /// The guarded JSON Patch that turns `old` (what the writer last saw, with its
 /// `resource_version`, and as stored: `old_raw`, when known) into `new`; `None` when equal.
-pub fn images_patch<'a>(
+pub(crate) fn images_patch<'a>(
     old: &'a Images,
     old_raw: Option<&'a serde_json::Map<String, Value>>,
     resource_version: Option<&'a str>,
@@ -207,7 +207,7 @@ fn is_not_found(err: &kube::Error) -> bool {
 /// Writes `decide(current)` into `spec.images`, starting from `current` (usually from a cache)
 /// and re-reading the object after each refused patch. `decide` returns `None` when nothing
 /// needs to change. Returns the written object, or `None` when nothing was written.
-pub async fn update_images<F>(
+pub(crate) async fn update_images<F>(
     api: &Api<LeanNodeImage>,
     field_manager: &str,
     current: LeanNodeImage,

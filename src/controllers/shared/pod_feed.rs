@@ -35,7 +35,7 @@ pub struct Feed<K: kube::Resource<DynamicType = ()> + 'static> {
 
 /// What one controller gets of the shared pod watch; pods are kept as [`strip_pod`] keeps
 /// them (the union of what the controllers read).
-pub type PodFeed = Feed<PodSummary>;
+pub(crate) type PodFeed = Feed<PodSummary>;
 
 impl<K> Feed<K>
 where
@@ -47,7 +47,7 @@ where
     /// shared watch must not wait for that (the other controller would get no events), so the
     /// feed is drained here, always, and only the small triggers queue up (unbounded; the
     /// controller's scheduler merges duplicates). The task ends with the feed or the stream.
-    pub fn into_triggers<T: Send + 'static>(
+    pub(crate) fn into_triggers<T: Send + 'static>(
         self,
         mut map: impl FnMut(&watcher::Event<K>) -> Vec<T> + Send + 'static,
     ) -> (Store<K>, watch::Receiver<bool>, mpsc::UnboundedReceiver<T>) {
@@ -69,7 +69,7 @@ where
 /// Watches every pod for `consumers` controllers, listing as `config` says (see
 /// `ControllerOptions::watch_config`). Returns the future that drives the watch (run it
 /// alongside the controllers; it ends when every feed is dropped) and one feed per consumer.
-pub fn watch_pods(
+pub(crate) fn watch_pods(
     client: Client,
     config: watcher::Config,
     consumers: usize,
@@ -136,7 +136,7 @@ where
 }
 
 /// Runs `work` on a pod watch of its own (a controller run alone, as in tests), to its end.
-pub async fn with_own_watch<W: Future<Output = ()>>(
+pub(crate) async fn with_own_watch<W: Future<Output = ()>>(
     client: Client,
     config: watcher::Config,
     work: impl FnOnce(PodFeed) -> W,
@@ -149,7 +149,7 @@ pub async fn with_own_watch<W: Future<Output = ()>>(
 
 /// Runs `work` to its end while driving `drive` (a [`watch_pods`] or
 /// [`watch_nodeimages`](super::lean_nodeimage::watch_nodeimages) future) beside it.
-pub async fn alongside<W: Future>(drive: impl Future<Output = ()>, work: W) -> W::Output {
+pub(crate) async fn alongside<W: Future>(drive: impl Future<Output = ()>, work: W) -> W::Output {
     tokio::pin!(work);
     tokio::pin!(drive);
     let mut driving = true;

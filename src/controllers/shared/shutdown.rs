@@ -10,7 +10,7 @@ use kube::runtime::reflector::Store;
 
 /// How long a stopping controller lets its reconciles in flight finish. They are idempotent,
 /// so cutting a slow one off costs nothing but a repeat after the restart.
-pub const STOP_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Drives `running` (a controller's `for_each` future) until it ends or `shutdown` fires, then
 /// lets it finish for at most [`STOP_GRACE`].
@@ -18,7 +18,7 @@ pub const STOP_GRACE: Duration = Duration::from_secs(5);
 /// A `Controller` told to stop before `store` (the cache of the kind it reconciles) holds its
 /// first list waits for that list forever: the stopped watch never delivers it. Nothing can be
 /// in flight then, so it is simply dropped.
-pub async fn run_until_shutdown<K>(
+pub(crate) async fn run_until_shutdown<K>(
     running: impl Future<Output = ()>,
     shutdown: impl Future<Output = ()>,
     store: &Store<K>,

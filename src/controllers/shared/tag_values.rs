@@ -35,12 +35,12 @@ use kruise_rs_api::nodeimage::{
 use kruise_rs_api::well_known::GROUP;
 
 /// Upstream's per-pull defaults.
-pub const DEFAULT_TIMEOUT_SECONDS: i32 = 600;
-pub const DEFAULT_BACKOFF_LIMIT: i32 = 3;
+pub(crate) const DEFAULT_TIMEOUT_SECONDS: i32 = 600;
+pub(crate) const DEFAULT_BACKOFF_LIMIT: i32 = 3;
 
 /// The pull terms of one job, from its spec (an ImagePullJob's template).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct PullTerms {
+pub(crate) struct PullTerms {
     pub timeout_seconds: i32,
     pub backoff_limit: i32,
     pub completion: CompletionPolicyType,
@@ -55,7 +55,7 @@ impl PullTerms {
     /// before the bounds existed), so the tags they make pass the NodeImage schema: a timeout
     /// that is not positive and a negative `backoffLimit` read as their defaults (the daemon's
     /// and upstream's reading), anything past a bound as the bound.
-    pub fn of(template: &ImagePullJobTemplate) -> Self {
+    pub(crate) fn of(template: &ImagePullJobTemplate) -> Self {
         let pull = template.pull_policy.clone().unwrap_or_default();
         let completion = &template.completion_policy;
         Self {
@@ -84,7 +84,7 @@ impl PullTerms {
 
     /// What the job with these terms (and uid `job_uid`) asks of its tag on `node`, the pull
     /// secrets it holds now being `pull_secrets`.
-    pub fn ask(
+    pub(crate) fn ask(
         &self,
         job_uid: &str,
         node: &str,
@@ -116,7 +116,7 @@ pub fn is_image_pull_job(owner: &ObjectReference) -> bool {
 /// none once it finished or is being deleted, since it then has released its copies. Read from
 /// the spec alone: a name the job could not copy (no such Secret, not a registry credential)
 /// names a copy that does not exist, which the daemon skips.
-pub fn held_pull_secrets(job: &ImagePullJob, daemon_ns: &str) -> Vec<ReferenceObject> {
+pub(crate) fn held_pull_secrets(job: &ImagePullJob, daemon_ns: &str) -> Vec<ReferenceObject> {
     let finished = job
         .status
         .as_ref()
@@ -147,7 +147,7 @@ pub fn held_pull_secrets(job: &ImagePullJob, daemon_ns: &str) -> Vec<ReferenceOb
 /// secrets as references in `daemon_ns`): `None` for an owner that is not an ImagePullJob there
 /// with this uid (gone, replaced, outside this manager's label selector, not listed yet), which
 /// [`refresh_image`] then treats as unknown.
-pub fn stored_owner_ask(
+pub(crate) fn stored_owner_ask(
     jobs: &Store<ImagePullJob>,
     owner: &ObjectReference,
     node: &str,
@@ -175,7 +175,7 @@ pub fn stored_owner_ask(
 
 /// What one owner job asks of one tag on one node.
 #[derive(Clone, Debug, PartialEq)]
-pub struct OwnerAsk {
+pub(crate) struct OwnerAsk {
     pub pull_policy: ImageTagPullPolicy,
     pub image_pull_policy: ImagePullPolicy,
     pub sandbox: SandboxConfig,
@@ -187,7 +187,7 @@ pub struct OwnerAsk {
 /// nodes do not expire their tags in the same second, without a random source in a pure function.
 /// SHA-256, not `DefaultHasher`: the value is written into NodeImages, and std does not promise
 /// `DefaultHasher` output across Rust releases (a rebuilt manager would rewrite every entry).
-pub fn jitter(job_uid: &str, node: &str, range: u64) -> i64 {
+pub(crate) fn jitter(job_uid: &str, node: &str, range: u64) -> i64 {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
     ctx.update(job_uid.as_bytes());
     ctx.update(b"\0");
@@ -205,7 +205,7 @@ fn clamp_i32(v: i64) -> i32 {
 /// The pull policy a job gives its tag on `node` (upstream's rules, kruise.md §4.7):
 /// `Never` jobs keep tags about a day and bound each pull round; `Always` jobs keep them for the
 /// job's TTL (else its deadline, else every retry's timeout) plus `extra_ttl`, spread over 5 min.
-pub fn tag_pull_policy(
+pub(crate) fn tag_pull_policy(
     terms: &PullTerms,
     job_uid: &str,
     node: &str,
@@ -242,7 +242,7 @@ pub fn tag_pull_policy(
 
 /// `b` merged into `a` keeping, for each field, the more patient value: a tag shared by several
 /// jobs must satisfy all of them (upstream keeps whatever the first job wrote, §10.8).
-pub fn most_patient(a: &ImageTagPullPolicy, b: &ImageTagPullPolicy) -> ImageTagPullPolicy {
+pub(crate) fn most_patient(a: &ImageTagPullPolicy, b: &ImageTagPullPolicy) -> ImageTagPullPolicy {
     let max_i32 = |x: Option<i32>, y: Option<i32>| match (x, y) {
         (Some(x), Some(y)) => Some(x.max(y)),
         (x, y) => x.or(y),
@@ -272,7 +272,7 @@ fn overlay(a: &mut SandboxConfig, b: &SandboxConfig) {
 
 /// What a tag's owners ask together.
 #[derive(Clone, Debug, PartialEq)]
-pub struct TagValues {
+pub(crate) struct TagValues {
     pub pull_policy: ImageTagPullPolicy,
     /// `Always` when any owner asks for it: one owner wanting a fresh pull gets one.
     pub image_pull_policy: ImagePullPolicy,
@@ -281,7 +281,7 @@ pub struct TagValues {
 }
 
 /// The merge of `asks`, in owner order; `None` without any.
-pub fn merge<'a>(asks: impl IntoIterator<Item = &'a OwnerAsk>) -> Option<TagValues> {
+pub(crate) fn merge<'a>(asks: impl IntoIterator<Item = &'a OwnerAsk>) -> Option<TagValues> {
     let mut asks = asks.into_iter();
     let first = asks.next()?;
     let mut values = TagValues {
@@ -309,7 +309,7 @@ fn is_subset(small: &BTreeMap<String, String>, big: &BTreeMap<String, String>) -
 /// metadata the pull was not started with. Asking for less never interrupts a pull: the more
 /// patient pull still satisfies every owner, and restarting would throw its progress away. The
 /// TTL is the manager's alone, never a reason.
-pub fn must_restart(
+pub(crate) fn must_restart(
     old: &ImageTagSpec,
     image_sandbox: Option<&SandboxConfig>,
     new: &TagValues,
@@ -368,7 +368,7 @@ pub fn must_restart(
 /// any owner is unknown, or a tag has none (written by hand), nothing listed goes (it may be
 /// theirs); the daemon pulls each tag only with the copies of its own owners anyway (decision
 /// 0024).
-pub fn refresh_image(
+pub(crate) fn refresh_image(
     image: &ImageSpec,
     ask: impl Fn(&ObjectReference) -> Option<OwnerAsk>,
     in_flight: impl Fn(&ImageTagSpec) -> bool,
@@ -457,7 +457,7 @@ pub fn refresh_image(
 }
 
 /// The status the node last reported for one tag of one image.
-pub fn reported<'a>(
+pub(crate) fn reported<'a>(
     status: Option<&'a NodeImageStatus>,
     image: &str,
     tag: &str,
@@ -472,7 +472,7 @@ pub fn reported<'a>(
 
 /// Whether the node is still on `tag`'s current round: it has not reported that round
 /// finished (or not reported it at all yet).
-pub fn in_flight(status: Option<&NodeImageStatus>, image: &str, tag: &ImageTagSpec) -> bool {
+pub(crate) fn in_flight(status: Option<&NodeImageStatus>, image: &str, tag: &ImageTagSpec) -> bool {
     reported(status, image, &tag.tag).is_none_or(|s| {
         s.version.unwrap_or(0) != tag.version.unwrap_or(0) || s.completion_time.is_none()
     })

@@ -2,9 +2,9 @@
 //! so the apiserver can store one our types refuse (written while the webhook was off, or by an
 //! older or newer writer). Watched as plain `K`, that one object fails the whole list: the cache
 //! never syncs and everything waiting on it (every pod admission, `/readyz`) waits forever.
-//! Watched as [`Guarded<K>`], it arrives as a value naming the field that failed;
-//! [`skip_unreadable`] reports it and takes it out of the stream, so the cache holds every object
-//! it can read, and can keep the unreadable ones apart ([`UnreadableObject`]) for callers that
+//! Watched as `Guarded<K>`, it arrives as a value naming the field that failed;
+//! `skip_unreadable` reports it and takes it out of the stream, so the cache holds every object
+//! it can read, and can keep the unreadable ones apart (`UnreadableObject`) for callers that
 //! must know what they might be missing.
 
 use std::borrow::Cow;
@@ -29,11 +29,11 @@ use kruise_rs_kube::events::Recorder;
 /// names the path of the field that failed (`spec.containers[0].ports: invalid type: ...`), and
 /// the unreadable object keeps its raw JSON, so the parts that do read can still be used.
 #[derive(Clone, Debug)]
-pub struct Guarded<K>(pub Result<K, Unreadable>);
+pub(crate) struct Guarded<K>(pub Result<K, Unreadable>);
 
 /// An object `K` refuses.
 #[derive(Clone, Debug)]
-pub struct Unreadable {
+pub(crate) struct Unreadable {
     pub metadata: ObjectMeta,
     /// `<field path>: <what is wrong>`.
     pub error: String,
@@ -44,7 +44,7 @@ pub struct Unreadable {
 /// Why a value does not read as a type: where, and what is wrong there.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{}{message}", if path.is_empty() { String::new() } else { format!("{path}: ") })]
-pub struct ReadError {
+pub(crate) struct ReadError {
     /// The field's path from the value read (`spec.containers[0].ports`); empty: the value
     /// itself.
     pub path: String,
@@ -53,7 +53,7 @@ pub struct ReadError {
 
 impl ReadError {
     /// The same error for the value read found at `prefix` of an outer one.
-    pub fn under(self, prefix: &str) -> Self {
+    pub(crate) fn under(self, prefix: &str) -> Self {
         let path = match self.path.as_str() {
             "" => prefix.to_owned(),
             inner if inner.starts_with('[') => format!("{prefix}{inner}"),
@@ -64,7 +64,7 @@ impl ReadError {
 }
 
 /// `K` read from `value`, or where and why not.
-pub fn read_with_path<K: DeserializeOwned>(value: &Value) -> Result<K, ReadError> {
+pub(crate) fn read_with_path<K: DeserializeOwned>(value: &Value) -> Result<K, ReadError> {
     serde_path_to_error::deserialize::<_, K>(value).map_err(|e| {
         let path = e.path().to_string();
         ReadError {
@@ -131,7 +131,7 @@ impl<K: Resource> Resource for Guarded<K> {
 /// An unreadable `K` as a cache entry of its own ([`skip_unreadable_into`]): a store of these
 /// is what a cache of `K` is missing.
 #[derive(Debug)]
-pub struct UnreadableObject<K> {
+pub(crate) struct UnreadableObject<K> {
     pub unreadable: Unreadable,
     kind: PhantomData<fn() -> K>,
 }
@@ -177,13 +177,13 @@ impl<K: Resource> Resource for UnreadableObject<K> {
 }
 
 /// Event reason on an object a watch cannot read.
-pub const REASON: &str = "Unreadable";
+pub(crate) const REASON: &str = "Unreadable";
 
 /// The stream of the objects that can be read. An unreadable object in an `Apply` or `Delete`
 /// becomes a `Delete` of that object (an object that turned unreadable must not stay in the cache
 /// as it was); in the initial list it is left out. `report` is called for each unreadable
 /// object, once per resource version.
-pub fn skip_unreadable<K, S>(
+pub(crate) fn skip_unreadable<K, S>(
     stream: S,
     report: impl FnMut(&Unreadable) + Send + 'static,
 ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
@@ -196,7 +196,7 @@ where
 
 /// [`skip_unreadable`], keeping the unreadable objects in `unreadable`'s store: an object that
 /// turns readable or is deleted leaves it, a relist replaces it.
-pub fn skip_unreadable_into<K, S>(
+pub(crate) fn skip_unreadable_into<K, S>(
     stream: S,
     report: impl FnMut(&Unreadable) + Send + 'static,
     unreadable: Writer<UnreadableObject<K>>,
@@ -295,7 +295,7 @@ fn placeholder<K: Resource + Default>(metadata: ObjectMeta) -> K {
 
 /// A reporter for [`skip_unreadable`]: a log line naming the object and a Warning event on it
 /// (sent in the background; a failed send is logged).
-pub fn log_and_record<K>(
+pub(crate) fn log_and_record<K>(
     recorder: Arc<Recorder>,
     what: &'static str,
 ) -> impl FnMut(&Unreadable) + Send + 'static

@@ -16,7 +16,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
 /// `namespace/name`.
-pub fn pod_key(pod: &PodSummary) -> String {
+pub(crate) fn pod_key(pod: &PodSummary) -> String {
     format!(
         "{}/{}",
         pod.metadata.namespace.as_deref().unwrap_or_default(),
@@ -44,7 +44,7 @@ fn fresher(ours: &HashMap<String, Arc<PodSummary>>, cached: Arc<PodSummary>) -> 
 
 /// Pods as our own writes returned them.
 #[derive(Default)]
-pub struct WrittenPods {
+pub(crate) struct WrittenPods {
     pods: Mutex<HashMap<String, Arc<PodSummary>>>,
 }
 
@@ -52,7 +52,7 @@ impl WrittenPods {
     /// The newer of the cached pod and the one our last write returned (reconciles read all
     /// pods through [`Self::overlay`]).
     #[cfg(test)]
-    pub fn fresher(&self, cached: Arc<PodSummary>) -> Arc<PodSummary> {
+    pub(crate) fn fresher(&self, cached: Arc<PodSummary>) -> Arc<PodSummary> {
         let pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
         fresher(&pods, cached)
     }
@@ -62,7 +62,7 @@ impl WrittenPods {
     /// applied the event that brought it, so a write forgotten before the read is in what is
     /// read, and none can be forgotten between reading a pod and looking it up here (a pod read
     /// just before its event, looked up just after, would be the old one).
-    pub fn overlay(&self, cache: &Store<PodSummary>) -> Vec<Arc<PodSummary>> {
+    pub(crate) fn overlay(&self, cache: &Store<PodSummary>) -> Vec<Arc<PodSummary>> {
         let pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
         cache
             .state()
@@ -77,7 +77,7 @@ impl WrittenPods {
     /// until the next reconcile (a batch of thousands of upgrades kept a second copy of most of
     /// its pods that way). Checked under the lock `saw` takes after the store applied an event,
     /// so a write is either seen here as cached or forgotten by `saw`.
-    pub fn remember(&self, pod: PodSummary, cache: &Store<PodSummary>) {
+    pub(crate) fn remember(&self, pod: PodSummary, cache: &Store<PodSummary>) {
         let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
         let needed = cache
             .get(&ObjectRef::from_obj(&pod))
@@ -92,7 +92,7 @@ impl WrittenPods {
     /// that a batch of thousands of upgrades does not keep a second copy of every pod it wrote
     /// until the reconcile ends. A re-list's pods (`InitApply`) reach the store only at its end,
     /// so they forget nothing; [`Self::forget_caught_up`] catches those.
-    pub fn saw(&self, event: &watcher::Event<PodSummary>) {
+    pub(crate) fn saw(&self, event: &watcher::Event<PodSummary>) {
         let (watcher::Event::Apply(pod) | watcher::Event::Delete(pod)) = event else {
             return;
         };
@@ -112,7 +112,7 @@ impl WrittenPods {
     }
 
     /// Forgets the pods `cache` has caught up with, or that are gone from it.
-    pub fn forget_caught_up(&self, cache: &Store<PodSummary>) {
+    pub(crate) fn forget_caught_up(&self, cache: &Store<PodSummary>) {
         let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
         pods.retain(|_, ours| {
             cache
@@ -121,11 +121,13 @@ impl WrittenPods {
         });
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.pods.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

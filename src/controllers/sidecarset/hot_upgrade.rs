@@ -6,10 +6,10 @@
 //! A hot sidecar `mesh` runs as `mesh-1` and `mesh-2`. In steady state the working twin (the
 //! pod's `kruise.io/sidecarset-working-hotupgrade-container` entry) runs the SidecarSet's image
 //! and the other runs `hotUpgradeEmptyImage`. An upgrade gives the new image to one twin
-//! ([`twin_to_upgrade`]) and records it as working; the kubelet restarts only that twin while
+//! (`twin_to_upgrade`) and records it as working; the kubelet restarts only that twin while
 //! the old one keeps serving, and the sidecar image hands over between them (reading
 //! `SIDECARSET_VERSION_ALT`). Once every sidecar container but the old twin runs its spec image
-//! and the pod is ready, [`flip_patch`] puts the old twin back on the empty image. Until then
+//! and the pod is ready, `flip_patch` puts the old twin back on the empty image. Until then
 //! the pod counts as updated but not ready, so it holds a place in `maxUnavailable`.
 
 use std::collections::BTreeSet;
@@ -32,12 +32,12 @@ use kruise_rs_sidecar::hot_upgrade::{
 /// The SidecarSet's hot-upgrade sidecars (`spec.containers` only: native-sidecar init
 /// containers get twins at injection, as upstream's, but are never upgraded hot; validation
 /// refuses that combination with a rolling update).
-pub fn hot_sidecars(set: &SidecarSet) -> impl Iterator<Item = &SidecarContainer> {
+pub(crate) fn hot_sidecars(set: &SidecarSet) -> impl Iterator<Item = &SidecarContainer> {
     set.spec.containers.iter().filter(|c| is_hot_upgrade(c))
 }
 
 /// `hotUpgradeEmptyImage` of a hot sidecar (empty when unset).
-pub fn empty_image(sidecar: &SidecarContainer) -> &str {
+pub(crate) fn empty_image(sidecar: &SidecarContainer) -> &str {
     sidecar
         .upgrade_strategy
         .as_ref()
@@ -53,7 +53,10 @@ fn containers(pod: &PodSummary) -> &[ContainerSummary] {
 }
 
 /// The container `name` of `pod` and its index.
-pub fn container<'a>(pod: &'a PodSummary, name: &str) -> Option<(usize, &'a ContainerSummary)> {
+pub(crate) fn container<'a>(
+    pod: &'a PodSummary,
+    name: &str,
+) -> Option<(usize, &'a ContainerSummary)> {
     containers(pod)
         .iter()
         .enumerate()
@@ -65,7 +68,7 @@ fn image_of<'a>(pod: &'a PodSummary, name: &str) -> Option<&'a str> {
 }
 
 /// The roles of `sidecar`'s twins in `pod`, read from its working annotation.
-pub fn roles(pod: &PodSummary, sidecar: &str) -> TwinRoles {
+pub(crate) fn roles(pod: &PodSummary, sidecar: &str) -> TwinRoles {
     twin_roles(
         sidecar,
         &working_twins(pod.annotation(SIDECARSET_WORKING_HOTUPGRADE_CONTAINER)),
@@ -74,7 +77,7 @@ pub fn roles(pod: &PodSummary, sidecar: &str) -> TwinRoles {
 
 /// Every other twin of `set`'s hot sidecars runs its empty image in the pod's spec (upstream's
 /// extra condition in `IsPodReady`).
-pub fn others_on_empty_image(set: &SidecarSet, pod: &PodSummary) -> bool {
+pub(crate) fn others_on_empty_image(set: &SidecarSet, pod: &PodSummary) -> bool {
     hot_sidecars(set).all(|s| {
         let other = roles(pod, &s.container.name).other;
         image_of(pod, &other) == Some(empty_image(s))
@@ -86,7 +89,7 @@ pub fn others_on_empty_image(set: &SidecarSet, pod: &PodSummary) -> bool {
 /// exactly one twin is ready and runs its spec image (`settled`), the other one; else the one
 /// that is not working (the older). `None` when the twin that is *not* chosen already runs the
 /// new image: that pod needs no image change for this sidecar.
-pub fn twin_to_upgrade(
+pub(crate) fn twin_to_upgrade(
     sidecar: &SidecarContainer,
     pod: &PodSummary,
     settled: impl Fn(&str) -> bool,
@@ -112,7 +115,7 @@ pub fn twin_to_upgrade(
     (image(chosen.other()) != wanted).then_some(chosen)
 }
 
-/// What [`flip_patch`] resets.
+/// What `flip_patch` resets.
 #[derive(Debug)]
 pub struct Flip {
     pub patch: json_patch::Patch,
@@ -148,7 +151,7 @@ fn ready_but(pod: &PodSummary, resetting: &BTreeSet<&str>) -> bool {
 /// it resets and the annotations it changes; records each reset twin's imageID in
 /// `kruise.io/sidecarset-inplace-update-state` (so the pod counts as settled only once the
 /// kubelet restarted it); and sets `version.<old>` = `"0"`, `versionalt.<working>` = `"0"`.
-pub fn flip_patch(
+pub(crate) fn flip_patch(
     set: &SidecarSet,
     pod: &PodSummary,
     sidecar_containers: &[String],

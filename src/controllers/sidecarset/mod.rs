@@ -2,14 +2,14 @@
 //! keeps the SidecarSet's ControllerRevisions, and reports the rollout in its status.
 //!
 //! One reconcile of a SidecarSet:
-//! 1. its pods ([`pods::owns`]) from the pod cache, each seen as a [`strategy::PodView`];
+//! 1. its pods (`pods::owns`) from the pod cache, each seen as a [`strategy::PodView`];
 //! 2. its latest ControllerRevision registered ([`revisions`]);
 //! 3. the next batch ([`strategy::next_batch`]) and the status ([`status::compute_status`]),
 //!    written when it changed, with a `NotUpgradablePods` event when pods cannot be upgraded
 //!    in place;
 //! 4. the `SidecarSetUpgradable` condition of pods that cannot be upgraded, and optionally of
-//!    the pods it has upgraded ([`plan::pod_condition`]);
-//! 5. the batch upgraded: one guarded JSON patch per pod ([`upgrade::upgrade_patch`]);
+//!    the pods it has upgraded (`plan::pod_condition`);
+//! 5. the batch upgraded: one guarded JSON patch per pod (`upgrade::upgrade_patch`);
 //! 6. revisions beyond `revisionHistoryLimit` deleted.
 //!
 //! Pod events wake a SidecarSet only when something that matters changed ([`pod_events`]).
@@ -18,7 +18,7 @@
 //! `Controller`; [`plan`](mod@plan) holds the pure decisions of a reconcile (plain values in,
 //! plain values out); `reconcile` fetches from the stores, plans, and writes.
 //!
-//! **Expectations.** The pod cache lags behind our own patches; [`expectations::WrittenPods`]
+//! **Expectations.** The pod cache lags behind our own patches; `expectations::WrittenPods`
 //! keeps the pods our patches return and reads them instead of cached ones until the cache has
 //! caught up, so a lagging cache never lets more than `maxUnavailable` pods be in flight.
 
@@ -58,12 +58,12 @@ pub use self::plan::{Plan, PreDownloadInputs, owned_pods, plan};
 pub use self::watch::{run, run_with_feeds};
 
 /// Field manager of everything this controller writes.
-pub const FIELD_MANAGER: &str = "kruise-rs-sidecarset";
+pub(crate) const FIELD_MANAGER: &str = "kruise-rs-sidecarset";
 /// The controller's name in metrics and in [`super::CacheSync`].
-pub const NAME: &str = "sidecarset";
+pub(crate) const NAME: &str = "sidecarset";
 
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error("the pod, namespace and ControllerRevision caches are not filled yet")]
     CachesNotReady,
     #[error(transparent)]
@@ -97,7 +97,7 @@ pub enum Error {
 }
 
 /// What every reconcile shares.
-pub struct Context {
+pub(crate) struct Context {
     client: Client,
     /// Where the ControllerRevisions live.
     namespace: String,

@@ -38,11 +38,11 @@ pub struct Plan<'a> {
     pub batch: Batch,
     pub report: StatusReport,
     pub predownload: Decision,
-    /// When a pod waiting for its node's pull stops waiting ([`predownload::wait_deadline`]):
+    /// When a pod waiting for its node's pull stops waiting (`predownload::wait_deadline`):
     /// the reconcile comes back then.
     pub predownload_wake: Option<k8s_openapi::jiff::Timestamp>,
     /// Pods (by index in the owned pods) whose old hot-upgrade twins go back to the empty image
-    /// now; the batch leaves them out (see [`flips`]).
+    /// now; the batch leaves them out (see `flips`).
     pub flips: Vec<(usize, Flip)>,
 }
 
@@ -69,7 +69,7 @@ pub fn owned_pods(
 }
 
 /// The value of `job`'s label `key`.
-pub fn label<'a>(job: &'a ImagePullJob, key: &str) -> Option<&'a str> {
+pub(crate) fn label<'a>(job: &'a ImagePullJob, key: &str) -> Option<&'a str> {
     job.metadata.labels.as_ref()?.get(key).map(String::as_str)
 }
 
@@ -172,7 +172,7 @@ pub fn plan<'a>(
 /// both patches would test the same annotations and the second would fail. Upstream ends the
 /// round after flipping; here the batch goes on, since it already counts flipping pods as in
 /// flight (updated, not ready) against `maxUnavailable`.
-pub fn flips(
+pub(crate) fn flips(
     set: &SidecarSet,
     owned: &[Arc<PodSummary>],
     views: &[PodView<'_>],
@@ -199,7 +199,8 @@ pub fn flips(
 }
 
 /// The ControllerRevision `pod`'s hash entry for `set` records.
-pub fn recorded_revision(pod: &PodSummary, set: &str) -> Option<String> {
+#[cfg(test)]
+pub(crate) fn recorded_revision(pod: &PodSummary, set: &str) -> Option<String> {
     revision_in_hashes(pod.annotations().get(SIDECARSET_HASH)?, set)
 }
 
@@ -210,7 +211,7 @@ fn revision_in_hashes(value: &str, set: &str) -> Option<String> {
 }
 
 /// The SidecarSets with a pre-download job listing `node`.
-pub fn sidecarsets_pulling_on<'a>(
+pub(crate) fn sidecarsets_pulling_on<'a>(
     jobs: impl IntoIterator<Item = &'a ImagePullJob>,
     node: &str,
 ) -> BTreeSet<String> {
@@ -227,7 +228,7 @@ pub fn sidecarsets_pulling_on<'a>(
 }
 
 /// `set`'s pre-download jobs among `jobs`: labelled with its name and owned by its uid.
-pub fn own_jobs(
+pub(crate) fn own_jobs(
     set: &SidecarSet,
     jobs: impl IntoIterator<Item = Arc<ImagePullJob>>,
 ) -> Vec<Arc<ImagePullJob>> {
@@ -244,7 +245,7 @@ pub fn own_jobs(
 }
 
 /// The revisions among `revisions` labelled as SidecarSet `name`'s.
-pub fn labelled_history<'a>(
+pub(crate) fn labelled_history<'a>(
     name: &str,
     revisions: impl IntoIterator<Item = &'a ControllerRevision>,
 ) -> Vec<ControllerRevision> {
@@ -256,7 +257,7 @@ pub fn labelled_history<'a>(
 }
 
 /// The revisions the `owned` pods of SidecarSet `name` record: never deleted.
-pub fn revisions_in_use(owned: &[Arc<PodSummary>], name: &str) -> BTreeSet<String> {
+pub(crate) fn revisions_in_use(owned: &[Arc<PodSummary>], name: &str) -> BTreeSet<String> {
     // Pods upgraded together carry equal hash annotations: each distinct one is parsed once,
     // not once per pod (this runs every reconcile, over every pod, and a parse builds a map
     // and its strings).
@@ -272,7 +273,7 @@ pub fn revisions_in_use(owned: &[Arc<PodSummary>], name: &str) -> BTreeSet<Strin
 
 /// The message of a `PodsUpgradable: False` condition that is new or changed since `previous`
 /// (upstream's `NotUpgradablePods` event), so the event is not repeated every reconcile.
-pub fn newly_not_upgradable(
+pub(crate) fn newly_not_upgradable(
     previous: Option<&SidecarSetStatus>,
     status: &SidecarSetStatus,
 ) -> Option<String> {
@@ -291,7 +292,7 @@ pub fn newly_not_upgradable(
 
 /// The reason and message when pre-download has just turned to skipped (its reason differs
 /// from `previous`'s).
-pub fn newly_skipped(
+pub(crate) fn newly_skipped(
     previous: Option<&SidecarSetStatus>,
     status: &SidecarSetStatus,
 ) -> Option<(String, String)> {
@@ -309,7 +310,7 @@ pub fn newly_skipped(
 
 /// Whether the pod seen as `view` can be upgraded in place, for its `SidecarSetUpgradable`
 /// condition; `None` for a pod the condition does not concern (inactive or not selected).
-pub fn upgradable(view: &PodView<'_>) -> Option<bool> {
+pub(crate) fn upgradable(view: &PodView<'_>) -> Option<bool> {
     match classify(view, true) {
         PodState::NotUpgradable => Some(false),
         PodState::Inactive | PodState::NotSelected => None,
@@ -324,7 +325,7 @@ pub fn upgradable(view: &PodView<'_>) -> Option<bool> {
 /// has an entry for `set`), created where the pod has no condition: one more pod status write
 /// per upgraded pod. Decided from the pod as it is, so a write lost to a restart is made by the
 /// next reconcile.
-pub fn pod_condition(
+pub(crate) fn pod_condition(
     view: &PodView<'_>,
     set: &str,
     on_upgrade: bool,
@@ -345,7 +346,7 @@ pub fn pod_condition(
 
 /// Whether `set` has upgraded `pod` in place: the pod's `kruise.io/sidecarset-inplace-update-state`
 /// has an entry for it (injection writes none).
-pub fn upgraded_in_place(pod: &PodSummary, set: &str) -> bool {
+pub(crate) fn upgraded_in_place(pod: &PodSummary, set: &str) -> bool {
     pod.annotations()
         .get(SIDECARSET_INPLACE_UPDATE_STATE)
         .and_then(parse_update_states)
@@ -354,7 +355,7 @@ pub fn upgraded_in_place(pod: &PodSummary, set: &str) -> bool {
 
 /// The merge patch writing `status`. A merge patch leaves out what it does not mention, so the
 /// optional fields are named even when unset (as `null`, removing them).
-pub fn status_patch(status: &SidecarSetStatus) -> Value {
+pub(crate) fn status_patch(status: &SidecarSetStatus) -> Value {
     let mut fields = serde_json::to_value(status).expect("a status always serializes");
     if let Some(map) = fields.as_object_mut() {
         for key in [
@@ -370,13 +371,13 @@ pub fn status_patch(status: &SidecarSetStatus) -> Value {
 }
 
 /// Whether `job` is the job `namespace`/`name`.
-pub fn is_job(job: &ImagePullJob, namespace: &str, name: &str) -> bool {
+pub(crate) fn is_job(job: &ImagePullJob, namespace: &str, name: &str) -> bool {
     job.metadata.namespace.as_deref() == Some(namespace)
         && job.metadata.name.as_deref() == Some(name)
 }
 
 /// The jobs of `existing` that `decision` no longer wants, to delete.
-pub fn unwanted_jobs<'a>(
+pub(crate) fn unwanted_jobs<'a>(
     decision: &Decision,
     existing: &'a [Arc<ImagePullJob>],
 ) -> Vec<&'a Arc<ImagePullJob>> {

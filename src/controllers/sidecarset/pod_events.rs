@@ -2,7 +2,7 @@
 //!
 //! A cluster's pods change all the time (status heartbeats, other controllers' annotations);
 //! only what can move a rollout or its status wakes a SidecarSet. Each pod is summarized in a
-//! [`PodSignature`]; when it changes, the SidecarSets named in the pod's injected list (before
+//! `PodSignature`; when it changes, the SidecarSets named in the pod's injected list (before
 //! or after the change) are reconciled:
 //! - a pod appears or goes away (its deletion frees a maxUnavailable slot: #1168);
 //! - it starts or stops being active (deletion timestamp, finished phase), ready, or changes
@@ -33,7 +33,7 @@ use kruise_rs_sidecar::annotations::parse_injected_list;
 /// pod, so it is small: the injected list is the pod's own (interned) annotation value, the same
 /// string for every pod of the same SidecarSets, parsed only when a change wakes them.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodSignature {
+pub(crate) struct PodSignature {
     /// The pod's injected list, as its annotation holds it.
     injected: Option<Interned>,
     /// Everything else that matters, hashed.
@@ -42,7 +42,7 @@ pub struct PodSignature {
 
 impl PodSignature {
     /// The SidecarSets in the pod's injected list.
-    pub fn sidecarsets(&self) -> BTreeSet<String> {
+    pub(crate) fn sidecarsets(&self) -> BTreeSet<String> {
         self.injected
             .as_deref()
             .map(parse_injected_list)
@@ -51,7 +51,7 @@ impl PodSignature {
 }
 
 /// The signature of a pod as the SidecarSet controller stores it.
-pub fn signature(pod: &PodSummary) -> PodSignature {
+pub(crate) fn signature(pod: &PodSummary) -> PodSignature {
     let mut h = DefaultHasher::new();
     let meta = &pod.metadata;
     meta.deletion_timestamp.is_some().hash(&mut h);
@@ -83,7 +83,7 @@ pub fn signature(pod: &PodSummary) -> PodSignature {
 }
 
 /// The SidecarSets to wake after a pod went from `old` to `new` (`None`: absent).
-pub fn sidecarsets_to_wake(
+pub(crate) fn sidecarsets_to_wake(
     old: Option<&PodSignature>,
     new: Option<&PodSignature>,
 ) -> BTreeSet<String> {
@@ -98,7 +98,7 @@ pub fn sidecarsets_to_wake(
 
 /// The last signature of every pod seen, to turn watch events into SidecarSets to wake.
 #[derive(Default)]
-pub struct PodTracker {
+pub(crate) struct PodTracker {
     state: Mutex<TrackerState>,
 }
 
@@ -122,7 +122,7 @@ fn key(pod: &PodSummary) -> Box<str> {
 
 impl PodTracker {
     /// The SidecarSets `event` wakes.
-    pub fn wake(&self, event: &watcher::Event<PodSummary>) -> BTreeSet<String> {
+    pub(crate) fn wake(&self, event: &watcher::Event<PodSummary>) -> BTreeSet<String> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         match event {
             watcher::Event::Apply(pod) => {

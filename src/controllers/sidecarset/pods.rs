@@ -40,7 +40,7 @@ use kruise_rs_api::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
 };
-use kruise_rs_sidecar::annotations::{parse_injected_list, pod_entry};
+use kruise_rs_sidecar::annotations::pod_entry;
 use kruise_rs_sidecar::gojson::html_escape_compact_json;
 use kruise_rs_sidecar::hash::is_native_sidecar;
 use kruise_rs_sidecar::hot_upgrade::{injects_twins, is_twin_of, pod_has_twins, working_twins};
@@ -50,7 +50,7 @@ use kruise_rs_sidecar::matching::{pod_namespace, sidecarset_matches};
 pub type NamespaceLabels = BTreeMap<String, BTreeMap<String, String>>;
 
 /// The labels of every namespace in `namespaces`.
-pub fn namespace_labels<'a>(
+pub(crate) fn namespace_labels<'a>(
     namespaces: impl IntoIterator<Item = &'a Namespace>,
 ) -> NamespaceLabels {
     namespaces
@@ -63,21 +63,26 @@ pub fn namespace_labels<'a>(
 }
 
 /// Whether `pod` was injected with `set`.
-pub fn injected_with(pod: &PodSummary, set: &str) -> bool {
+pub(crate) fn injected_with(pod: &PodSummary, set: &str) -> bool {
     pod.annotation(SIDECARSET_INJECTED_LIST)
         .is_some_and(|list| list.split(',').any(|name| name == set))
 }
 
 /// The SidecarSets named in `pod`'s injected list.
-pub fn injected_sidecarsets(pod: &PodSummary) -> Vec<String> {
+#[cfg(test)]
+pub(crate) fn injected_sidecarsets(pod: &PodSummary) -> Vec<String> {
     pod.annotation(SIDECARSET_INJECTED_LIST)
-        .map(|list| parse_injected_list(list).into_iter().collect())
+        .map(|list| {
+            kruise_rs_sidecar::annotations::parse_injected_list(list)
+                .into_iter()
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 /// Whether `set` owns `pod`; see the module documentation. A selector that cannot be
 /// evaluated owns nothing (validation keeps such SidecarSets out).
-pub fn owns(set: &SidecarSet, pod: &PodSummary, namespaces: &NamespaceLabels) -> bool {
+pub(crate) fn owns(set: &SidecarSet, pod: &PodSummary, namespaces: &NamespaceLabels) -> bool {
     let name = set.metadata.name.as_deref().unwrap_or_default();
     if !injected_with(pod, name) {
         return false;
@@ -162,7 +167,7 @@ fn native_sidecars<'a>(
 
 /// The containers of `pod` that are `set`'s sidecar containers (not its native sidecars): a
 /// sidecar's own name, or both twins of a hot-upgrade sidecar; only those the pod has.
-pub fn sidecar_containers<'a>(
+pub(crate) fn sidecar_containers<'a>(
     set: &'a SidecarSet,
     pod: &'a PodSummary,
 ) -> Vec<&'a ContainerSummary> {
@@ -200,10 +205,10 @@ pub struct LastContainerStatus {
 }
 
 /// SidecarSet name to its record.
-pub type InPlaceUpdateStates = BTreeMap<String, InPlaceUpdateState>;
+pub(crate) type InPlaceUpdateStates = BTreeMap<String, InPlaceUpdateState>;
 
 /// Reads the in-place update state annotation; `None` when unreadable.
-pub fn parse_update_states(value: &str) -> Option<InPlaceUpdateStates> {
+pub(crate) fn parse_update_states(value: &str) -> Option<InPlaceUpdateStates> {
     serde_json::from_str::<Option<InPlaceUpdateStates>>(value)
         .ok()
         .map(Option::unwrap_or_default)
@@ -217,7 +222,7 @@ pub fn render_update_states(states: &InPlaceUpdateStates) -> String {
 
 /// Two image references name the same image (normalized; the raw strings when either does
 /// not parse).
-pub fn same_image(a: &str, b: &str) -> bool {
+pub(crate) fn same_image(a: &str, b: &str) -> bool {
     if a == b {
         return true;
     }
@@ -396,14 +401,14 @@ pub fn view<'a>(set: &SidecarSet, current: &CurrentHashes, pod: &'a PodSummary) 
 
 /// [`view`] with the SidecarSet's current hashes taken here, for tests of one pod.
 #[cfg(test)]
-pub fn test_view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
+pub(crate) fn test_view<'a>(set: &SidecarSet, pod: &'a PodSummary) -> PodView<'a> {
     view(set, &CurrentHashes::of(set), pod)
 }
 
 /// A stored pod for a test's views: `namespace/name` with `labels`, on `node` (leaked: a test's
 /// pods live as long as it).
 #[cfg(test)]
-pub fn test_pod(
+pub(crate) fn test_pod(
     namespace: &str,
     name: &str,
     labels: &[(&str, &str)],
@@ -429,7 +434,7 @@ pub fn test_pod(
 
 /// Changes the stored pod `view` reads (a changed copy, leaked as [`test_pod`]'s).
 #[cfg(test)]
-pub fn change_pod(view: &mut PodView<'static>, change: impl FnOnce(&mut PodSummary)) {
+pub(crate) fn change_pod(view: &mut PodView<'static>, change: impl FnOnce(&mut PodSummary)) {
     let mut pod = view.pod.clone();
     change(&mut pod);
     view.pod = Box::leak(Box::new(pod));

@@ -10,7 +10,7 @@
 //! containers (native sidecars included) run another image than the SidecarSet's; for each such
 //! container, the pod's node needs the new image. The decision ([`decide`]), in this order:
 //! - the manager runs with `--sidecarset-predownload=false`: off, as upstream (which has no
-//!   SidecarSet pre-download): no job, no pod waits, the annotations are not read ([`knobs_when`]);
+//!   SidecarSet pre-download): no job, no pod waits, the annotations are not read (`knobs_when`);
 //! - `updateStrategy.type: NotUpdate`: skipped, nothing will be upgraded;
 //! - no target: nothing to pull (also once the rollout is done);
 //! - every matched pod is upgraded in one batch (partition 0 and maxUnavailable ≥ matched pods,
@@ -39,7 +39,7 @@
 //! without pre-download), or the node has no NodeImage (no daemon runs there), or the per-pull
 //! timeout (`…-timeout-seconds`, default 300 s) has passed since the job's entry reached the
 //! node, whatever the daemon reports (queued behind other pulls, still pulling): then the
-//! kubelet pulls, as without pre-download ([`wait_deadline`]). A rollout never waits long on
+//! kubelet pulls, as without pre-download (`wait_deadline`). A rollout never waits long on
 //! one node.
 //!
 //! # Knobs
@@ -78,7 +78,7 @@ use kruise_rs_sidecar::hash::is_native_sidecar;
 use kruise_rs_sidecar::hot_upgrade::{is_hot_upgrade, is_twin_of};
 
 /// Status condition: where the pre-download stands.
-pub const IMAGE_PREDOWNLOAD: &str = "ImagePreDownload";
+pub(crate) const IMAGE_PREDOWNLOAD: &str = "ImagePreDownload";
 
 const DEFAULT_PARALLELISM: i32 = 1;
 const DEFAULT_TIMEOUT_SECONDS: i32 = 300;
@@ -209,7 +209,7 @@ pub fn knobs(set: &SidecarSet) -> (Knobs, Vec<KnobWarning>) {
 
 /// The knobs of `set` when the manager's switch is `enabled`, as [`knobs`]; when it is off,
 /// the annotations are not read (and never warned about): [`decide`] skips at once.
-pub fn knobs_when(set: &SidecarSet, enabled: bool) -> (Knobs, Vec<KnobWarning>) {
+pub(crate) fn knobs_when(set: &SidecarSet, enabled: bool) -> (Knobs, Vec<KnobWarning>) {
     if enabled {
         return knobs(set);
     }
@@ -272,7 +272,7 @@ impl Decision {
 }
 
 /// The `controller-revision-hash` part of the SidecarSet's latest revision name.
-pub fn revision_hash(set: &SidecarSet) -> String {
+pub(crate) fn revision_hash(set: &SidecarSet) -> String {
     let name = set.metadata.name.as_deref().unwrap_or_default();
     let revision = latest_revision(set);
     revision
@@ -290,7 +290,7 @@ fn latest_revision(set: &SidecarSet) -> &str {
 }
 
 /// `base`, or when longer than 63 characters, its start and a hash of the whole.
-pub fn job_name(base: &str) -> String {
+pub(crate) fn job_name(base: &str) -> String {
     if base.len() <= MAX_NAME {
         return base.to_owned();
     }
@@ -448,7 +448,7 @@ pub fn decide(
 
 /// Keeps the nodes a job already lists, in their order, and appends the new targets: nodes whose
 /// pods were upgraded meanwhile stay (no job write, no NodeImage churn per upgraded pod).
-pub fn keep_listed_nodes(plans: &mut [JobPlan], existing: &[Arc<ImagePullJob>]) {
+pub(crate) fn keep_listed_nodes(plans: &mut [JobPlan], existing: &[Arc<ImagePullJob>]) {
     for plan in plans {
         let Some(job) = existing.iter().find(|j| {
             j.metadata.namespace.as_deref() == Some(plan.namespace.as_str())
@@ -471,7 +471,7 @@ pub fn keep_listed_nodes(plans: &mut [JobPlan], existing: &[Arc<ImagePullJob>]) 
 
 /// Whether `node` has finished pulling `image`: its NodeImage reports the tag succeeded or
 /// failed, or there is no NodeImage (no daemon to wait for).
-pub fn pulled(nodeimage: Option<&NodeImage>, image: &str) -> bool {
+pub(crate) fn pulled(nodeimage: Option<&NodeImage>, image: &str) -> bool {
     let Some(nodeimage) = nodeimage else {
         return true;
     };
@@ -490,7 +490,7 @@ pub fn pulled(nodeimage: Option<&NodeImage>, image: &str) -> bool {
 /// How long a pod waits for its node's pull at most: the SidecarSet's per-pull timeout
 /// (`apps.kruise.io/image-predownload-timeout-seconds`, default 300 s). A pull that takes longer
 /// would be cut by the daemon anyway; waiting longer only holds the rollout up.
-pub fn max_wait(knobs: &Knobs) -> std::time::Duration {
+pub(crate) fn max_wait(knobs: &Knobs) -> std::time::Duration {
     std::time::Duration::from_secs(u64::from(knobs.timeout_seconds.max(1).unsigned_abs()))
 }
 
@@ -502,7 +502,7 @@ pub fn max_wait(knobs: &Knobs) -> std::time::Duration {
 /// another tenant's slow ones holding both pull slots) held its pod until the tag's own
 /// deadline, which pre-download jobs (completion `Never`) set to at least 30 minutes, plus the
 /// NodeImage response timeout. After it the kubelet pulls, as without pre-download.
-pub fn wait_deadline(
+pub(crate) fn wait_deadline(
     nodeimage: &NodeImage,
     image: &str,
     max_wait: std::time::Duration,
@@ -523,7 +523,7 @@ pub fn wait_deadline(
 
 /// What [`mark_awaiting`] found.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Awaiting {
+pub(crate) struct Awaiting {
     /// Queued pods held back for their nodes' pulls.
     pub pods: usize,
     /// When the first of them stops waiting, whatever its node reports by then.
@@ -532,7 +532,7 @@ pub struct Awaiting {
 
 /// Marks the queued pods whose node has not finished pulling their new images, each for at
 /// most `max_wait` after its node's entry was written ([`wait_deadline`]).
-pub fn mark_awaiting(
+pub(crate) fn mark_awaiting(
     set: &SidecarSet,
     owned: &[Arc<PodSummary>],
     views: &mut [PodView],
@@ -580,7 +580,7 @@ pub fn mark_awaiting(
 }
 
 /// The ImagePullJob for `plan`.
-pub fn job(set: &SidecarSet, plan: &JobPlan, knobs: &Knobs) -> ImagePullJob {
+pub(crate) fn job(set: &SidecarSet, plan: &JobPlan, knobs: &Knobs) -> ImagePullJob {
     let set_name = set.metadata.name.clone().unwrap_or_default();
     let hash = revision_hash(set);
     let mut labels = set.metadata.labels.clone().unwrap_or_default();
@@ -645,7 +645,10 @@ fn job_spec(plan: &JobPlan, knobs: &Knobs, set_name: &str, hash: &str) -> ImageP
 
 /// What an existing job must change to match `wanted` (the fields the controller owns), as a
 /// merge patch of its spec; `None` when nothing.
-pub fn job_update(existing: &ImagePullJob, wanted: &ImagePullJob) -> Option<serde_json::Value> {
+pub(crate) fn job_update(
+    existing: &ImagePullJob,
+    wanted: &ImagePullJob,
+) -> Option<serde_json::Value> {
     let (have, want) = (&existing.spec, &wanted.spec);
     let mut spec = serde_json::Map::new();
     let names = |s: &ImagePullJobSpec| s.template.selector.as_ref().map(|s| s.names.clone());
@@ -681,7 +684,7 @@ pub fn job_update(existing: &ImagePullJob, wanted: &ImagePullJob) -> Option<serd
 
 /// Progress of the jobs, for the condition: target nodes, and how many finished each way.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Progress {
+pub(crate) struct Progress {
     pub nodes: usize,
     pub succeeded: usize,
     pub failed: usize,
@@ -689,7 +692,10 @@ pub struct Progress {
 
 impl Progress {
     /// Sums the status of `jobs` (the existing ones the decision wants).
-    pub fn of<'a>(plans: &[JobPlan], jobs: impl IntoIterator<Item = &'a ImagePullJob>) -> Self {
+    pub(crate) fn of<'a>(
+        plans: &[JobPlan],
+        jobs: impl IntoIterator<Item = &'a ImagePullJob>,
+    ) -> Self {
         let mut progress = Progress {
             nodes: plans.iter().map(|p| p.nodes.len()).sum(),
             ..Default::default()
@@ -711,7 +717,7 @@ fn images(plans: &[JobPlan]) -> String {
 
 /// The `ImagePreDownload` condition for `decision`; keeps the transition time of `previous`
 /// when its status is unchanged.
-pub fn condition(
+pub(crate) fn condition(
     decision: &Decision,
     progress: Progress,
     previous: Option<&Condition>,

@@ -19,7 +19,7 @@ const CREATE_ATTEMPTS: usize = 10;
 
 /// Why the history could not be brought up to date.
 #[derive(Debug, thiserror::Error)]
-pub enum RevisionsError {
+pub(crate) enum RevisionsError {
     #[error(
         "SidecarSet {sidecarset:?} has no metadata.name or metadata.uid, so it cannot own ControllerRevisions"
     )]
@@ -65,7 +65,7 @@ pub enum RevisionsError {
 
 /// The registered latest revision, and the collision count to store in the SidecarSet's status.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Registered {
+pub(crate) struct Registered {
     pub latest: ControllerRevision,
     pub collision_count: i32,
 }
@@ -73,7 +73,7 @@ pub struct Registered {
 /// Registers `set`'s current spec in `api` (the manager namespace, `namespace`), given the
 /// revisions listed there, and returns the latest revision. The caller stores the returned
 /// collision count in `status.collisionCount` and then truncates the history.
-pub async fn register(
+pub(crate) async fn register(
     api: &Api<ControllerRevision>,
     set: &SidecarSet,
     history: &[ControllerRevision],
@@ -260,7 +260,7 @@ fn update_patch(
 
 /// Deletes the revisions `names` (already-deleted ones are fine). Every name is tried; the
 /// first failure is returned.
-pub async fn delete_revisions(
+pub(crate) async fn delete_revisions(
     api: &Api<ControllerRevision>,
     names: &[String],
 ) -> Result<(), RevisionsError> {

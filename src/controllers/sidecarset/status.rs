@@ -19,7 +19,7 @@
 //! - `PodsUpgradable`: `False` with `NotUpgradablePods` while some pods changed in more than
 //!   their images, `True` with `AllPodsUpgradable` otherwise.
 //!
-//! A third condition, `UnsupportedFeatures`, comes from the spec alone ([`unsupported_condition`]):
+//! A third condition, `UnsupportedFeatures`, comes from the spec alone (`unsupported_condition`):
 //! `True` while the SidecarSet uses a feature kruise-rs does not serve yet, with the features as
 //! reason and the containers in the message; absent otherwise.
 //!
@@ -63,7 +63,7 @@ pub enum Stall {
         examples: Vec<String>,
     },
     /// Updated, running pods whose native sidecar still runs its old image
-    /// [`NATIVE_RESTART_GRACE`] after the upgrade: their kubelet does not restart a native
+    /// `NATIVE_RESTART_GRACE` after the upgrade: their kubelet does not restart a native
     /// sidecar on a new image. `examples` are the first few by namespace/name.
     NativeSidecarNotRestarted { pods: usize, examples: Vec<String> },
 }
@@ -71,7 +71,7 @@ pub enum Stall {
 /// How long after its upgrade a native sidecar may still run its old image before the pod is
 /// reported ([`Stall::NativeSidecarNotRestarted`]). Kubelets that restart it do so in seconds
 /// (4 s measured on 1.36.3), pulls included once the image is pre-downloaded.
-pub const NATIVE_RESTART_GRACE: std::time::Duration = std::time::Duration::from_secs(300);
+pub(crate) const NATIVE_RESTART_GRACE: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl Stall {
     /// A CamelCase reason, for an event or a condition.
@@ -166,12 +166,12 @@ pub struct StatusReport {
 }
 
 /// Status condition: whether the rollout is held, and by what.
-pub const ROLLOUT_HELD: &str = "RolloutHeld";
+pub(crate) const ROLLOUT_HELD: &str = "RolloutHeld";
 /// Status condition: whether every matched pod can be upgraded in place.
-pub const PODS_UPGRADABLE: &str = "PodsUpgradable";
+pub(crate) const PODS_UPGRADABLE: &str = "PodsUpgradable";
 /// Status condition, present only while `True`: the SidecarSet uses features kruise-rs does
 /// not serve yet.
-pub const UNSUPPORTED: &str = "UnsupportedFeatures";
+pub(crate) const UNSUPPORTED: &str = "UnsupportedFeatures";
 
 fn count(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
@@ -281,7 +281,7 @@ fn conditions(
 /// The reason names the features (comma-separated), the message the containers and what
 /// happens to the pods it matches. Keeps the `lastTransitionTime` of a `True` condition in
 /// `previous`.
-pub fn unsupported_condition(
+pub(crate) fn unsupported_condition(
     set: &SidecarSet,
     previous: &[Condition],
     now: &Time,
@@ -323,7 +323,7 @@ pub fn unsupported_condition(
 /// Updated, running pods with a native sidecar that has not run its spec image for
 /// [`NATIVE_RESTART_GRACE`] since the pod's hash entry was written (the upgrade); see
 /// [`Stall::NativeSidecarNotRestarted`].
-pub fn native_not_restarted(pods: &[PodView], now: &Time) -> Option<Stall> {
+pub(crate) fn native_not_restarted(pods: &[PodView], now: &Time) -> Option<Stall> {
     let grace =
         k8s_openapi::jiff::SignedDuration::try_from(NATIVE_RESTART_GRACE).unwrap_or_default();
     let mut stuck: Vec<String> = pods
@@ -350,7 +350,7 @@ pub fn native_not_restarted(pods: &[PodView], now: &Time) -> Option<Stall> {
 }
 
 /// Why `set`'s rollout over `pods` does not move; see the module documentation.
-pub fn stalls(batch: &Batch, pods: &[PodView]) -> Vec<Stall> {
+pub(crate) fn stalls(batch: &Batch, pods: &[PodView]) -> Vec<Stall> {
     let keys = |positions: &[usize]| -> Vec<String> {
         positions
             .iter()

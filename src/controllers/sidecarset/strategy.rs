@@ -6,7 +6,7 @@
 //! The SidecarSet's *current hash* is its `kruise.io/sidecarset-hash` annotation (written by the
 //! SidecarSet webhook; computed from the spec when absent), likewise for the hash without
 //! images. For one SidecarSet, every pod handed in (the controller's matched pods, §2.3 of the
-//! reference) is in exactly one [`PodState`]:
+//! reference) is in exactly one `PodState`:
 //!
 //! - **inactive**: being deleted, `Succeeded` or `Failed`. Ignored everywhere, as upstream drops
 //!   such pods while listing. A pod that is going away can never hold the rollout (the shape of
@@ -297,7 +297,7 @@ impl CurrentHashes {
 
 /// Where one pod stands in the rollout; see the module documentation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PodState {
+pub(crate) enum PodState {
     Inactive,
     /// `in_flight`: not ready, or a sidecar not yet on its new image.
     Updated {
@@ -310,7 +310,7 @@ pub enum PodState {
 }
 
 /// Where `pod` stands. `selected` says whether the pod matches `updateStrategy.selector`.
-pub fn classify(pod: &PodView, selected: bool) -> PodState {
+pub(crate) fn classify(pod: &PodView, selected: bool) -> PodState {
     if !pod.is_active() {
         PodState::Inactive
     } else if pod.hash_current {
@@ -372,7 +372,7 @@ fn scaled(percent: &str, total: usize, round_up: bool) -> Option<(usize, bool)> 
 }
 
 /// How many of `matched` pods `partition` keeps on the old version; see "Rounding".
-pub fn partition_count(
+pub(crate) fn partition_count(
     partition: Option<&IntOrString>,
     matched: usize,
 ) -> Result<usize, StrategyError> {
@@ -398,7 +398,7 @@ pub fn partition_count(
 }
 
 /// How many updated pods may be unavailable at once, out of `matched`; see "Rounding".
-pub fn max_unavailable_count(
+pub(crate) fn max_unavailable_count(
     max_unavailable: Option<&IntOrString>,
     matched: usize,
 ) -> Result<usize, StrategyError> {
@@ -651,7 +651,7 @@ fn sort_by_priority(priority: &UpdatePriorityStrategy, pods: &[PodView], order: 
 
 /// Scatter terms with `*` replaced by each value of that key on `pods`, in sorted order;
 /// duplicates dropped, first occurrence kept.
-pub fn expand_scatter_terms<'a, 'p: 'a>(
+pub(crate) fn expand_scatter_terms<'a, 'p: 'a>(
     terms: &[UpdateScatterTerm],
     pods: impl Iterator<Item = &'a PodView<'p>> + Clone,
 ) -> Vec<UpdateScatterTerm> {

@@ -13,10 +13,10 @@
 //!   has restarted it (an existing record keeps its revision and time, as upstream's);
 //! - `patchPodMetadata`, as at injection.
 //!
-//! A hot-upgrade sidecar's new image goes to one of its twins ([`twin_to_upgrade`]), which the
+//! A hot-upgrade sidecar's new image goes to one of its twins (`twin_to_upgrade`), which the
 //! same patch records as working with its version annotations
 //! ([`kruise_rs_sidecar::hot_upgrade::record_upgrade`]); the old twin is reset later
-//! ([`super::hot_upgrade::flip_patch`]).
+//! (`super::hot_upgrade::flip_patch`).
 //!
 //! The patch first *tests* the annotation values it was computed from and the container names
 //! at the indexes it writes. Two SidecarSets upgrading one pod at once, or a stale cache, make
@@ -47,7 +47,7 @@ use kruise_rs_sidecar::metadata::{MetadataPatchError, patch_pod_metadata};
 
 /// Why a pod cannot be upgraded as it is.
 #[derive(Debug, thiserror::Error)]
-pub enum UpgradeError {
+pub(crate) enum UpgradeError {
     #[error(transparent)]
     Annotation(#[from] kruise_rs_sidecar::annotations::AnnotationError),
     #[error("spec.patchPodMetadata: {0}")]
@@ -56,7 +56,7 @@ pub enum UpgradeError {
 
 /// One pod's upgrade.
 #[derive(Debug)]
-pub struct Upgrade {
+pub(crate) struct Upgrade {
     pub patch: json_patch::Patch,
     /// The containers (native sidecars included) whose image changes.
     pub changed: Vec<String>,
@@ -112,7 +112,7 @@ fn sidecar_list(set: &SidecarSet) -> Vec<String> {
 /// The patch that upgrades `pod`'s sidecars to `set`'s images and records it; see the module
 /// documentation. `pod` must carry every annotation `patchPodMetadata` reads (the live pod
 /// when the SidecarSet has any).
-pub fn upgrade_patch(
+pub(crate) fn upgrade_patch(
     pod: &PodSummary,
     set: &SidecarSet,
     current: &CurrentHashes,
@@ -281,7 +281,7 @@ fn upgradable_map(condition: Option<&PodCondition>) -> BTreeMap<String, bool> {
 /// The `SidecarSetUpgradable` pod condition after `set` found the pod `upgradable` or not;
 /// `None` when the condition already says so (or, for an upgradable pod, does not exist: only
 /// a pod some SidecarSet cannot upgrade needs one).
-pub fn upgradable_condition(
+pub(crate) fn upgradable_condition(
     pod: &PodSummary,
     set: &str,
     upgradable: bool,
@@ -294,7 +294,7 @@ pub fn upgradable_condition(
 /// upstream writes it after every in-place upgrade: this SidecarSet's entry `true`, and `True`
 /// (`AllSidecarsetUpgradable`) when every entry is; created when the pod has none. `None` when
 /// the condition already says so.
-pub fn upgraded_condition(pod: &PodSummary, set: &str, now: &Time) -> Option<PodCondition> {
+pub(crate) fn upgraded_condition(pod: &PodSummary, set: &str, now: &Time) -> Option<PodCondition> {
     condition_with(pod, set, true, true, now)
 }
 

@@ -2,11 +2,11 @@
 //! `pkg/webhook/imagelistpulljob/validating/imagelistpulljob_create_update_handler.go`).
 //!
 //! Rules:
-//! - **images**: at least one, at most [`MAX_IMAGES`], each once, each a reference docker's
+//! - **images**: at least one, at most `MAX_IMAGES`, each once, each a reference docker's
 //!   grammar accepts ([`ImageRef::parse`]); a denial names the entry (`spec.images[2]`).
 //! - **pullSecrets**: at most [`crate::limits::MAX_PULL_SECRETS`], as an ImagePullJob's.
 //! - **the template** (selector, podSelector, parallelism, completionPolicy): the ImagePullJob
-//!   rules ([`validate_template`]), since each image's ImagePullJob is the template plus the
+//!   rules (`validate_template`), since each image's ImagePullJob is the template plus the
 //!   image and must pass them too.
 //!
 //! Differences from upstream: every problem is reported, not only the first; `Always` also checks
@@ -24,7 +24,7 @@ use crate::imagelistpulljob::{ImageListPullJob, ImageListPullJobSpec};
 pub use super::imagepulljob::validate_raw_enums;
 
 /// The most images one list may name (upstream's limit).
-pub const MAX_IMAGES: usize = 255;
+pub(crate) const MAX_IMAGES: usize = 255;
 
 /// Validates an ImageListPullJob being created.
 pub fn validate_create(job: &ImageListPullJob) -> Result<(), ValidationErrors> {

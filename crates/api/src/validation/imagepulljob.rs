@@ -4,7 +4,7 @@
 //! Rules:
 //! - **update**: `spec.pullSecrets` is immutable.
 //! - **`kruise-rs.io/pull-secret-uids`**: `name=uid` entries, when set or changed (decision 0029).
-//! - **pullSecrets**: at most [`limits::MAX_PULL_SECRETS`] ([`validate_pull_secrets`]): the
+//! - **pullSecrets**: at most [`limits::MAX_PULL_SECRETS`] (`validate_pull_secrets`): the
 //!   webhook asks one SubjectAccessReview per Secret within its timeout (ours; upstream has no
 //!   bound).
 //! - **selector**: `names` and a label selector not both; names unique; label selector valid.
@@ -77,7 +77,10 @@ pub fn validate_update(old: &ImagePullJob, new: &ImagePullJob) -> Result<(), Val
 
 /// `spec.pullSecrets` (an ImagePullJob's or an ImageListPullJob's) names at most
 /// [`limits::MAX_PULL_SECRETS`] Secrets, when new or changed from `old`.
-pub fn validate_pull_secrets(pull_secrets: &[String], old: Option<&[String]>) -> Vec<FieldError> {
+pub(crate) fn validate_pull_secrets(
+    pull_secrets: &[String],
+    old: Option<&[String]>,
+) -> Vec<FieldError> {
     validate_max_items(
         pull_secrets,
         old,
@@ -114,7 +117,7 @@ fn validate_spec(spec: &ImagePullJobSpec) -> Vec<FieldError> {
 /// The rules on everything but the image: `selector`, `podSelector`, `parallelism` and
 /// `completionPolicy`, with paths under `spec` (an ImageListPullJob's template is inline in
 /// its spec, so its paths are the same).
-pub fn validate_template(template: &ImagePullJobTemplate) -> Vec<FieldError> {
+pub(crate) fn validate_template(template: &ImagePullJobTemplate) -> Vec<FieldError> {
     let mut errs = Vec::new();
 
     if let Some(selector) = &template.selector {
@@ -215,7 +218,7 @@ pub fn validate_template(template: &ImagePullJobTemplate) -> Vec<FieldError> {
 
 /// `timeoutSeconds` and `backoffLimit` within [`limits`], under `path` (a job's
 /// `spec.pullPolicy`, a NodeImage tag's `pullPolicy`).
-pub fn validate_pull_policy(
+pub(crate) fn validate_pull_policy(
     timeout_seconds: Option<i32>,
     backoff_limit: Option<i32>,
     path: &str,

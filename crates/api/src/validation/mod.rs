@@ -265,7 +265,7 @@ impl fmt::Display for ValidationErrors {
 // --- Paths ------------------------------------------------------------------------------------
 
 /// `parent.child`.
-pub fn child(parent: &str, name: &str) -> String {
+pub(crate) fn child(parent: &str, name: &str) -> String {
     if parent.is_empty() {
         name.to_owned()
     } else {
@@ -274,12 +274,12 @@ pub fn child(parent: &str, name: &str) -> String {
 }
 
 /// `parent[index]`.
-pub fn index(parent: &str, i: usize) -> String {
+pub(crate) fn index(parent: &str, i: usize) -> String {
     format!("{parent}[{i}]")
 }
 
 /// `parent[key]`, Kubernetes' spelling of a map entry.
-pub fn key(parent: &str, key: &str) -> String {
+pub(crate) fn key(parent: &str, key: &str) -> String {
     format!("{parent}[{key}]")
 }
 
@@ -290,7 +290,7 @@ const DNS1123_SUBDOMAIN_MAX: usize = 253;
 const QUALIFIED_NAME_MAX: usize = 63;
 const LABEL_VALUE_MAX: usize = 63;
 /// Total size of an object's annotations (keys and values).
-pub const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
+pub(crate) const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
 
 const DNS1123_LABEL_FMT: &str = "[a-z0-9]([-a-z0-9]*[a-z0-9])?";
 const DNS1123_LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character";
@@ -361,7 +361,7 @@ fn matches_qualified_name_part(s: &str) -> bool {
 
 /// Problems with `value` as an RFC 1123 label (container, volume, namespace names); empty when
 /// valid. Kubernetes' `IsDNS1123Label`.
-pub fn dns1123_label_errors(value: &str) -> Vec<String> {
+pub(crate) fn dns1123_label_errors(value: &str) -> Vec<String> {
     let mut errs = Vec::new();
     if value.len() > DNS1123_LABEL_MAX {
         errs.push(max_len_error(DNS1123_LABEL_MAX));
@@ -382,7 +382,7 @@ pub fn dns1123_label_errors(value: &str) -> Vec<String> {
 
 /// Problems with `value` as an RFC 1123 subdomain (object names, qualified-name prefixes).
 /// Kubernetes' `IsDNS1123Subdomain`.
-pub fn dns1123_subdomain_errors(value: &str) -> Vec<String> {
+pub(crate) fn dns1123_subdomain_errors(value: &str) -> Vec<String> {
     let mut errs = Vec::new();
     if value.len() > DNS1123_SUBDOMAIN_MAX {
         errs.push(max_len_error(DNS1123_SUBDOMAIN_MAX));
@@ -399,7 +399,7 @@ pub fn dns1123_subdomain_errors(value: &str) -> Vec<String> {
 
 /// Problems with `value` as a qualified name (label keys, annotation keys after lower-casing):
 /// an optional DNS subdomain prefix and `/`, then a name part. Kubernetes' `IsQualifiedName`.
-pub fn qualified_name_errors(value: &str) -> Vec<String> {
+pub(crate) fn qualified_name_errors(value: &str) -> Vec<String> {
     let mut errs = Vec::new();
     let parts: Vec<&str> = value.split('/').collect();
     let name = match parts.as_slice() {
@@ -447,7 +447,7 @@ pub fn qualified_name_errors(value: &str) -> Vec<String> {
 }
 
 /// Problems with `value` as a label value (empty is valid). Kubernetes' `IsValidLabelValue`.
-pub fn label_value_errors(value: &str) -> Vec<String> {
+pub(crate) fn label_value_errors(value: &str) -> Vec<String> {
     let mut errs = Vec::new();
     if value.len() > LABEL_VALUE_MAX {
         errs.push(max_len_error(LABEL_VALUE_MAX));
@@ -463,7 +463,7 @@ pub fn label_value_errors(value: &str) -> Vec<String> {
 }
 
 /// `Invalid` errors at `path` for each of `messages` about `value`.
-pub fn invalid_each(path: &str, value: &str, messages: Vec<String>) -> Vec<FieldError> {
+pub(crate) fn invalid_each(path: &str, value: &str, messages: Vec<String>) -> Vec<FieldError> {
     messages
         .into_iter()
         .map(|m| FieldError::invalid(path, value, m))
@@ -471,12 +471,12 @@ pub fn invalid_each(path: &str, value: &str, messages: Vec<String>) -> Vec<Field
 }
 
 /// A label key (Kubernetes' `ValidateLabelName`): errors at `path`.
-pub fn validate_label_key(k: &str, path: &str) -> Vec<FieldError> {
+pub(crate) fn validate_label_key(k: &str, path: &str) -> Vec<FieldError> {
     invalid_each(path, k, qualified_name_errors(k))
 }
 
 /// A label map (Kubernetes' `ValidateLabels`): keys are qualified names, values label values.
-pub fn validate_labels(labels: &BTreeMap<String, String>, path: &str) -> Vec<FieldError> {
+pub(crate) fn validate_labels(labels: &BTreeMap<String, String>, path: &str) -> Vec<FieldError> {
     let mut errs = Vec::new();
     for (k, v) in labels {
         errs.extend(validate_label_key(k, path));
@@ -487,7 +487,10 @@ pub fn validate_labels(labels: &BTreeMap<String, String>, path: &str) -> Vec<Fie
 
 /// An annotation map (Kubernetes' `ValidateAnnotations`): keys are qualified names once
 /// lower-cased; keys and values together at most 256 KiB.
-pub fn validate_annotations(annotations: &BTreeMap<String, String>, path: &str) -> Vec<FieldError> {
+pub(crate) fn validate_annotations(
+    annotations: &BTreeMap<String, String>,
+    path: &str,
+) -> Vec<FieldError> {
     let mut errs = Vec::new();
     let mut total = 0usize;
     for (k, v) in annotations {
@@ -509,7 +512,7 @@ const SELECTOR_OPERATORS: [&str; 4] = ["In", "NotIn", "Exists", "DoesNotExist"];
 /// A label selector (Kubernetes' `ValidateLabelSelector` with default options): label keys and
 /// values valid, operators known, `values` set exactly for `In`/`NotIn`. An empty selector is
 /// valid here; kinds that forbid it say so themselves.
-pub fn validate_label_selector(selector: &LabelSelector, path: &str) -> Vec<FieldError> {
+pub(crate) fn validate_label_selector(selector: &LabelSelector, path: &str) -> Vec<FieldError> {
     validate_selector_parts(
         selector.match_labels.as_ref(),
         selector.match_expressions.as_deref(),
@@ -519,7 +522,7 @@ pub fn validate_label_selector(selector: &LabelSelector, path: &str) -> Vec<Fiel
 
 /// [`validate_label_selector`] for the parts of a selector inlined into another object
 /// (ImagePullJob's `selector` carries `names` next to them).
-pub fn validate_selector_parts(
+pub(crate) fn validate_selector_parts(
     match_labels: Option<&BTreeMap<String, String>>,
     match_expressions: Option<&[LabelSelectorRequirement]>,
     path: &str,
@@ -567,7 +570,7 @@ pub fn validate_selector_parts(
 }
 
 /// Whether a selector says nothing (matches everything).
-pub fn selector_is_empty(selector: &LabelSelector) -> bool {
+pub(crate) fn selector_is_empty(selector: &LabelSelector) -> bool {
     selector
         .match_labels
         .as_ref()
@@ -581,7 +584,7 @@ pub fn selector_is_empty(selector: &LabelSelector) -> bool {
 // --- Numbers ----------------------------------------------------------------------------------
 
 /// `must be greater than or equal to 0` when negative (Kubernetes' `ValidateNonnegativeField`).
-pub fn validate_nonnegative(value: i64, path: &str) -> Vec<FieldError> {
+pub(crate) fn validate_nonnegative(value: i64, path: &str) -> Vec<FieldError> {
     if value < 0 {
         vec![FieldError::invalid_int(
             path,
@@ -596,7 +599,7 @@ pub fn validate_nonnegative(value: i64, path: &str) -> Vec<FieldError> {
 /// At most `max` items in the list at `path` (Kubernetes' `TooMany` wording). Checked only when
 /// the list is new or changed (`old` is the list before an update), so an object stored before
 /// the bound can still be edited, as the apiserver's CRD validation ratchets.
-pub fn validate_max_items<T: PartialEq>(
+pub(crate) fn validate_max_items<T: PartialEq>(
     items: &[T],
     old: Option<&[T]>,
     path: &str,
@@ -610,7 +613,7 @@ pub fn validate_max_items<T: PartialEq>(
 }
 
 /// A number within `min..=max` (Kubernetes' `InclusiveRangeError` wording).
-pub fn validate_range(value: i64, path: &str, min: i64, max: i64) -> Vec<FieldError> {
+pub(crate) fn validate_range(value: i64, path: &str, min: i64, max: i64) -> Vec<FieldError> {
     if (min..=max).contains(&value) {
         Vec::new()
     } else {
@@ -624,7 +627,7 @@ pub fn validate_range(value: i64, path: &str, min: i64, max: i64) -> Vec<FieldEr
 
 /// A non-negative integer or a percent string such as `"20%"` (Kubernetes'
 /// `ValidatePositiveIntOrPercent`, which despite its name accepts 0).
-pub fn validate_int_or_percent(value: &IntOrString, path: &str) -> Vec<FieldError> {
+pub(crate) fn validate_int_or_percent(value: &IntOrString, path: &str) -> Vec<FieldError> {
     match value {
         IntOrString::Int(i) => validate_nonnegative(i64::from(*i), path),
         IntOrString::String(s) => {
@@ -659,7 +662,7 @@ pub fn validate_int_or_percent(value: &IntOrString, path: &str) -> Vec<FieldErro
 ///
 /// `pattern` is a dotted path where `name[*]` walks every item of a list and `name{*}` every value
 /// of a map; absent and `null` fields are skipped.
-pub fn check_raw_enum(
+pub(crate) fn check_raw_enum(
     raw: &serde_json::Value,
     pattern: &str,
     supported: &[&str],
@@ -740,7 +743,7 @@ enum KeyDemand<'a> {
 /// selector does not mention is an overlap (upstream calls it disjoint, so `{a Exists}` and
 /// `{b=c}` never conflict although a pod with both labels matches both); and "any value" is a
 /// marker, not the literal label value `"ALL"`, which upstream confuses with it.
-pub fn is_selector_overlapping(a: &LabelSelector, b: &LabelSelector) -> bool {
+pub(crate) fn is_selector_overlapping(a: &LabelSelector, b: &LabelSelector) -> bool {
     !(is_disjoint(a, b) || is_disjoint(b, a))
 }
 

@@ -31,7 +31,7 @@ use crate::limits;
 use crate::nodeimage::{ImageTagSpec, NodeImage};
 
 /// Most images one NodeImage may list (upstream's `defaultMaxImagesPerNode`).
-pub const MAX_IMAGES_PER_NODE: usize = 256;
+pub(crate) const MAX_IMAGES_PER_NODE: usize = 256;
 
 /// Validates a NodeImage being created.
 pub fn validate_create(node: &NodeImage) -> Result<(), ValidationErrors> {

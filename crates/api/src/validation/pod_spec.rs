@@ -88,7 +88,7 @@ const MAX_TOKEN_EXPIRATION_SECONDS: i64 = 1 << 32;
 /// Validates containers, init containers and the volumes they may mount as Kubernetes would in a
 /// pod. `spec_path` is the path of the object holding them (`"spec"` for a SidecarSet); the
 /// lists are reported as `<spec_path>.initContainers`, `.containers` and `.volumes`.
-pub fn validate_pod_parts(
+pub(crate) fn validate_pod_parts(
     init_containers: &[&Container],
     containers: &[&Container],
     volumes: &[Volume],
@@ -316,7 +316,7 @@ fn validate_ports(ports: &[ContainerPort], path: &str) -> Vec<FieldError> {
 /// Kubernetes' relaxed environment variable name rule (`IsRelaxedEnvVarName`, applied when its
 /// `RelaxedEnvironmentVariableValidation` feature is on, as it is by default in current
 /// releases): non-empty, printable ASCII other than `=`.
-pub fn env_var_name_errors(name: &str) -> Vec<String> {
+pub(crate) fn env_var_name_errors(name: &str) -> Vec<String> {
     let mut errs = Vec::new();
     if name.is_empty() {
         errs.push("environment variable name must be non-empty".to_owned());
@@ -510,7 +510,7 @@ fn validate_downward_items(
 }
 
 /// Splits `metadata.labels['key']` into (`metadata.labels`, `key`).
-pub fn split_subscripted_path(path: &str) -> Option<(&str, &str)> {
+pub(crate) fn split_subscripted_path(path: &str) -> Option<(&str, &str)> {
     let (base, rest) = path.split_once("['")?;
     let key = rest.strip_suffix("']")?;
     Some((base, key))
@@ -795,7 +795,7 @@ fn validate_volume_devices(
 // --- Volumes ------------------------------------------------------------------------------------
 
 /// The volume sources set on `v`, by their JSON field names, in Kubernetes' order.
-pub fn volume_sources(v: &Volume) -> Vec<&'static str> {
+pub(crate) fn volume_sources(v: &Volume) -> Vec<&'static str> {
     let all = [
         ("hostPath", v.host_path.is_some()),
         ("emptyDir", v.empty_dir.is_some()),
@@ -846,7 +846,7 @@ fn validate_default_mode(mode: Option<i32>, path: &str) -> Option<FieldError> {
 }
 
 /// Validates a pod's (here: a SidecarSet's) volume list.
-pub fn validate_volumes(volumes: &[Volume], path: &str) -> Vec<FieldError> {
+pub(crate) fn validate_volumes(volumes: &[Volume], path: &str) -> Vec<FieldError> {
     let mut errs = Vec::new();
     let mut names = HashSet::new();
     for (i, v) in volumes.iter().enumerate() {

@@ -43,7 +43,7 @@
 //! 10. **update**: no container added or renamed (removal is fine); a container's
 //!     `upgradeStrategy.upgradeType` does not change.
 //! 11. **conflicts** with every other SidecarSet whose namespace selector and pod selector may
-//!     select the same pods (upstream's overlap test, [`super::is_selector_overlapping`]), except
+//!     select the same pods (upstream's overlap test, `super::is_selector_overlapping`), except
 //!     a canary and its base: no shared container or init container name, no shared volume name
 //!     with a different definition, no shared patched annotation key where either side uses
 //!     `Overwrite`.
@@ -90,7 +90,7 @@ pub const WHITELIST_CONFIGMAP: &str = "kruise-configuration";
 pub const WHITELIST_CONFIGMAP_KEY: &str = "SidecarSet_PatchPodMetadata_WhiteList";
 /// The manager flag that allows `patchPodMetadata` no whitelist rule covers (upstream's feature
 /// gate `SidecarSetPatchPodMetadataDefaultsAllowed`); named in the refusals.
-pub const DEFAULTS_ALLOWED_FLAG: &str = "--sidecarset-patch-pod-metadata-defaults-allowed";
+pub(crate) const DEFAULTS_ALLOWED_FLAG: &str = "--sidecarset-patch-pod-metadata-defaults-allowed";
 
 // --- Context ------------------------------------------------------------------------------------
 
@@ -401,7 +401,7 @@ fn annotation<'s>(set: &'s SidecarSet, name: &str) -> Option<&'s str> {
 }
 
 /// The base's name when `set` is a canary SidecarSet (upstream's `IsCanarySidecarSet`).
-pub fn canary_base(set: &SidecarSet) -> Option<&str> {
+pub(crate) fn canary_base(set: &SidecarSet) -> Option<&str> {
     match (
         annotation(set, SIDECARSET_CANARY),
         annotation(set, SIDECARSET_BASE),
@@ -1101,7 +1101,7 @@ fn validate_container_changes(old: &SidecarSet, new: &SidecarSet, errs: &mut Vec
 /// Whether two SidecarSets may inject into the same pod: their namespace selectors overlap (or
 /// either selects every namespace) and their pod selectors overlap. A SidecarSet without a
 /// selector selects no pod.
-pub fn may_select_same_pods(a: &SidecarSet, b: &SidecarSet) -> bool {
+pub(crate) fn may_select_same_pods(a: &SidecarSet, b: &SidecarSet) -> bool {
     let namespaces = match (
         a.spec.effective_namespace_selector(),
         b.spec.effective_namespace_selector(),

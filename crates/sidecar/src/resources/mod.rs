@@ -31,8 +31,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use kruise_rs_api::sidecarset::{ResourceExpressions, ResourcesPolicy, TargetContainersMode};
 
-pub use kruise_rs_api::quantity::Qty;
-pub use kruise_rs_api::quantity::expr::{self, ExprError, Resource, ResourceExpr};
+pub(crate) use kruise_rs_api::quantity::Qty;
+pub(crate) use kruise_rs_api::quantity::expr::{ExprError, Resource, ResourceExpr};
 
 /// Why a sidecar's resources cannot be computed; the pod is denied.
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +61,7 @@ pub enum ResourcesPolicyError {
 /// The target containers' `cpu` and `memory`: limits (`None`: unlimited) and requests (`None`:
 /// no target requests any).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Aggregate {
+pub(crate) struct Aggregate {
     pub limits: BTreeMap<Resource, Option<Qty>>,
     pub requests: BTreeMap<Resource, Option<Qty>>,
 }
@@ -69,7 +69,7 @@ pub struct Aggregate {
 /// Gives `container` (the sidecar being injected) the resources `policy` computes from `pod`.
 /// `sidecar_names` are the container and init container names of every SidecarSet selected for
 /// the pod; containers of the pod with those names are never targets.
-pub fn apply_resources_policy(
+pub(crate) fn apply_resources_policy(
     container: &mut Container,
     policy: &ResourcesPolicy,
     pod: &PodSpec,
@@ -98,7 +98,7 @@ pub fn apply_resources_policy(
 
 /// The pod's containers `policy` reads, in upstream's order: native-sidecar init containers,
 /// then containers.
-pub fn target_containers<'p>(
+pub(crate) fn target_containers<'p>(
     pod: &'p PodSpec,
     policy: &ResourcesPolicy,
     sidecar_names: &HashSet<&str>,
@@ -127,7 +127,7 @@ pub fn target_containers<'p>(
 }
 
 /// Aggregates the targets' `cpu` and `memory` by `mode`.
-pub fn aggregate(
+pub(crate) fn aggregate(
     targets: &[&Container],
     mode: TargetContainersMode,
 ) -> Result<Aggregate, ResourcesPolicyError> {

@@ -1,5 +1,5 @@
-use super::expr::validate;
 use super::*;
+use kruise_rs_api::quantity::expr::validate;
 use serde_json::{Value, json};
 
 fn container(v: Value) -> Container {

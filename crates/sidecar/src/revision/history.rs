@@ -3,7 +3,7 @@
 //! SidecarSet controller's `revisions` module makes the API calls they call for.
 //!
 //! Every version of what a SidecarSet injects is kept as a ControllerRevision, so that
-//! `injectionStrategy.revision` can inject an older version ([`super::select`]) and
+//! `injectionStrategy.revision` can inject an older version (`super::select`) and
 //! pods can record which version they got. The rules:
 //!
 //! - **Where and whose.** Revisions live in the manager's namespace (the SidecarSet is
@@ -12,14 +12,14 @@
 //!   (by UID) as its controller ([`is_own_revision`]).
 //! - **What.** `data` is `{"spec":{"$patch":"replace","containers":…,"initContainers":…,
 //!   "volumes":…,"imagePullSecrets":…,"patchPodMetadata":…}}`, an empty list written as `null`
-//!   ([`revision_data`]). Labels: the SidecarSet's own, plus `kruise.io/sidecarset-name`, the hash
+//!   (`revision_data`). Labels: the SidecarSet's own, plus `kruise.io/sidecarset-name`, the hash
 //!   under both `controller.kubernetes.io/hash` (Kubernetes' history label, which upstream
 //!   writes) and `controller-revision-hash`, plus `apps.kruise.io/sidecarset-custom-version` when
 //!   the SidecarSet has a custom version. Annotations: all of the SidecarSet's (they carry both
 //!   sidecar hashes, which injecting an old version reuses). One controller owner reference.
 //! - **Name.** `<sidecarset>-<hash>`, the SidecarSet name cut to 223 bytes. The hash is 32-bit
 //!   FNV-1 over the data's JSON text followed by the decimal collision count, printed as a
-//!   decimal number and passed through `SafeEncodeString` ([`revision_name`]).
+//!   decimal number and passed through `SafeEncodeString` (`revision_name`).
 //! - **Registration** ([`plan_registration`]; the controller's `register` writes it): when the newest revision records
 //!   the current spec it is kept; when an older one does, it is rolled back to the front by
 //!   giving it the next number (max + 1); otherwise a revision with the next number is created.
@@ -83,7 +83,7 @@ const MAX_NAME_PREFIX: usize = 223;
 
 /// The `data` of a revision recording `spec`: the injected parts, to be restored over a later
 /// spec with `$patch: replace`.
-pub fn revision_data(spec: &SidecarSetSpec) -> Value {
+pub(crate) fn revision_data(spec: &SidecarSetSpec) -> Value {
     let mut recorded = Map::new();
     recorded.insert("$patch".to_owned(), Value::from("replace"));
     recorded.insert("containers".to_owned(), go_containers(&spec.containers));
@@ -156,7 +156,7 @@ pub fn go_json_text(value: &Value) -> String {
 
 /// The hash part of a revision name: FNV-1 over the data text and the decimal collision count,
 /// in `SafeEncodeString` form.
-pub fn revision_hash(data: &[u8], collision_count: i32) -> String {
+pub(crate) fn revision_hash(data: &[u8], collision_count: i32) -> String {
     let hash = fnv1_32(&[data, collision_count.to_string().as_bytes()]);
     safe_encode_string(&hash.to_string())
 }
@@ -172,7 +172,8 @@ fn fnv1_32(parts: &[&[u8]]) -> u32 {
 }
 
 /// The name of the revision of SidecarSet `set_name` with this data text and collision count.
-pub fn revision_name(set_name: &str, data: &[u8], collision_count: i32) -> String {
+#[cfg(test)]
+fn revision_name(set_name: &str, data: &[u8], collision_count: i32) -> String {
     controller_revision_name(set_name, &revision_hash(data, collision_count))
 }
 
@@ -256,7 +257,7 @@ pub fn is_own_revision(set: &SidecarSet, revision: &ControllerRevision) -> bool 
 
 /// `set`'s revisions among `history`, oldest first (nameless ones, which cannot come from the
 /// cluster, are skipped).
-pub fn own_revisions<'a>(
+pub(crate) fn own_revisions<'a>(
     set: &SidecarSet,
     history: &'a [ControllerRevision],
 ) -> Vec<&'a ControllerRevision> {

@@ -8,9 +8,9 @@ use serde_json::{Value, json};
 use super::{go_json_text, revision_data};
 
 pub const NS: &str = "kruise-system";
-pub const UID: &str = "1223344";
+pub(crate) const UID: &str = "1223344";
 
-pub fn spec(v: Value) -> SidecarSetSpec {
+pub(crate) fn spec(v: Value) -> SidecarSetSpec {
     serde_json::from_value(v).expect("valid spec")
 }
 
