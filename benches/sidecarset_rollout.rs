@@ -625,13 +625,13 @@ fn decision(n: usize, runs: usize) -> Result<()> {
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs {
         let (c1, _, views) = timed(|| {
-            let current = sidecarset::strategy::CurrentHashes::of(&set);
+            let current = sidecarset::rollout::CurrentHashes::of(&set);
             owned
                 .iter()
                 .map(|p| sidecarset::pods::view(&set, &current, p))
                 .collect::<Vec<_>>()
         });
-        let (c2, _, batch) = timed(|| sidecarset::strategy::next_batch(&set, &views));
+        let (c2, _, batch) = timed(|| sidecarset::rollout::next_batch(&set, &views));
         let (c3, _, report) =
             timed(|| sidecarset::status::compute_status(&set, &views, &batch, latest, 0, &now));
         let updated_ready = usize::try_from(report.status.updated_ready_pods).unwrap_or(0);

@@ -4,7 +4,7 @@
 //!
 //! Injection (`super::injection`) builds the twins with `expand`; the controller reads the
 //! annotations to upgrade one twin and later reset the other
-//! (`controllers::sidecarset::hot_upgrade`).
+//! (`controllers::sidecarset::twin_flip`).
 //!
 //! # The shape of a hot-upgrade sidecar in a pod
 //!

@@ -10,7 +10,7 @@
 //! - [`annotations`]: the pod annotations recording what was injected, in upstream's bytes.
 //! - [`hash`]: the SidecarSet hashes, equal to upstream's.
 //! - [`hot_upgrade`]: the twins of a `HotUpgrade` sidecar and their pod annotations, used by
-//!   injection and by the controller's twin flips (`controllers::sidecarset::hot_upgrade`).
+//!   injection and by the controller's twin flips (`controllers::sidecarset::twin_flip`).
 //! - [`unsupported`]: SidecarSet features kruise-rs does not serve yet, and which SidecarSets a
 //!   new pod goes without because of them.
 //!

@@ -2,9 +2,9 @@
 //! keeps the SidecarSet's ControllerRevisions, and reports the rollout in its status.
 //!
 //! One reconcile of a SidecarSet:
-//! 1. its pods (`pods::owns`) from the pod cache, each seen as a [`strategy::PodView`];
+//! 1. its pods (`pods::owns`) from the pod cache, each seen as a [`rollout::PodView`];
 //! 2. its latest ControllerRevision registered ([`revisions`]);
-//! 3. the next batch ([`strategy::next_batch`]) and the status ([`status::compute_status`]),
+//! 3. the next batch ([`rollout::next_batch`]) and the status ([`status::compute_status`]),
 //!    written when it changed, with a `NotUpgradablePods` event when pods cannot be upgraded
 //!    in place;
 //! 4. the `SidecarSetUpgradable` condition of pods that cannot be upgraded, and optionally of
@@ -23,15 +23,15 @@
 //! caught up, so a lagging cache never lets more than `maxUnavailable` pods be in flight.
 
 pub mod expectations;
-pub mod hot_upgrade;
 pub mod plan;
 pub mod pod_events;
 pub mod pods;
 pub mod predownload;
 mod reconcile;
 pub mod revisions;
+pub mod rollout;
 pub mod status;
-pub mod strategy;
+pub mod twin_flip;
 pub mod upgrade;
 pub mod watch;
 

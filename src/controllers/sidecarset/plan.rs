@@ -12,12 +12,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use serde_json::Value;
 
-use super::hot_upgrade::{Flip, flip_patch, hot_sidecars};
 use super::pods::{NamespaceLabels, owns, parse_update_states, view};
 use super::predownload::{self, Decision, IMAGE_PREDOWNLOAD, Knobs, Progress};
+use super::rollout::Hold;
+use super::rollout::{Batch, CurrentHashes, PodState, PodView, classify, next_batch};
 use super::status::{PODS_UPGRADABLE, StatusReport, compute_status, unsupported_condition};
-use super::strategy::Hold;
-use super::strategy::{Batch, CurrentHashes, PodState, PodView, classify, next_batch};
+use super::twin_flip::{Flip, flip_patch, hot_sidecars};
 use super::upgrade::{upgradable_condition, upgraded_condition};
 use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
 use crate::controllers::shared::pod_summary::PodSummary;

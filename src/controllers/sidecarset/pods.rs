@@ -29,8 +29,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::hot_upgrade::others_on_empty_image;
-use super::strategy::{CurrentHashes, PodPhase, PodView, SidecarView};
+use super::rollout::{CurrentHashes, PodPhase, PodView, SidecarView};
+use super::twin_flip::others_on_empty_image;
 use crate::controllers::shared::pod_summary::{
     ContainerStatusSummary, ContainerSummary, PodSummary,
 };

@@ -5,7 +5,7 @@
 //!
 //! # When
 //!
-//! The *targets* are the pods of the rollout queue ([`next_batch`](super::strategy::next_batch)'s `queue`: upgradable in place,
+//! The *targets* are the pods of the rollout queue ([`next_batch`](super::rollout::next_batch)'s `queue`: upgradable in place,
 //! within the update selector, not held back by the partition, in rollout order) whose sidecar
 //! containers (native sidecars included) run another image than the SidecarSet's; for each such
 //! container, the pod's node needs the new image. The decision ([`decide`]), in this order:
@@ -59,7 +59,7 @@ use crate::controllers::shared::pod_summary::PodSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::strategy::{Batch, PodView, max_unavailable_count, partition_count};
+use super::rollout::{Batch, PodView, max_unavailable_count, partition_count};
 use kruise_rs_api::common::{ImagePullPolicy, SandboxConfig};
 use kruise_rs_api::image::ImageRef;
 use kruise_rs_api::imagepulljob::{

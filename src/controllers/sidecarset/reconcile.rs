@@ -18,7 +18,6 @@ use kube::{Resource, ResourceExt};
 use tracing::{debug, info, instrument, warn};
 
 use super::expectations::pod_key;
-use super::hot_upgrade::Flip;
 use super::plan::{
     Plan, PreDownloadInputs, is_job, labelled_history, newly_not_upgradable, newly_skipped,
     own_jobs, owned_pods, plan, pod_condition, revisions_in_use, status_patch, unwanted_jobs,
@@ -26,7 +25,8 @@ use super::plan::{
 use super::pods::namespace_labels;
 use super::predownload::{self, Decision, KnobWarning, Knobs};
 use super::revisions;
-use super::strategy::{CurrentHashes, PodView};
+use super::rollout::{CurrentHashes, PodView};
+use super::twin_flip::Flip;
 use super::upgrade::{UpgradeError, upgrade_patch};
 use super::{Context, Error, FIELD_MANAGER};
 use crate::controllers::shared::pod_summary::PodSummary;

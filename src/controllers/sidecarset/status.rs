@@ -34,7 +34,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kruise_rs_api::sidecarset::{SidecarSet, SidecarSetStatus};
 use kruise_rs_sidecar::unsupported::{self, REFUSE, UNSUPPORTED_FEATURES};
 
-use super::strategy::{Batch, Hold, PodPhase, PodState, PodView, StrategyError, classify};
+use super::rollout::{Batch, Hold, PodPhase, PodState, PodView, StrategyError, classify};
 
 /// How many pod names a stall's message lists.
 const EXAMPLES: usize = 5;
@@ -177,7 +177,7 @@ fn count(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
-/// `set`'s status given its matched `pods`, the `batch` [`next_batch`](super::strategy::next_batch) chose for them, and its
+/// `set`'s status given its matched `pods`, the `batch` [`next_batch`](super::rollout::next_batch) chose for them, and its
 /// latest ControllerRevision. Conditions whose status did not change keep their
 /// `lastTransitionTime`; `now` stamps the others.
 pub fn compute_status(

@@ -16,7 +16,7 @@
 //! A hot-upgrade sidecar's new image goes to one of its twins (`twin_to_upgrade`), which the
 //! same patch records as working with its version annotations
 //! ([`kruise_rs_sidecar::hot_upgrade::record_upgrade`]); the old twin is reset later
-//! (`super::hot_upgrade::flip_patch`).
+//! (`super::twin_flip::flip_patch`).
 //!
 //! The patch first *tests* the annotation values it was computed from and the container names
 //! at the indexes it writes. Two SidecarSets upgrading one pod at once, or a stale cache, make
@@ -31,11 +31,11 @@ use crate::controllers::shared::pod_summary::PodSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
-use super::hot_upgrade::{hot_sidecars, twin_to_upgrade};
 use super::pods::{
     InPlaceUpdateState, LastContainerStatus, parse_update_states, render_update_states, view,
 };
-use super::strategy::CurrentHashes;
+use super::rollout::CurrentHashes;
+use super::twin_flip::{hot_sidecars, twin_to_upgrade};
 use kruise_rs_api::sidecarset::SidecarSet;
 use kruise_rs_api::well_known::{
     SIDECARSET_HASH, SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_UPGRADABLE_CONDITION,

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::controllers::sidecarset::pods::test_view;
-use crate::controllers::sidecarset::strategy::next_batch;
+use crate::controllers::sidecarset::rollout::next_batch;
 use kruise_rs_api::nodeimage::NodeImage;
 use kruise_rs_api::sidecarset::{SidecarSetSpec, SidecarSetStatus};
 use kruise_rs_api::well_known::{

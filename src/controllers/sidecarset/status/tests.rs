@@ -5,7 +5,7 @@ use smallvec::smallvec;
 
 use super::*;
 use crate::controllers::sidecarset::pods::test_pod;
-use crate::controllers::sidecarset::strategy::{SidecarView, next_batch};
+use crate::controllers::sidecarset::rollout::{SidecarView, next_batch};
 use kruise_rs_api::sidecarset::SidecarSetSpec;
 use kruise_rs_api::well_known::{SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE};
 

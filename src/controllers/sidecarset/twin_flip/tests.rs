@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::controllers::sidecarset::pods::{owns, test_view};
-use crate::controllers::sidecarset::strategy::CurrentHashes;
+use crate::controllers::sidecarset::rollout::CurrentHashes;
 use crate::controllers::sidecarset::upgrade::upgrade_patch;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kruise_rs_api::sidecarset::SidecarSetSpec;
@@ -367,7 +367,7 @@ fn ownership_needs_both_twins_and_a_working_entry() {
 #[test]
 fn flips_wait_for_a_paused_or_not_update_rollout_and_leave_the_batch() {
     use crate::controllers::sidecarset::plan::flips;
-    use crate::controllers::sidecarset::strategy::{Batch, Hold};
+    use crate::controllers::sidecarset::rollout::{Batch, Hold};
     use std::sync::Arc;
 
     let v2 = set("proxy:2", "100");
