@@ -30,3 +30,36 @@ pub use imagelistpulljob::{ImageListPullJob, ImageListPullJobSpec, ImageListPull
 pub use imagepulljob::{ImagePullJob, ImagePullJobSpec, ImagePullJobStatus};
 pub use nodeimage::{NodeImage, NodeImageSpec, NodeImageStatus};
 pub use sidecarset::{SidecarSet, SidecarSetSpec, SidecarSetStatus};
+
+#[cfg(test)]
+mod tests {
+    /// The types are meant for anyone to import: a client, an async runtime or a controller
+    /// runtime here would be compiled into every tool that only reads these kinds.
+    #[test]
+    fn the_api_crate_depends_on_no_client_and_no_async_runtime() {
+        let manifest = include_str!("../Cargo.toml");
+        let dependencies: Vec<&str> = manifest
+            .split("\n[")
+            .find(|section| section.starts_with("dependencies]"))
+            .expect("a [dependencies] section")
+            .lines()
+            .skip(1)
+            .filter(|line| !line.trim().is_empty() && !line.starts_with('#'))
+            .collect();
+        let names: Vec<&str> = dependencies
+            .iter()
+            .map(|line| line.split(['=', '.']).next().unwrap_or_default().trim())
+            .collect();
+        for forbidden in ["tokio", "kube-runtime", "kube-client", "futures", "hyper", "tower"] {
+            assert!(!names.contains(&forbidden), "{forbidden} in {names:?}");
+        }
+        let kube = dependencies
+            .iter()
+            .find(|line| line.starts_with("kube "))
+            .expect("kube, for its derive");
+        assert!(
+            kube.ends_with(r#"features = ["derive"] }"#),
+            "kube with features beyond derive: {kube}"
+        );
+    }
+}
