@@ -55,8 +55,6 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kruise_rs::controllers::ControllerOptions;
-use kruise_rs::controllers::shared::lean_nodeimage::LeanNodeImage;
-use kruise_rs::controllers::shared::pod_summary::{PodSummary, strip_pod};
 use kruise_rs::controllers::sidecarset::pods::NamespaceLabels;
 use kruise_rs::controllers::sidecarset::predownload::{self, Decision};
 use kruise_rs::controllers::sidecarset::{self, PreDownloadInputs, owned_pods, plan};
@@ -66,6 +64,8 @@ use kruise_rs_api::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE,
 };
+use kruise_rs_controller::pod_summary::{PodSummary, strip_pod};
+use kruise_rs_imagepull::lean_nodeimage::LeanNodeImage;
 use kruise_rs_sidecar::hash::sidecarset_hash;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
@@ -545,8 +545,8 @@ fn decision(n: usize, runs: usize) -> Result<()> {
          k8s-openapi's Pod {} B, Container {} B, ContainerStatus {} B)",
         bytes as f64 / n as f64 / 1024.0,
         std::mem::size_of::<PodSummary>(),
-        std::mem::size_of::<kruise_rs::controllers::shared::pod_summary::ContainerSummary>(),
-        std::mem::size_of::<kruise_rs::controllers::shared::pod_summary::ContainerStatusSummary>(),
+        std::mem::size_of::<kruise_rs_controller::pod_summary::ContainerSummary>(),
+        std::mem::size_of::<kruise_rs_controller::pod_summary::ContainerStatusSummary>(),
         std::mem::size_of::<Pod>(),
         std::mem::size_of::<k8s_openapi::api::core::v1::Container>(),
         std::mem::size_of::<k8s_openapi::api::core::v1::ContainerStatus>(),

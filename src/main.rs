@@ -5,12 +5,12 @@ use std::{io::Write, net::SocketAddr, path::PathBuf, process::ExitCode, time::Du
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kruise_rs::controllers::shared::initial_list::StreamingLists;
 use kruise_rs::controllers::{ControllerOptions, Workers};
 use kruise_rs::manager::{self, LeaderElection, ManagerOptions};
 use kruise_rs::webhook::{
     CertSource, Endpoint, FailurePolicy, UnreadableSidecarSetPolicy, WebhookOptions,
 };
+use kruise_rs_controller::initial_list::StreamingLists;
 use kruise_rs_daemon::{self as daemon, DaemonArgs};
 use kruise_rs_kube::RateLimit;
 use kruise_rs_kube::cli::{LogFormat, error_chain, init_logging, parse_duration, shutdown_signal};

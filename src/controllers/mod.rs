@@ -1,170 +1,22 @@
-//! The manager's controllers, one module per kind they reconcile.
+//! The manager's controllers: [`run`] starts the NodeImage, ImagePullJob and ImageListPullJob
+//! controllers (`kruise-rs-imagepull`) and the SidecarSet controller ([`sidecarset`]) with one
+//! pod watch and one NodeImage watch between them, and returns when `shutdown` fires.
 //!
-//! Each module has a small `Context`, a free `reconcile` and `error_policy`, and keeps its
-//! decisions in pure functions (a `plan.rs` each) that carry the unit tests. [`run`] starts them
-//! all and returns when `shutdown` fires.
+//! Each controller has a small `Context`, a free `reconcile` and `error_policy`, and keeps its
+//! decisions in pure functions (a `plan.rs` each) that carry the unit tests. What they all share
+//! (options, metrics, the pod store, stopping) is `kruise-rs-controller`.
 
-pub mod imagelistpulljob;
-pub mod imagepulljob;
-pub mod nodeimage;
-pub mod shared;
 pub mod sidecarset;
 
-use std::collections::BTreeSet;
 use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
 
 use futures::FutureExt;
 use kube::Client;
-use kube::runtime::watcher;
-
-use crate::manager::metrics::ManagerMetrics;
 use tokio::sync::watch;
 
-pub use self::shared::initial_list::InitialList;
-
-/// The controllers [`run`] starts, by the names they report their caches under.
-pub const CONTROLLERS: [&str; 4] = [
-    nodeimage::NAME,
-    imagepulljob::NAME,
-    imagelistpulljob::NAME,
-    sidecarset::NAME,
-];
-
-/// Settings shared by the controllers, from the command line.
-#[derive(Clone, Debug)]
-pub struct ControllerOptions {
-    /// How long a Node must have been Ready before its NodeImage is created.
-    pub nodeimage_creation_delay: Duration,
-    /// How long a node may leave a requested tag unanswered before the tag is marked Failed.
-    pub nodeimage_response_timeout: Duration,
-    /// Extra lifetime of an `Always` job's tags on a node after they finish.
-    pub default_ttl_for_always_nodeimage: Duration,
-    /// Namespace the node daemons may read pull secrets from; job secrets are copied there.
-    pub daemon_config_namespace: String,
-    /// The manager's namespace: SidecarSet ControllerRevisions live there (SidecarSets are
-    /// cluster-scoped).
-    pub namespace: String,
-    /// Manage only the Nodes, NodeImages, ImagePullJobs and SidecarSets carrying these labels (a label
-    /// selector as `kubectl -l` takes it); `None`: all. For sharding, and for test clusters
-    /// where other tests' objects must be left alone.
-    pub label_selector: Option<String>,
-    /// Pre-download new SidecarSet sidecar images on the nodes of the pods to upgrade, and hold
-    /// each pod until its node has pulled (`--sidecarset-predownload`, default on; upstream has
-    /// no such feature). Off: SidecarSets roll out as upstream's do.
-    pub sidecarset_predownload: bool,
-    /// Also write upstream's pod condition `SidecarSetUpgradable=True` on every pod a
-    /// SidecarSet upgrades in place (`--sidecarset-upgradable-condition-on-upgrade`, default
-    /// off: one more pod status write per upgraded pod). Off, the condition is written only on
-    /// pods some SidecarSet cannot upgrade.
-    pub sidecarset_upgradable_condition_on_upgrade: bool,
-    /// Where the controllers count their reconciles and report progress; the manager passes
-    /// the set its `/metrics` serves (the default is a set nobody reads).
-    pub metrics: ManagerMetrics,
-    /// How every watch lists first: streaming where the server serves it (the manager asks
-    /// once at start), else list then watch (the default: every server serves it).
-    pub initial_list: InitialList,
-    /// Where each controller reports that its caches hold a first full list.
-    pub synced: CacheSync,
-    /// How many reconciles each controller runs at once.
-    pub workers: Workers,
-}
-
-/// How many reconciles each controller runs at once (`--sidecarset-workers` and the like,
-/// upstream's flag names). A reconcile here is a task, not a thread: most of its time it waits
-/// on the apiserver, so the bound is on work in flight (memory, requests queued behind the
-/// client's rate limit), not on cores.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Workers {
-    pub sidecarset: u16,
-    pub imagepulljob: u16,
-    pub imagelistpulljob: u16,
-    /// For Nodes, and as many again for NodeImages (the controller has a queue for each).
-    pub nodeimage: u16,
-}
-
-impl Default for Workers {
-    /// Upstream's 3, except NodeImages: a fan-out to 5,000 nodes is 5,000 small reconciles of
-    /// one write each, which 3 at a time would serialise behind the apiserver's round trip.
-    fn default() -> Self {
-        Self {
-            sidecarset: 3,
-            imagepulljob: 3,
-            imagelistpulljob: 3,
-            nodeimage: 16,
-        }
-    }
-}
-
-/// Which controllers have filled their caches; the manager's `/readyz` waits for all of
-/// [`CONTROLLERS`] on the replica that runs them. Clones share the set.
-#[derive(Clone, Debug)]
-pub struct CacheSync(Arc<watch::Sender<BTreeSet<&'static str>>>);
-
-impl Default for CacheSync {
-    fn default() -> Self {
-        Self(Arc::new(watch::channel(BTreeSet::new()).0))
-    }
-}
-
-impl CacheSync {
-    /// Records that `controller`'s caches have listed once.
-    pub fn mark(&self, controller: &'static str) {
-        self.0.send_modify(|synced| {
-            synced.insert(controller);
-        });
-    }
-
-    /// Whether every one of [`CONTROLLERS`] has reported.
-    pub fn all_synced(&self) -> bool {
-        let synced = self.0.borrow();
-        CONTROLLERS.iter().all(|name| synced.contains(name))
-    }
-
-    /// Resolves once every one of [`CONTROLLERS`] has reported.
-    pub async fn wait_all(&self) {
-        let mut rx = self.0.subscribe();
-        let _ = rx
-            .wait_for(|synced| CONTROLLERS.iter().all(|name| synced.contains(name)))
-            .await;
-    }
-}
-
-impl ControllerOptions {
-    /// A watcher configuration that lists as [`Self::initial_list`] says, with no selector.
-    pub fn watch_config(&self) -> watcher::Config {
-        self.initial_list.config()
-    }
-
-    /// [`Self::watch_config`] confined to [`Self::label_selector`], when there is one.
-    pub fn scoped_watch_config(&self) -> watcher::Config {
-        match &self.label_selector {
-            Some(selector) => self.watch_config().labels(selector),
-            None => self.watch_config(),
-        }
-    }
-}
-
-impl Default for ControllerOptions {
-    /// Upstream's defaults, and SidecarSet pre-download on.
-    fn default() -> Self {
-        Self {
-            nodeimage_creation_delay: Duration::from_secs(30),
-            nodeimage_response_timeout: Duration::from_secs(600),
-            default_ttl_for_always_nodeimage: Duration::from_secs(300),
-            daemon_config_namespace: "kruise-daemon-config".to_owned(),
-            namespace: "kruise-system".to_owned(),
-            label_selector: None,
-            sidecarset_predownload: true,
-            sidecarset_upgradable_condition_on_upgrade: false,
-            metrics: ManagerMetrics::new(),
-            initial_list: InitialList::default(),
-            synced: CacheSync::default(),
-            workers: Workers::default(),
-        }
-    }
-}
+use kruise_rs_controller::pod_feed;
+pub use kruise_rs_controller::{CONTROLLERS, CacheSync, ControllerOptions, InitialList, Workers};
+use kruise_rs_imagepull::{imagelistpulljob, imagepulljob, lean_nodeimage, nodeimage};
 
 /// Runs every controller until `shutdown` resolves; each one stops gracefully (in-flight
 /// reconciles finish) before this returns.
@@ -177,22 +29,21 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
         }
     };
     // One pod watch and store for both controllers that read pods.
-    let (drive_pods, mut feeds) =
-        shared::pod_feed::watch_pods(client.clone(), opts.watch_config(), 2);
+    let (drive_pods, mut feeds) = pod_feed::watch_pods(client.clone(), opts.watch_config(), 2);
     let (Some(for_jobs), Some(for_sidecarsets)) = (feeds.pop(), feeds.pop()) else {
         return;
     };
     // And one NodeImage watch and store for the NodeImage, ImagePullJob and SidecarSet
     // controllers.
     let (drive_nodeimages, mut feeds) =
-        shared::lean_nodeimage::watch_nodeimages(client.clone(), opts.scoped_watch_config(), 3);
+        lean_nodeimage::watch_nodeimages(client.clone(), opts.scoped_watch_config(), 3);
     let (Some(nodeimages_for_jobs), Some(nodeimages_for_nodeimage), Some(nodeimages_for_sets)) =
         (feeds.pop(), feeds.pop(), feeds.pop())
     else {
         return;
     };
     let drive = futures::future::join(drive_pods, drive_nodeimages).map(|_| ());
-    let controllers = shared::pod_feed::alongside(
+    let controllers = pod_feed::alongside(
         drive,
         // Boxed: each controller's future holds its watches and stores inline; unboxed, `run`'s
         // future was 54 KB in a debug build (15 KB boxed) and the manager's 159 KB (80 KB), and

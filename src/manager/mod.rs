@@ -6,7 +6,7 @@
 //! 2. log the server's Kubernetes version and refuse one older than `server_version::FLOOR`;
 //!    check that [`crds::REQUIRED_CRDS`] are usable ([`crds::check_crds`]: installed,
 //!    Established, no conversion webhook, both versions served), or refuse to start;
-//!    ask once whether the server streams lists ([`controllers::shared::initial_list`]);
+//!    ask once whether the server streams lists ([`kruise_rs_controller::initial_list`]);
 //! 3. serve `/healthz`, `/readyz` and `/metrics` on [`ManagerOptions::probe_addr`];
 //! 4. wait for the shutdown future, running the controllers all along, or with
 //!    [`ManagerOptions::leader_election`] only while this replica holds the leader Lease
@@ -20,7 +20,6 @@ pub mod allocator;
 pub mod crd_install;
 pub mod crds;
 pub mod leader;
-pub mod metrics;
 pub mod readiness;
 pub mod server_version;
 
@@ -34,17 +33,17 @@ use tokio::{
     sync::{oneshot, watch},
 };
 
-use crate::controllers::shared::initial_list::{self, InitialList, StreamingLists};
 use crate::controllers::{self, CacheSync, ControllerOptions};
 use crate::webhook::handlers::{HandlerSettings, Handlers};
 use crate::webhook::{self, WebhookError, WebhookOptions, server::Metered};
+use kruise_rs_controller::initial_list::{self, InitialList, StreamingLists};
 use tracing::{info, warn};
 
 pub use self::crds::{CrdState, REQUIRED_CRDS, UnusableCrds, check_crds};
 pub use self::leader::LeaderElection;
 use self::readiness::Controllers;
 pub use self::server_version::ServerTooOld;
-use crate::manager::metrics::ManagerMetrics;
+use kruise_rs_controller::metrics::ManagerMetrics;
 use kruise_rs_kube::{
     self, ConnectError, LimitWaits, Metrics, ProbeState, RateLimit, START_UP_PATIENCE, load_config,
     retry_transient,

@@ -40,7 +40,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::ObjectRef;
 
-use crate::controllers::shared::unreadable::{self, Guarded, Unreadable, UnreadableObject};
 use kruise_rs_api::defaults;
 use kruise_rs_api::imagelistpulljob::ImageListPullJob;
 use kruise_rs_api::imagepulljob::ImagePullJob;
@@ -54,6 +53,7 @@ use kruise_rs_api::validation::{self, ValidationErrors};
 use kruise_rs_api::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_NAME_LABEL,
 };
+use kruise_rs_controller::unreadable::{self, Guarded, Unreadable, UnreadableObject};
 use kruise_rs_kube::events::Recorder;
 use kruise_rs_sidecar::{self as sidecar, hash, unsupported};
 

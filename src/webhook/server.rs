@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 use tower::util::MapResponseLayer;
 use tracing::Instrument;
 
-use crate::manager::metrics::ManagerMetrics;
+use kruise_rs_controller::metrics::ManagerMetrics;
 
 use super::configuration::{
     MUTATE_IMAGELISTPULLJOB, MUTATE_IMAGEPULLJOB, MUTATE_NODEIMAGE, MUTATE_POD, MUTATE_SIDECARSET,

@@ -11,8 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::controllers::shared::unreadable::read_with_path;
 use kruise_rs_api::well_known::NAMESPACE_NAME_LABEL;
+use kruise_rs_controller::unreadable::read_with_path;
 use kruise_rs_sidecar::matching::{selector_is_empty, selector_matches};
 
 /// What the pod webhook does with a pod an unreadable SidecarSet may select.

@@ -11,8 +11,8 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
-use kruise_rs::controllers::imagepulljob::secrets;
 use kruise_rs_api::{ImagePullJob, SidecarSet};
+use kruise_rs_imagepull::imagepulljob::secrets;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 

@@ -9,7 +9,6 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
-use kruise_rs::controllers::imagelistpulljob::plan::template_hash;
 use kruise_rs_api::imagelistpulljob::{ImageListPullJob, ImageListPullJobSpec};
 use kruise_rs_api::imagepulljob::{
     CompletionPolicy, CompletionPolicyType, ImagePullJob, ImagePullJobNodeSelector,
@@ -17,6 +16,7 @@ use kruise_rs_api::imagepulljob::{
 };
 use kruise_rs_api::nodeimage::{ImageTagSpec, NodeImage};
 use kruise_rs_api::well_known::{CONTROLLER_REVISION_HASH, FAKE_NODEIMAGE};
+use kruise_rs_imagepull::imagelistpulljob::plan::template_hash;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;

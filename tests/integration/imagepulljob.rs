@@ -691,7 +691,7 @@ async fn delete_job_and_wait(env: &Env, name: &str) {
 async fn wait_secret_copy(env: &Env) -> (Api<Secret>, String, Secret) {
     let daemon_ns = support::test_controller_options().daemon_config_namespace;
     let copies: Api<Secret> = Api::namespaced(env.client.clone(), &daemon_ns);
-    let copy = kruise_rs::controllers::imagepulljob::secrets::copy_name(&env.ns, "reg");
+    let copy = kruise_rs_imagepull::imagepulljob::secrets::copy_name(&env.ns, "reg");
     let secret = wait_for("the secret copy", TIMEOUT, || {
         let (copies, copy) = (copies.clone(), copy.clone());
         async move { copies.get_opt(&copy).await.ok().flatten() }
@@ -868,7 +868,7 @@ async fn a_secret_that_is_no_pull_secret_is_reported_and_not_copied() {
     .await;
     // The event is published after the job's secrets were handled: no copy now means none.
     assert!(copies_of(&env, &source).await.is_empty());
-    let copy = kruise_rs::controllers::imagepulljob::secrets::copy_name(&env.ns, "opaque");
+    let copy = kruise_rs_imagepull::imagepulljob::secrets::copy_name(&env.ns, "opaque");
     assert!(
         daemon_secrets(&env)
             .get_opt(&copy)
@@ -883,7 +883,7 @@ async fn a_foreign_secret_at_the_copy_name_is_left_alone_and_reported() {
     let env = env("ipj-seccol").await;
     env.nodes(1).await;
     registry_secret(&env, "reg").await;
-    let copy = kruise_rs::controllers::imagepulljob::secrets::copy_name(&env.ns, "reg");
+    let copy = kruise_rs_imagepull::imagepulljob::secrets::copy_name(&env.ns, "reg");
     // It lists no job: one listing only jobs that are gone would be swept (decision 0030).
     let squatter = daemon_copy(
         &copy,
@@ -1400,7 +1400,7 @@ async fn copies_of_vanished_jobs_are_swept_and_no_job_waits_for_the_manager() {
         .create(&PostParams::default(), &job)
         .await
         .expect("create the job");
-    let copy = kruise_rs::controllers::imagepulljob::secrets::copy_name(&env.ns, "reg");
+    let copy = kruise_rs_imagepull::imagepulljob::secrets::copy_name(&env.ns, "reg");
     let pull = key("pull");
     wait_for(
         "the job's copy, and no finalizer on the job",

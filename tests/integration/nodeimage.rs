@@ -11,7 +11,6 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kruise_rs::controllers::nodeimage::plan::not_responded;
 use kruise_rs_api::imagepulljob::{
     ImagePullJob, ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate,
 };
@@ -19,6 +18,7 @@ use kruise_rs_api::nodeimage::{
     ImagePullPhase, ImageSpec, ImageTagPullPolicy, ImageTagSpec, NodeImage,
 };
 use kruise_rs_api::well_known::FAKE_NODEIMAGE;
+use kruise_rs_imagepull::nodeimage::plan::not_responded;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -601,7 +601,7 @@ async fn the_controller_stops_promptly_even_before_its_caches_are_filled() {
             label_selector: Some(scope.clone()),
             ..support::test_controller_options()
         };
-        let controller = tokio::spawn(kruise_rs::controllers::nodeimage::run(
+        let controller = tokio::spawn(kruise_rs_imagepull::nodeimage::run(
             cluster.client().await,
             opts,
             async move {

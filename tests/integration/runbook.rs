@@ -57,13 +57,13 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kruise_rs::controllers::ControllerOptions;
-use kruise_rs::controllers::imagelistpulljob::plan::template_hash;
 use kruise_rs::manager::crds::ensure_installed;
 use kruise_rs::manager::leader::DEFAULT_LEASE_NAME;
 use kruise_rs::manager::{LeaderElection, ManagerOptions};
 use kruise_rs_api::imagelistpulljob::ImageListPullJob;
 use kruise_rs_api::sidecarset::SidecarSet;
 use kruise_rs_api::well_known::CONTROLLER_REVISION_HASH;
+use kruise_rs_imagepull::imagelistpulljob::plan::template_hash;
 use kruise_rs_sidecar::unsupported;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};

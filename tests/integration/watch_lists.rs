@@ -10,9 +10,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use kruise_rs::controllers::ControllerOptions;
-use kruise_rs::controllers::shared::initial_list::{self, InitialList, StreamingLists};
 use kruise_rs::manager::{self, ManagerOptions};
 use kruise_rs_api::nodeimage::NodeImage;
+use kruise_rs_controller::initial_list::{self, InitialList, StreamingLists};
 use kube::Api;
 use tokio::sync::oneshot;
 

@@ -727,7 +727,7 @@ async fn a_recreated_pull_secret_is_not_copied_on_the_old_check() {
     let ns = cluster.namespace("wh-secret-uid").await;
     let daemon_ns = crate::support::test_controller_options().daemon_config_namespace;
     let copies = Api::<Secret>::namespaced(admin.clone(), &daemon_ns);
-    let copy = kruise_rs::controllers::imagepulljob::secrets::copy_name(&ns, "reg");
+    let copy = kruise_rs_imagepull::imagepulljob::secrets::copy_name(&ns, "reg");
     let jobs = Api::<ImagePullJob>::namespaced(admin.clone(), &ns);
     let first = create_secret_holding(&admin, &ns, "reg", "{\"auths\":{\"first\":{}}}").await;
     let name = "long-lived";

@@ -50,7 +50,14 @@ mod tests {
             .iter()
             .map(|line| line.split(['=', '.']).next().unwrap_or_default().trim())
             .collect();
-        for forbidden in ["tokio", "kube-runtime", "kube-client", "futures", "hyper", "tower"] {
+        for forbidden in [
+            "tokio",
+            "kube-runtime",
+            "kube-client",
+            "futures",
+            "hyper",
+            "tower",
+        ] {
             assert!(!names.contains(&forbidden), "{forbidden} in {names:?}");
         }
         let kube = dependencies

@@ -60,10 +60,10 @@ use super::annotations::{
     render_injected_list,
 };
 use super::hash::is_native_sidecar;
+use super::hot_upgrade::{HotUpgradeError, expand, working_annotation, working_twins};
 use super::metadata::{MetadataPatchError, patch_pod_metadata};
 use super::resources::{ResourcesPolicyError, apply_resources_policy};
 use super::revision::SelectedSidecarSet;
-use super::hot_upgrade::{HotUpgradeError, expand, working_annotation, working_twins};
 
 /// The env var that marks a container as injected by a SidecarSet.
 pub(crate) const SIDECAR_ENV_KEY: &str = "IS_INJECTED";

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::controllers::shared::pod_summary::PodSummary;
+use kruise_rs_controller::pod_summary::PodSummary;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 

@@ -46,11 +46,11 @@ use tokio::sync::watch as channel;
 
 use self::expectations::WrittenPods;
 use self::revisions::RevisionsError;
-use super::shared::lean_nodeimage::LeanNodeImage;
-use super::shared::pod_summary::{PodSummary, strip_pod};
-use crate::manager::metrics::ManagerMetrics;
 use kruise_rs_api::imagepulljob::ImagePullJob;
 use kruise_rs_api::sidecarset::SidecarSet;
+use kruise_rs_controller::metrics::ManagerMetrics;
+use kruise_rs_controller::pod_summary::{PodSummary, strip_pod};
+use kruise_rs_imagepull::lean_nodeimage::LeanNodeImage;
 use kruise_rs_kube::backoff::Backoff;
 use kruise_rs_kube::events::Recorder;
 

@@ -19,14 +19,14 @@ use super::rollout::{Batch, CurrentHashes, PodState, PodView, classify, next_bat
 use super::status::{PODS_UPGRADABLE, StatusReport, compute_status, unsupported_condition};
 use super::twin_flip::{Flip, flip_patch, hot_sidecars};
 use super::upgrade::{upgradable_condition, upgraded_condition};
-use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
-use crate::controllers::shared::pod_summary::PodSummary;
 use kruise_rs_api::imagepulljob::ImagePullJob;
 use kruise_rs_api::sidecarset::{SidecarSet, SidecarSetStatus};
 use kruise_rs_api::well_known::{
     CONTROLLER_REVISION_HASH, SIDECARSET_HASH, SIDECARSET_INPLACE_UPDATE_STATE,
     SIDECARSET_NAME_LABEL,
 };
+use kruise_rs_controller::pod_summary::PodSummary;
+use kruise_rs_imagepull::lean_nodeimage::LeanNodeImage;
 use kruise_rs_sidecar::annotations::parse_hashes;
 
 /// Everything one reconcile decides before it writes anything.

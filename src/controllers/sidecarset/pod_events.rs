@@ -22,11 +22,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
-use crate::controllers::shared::pod_summary::PodSummary;
+use kruise_rs_controller::pod_summary::PodSummary;
 use kube::runtime::watcher;
 
-use crate::controllers::shared::interned_labels::Interned;
 use kruise_rs_api::well_known::{SIDECARSET_INJECTED_LIST, SIDECARSET_UPGRADABLE_CONDITION};
+use kruise_rs_controller::interned_labels::Interned;
 use kruise_rs_sidecar::annotations::parse_injected_list;
 
 /// What of a pod can matter to its SidecarSets; see the module documentation. One is kept per

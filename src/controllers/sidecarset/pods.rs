@@ -31,15 +31,13 @@ use serde_json::Value;
 
 use super::rollout::{CurrentHashes, PodPhase, PodView, SidecarView};
 use super::twin_flip::others_on_empty_image;
-use crate::controllers::shared::pod_summary::{
-    ContainerStatusSummary, ContainerSummary, PodSummary,
-};
 use kruise_rs_api::image::ImageRef;
 use kruise_rs_api::sidecarset::{SidecarContainer, SidecarSet};
 use kruise_rs_api::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
 };
+use kruise_rs_controller::pod_summary::{ContainerStatusSummary, ContainerSummary, PodSummary};
 use kruise_rs_sidecar::annotations::pod_entry;
 use kruise_rs_sidecar::gojson::html_escape_compact_json;
 use kruise_rs_sidecar::hash::is_native_sidecar;
@@ -425,7 +423,7 @@ pub(crate) fn test_pod(
         ),
         ..Default::default()
     };
-    let spec = crate::controllers::shared::pod_summary::PodSpecSummary {
+    let spec = kruise_rs_controller::pod_summary::PodSpecSummary {
         node_name: node.map(str::to_owned),
         ..Default::default()
     };

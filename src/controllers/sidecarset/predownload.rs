@@ -54,10 +54,10 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
-use crate::controllers::shared::lean_nodeimage::LeanNodeImage;
-use crate::controllers::shared::pod_summary::PodSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kruise_rs_controller::pod_summary::PodSummary;
+use kruise_rs_imagepull::lean_nodeimage::LeanNodeImage;
 
 use super::rollout::{Batch, PodView, max_unavailable_count, partition_count};
 use kruise_rs_api::common::{ImagePullPolicy, SandboxConfig};

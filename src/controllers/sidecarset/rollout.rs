@@ -89,12 +89,12 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use smallvec::SmallVec;
 
-use crate::controllers::shared::interned_labels::{Interned, Labels};
-use crate::controllers::shared::pod_summary::PodSummary;
 use kruise_rs_api::sidecarset::{
     SidecarSet, SidecarSetUpdateStrategy, SidecarSetUpdateStrategyType, UpdatePriorityStrategy,
     UpdateScatterTerm,
 };
+use kruise_rs_controller::interned_labels::{Interned, Labels};
+use kruise_rs_controller::pod_summary::PodSummary;
 use kruise_rs_sidecar::hash::current_hashes;
 use kruise_rs_sidecar::matching::{SelectorError, selector_matches};
 

@@ -20,11 +20,11 @@ use serde_json::{Value, json};
 use super::pods::{
     InPlaceUpdateState, LastContainerStatus, parse_update_states, render_update_states,
 };
-use crate::controllers::shared::pod_summary::{ContainerSummary, PodSummary};
 use kruise_rs_api::sidecarset::{SidecarContainer, SidecarSet};
 use kruise_rs_api::well_known::{
     SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
 };
+use kruise_rs_controller::pod_summary::{ContainerSummary, PodSummary};
 use kruise_rs_sidecar::hot_upgrade::{
     Twin, TwinRoles, is_hot_upgrade, record_flip, twin_name, twin_of, twin_roles, working_twins,
 };

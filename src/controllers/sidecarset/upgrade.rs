@@ -27,8 +27,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::PodCondition;
 
-use crate::controllers::shared::pod_summary::PodSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kruise_rs_controller::pod_summary::PodSummary;
 use serde_json::{Value, json};
 
 use super::pods::{

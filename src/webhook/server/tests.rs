@@ -1,6 +1,6 @@
 use super::*;
-use crate::manager::metrics::ADMISSION_KINDS;
 use json_patch::{AddOperation, PatchOperation};
+use kruise_rs_controller::metrics::ADMISSION_KINDS;
 
 #[test]
 fn a_patch_goes_out_base64_encoded() {

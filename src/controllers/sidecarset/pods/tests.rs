@@ -1,8 +1,8 @@
 use serde_json::json;
 
 use super::*;
-use crate::controllers::shared::pod_summary::strip_pod;
 use kruise_rs_api::sidecarset::SidecarSetSpec;
+use kruise_rs_controller::pod_summary::strip_pod;
 
 fn set(image: &str) -> SidecarSet {
     let spec: SidecarSetSpec = serde_json::from_value(json!({

@@ -1,0 +1,154 @@
+//! A job's status from where its nodes stand, which nodes to start next, and when the job next
+//! needs attention. Pure functions of (job, targets, now).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use super::targets::{NodeState, Target};
+use kruise_rs_api::imagepulljob::{CompletionPolicyType, ImagePullJob, ImagePullJobStatus};
+
+/// How many nodes may pull at once: `spec.parallelism` as an integer (a numeric string is
+/// accepted, as upstream does), default 1. `Err` quotes a value that is neither.
+pub(crate) fn parallelism(job: &ImagePullJob) -> Result<usize, String> {
+    match &job.spec.template.parallelism {
+        None => Ok(1),
+        Some(IntOrString::Int(n)) if *n >= 0 => Ok(*n as usize),
+        Some(IntOrString::String(s)) => s
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| format!("spec.parallelism {s:?} is not a non-negative integer")),
+        Some(IntOrString::Int(n)) => Err(format!("spec.parallelism {n} is negative")),
+    }
+}
+
+/// The not-yet-synced nodes to write now, in target order: at most `parallelism` nodes pull at
+/// once, counting the ones already pulling.
+pub(crate) fn nodes_to_start(targets: &[Target], parallelism: usize) -> Vec<&str> {
+    let pulling = targets
+        .iter()
+        .filter(|t| t.state == NodeState::Pulling)
+        .count();
+    let budget = parallelism.saturating_sub(pulling);
+    targets
+        .iter()
+        .filter(|t| t.state == NodeState::NotSynced)
+        .take(budget)
+        .map(|t| t.node.as_str())
+        .collect()
+}
+
+fn deadline(job: &ImagePullJob, start: &Time) -> Option<Timestamp> {
+    let policy = &job.spec.template.completion_policy;
+    if policy.type_.unwrap_or_default() == CompletionPolicyType::Never {
+        return None;
+    }
+    let seconds = policy.active_deadline_seconds?;
+    start.0.checked_add(SignedDuration::from_secs(seconds)).ok()
+}
+
+/// The job's status given where its targets stand now. A finished job's status does not change.
+pub(super) fn compute_status(
+    job: &ImagePullJob,
+    targets: &[Target],
+    now: &Time,
+) -> ImagePullJobStatus {
+    let old = job.status.clone().unwrap_or_default();
+    if old.completion_time.is_some() {
+        return old;
+    }
+    let start = old.start_time.clone().unwrap_or_else(|| now.clone());
+    let count = |state| targets.iter().filter(|t| t.state == state).count() as i32;
+    let desired = targets.len() as i32;
+    let succeeded = count(NodeState::Succeeded);
+    let failed_nodes = |pred: &dyn Fn(NodeState) -> bool| {
+        let mut nodes: Vec<String> = targets
+            .iter()
+            .filter(|t| pred(t.state))
+            .map(|t| t.node.clone())
+            .collect();
+        nodes.sort();
+        nodes
+    };
+    let finished = succeeded + count(NodeState::Failed) == desired;
+
+    if !finished && deadline(job, &start).is_some_and(|d| now.0 >= d) {
+        let failed = failed_nodes(&|s| s != NodeState::Succeeded);
+        return ImagePullJobStatus {
+            start_time: Some(start),
+            completion_time: Some(now.clone()),
+            desired,
+            active: 0,
+            succeeded,
+            failed: failed.len() as i32,
+            message: Some("job exceeds activeDeadlineSeconds".into()),
+            failed_nodes: failed,
+        };
+    }
+
+    let never = job
+        .spec
+        .template
+        .completion_policy
+        .type_
+        .unwrap_or_default()
+        == CompletionPolicyType::Never;
+    let complete = !never && finished;
+    let message = if complete {
+        "job has completed".to_owned()
+    } else if desired == 0 {
+        "job is running, no progress".to_owned()
+    } else {
+        let done = f64::from(succeeded + count(NodeState::Failed)) / f64::from(desired);
+        format!("job is running, progress {:.1}%", done * 100.0)
+    };
+    let failed = failed_nodes(&|s| s == NodeState::Failed);
+    ImagePullJobStatus {
+        start_time: Some(start),
+        completion_time: complete.then(|| now.clone()),
+        desired,
+        active: count(NodeState::Pulling),
+        succeeded,
+        failed: failed.len() as i32,
+        message: Some(message),
+        failed_nodes: failed,
+    }
+}
+
+/// `status` with `notes` (what the reconcile could not do: a pull secret left out) after its
+/// message, so the status says why pulls may fail. A note already there is not added again: a
+/// finished job's status is kept as it was written, notes included.
+pub(crate) fn with_notes(mut status: ImagePullJobStatus, notes: &[String]) -> ImagePullJobStatus {
+    for note in notes {
+        let message = status.message.get_or_insert_with(String::new);
+        if message.contains(note.as_str()) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str("; ");
+        }
+        message.push_str(note);
+    }
+    status
+}
+
+/// When a job needs attention with nothing else happening: at its active deadline while it runs,
+/// at its TTL expiry once it finished. `None` when only a change can move it.
+pub(crate) fn next_deadline(job: &ImagePullJob, status: &ImagePullJobStatus) -> Option<Timestamp> {
+    match &status.completion_time {
+        Some(done) => {
+            let ttl = job
+                .spec
+                .template
+                .completion_policy
+                .ttl_seconds_after_finished?;
+            done.0
+                .checked_add(SignedDuration::from_secs(i64::from(ttl)))
+                .ok()
+        }
+        None => deadline(job, status.start_time.as_ref()?),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,315 @@
+//! The ImagePullJob controller's watches and triggers: jobs, NodeImages (shared store with the
+//! reconciles) and the pods of the shared pod feed, and which jobs each change wakes.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use kube::api::Api;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::reconcile::{error_policy, key, reconcile};
+use super::{Context, NAME, WrittenNodeImages, secrets};
+use crate::lean_nodeimage::NodeImageFeed;
+use kruise_rs_api::imagepulljob::ImagePullJob;
+use kruise_rs_api::nodeimage::NodeImage;
+use kruise_rs_controller::ControllerOptions;
+use kruise_rs_controller::pod_feed::PodFeed;
+use kruise_rs_controller::pod_summary::PodSummary;
+use kruise_rs_controller::shutdown::run_until_shutdown;
+use kruise_rs_kube::backoff::{self, Backoff};
+use kruise_rs_kube::error_chain::error_chain;
+use kruise_rs_kube::events::Recorder;
+
+/// Jobs a NodeImage change may concern: running jobs whose selector could include the node,
+/// and any job the NodeImage names as an owner.
+fn jobs_for_nodeimage(
+    jobs: &Store<ImagePullJob>,
+    nodeimage: &NodeImage,
+) -> Vec<ObjectRef<ImagePullJob>> {
+    let node = nodeimage.name_any();
+    let owners: Vec<&str> = nodeimage
+        .spec
+        .images
+        .values()
+        .flat_map(|i| i.tags.iter())
+        .flat_map(|t| t.owner_references.iter())
+        .filter_map(|o| o.uid.as_deref())
+        .collect();
+    jobs.state()
+        .into_iter()
+        .filter(|job| {
+            let running = job
+                .status
+                .as_ref()
+                .is_none_or(|s| s.completion_time.is_none());
+            let owner = job
+                .metadata
+                .uid
+                .as_deref()
+                .is_some_and(|u| owners.contains(&u));
+            let may_target = match &job.spec.template.selector {
+                Some(sel) if !sel.names.is_empty() => sel.names.contains(&node),
+                _ => true,
+            };
+            owner || (running && may_target)
+        })
+        .map(|job| ObjectRef::from_obj(&*job))
+        .collect()
+}
+
+/// Running podSelector jobs in the pod's namespace.
+fn jobs_for_pod(jobs: &Store<ImagePullJob>, pod: &PodSummary) -> Vec<ObjectRef<ImagePullJob>> {
+    let namespace = pod.namespace();
+    jobs.state()
+        .into_iter()
+        .filter(|job| {
+            job.spec.template.pod_selector.is_some()
+                && job.namespace() == namespace
+                && job
+                    .status
+                    .as_ref()
+                    .is_none_or(|s| s.completion_time.is_none())
+        })
+        .map(|job| ObjectRef::from_obj(&*job))
+        .collect()
+}
+
+/// Runs the ImagePullJob controller until `shutdown` resolves, reading pods (for `podSelector`
+/// jobs) from `pods`, the watch `controllers::run` shares with the SidecarSet controller, and
+/// NodeImages from `nodeimages` (of `opts.scoped_watch_config()`), shared with the NodeImage
+/// controller.
+pub async fn run_with_feeds(
+    client: Client,
+    opts: ControllerOptions,
+    pods: PodFeed,
+    nodeimages: NodeImageFeed,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    // Streaming lists where the server serves them (see `initial_list`): no whole-list response
+    // in memory, no "too old resourceVersion" re-lists (the bench logged those with cache-served
+    // lists).
+    let scoped = opts.scoped_watch_config();
+    let workers = opts.workers.imagepulljob;
+
+    // The jobs' nodes gauge follows every job event, deletions included, from the store the
+    // event has just been applied to (mid-relist the store is not swapped yet: wait for
+    // InitDone). A status write is an event too.
+    let (job_reader, job_writer) = reflector::store();
+    let job_metrics = opts.metrics.clone();
+    let job_counts = job_reader.clone();
+    let (jobs_listed, mut jobs_listed_rx) = watch::channel(false);
+    let backoff = Arc::new(Backoff::default());
+    let forget_deleted = backoff::forget_deleted(backoff.clone(), job_reader.clone(), "", key);
+    // Every full list (the first one, at start) and every deletion: the copies may list jobs
+    // that are gone (decision 0030). A change made while a sweep runs makes one more sweep.
+    let (wake_sweep, sweep_wakes) = watch::channel(());
+    let released: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let released_jobs = released.clone();
+    let released_store = job_reader.clone();
+    let job_events = watcher(Api::<ImagePullJob>::all(client.clone()), scoped)
+        .default_backoff()
+        .reflect(job_writer)
+        .inspect(forget_deleted)
+        .inspect(move |event| {
+            if matches!(
+                event,
+                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
+            ) {
+                job_metrics.set_imagepulljob_nodes(node_counts(&job_counts.state()));
+            }
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                jobs_listed.send_replace(true);
+            }
+            match event {
+                Ok(watcher::Event::Delete(job)) => {
+                    if let Some(uid) = job.metadata.uid.as_ref() {
+                        lock(&released_jobs).remove(uid);
+                    }
+                    wake_sweep.send_replace(());
+                }
+                Ok(watcher::Event::InitDone) => {
+                    let live: HashSet<String> = released_store
+                        .state()
+                        .iter()
+                        .filter_map(|job| job.metadata.uid.clone())
+                        .collect();
+                    lock(&released_jobs).retain(|uid| live.contains(uid));
+                    wake_sweep.send_replace(());
+                }
+                _ => {}
+            }
+        })
+        .applied_objects();
+    let controller = Controller::for_stream(job_events, job_reader);
+    let jobs = controller.store();
+    let jobs_for_pods = jobs.clone();
+    // Every NodeImage event, deletions included, as the pods below.
+    let written = Arc::new(WrittenNodeImages::default());
+    let written_seen = written.clone();
+    let (nodeimages, mut nodeimages_ready, nodeimage_triggers) =
+        nodeimages.into_triggers(move |event| {
+            written_seen.saw(event);
+            match event {
+                watcher::Event::Apply(ni)
+                | watcher::Event::InitApply(ni)
+                | watcher::Event::Delete(ni) => jobs_for_nodeimage(&jobs, ni),
+                watcher::Event::Init | watcher::Event::InitDone => Vec::new(),
+            }
+        });
+    // Every pod event, deletions included: a job's nodes follow its pods either way.
+    let (pods, mut pods_ready, pod_triggers) = pods.into_triggers(move |event| match event {
+        watcher::Event::Apply(pod)
+        | watcher::Event::InitApply(pod)
+        | watcher::Event::Delete(pod) => jobs_for_pod(&jobs_for_pods, pod),
+        watcher::Event::Init | watcher::Event::InitDone => Vec::new(),
+    });
+    // `Store::wait_until_ready` wakes only one of several waiters; one task waits and tells all.
+    let (caches_ready, caches_ready_rx) = watch::channel(false);
+    let synced = opts.synced.clone();
+    tokio::spawn(async move {
+        if nodeimages_ready.wait_for(|r| *r).await.is_ok()
+            && pods_ready.wait_for(|r| *r).await.is_ok()
+        {
+            let _ = caches_ready.send(true);
+            if jobs_listed_rx.wait_for(|listed| *listed).await.is_ok() {
+                synced.mark(NAME);
+            }
+        }
+    });
+    let metrics = opts.metrics.clone();
+    let sweeper = sweep_copies(
+        client.clone(),
+        opts.daemon_config_namespace.clone(),
+        controller.store(),
+        sweep_wakes,
+    );
+    let ctx = Arc::new(Context {
+        caches_ready: caches_ready_rx,
+        recorder: Recorder::for_manager(client.clone()),
+        client,
+        nodeimages,
+        pods,
+        jobs: controller.store(),
+        refreshed: Mutex::default(),
+        written,
+        released,
+        backoff,
+        opts,
+    });
+    let job_store = controller.store();
+    let shutdown = shutdown.shared();
+    let running = controller
+        .reconcile_on(nodeimage_triggers)
+        .reconcile_on(pod_triggers)
+        // Many NodeImage events arrive together while a job fans out; one reconcile serves them.
+        .with_config(
+            controller::Config::default()
+                .debounce(Duration::from_millis(50))
+                .concurrency(workers),
+        )
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            move |job, ctx| metrics.timed(NAME, reconcile(job, ctx)),
+            error_policy,
+            ctx,
+        )
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                warn!(error = %err, "imagepulljob controller");
+            }
+        });
+    let running = async move {
+        tokio::select! {
+            () = running => {}
+            () = sweeper => {}
+        }
+    };
+    run_until_shutdown(running, shutdown, &job_store).await;
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// First wait after a failed sweep; doubled on each failure in a row, up to [`SWEEP_RETRY_MAX`].
+const SWEEP_RETRY: Duration = Duration::from_secs(1);
+const SWEEP_RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// Sweeps the copies in `daemon_ns` (see [`secrets::sweep`]) each time `wakes` changes, and
+/// again after a delay when a sweep fails. Ends when the job watch is gone.
+async fn sweep_copies(
+    client: Client,
+    daemon_ns: String,
+    jobs: Store<ImagePullJob>,
+    mut wakes: watch::Receiver<()>,
+) {
+    let mut retry = SWEEP_RETRY;
+    while wakes.changed().await.is_ok() {
+        loop {
+            wakes.borrow_and_update();
+            let in_store =
+                |ns: &str, name: &str| jobs.get(&ObjectRef::new(name).within(ns)).is_some();
+            match secrets::sweep(&client, &daemon_ns, in_store).await {
+                Ok(swept) => {
+                    if swept > 0 {
+                        info!(swept, namespace = %daemon_ns, "released the copies of deleted jobs");
+                    }
+                    retry = SWEEP_RETRY;
+                    break;
+                }
+                Err(err) => {
+                    warn!(error = %error_chain(&err), retry_in = ?retry, "cannot sweep the pull-secret copies");
+                    tokio::time::sleep(retry).await;
+                    retry = (retry * 2).min(SWEEP_RETRY_MAX);
+                }
+            }
+        }
+    }
+}
+
+/// The jobs' nodes by state (desired, active, succeeded, failed), summed over their statuses.
+fn node_counts(jobs: &[Arc<ImagePullJob>]) -> [i64; 4] {
+    jobs.iter()
+        .filter_map(|job| job.status.as_ref())
+        .fold([0; 4], |sum, s| {
+            let counts = [s.desired, s.active, s.succeeded, s.failed];
+            std::array::from_fn(|i| sum[i] + i64::from(counts[i]))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kruise_rs_api::imagepulljob::ImagePullJobStatus;
+
+    #[test]
+    fn node_counts_sum_the_statuses() {
+        let job = |status: Option<ImagePullJobStatus>| {
+            let mut job = ImagePullJob::new("j", Default::default());
+            job.status = status;
+            Arc::new(job)
+        };
+        let status = |desired, active, succeeded, failed| ImagePullJobStatus {
+            desired,
+            active,
+            succeeded,
+            failed,
+            ..Default::default()
+        };
+        let jobs = [
+            job(Some(status(3, 1, 1, 1))),
+            job(None),
+            job(Some(status(2, 0, 2, 0))),
+        ];
+        assert_eq!(node_counts(&jobs), [5, 1, 3, 1]);
+        assert_eq!(node_counts(&[]), [0; 4]);
+    }
+}
