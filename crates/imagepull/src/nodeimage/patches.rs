@@ -4,7 +4,7 @@
 //!   there). Each replaced value is `test`ed first, so a concurrent daemon write makes the
 //!   apiserver refuse ours (422) instead of being overwritten; the caller re-reads and decides
 //!   again. A key we add cannot be tested for absence, so adding guards the whole map (or the
-//!   object's `resourceVersion` when there is no map yet), as `nodeimage_images` does for spec.
+//!   object's `resourceVersion` when there is no map yet), as `nodeimage_write` does for spec.
 //! * `labels_patch`: a merge patch making `metadata.labels` equal to the Node's. This
 //!   controller is the only writer of NodeImage labels, so it needs no guard: a label someone
 //!   else adds meanwhile triggers another reconcile, which removes it.
