@@ -122,49 +122,159 @@ pub fn inject(
 
     // 1. Metadata patches, before anything reads the annotations (transferEnv may).
     let mut annotations = out.metadata.annotations.clone().unwrap_or_default();
-    let mut metadata_changed = false;
-    for set in &sets {
-        metadata_changed |= patch_pod_metadata(&mut annotations, &set.spec.patch_pod_metadata)
-            .map_err(|source| InjectionError::PatchPodMetadata {
-                sidecarset: set.name.clone(),
-                source,
-            })?;
-    }
-    if metadata_changed {
+    if patch_metadata(&sets, &mut annotations)? {
         out.metadata.annotations = Some(annotations.clone());
     }
-
-    let empty = String::new();
-    let mut hashes = parse_hashes(
-        SIDECARSET_HASH,
-        annotations.get(SIDECARSET_HASH).unwrap_or(&empty),
-    )?;
-    let mut hashes_without_image = parse_hashes(
-        SIDECARSET_HASH_WITHOUT_IMAGE,
-        annotations
-            .get(SIDECARSET_HASH_WITHOUT_IMAGE)
-            .unwrap_or(&empty),
-    )?;
-    let mut injected_list =
-        parse_injected_list(annotations.get(SIDECARSET_INJECTED_LIST).unwrap_or(&empty));
-    // Hot-upgrade twins: the pod's working map (carried across SidecarSets) and their versions.
-    let mut hot = HotTwins {
-        working: working_twins(
-            annotations
-                .get(SIDECARSET_WORKING_HOTUPGRADE_CONTAINER)
-                .map(String::as_str),
-        ),
-        ..Default::default()
-    };
+    let mut records = Records::read(&annotations)?;
 
     // 2. and 3. Build every injected container, collecting volumes and pull secrets.
     let spec = out.spec.clone().unwrap_or_default();
-    let context = PodContext::new(&out, &spec);
-    let mut init_containers: Vec<Injected> = Vec::new();
-    let mut containers: Vec<Injected> = Vec::new();
-    let mut volumes: Vec<Volume> = Vec::new();
-    let mut secrets: Vec<LocalObjectReference> = Vec::new();
-    let mut injected = Vec::new();
+    let built = build_sidecars(&sets, &out, &spec, &now, &mut records, &mut warnings)?;
+    if built.init_containers.is_empty() && built.containers.is_empty() {
+        return Ok(Injection {
+            pod: out,
+            injected: built.injected,
+            warnings,
+        });
+    }
+    check_names(&spec, &built.init_containers, &built.containers)?;
+
+    // 4. Merge into the pod.
+    let injected = built.injected.clone();
+    out.spec = Some(merge_into(spec, built));
+
+    // 5. Annotations.
+    records.write(&mut annotations);
+    out.metadata.annotations = Some(annotations);
+
+    Ok(Injection {
+        pod: out,
+        injected,
+        warnings,
+    })
+}
+
+/// Applies every set's `patchPodMetadata` to `annotations`; whether any changed.
+fn patch_metadata(
+    sets: &[&SelectedSidecarSet],
+    annotations: &mut BTreeMap<String, String>,
+) -> Result<bool, InjectionError> {
+    let mut changed = false;
+    for set in sets {
+        changed |=
+            patch_pod_metadata(annotations, &set.spec.patch_pod_metadata).map_err(|source| {
+                InjectionError::PatchPodMetadata {
+                    sidecarset: set.name.clone(),
+                    source,
+                }
+            })?;
+    }
+    Ok(changed)
+}
+
+/// What the pod's annotations record about injection, read before and written after it.
+struct Records {
+    hashes: BTreeMap<String, SidecarSetUpgradeSpec>,
+    hashes_without_image: BTreeMap<String, SidecarSetUpgradeSpec>,
+    injected_list: BTreeSet<String>,
+    /// Hot-upgrade twins: the pod's working map (carried across SidecarSets) and their
+    /// versions.
+    hot: HotTwins,
+}
+
+impl Records {
+    fn read(annotations: &BTreeMap<String, String>) -> Result<Self, InjectionError> {
+        let get = |key: &str| annotations.get(key).map_or("", String::as_str);
+        Ok(Self {
+            hashes: parse_hashes(SIDECARSET_HASH, get(SIDECARSET_HASH))?,
+            hashes_without_image: parse_hashes(
+                SIDECARSET_HASH_WITHOUT_IMAGE,
+                get(SIDECARSET_HASH_WITHOUT_IMAGE),
+            )?,
+            injected_list: parse_injected_list(get(SIDECARSET_INJECTED_LIST)),
+            hot: HotTwins {
+                working: working_twins(
+                    annotations
+                        .get(SIDECARSET_WORKING_HOTUPGRADE_CONTAINER)
+                        .map(String::as_str),
+                ),
+                ..Default::default()
+            },
+        })
+    }
+
+    /// Records that `set` injected the sidecars `sidecar_list` at `now`.
+    fn injected(&mut self, set: &SelectedSidecarSet, sidecar_list: Vec<String>, now: &Time) {
+        self.hashes.insert(
+            set.name.clone(),
+            SidecarSetUpgradeSpec {
+                update_timestamp: Some(now.clone()),
+                hash: set.hash.clone(),
+                sidecar_set_name: set.name.clone(),
+                sidecar_list: Some(sidecar_list.clone()),
+                controller_revision: set.controller_revision.clone().unwrap_or_default(),
+            },
+        );
+        self.hashes_without_image.insert(
+            set.name.clone(),
+            SidecarSetUpgradeSpec {
+                update_timestamp: Some(now.clone()),
+                hash: set.hash_without_image.clone(),
+                sidecar_set_name: set.name.clone(),
+                sidecar_list: Some(sidecar_list),
+                controller_revision: String::new(),
+            },
+        );
+    }
+
+    fn write(self, annotations: &mut BTreeMap<String, String>) {
+        annotations.insert(SIDECARSET_HASH.to_owned(), render_hashes(&self.hashes));
+        annotations.insert(
+            SIDECARSET_HASH_WITHOUT_IMAGE.to_owned(),
+            render_hashes(&self.hashes_without_image),
+        );
+        annotations.insert(
+            SIDECARSET_INJECTED_LIST.to_owned(),
+            render_injected_list(&self.injected_list),
+        );
+        if self.hot.any {
+            annotations.extend(self.hot.versions);
+            annotations.insert(
+                SIDECARSET_WORKING_HOTUPGRADE_CONTAINER.to_owned(),
+                working_annotation(&self.hot.working),
+            );
+        }
+    }
+}
+
+/// Everything the SidecarSets add to the pod, before it is merged in.
+struct Built {
+    init_containers: Vec<Injected>,
+    containers: Vec<Injected>,
+    volumes: Vec<Volume>,
+    secrets: Vec<LocalObjectReference>,
+    /// The SidecarSets that injected at least one container.
+    injected: Vec<String>,
+}
+
+/// Builds every sidecar of `sets` for the pod `out` (whose spec is `spec`), and records each
+/// SidecarSet that injected something in `records`.
+fn build_sidecars(
+    sets: &[&SelectedSidecarSet],
+    out: &Pod,
+    spec: &PodSpec,
+    now: &Time,
+    records: &mut Records,
+    warnings: &mut Vec<String>,
+) -> Result<Built, InjectionError> {
+    let context = PodContext::new(out, spec);
+    let mut built = Built {
+        init_containers: Vec::new(),
+        containers: Vec::new(),
+        volumes: Vec::new(),
+        secrets: Vec::new(),
+        injected: Vec::new(),
+    };
     // Kruise's own sidecars are never the targets of a resourcesPolicy.
     let sidecar_names: HashSet<&str> = sets
         .iter()
@@ -176,7 +286,7 @@ pub fn inject(
                           sidecarset: &str|
      -> Result<Container, InjectionError> {
         if let Some(policy) = &sidecar.resources_policy {
-            apply_resources_policy(&mut container, policy, &spec, &sidecar_names).map_err(
+            apply_resources_policy(&mut container, policy, spec, &sidecar_names).map_err(
                 |source| InjectionError::ResourcesPolicy {
                     sidecarset: sidecarset.to_owned(),
                     container: sidecar.container.name.clone(),
@@ -187,8 +297,8 @@ pub fn inject(
         Ok(container)
     };
 
-    for set in &sets {
-        injected_list.insert(set.name.clone());
+    for set in sets {
+        records.injected_list.insert(set.name.clone());
         // Later definitions of a volume name win, as in upstream's map.
         let set_volumes: HashMap<&str, &Volume> = set
             .spec
@@ -199,97 +309,67 @@ pub fn inject(
         let mut sidecar_list = BTreeSet::new();
         let mut injected_any = false;
 
-        for sidecar in &set.spec.init_containers {
-            if is_native_sidecar(sidecar) {
-                sidecar_list.insert(sidecar.container.name.clone());
+        // Init containers first (only native sidecars count as sidecars of the pod), then
+        // containers; each kind has its own default place in the pod.
+        for (sidecars, init) in [
+            (&set.spec.init_containers, true),
+            (&set.spec.containers, false),
+        ] {
+            for sidecar in sidecars {
+                if !init || is_native_sidecar(sidecar) {
+                    sidecar_list.insert(sidecar.container.name.clone());
+                }
+                collect_volumes(
+                    sidecar,
+                    &set_volumes,
+                    spec,
+                    &set.name,
+                    &mut built.volumes,
+                    warnings,
+                );
+                let container = build_container(sidecar, &context, &set.name, warnings);
+                let container = with_resources(sidecar, container, &set.name)?;
+                let (policy, into) = if init {
+                    (
+                        PodInjectPolicy::AfterAppContainer,
+                        &mut built.init_containers,
+                    )
+                } else {
+                    (PodInjectPolicy::BeforeAppContainer, &mut built.containers)
+                };
+                let policy = sidecar.pod_inject_policy.unwrap_or(policy);
+                for container in twins(sidecar, container, init, &set.name, &mut records.hot)? {
+                    into.push(Injected {
+                        container,
+                        policy,
+                        sidecarset: set.name.clone(),
+                    });
+                }
+                injected_any = true;
             }
-            collect_volumes(
-                sidecar,
-                &set_volumes,
-                &spec,
-                &set.name,
-                &mut volumes,
-                &mut warnings,
-            );
-            let container = build_container(sidecar, &context, &set.name, &mut warnings);
-            let container = with_resources(sidecar, container, &set.name)?;
-            let policy = sidecar
-                .pod_inject_policy
-                .unwrap_or(PodInjectPolicy::AfterAppContainer);
-            for container in twins(sidecar, container, true, &set.name, &mut hot)? {
-                init_containers.push(Injected {
-                    container,
-                    policy,
-                    sidecarset: set.name.clone(),
-                });
-            }
-            injected_any = true;
         }
-        secrets.extend(set.spec.image_pull_secrets.iter().cloned());
-
-        for sidecar in &set.spec.containers {
-            sidecar_list.insert(sidecar.container.name.clone());
-            collect_volumes(
-                sidecar,
-                &set_volumes,
-                &spec,
-                &set.name,
-                &mut volumes,
-                &mut warnings,
-            );
-            let container = build_container(sidecar, &context, &set.name, &mut warnings);
-            let container = with_resources(sidecar, container, &set.name)?;
-            let policy = sidecar
-                .pod_inject_policy
-                .unwrap_or(PodInjectPolicy::BeforeAppContainer);
-            for container in twins(sidecar, container, false, &set.name, &mut hot)? {
-                containers.push(Injected {
-                    container,
-                    policy,
-                    sidecarset: set.name.clone(),
-                });
-            }
-            injected_any = true;
-        }
+        built
+            .secrets
+            .extend(set.spec.image_pull_secrets.iter().cloned());
 
         if injected_any {
-            let list: Vec<String> = sidecar_list.into_iter().collect();
-            hashes.insert(
-                set.name.clone(),
-                SidecarSetUpgradeSpec {
-                    update_timestamp: Some(now.clone()),
-                    hash: set.hash.clone(),
-                    sidecar_set_name: set.name.clone(),
-                    sidecar_list: Some(list.clone()),
-                    controller_revision: set.controller_revision.clone().unwrap_or_default(),
-                },
-            );
-            hashes_without_image.insert(
-                set.name.clone(),
-                SidecarSetUpgradeSpec {
-                    update_timestamp: Some(now.clone()),
-                    hash: set.hash_without_image.clone(),
-                    sidecar_set_name: set.name.clone(),
-                    sidecar_list: Some(list),
-                    controller_revision: String::new(),
-                },
-            );
-            injected.push(set.name.clone());
+            records.injected(set, sidecar_list.into_iter().collect(), now);
+            built.injected.push(set.name.clone());
         }
     }
+    Ok(built)
+}
 
-    if init_containers.is_empty() && containers.is_empty() {
-        return Ok(Injection {
-            pod: out,
-            injected,
-            warnings,
-        });
-    }
-    check_names(&spec, &init_containers, &containers)?;
-
-    // 4. Merge into the pod.
+/// `spec` with the built containers, volumes and pull secrets merged in.
+fn merge_into(mut spec: PodSpec, built: Built) -> PodSpec {
+    let Built {
+        mut init_containers,
+        containers,
+        volumes,
+        secrets,
+        ..
+    } = built;
     init_containers.sort_by(|a, b| a.container.name.cmp(&b.container.name));
-    let mut spec = spec;
     let init = merge_containers(
         spec.init_containers.clone().unwrap_or_default(),
         init_containers,
@@ -310,32 +390,7 @@ pub fn inject(
         );
         spec.image_pull_secrets = Some(merged);
     }
-    out.spec = Some(spec);
-
-    // 5. Annotations.
-    annotations.insert(SIDECARSET_HASH.to_owned(), render_hashes(&hashes));
-    annotations.insert(
-        SIDECARSET_HASH_WITHOUT_IMAGE.to_owned(),
-        render_hashes(&hashes_without_image),
-    );
-    annotations.insert(
-        SIDECARSET_INJECTED_LIST.to_owned(),
-        render_injected_list(&injected_list),
-    );
-    if hot.any {
-        annotations.extend(hot.versions);
-        annotations.insert(
-            SIDECARSET_WORKING_HOTUPGRADE_CONTAINER.to_owned(),
-            working_annotation(&hot.working),
-        );
-    }
-    out.metadata.annotations = Some(annotations);
-
-    Ok(Injection {
-        pod: out,
-        injected,
-        warnings,
-    })
+    spec
 }
 
 /// The hot-upgrade twins injected so far into one pod.
