@@ -29,7 +29,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceColumnDefinition, CustomResourceConversion, CustomResourceDefinition,
     ServiceReference, WebhookClientConfig, WebhookConversion,
@@ -263,15 +263,7 @@ pub(crate) async fn put_crds(client: &Client, crds: Vec<CustomResourceDefinition
 }
 
 pub(crate) async fn create_namespace(client: &Client, name: &str) {
-    let namespace = Namespace {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.to_owned()),
-            ..Default::default()
-        },
-        ..Namespace::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
+    crate::harness::objects::create_namespace(client, name, &[])
         .await
         .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
 }

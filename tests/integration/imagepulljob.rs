@@ -601,19 +601,9 @@ async fn typed_secret(env: &Env, name: &str, type_: &str) {
 /// is shared by every test and left in place, as the controller leaves it).
 async fn ensure_daemon_namespace(env: &Env) {
     let name = support::test_controller_options().daemon_config_namespace;
-    let ns = k8s_openapi::api::core::v1::Namespace {
-        metadata: ObjectMeta {
-            name: Some(name),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
-    match namespaces.create(&PostParams::default(), &ns).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => panic!("create the daemons' namespace: {e}"),
-    }
+    crate::harness::objects::create_namespace(&env.client, &name, &[])
+        .await
+        .unwrap_or_else(|e| panic!("create the daemons' namespace: {e}"));
 }
 
 fn daemon_secrets(env: &Env) -> Api<Secret> {

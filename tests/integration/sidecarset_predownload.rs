@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ResourceQuota, Secret};
+use k8s_openapi::api::core::v1::{Event, Node, Pod, ResourceQuota, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kruise_rs_api::imagepulljob::ImagePullJob;
@@ -2004,21 +2004,9 @@ async fn create_pull_secret(client: &Client, namespace: &str) {
 
 /// The namespace the ImagePullJob controller copies pull secrets into, unless it exists.
 async fn ensure_daemon_config_namespace(client: &Client) {
-    let namespace = Namespace {
-        metadata: ObjectMeta {
-            name: Some(DAEMON_CONFIG_NAMESPACE.to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    match Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
+    crate::harness::objects::create_namespace(client, DAEMON_CONFIG_NAMESPACE, &[])
         .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => panic!("creating namespace {DAEMON_CONFIG_NAMESPACE}: {e}"),
-    }
+        .unwrap_or_else(|e| panic!("creating namespace {DAEMON_CONFIG_NAMESPACE}: {e}"));
 }
 
 /// With `imagePullSecrets`, the jobs live in the pods' namespaces, one per namespace with

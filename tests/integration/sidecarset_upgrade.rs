@@ -72,15 +72,6 @@ fn revisions(client: &Client) -> Api<ControllerRevision> {
 /// Creates the manager's namespace, where the controller keeps ControllerRevisions, unless it
 /// exists (a real installation has it; here whichever test comes first makes it).
 pub(crate) async fn ensure_manager_namespace(client: &Client) {
-    let namespaces = Api::<Namespace>::all(client.clone());
-    if namespaces
-        .get_opt(MANAGER_NAMESPACE)
-        .await
-        .unwrap_or_else(|e| panic!("reading namespace {MANAGER_NAMESPACE}: {e}"))
-        .is_some()
-    {
-        return;
-    }
     crate::harness::objects::create_namespace(client, MANAGER_NAMESPACE, &[])
         .await
         .unwrap_or_else(|e| panic!("creating namespace {MANAGER_NAMESPACE}: {e}"));
