@@ -13,6 +13,7 @@ use super::auth::Credential;
 use super::cri::{Cri, CriError, PresentImage};
 use super::plan::PullTask;
 use kruise_rs_api::well_known::{PULLING_IMAGE_BY, PULLING_IMAGE_BY_VALUE};
+use kruise_rs_kube::backoff::Doubling;
 
 /// First pause between attempts; it doubles up to [`MAX_BACKOFF`].
 pub(crate) const FIRST_BACKOFF: Duration = Duration::from_secs(1);
@@ -162,13 +163,12 @@ pub(crate) const MAX_RUNTIME_RECHECK: Duration = Duration::from_secs(5);
 /// Waits until the runtime answers, checking after 1s, 2s, 4s, then every
 /// [`MAX_RUNTIME_RECHECK`].
 async fn wait_for_runtime<R: ImageRuntime>(runtime: &R) {
-    let mut pause = FIRST_BACKOFF;
-    loop {
-        tokio::time::sleep(pause).await;
+    let pauses = Doubling::new(FIRST_BACKOFF, MAX_RUNTIME_RECHECK, 0.0);
+    for checks in 1.. {
+        tokio::time::sleep(pauses.unjittered(checks)).await;
         if runtime.check().await.is_ok() {
             return;
         }
-        pause = pause.saturating_mul(2).min(MAX_RUNTIME_RECHECK);
     }
 }
 
@@ -226,10 +226,7 @@ impl Drop for Slot<'_> {
 
 /// The pause after failed attempt number `attempt` (1-based): 1s, 2s, 4s, … capped at 30s.
 pub(crate) fn backoff(attempt: u32) -> Duration {
-    let doublings = attempt.saturating_sub(1).min(16);
-    FIRST_BACKOFF
-        .saturating_mul(1 << doublings)
-        .min(MAX_BACKOFF)
+    Doubling::new(FIRST_BACKOFF, MAX_BACKOFF, 0.0).unjittered(attempt)
 }
 
 fn failure(summary: &str, last_error: &str, input: &PullInput<'_>) -> String {

@@ -1,5 +1,5 @@
 //! Writes the NodeImage status: coalesced (one write carries every change since the last),
-//! paced by a token bucket ([`Pacer`]: a burst of [`WRITE_BURST`], then [`WRITES_PER_SECOND`]),
+//! paced by a token bucket ([`pacer`]: a burst of [`WRITE_BURST`], then [`WRITES_PER_SECOND`]),
 //! and guarded by resourceVersion so it never overwrites a write it has not seen (see
 //! [`super::status`]). The burst lets a quiet node report a pull's start and end at once; the
 //! rate bounds what a busy node costs the apiserver. A write that fails (the apiserver down or
@@ -20,12 +20,13 @@ use tracing::{debug, warn};
 
 use super::node::Shared;
 use super::status::{desired_status, status_patch};
-use kruise_rs_kube::backoff::jittered;
+use kruise_rs_kube::backoff::Doubling;
+use kruise_rs_kube::{RateLimit, TokenBucket};
 
 /// Field manager of the daemon's status writes.
 pub const FIELD_MANAGER: &str = "kruise-rs-daemon";
 /// Writes a node may make at once after a quiet spell.
-pub(crate) const WRITE_BURST: f64 = 4.0;
+pub(crate) const WRITE_BURST: u32 = 4;
 /// Writes per second a busy node makes at most, once its burst is spent.
 pub(crate) const WRITES_PER_SECOND: f64 = 2.0;
 /// Changes this close together go out in one write (a worker's Waiting and Pulling, say).
@@ -40,7 +41,7 @@ pub(crate) const RETRY_JITTER: f64 = 0.5;
 /// Reports until `stop` resolves.
 pub(super) async fn report(shared: Arc<Shared>, stop: impl Future<Output = ()>) {
     let mut stop = pin!(stop);
-    let mut pacer = Pacer::new(Instant::now());
+    let mut pacer = pacer(Instant::now());
     // Failed writes in a row, and when the next write may go out after the last failure.
     let mut failures: u32 = 0;
     let mut retry_at: Option<Instant> = None;
@@ -80,7 +81,7 @@ pub(super) async fn report(shared: Arc<Shared>, stop: impl Future<Output = ()>) 
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
-        pacer.take(Instant::now());
+        pacer.spend(Instant::now());
         let mut failed = |err: &kube::Error| {
             failures = failures.saturating_add(1);
             let delay = retry_delay(failures);
@@ -126,50 +127,22 @@ pub(super) async fn report(shared: Arc<Shared>, stop: impl Future<Output = ()>) 
     }
 }
 
-/// A token bucket: [`WRITE_BURST`] tokens, refilled at [`WRITES_PER_SECOND`]; a write takes one.
-#[derive(Debug)]
-pub(crate) struct Pacer {
-    tokens: f64,
-    at: Instant,
-}
-
-impl Pacer {
-    pub(crate) fn new(now: Instant) -> Self {
-        Self {
-            tokens: WRITE_BURST,
-            at: now,
-        }
-    }
-
-    fn refill(&mut self, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * WRITES_PER_SECOND).min(WRITE_BURST);
-        self.at = now;
-    }
-
-    /// How long until a write may go out.
-    pub(crate) fn wait(&mut self, now: Instant) -> Duration {
-        self.refill(now);
-        if self.tokens >= 1.0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64((1.0 - self.tokens) / WRITES_PER_SECOND)
-        }
-    }
-
-    /// Spends a token for a write made now.
-    pub(crate) fn take(&mut self, now: Instant) {
-        self.refill(now);
-        self.tokens -= 1.0;
-    }
+/// The status writes' token bucket: [`WRITE_BURST`] tokens, refilled at [`WRITES_PER_SECOND`];
+/// a write takes one.
+pub(crate) fn pacer(now: Instant) -> TokenBucket {
+    TokenBucket::full(
+        RateLimit {
+            qps: WRITES_PER_SECOND,
+            burst: WRITE_BURST,
+        },
+        now,
+    )
 }
 
 /// The pause after `failures` failed writes in a row (1-based): [`FIRST_RETRY`] doubling up to
 /// [`MAX_RETRY`], stretched by up to [`RETRY_JITTER`] of itself.
 pub(crate) fn retry_delay(failures: u32) -> Duration {
-    let doublings = failures.saturating_sub(1).min(16);
-    let delay = FIRST_RETRY.saturating_mul(1 << doublings).min(MAX_RETRY);
-    jittered(delay, RETRY_JITTER)
+    Doubling::new(FIRST_RETRY, MAX_RETRY, RETRY_JITTER).delay(failures)
 }
 
 #[cfg(test)]
@@ -215,15 +188,15 @@ mod tests {
     #[test]
     fn a_quiet_node_writes_its_burst_at_once_then_at_the_rate() {
         let start = Instant::now();
-        let mut pacer = Pacer::new(start);
+        let mut pacer = pacer(start);
         for _ in 0..4 {
             assert_eq!(pacer.wait(start), Duration::ZERO);
-            pacer.take(start);
+            pacer.spend(start);
         }
         assert_eq!(pacer.wait(start), Duration::from_millis(500));
         let later = start + Duration::from_millis(500);
         assert_eq!(pacer.wait(later), Duration::ZERO);
-        pacer.take(later);
+        pacer.spend(later);
         assert_eq!(pacer.wait(later), Duration::from_millis(500));
     }
 
@@ -231,12 +204,12 @@ mod tests {
     fn writes_over_any_span_stay_within_burst_plus_rate() {
         // Write whenever allowed for 10 simulated seconds.
         let start = Instant::now();
-        let mut pacer = Pacer::new(start);
+        let mut pacer = pacer(start);
         let mut now = start;
         let mut writes = 0;
         while now < start + Duration::from_secs(10) {
             now += pacer.wait(now);
-            pacer.take(now);
+            pacer.spend(now);
             writes += 1;
         }
         assert!(writes <= 4 + 20 + 1, "{writes}");
@@ -246,11 +219,11 @@ mod tests {
     #[test]
     fn the_bucket_never_holds_more_than_the_burst() {
         let start = Instant::now();
-        let mut pacer = Pacer::new(start);
+        let mut pacer = pacer(start);
         let much_later = start + Duration::from_secs(3600);
         for _ in 0..4 {
             assert_eq!(pacer.wait(much_later), Duration::ZERO);
-            pacer.take(much_later);
+            pacer.spend(much_later);
         }
         assert!(pacer.wait(much_later) > Duration::ZERO);
     }

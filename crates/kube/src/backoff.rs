@@ -1,29 +1,65 @@
-//! Per-object exponential backoff for `error_policy`, which kube-runtime does not have
-//! (kube-rs#1916): a failure counter per object, reset by the next successful reconcile; and
-//! [`jittered`], which every retry and periodic requeue of the manager goes through, so that
-//! objects (or replicas) that failed together do not retry together.
+//! How long to wait before trying again, for every retry of the manager and the daemon:
+//! [`Doubling`], delays that double up to a cap (backon's exponential sequence) stretched by a
+//! random share of themselves ([`jittered`]), so that objects, nodes or replicas that failed
+//! together do not retry together; and [`Backoff`], a failure counter per object for
+//! `error_policy`, which kube-runtime does not have (kube-rs#1916), reset by the next
+//! successful reconcile.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use kube::Resource;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 
+/// Delays that double from `first` up to `cap`, each stretched by up to `jitter` of itself.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Doubling {
+    pub first: Duration,
+    pub cap: Duration,
+    /// The share of a delay [`Self::delay`] may add at random (0: none).
+    pub jitter: f64,
+}
+
+impl Doubling {
+    pub const fn new(first: Duration, cap: Duration, jitter: f64) -> Self {
+        Self { first, cap, jitter }
+    }
+
+    /// The delay after failure number `failures` (1-based; 0 counts as 1) before its jitter:
+    /// `first * 2^(failures-1)`, at most `cap`.
+    pub fn unjittered(&self, failures: u32) -> Duration {
+        // Past 40 doublings every sequence of durations has long reached its cap.
+        let step = failures.clamp(1, 41) - 1;
+        ExponentialBuilder::default()
+            .with_min_delay(self.first)
+            .with_max_delay(self.cap)
+            .with_factor(2.0)
+            .without_max_times()
+            .build()
+            .nth(step as usize)
+            .map_or(self.cap, |delay| delay.min(self.cap))
+    }
+
+    /// [`Self::unjittered`], stretched by up to [`Self::jitter`] of itself at random.
+    pub fn delay(&self, failures: u32) -> Duration {
+        jittered(self.unjittered(failures), self.jitter)
+    }
+}
+
 /// Failure counts keyed by object (e.g. `namespace/name`).
 #[derive(Debug)]
 pub struct Backoff {
-    base: Duration,
-    cap: Duration,
+    delays: Doubling,
     failures: Mutex<HashMap<String, u32>>,
 }
 
 impl Backoff {
     pub fn new(base: Duration, cap: Duration) -> Self {
         Self {
-            base,
-            cap,
+            delays: Doubling::new(base, cap, BACKOFF_JITTER),
             failures: Mutex::default(),
         }
     }
@@ -32,18 +68,12 @@ impl Backoff {
     /// `base * 2^(failures-1)`, at most `cap`, stretched by up to `BACKOFF_JITTER` of itself
     /// at random (so at most `cap * 1.2`).
     pub fn failed(&self, key: &str) -> Duration {
-        jittered(self.unjittered(key), BACKOFF_JITTER)
-    }
-
-    /// [`Self::failed`] before the jitter.
-    fn unjittered(&self, key: &str) -> Duration {
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         let n = failures.entry(key.to_owned()).or_insert(0);
         *n = n.saturating_add(1);
-        let factor = 2u32.checked_pow(n.saturating_sub(1)).unwrap_or(u32::MAX);
-        self.base
-            .checked_mul(factor)
-            .map_or(self.cap, |d| d.min(self.cap))
+        let n = *n;
+        drop(failures);
+        self.delays.delay(n)
     }
 
     /// Forgets the failures of `key` (it reconciled successfully, or is gone).
@@ -271,6 +301,34 @@ mod tests {
         assert_eq!(jittered(d, 0.0), d);
         assert_eq!(jittered(d, f64::NAN), d);
         assert_eq!(jittered(Duration::MAX, 1.0), Duration::MAX, "saturates");
+    }
+
+    #[test]
+    fn doubling_matches_the_hand_written_sequences_it_replaced() {
+        // The pull backoff (1 s to 30 s), the start-up retries (250 ms to 8 s), the status
+        // write retries (2 s to 60 s) and the reconcile backoff (500 ms to 300 s).
+        for (first, cap) in [
+            (1000, 30_000),
+            (250, 8_000),
+            (2_000, 60_000),
+            (500, 300_000),
+        ] {
+            let (first, cap) = (Duration::from_millis(first), Duration::from_millis(cap));
+            let d = Doubling::new(first, cap, 0.0);
+            for n in 0..200u32 {
+                let doublings = n.saturating_sub(1).min(16);
+                let expected = first.saturating_mul(1 << doublings).min(cap);
+                assert_eq!(d.unjittered(n), expected, "{first:?}..{cap:?}, failure {n}");
+                assert_eq!(d.delay(n), expected, "no jitter asked");
+            }
+            assert_eq!(d.unjittered(u32::MAX), cap);
+        }
+        let past_cap = Doubling::new(Duration::from_secs(10), Duration::from_secs(1), 0.0);
+        assert_eq!(
+            past_cap.unjittered(1),
+            Duration::from_secs(1),
+            "capped from the first"
+        );
     }
 
     #[test]

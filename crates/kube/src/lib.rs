@@ -17,5 +17,5 @@ mod transient;
 pub use self::client::{ConnectError, client, connect, load_config};
 pub use self::metrics::{CONTENT_TYPE, Metrics};
 pub use self::probe_server::{LivenessCheck, ProbeState, router, serve};
-pub use self::rate_limit::{LimitWaits, RateLimit};
+pub use self::rate_limit::{LimitWaits, RateLimit, TokenBucket};
 pub use self::transient::{START_UP_PATIENCE, is_transient, retry_transient, retry_while};

@@ -87,16 +87,19 @@ impl LimitWaits {
     }
 }
 
-/// The bucket's arithmetic, on a clock the caller passes.
+/// A token bucket on a clock the caller passes: [`RateLimit::burst`] tokens, refilled at
+/// [`RateLimit::qps`]. The client's request limit and the daemon's paced status writes both
+/// count with one.
 #[derive(Debug)]
-struct TokenBucket {
+pub struct TokenBucket {
     limit: RateLimit,
     tokens: f64,
     updated: Instant,
 }
 
 impl TokenBucket {
-    fn full(limit: RateLimit, now: Instant) -> Self {
+    /// A bucket holding its whole burst at `now`.
+    pub fn full(limit: RateLimit, now: Instant) -> Self {
         Self {
             limit,
             tokens: f64::from(limit.burst),
@@ -104,20 +107,40 @@ impl TokenBucket {
         }
     }
 
-    /// Takes a token at `now`, or says how long until one is there.
-    fn take(&mut self, now: Instant) -> Result<(), Duration> {
+    fn refill(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
         self.tokens = (self.tokens + elapsed * self.limit.qps).min(f64::from(self.limit.burst));
         self.updated = now;
+    }
+
+    /// How long from `now` until a token is there; zero when one is.
+    pub fn wait(&mut self, now: Instant) -> Duration {
+        self.refill(now);
         if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            return Ok(());
+            return Duration::ZERO;
         }
         let wait = (1.0 - self.tokens) / self.limit.qps;
         // At least a microsecond, so that rounding cannot spin on a zero wait.
-        Err(Duration::try_from_secs_f64(wait)
+        Duration::try_from_secs_f64(wait)
             .unwrap_or(Duration::from_secs(1))
-            .max(Duration::from_micros(1)))
+            .max(Duration::from_micros(1))
+    }
+
+    /// Spends a token at `now`, even one not there yet: the next [`Self::wait`] grows by it.
+    pub fn spend(&mut self, now: Instant) {
+        self.refill(now);
+        self.tokens -= 1.0;
+    }
+
+    /// Takes a token at `now`, or says how long until one is there.
+    pub fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        match self.wait(now) {
+            Duration::ZERO => {
+                self.tokens -= 1.0;
+                Ok(())
+            }
+            wait => Err(wait),
+        }
     }
 }
 

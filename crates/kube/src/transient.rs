@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::warn;
 
-use crate::backoff::jittered;
+use crate::backoff::{Doubling, jittered};
 
 /// How long start-up keeps asking before it gives up with the last error.
 pub const START_UP_PATIENCE: Duration = Duration::from_secs(60);
@@ -56,14 +56,16 @@ where
     Fut: Future<Output = Result<T, E>>,
 {
     let give_up = Instant::now() + patience;
-    let mut wait = FIRST_WAIT;
+    let waits = Doubling::new(FIRST_WAIT, LONGEST_WAIT, 0.2);
+    let mut failures = 0;
     loop {
+        failures += 1;
+        let wait = waits.unjittered(failures);
         match request().await {
             Ok(value) => return Ok(value),
             Err(error) if transient(&error) && Instant::now() + wait < give_up => {
                 warn!(%error, retry_in = ?wait, "{what}: the API server did not answer; asking again");
-                tokio::time::sleep(jittered(wait, 0.2)).await;
-                wait = (wait * 2).min(LONGEST_WAIT);
+                tokio::time::sleep(jittered(wait, waits.jitter)).await;
             }
             Err(error) => return Err(error),
         }
