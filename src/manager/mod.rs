@@ -24,7 +24,13 @@ pub mod readiness;
 pub mod server_version;
 
 use std::{
-    future::Future, io, net::SocketAddr, path::PathBuf, pin::pin, sync::Arc, time::Duration,
+    future::Future,
+    io,
+    net::SocketAddr,
+    path::PathBuf,
+    pin::{Pin, pin},
+    sync::Arc,
+    time::Duration,
 };
 
 use kube::Client;
@@ -191,7 +197,7 @@ pub async fn run(
         ..opts.controllers.clone()
     };
     // Without election the controllers start right away: not ready until they have synced.
-    let (controllers_state, mut controllers_seen) = watch::channel(match opts.leader_election {
+    let (controllers_state, controllers_seen) = watch::channel(match opts.leader_election {
         Some(_) => Controllers::Standby,
         None => Controllers::Syncing,
     });
@@ -208,45 +214,14 @@ pub async fn run(
 
     let (stop_webhook, webhook_stopping) = oneshot::channel::<()>();
     let (webhook_ready, webhook_serving) = oneshot::channel();
-    let webhook_parts = opts.webhook.clone().map(|webhook_opts| {
-        let (handlers, caches) = Handlers::with_settings(
-            webhook_client.clone(),
-            &webhook_opts.namespace,
-            HandlerSettings {
-                patch_pod_metadata_defaults_allowed: webhook_opts
-                    .patch_pod_metadata_defaults_allowed,
-                unreadable_sidecarset_policy: webhook_opts.unreadable_sidecarset_policy,
-            },
-        );
-        (webhook_opts, handlers, caches)
-    });
-    let mut webhook_caches = webhook_parts
-        .as_ref()
-        .map(|(_, handlers, _)| handlers.synced());
-    let mut webhooks = pin!(async {
-        let Some((webhook_opts, handlers, caches)) = webhook_parts else {
-            drop(webhook_ready);
-            // Without webhooks this branch only ends when told to stop.
-            let _ = webhook_stopping.await;
-            return Ok(());
-        };
-        let serve = webhook::run(
-            webhook_client,
-            webhook_opts,
-            Arc::new(Metered {
-                inner: handlers,
-                metrics: manager_metrics.clone(),
-            }),
-            async move {
-                let _ = webhook_stopping.await;
-            },
-            Some(webhook_ready),
-        );
-        tokio::select! {
-            result = serve => result,
-            () = caches => Err(WebhookError::CachesStopped),
-        }
-    });
+    let (webhooks, webhook_caches) = serve_webhooks(
+        opts.webhook.clone(),
+        webhook_client,
+        manager_metrics.clone(),
+        webhook_stopping,
+        webhook_ready,
+    );
+    let mut webhooks = pin!(webhooks);
     tokio::select! {
         biased;
         () = &mut shutdown => {
@@ -265,7 +240,74 @@ pub async fn run(
     }
 
     info!(probe_addr = %addr, "manager running");
-    let mut on_ready = on_ready;
+    serve_until_shutdown(
+        shutdown.as_mut(),
+        server.as_mut(),
+        controllers.as_mut(),
+        webhooks.as_mut(),
+        Readiness {
+            webhook_caches,
+            controllers_seen,
+            state: &state,
+            addr,
+            on_ready,
+        },
+    )
+    .await?;
+
+    info!("shutting down");
+    state.set_ready(false);
+    let _ = stop_controllers.send(());
+    let _ = stop_webhook.send(());
+    // The webhooks answer through their grace period while the controllers stop.
+    let webhook_grace = opts
+        .webhook
+        .as_ref()
+        .map_or(Duration::ZERO, |w| w.shutdown_grace);
+    drain(
+        server.as_mut(),
+        stop_server,
+        webhooks.as_mut(),
+        webhook_grace,
+        controllers.as_mut(),
+    )
+    .await?;
+    info!("stopped");
+    Ok(())
+}
+
+/// What `/readyz` follows, and who waits for the first ready.
+struct Readiness<'a> {
+    webhook_caches: Option<watch::Receiver<bool>>,
+    controllers_seen: watch::Receiver<Controllers>,
+    state: &'a ProbeState,
+    addr: SocketAddr,
+    on_ready: Option<oneshot::Sender<SocketAddr>>,
+}
+
+/// Keeps `/readyz` in step with the webhooks' caches and the controllers until `shutdown`
+/// (then `Ok`), or until the probe server, the controllers or the webhooks stop on their own
+/// (an error). `on_ready` gets the probe address the first time the manager is ready.
+async fn serve_until_shutdown<Sh, S, C, W>(
+    mut shutdown: Pin<&mut Sh>,
+    mut server: Pin<&mut S>,
+    mut controllers: Pin<&mut C>,
+    mut webhooks: Pin<&mut W>,
+    watched: Readiness<'_>,
+) -> Result<(), ManagerError>
+where
+    Sh: Future<Output = ()>,
+    S: Future<Output = io::Result<()>>,
+    C: Future<Output = ()>,
+    W: Future<Output = Result<(), WebhookError>>,
+{
+    let Readiness {
+        mut webhook_caches,
+        mut controllers_seen,
+        state,
+        addr,
+        mut on_ready,
+    } = watched;
     let mut was_ready = None;
     loop {
         let webhooks_listed = webhook_caches.as_mut().map(|rx| *rx.borrow_and_update());
@@ -286,7 +328,7 @@ pub async fn run(
             let _ = on_ready.send(addr);
         }
         tokio::select! {
-            () = &mut shutdown => break,
+            () = &mut shutdown => return Ok(()),
             result = &mut server => {
                 state.set_ready(false);
                 return Err(ManagerError::ServerStopped { source: result.err() });
@@ -304,20 +346,79 @@ pub async fn run(
             () = changed_or_pending(Some(&mut controllers_seen)) => {}
         }
     }
+}
 
-    info!("shutting down");
-    state.set_ready(false);
-    let _ = stop_controllers.send(());
-    let _ = stop_webhook.send(());
-    // The webhooks answer through their grace period while the controllers stop.
-    let webhook_grace = opts
-        .webhook
-        .as_ref()
-        .map_or(Duration::ZERO, |w| w.shutdown_grace);
+/// The webhooks' part of the manager: a future that serves them until `stop` (or fails), and
+/// a receiver that turns true once their caches have listed. Without webhooks the future only
+/// waits for `stop`, `ready` is dropped, and there is no receiver.
+fn serve_webhooks(
+    opts: Option<WebhookOptions>,
+    client: Client,
+    metrics: ManagerMetrics,
+    stop: oneshot::Receiver<()>,
+    ready: oneshot::Sender<SocketAddr>,
+) -> (
+    impl Future<Output = Result<(), WebhookError>>,
+    Option<watch::Receiver<bool>>,
+) {
+    let parts = opts.map(|webhook_opts| {
+        let (handlers, caches) = Handlers::with_settings(
+            client.clone(),
+            &webhook_opts.namespace,
+            HandlerSettings {
+                patch_pod_metadata_defaults_allowed: webhook_opts
+                    .patch_pod_metadata_defaults_allowed,
+                unreadable_sidecarset_policy: webhook_opts.unreadable_sidecarset_policy,
+            },
+        );
+        (webhook_opts, handlers, caches)
+    });
+    let listed = parts.as_ref().map(|(_, handlers, _)| handlers.synced());
+    let serving = async move {
+        let Some((webhook_opts, handlers, caches)) = parts else {
+            drop(ready);
+            // Without webhooks this branch only ends when told to stop.
+            let _ = stop.await;
+            return Ok(());
+        };
+        let serve = webhook::run(
+            client,
+            webhook_opts,
+            Arc::new(Metered {
+                inner: handlers,
+                metrics,
+            }),
+            async move {
+                let _ = stop.await;
+            },
+            Some(ready),
+        );
+        tokio::select! {
+            result = serve => result,
+            () = caches => Err(WebhookError::CachesStopped),
+        }
+    };
+    (serving, listed)
+}
+
+/// Lets the webhooks (through `webhook_grace`) and the controllers finish, the probe server
+/// answering meanwhile, then stops the probe server.
+async fn drain<S, W, C>(
+    mut server: Pin<&mut S>,
+    stop_server: oneshot::Sender<()>,
+    webhooks: Pin<&mut W>,
+    webhook_grace: Duration,
+    controllers: Pin<&mut C>,
+) -> Result<(), ManagerError>
+where
+    S: Future<Output = io::Result<()>>,
+    W: Future,
+    C: Future<Output = ()>,
+{
     let stopping = async {
         tokio::join!(
-            tokio::time::timeout(webhook_grace + CONTROLLERS_STOP_TIMEOUT, &mut webhooks),
-            tokio::time::timeout(CONTROLLERS_STOP_TIMEOUT, &mut controllers),
+            tokio::time::timeout(webhook_grace + CONTROLLERS_STOP_TIMEOUT, webhooks),
+            tokio::time::timeout(CONTROLLERS_STOP_TIMEOUT, controllers),
         )
         .1
     };
@@ -332,7 +433,7 @@ pub async fn run(
         warn!(timeout = ?CONTROLLERS_STOP_TIMEOUT, "controllers still busy after the stop timeout; leaving them");
     }
     let _ = stop_server.send(());
-    match tokio::time::timeout(DRAIN_TIMEOUT, &mut server).await {
+    match tokio::time::timeout(DRAIN_TIMEOUT, server).await {
         Ok(result) => result.map_err(|source| ManagerError::ServerStopped {
             source: Some(source),
         })?,
@@ -341,7 +442,6 @@ pub async fn run(
             "probe and metrics connections still open after the drain timeout; closing them"
         ),
     }
-    info!("stopped");
     Ok(())
 }
 
