@@ -2,7 +2,7 @@
 //! `kubectl` and reads back through the typed API intact in both versions, and bad objects are
 //! refused with the field named.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kruise_rs_api::{ImagePullJob, NodeImage, SidecarSet};
@@ -10,6 +10,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
 use serde_json::Value;
 
+use crate::harness::repo_path;
 use crate::support::{self, TestCluster};
 
 const KINDS: [(&str, &str); 4] = [
@@ -18,10 +19,6 @@ const KINDS: [(&str, &str); 4] = [
     ("NodeImage", "nodeimages"),
     ("ImageListPullJob", "imagelistpulljobs"),
 ];
-
-fn repo_path(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
 
 /// One manifest file, parsed.
 struct Manifest {
