@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -20,10 +20,11 @@ use super::{Context, NAME, WrittenNodeImages, secrets};
 use crate::lean_nodeimage::NodeImageFeed;
 use kruise_rs_api::imagepulljob::ImagePullJob;
 use kruise_rs_api::nodeimage::NodeImage;
-use kruise_rs_controller::ControllerOptions;
+use kruise_rs_controller::metrics::ManagerMetrics;
 use kruise_rs_controller::pod_feed::PodFeed;
 use kruise_rs_controller::pod_summary::PodSummary;
 use kruise_rs_controller::shutdown::run_until_shutdown;
+use kruise_rs_controller::{CacheSync, ControllerOptions};
 use kruise_rs_kube::backoff::{self, Backoff};
 use kruise_rs_kube::error_chain::error_chain;
 use kruise_rs_kube::events::Recorder;
@@ -99,62 +100,21 @@ pub async fn run_with_feeds(
     let scoped = opts.scoped_watch_config();
     let workers = opts.workers.imagepulljob;
 
-    // The jobs' nodes gauge follows every job event, deletions included, from the store the
-    // event has just been applied to (mid-relist the store is not swapped yet: wait for
-    // InitDone). A status write is an event too.
-    let (job_reader, job_writer) = reflector::store();
-    let job_metrics = opts.metrics.clone();
-    let job_counts = job_reader.clone();
-    let (jobs_listed, mut jobs_listed_rx) = watch::channel(false);
     let backoff = Arc::new(Backoff::default());
-    let forget_deleted = backoff::forget_deleted(backoff.clone(), job_reader.clone(), "", key);
-    // Every full list (the first one, at start) and every deletion: the copies may list jobs
-    // that are gone (decision 0030). A change made while a sweep runs makes one more sweep.
-    let (wake_sweep, sweep_wakes) = watch::channel(());
     let released: Arc<Mutex<HashSet<String>>> = Arc::default();
-    let released_jobs = released.clone();
-    let released_store = job_reader.clone();
-    let job_events = watcher(Api::<ImagePullJob>::all(client.clone()), scoped)
-        .default_backoff()
-        .reflect(job_writer)
-        .inspect(forget_deleted)
-        .inspect(move |event| {
-            if matches!(
-                event,
-                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
-            ) {
-                job_metrics.set_imagepulljob_nodes(node_counts(&job_counts.state()));
-            }
-            if matches!(event, Ok(watcher::Event::InitDone)) {
-                jobs_listed.send_replace(true);
-            }
-            match event {
-                Ok(watcher::Event::Delete(job)) => {
-                    if let Some(uid) = job.metadata.uid.as_ref() {
-                        lock(&released_jobs).remove(uid);
-                    }
-                    wake_sweep.send_replace(());
-                }
-                Ok(watcher::Event::InitDone) => {
-                    let live: HashSet<String> = released_store
-                        .state()
-                        .iter()
-                        .filter_map(|job| job.metadata.uid.clone())
-                        .collect();
-                    lock(&released_jobs).retain(|uid| live.contains(uid));
-                    wake_sweep.send_replace(());
-                }
-                _ => {}
-            }
-        })
-        .applied_objects();
+    let JobWatch {
+        events: job_events,
+        store: job_reader,
+        listed: jobs_listed_rx,
+        sweep_wakes,
+    } = watch_jobs(&client, scoped, &opts.metrics, &backoff, &released);
     let controller = Controller::for_stream(job_events, job_reader);
     let jobs = controller.store();
     let jobs_for_pods = jobs.clone();
     // Every NodeImage event, deletions included, as the pods below.
     let written = Arc::new(WrittenNodeImages::default());
     let written_seen = written.clone();
-    let (nodeimages, mut nodeimages_ready, nodeimage_triggers) =
+    let (nodeimages, nodeimages_ready, nodeimage_triggers) =
         nodeimages.into_triggers(move |event| {
             written_seen.saw(event);
             match event {
@@ -165,25 +125,18 @@ pub async fn run_with_feeds(
             }
         });
     // Every pod event, deletions included: a job's nodes follow its pods either way.
-    let (pods, mut pods_ready, pod_triggers) = pods.into_triggers(move |event| match event {
+    let (pods, pods_ready, pod_triggers) = pods.into_triggers(move |event| match event {
         watcher::Event::Apply(pod)
         | watcher::Event::InitApply(pod)
         | watcher::Event::Delete(pod) => jobs_for_pod(&jobs_for_pods, pod),
         watcher::Event::Init | watcher::Event::InitDone => Vec::new(),
     });
-    // `Store::wait_until_ready` wakes only one of several waiters; one task waits and tells all.
-    let (caches_ready, caches_ready_rx) = watch::channel(false);
-    let synced = opts.synced.clone();
-    tokio::spawn(async move {
-        if nodeimages_ready.wait_for(|r| *r).await.is_ok()
-            && pods_ready.wait_for(|r| *r).await.is_ok()
-        {
-            let _ = caches_ready.send(true);
-            if jobs_listed_rx.wait_for(|listed| *listed).await.is_ok() {
-                synced.mark(NAME);
-            }
-        }
-    });
+    let caches_ready_rx = watch_readiness(
+        nodeimages_ready,
+        pods_ready,
+        jobs_listed_rx,
+        opts.synced.clone(),
+    );
     let metrics = opts.metrics.clone();
     let sweeper = sweep_copies(
         client.clone(),
@@ -233,6 +186,106 @@ pub async fn run_with_feeds(
         }
     };
     run_until_shutdown(running, shutdown, &job_store).await;
+}
+
+/// The job watch as the controller reads it, and what follows its events.
+struct JobWatch<S> {
+    /// Each job applied, for `Controller::for_stream`.
+    events: S,
+    store: Store<ImagePullJob>,
+    /// True once the first full list is in the store.
+    listed: watch::Receiver<bool>,
+    /// Changed on every full list and every deletion: when the pull-secret copies may list jobs
+    /// that are gone.
+    sweep_wakes: watch::Receiver<()>,
+}
+
+/// Watches the ImagePullJobs `config` selects into a store, and on each event: sets the jobs'
+/// nodes gauge, forgets the failure counts of deleted jobs, drops deleted jobs from `released`
+/// and wakes the copy sweep.
+fn watch_jobs(
+    client: &Client,
+    config: watcher::Config,
+    metrics: &ManagerMetrics,
+    backoff: &Arc<Backoff>,
+    released: &Arc<Mutex<HashSet<String>>>,
+) -> JobWatch<impl Stream<Item = Result<ImagePullJob, watcher::Error>> + Send + 'static> {
+    // The jobs' nodes gauge follows every job event, deletions included, from the store the
+    // event has just been applied to (mid-relist the store is not swapped yet: wait for
+    // InitDone). A status write is an event too.
+    let (job_reader, job_writer) = reflector::store();
+    let job_metrics = metrics.clone();
+    let job_counts = job_reader.clone();
+    let (jobs_listed, jobs_listed_rx) = watch::channel(false);
+    let forget_deleted = backoff::forget_deleted(backoff.clone(), job_reader.clone(), "", key);
+    // Every full list (the first one, at start) and every deletion: the copies may list jobs
+    // that are gone (decision 0030). A change made while a sweep runs makes one more sweep.
+    let (wake_sweep, sweep_wakes) = watch::channel(());
+    let released_jobs = released.clone();
+    let released_store = job_reader.clone();
+    let events = watcher(Api::<ImagePullJob>::all(client.clone()), config)
+        .default_backoff()
+        .reflect(job_writer)
+        .inspect(forget_deleted)
+        .inspect(move |event| {
+            if matches!(
+                event,
+                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
+            ) {
+                job_metrics.set_imagepulljob_nodes(node_counts(&job_counts.state()));
+            }
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                jobs_listed.send_replace(true);
+            }
+            match event {
+                Ok(watcher::Event::Delete(job)) => {
+                    if let Some(uid) = job.metadata.uid.as_ref() {
+                        lock(&released_jobs).remove(uid);
+                    }
+                    wake_sweep.send_replace(());
+                }
+                Ok(watcher::Event::InitDone) => {
+                    let live: HashSet<String> = released_store
+                        .state()
+                        .iter()
+                        .filter_map(|job| job.metadata.uid.clone())
+                        .collect();
+                    lock(&released_jobs).retain(|uid| live.contains(uid));
+                    wake_sweep.send_replace(());
+                }
+                _ => {}
+            }
+        })
+        .applied_objects();
+    JobWatch {
+        events,
+        store: job_reader,
+        listed: jobs_listed_rx,
+        sweep_wakes,
+    }
+}
+
+/// Resolves to true once the NodeImage and pod caches are ready, and marks the controller
+/// synced once the jobs are listed too. (`Store::wait_until_ready` wakes only one of several
+/// waiters: one task waits and tells all.)
+fn watch_readiness(
+    mut nodeimages_ready: watch::Receiver<bool>,
+    mut pods_ready: watch::Receiver<bool>,
+    mut jobs_listed: watch::Receiver<bool>,
+    synced: CacheSync,
+) -> watch::Receiver<bool> {
+    let (caches_ready, caches_ready_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        if nodeimages_ready.wait_for(|r| *r).await.is_ok()
+            && pods_ready.wait_for(|r| *r).await.is_ok()
+        {
+            let _ = caches_ready.send(true);
+            if jobs_listed.wait_for(|listed| *listed).await.is_ok() {
+                synced.mark(NAME);
+            }
+        }
+    });
+    caches_ready_rx
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
