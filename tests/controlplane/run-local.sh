@@ -7,10 +7,10 @@
 # in the foreground. Ctrl-C stops the manager; the control plane goes with it.
 # Unless KRUISE_RS_DEMO=0, it also runs a demo first: three Ready Nodes, the manager in the
 # background (its log in the state directory), three app=web pods the example SidecarSet injects
-# (demo-kubelet.sh plays their kubelet), then an upgrade of the sidecar image, with the ImagePullJob
+# (played-node plays their kubelet), then an upgrade of the sidecar image, with the ImagePullJob
 # and SidecarSet progress printed every second until everything finished. Node node-c is real where
 # this machine has what tests/node needs (make deps installs it): a containerd and a registry on
-# loopback and `kruise-rs daemon` pulling through CRI; demo-kubelet.sh plays the daemon of the rest.
+# loopback and `kruise-rs daemon` pulling through CRI; played-node plays the daemon of the rest.
 #
 # Env: KRUISE_RS_DEMO          1: the demo, then the manager keeps running (default)
 #                              0: no demo, the manager in the foreground at once
@@ -21,6 +21,8 @@
 #      KRUISE_RS_WEBHOOK_ADDR  where it serves the admission webhooks, which the apiserver calls
 #                              at https://<that address> (127.0.0.1:9443)
 #      KRUISE_RS_BIN           a built kruise-rs to run (default: cargo build, then cargo run)
+#      KRUISE_RS_PLAYED_NODE   a built played-node (crates/testkit) to play the kubelet and the
+#                              node daemons with (default: cargo build, then cargo run)
 #      KRUISE_RS_DAEMON_PROBE_ADDR  where node-c's daemon serves its probes and /metrics
 #                              (127.0.0.1:10221)
 #      KRUISE_RS_NODE          auto: the demo on a real node (tests/cluster/demo.sh: kubelet,
@@ -48,6 +50,13 @@ if [[ -n ${KRUISE_RS_BIN:-} ]]; then
 else
   cargo build --quiet
   kruise_rs=(cargo run --quiet --)
+fi
+# What plays the kubelet and the node daemons (crates/testkit/src/bin/played-node.rs).
+if [[ -n ${KRUISE_RS_PLAYED_NODE:-} ]]; then
+  played_node=("$KRUISE_RS_PLAYED_NODE")
+elif [[ ${KRUISE_RS_DEMO:-1} != 0 ]]; then
+  cargo build --quiet -p kruise-rs-testkit --bin played-node
+  played_node=(cargo run --quiet -p kruise-rs-testkit --bin played-node --)
 fi
 state=$(mktemp -d "${TMPDIR:-/tmp}/kruise-rs-local.XXXXXX")
 # The control plane lives as long as this process, which becomes the manager below (exec keeps
@@ -91,7 +100,7 @@ MSG
 fi
 
 # --- the demo ------------------------------------------------------------------------------------
-# No kubelet and no node runs here: demo-kubelet.sh plays both for the demo nodes and pods.
+# No kubelet and no node runs here: played-node plays both for the demo nodes and pods.
 # shellcheck source-path=SCRIPTDIR source=../lib/demo.sh
 source "$repo/tests/lib/demo.sh"  # say, progress, watch_until, rollout_done
 helpers=()
@@ -212,9 +221,9 @@ if [[ -n $real_node ]]; then
 fi
 for _ in $(seq 30); do kubectl apply -f examples/ >&2 && break; sleep 1; done
 
-"$here/demo-kubelet.sh" kubelet shop &
+"${played_node[@]}" kubelet shop &
 helpers+=($!)
-"$here/demo-kubelet.sh" daemon $real_node &
+"${played_node[@]}" daemon $real_node &
 helpers+=($!)
 if [[ -n $real_node ]]; then
   say "playing the kubelet for the pods of namespace shop and the node daemon for node-a and node-b"

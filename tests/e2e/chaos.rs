@@ -1355,6 +1355,7 @@ async fn chaos_invariants_hold_through_manager_lease_containerd_kubelet_and_apis
             image: None,
             delay_ms: 500..2000,
             seed,
+            ..played_daemon::PlayedDaemons::default()
         },
     );
     let (listed_tx, listed) = tokio::sync::oneshot::channel();

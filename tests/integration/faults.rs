@@ -463,6 +463,7 @@ async fn an_image_pull_job_keeps_parallelism_and_completes_through_faults_restar
             image: None,
             delay_ms: 300..2000,
             seed: seed ^ 0xdae_0000,
+            ..PlayedDaemons::default()
         },
     );
     rig.manager.start();

@@ -1,6 +1,6 @@
 //! The test kit the benches and the test binaries share: the loopback control plane
 //! (`tests/controlplane/start.sh`, stopped on drop), child processes that die with their owner,
-//! `/proc` figures (RSS, CPU time), Ready fake Nodes, played node daemons, following a rollout,
+//! `/proc` figures (RSS, CPU time), Ready fake Nodes, played kubelets and node daemons, following a rollout,
 //! unique names and deadline polling.
 //!
 //! A dev-dependency of the `kruise-rs` package: `tests/integration` and the benches use it as
@@ -15,6 +15,7 @@ pub mod fault_proxy;
 pub mod manager_under_test;
 pub mod objects;
 pub mod played_daemon;
+pub mod played_kubelet;
 pub mod process;
 pub mod procfs;
 pub mod rollout;

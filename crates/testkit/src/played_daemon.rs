@@ -24,6 +24,8 @@ pub struct PlayedDaemons {
     /// (an empty range: answers at once), so answers arrive out of order as real pulls do.
     pub delay_ms: Range<u64>,
     pub seed: u64,
+    /// NodeImages left alone (their nodes run a real daemon).
+    pub except_nodes: HashSet<String>,
 }
 
 /// A version of a tag asked for and not yet reported finished.
@@ -51,6 +53,9 @@ pub fn play_node_image_daemons(client: Client, how: PlayedDaemons) -> tokio::tas
         let mut rng = fastrand::Rng::with_seed(how.seed);
         while let Some(item) = stream.next().await {
             let Ok(ni) = item else { continue };
+            if how.except_nodes.contains(&ni.name_any()) {
+                continue;
+            }
             for ask in unanswered(&ni) {
                 if how.image.as_ref().is_some_and(|only| *only != ask.1) {
                     continue;

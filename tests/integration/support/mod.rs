@@ -32,7 +32,7 @@ pub(crate) mod daemon;
 pub(crate) mod in_process_manager;
 pub(crate) use crate::harness::shared::{unique_name, wait_for};
 pub(crate) use in_process_manager::{RunningManager, manager_options, start_manager};
-pub(crate) mod kubelet;
+pub(crate) use crate::harness::played_kubelet as kubelet;
 pub(crate) mod node;
 pub(crate) mod scrape;
 pub(crate) mod webhook;

@@ -1,5 +1,6 @@
-//! Playing the kubelet for the SidecarSet tests: no node runs the pods, so the tests write what
-//! a kubelet would report, through the pods' `status` subresource.
+//! The kubelet, played, for the SidecarSet tests and the `make run` demo (`played-node kubelet`):
+//! no node runs the pods, so what a kubelet would report is written through the pods' `status`
+//! subresource.
 //!
 //! Every write is a JSON merge patch of the whole of `phase`, `conditions` and
 //! `containerStatuses`, made on top of the pod as just read and guarded by its
@@ -39,11 +40,11 @@ use tokio::task::{JoinHandle, JoinSet};
 const CONFLICT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The reason a container that cannot pull its image waits with.
-pub(crate) const IMAGE_PULL_ERROR: &str = "ErrImagePull";
+pub const IMAGE_PULL_ERROR: &str = "ErrImagePull";
 
 /// A fake but stable image digest reference for `image`: `<repository>@sha256:<sha256 of the
 /// image string>`, as a runtime reports the image a container runs.
-pub(crate) fn image_id(image: &str) -> String {
+pub fn image_id(image: &str) -> String {
     let without_digest = image.split('@').next().unwrap_or(image);
     let slash = without_digest.rfind('/');
     let repository = match without_digest.rfind(':') {
@@ -108,7 +109,7 @@ fn waiting_reason(status: &ContainerStatus) -> Option<&str> {
 }
 
 /// Whether the pod's `Ready` condition is True.
-pub(crate) fn pod_ready(pod: &Pod) -> bool {
+pub fn pod_ready(pod: &Pod) -> bool {
     pod.status
         .iter()
         .flat_map(|s| s.conditions.iter().flatten())
@@ -117,7 +118,7 @@ pub(crate) fn pod_ready(pod: &Pod) -> bool {
 
 /// Whether a container's spec image differs from the image its status reports (the kubelet
 /// has an in-place restart to do). Containers without a status do not count.
-pub(crate) fn has_changed_containers(pod: &Pod) -> bool {
+pub fn has_changed_containers(pod: &Pod) -> bool {
     let changed = |images: Vec<(String, String)>, statuses: BTreeMap<&str, &ContainerStatus>| {
         images.iter().any(|(name, image)| {
             statuses
@@ -130,7 +131,7 @@ pub(crate) fn has_changed_containers(pod: &Pod) -> bool {
 }
 
 /// Whether container `name` runs `image` (reported image and imageID) and is ready.
-pub(crate) fn runs(pod: &Pod, name: &str, image: &str) -> bool {
+pub fn runs(pod: &Pod, name: &str, image: &str) -> bool {
     let statuses = container_statuses(pod);
     let init = init_container_statuses(pod);
     statuses
@@ -417,7 +418,7 @@ fn never_bad(_: &str) -> bool {
 }
 
 /// Starts pod `name`: Running and Ready, every container running its spec image.
-pub(crate) async fn start(pods: &Api<Pod>, name: &str) -> Pod {
+pub async fn start(pods: &Api<Pod>, name: &str) -> Pod {
     match write_status(pods, name, &|pod| converged_status(pod, &never_bad)).await {
         Ok(Some(pod)) => pod,
         Ok(None) => pods.get(name).await.expect("reading the started pod"),
@@ -427,7 +428,7 @@ pub(crate) async fn start(pods: &Api<Pod>, name: &str) -> Pod {
 
 /// Restarts the containers of pod `name` whose spec image changed (the new image running,
 /// ready). `None` when there was nothing to restart.
-pub(crate) async fn restart_changed(pods: &Api<Pod>, name: &str) -> Option<Pod> {
+pub async fn restart_changed(pods: &Api<Pod>, name: &str) -> Option<Pod> {
     write_status(pods, name, &|pod| converged_status(pod, &never_bad))
         .await
         .unwrap_or_else(|e| panic!("restarting the containers of pod {name}: {e}"))
@@ -435,7 +436,7 @@ pub(crate) async fn restart_changed(pods: &Api<Pod>, name: &str) -> Option<Pod> 
 
 /// Makes every container of pod `name` whose spec image `is_bad` fail to pull it (not ready,
 /// waiting with `ErrImagePull`; the pod not Ready) and restarts the other changed ones.
-pub(crate) async fn fail_bad_images(
+pub async fn fail_bad_images(
     pods: &Api<Pod>,
     name: &str,
     is_bad: &(dyn Fn(&str) -> bool + Sync),
@@ -447,7 +448,7 @@ pub(crate) async fn fail_bad_images(
 
 /// Marks the containers of pod `name` whose spec image changed as stopped for a restart, and
 /// the pod not Ready. `None` when there was nothing to mark.
-pub(crate) async fn mark_not_ready(pods: &Api<Pod>, name: &str) -> Option<Pod> {
+pub async fn mark_not_ready(pods: &Api<Pod>, name: &str) -> Option<Pod> {
     write_status(pods, name, &stopping_status)
         .await
         .unwrap_or_else(|e| panic!("marking pod {name} not ready: {e}"))
@@ -456,7 +457,7 @@ pub(crate) async fn mark_not_ready(pods: &Api<Pod>, name: &str) -> Option<Pod> {
 /// One pass of a kubelet over the pods of `pods`' namespace that were started: containers whose
 /// spec image `is_bad` fail, changed ones are restarted on their new image. Returns the names of
 /// the pods whose status was written.
-pub(crate) async fn sync(pods: &Api<Pod>, is_bad: &(dyn Fn(&str) -> bool + Sync)) -> Vec<String> {
+pub async fn sync(pods: &Api<Pod>, is_bad: &(dyn Fn(&str) -> bool + Sync)) -> Vec<String> {
     let list = pods
         .list(&ListParams::default())
         .await
@@ -485,7 +486,7 @@ type Restarting = Arc<Mutex<HashMap<String, bool>>>;
 /// spec image differs from the image its status reports, it first marks the pod not ready,
 /// then after a random 50–400 ms reports the new image running and ready. Stopped when
 /// dropped.
-pub(crate) struct BackgroundKubelet {
+pub struct BackgroundKubelet {
     task: JoinHandle<()>,
     errors: Arc<Mutex<Vec<String>>>,
 }
@@ -493,14 +494,14 @@ pub(crate) struct BackgroundKubelet {
 impl BackgroundKubelet {
     /// Starts watching `pods` (a namespaced Api); delays are drawn from a generator seeded with
     /// `seed`.
-    pub(crate) fn spawn(pods: Api<Pod>, seed: u64) -> Self {
+    pub fn spawn(pods: Api<Pod>, seed: u64) -> Self {
         let errors = Arc::new(Mutex::new(Vec::new()));
         let task = tokio::spawn(watch_and_restart(pods, seed, errors.clone()));
         BackgroundKubelet { task, errors }
     }
 
     /// What went wrong writing statuses so far (empty when nothing did).
-    pub(crate) fn errors(&self) -> Vec<String> {
+    pub fn errors(&self) -> Vec<String> {
         self.errors.lock().expect("errors lock").clone()
     }
 }
@@ -578,6 +579,39 @@ async fn restart(
             under_way.remove(&name);
             return;
         }
+    }
+}
+
+/// Plays the kubelet for every pod of `pods`' namespace that is scheduled (`spec.nodeName`
+/// set) and not being deleted, once a second until the task is dropped: a pod not yet started,
+/// or with a container whose spec image changed, is reported converged (Running and Ready,
+/// every container running its spec image; a changed one restarted once more).
+pub async fn play_scheduled_pods(pods: Api<Pod>) {
+    loop {
+        match pods.list(&ListParams::default()).await {
+            Ok(list) => {
+                for pod in list {
+                    let scheduled = pod
+                        .spec
+                        .as_ref()
+                        .is_some_and(|spec| spec.node_name.is_some());
+                    if !scheduled
+                        || pod.metadata.deletion_timestamp.is_some()
+                        || converged_status(&pod, &never_bad).is_none()
+                    {
+                        continue;
+                    }
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    if let Err(e) =
+                        write_status(&pods, &name, &|pod| converged_status(pod, &never_bad)).await
+                    {
+                        eprintln!("played kubelet: pod {name}: {e}");
+                    }
+                }
+            }
+            Err(e) => eprintln!("played kubelet: listing pods: {e}"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
