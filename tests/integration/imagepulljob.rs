@@ -433,7 +433,7 @@ async fn jobs_sharing_a_node_and_an_image_lose_nothing() {
             "jobs a and c share nginx:a"
         );
         assert_eq!(
-            nginx.sandbox_config.as_deref(),
+            nginx.sandbox_config.as_ref(),
             Some(&sandbox),
             "job b's missing sandboxConfig wipes nothing"
         );
@@ -1102,11 +1102,11 @@ async fn an_edit_reaches_the_node_already_pulling() {
     );
     assert_eq!(tag.created_at, first.created_at, "the same request");
     assert_eq!(
-        tag.sandbox_config.as_deref().cloned(),
+        tag.sandbox_config.clone(),
         Some(sandbox_labels(&[("app", "edited")]))
     );
     assert_eq!(
-        ni.spec.images["nginx"].sandbox_config.as_deref().cloned(),
+        ni.spec.images["nginx"].sandbox_config.clone(),
         Some(sandbox_labels(&[("app", "edited")]))
     );
     let second = env.nodeimages().get(&nodes[1]).await.expect("second node");
@@ -1184,7 +1184,7 @@ async fn deleting_one_of_two_jobs_takes_its_sandbox_labels_and_patience_with_it(
     .await;
     let shared = tag_entry(&ni, "nginx", "shared").unwrap();
     assert_eq!(
-        shared.sandbox_config.as_deref().cloned(),
+        shared.sandbox_config.clone(),
         Some(sandbox_labels(&[
             ("app", "a"),
             ("both", "x"),
@@ -1199,8 +1199,7 @@ async fn deleting_one_of_two_jobs_takes_its_sandbox_labels_and_patience_with_it(
         tag_entry(&ni, "nginx", "other")
             .unwrap()
             .sandbox_config
-            .as_deref()
-            .cloned(),
+            .clone(),
         Some(sandbox_labels(&[("tag", "other")])),
         "each tag its own"
     );
@@ -1218,7 +1217,7 @@ async fn deleting_one_of_two_jobs_takes_its_sandbox_labels_and_patience_with_it(
     .await;
     let shared = tag_entry(&ni, "nginx", "shared").unwrap();
     assert_eq!(
-        shared.sandbox_config.as_deref().cloned(),
+        shared.sandbox_config.clone(),
         Some(sandbox_labels(&[("both", "x"), ("team", "b")])),
         "app=a went with job a; both=x stays, job b sets it too"
     );
@@ -1228,7 +1227,7 @@ async fn deleting_one_of_two_jobs_takes_its_sandbox_labels_and_patience_with_it(
         "job a's patience went with it"
     );
     assert_eq!(
-        ni.spec.images["nginx"].sandbox_config.as_deref().cloned(),
+        ni.spec.images["nginx"].sandbox_config.clone(),
         Some(sandbox_labels(&[
             ("both", "x"),
             ("tag", "other"),

@@ -226,7 +226,7 @@ fn tag(name: &str, owners: Vec<ObjectReference>) -> ImageTagSpec {
     ImageTagSpec {
         tag: name.into(),
         created_at: Some(time_now()),
-        owner_references: owners.into_iter().map(Into::into).collect(),
+        owner_references: owners,
         version: Some(1),
         ..ImageTagSpec::default()
     }
@@ -419,7 +419,7 @@ async fn tags_of_gone_jobs_are_collected_and_tags_of_live_owners_stay() {
         .await;
     assert_eq!(
         ni.spec.images[live_img.as_str()].tags[0].owner_references,
-        vec![owner(&job).into()],
+        vec![owner(&job)],
         "only the live job's reference remains"
     );
     assert_eq!(tags_of(&ni, &other_img), Some(vec!["v1".to_owned()]));

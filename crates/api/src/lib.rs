@@ -7,20 +7,16 @@
 //! resource quantities as Go computes them ([`quantity`]), which validation needs.
 
 pub mod common;
-pub mod compact;
 pub mod crd;
 pub mod defaults;
 pub mod image;
 pub mod imagelistpulljob;
 pub mod imagepulljob;
-pub mod interned;
 pub mod limits;
 pub mod nodeimage;
 pub mod pull_secret_pins;
 pub mod quantity;
 pub mod quote;
-pub mod shared_owner;
-mod shared_value;
 pub mod sidecarset;
 pub mod validation;
 pub mod well_known;

@@ -6,7 +6,7 @@
 //! server-side-apply their own entries without overwriting each other's (upstream's
 //! read-modify-write loses entries, kruise#1517). The JSON shape is upstream's.
 
-use std::hash::{Hash, Hasher};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -15,14 +15,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 pub use super::common::{ImagePullPolicy, SandboxConfig};
-pub use super::compact::SortedMap;
-use super::compact::compact_vec;
-use super::interned::{Interned, InternedString, shared_str_option};
 use super::limits;
-pub use super::shared_owner::SharedOwner;
-use super::shared_owner::shared_owners;
-pub use super::shared_value::Shared;
-use super::shared_value::{Shareable, shared_table};
 
 /// Desired state of a NodeImage.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -43,58 +36,25 @@ use super::shared_value::{Shareable, shared_table};
 #[serde(rename_all = "camelCase")]
 pub struct NodeImageSpec {
     /// Image name (without tag) to what to pull of it.
-    #[serde(default, skip_serializing_if = "SortedMap::is_empty")]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 256))]
-    pub images: Images,
+    pub images: BTreeMap<String, ImageSpec>,
 }
-
-/// `spec.images`: image name to what to pull of it. A job's entry is the same on every node
-/// it targets, so equal entries are stored once (`Shared`).
-pub type Images = SortedMap<InternedString, Shared<ImageSpec>>;
-
-/// `status.imageStatuses`: image name to the state of its tags, equal ones stored once.
-pub type ImageStatuses = SortedMap<InternedString, Shared<ImageStatus>>;
 
 /// What to pull of one image name.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageSpec {
     /// Pull secrets, by namespace and name.
-    #[serde(
-        default,
-        deserialize_with = "compact_vec",
-        skip_serializing_if = "Vec::is_empty"
-    )]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pull_secrets: Vec<ReferenceObject>,
     /// The tags (or `sha256:` digests) to pull.
-    #[serde(default, deserialize_with = "compact_vec")]
+    #[serde(default)]
     #[schemars(schema_with = "tags_schema")]
     pub tags: Vec<ImageTagSpec>,
     /// Labels and annotations passed to the CRI `PullImage` call.
-    // Boxed, as the tag's: rarely set, 56 bytes inline on every entry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox_config: Option<Box<SandboxConfig>>,
-}
-
-impl Shareable for ImageSpec {
-    fn hash_key<H: Hasher>(&self, state: &mut H) {
-        for tag in &self.tags {
-            tag.tag.hash(state);
-            tag.version.hash(state);
-            tag.created_at.as_ref().map(time_key).hash(state);
-            for owner in &tag.owner_references {
-                owner.uid.hash(state);
-            }
-        }
-        self.pull_secrets.hash(state);
-    }
-
-    shared_table!(ImageSpec);
-}
-
-/// A time as what tells two apart, for hashing (`Time` has no `Hash`).
-fn time_key(t: &Time) -> (i64, i32) {
-    (t.0.as_second(), t.0.subsec_nanosecond())
+    pub sandbox_config: Option<SandboxConfig>,
 }
 
 /// A Secret by namespace and name.
@@ -115,9 +75,8 @@ pub struct ReferenceObject {
 #[serde(rename_all = "camelCase")]
 pub struct ImageTagSpec {
     /// A tag, or a digest such as `sha256:…`.
-    // Interned, as the image names are: the same few on thousands of NodeImages.
     #[schemars(length(min = 1))]
-    pub tag: InternedString,
+    pub tag: String,
     /// When the entry was added.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<Time>,
@@ -125,15 +84,13 @@ pub struct ImageTagSpec {
     #[schemars(extend("default" = {}))]
     pub pull_policy: Option<ImageTagPullPolicy>,
     /// The ImagePullJobs that want this tag.
-    // Each shared with every tag its owner owns (`shared_owner`): a fan-out writes the same one
-    // into thousands of NodeImages.
     #[serde(
         default,
-        deserialize_with = "shared_owners",
+        deserialize_with = "null_as_empty",
         skip_serializing_if = "Vec::is_empty"
     )]
     #[schemars(schema_with = "owner_references_schema")]
-    pub owner_references: Vec<SharedOwner>,
+    pub owner_references: Vec<ObjectReference>,
     /// Bumped to ask for another pull.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
@@ -142,10 +99,15 @@ pub struct ImageTagSpec {
     pub image_pull_policy: Option<ImagePullPolicy>,
     /// The sandbox metadata of this tag's owners, passed to CRI `PullImage` for this tag (a
     /// kruise-rs addition: upstream keeps one per image). Unset: the image's `sandboxConfig`.
-    // Boxed: set only for jobs that carry sandbox metadata, and 56 bytes inline on every tag
-    // of every NodeImage otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox_config: Option<Box<SandboxConfig>>,
+    pub sandbox_config: Option<SandboxConfig>,
+}
+
+/// Reads `null` as an empty list (upstream's Go writer sends `"ownerReferences": null`).
+fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Vec<T>, D::Error> {
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
 }
 
 /// How one tag is pulled.
@@ -208,8 +170,8 @@ pub struct NodeImageStatus {
     #[serde(default)]
     pub waiting: i32,
     /// Image name to the state of its tags.
-    #[serde(default, skip_serializing_if = "SortedMap::is_empty")]
-    pub image_statuses: ImageStatuses,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub image_statuses: BTreeMap<String, ImageStatus>,
     /// Declared by upstream; nothing there writes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_sync_status: Option<SyncStatus>,
@@ -217,32 +179,15 @@ pub struct NodeImageStatus {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ImageStatus {
-    #[serde(default, deserialize_with = "compact_vec")]
+    #[serde(default)]
     pub tags: Vec<ImageTagStatus>,
-}
-
-impl Shareable for ImageStatus {
-    fn hash_key<H: Hasher>(&self, state: &mut H) {
-        for tag in &self.tags {
-            tag.tag.hash(state);
-            tag.phase.hash(state);
-            tag.progress.hash(state);
-            tag.version.hash(state);
-            tag.start_time.as_ref().map(time_key).hash(state);
-            tag.completion_time.as_ref().map(time_key).hash(state);
-            tag.image_id.hash(state);
-            tag.message.hash(state);
-        }
-    }
-
-    shared_table!(ImageStatus);
 }
 
 /// The state of one tag on the node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageTagStatus {
-    pub tag: InternedString,
+    pub tag: String,
     pub phase: ImagePullPhase,
     /// 0 to 100.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -255,22 +200,15 @@ pub struct ImageTagStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<i64>,
     /// `<name>@<runtime image id>`.
-    // Interned: every node that pulled the image reports the same one.
-    #[serde(
-        rename = "imageID",
-        default,
-        with = "shared_str_option",
-        skip_serializing_if = "Option::is_none"
-    )]
-    #[schemars(with = "Option<String>")]
-    pub image_id: Option<Interned>,
+    #[serde(rename = "imageID", default, skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }
 
 impl ImageTagStatus {
     /// A tag in `phase`, with nothing else known yet.
-    pub fn new(tag: impl Into<InternedString>, phase: ImagePullPhase) -> Self {
+    pub fn new(tag: impl Into<String>, phase: ImagePullPhase) -> Self {
         Self {
             tag: tag.into(),
             phase,
@@ -366,57 +304,10 @@ mod tests {
     }
 
     #[test]
-    fn parsed_nodeimages_share_their_image_names_tags_owner_references_and_image_ids() {
-        let nodeimage = |node: &str| {
-            serde_json::from_value::<NodeImage>(json!({
-                "apiVersion": "apps.kruise.io/v1beta1", "kind": "NodeImage",
-                "metadata": {"name": node},
-                "spec": {"images": {"nginx": {"tags": [{"tag": "1.27", "ownerReferences": [
-                    {"apiVersion": "apps.kruise.io/v1beta1", "kind": "ImagePullJob",
-                     "namespace": "default", "name": "shared-test-job", "uid": "shared-test-uid"}
-                ]}]}}},
-                "status": {"imageStatuses": {"nginx": {"tags": [
-                    {"tag": "1.27", "phase": "Succeeded", "imageID": "nginx@sha256:shared-test"}
-                ]}}}
-            }))
-            .expect("parses")
-        };
-        let (a, b) = (nodeimage("a"), nodeimage("b"));
-        let owner = |n: &NodeImage| n.spec.images["nginx"].tags[0].owner_references[0].clone();
-        assert!(std::sync::Arc::ptr_eq(&owner(&a), &owner(&b)));
-        let id = |n: &NodeImage| {
-            n.status.as_ref().expect("status").image_statuses["nginx"].tags[0]
-                .image_id
-                .clone()
-                .expect("imageID")
-        };
-        assert!(std::sync::Arc::ptr_eq(&id(&a), &id(&b)));
-        assert_eq!(&*id(&a), "nginx@sha256:shared-test");
-        let same = |x: &str, y: &str| x.as_ptr() == y.as_ptr();
-        let spec_name = |n: &NodeImage| n.spec.images.keys().next().expect("an image").clone();
-        let status_name = |n: &NodeImage| {
-            let status = n.status.as_ref().expect("status");
-            status
-                .image_statuses
-                .keys()
-                .next()
-                .expect("an image")
-                .clone()
-        };
-        assert!(same(&spec_name(&a), &spec_name(&b)));
-        assert!(same(&spec_name(&a), &status_name(&b)));
-        let spec_tag = |n: &NodeImage| n.spec.images["nginx"].tags[0].tag.clone();
-        let status_tag = |n: &NodeImage| {
-            n.status.as_ref().expect("status").image_statuses["nginx"].tags[0]
-                .tag
-                .clone()
-        };
-        assert!(same(&spec_tag(&a), &spec_tag(&b)));
-        assert!(same(&spec_tag(&a), &status_tag(&b)));
-        assert_eq!(
-            serde_json::to_value(&a.spec).expect("serializes")["images"]["nginx"]["tags"][0]["tag"],
-            "1.27"
-        );
+    fn null_owner_references_read_as_none() {
+        let tag: ImageTagSpec =
+            serde_json::from_value(json!({"tag": "1", "ownerReferences": null})).expect("parses");
+        assert!(tag.owner_references.is_empty());
     }
 
     #[test]

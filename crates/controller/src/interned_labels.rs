@@ -10,7 +10,7 @@
 //! [`Interned`] strings: each distinct key or value is allocated once and shared, so a Node's
 //! labels cost a pointer pair per label plus its few unique values (its hostname).
 //!
-//! The strings themselves are interned by [`kruise_rs_api::interned`] (the API types share
+//! The strings themselves are interned by [`crate::interned`] (the stored NodeImages share
 //! some too), re-exported here.
 
 use std::collections::BTreeMap;
@@ -22,8 +22,8 @@ use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use smallvec::SmallVec;
 
-use kruise_rs_api::interned::Text;
-pub use kruise_rs_api::interned::{Interned, intern, shared_str, shared_str_option};
+use crate::interned::Text;
+pub use crate::interned::{Interned, intern, shared_str, shared_str_option};
 use kruise_rs_sidecar::matching::LabelLookup;
 
 /// A label map, sorted by key, its strings interned.

@@ -4,11 +4,15 @@
 //! those are in `kruise-rs-imagepull` (NodeImage, ImagePullJob, ImageListPullJob) and in the
 //! manager (SidecarSet).
 
+pub mod compact;
 pub mod initial_list;
+pub mod interned;
 pub mod interned_labels;
 pub mod metrics;
 pub mod pod_feed;
 pub mod pod_summary;
+pub mod shared_owner;
+pub mod shared_value;
 pub mod shutdown;
 pub mod unreadable;
 

@@ -28,7 +28,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::interned_labels::{Interned, Labels, shared_str, shared_str_option};
-use kruise_rs_api::compact::{compact_option_vec, compact_vec};
+use crate::compact::{compact_option_vec, compact_vec};
 
 use kruise_rs_api::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,

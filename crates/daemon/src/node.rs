@@ -35,9 +35,7 @@ use super::pull::{self, PullInput};
 use super::secret_scope::serves;
 use super::slots::FairSlots;
 use kruise_rs_api::image::{ImageRef, joined_ref};
-use kruise_rs_api::nodeimage::{
-    ImagePullPhase, ImageTagStatus, NodeImage, ReferenceObject, SharedOwner,
-};
+use kruise_rs_api::nodeimage::{ImagePullPhase, ImageTagStatus, NodeImage, ReferenceObject};
 
 /// Longest event note the apiserver accepts (events.k8s.io/v1 allows 1 kB).
 const NOTE_MAX_BYTES: usize = 1000;
@@ -306,7 +304,7 @@ async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: O
                 "PullImageSucceed",
                 note,
                 &nodeimage,
-                task.owners.first().map(|o| (**o).clone()),
+                task.owners.first().cloned(),
             )
             .await;
         }
@@ -324,7 +322,7 @@ async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: O
                 )
                 .await;
             }
-            let related = task.owners.first().map(|o| (**o).clone());
+            let related = task.owners.first().cloned();
             publish(
                 &shared,
                 EventType::Warning,
@@ -385,7 +383,7 @@ fn share(task: &PullTask) -> &str {
 async fn load_keyring(
     client: &Client,
     secrets: &[ReferenceObject],
-    owners: &[SharedOwner],
+    owners: &[ObjectReference],
 ) -> (Keyring, Vec<String>) {
     let mut keyring = Keyring::default();
     let mut problems = Vec::new();
@@ -403,7 +401,7 @@ async fn load_keyring(
             .get(name)
             .await
         {
-            Ok(secret) if !serves(namespace, secret.annotations(), owners.iter().map(|o| &**o)) => {
+            Ok(secret) if !serves(namespace, secret.annotations(), owners.iter()) => {
                 debug!(secret = %source, "pull secret serves none of the tag's jobs; not used");
             }
             Ok(secret) => {

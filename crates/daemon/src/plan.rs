@@ -12,12 +12,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use kruise_rs_api::limits;
 use kruise_rs_api::nodeimage::{
     ImagePullPhase, ImagePullPolicy, ImageTagStatus, NodeImageSpec, NodeImageStatus,
-    ReferenceObject, SandboxConfig, SharedOwner,
+    ReferenceObject, SandboxConfig,
 };
 
 /// `timeoutSeconds` when unset or not positive (upstream's default).
@@ -62,7 +63,7 @@ pub(crate) struct PullTask {
     /// When an earlier run of this daemon started this version, from the status.
     pub started_at: Option<Time>,
     /// The ImagePullJobs that asked for the tag, told when it fails.
-    pub owners: Vec<SharedOwner>,
+    pub owners: Vec<ObjectReference>,
 }
 
 /// A worker the daemon has, as the planner sees it.
@@ -122,8 +123,8 @@ pub(crate) fn plan(
                 // older kruise-rs) get the image's.
                 sandbox: tag
                     .sandbox_config
-                    .as_deref()
-                    .or(image_spec.sandbox_config.as_deref())
+                    .as_ref()
+                    .or(image_spec.sandbox_config.as_ref())
                     .cloned()
                     .unwrap_or_default(),
                 pull_secrets: image_spec.pull_secrets.clone(),

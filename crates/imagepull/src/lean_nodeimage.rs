@@ -1,4 +1,5 @@
-//! NodeImages parsed without their managedFields, their labels interned.
+//! NodeImages as the manager stores them: parsed without their managedFields, their labels
+//! interned, their spec and status compact.
 //!
 //! A NodeImage's managedFields are most of its JSON once jobs have written it (one entry per
 //! writer, each a tree of field paths), and k8s-openapi parses them into `serde_json::Value`
@@ -9,14 +10,14 @@
 //! Its labels are the Node's (the NodeImage controller copies them): as a map, a cloud node's 17
 //! labels cost about 2.3 KiB per NodeImage, the same strings for thousands of them. They are
 //! kept as [`Labels`] beside the NodeImage instead, so each distinct string is stored once; the
-//! rest of the metadata is kept whole.
+//! rest of the metadata is kept whole. Its spec and status are the compact forms of
+//! [`crate::compact_nodeimage`].
 //!
 //! `watch_nodeimages` is the one NodeImage watch and store the NodeImage, ImagePullJob and
 //! SidecarSet controllers share (each stored its own copy of every NodeImage before).
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::ops::Deref;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::runtime::reflector;
@@ -24,22 +25,38 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use kruise_rs_api::nodeimage::{NodeImage, NodeImageSpec, NodeImageStatus};
+use crate::compact_nodeimage::{NodeImageSpec, NodeImageStatus};
+use kruise_rs_api::nodeimage::NodeImage;
 use kruise_rs_controller::interned_labels::Labels;
 use kruise_rs_controller::pod_feed::{Feed, fan_out};
 
-/// A NodeImage as read from the apiserver: managedFields left unparsed, labels interned.
-/// Reads as the NodeImage it holds, except its labels: `metadata.labels` is always `None`, so
-/// read [`LeanNodeImage::labels`] (which `ni.labels()` calls), never the metadata's. Serializes
-/// as the whole NodeImage, labels in the metadata.
+/// A NodeImage as the manager stores it: managedFields left unparsed, labels interned, spec and
+/// status compact. `metadata.labels` is always `None`: read [`LeanNodeImage::labels`] (which
+/// `ni.labels()` calls), never the metadata's. Serializes as the whole NodeImage, labels in the
+/// metadata.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LeanNodeImage {
-    /// Without labels: they are in `labels`.
-    nodeimage: NodeImage,
+    /// Without labels (they are in `labels`) and managedFields.
+    pub metadata: ObjectMeta,
+    pub spec: NodeImageSpec,
+    pub status: Option<NodeImageStatus>,
     labels: Labels,
 }
 
 impl LeanNodeImage {
+    /// A NodeImage named `name` with `spec`, nothing else set (as `NodeImage::new`).
+    pub fn new(name: &str, spec: NodeImageSpec) -> Self {
+        LeanNodeImage {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..ObjectMeta::default()
+            },
+            spec,
+            status: None,
+            labels: Labels::default(),
+        }
+    }
+
     /// Its labels (an inherent method, so it is what `ni.labels()` finds before
     /// `ResourceExt::labels`, which would read the empty `metadata.labels`).
     pub fn labels(&self) -> &Labels {
@@ -47,39 +64,67 @@ impl LeanNodeImage {
     }
 }
 
-impl Deref for LeanNodeImage {
-    type Target = NodeImage;
-
-    fn deref(&self) -> &NodeImage {
-        &self.nodeimage
-    }
-}
-
 impl From<NodeImage> for LeanNodeImage {
-    fn from(mut nodeimage: NodeImage) -> Self {
-        let labels = nodeimage
-            .metadata
+    fn from(nodeimage: NodeImage) -> Self {
+        let mut metadata = nodeimage.metadata;
+        let labels = metadata
             .labels
             .take()
             .map(|map| Labels::from(&map))
             .unwrap_or_default();
-        LeanNodeImage { nodeimage, labels }
+        metadata.managed_fields = None;
+        LeanNodeImage {
+            metadata,
+            spec: nodeimage.spec.into(),
+            status: nodeimage.status.map(NodeImageStatus::from),
+            labels,
+        }
     }
 }
 
-impl From<LeanNodeImage> for NodeImage {
-    fn from(lean: LeanNodeImage) -> Self {
-        let mut nodeimage = lean.nodeimage;
+impl From<&LeanNodeImage> for NodeImage {
+    fn from(lean: &LeanNodeImage) -> Self {
+        let mut nodeimage = NodeImage::new("", (&lean.spec).into());
+        nodeimage.metadata = lean.metadata.clone();
         if !lean.labels.is_empty() {
             nodeimage.metadata.labels = Some(lean.labels.to_map());
         }
+        nodeimage.status = lean.status.as_ref().map(Into::into);
         nodeimage
     }
 }
 
 impl Serialize for LeanNodeImage {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        NodeImage::from(self.clone()).serialize(s)
+        /// What a NodeImage serializes as, borrowed.
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Whole<'a> {
+            api_version: &'static str,
+            kind: &'static str,
+            metadata: &'a ObjectMeta,
+            spec: &'a NodeImageSpec,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            status: &'a Option<NodeImageStatus>,
+        }
+        let labelled;
+        let metadata = if self.labels.is_empty() {
+            &self.metadata
+        } else {
+            labelled = ObjectMeta {
+                labels: Some(self.labels.to_map()),
+                ..self.metadata.clone()
+            };
+            &labelled
+        };
+        Whole {
+            api_version: <Self as k8s_openapi::Resource>::API_VERSION,
+            kind: <Self as k8s_openapi::Resource>::KIND,
+            metadata,
+            spec: &self.spec,
+            status: &self.status,
+        }
+        .serialize(s)
     }
 }
 
@@ -143,10 +188,12 @@ impl<'de> Deserialize<'de> for LeanNodeImage {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let wire = Wire::deserialize(d)?;
         let (metadata, labels) = wire.metadata.unwrap_or_default().split();
-        let mut nodeimage = NodeImage::new("", wire.spec);
-        nodeimage.metadata = metadata;
-        nodeimage.status = wire.status;
-        Ok(LeanNodeImage { nodeimage, labels })
+        Ok(LeanNodeImage {
+            metadata,
+            spec: wire.spec,
+            status: wire.status,
+            labels,
+        })
     }
 }
 
@@ -163,11 +210,11 @@ impl k8s_openapi::Metadata for LeanNodeImage {
     type Ty = ObjectMeta;
 
     fn metadata(&self) -> &ObjectMeta {
-        &self.nodeimage.metadata
+        &self.metadata
     }
 
     fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.nodeimage.metadata
+        &mut self.metadata
     }
 }
 
@@ -235,7 +282,7 @@ mod tests {
         assert_eq!(lean.metadata.labels, None, "the labels are kept beside");
         assert_eq!(lean.labels().get("topology.kubernetes.io/zone"), Some("z1"));
         assert_eq!(lean.labels().len(), 2);
-        assert_eq!(NodeImage::from(lean.clone()), full);
+        assert_eq!(NodeImage::from(&lean), full);
         assert_eq!(LeanNodeImage::from(full), lean);
     }
 
@@ -245,10 +292,10 @@ mod tests {
             json!({"apiVersion": "apps.kruise.io/v1beta1", "kind": "NodeImage"}),
         )
         .unwrap();
-        let mut empty = NodeImage::new("", NodeImageSpec::default());
+        let mut empty = NodeImage::new("", Default::default());
         empty.metadata = ObjectMeta::default();
         assert!(lean.labels().is_empty());
-        assert_eq!(NodeImage::from(lean), empty);
+        assert_eq!(NodeImage::from(&lean), empty);
     }
 
     #[test]
@@ -257,12 +304,9 @@ mod tests {
         assert_eq!(LeanNodeImage::api_version(&()), NodeImage::api_version(&()));
         assert_eq!(LeanNodeImage::plural(&()), NodeImage::plural(&()));
         assert_eq!(
-            serde_json::to_value(LeanNodeImage::from(NodeImage::new(
-                "n",
-                NodeImageSpec::default()
-            )))
-            .unwrap(),
-            serde_json::to_value(NodeImage::new("n", NodeImageSpec::default())).unwrap()
+            serde_json::to_value(LeanNodeImage::from(NodeImage::new("n", Default::default())))
+                .unwrap(),
+            serde_json::to_value(NodeImage::new("n", Default::default())).unwrap()
         );
         let lean: LeanNodeImage = serde_json::from_value(stored()).unwrap();
         let mut full: NodeImage = serde_json::from_value(stored()).unwrap();

@@ -8,6 +8,7 @@
 //! → `imagepulljob::entry` (the job's entry in a node's NodeImage) → `tag_values` (the tag's
 //! values from all its owners) → `nodeimage_write` (the guarded JSON Patch).
 
+pub mod compact_nodeimage;
 pub mod imagelistpulljob;
 pub mod imagepulljob;
 pub mod lean_nodeimage;

@@ -19,7 +19,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::lean_nodeimage::LeanNodeImage;
-use kruise_rs_api::nodeimage::{ImageSpec, Images, NodeImage};
+use crate::compact_nodeimage::{ImageSpec, Images};
+use kruise_rs_api::nodeimage::NodeImage;
 
 /// How often [`update_images`] re-reads and retries after a refused patch.
 const ATTEMPTS: usize = 5;
@@ -214,7 +215,7 @@ pub(crate) async fn update_images<F>(
     mut decide: F,
 ) -> Result<Option<LeanNodeImage>, ImagesWriteError>
 where
-    F: FnMut(&NodeImage) -> Option<Images>,
+    F: FnMut(&LeanNodeImage) -> Option<Images>,
 {
     let name = current.metadata.name.clone().unwrap_or_default();
     let kube_err = |source| ImagesWriteError::Kube {
@@ -281,7 +282,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kruise_rs_api::nodeimage::ImageTagSpec;
+    use crate::compact_nodeimage::ImageTagSpec;
     use serde_json::json;
 
     fn image(tags: &[&str]) -> ImageSpec {

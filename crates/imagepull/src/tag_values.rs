@@ -26,12 +26,12 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kruise_rs_api::common::{ImagePullPolicy, SandboxConfig};
 use kube::runtime::reflector::{ObjectRef, Store};
 
+use crate::compact_nodeimage::{
+    ImageSpec, ImageTagPullPolicy, ImageTagSpec, ImageTagStatus, NodeImageStatus, ReferenceObject,
+};
 use crate::imagepulljob::secrets::{copy_name, reference_object};
 use kruise_rs_api::imagepulljob::{CompletionPolicyType, ImagePullJob, ImagePullJobTemplate};
 use kruise_rs_api::limits;
-use kruise_rs_api::nodeimage::{
-    ImageSpec, ImageTagPullPolicy, ImageTagSpec, ImageTagStatus, NodeImageStatus, ReferenceObject,
-};
 use kruise_rs_api::well_known::GROUP;
 
 /// Upstream's per-pull defaults.

@@ -67,7 +67,7 @@ use kruise_rs_api::imagepulljob::{
     ImagePullJobSpec, ImagePullJobTemplate, PullPolicy,
 };
 use kruise_rs_api::limits;
-use kruise_rs_api::nodeimage::{ImagePullPhase, NodeImage};
+use kruise_rs_api::nodeimage::ImagePullPhase;
 use kruise_rs_api::sidecarset::{SidecarSet, SidecarSetUpdateStrategyType};
 use kruise_rs_api::well_known::{
     CONTROLLER_REVISION_HASH, IMAGE_PREDOWNLOAD_MIN_UPDATED_READY_PODS,
@@ -471,7 +471,7 @@ pub(crate) fn keep_listed_nodes(plans: &mut [JobPlan], existing: &[Arc<ImagePull
 
 /// Whether `node` has finished pulling `image`: its NodeImage reports the tag succeeded or
 /// failed, or there is no NodeImage (no daemon to wait for).
-pub(crate) fn pulled(nodeimage: Option<&NodeImage>, image: &str) -> bool {
+pub(crate) fn pulled(nodeimage: Option<&LeanNodeImage>, image: &str) -> bool {
     let Some(nodeimage) = nodeimage else {
         return true;
     };
@@ -503,7 +503,7 @@ pub(crate) fn max_wait(knobs: &Knobs) -> std::time::Duration {
 /// deadline, which pre-download jobs (completion `Never`) set to at least 30 minutes, plus the
 /// NodeImage response timeout. After it the kubelet pulls, as without pre-download.
 pub(crate) fn wait_deadline(
-    nodeimage: &NodeImage,
+    nodeimage: &LeanNodeImage,
     image: &str,
     max_wait: std::time::Duration,
 ) -> Option<k8s_openapi::jiff::Timestamp> {
@@ -551,7 +551,7 @@ pub(crate) fn mark_awaiting(
             continue;
         }
         let nodeimage = nodeimage(node);
-        let nodeimage = nodeimage.as_deref().map(|n| &**n);
+        let nodeimage = nodeimage.as_deref();
         let mut waits = false;
         let mut until: Option<k8s_openapi::jiff::Timestamp> = None;
         for (_, image) in &images {

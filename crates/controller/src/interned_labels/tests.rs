@@ -185,7 +185,7 @@ fn an_unshared_map_keeps_its_strings_out_of_the_table_until_retained() {
     let held: Holder =
         serde_json::from_value(serde_json::json!({"map": {"k": value}})).expect("parses");
     let mut labels = held.map.expect("a map");
-    assert!(!kruise_rs_api::interned::in_table(value));
+    assert!(!crate::interned::in_table(value));
     labels.retain_shared(|_| true);
     let shared = intern(value);
     assert!(std::ptr::eq(labels.get("k").expect("kept"), &*shared));

@@ -190,20 +190,17 @@ fn image_level_sandbox_and_secrets_and_tag_owners_reach_the_task() {
                 }],
                 tags: vec![ImageTagSpec {
                     tag: "1".into(),
-                    owner_references: vec![
-                        ObjectReference {
-                            uid: Some("u1".into()),
-                            ..Default::default()
-                        }
-                        .into(),
-                    ],
+                    owner_references: vec![ObjectReference {
+                        uid: Some("u1".into()),
+                        ..Default::default()
+                    }],
                     pull_policy: Some(ImageTagPullPolicy::default()),
                     ..Default::default()
                 }],
-                sandbox_config: Some(Box::new(SandboxConfig {
+                sandbox_config: Some(SandboxConfig {
                     labels: [("app".to_owned(), "foo".to_owned())].into(),
                     annotations: Default::default(),
-                })),
+                }),
             },
         )]
         .into(),

@@ -6,11 +6,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::compact_nodeimage::{ImageTagSpec, Images, NodeImageStatus, ReferenceObject};
 use crate::tag_values::{OwnerAsk, PullTerms, in_flight, refresh_image, reported};
 use kruise_rs_api::imagepulljob::ImagePullJob;
-use kruise_rs_api::interned::InternedString;
-use kruise_rs_api::nodeimage::{ImageTagSpec, Images, NodeImageStatus, ReferenceObject};
-use kruise_rs_api::shared_owner::{SharedOwner, share};
+use kruise_rs_controller::interned::InternedString;
+use kruise_rs_controller::shared_owner::{SharedOwner, share};
 
 /// Everything a job asks of every node, computed once per reconcile.
 #[derive(Clone, Debug, PartialEq)]

@@ -271,10 +271,10 @@ mod written_tests {
     use kube::runtime::reflector::store::Writer;
 
     use super::*;
-    use kruise_rs_api::nodeimage::{NodeImage, NodeImageSpec};
+    use kruise_rs_api::nodeimage::NodeImage;
 
     fn nodeimage(name: &str, generation: i64) -> LeanNodeImage {
-        let mut ni = NodeImage::new(name, NodeImageSpec::default());
+        let mut ni = NodeImage::new(name, Default::default());
         ni.metadata.generation = Some(generation);
         ni.into()
     }

@@ -42,8 +42,8 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 
+use crate::compact_nodeimage::ReferenceObject;
 use kruise_rs_api::imagepulljob::ImagePullJob;
-use kruise_rs_api::nodeimage::ReferenceObject;
 use kruise_rs_api::pull_secret_pins::{self, Pin, Pins};
 use kruise_rs_api::well_known::{
     PULL_SECRET_UIDS, SECRET_MODE, SECRET_MODE_BATCH, SECRET_REFERENCES, SECRET_SOURCE_KEY,

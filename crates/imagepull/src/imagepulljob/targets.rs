@@ -14,8 +14,8 @@ use kube::ResourceExt;
 use kube::core::Selector;
 use kube::core::labels::Expression;
 
+use crate::compact_nodeimage::{ImagePullPhase, ReferenceObject};
 use kruise_rs_api::imagepulljob::ImagePullJob;
-use kruise_rs_api::nodeimage::{ImagePullPhase, NodeImage, ReferenceObject};
 
 /// Where one target node stands for one job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,7 +132,7 @@ pub(crate) fn select_nodes<'a>(
 /// synced means the tag entry lists the job and the image lists the secrets; finished means the
 /// node reported a final phase for the entry's version.
 pub(crate) fn node_state(
-    nodeimage: &NodeImage,
+    nodeimage: &LeanNodeImage,
     name: &str,
     tag: &str,
     job_uid: &str,

@@ -17,9 +17,8 @@ use tracing::{info, warn};
 
 use super::reconcile::{error_policy, key, reconcile};
 use super::{Context, NAME, WrittenNodeImages, secrets};
-use crate::lean_nodeimage::NodeImageFeed;
+use crate::lean_nodeimage::{LeanNodeImage, NodeImageFeed};
 use kruise_rs_api::imagepulljob::ImagePullJob;
-use kruise_rs_api::nodeimage::NodeImage;
 use kruise_rs_controller::metrics::ManagerMetrics;
 use kruise_rs_controller::pod_feed::PodFeed;
 use kruise_rs_controller::pod_summary::PodSummary;
@@ -33,7 +32,7 @@ use kruise_rs_kube::events::Recorder;
 /// and any job the NodeImage names as an owner.
 fn jobs_for_nodeimage(
     jobs: &Store<ImagePullJob>,
-    nodeimage: &NodeImage,
+    nodeimage: &LeanNodeImage,
 ) -> Vec<ObjectRef<ImagePullJob>> {
     let node = nodeimage.name_any();
     let owners: Vec<&str> = nodeimage

@@ -18,7 +18,7 @@ use jsonptr::PointerBuf;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use kruise_rs_api::nodeimage::NodeImageStatus;
+use crate::compact_nodeimage::NodeImageStatus;
 
 fn value<T: Serialize>(v: &T) -> Value {
     serde_json::to_value(v).expect("plain API types always serialize")

@@ -18,13 +18,13 @@ use crate::node_summary::NodeSummary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
+use crate::compact_nodeimage::{
+    ImagePullPhase, ImageSpec, ImageStatuses, ImageTagSpec, ImageTagStatus, Images, NodeImageSpec,
+    NodeImageStatus, SharedOwner,
+};
 pub use crate::tag_values::is_image_pull_job;
 use crate::tag_values::{OwnerAsk, in_flight, refresh_image};
 use kruise_rs_api::image::joined_ref;
-use kruise_rs_api::nodeimage::{
-    ImagePullPhase, ImageSpec, ImageStatuses, ImageTagSpec, ImageTagStatus, Images, NodeImage,
-    NodeImageSpec, NodeImageStatus, SharedOwner,
-};
 use kruise_rs_api::well_known::{FAKE_NODEIMAGE, VIRTUAL_KUBELET_TYPE};
 
 /// Never requeue sooner than this after a reconcile, even when an instant is closer (or past).
@@ -485,7 +485,7 @@ pub(crate) fn count(spec: &NodeImageSpec, statuses: &ImageStatuses) -> Counts {
 /// The next instant a reconcile of this NodeImage would change something by time alone: a TTL
 /// expiry, a response timeout or a deadline.
 pub(crate) fn next_wake(
-    nodeimage: &NodeImage,
+    nodeimage: &LeanNodeImage,
     now: Timestamp,
     response_timeout: Duration,
 ) -> Option<Timestamp> {

@@ -19,12 +19,13 @@ use tracing::{debug, info, warn};
 
 use super::plan::{self, FailedTag, Lifecycle};
 use super::{Context, FIELD_MANAGER, patches};
+use crate::compact_nodeimage::NodeImageSpec;
 use crate::lean_nodeimage::LeanNodeImage;
 use crate::nodeimage_write::{ImagesWriteError, update_images};
 use crate::tag_values::stored_owner_ask;
 use kruise_rs_api::image::joined_ref;
 use kruise_rs_api::imagepulljob::ImagePullJob;
-use kruise_rs_api::nodeimage::{NodeImage, NodeImageSpec};
+use kruise_rs_api::nodeimage::NodeImage;
 use kruise_rs_kube::backoff::jittered;
 use kruise_rs_kube::error_chain::error_chain;
 
@@ -127,7 +128,7 @@ async fn create(
             labels: Some(labels),
             ..ObjectMeta::default()
         },
-        spec: NodeImageSpec::default(),
+        spec: Default::default(),
         status: None,
     }
     .into();
@@ -231,7 +232,11 @@ pub(super) fn nodeimage_error_policy(
 
 /// Deletes a NodeImage whose Node is gone or going. When the Node store has no such Node, a GET
 /// confirms it first: the store may not have seen a Node created a moment ago.
-async fn delete(ctx: &Context, nodeimage: &NodeImage, node_in_store: bool) -> Result<(), Error> {
+async fn delete(
+    ctx: &Context,
+    nodeimage: &LeanNodeImage,
+    node_in_store: bool,
+) -> Result<(), Error> {
     let name = nodeimage.name_any();
     if !node_in_store {
         let nodes: Api<PartialObjectMeta<Node>> = Api::all(ctx.client.clone());
@@ -349,7 +354,7 @@ async fn collect_garbage(
             &ctx.daemon_config_namespace,
         )
     };
-    let decide = |ni: &NodeImage| {
+    let decide = |ni: &LeanNodeImage| {
         let status = ni.status.clone().unwrap_or_default();
         let collected = plan::collect(&ni.spec, &status, &gone, ask, now);
         (collected.images != ni.spec.images).then_some(collected.images)
@@ -436,7 +441,7 @@ async fn time_out(
 
 /// A Warning `PullImageFailed` for each failed tag, on each of its owners and on the NodeImage.
 /// Failures to publish are logged: the status, which matters, is written already.
-async fn publish(ctx: &Context, nodeimage: &NodeImage, failed: &[FailedTag]) {
+async fn publish(ctx: &Context, nodeimage: &LeanNodeImage, failed: &[FailedTag]) {
     let node = nodeimage.name_any();
     let this = nodeimage.object_ref(&());
     for tag in failed {

@@ -1,6 +1,6 @@
 use super::*;
+use crate::compact_nodeimage::ImagePullPhase;
 use kruise_rs_api::imagepulljob::{CompletionPolicy, PullPolicy};
-use kruise_rs_api::nodeimage::ImagePullPhase;
 
 const EXTRA: Duration = Duration::from_secs(300);
 
@@ -293,9 +293,9 @@ fn refresh_leaves_a_tag_with_an_unknown_owner_and_its_image_metadata() {
 #[test]
 fn in_flight_until_the_node_reports_this_round_finished() {
     let status = |version: i64, done: bool| NodeImageStatus {
-        image_statuses: kruise_rs_api::nodeimage::ImageStatuses::from([(
+        image_statuses: crate::compact_nodeimage::ImageStatuses::from([(
             "nginx".into(),
-            kruise_rs_api::nodeimage::ImageStatus {
+            crate::compact_nodeimage::ImageStatus {
                 tags: vec![ImageTagStatus {
                     version: Some(version),
                     completion_time: done.then_some(
@@ -379,10 +379,11 @@ fn terms_stored_past_the_bounds_make_tags_the_nodeimage_schema_accepts() {
                 ..Default::default()
             });
             let policy = tag_pull_policy(&t, "u", "n", Duration::MAX);
-            let tag: ImageTagSpec = serde_json::from_value(serde_json::json!({
-                "tag": "v1", "createdAt": "2026-01-01T00:00:00Z", "pullPolicy": policy,
-            }))
-            .unwrap();
+            let tag: kruise_rs_api::nodeimage::ImageTagSpec =
+                serde_json::from_value(serde_json::json!({
+                    "tag": "v1", "createdAt": "2026-01-01T00:00:00Z", "pullPolicy": policy,
+                }))
+                .unwrap();
             let mut node = kruise_rs_api::nodeimage::NodeImage::new("n", Default::default());
             node.spec.images.insert(
                 "nginx".into(),

@@ -9,11 +9,11 @@ use serde_json::{Value, json};
 use super::*;
 use crate::controllers::sidecarset::pods::test_view;
 use crate::controllers::sidecarset::rollout::next_batch;
-use kruise_rs_api::nodeimage::NodeImage;
 use kruise_rs_api::sidecarset::{SidecarSetSpec, SidecarSetStatus};
 use kruise_rs_api::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
 };
+use kruise_rs_imagepull::lean_nodeimage::LeanNodeImage;
 
 const MANAGER_NS: &str = "kruise-system";
 
@@ -599,7 +599,7 @@ fn an_existing_job_is_updated_only_where_it_differs() {
     assert!(patch["spec"].get("pullPolicy").is_none());
 }
 
-fn nodeimage(tags: Value) -> NodeImage {
+fn nodeimage(tags: Value) -> LeanNodeImage {
     serde_json::from_value(json!({
         "apiVersion": "apps.kruise.io/v1beta1", "kind": "NodeImage",
         "metadata": {"name": "n1"},
@@ -646,12 +646,11 @@ fn only_queued_pods_whose_node_lacks_the_image_wait() {
     let mut views: Vec<_> = pods.iter().map(|p| test_view(&s, p)).collect();
     let batch = next_batch(&s, &views);
     let pulled_on_n1 = |node: &str| {
-        (node == "n1")
-            .then(|| Arc::new(nodeimage(json!([{"tag": "2", "phase": "Succeeded"}])).into()))
+        (node == "n1").then(|| Arc::new(nodeimage(json!([{"tag": "2", "phase": "Succeeded"}]))))
     };
     let lookup = |node: &str| match node {
         "n1" => pulled_on_n1(node),
-        _ => Some(Arc::new(nodeimage(json!([])).into())),
+        _ => Some(Arc::new(nodeimage(json!([])))),
     };
     let awaiting = mark_awaiting(&s, &pods, &mut views, &batch, &lookup, &now(), MAX_WAIT);
     assert_eq!(awaiting.pods, 1);
@@ -666,7 +665,7 @@ fn only_queued_pods_whose_node_lacks_the_image_wait() {
 const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// n1's NodeImage with an entry for proxy:2 written at `created`, reported `phase`.
-fn asked_at(created: &str, phase: &str) -> NodeImage {
+fn asked_at(created: &str, phase: &str) -> LeanNodeImage {
     let mut ni = nodeimage(json!([{"tag": "2", "phase": phase}]));
     ni.spec = serde_json::from_value(json!({"images": {"proxy": {"tags": [
         {"tag": "2", "createdAt": created}]}}}))
@@ -678,10 +677,10 @@ fn asked_at(created: &str, phase: &str) -> NodeImage {
 fn a_pod_waits_for_its_nodes_pull_at_most_the_response_timeout_after_the_entry() {
     let s = set(json!({"maxUnavailable": 3}), &[]);
     let pods = [old("a", "n1")];
-    let run = |ni: NodeImage| {
+    let run = |ni: LeanNodeImage| {
         let mut views: Vec<_> = pods.iter().map(|p| test_view(&s, p)).collect();
         let batch = next_batch(&s, &views);
-        let lookup = |_: &str| Some(Arc::new(ni.clone().into()));
+        let lookup = |_: &str| Some(Arc::new(ni.clone()));
         let awaiting = mark_awaiting(&s, &pods, &mut views, &batch, &lookup, &now(), MAX_WAIT);
         (awaiting, views[0].awaiting_images)
     };

@@ -1,11 +1,11 @@
 use super::*;
+use crate::compact_nodeimage::{
+    ImagePullPhase, ImageStatus, ImageStatuses, ImageTagStatus, Images,
+};
 use k8s_openapi::jiff::Timestamp;
 use kruise_rs_api::common::{ImagePullPolicy, SandboxConfig};
 use kruise_rs_api::imagepulljob::{
     CompletionPolicy, ImagePullJobSpec, ImagePullJobTemplate, PullPolicy,
-};
-use kruise_rs_api::nodeimage::{
-    ImagePullPhase, ImageStatus, ImageStatuses, ImageTagStatus, Images,
 };
 
 fn t(s: i64) -> Time {

@@ -4,11 +4,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::*;
+use crate::compact_nodeimage::{ImageSpec, ImageTagSpec};
 use crate::imagepulljob::targets::NodeState;
 use kruise_rs_api::imagepulljob::{
     CompletionPolicy, ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobStatus,
 };
-use kruise_rs_api::nodeimage::{ImageSpec, ImageTagSpec, NodeImage};
+use kruise_rs_api::nodeimage::NodeImage;
 
 fn job(image: &str) -> ImagePullJob {
     let mut j = ImagePullJob::new(
@@ -153,9 +154,9 @@ fn targets_are_the_named_nodes_that_have_a_nodeimage_in_their_order() {
 #[test]
 fn a_node_whose_entry_lists_the_job_is_pulling() {
     let j = job("nginx:1.27");
-    let mut ni = NodeImage::new("a", Default::default());
+    let mut ni = LeanNodeImage::from(NodeImage::new("a", Default::default()));
     let owner = request(&j).owner;
-    ni.spec.images = kruise_rs_api::nodeimage::Images::from([(
+    ni.spec.images = crate::compact_nodeimage::Images::from([(
         "nginx".into(),
         ImageSpec {
             tags: vec![ImageTagSpec {
@@ -169,7 +170,7 @@ fn a_node_whose_entry_lists_the_job_is_pulling() {
     let got = targets(
         &j,
         &request(&j),
-        &by_name([Arc::new(ni.into()), nodeimage("b")]),
+        &by_name([Arc::new(ni), nodeimage("b")]),
         [],
     )
     .expect("ok");

@@ -7,14 +7,15 @@ use k8s_openapi::jiff::Timestamp;
 use kruise_rs_controller::pod_summary::{PodSpecSummary, PodStatusSummary};
 
 use super::*;
+use crate::compact_nodeimage::{
+    ImageSpec, ImageStatus, ImageTagSpec, ImageTagStatus, NodeImageStatus,
+};
 use kruise_rs_api::imagepulljob::{
     ImagePullJobNodeSelector, ImagePullJobSpec, ImagePullJobTemplate,
 };
-use kruise_rs_api::nodeimage::{
-    ImageSpec, ImageStatus, ImageTagSpec, ImageTagStatus, NodeImageStatus,
-};
+use kruise_rs_api::nodeimage::NodeImage;
 
-fn nodeimage(name: &str, labels: &[(&str, &str)]) -> NodeImage {
+fn nodeimage(name: &str, labels: &[(&str, &str)]) -> LeanNodeImage {
     let mut n = NodeImage::new(name, Default::default());
     n.metadata.labels = Some(
         labels
@@ -22,7 +23,7 @@ fn nodeimage(name: &str, labels: &[(&str, &str)]) -> NodeImage {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
     );
-    n
+    n.into()
 }
 
 fn job(spec: ImagePullJobSpec) -> ImagePullJob {
@@ -150,7 +151,7 @@ fn a_bad_selector_is_an_error_naming_the_field() {
     assert!(err.to_string().starts_with("spec.podSelector"), "{err}");
 }
 
-fn with_tag(owner: &str, version: i64, reported: Option<(i64, ImagePullPhase)>) -> NodeImage {
+fn with_tag(owner: &str, version: i64, reported: Option<(i64, ImagePullPhase)>) -> LeanNodeImage {
     let mut n = nodeimage("n", &[]);
     n.spec.images.insert(
         "nginx".into(),
@@ -172,7 +173,7 @@ fn with_tag(owner: &str, version: i64, reported: Option<(i64, ImagePullPhase)>) 
     );
     if let Some((v, phase)) = reported {
         n.status = Some(NodeImageStatus {
-            image_statuses: kruise_rs_api::nodeimage::ImageStatuses::from([(
+            image_statuses: crate::compact_nodeimage::ImageStatuses::from([(
                 "nginx".into(),
                 ImageStatus {
                     tags: vec![ImageTagStatus {
@@ -189,7 +190,7 @@ fn with_tag(owner: &str, version: i64, reported: Option<(i64, ImagePullPhase)>) 
 
 #[test]
 fn node_state_needs_our_owner_reference_and_a_report_for_the_current_version() {
-    let state = |n: &NodeImage| node_state(n, "nginx", "1", "me", &[]);
+    let state = |n: &LeanNodeImage| node_state(n, "nginx", "1", "me", &[]);
     assert_eq!(state(&nodeimage("n", &[])), NodeState::NotSynced);
     assert_eq!(
         state(&with_tag("someone-else", 1, None)),

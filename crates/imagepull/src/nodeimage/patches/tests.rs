@@ -1,5 +1,5 @@
 use super::*;
-use kruise_rs_api::nodeimage::{ImagePullPhase, ImageStatus, ImageTagStatus};
+use crate::compact_nodeimage::{ImagePullPhase, ImageStatus, ImageTagStatus};
 
 fn tag(name: &str, phase: ImagePullPhase) -> ImageTagStatus {
     ImageTagStatus {

@@ -1,7 +1,8 @@
 use super::*;
+use crate::compact_nodeimage::{ImageStatus, ImageTagPullPolicy, Images};
 use crate::node_summary::NodeStatusSummary;
 use k8s_openapi::api::core::v1::NodeCondition;
-use kruise_rs_api::nodeimage::{ImageStatus, ImageTagPullPolicy, Images};
+use kruise_rs_api::nodeimage::NodeImage;
 use kruise_rs_controller::interned_labels::Labels;
 use kube::api::ObjectMeta;
 
@@ -48,7 +49,7 @@ fn node(labels_: &[(&str, &str)], ready: Option<(&str, Option<i64>)>) -> NodeSum
 }
 
 fn nodeimage(labels_: &[(&str, &str)]) -> LeanNodeImage {
-    let mut ni = NodeImage::new("n1", NodeImageSpec::default());
+    let mut ni = NodeImage::new("n1", Default::default());
     ni.metadata.labels = Some(labels(labels_));
     ni.into()
 }
@@ -272,7 +273,7 @@ fn labels_follow_the_node_exactly() {
     }
     // A node without labels: the NodeImage loses its labels; none at all means none.
     let bare = node(&[], Some(("True", Some(0))));
-    let unlabelled = LeanNodeImage::from(NodeImage::new("n1", NodeImageSpec::default()));
+    let unlabelled = LeanNodeImage::from(NodeImage::new("n1", Default::default()));
     assert_eq!(
         lifecycle(Some(&bare), Some(&unlabelled), DELAY, at(0)),
         Lifecycle::Keep { labels: None }
@@ -332,7 +333,7 @@ fn a_nodeimage_without_a_live_node_is_deleted_unless_fake() {
 
 #[test]
 fn a_nodeimage_being_deleted_is_left_alone() {
-    let mut deleting = NodeImage::new("n1", NodeImageSpec::default());
+    let mut deleting = NodeImage::new("n1", Default::default());
     deleting.metadata.deletion_timestamp = Some(time(0));
     let ni = LeanNodeImage::from(deleting);
     assert_eq!(
@@ -675,12 +676,12 @@ fn an_image_without_tags_is_dropped_and_others_keep_secrets_and_sandbox() {
         ),
     ]);
     let nginx = s.images.get_mut("nginx").expect("nginx");
-    nginx.pull_secrets = vec![kruise_rs_api::nodeimage::ReferenceObject {
+    nginx.pull_secrets = vec![crate::compact_nodeimage::ReferenceObject {
         namespace: Some("kruise-daemon-config".into()),
         name: Some("s".into()),
         mode: Some("batch".into()),
     }];
-    nginx.sandbox_config = Some(Box::new(kruise_rs_api::nodeimage::SandboxConfig {
+    nginx.sandbox_config = Some(Box::new(crate::compact_nodeimage::SandboxConfig {
         labels: labels(&[("app", "x")]),
         ..Default::default()
     }));
@@ -977,7 +978,7 @@ fn the_earliest_pending_instant_wins_and_nothing_changes_before_it() {
 
 #[test]
 fn next_wake_combines_ttl_and_timeouts() {
-    let mut ni = NodeImage::new(
+    let mut ni = LeanNodeImage::new(
         "n1",
         spec(&[
             (
@@ -1088,8 +1089,8 @@ fn an_image_that_lost_an_owner_is_recomputed_from_the_owners_left() {
 
 #[test]
 fn a_gone_owners_pull_secret_copy_is_collected_with_it() {
+    use crate::compact_nodeimage::ReferenceObject;
     use crate::tag_values::OwnerAsk;
-    use kruise_rs_api::nodeimage::ReferenceObject;
     let copy = |name: &str| ReferenceObject {
         namespace: Some("kruise-daemon-config".into()),
         name: Some(name.into()),

@@ -208,20 +208,6 @@ impl<'de> Deserialize<'de> for InternedString {
     }
 }
 
-impl schemars::JsonSchema for InternedString {
-    fn schema_name() -> Cow<'static, str> {
-        String::schema_name()
-    }
-
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        String::json_schema(generator)
-    }
-}
-
 /// A string as the deserializer offers it: borrowed from the input when it can be.
 pub struct Text<'de>(Cow<'de, str>);
 

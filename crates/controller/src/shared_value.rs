@@ -11,13 +11,11 @@
 //! [`Shared`] reads, compares and serializes as the value it holds; changing it through
 //! `DerefMut` gives the changer a copy of its own (clone on write), so sharing is never visible.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 
-use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::interned::SweptSet;
@@ -31,18 +29,20 @@ pub trait Shareable: Clone + PartialEq + Sized + 'static {
     /// that `PartialEq` compares is enough).
     fn hash_key<H: Hasher>(&self, state: &mut H);
 
-    /// This type's table (`shared_table!` writes it).
+    /// This type's table: a `static` `LazyLock` of its own, built by `SharedTable::default`.
     fn table() -> &'static SharedTable<Self>;
 }
 
 /// The shared copies of one type's values that are alive.
 pub struct SharedTable<T>(Mutex<SweptSet<TableEntry<T>>>);
 
-impl<T: Shareable> SharedTable<T> {
-    pub(crate) fn new() -> Self {
+impl<T: Shareable> Default for SharedTable<T> {
+    fn default() -> Self {
         SharedTable(Mutex::new(SweptSet::new(MIN_SWEEP)))
     }
+}
 
+impl<T: Shareable> SharedTable<T> {
     /// How many values it holds (swept ones gone), for tests.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
@@ -85,9 +85,9 @@ impl<T: Shareable> Shared<T> {
         Shared(shared)
     }
 
-    /// Whether `self` and `other` are one stored copy.
-    #[cfg(test)]
-    pub(crate) fn same_copy(&self, other: &Self) -> bool {
+    /// Whether `self` and `other` are one stored copy (for tests: sharing is otherwise
+    /// invisible).
+    pub fn same_copy(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
 }
@@ -152,37 +152,6 @@ impl<'de, T: Shareable + Deserialize<'de>> Deserialize<'de> for Shared<T> {
         T::deserialize(d).map(Shared::share)
     }
 }
-
-/// The schema of the value it holds: the CRDs do not change.
-impl<T: JsonSchema> JsonSchema for Shared<T> {
-    fn inline_schema() -> bool {
-        T::inline_schema()
-    }
-
-    fn schema_name() -> Cow<'static, str> {
-        T::schema_name()
-    }
-
-    fn schema_id() -> Cow<'static, str> {
-        T::schema_id()
-    }
-
-    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
-        T::json_schema(generator)
-    }
-}
-
-/// `Shareable::table` for `$ty`: a table of its own (write it inside the `impl Shareable`).
-macro_rules! shared_table {
-    ($ty:ty) => {
-        fn table() -> &'static $crate::shared_value::SharedTable<$ty> {
-            static TABLE: ::std::sync::LazyLock<$crate::shared_value::SharedTable<$ty>> =
-                ::std::sync::LazyLock::new($crate::shared_value::SharedTable::new);
-            &TABLE
-        }
-    };
-}
-pub(crate) use shared_table;
 
 #[cfg(test)]
 mod tests;

@@ -6,15 +6,14 @@
 //! `Vec` read from JSON grows to room for four before it holds one: at 5,000 nodes one
 //! ImagePullJob's entry added ~2 KiB per NodeImage, most of it empty room (issue 21, the fan-out's
 //! peak). [`SortedMap`] is a map kept as a sorted `Vec` of pairs, trimmed to its length when
-//! read; [`compact_vec`] reads a `Vec` the same way. Both have the JSON shape and the schema of
-//! what they replace.
+//! read; [`compact_vec`] reads a `Vec` the same way. Both have the JSON shape of what they
+//! replace.
 
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
 
-use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -267,25 +266,6 @@ impl<'de, K: Deserialize<'de> + Ord, V: Deserialize<'de>> Deserialize<'de> for S
     }
 }
 
-/// The schema of the `BTreeMap` it stands for: a JSON object with `V` values.
-impl<K: JsonSchema, V: JsonSchema> JsonSchema for SortedMap<K, V> {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        <BTreeMap<K, V> as JsonSchema>::schema_name()
-    }
-
-    fn schema_id() -> std::borrow::Cow<'static, str> {
-        <BTreeMap<K, V> as JsonSchema>::schema_id()
-    }
-
-    fn inline_schema() -> bool {
-        <BTreeMap<K, V> as JsonSchema>::inline_schema()
-    }
-
-    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
-        <BTreeMap<K, V> as JsonSchema>::json_schema(generator)
-    }
-}
-
 /// Reads a `Vec` with no spare room (serde's grows to four entries for the first one).
 pub fn compact_vec<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
     deserializer: D,
@@ -371,12 +351,5 @@ mod tests {
         assert_eq!(held.items.capacity(), 1);
         let plain: Vec<String> = serde_json::from_str(r#"["one"]"#).unwrap();
         assert!(plain.capacity() > 1, "serde's own Vec keeps spare room");
-    }
-
-    #[test]
-    fn its_schema_is_the_btreemaps() {
-        let ours = schemars::schema_for!(SortedMap<String, i32>);
-        let theirs = schemars::schema_for!(BTreeMap<String, i32>);
-        assert_eq!(ours, theirs);
     }
 }

@@ -71,7 +71,7 @@ pub fn share(owner: ObjectReference) -> SharedOwner {
 
 /// Reads a list of owner references as their shared copies, the list without spare room
 /// (`#[serde(deserialize_with = "shared_owners")]`; null reads as empty).
-pub(crate) fn shared_owners<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SharedOwner>, D::Error> {
+pub fn shared_owners<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SharedOwner>, D::Error> {
     let owners = Option::<Vec<ObjectReference>>::deserialize(d)?.unwrap_or_default();
     // Not `collect()`: that may reuse the parsed list's buffer, 168 bytes a slot for 8-byte Arcs.
     let mut shared = Vec::with_capacity(owners.len());
