@@ -9,7 +9,6 @@
 //!
 //! Every `#[tokio::test]` has its own runtime, so the process-wide state holds only plain data
 //! (the kubeconfig); clients are built per call, on the caller's runtime.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -192,18 +191,9 @@ impl TestCluster {
         self.local.is_some()
     }
 
-    /// The directory with the local control plane's logs and PKI, if this process started it.
-    pub(crate) fn state_dir(&self) -> Option<&Path> {
-        self.local.as_ref().map(ControlPlane::state_dir)
-    }
-
     /// A kubeconfig file for the cluster, e.g. for a controller run as a child process.
     pub(crate) fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig_path
-    }
-
-    pub(crate) fn kubeconfig(&self) -> &Kubeconfig {
-        &self.kubeconfig
     }
 
     /// A client configuration for the kubeconfig's current context.

@@ -45,7 +45,6 @@ impl Variant {
 /// The process-wide node environment; see [`node_env`].
 #[derive(Debug)]
 pub(crate) struct NodeEnv {
-    state_dir: PathBuf,
     registry: String,
     registry_log: PathBuf,
     auth_registry: String,
@@ -53,7 +52,6 @@ pub(crate) struct NodeEnv {
     auth_user: String,
     auth_password: String,
     containerd_socket: PathBuf,
-    containerd_log: PathBuf,
     certs_d: PathBuf,
     images: PathBuf,
     sandbox_image: String,
@@ -109,7 +107,6 @@ impl NodeEnv {
         let path = |key| var(vars, key).map(PathBuf::from);
         let string = |key| var(vars, key).map(str::to_owned);
         Ok(NodeEnv {
-            state_dir: path("STATE_DIR")?,
             registry: string("REGISTRY")?,
             registry_log: path("REGISTRY_LOG")?,
             auth_registry: string("AUTH_REGISTRY")?,
@@ -117,7 +114,6 @@ impl NodeEnv {
             auth_user: string("AUTH_USER")?,
             auth_password: string("AUTH_PASSWORD")?,
             containerd_socket: path("CONTAINERD_SOCKET")?,
-            containerd_log: path("CONTAINERD_LOG")?,
             certs_d: path("CERTS_D")?,
             images: path("IMAGES")?,
             sandbox_image: string("SANDBOX_IMAGE")?,
@@ -145,30 +141,6 @@ impl NodeEnv {
     /// The shared containerd's CRI socket (image store shared by every test of this process).
     pub(crate) fn containerd_socket(&self) -> &Path {
         &self.containerd_socket
-    }
-
-    pub(crate) fn containerd_log(&self) -> &Path {
-        &self.containerd_log
-    }
-
-    /// containerd's registry `config_path`: a `<host:port>/hosts.toml` per registry.
-    pub(crate) fn certs_d(&self) -> &Path {
-        &self.certs_d
-    }
-
-    /// The OCI layout holding the [`Variant`]s.
-    pub(crate) fn images_dir(&self) -> &Path {
-        &self.images
-    }
-
-    /// The CRI pause image the containerds are configured with (V1 on [`Self::registry`]).
-    pub(crate) fn sandbox_image(&self) -> &str {
-        &self.sandbox_image
-    }
-
-    /// Where `start.sh` keeps configs, data and logs.
-    pub(crate) fn state_dir(&self) -> &Path {
-        &self.state_dir
     }
 
     /// Push `variant` to `dest` (`127.0.0.1:PORT/repo:tag`, `docker://` optional) with skopeo,
@@ -303,10 +275,6 @@ impl ExtraContainerd {
     /// The CRI socket (the same path across restarts).
     pub(crate) fn socket(&self) -> &Path {
         &self.socket
-    }
-
-    pub(crate) fn dir(&self) -> &Path {
-        &self.dir
     }
 
     /// containerd's log, appended to by every start.
