@@ -22,8 +22,9 @@ use serde::{Deserialize, Serialize};
 
 use kruise_rs_api::nodeimage as api;
 pub use kruise_rs_api::nodeimage::{
-    ImagePullPhase, ImagePullPolicy, ImageTagPullPolicy, ReferenceObject, SandboxConfig, SyncStatus,
+    ImagePullPhase, ImageTagPullPolicy, ReferenceObject, SandboxConfig,
 };
+use kruise_rs_api::nodeimage::{ImagePullPolicy, SyncStatus};
 use kruise_rs_controller::compact::{SortedMap, compact_vec};
 use kruise_rs_controller::interned::{Interned, InternedString, intern, shared_str_option};
 pub use kruise_rs_controller::shared_owner::SharedOwner;

@@ -45,7 +45,8 @@ pub struct LeanNodeImage {
 
 impl LeanNodeImage {
     /// A NodeImage named `name` with `spec`, nothing else set (as `NodeImage::new`).
-    pub fn new(name: &str, spec: NodeImageSpec) -> Self {
+    #[cfg(test)]
+    pub(crate) fn new(name: &str, spec: NodeImageSpec) -> Self {
         LeanNodeImage {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
