@@ -5,7 +5,6 @@
 //! Each plugin appends its request to a file, so a test counts the runs and sees what the
 //! daemon asked.
 
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Secret;
@@ -43,8 +42,7 @@ impl Plugins {
             "#!/bin/sh\n{{ cat; echo; }} >> '{}'\n{body}\n",
             log.display()
         );
-        std::fs::write(&path, script).expect("write plugin");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        crate::harness::process::write_executable(&path, &script).expect("write plugin");
         self.providers.push(json!({
             "name": name,
             "matchImages": match_images,

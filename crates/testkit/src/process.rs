@@ -175,6 +175,26 @@ pub fn output_with_stdin(cmd: &mut Command, input: &[u8]) -> Result<Output, Stri
         .map_err(|e| format!("waiting for {cmd:?}: {e}"))
 }
 
+/// Writes `content` to `path` as an executable file, through a child `sh`, so that this process
+/// never holds a write descriptor to it. A test thread that forks while another holds one
+/// carries it into its child until that child execs, and running the file in that window fails
+/// with ETXTBSY ("Text file busy").
+pub fn write_executable(path: &Path, content: &str) -> Result<(), String> {
+    let mut sh = Command::new("sh");
+    sh.args(["-c", "cat > \"$1\" && chmod 755 \"$1\"", "sh"])
+        .arg(path);
+    let out = output_with_stdin(&mut sh, content.as_bytes())?;
+    if !out.status.success() {
+        return Err(format!(
+            "writing {} failed ({}): {}",
+            path.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
 /// A loopback address nothing listens on right now.
 pub fn free_loopback_port() -> Result<std::net::SocketAddr, String> {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -1,7 +1,5 @@
 use super::*;
 
-use std::os::unix::fs::PermissionsExt as _;
-
 fn image(reference: &str) -> ImageRef {
     ImageRef::parse(reference).unwrap()
 }
@@ -630,11 +628,26 @@ fn stderr_is_trimmed_and_cut() {
 
 // --- the exec adapter, against real shell-script plugins ---------------------------------------
 
-/// Writes an executable `sh` script `name` into `dir`.
+/// Writes an executable `sh` script `name` into `dir`, through a child `sh`, so that this
+/// process never holds a write descriptor to it: a sibling test that forks while one is open
+/// carries it into its child until that child execs, and running the script in that window fails
+/// with ETXTBSY ("Text file busy"). (The test kit's `write_executable` does the same; this crate
+/// cannot depend on the test kit.)
 fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    use std::io::Write as _;
     let path = dir.join(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut sh = std::process::Command::new("sh")
+        .args(["-c", "cat > \"$1\" && chmod 755 \"$1\"", "sh"])
+        .arg(&path)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    sh.stdin
+        .take()
+        .unwrap()
+        .write_all(format!("#!/bin/sh\n{body}\n").as_bytes())
+        .unwrap();
+    assert!(sh.wait().unwrap().success(), "writing {}", path.display());
     path
 }
 
