@@ -195,8 +195,26 @@ pub fn write_executable(path: &Path, content: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A loopback address nothing listens on right now.
+/// A loopback address nothing listens on right now, below the kernel's ephemeral port range.
+/// A port from that range (what binding port 0 gives) can become the local end of any outgoing
+/// connection once released, and a server restarted on it (the fault tests restart the manager
+/// on one webhook port) then fails with EADDRINUSE; seen in CI.
 pub fn free_loopback_port() -> Result<std::net::SocketAddr, String> {
+    const LOWEST: u16 = 10_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    if ephemeral_low > LOWEST {
+        for _ in 0..100 {
+            let port = fastrand::u16(LOWEST..ephemeral_low);
+            if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                return listener
+                    .local_addr()
+                    .map_err(|e| format!("no free loopback port: {e}"));
+            }
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| format!("no free loopback port: {e}"))
