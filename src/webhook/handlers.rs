@@ -359,10 +359,7 @@ impl Handlers {
         if let Err(errors) = result {
             return deny("SidecarSet", &name, &errors);
         }
-        let warnings = match self
-            .dry_run_pod(request, &name, set.spec.containers.len())
-            .await
-        {
+        let warnings = match self.dry_run_pod(request, &name, &set).await {
             Ok(warnings) => warnings,
             Err(verdict) => return verdict,
         };
@@ -389,13 +386,15 @@ impl Handlers {
     /// Kubernetes' pod validation of the SidecarSet's containers, init containers and volumes:
     /// a pod built from the request's object as written, created with `dryRun=All` in the
     /// manager's namespace (decision 0012). `Err` is the denial naming the SidecarSet's
-    /// fields; `Ok` carries a warning when the dry run could not be made (admitted: fail open).
+    /// fields; `Ok` carries a warning when the dry run could not be made (admitted: fail open),
+    /// with what the local copy of the pod rules finds (advice only: decision 0033).
     async fn dry_run_pod(
         &self,
         request: &AdmissionRequest<DynamicObject>,
         name: &str,
-        sidecars: usize,
+        set: &SidecarSet,
     ) -> Result<Vec<String>, Verdict> {
+        let sidecars = set.spec.containers.len();
         let Some(raw) = request
             .object
             .as_ref()
@@ -440,10 +439,20 @@ impl Handlers {
                     sidecarset = name,
                     "SidecarSet admitted without its pod check: {why}"
                 );
-                Ok(vec![format!(
+                let mut warnings = vec![format!(
                     "SidecarSet {name:?}: its containers were not checked by Kubernetes' pod \
                      validation ({why}); pods it is injected into may be refused"
-                )])
+                )];
+                let findings = validation::sidecarset::pod_rules_as_of_1_33(set);
+                if !findings.is_empty() {
+                    let listed: Vec<String> = findings.iter().map(ToString::to_string).collect();
+                    warnings.push(format!(
+                        "SidecarSet {name:?}: Kubernetes 1.33 would refuse pods with these \
+                         sidecars (a newer Kubernetes may not): [{}]",
+                        listed.join(", ")
+                    ));
+                }
+                Ok(warnings)
             }
         }
     }
@@ -714,7 +723,9 @@ impl Handlers {
             .object
             .as_ref()
             .and_then(|o| serde_json::to_value(o).ok());
-        match raw.map(|raw| patch_preserving(&raw, &pod, &injection.pod)) {
+        let patched =
+            raw.map(|raw| patch_preserving(&raw, &pod, &injection.pod, &injection.unknown_fields));
+        match patched {
             Some(Ok(patch)) => Verdict::Patch(patch, warnings),
             Some(Err(err)) => Verdict::Deny(format!("cannot encode the injected pod: {err}")),
             None => Verdict::Deny("cannot encode the injected pod".into()),
@@ -891,12 +902,15 @@ impl Confirmed {
 
 /// The patch from the pod as the apiserver sent it (`raw`) to the injected pod, keeping every
 /// field of `raw` the typed `Pod` does not know (fields newer than the API version this crate is
-/// built against): list items the injection left alone are taken from `raw` as they were, and
-/// only the lists and annotations injection touches are rewritten.
+/// built against): list items the injection left alone are taken from `raw` as they were, items
+/// it changed keep the fields of `raw` the typed item does not have, injected containers get
+/// their SidecarSet's `unknown_fields` (by container name), and only the lists and annotations
+/// injection touches are rewritten.
 pub(super) fn patch_preserving(
     raw: &serde_json::Value,
     before: &Pod,
     after: &Pod,
+    unknown_fields: &BTreeMap<String, BTreeMap<String, serde_json::Value>>,
 ) -> Result<json_patch::Patch, serde_json::Error> {
     let typed_before = serde_json::to_value(before)?;
     let typed_after = serde_json::to_value(after)?;
@@ -924,14 +938,27 @@ pub(super) fn patch_preserving(
             .cloned()
             .unwrap_or_default()
             .into_iter()
-            .map(|item| {
+            .map(|mut item| {
                 let name = &item["name"];
-                let unchanged = before_items
-                    .iter()
-                    .any(|old| &old["name"] == name && *old == item);
+                let typed_before = before_items.iter().find(|old| &old["name"] == name);
                 match raw_items.iter().find(|r| &r["name"] == name) {
-                    Some(original) if unchanged => original.clone(),
-                    _ => item,
+                    Some(original) if typed_before == Some(&item) => original.clone(),
+                    Some(original) => {
+                        keep_unknown(&mut item, original, typed_before);
+                        item
+                    }
+                    None => {
+                        let containers = matches!(field, "containers" | "initContainers");
+                        let extra = name.as_str().and_then(|name| unknown_fields.get(name));
+                        if let (true, Some(extra), Some(fields)) =
+                            (containers, extra, item.as_object_mut())
+                        {
+                            for (key, value) in extra {
+                                fields.entry(key.clone()).or_insert_with(|| value.clone());
+                            }
+                        }
+                        item
+                    }
                 }
             })
             .collect();
@@ -956,6 +983,25 @@ pub(super) fn patch_preserving(
         return sidecar::pod_patch(before, after);
     }
     Ok(json_patch::diff(raw, &out))
+}
+
+/// Copies into `item` (a list item as the injection left it) the fields of `original` (as the
+/// apiserver sent it) that the typed item had neither before nor after: fields the typed `Pod`
+/// does not know.
+fn keep_unknown(
+    item: &mut serde_json::Value,
+    original: &serde_json::Value,
+    typed_before: Option<&serde_json::Value>,
+) {
+    let (Some(fields), Some(original)) = (item.as_object_mut(), original.as_object()) else {
+        return;
+    };
+    let known_before = |key: &str| typed_before.is_some_and(|b| b.get(key).is_some());
+    for (key, value) in original {
+        if !fields.contains_key(key) && !known_before(key) {
+            fields.insert(key.clone(), value.clone());
+        }
+    }
 }
 
 /// A number drawn uniformly from `[0, 1)`, for the `Partial` injection policy. It only splits
@@ -993,7 +1039,7 @@ mod tests {
             .annotations
             .get_or_insert_with(Default::default)
             .insert("a".into(), "b".into());
-        let patch = patch_preserving(&raw, &before, &after).unwrap();
+        let patch = patch_preserving(&raw, &before, &after, &BTreeMap::new()).unwrap();
         let mut patched = raw.clone();
         json_patch::patch(&mut patched, &patch).unwrap();
         assert_eq!(patched["spec"]["containers"][0]["name"], "sidecar");
@@ -1006,10 +1052,63 @@ mod tests {
     }
 
     #[test]
+    fn changed_containers_keep_unknown_fields_and_injected_ones_get_their_sidecars() {
+        let raw = json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "containers": [{"name": "main", "image": "nginx", "futureField": 1}],
+            }
+        });
+        let before: Pod = serde_json::from_value(raw.clone()).unwrap();
+        let mut after = before.clone();
+        let spec = after.spec.as_mut().unwrap();
+        // The injection changes the app container (a shared mount) and adds a sidecar and a
+        // volume of the same name.
+        spec.containers[0].volume_mounts = Some(vec![
+            serde_json::from_value(json!({"name": "proxy", "mountPath": "/p"})).unwrap(),
+        ]);
+        spec.containers.insert(
+            0,
+            serde_json::from_value(
+                json!({"name": "proxy", "image": "envoy", "restartPolicy": "Never"}),
+            )
+            .unwrap(),
+        );
+        spec.volumes = Some(vec![
+            serde_json::from_value(json!({"name": "proxy", "emptyDir": {}})).unwrap(),
+        ]);
+        let rules = json!([{"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]);
+        let unknown = BTreeMap::from([(
+            "proxy".to_owned(),
+            BTreeMap::from([("restartPolicyRules".to_owned(), rules.clone())]),
+        )]);
+        let patch = patch_preserving(&raw, &before, &after, &unknown).unwrap();
+        let mut patched = raw.clone();
+        json_patch::patch(&mut patched, &patch).unwrap();
+        assert_eq!(
+            patched["spec"]["containers"],
+            json!([
+                {"name": "proxy", "image": "envoy", "restartPolicy": "Never", "restartPolicyRules": rules},
+                {"name": "main", "image": "nginx", "futureField": 1,
+                 "volumeMounts": [{"name": "proxy", "mountPath": "/p"}]},
+            ])
+        );
+        assert_eq!(
+            patched["spec"]["volumes"],
+            json!([{"name": "proxy", "emptyDir": {}}])
+        );
+    }
+
+    #[test]
     fn an_untouched_pod_gives_an_empty_patch() {
         let raw = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "m", "image": "i", "new": 1}]}});
         let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
-        assert!(patch_preserving(&raw, &pod, &pod).unwrap().0.is_empty());
+        assert!(
+            patch_preserving(&raw, &pod, &pod, &BTreeMap::new())
+                .unwrap()
+                .0
+                .is_empty()
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams}
 use serde_json::{Value, json};
 
 use crate::support::webhook::{MANAGER_NAMESPACE, webhook_cluster};
-use crate::support::{create_with_warnings, unique_name};
+use crate::support::{create_with_warnings, local_kube_minor, unique_name, wait_for};
 
 /// A SidecarSet with `containers` (and `extra` spec fields), as raw JSON.
 fn raw_sidecarset(name: &str, containers: Value, extra: Value) -> Value {
@@ -287,6 +287,30 @@ async fn a_policy_refusing_the_dry_run_pod_neither_refuses_the_sidecarset_nor_is
         under_policy.warnings
     );
 
+    // With no answer from the dry run, the local copy of 1.33's pod rules only advises: a
+    // container that 1.36 allows and 1.33 forbids is admitted, the rule it breaks in a warning.
+    // (On 1.33 the apiserver's own validation refuses it before any policy runs.)
+    let newer = raw_sidecarset(
+        &unique_name("vap-newer"),
+        json!([{"name": &marker, "image": "busybox", "restartPolicy": "Never",
+                "restartPolicyRules": [{"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]}]),
+        json!({}),
+    );
+    let answered = create_with_warnings(&client, &format!("{sets}?dryRun=All"), &newer).await;
+    if kube_minor_at_least(35) {
+        assert_eq!(answered.code, 201, "{}", answered.message());
+        assert!(
+            answered.warnings.iter().any(|w| w.contains(
+                "Kubernetes 1.33 would refuse pods with these sidecars (a newer Kubernetes may \
+                 not): [spec.containers[0].restartPolicy: Forbidden"
+            )),
+            "the local rules advise: {:?}",
+            answered.warnings
+        );
+    } else {
+        assert_eq!(answered.code, 403, "{}", answered.message());
+    }
+
     let invalid = raw_sidecarset(
         &unique_name("vap-invalid"),
         // Only Kubernetes' pod validation checks this (not the in-process checks).
@@ -330,4 +354,106 @@ async fn a_policy_refusing_the_dry_run_pod_neither_refuses_the_sidecarset_nor_is
         .delete(&name, &Default::default())
         .await
         .expect("deleted");
+}
+
+/// ContainerRestartRules (beta and on by default since Kubernetes 1.35) lets a regular container
+/// set `restartPolicy` with `restartPolicyRules`; 1.33 forbids `restartPolicy` there and knows no
+/// `restartPolicyRules`. This crate's types are 1.33's, so only the cluster can judge such a
+/// sidecar: on 1.36 it is admitted and reaches pods whole, on 1.33 it is refused by the
+/// apiserver's own pod validation.
+#[tokio::test]
+async fn a_sidecar_using_a_newer_kubernetes_field_is_judged_by_the_cluster_and_reaches_pods() {
+    let cluster = webhook_cluster();
+    let client = cluster.client().await;
+    let ns = cluster.namespace("wh-newer").await;
+    let name = unique_name("restart-rules");
+    let rules = json!([{"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]);
+    let set = raw_sidecarset(
+        &name,
+        json!([{"name": "proxy", "image": "busybox", "command": ["sleep", "999"],
+                "restartPolicy": "Never", "restartPolicyRules": rules}]),
+        json!({}),
+    );
+    let sets = "/apis/apps.kruise.io/v1beta1/sidecarsets";
+    let created = create_with_warnings(&client, sets, &set).await;
+    let minor = local_kube_minor();
+    if !kube_minor_at_least(35) {
+        assert_eq!(
+            created.code,
+            403,
+            "refused on {minor}: {}",
+            created.message()
+        );
+        assert!(
+            created
+                .message()
+                .contains("spec.containers[0].restartPolicy")
+                && created.message().contains("pod validation"),
+            "refused by the apiserver's pod validation, naming the field: {}",
+            created.message()
+        );
+        return;
+    }
+    assert_eq!(
+        created.code,
+        201,
+        "admitted on {minor}, as a pod with this container is: {}",
+        created.message()
+    );
+    assert!(
+        created.warnings.iter().all(|w| !w.contains("not checked")),
+        "judged by the apiserver's dry run: {:?}",
+        created.warnings
+    );
+
+    let pods = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        &ns,
+        &ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&()),
+    );
+    // The webhook learns of the new SidecarSet through its watch: until then pods pass unchanged.
+    let pod: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "newer-", "labels": {"app": &name}},
+        "spec": {"containers": [{"name": "main", "image": "nginx"}]},
+    }))
+    .expect("a pod");
+    let injected = wait_for(
+        "a pod injected with the SidecarSet",
+        std::time::Duration::from_secs(30),
+        || async {
+            let created = pods
+                .create(&PostParams::default(), &pod)
+                .await
+                .expect("the pod is admitted");
+            let containers = created.data["spec"]["containers"].clone();
+            if containers.as_array().is_some_and(|c| c.len() > 1) {
+                return Some(containers);
+            }
+            let name = created.metadata.name.clone().unwrap_or_default();
+            let _ = pods.delete(&name, &Default::default()).await;
+            None
+        },
+    )
+    .await;
+    assert_eq!(injected[0]["name"], "proxy");
+    assert_eq!(injected[0]["restartPolicy"], "Never");
+    assert_eq!(
+        injected[0]["restartPolicyRules"], rules,
+        "the sidecar keeps the field this crate's types do not know: {injected}"
+    );
+    Api::<SidecarSet>::all(client)
+        .delete(&name, &Default::default())
+        .await
+        .expect("SidecarSet deleted");
+}
+
+/// Whether the local control plane runs Kubernetes 1.`minor` or newer.
+fn kube_minor_at_least(minor: u32) -> bool {
+    local_kube_minor()
+        .split('.')
+        .nth(1)
+        .and_then(|m| m.parse::<u32>().ok())
+        .is_some_and(|m| m >= minor)
 }

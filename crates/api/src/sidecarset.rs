@@ -157,6 +157,12 @@ pub struct SidecarContainer {
     /// Sidecar resources computed from the app containers' resources at pod creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources_policy: Option<ResourcesPolicy>,
+
+    /// Container fields the Kubernetes types this crate is built against (1.33) do not know
+    /// (`restartPolicyRules`, 1.35), as written. Kept so that injection gives them to the pod
+    /// and the cluster's apiserver, not this crate's age, decides what they mean.
+    #[serde(flatten)]
+    pub unknown_fields: BTreeMap<String, serde_json::Value>,
 }
 
 impl<'de> Deserialize<'de> for SidecarContainer {
@@ -166,18 +172,58 @@ impl<'de> Deserialize<'de> for SidecarContainer {
 }
 
 /// [`SidecarContainer`]'s deserialization: the object's keys go to `Container`'s own visitor
-/// straight from the deserializer's map, except the SidecarSet fields, taken out on the way.
-/// Every value is read from the original map, so a deserializer that tracks paths
-/// (`serde_path_to_error`) names the field inside the container that failed.
+/// straight from the deserializer's map, except the SidecarSet fields and the fields
+/// `Container` does not know, taken out on the way. Every value is read from the original map,
+/// so a deserializer that tracks paths (`serde_path_to_error`) names the field inside the
+/// container that failed.
 mod sidecar_container_de {
     use std::fmt;
+    use std::sync::LazyLock;
 
     use k8s_openapi::api::core::v1::Container;
-    use serde::Deserialize;
     use serde::de::value::MapAccessDeserializer;
     use serde::de::{DeserializeSeed, IntoDeserializer, MapAccess, Visitor};
+    use serde::{Deserialize, Deserializer};
 
     use super::SidecarContainer;
+
+    /// The JSON names of `Container`'s fields, as its `Deserialize` declares them to
+    /// `deserialize_struct` (k8s-openapi lists every field there).
+    pub(super) static CONTAINER_FIELDS: LazyLock<&'static [&'static str]> = LazyLock::new(|| {
+        let mut fields = None;
+        // Fails by design once the names are seen.
+        let _ = Container::deserialize(FieldNames(&mut fields));
+        fields.unwrap_or_default()
+    });
+
+    /// A deserializer that only records the field names a struct asks for.
+    struct FieldNames<'a>(&'a mut Option<&'static [&'static str]>);
+
+    impl<'de> Deserializer<'de> for FieldNames<'_> {
+        type Error = serde::de::value::Error;
+
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(serde::de::Error::custom(
+                "only a struct's field names are read",
+            ))
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            visitor: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = Some(fields);
+            self.deserialize_any(visitor)
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+            ignored_any
+        }
+    }
 
     pub(super) struct SidecarContainerVisitor;
 
@@ -226,6 +272,10 @@ mod sidecar_container_de {
                     }
                     "transferEnv" => sidecar.transfer_env = self.map.next_value()?,
                     "resourcesPolicy" => sidecar.resources_policy = self.map.next_value()?,
+                    _ if !CONTAINER_FIELDS.contains(&key.as_str()) => {
+                        let value = self.map.next_value()?;
+                        sidecar.unknown_fields.insert(key, value);
+                    }
                     _ => return seed.deserialize(key.into_deserializer()).map(Some),
                 }
             }
@@ -526,6 +576,49 @@ mod tests {
             ),
             match_expressions: None,
         }
+    }
+
+    #[test]
+    fn container_fields_are_read_from_the_containers_deserializer() {
+        let fields = *sidecar_container_de::CONTAINER_FIELDS;
+        for known in [
+            "name",
+            "image",
+            "resizePolicy",
+            "restartPolicy",
+            "volumeMounts",
+        ] {
+            assert!(fields.contains(&known), "{known} in {fields:?}");
+        }
+        // k8s-openapi's Container (1.33) has 24 fields.
+        assert_eq!(fields.len(), 24, "{fields:?}");
+    }
+
+    #[test]
+    fn container_fields_newer_than_the_types_are_kept_as_written() {
+        let raw = json!({
+            "name": "c",
+            "image": "busybox",
+            "restartPolicy": "Never",
+            "restartPolicyRules": [{"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}],
+            "futureField": {"nested": [1, "two", null]},
+            "podInjectPolicy": "AfterAppContainer",
+        });
+        let sidecar: SidecarContainer = serde_json::from_value(raw.clone()).unwrap();
+        assert_eq!(sidecar.container.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(
+            sidecar.pod_inject_policy,
+            Some(PodInjectPolicy::AfterAppContainer)
+        );
+        assert_eq!(
+            sidecar.unknown_fields.keys().collect::<Vec<_>>(),
+            ["futureField", "restartPolicyRules"]
+        );
+        assert_eq!(serde_json::to_value(&sidecar).unwrap(), raw);
+        // Known fields never land among the unknown ones.
+        let plain: SidecarContainer =
+            serde_json::from_value(json!({"name": "c", "image": "x", "env": []})).unwrap();
+        assert!(plain.unknown_fields.is_empty());
     }
 
     #[test]

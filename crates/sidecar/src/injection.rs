@@ -77,6 +77,9 @@ pub struct Injection {
     pub injected: Vec<String>,
     /// Problems worth telling the user (admission warnings) that do not stop the pod.
     pub warnings: Vec<String>,
+    /// Fields of injected containers the typed `Pod` cannot carry (newer than the API version
+    /// this crate is built against), by container name; the webhook writes them into its patch.
+    pub unknown_fields: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
 }
 
 /// Why a pod cannot be injected; the webhook denies the pod with this message.
@@ -129,18 +132,20 @@ pub fn inject(
 
     // 2. and 3. Build every injected container, collecting volumes and pull secrets.
     let spec = out.spec.clone().unwrap_or_default();
-    let built = build_sidecars(&sets, &out, &spec, &now, &mut records, &mut warnings)?;
+    let mut built = build_sidecars(&sets, &out, &spec, &now, &mut records, &mut warnings)?;
     if built.init_containers.is_empty() && built.containers.is_empty() {
         return Ok(Injection {
             pod: out,
             injected: built.injected,
             warnings,
+            unknown_fields: BTreeMap::new(),
         });
     }
     check_names(&spec, &built.init_containers, &built.containers)?;
 
     // 4. Merge into the pod.
     let injected = built.injected.clone();
+    let unknown_fields = std::mem::take(&mut built.unknown_fields);
     out.spec = Some(merge_into(spec, built));
 
     // 5. Annotations.
@@ -151,6 +156,7 @@ pub fn inject(
         pod: out,
         injected,
         warnings,
+        unknown_fields,
     })
 }
 
@@ -255,6 +261,8 @@ struct Built {
     secrets: Vec<LocalObjectReference>,
     /// The SidecarSets that injected at least one container.
     injected: Vec<String>,
+    /// [`SidecarContainer::unknown_fields`] of each injected container, by its name in the pod.
+    unknown_fields: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
 }
 
 /// Builds every sidecar of `sets` for the pod `out` (whose spec is `spec`), and records each
@@ -274,6 +282,7 @@ fn build_sidecars(
         volumes: Vec::new(),
         secrets: Vec::new(),
         injected: Vec::new(),
+        unknown_fields: BTreeMap::new(),
     };
     // Kruise's own sidecars are never the targets of a resourcesPolicy.
     let sidecar_names: HashSet<&str> = sets
@@ -339,6 +348,11 @@ fn build_sidecars(
                 };
                 let policy = sidecar.pod_inject_policy.unwrap_or(policy);
                 for container in twins(sidecar, container, init, &set.name, &mut records.hot)? {
+                    if !sidecar.unknown_fields.is_empty() {
+                        built
+                            .unknown_fields
+                            .insert(container.name.clone(), sidecar.unknown_fields.clone());
+                    }
                     into.push(Injected {
                         container,
                         policy,

@@ -2,9 +2,17 @@
 //! applies to what a SidecarSet injects: its containers, init containers and volumes.
 //!
 //! Upstream builds a fake Pod from the SidecarSet and runs the whole of Kubernetes' pod
-//! validation on it. We cannot link Kubernetes, so this module re-states the rules that matter
-//! for sidecars, with Kubernetes' field paths (`spec.containers[0].name`, `spec.volumes[1]`, which
-//! are also the SidecarSet's paths) and wording. Covered:
+//! validation, as vendored in its release, on it. kruise-rs asks the cluster's own apiserver
+//! instead (a dry-run pod, `webhook/dry_run.rs`, decision 0012), so a sidecar using a field newer
+//! than this crate is judged by the Kubernetes that will run it (decision 0033). Two parts of
+//! this module stay in use:
+//!
+//! - [`validate_identities`]: the names and images kruise-rs relies on itself; always checked,
+//!   a SidecarSet breaking them is refused whatever the dry run says.
+//! - [`validate_pod_parts`]: the rules below re-stated from Kubernetes 1.33, with its field paths
+//!   (`spec.containers[0].name`, `spec.volumes[1]`, which are also the SidecarSet's paths) and
+//!   wording. Consulted only when the dry run cannot answer, and then only as admission
+//!   warnings: a newer Kubernetes may allow what they refuse. Covered:
 //!
 //! - **Container names**: required, RFC 1123 labels, unique across containers and init
 //!   containers (a clash is reported on the init container, as Kubernetes does).
@@ -155,12 +163,9 @@ pub(crate) fn validate_pod_parts(
     errs
 }
 
-/// What every container kind shares: name, image, policies, ports, env, mounts, devices.
-fn validate_container_common(
-    c: &Container,
-    volumes: &BTreeMap<&str, &Volume>,
-    path: &str,
-) -> Vec<FieldError> {
+/// A container's name (required, an RFC 1123 label) and image (required, no surrounding
+/// whitespace).
+fn name_and_image_errors(c: &Container, path: &str) -> Vec<FieldError> {
     let mut errs = Vec::new();
     let name_path = child(path, "name");
     if c.name.is_empty() {
@@ -172,7 +177,6 @@ fn validate_container_common(
             dns1123_label_errors(&c.name),
         ));
     }
-
     let image_path = child(path, "image");
     match c.image.as_deref() {
         None | Some("") => errs.push(FieldError::required(&image_path, "")),
@@ -183,6 +187,73 @@ fn validate_container_common(
         )),
         Some(_) => {}
     }
+    errs
+}
+
+/// A volume's name: required, an RFC 1123 label, not one of `names` (those before it).
+fn volume_name_errors<'a>(
+    v: &'a Volume,
+    path: &str,
+    names: &mut HashSet<&'a str>,
+) -> Vec<FieldError> {
+    let name_path = child(path, "name");
+    if v.name.is_empty() {
+        return vec![FieldError::required(&name_path, "")];
+    }
+    let mut errs = invalid_each(&name_path, &v.name, dns1123_label_errors(&v.name));
+    if !names.insert(v.name.as_str()) {
+        errs.push(FieldError::duplicate(&name_path, &v.name));
+    }
+    errs
+}
+
+/// The part of pod validation kruise-rs relies on itself, whatever the cluster's Kubernetes
+/// says: injection, upgrades and hot-upgrade twins find containers by name, pre-download and
+/// upgrades read images, injection merges volumes by name. So container names are required
+/// RFC 1123 labels, unique across containers and init containers; images are required without
+/// surrounding whitespace; volume names are required RFC 1123 labels, unique. No Kubernetes
+/// release kruise-rs serves has changed these rules. Every other pod rule is the apiserver's to
+/// judge (the webhook's dry-run pod); [`validate_pod_parts`] re-states them for when it cannot.
+pub(crate) fn validate_identities(
+    init_containers: &[&Container],
+    containers: &[&Container],
+    volumes: &[Volume],
+    spec_path: &str,
+) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let mut names = HashSet::new();
+    for (list, items) in [
+        ("containers", containers),
+        ("initContainers", init_containers),
+    ] {
+        let list_path = child(spec_path, list);
+        for (i, c) in items.iter().enumerate() {
+            let path = index(&list_path, i);
+            errs.extend(name_and_image_errors(c, &path));
+            if !c.name.is_empty() && !names.insert(c.name.as_str()) {
+                errs.push(FieldError::duplicate(child(&path, "name"), &c.name));
+            }
+        }
+    }
+    let volume_path = child(spec_path, "volumes");
+    let mut volume_names = HashSet::new();
+    for (i, v) in volumes.iter().enumerate() {
+        errs.extend(volume_name_errors(
+            v,
+            &index(&volume_path, i),
+            &mut volume_names,
+        ));
+    }
+    errs
+}
+
+/// What every container kind shares: name, image, policies, ports, env, mounts, devices.
+fn validate_container_common(
+    c: &Container,
+    volumes: &BTreeMap<&str, &Volume>,
+    path: &str,
+) -> Vec<FieldError> {
+    let mut errs = name_and_image_errors(c, path);
     if let Some(policy) = c.image_pull_policy.as_deref()
         && !PULL_POLICIES.contains(&policy)
     {
@@ -851,19 +922,7 @@ pub(crate) fn validate_volumes(volumes: &[Volume], path: &str) -> Vec<FieldError
     let mut names = HashSet::new();
     for (i, v) in volumes.iter().enumerate() {
         let vol_path = index(path, i);
-        let name_path = child(&vol_path, "name");
-        if v.name.is_empty() {
-            errs.push(FieldError::required(&name_path, ""));
-        } else {
-            errs.extend(invalid_each(
-                &name_path,
-                &v.name,
-                dns1123_label_errors(&v.name),
-            ));
-            if !names.insert(v.name.as_str()) {
-                errs.push(FieldError::duplicate(&name_path, &v.name));
-            }
-        }
+        errs.extend(volume_name_errors(v, &vol_path, &mut names));
         let sources = volume_sources(v);
         match sources.as_slice() {
             [] => errs.push(FieldError::required(

@@ -30,8 +30,10 @@
 //!    `resourcesPolicy` as upstream
 //!    (only on native-sidecar init containers, never with explicit resources, a non-empty
 //!    compilable regex, limits or requests, valid expressions); image a valid reference; `transferEnv[].sourceContainerNameFrom.fieldRef` `v1` and
-//!    `metadata.labels['k']` / `metadata.annotations['k']` with a valid key; then Kubernetes' pod
-//!    rules for containers, init containers and volumes ([`super::pod_spec`]).
+//!    `metadata.labels['k']` / `metadata.annotations['k']` with a valid key; then the names and
+//!    images kruise-rs relies on (required, RFC 1123 container and volume names, unique). The
+//!    rest of Kubernetes' pod rules are the cluster apiserver's, asked by the webhook's dry-run
+//!    pod; [`pod_rules_as_of_1_33`] re-states them for when it cannot answer.
 //!    (`podInjectPolicy`, `shareVolumePolicy.type`, the update strategy type and the revision
 //!    policy are enums in the Rust types: an unknown value cannot be deserialized, and
 //!    [`validate_raw_enums`] reports it in Kubernetes' form from the raw JSON.)
@@ -70,7 +72,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::{Selector, SelectorExt};
 use serde::Deserialize;
 
-use super::pod_spec::{split_subscripted_path, validate_pod_parts};
+use super::pod_spec::{split_subscripted_path, validate_identities, validate_pod_parts};
 use super::{
     FieldError, ValidationErrors, check_raw_enum, child, dns1123_label_errors, index, invalid_each,
     is_selector_overlapping, key, qualified_name_errors, selector_is_empty, validate_annotations,
@@ -730,11 +732,8 @@ fn validate_containers(spec: &SidecarSetSpec, errs: &mut Vec<FieldError>) {
             "spec.containers",
             "no initContainer or container defined for SidecarSet",
         ));
-        // Volumes are still checked on their own.
-        errs.extend(super::pod_spec::validate_volumes(
-            &spec.volumes,
-            "spec.volumes",
-        ));
+        // Volume names are still checked on their own.
+        errs.extend(validate_identities(&[], &[], &spec.volumes, "spec"));
         return;
     }
     for (list, containers) in [
@@ -752,12 +751,24 @@ fn validate_containers(spec: &SidecarSetSpec, errs: &mut Vec<FieldError>) {
     }
     let init: Vec<&Container> = spec.init_containers.iter().map(|c| &c.container).collect();
     let containers: Vec<&Container> = spec.containers.iter().map(|c| &c.container).collect();
-    errs.extend(validate_pod_parts(
+    errs.extend(validate_identities(
         &init,
         &containers,
         &spec.volumes,
         "spec",
     ));
+}
+
+/// Kubernetes' pod validation of the SidecarSet's containers, init containers and volumes as
+/// this crate re-states it (the rules of 1.33, [`super::pod_spec`]). The webhook asks the
+/// cluster's apiserver instead (a dry-run pod) and consults this only when that cannot answer,
+/// turning what it finds into warnings: a newer Kubernetes may accept what these rules refuse
+/// (decision 0033). The rules kruise-rs relies on itself are in `validate_create`.
+pub fn pod_rules_as_of_1_33(set: &SidecarSet) -> Vec<FieldError> {
+    let spec = &set.spec;
+    let init: Vec<&Container> = spec.init_containers.iter().map(|c| &c.container).collect();
+    let containers: Vec<&Container> = spec.containers.iter().map(|c| &c.container).collect();
+    validate_pod_parts(&init, &containers, &spec.volumes, "spec")
 }
 
 /// `resourcesPolicy` (upstream's `validateResourcesPolicy`): only on native-sidecar init

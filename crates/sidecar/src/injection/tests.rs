@@ -1654,3 +1654,36 @@ fn a_twin_named_like_a_pod_container_is_a_conflict() {
     let err = inject(&pod(p), &[mesh], now()).expect_err("conflict");
     assert!(err.to_string().contains("nginx-2"), "{err}");
 }
+
+#[test]
+fn container_fields_newer_than_the_types_are_handed_on_for_every_injected_copy() {
+    let rules = json!([{"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]);
+    let mesh = selected(json!({
+        "metadata": {"name": "mesh"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "suxing-test"}},
+            "containers": [
+                {"name": "proxy", "image": "proxy:1", "restartPolicy": "Never",
+                 "restartPolicyRules": rules,
+                 "upgradeStrategy": {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "empty:1"}},
+                {"name": "plain", "image": "plain:1"},
+            ],
+        }
+    }));
+    let injection = run(&pod(pod1()), &[mesh]);
+    let expected = BTreeMap::from([("restartPolicyRules".to_owned(), rules)]);
+    assert_eq!(
+        injection.unknown_fields,
+        BTreeMap::from([
+            ("proxy-1".to_owned(), expected.clone()),
+            ("proxy-2".to_owned(), expected),
+        ])
+    );
+    // The typed container keeps what it knows.
+    assert_eq!(
+        container(&spec(&injection.pod).containers, "proxy-1")
+            .restart_policy
+            .as_deref(),
+        Some("Never")
+    );
+}

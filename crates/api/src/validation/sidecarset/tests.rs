@@ -72,6 +72,12 @@ fn update(old: &SidecarSet, new: &SidecarSet, others: &[SidecarSet]) -> Vec<Fiel
     ))
 }
 
+/// What the local copy of Kubernetes' pod validation finds (the webhook's advice when its
+/// dry-run pod gets no answer; `validate_create` leaves these rules to the apiserver).
+fn pod_rules(s: &SidecarSet) -> Vec<FieldError> {
+    pod_rules_as_of_1_33(s)
+}
+
 fn paths(errs: &[FieldError]) -> Vec<&str> {
     errs.iter().map(|e| e.path.as_str()).collect()
 }
@@ -226,10 +232,14 @@ fn upstream_wrong_volumes() {
             {"serviceAccountToken": {"audience": "istio-ca", "expirationSeconds": 43200, "path": "istio-token"}}]}}
     ]});
     // Undefaulted, as in upstream's test: the source-less volume is an error.
+    // Kubernetes' rule, so the apiserver's to judge: only the local copy reports it.
     let s = raw_set("test-sidecarset", with(base_json(), volumes.clone()));
-    let errs = create(&s);
+    assert_eq!(create(&s), []);
     assert_eq!(
-        errs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        pod_rules(&s)
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
         ["spec.volumes[0]: Required value: must specify a volume type"]
     );
     // Defaulted, as through the webhooks: it became an emptyDir.
@@ -243,9 +253,11 @@ fn upstream_wrong_volumes() {
 fn upstream_volume_device_scenarios() {
     let device = json!({"containers": [{"name": "test-sidecar", "image": "test-image",
             "volumeDevices": [{"name": "disk0", "devicePath": "/dev/nvme1"}]}]});
+    // Kubernetes' rules, so the apiserver's to judge: only the local copy reports them.
     let s = set("test-sidecarset", with(base_json(), device.clone()));
+    assert_eq!(create(&s), []);
     assert_eq!(
-        paths(&create(&s)),
+        paths(&pod_rules(&s)),
         ["spec.containers[0].volumeDevices[0].name"]
     );
     let s = set(
@@ -260,6 +272,7 @@ fn upstream_volume_device_scenarios() {
         ),
     );
     assert_eq!(create(&s), []);
+    assert_eq!(pod_rules(&s), []);
     let s = set(
         "test-sidecarset",
         with(
@@ -272,7 +285,8 @@ fn upstream_volume_device_scenarios() {
             }),
         ),
     );
-    assert_eq!(create(&s).len(), 2);
+    assert_eq!(create(&s), []);
+    assert_eq!(pod_rules(&s).len(), 2);
 }
 
 #[test]
@@ -1190,7 +1204,7 @@ fn transfer_env_field_refs() {
 }
 
 #[test]
-fn pod_rules_apply_to_sidecars() {
+fn names_kruise_rs_relies_on_are_refused_and_other_pod_rules_are_left_to_kubernetes() {
     let s = set(
         "x",
         with(
@@ -1201,11 +1215,44 @@ fn pod_rules_apply_to_sidecars() {
             }),
         ),
     );
+    assert_eq!(paths(&create(&s)), ["spec.initContainers[0].name"]);
     assert_eq!(
-        paths(&create(&s)),
+        paths(&pod_rules(&s)),
         [
             "spec.containers[0].volumeMounts[0].name",
             "spec.initContainers[0].name"
+        ]
+    );
+    // What newer Kubernetes allows (ContainerRestartRules, 1.35) is not refused here: the
+    // apiserver's dry run judges it. The 1.33 copy would refuse it.
+    let s = raw_set(
+        "x",
+        with(
+            base_json(),
+            json!({"containers": [{"name": "c", "image": "x", "restartPolicy": "Never",
+                "restartPolicyRules": [{"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]}]}),
+        ),
+    );
+    assert_eq!(create(&s), []);
+    assert_eq!(paths(&pod_rules(&s)), ["spec.containers[0].restartPolicy"]);
+    // Names, images and volume names stay refused.
+    let s = raw_set(
+        "x",
+        with(
+            base_json(),
+            json!({"containers": [{"name": "Bad_Name", "image": " x"}, {"name": "", "image": ""}],
+                   "volumes": [{"name": "v", "emptyDir": {}}, {"name": "v", "emptyDir": {}}, {"name": "", "emptyDir": {}}]}),
+        ),
+    );
+    assert_eq!(
+        paths(&create(&s)),
+        [
+            "spec.containers[0].name",
+            "spec.containers[0].image",
+            "spec.containers[1].name",
+            "spec.containers[1].image",
+            "spec.volumes[1].name",
+            "spec.volumes[2].name"
         ]
     );
 }
