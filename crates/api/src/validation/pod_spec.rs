@@ -7,9 +7,9 @@
 //! than this crate is judged by the Kubernetes that will run it (decision 0033). Two parts of
 //! this module stay in use:
 //!
-//! - [`validate_identities`]: the names and images kruise-rs relies on itself; always checked,
+//! - `validate_identities`: the names and images kruise-rs relies on itself; always checked,
 //!   a SidecarSet breaking them is refused whatever the dry run says.
-//! - [`validate_pod_parts`]: the rules below re-stated from Kubernetes 1.33, with its field paths
+//! - `validate_pod_parts`: the rules below re-stated from Kubernetes 1.33, with its field paths
 //!   (`spec.containers[0].name`, `spec.volumes[1]`, which are also the SidecarSet's paths) and
 //!   wording. Consulted only when the dry run cannot answer, and then only as admission
 //!   warnings: a newer Kubernetes may allow what they refuse. Covered:
