@@ -302,6 +302,13 @@ struct WebhookArgs {
           num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     sidecarset_patch_pod_metadata_defaults_allowed: bool,
 
+    /// Inject a pod's sidecar containers in name order (as sidecar init containers always are)
+    /// rather than SidecarSet then declaration order: upstream OpenKruise's feature gate
+    /// `EnableSortSidecarContainerByName`.
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    sidecarset_sort_containers_by_name: bool,
+
     /// What the pod webhook does with a pod that a SidecarSet it cannot read (written around
     /// the webhook with a field our types refuse) may select: `admit` it without that
     /// SidecarSet, with an admission warning naming it, or `refuse` it, naming the SidecarSet
@@ -359,6 +366,7 @@ impl WebhookArgs {
             pod_object_selector: self.webhook_pod_object_selector,
             patch_pod_metadata_defaults_allowed: self
                 .sidecarset_patch_pod_metadata_defaults_allowed,
+            sort_sidecar_containers_by_name: self.sidecarset_sort_containers_by_name,
             unreadable_sidecarset_policy: self.unreadable_sidecarset_policy,
             shutdown_grace: self.webhook_shutdown_grace,
         })
@@ -721,6 +729,21 @@ mod tests {
     }
 
     #[test]
+    fn sidecar_containers_are_sorted_by_name_only_when_asked() {
+        let sorted = |flags: &[&str]| {
+            manager_args(flags)
+                .webhook
+                .options()
+                .expect("webhooks on")
+                .sort_sidecar_containers_by_name
+        };
+        assert!(!sorted(&[]));
+        assert!(sorted(&["--sidecarset-sort-containers-by-name"]));
+        assert!(sorted(&["--sidecarset-sort-containers-by-name=true"]));
+        assert!(!sorted(&["--sidecarset-sort-containers-by-name=false"]));
+    }
+
+    #[test]
     fn daemon_flags_and_defaults() {
         let cli = Cli::try_parse_from(["kruise-rs", "daemon", "--node-name", "n1"]).unwrap();
         let Command::Daemon(args) = cli.command else {
@@ -764,6 +787,61 @@ mod tests {
             "0",
         ];
         assert!(Cli::try_parse_from(zero).is_err());
+    }
+
+    fn daemon_args(flags: &[&str]) -> Result<kruise_rs_daemon::DaemonArgs, clap::Error> {
+        let cli = Cli::try_parse_from(
+            ["kruise-rs", "daemon", "--node-name", "n1"]
+                .iter()
+                .chain(flags),
+        )?;
+        let Command::Daemon(args) = cli.command else {
+            panic!("not the daemon: {:?}", cli.command);
+        };
+        Ok(args)
+    }
+
+    #[test]
+    fn the_daemon_takes_upstreams_flag_names() {
+        // What upstream's kruise-daemon DaemonSet passes.
+        let options = daemon_args(&[
+            "--max-workers-for-pull-image=5",
+            "--rest-config-qps=7",
+            "--rest-config-burst=9",
+            "--socket-file=containerd/containerd.sock",
+            "--host-run-dir=/hostvarrun",
+        ])
+        .unwrap()
+        .options()
+        .unwrap();
+        assert_eq!(options.max_concurrent_pulls, 5);
+        assert_eq!(
+            options.kube_api_rate,
+            kruise_rs_kube::RateLimit::from_flags(7.0, 9).unwrap()
+        );
+        assert_eq!(
+            options.cri_socket,
+            Some(PathBuf::from("/hostvarrun/containerd/containerd.sock"))
+        );
+        // Upstream's default -1: no bound.
+        let unbounded = daemon_args(&["--max-workers-for-pull-image", "-1"]).unwrap();
+        assert_eq!(unbounded.max_concurrent_pulls, u16::MAX);
+        for bad in ["-2", "0", "65536", "two"] {
+            let err = daemon_args(&["--max-workers-for-pull-image", bad]).unwrap_err();
+            assert!(err.to_string().contains(bad), "{err}");
+        }
+        // A socket outside the host run dir is --cri-socket's job, and both at once is an error.
+        for outside in ["/run/containerd.sock", "../containerd.sock", "./"] {
+            let err = daemon_args(&["--socket-file", outside])
+                .unwrap()
+                .options()
+                .unwrap_err();
+            assert!(
+                err.contains("--socket-file") && err.contains("--cri-socket"),
+                "{err}"
+            );
+        }
+        assert!(daemon_args(&["--socket-file=a.sock", "--cri-socket=/b.sock"]).is_err());
     }
 
     #[test]

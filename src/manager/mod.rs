@@ -368,6 +368,9 @@ fn serve_webhooks(
             HandlerSettings {
                 patch_pod_metadata_defaults_allowed: webhook_opts
                     .patch_pod_metadata_defaults_allowed,
+                injection: kruise_rs_sidecar::InjectionOptions {
+                    sort_containers_by_name: webhook_opts.sort_sidecar_containers_by_name,
+                },
                 unreadable_sidecarset_policy: webhook_opts.unreadable_sidecarset_policy,
             },
         );

@@ -69,6 +69,8 @@ pub struct HandlerSettings {
     /// `patchPodMetadata` no whitelist rule covers is allowed (upstream's feature gate
     /// `SidecarSetPatchPodMetadataDefaultsAllowed`).
     pub patch_pod_metadata_defaults_allowed: bool,
+    /// How sidecars go into pods (`--sidecarset-sort-containers-by-name`).
+    pub injection: sidecar::InjectionOptions,
     /// What a pod an unreadable SidecarSet may select gets (decision 0027).
     pub unreadable_sidecarset_policy: UnreadableSidecarSetPolicy,
 }
@@ -95,6 +97,7 @@ pub struct Handlers {
     /// `patchPodMetadata` no whitelist rule covers is allowed (upstream's feature gate
     /// `SidecarSetPatchPodMetadataDefaultsAllowed`).
     patch_pod_metadata_defaults_allowed: bool,
+    injection: sidecar::InjectionOptions,
     unreadable_sidecarset_policy: UnreadableSidecarSetPolicy,
     /// The dry-run pods' verdicts, so an unchanged SidecarSet costs no second dry run.
     dry_runs: dry_run::Verdicts,
@@ -185,6 +188,7 @@ impl Handlers {
             namespaces,
             synced,
             patch_pod_metadata_defaults_allowed: settings.patch_pod_metadata_defaults_allowed,
+            injection: settings.injection,
             unreadable_sidecarset_policy: settings.unreadable_sidecarset_policy,
             dry_runs: dry_run::Verdicts::default(),
         });
@@ -712,7 +716,8 @@ impl Handlers {
         if !request.dry_run {
             self.record_skipped(&screened.skipped, &pod, &candidates);
         }
-        let injection = match sidecar::inject(&pod, &screened.inject, Time(Timestamp::now())) {
+        let now = Time(Timestamp::now());
+        let injection = match sidecar::inject_with(&pod, &screened.inject, now, self.injection) {
             Ok(injection) => injection,
             Err(err) => return Verdict::Deny(format!("cannot inject sidecars: {err}")),
         };

@@ -93,6 +93,9 @@ pub struct WebhookOptions {
     /// (`--sidecarset-patch-pod-metadata-defaults-allowed`, upstream's feature gate
     /// `SidecarSetPatchPodMetadataDefaultsAllowed`; off by default, as upstream).
     pub patch_pod_metadata_defaults_allowed: bool,
+    /// Sidecar containers are injected in name order (`--sidecarset-sort-containers-by-name`,
+    /// upstream's feature gate `EnableSortSidecarContainerByName`; off by default, as upstream).
+    pub sort_sidecar_containers_by_name: bool,
     /// What the pod webhook does with a pod an unreadable SidecarSet may select
     /// (`--unreadable-sidecarset-policy`, decision 0027).
     pub unreadable_sidecarset_policy: UnreadableSidecarSetPolicy,

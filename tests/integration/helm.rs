@@ -422,6 +422,7 @@ fn helm_values_change_the_rendered_objects() {
         "--set=manager.resources.limits.memory=512Mi",
         "--set=daemon.criSocket=/run/k3s/containerd/containerd.sock,daemon.criSocketGroup=989",
         "--set=daemon.extraArgs={--max-concurrent-pulls=4}",
+        "--set=daemon.extraEnvs[0].name=HTTPS_PROXY,daemon.extraEnvs[0].value=http://127.0.0.1:3128",
         "--set=daemon.nodeSelector.pool=build,daemon.resources.limits.cpu=2",
         "--set=daemon.tolerations=null",
         "--set=serviceMonitor.enabled=true,serviceMonitor.labels.release=prom",
@@ -486,6 +487,15 @@ fn helm_values_change_the_rendered_objects() {
                 .any(|a| a == "--max-concurrent-pulls=4"),
         "daemon args: {args}"
     );
+    assert_eq!(
+        container["env"],
+        serde_json::json!([
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": "KRUISE_RS_LOG_FORMAT", "value": "json"},
+            {"name": "HTTPS_PROXY", "value": "http://127.0.0.1:3128"},
+        ]),
+        "daemon.extraEnvs come after the chart's own"
+    );
 
     find(&got, "Namespace kr-sys");
     find(&got, "Namespace kr-secrets");
@@ -536,15 +546,25 @@ fn helm_values_change_the_rendered_objects() {
         assert!(args.iter().any(|a| a == wanted), "{args:?} lack {wanted}");
     }
     assert_eq!(lease_names(&switching), ["kruise-manager"]);
-    // Upstream's pod signal and patch-metadata gate, both off by default.
+    // Upstream's pod signal, patch-metadata gate and container sorting gate, all off by
+    // default.
+    let defaults = manager_args(&rendered_objects(&[]));
+    assert!(
+        !defaults
+            .iter()
+            .any(|a| a.starts_with("--sidecarset-sort-containers-by-name")),
+        "{defaults:?}"
+    );
     let upstream = rendered_objects(&[
         "--set=manager.sidecarsetUpgradableConditionOnUpgrade=true",
         "--set=manager.sidecarsetPatchPodMetadataDefaultsAllowed=true",
+        "--set=manager.sidecarsetSortContainersByName=true",
     ]);
     let args = manager_args(&upstream);
     for wanted in [
         "--sidecarset-upgradable-condition-on-upgrade=true",
         "--sidecarset-patch-pod-metadata-defaults-allowed=true",
+        "--sidecarset-sort-containers-by-name=true",
     ] {
         assert!(args.iter().any(|a| a == wanted), "{args:?} lack {wanted}");
     }
@@ -627,6 +647,11 @@ fn helm_refuses_invalid_values() {
             "manager.sidecarsetPatchPodMetadataDefaultsAllowed=maybe",
             "/manager/sidecarsetPatchPodMetadataDefaultsAllowed",
         ),
+        (
+            "manager.sidecarsetSortContainersByName=maybe",
+            "/manager/sidecarsetSortContainersByName",
+        ),
+        ("daemon.extraEnvs[0].value=x", "/daemon/extraEnvs/0"),
         ("manager.kubeApi.qps=-1", "/manager/kubeApi/qps"),
         ("manager.kubeApi.qps=fast", "/manager/kubeApi/qps"),
         ("manager.kubeApi.burst=0", "/manager/kubeApi/burst"),

@@ -27,6 +27,11 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "PATH", env = "KRUISE_RS_CRI_SOCKET")]
     pub cri_socket: Option<PathBuf>,
 
+    /// Upstream kruise-daemon's spelling of the CRI socket: its path relative to
+    /// --host-run-dir (`containerd/containerd.sock`), so upstream's DaemonSet arguments work.
+    #[arg(long, value_name = "NAME", conflicts_with = "cri_socket")]
+    pub socket_file: Option<PathBuf>,
+
     /// Where the host's /var/run is mounted, for socket detection.
     #[arg(long, value_name = "DIR", default_value = "/var/run")]
     pub host_run_dir: PathBuf,
@@ -40,19 +45,22 @@ pub struct DaemonArgs {
     )]
     pub probe_addr: SocketAddr,
 
-    /// Image pulls in flight at once on this node.
-    #[arg(long, value_name = "N", default_value_t = 2,
-          value_parser = clap::value_parser!(u16).range(1..))]
+    /// Image pulls in flight at once on this node. Upstream's spelling
+    /// --max-workers-for-pull-image is accepted, with its -1 for "no bound" (read as 65535).
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = parse_pull_workers,
+          visible_alias = "max-workers-for-pull-image", allow_negative_numbers = true)]
     pub max_concurrent_pulls: u16,
 
     /// Requests a second the daemon sends the API server on average (a client-side token
     /// bucket; requests over it wait); 0 for no limit. The default is client-go's, which
     /// upstream's daemon keeps.
-    #[arg(long, value_name = "QPS", default_value_t = DEFAULT_KUBE_API_RATE.qps)]
+    #[arg(long, value_name = "QPS", default_value_t = DEFAULT_KUBE_API_RATE.qps,
+          visible_alias = "rest-config-qps")]
     pub kube_api_qps: f64,
 
     /// Requests the daemon may send at once above --kube-api-qps after a quiet spell.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_KUBE_API_RATE.burst)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_KUBE_API_RATE.burst,
+          visible_alias = "rest-config-burst")]
     pub kube_api_burst: u32,
 
     /// /healthz fails once the CRI runtime has not answered for this long, so a liveness probe
@@ -74,14 +82,46 @@ pub struct DaemonArgs {
     pub plugin_bin_dir: PathBuf,
 }
 
+/// `--max-concurrent-pulls`: 1 to 65535, or upstream's -1 for no bound (65535).
+fn parse_pull_workers(text: &str) -> Result<u16, String> {
+    match text.trim().parse::<i64>() {
+        Ok(-1) => Ok(u16::MAX),
+        Ok(n) => u16::try_from(n)
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| format!("{n} is not between 1 and 65535 (or -1 for no bound)")),
+        Err(e) => Err(format!("not a number: {e}")),
+    }
+}
+
+/// `--socket-file`: a path relative to `host_run_dir` without `..`, as upstream's daemon
+/// joins it under its mount of the host's /var/run.
+fn socket_under(host_run_dir: &std::path::Path, name: &std::path::Path) -> Result<PathBuf, String> {
+    use std::path::Component;
+    if name.as_os_str().is_empty() || !name.components().all(|c| matches!(c, Component::Normal(_)))
+    {
+        return Err(format!(
+            "--socket-file {} must name a socket under --host-run-dir ({}), without .. or a \
+             leading /; give a full path with --cri-socket",
+            name.display(),
+            host_run_dir.display()
+        ));
+    }
+    Ok(host_run_dir.join(name))
+}
+
 impl DaemonArgs {
     /// What [`super::run`] takes; an error names the flags that do not fit together.
     pub fn options(self) -> Result<DaemonOptions, String> {
+        let cri_socket = match &self.socket_file {
+            Some(name) => Some(socket_under(&self.host_run_dir, name)?),
+            None => self.cri_socket,
+        };
         Ok(DaemonOptions {
             kube_api_rate: RateLimit::from_flags(self.kube_api_qps, self.kube_api_burst)?,
             node_name: self.node_name,
             kubeconfig: self.kubeconfig,
-            cri_socket: self.cri_socket,
+            cri_socket,
             host_run_dir: self.host_run_dir,
             probe_addr: self.probe_addr,
             cri_liveness_timeout: self.cri_liveness_timeout,

@@ -14,8 +14,9 @@
 //! 3. Only the SidecarSet volumes the injected containers mount (or use as devices) are added,
 //!    and the pod's own volume of the same name wins. Pull secrets are merged by name, pod's
 //!    first.
-//! 4. Injected init containers are sorted by name; then for init containers and containers
-//!    alike, one whose name the pod already has replaces it in place, the others go in front
+//! 4. Injected init containers are sorted by name (containers too with
+//!    [`InjectionOptions::sort_containers_by_name`], upstream's feature gate
+//!    `EnableSortSidecarContainerByName`); then for init containers and containers alike, one whose name the pod already has replaces it in place, the others go in front
 //!    (`BeforeAppContainer`, in encounter order) or at the end (`AfterAppContainer`). An unset
 //!    policy means what defaulting writes: containers in front, init containers at the end.
 //! 5. A hot-upgrade sidecar (`upgradeType: HotUpgrade`, on a container or a native-sidecar
@@ -110,11 +111,30 @@ pub enum InjectionError {
     NameConflict { container: String, detail: String },
 }
 
+/// What the manager's flags change in [`inject_with`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InjectionOptions {
+    /// Injected containers go in by name, as injected init containers always do, rather than in
+    /// SidecarSet then declaration order (`--sidecarset-sort-containers-by-name`, upstream's
+    /// feature gate `EnableSortSidecarContainerByName`; off by default, as upstream).
+    pub sort_containers_by_name: bool,
+}
+
 /// Injects `sidecarsets` into `pod` (a pod being created). `now` stamps the hash annotations.
 pub fn inject(
     pod: &Pod,
     sidecarsets: &[SelectedSidecarSet],
     now: Time,
+) -> Result<Injection, InjectionError> {
+    inject_with(pod, sidecarsets, now, InjectionOptions::default())
+}
+
+/// [`inject`] with the manager's [`InjectionOptions`].
+pub fn inject_with(
+    pod: &Pod,
+    sidecarsets: &[SelectedSidecarSet],
+    now: Time,
+    options: InjectionOptions,
 ) -> Result<Injection, InjectionError> {
     let mut sets: Vec<&SelectedSidecarSet> = sidecarsets.iter().collect();
     sets.sort_by(|a, b| a.name.cmp(&b.name));
@@ -146,6 +166,11 @@ pub fn inject(
     // 4. Merge into the pod.
     let injected = built.injected.clone();
     let unknown_fields = std::mem::take(&mut built.unknown_fields);
+    if options.sort_containers_by_name {
+        built
+            .containers
+            .sort_by(|a, b| a.container.name.cmp(&b.container.name));
+    }
     out.spec = Some(merge_into(spec, built));
 
     // 5. Annotations.

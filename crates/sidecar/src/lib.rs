@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use kruise_rs_api::sidecarset::{SidecarSet, SidecarSetInjectRevisionPolicy};
 
-pub use injection::{Injection, InjectionError, inject, pod_patch};
+pub use injection::{Injection, InjectionError, InjectionOptions, inject, inject_with, pod_patch};
 pub use matching::MatchError;
 pub use revision::{RevisionError, SelectedSidecarSet};
 

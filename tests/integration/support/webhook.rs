@@ -61,6 +61,7 @@ pub(crate) fn webhook_options(
             ..LabelSelector::default()
         }),
         patch_pod_metadata_defaults_allowed: false,
+        sort_sidecar_containers_by_name: false,
         unreadable_sidecarset_policy: UnreadableSidecarSetPolicy::Admit,
         pod_object_selector: None,
         // Tests stop their managers at once; webhook_availability sets one.

@@ -1687,3 +1687,51 @@ fn container_fields_newer_than_the_types_are_handed_on_for_every_injected_copy()
         Some("Never")
     );
 }
+
+#[test]
+fn containers_go_in_by_name_only_when_asked() {
+    let set = |name: &str, containers: Value| {
+        selected(json!({
+            "metadata": {"name": name},
+            "spec": {"selector": {"matchLabels": {"app": "suxing-test"}}, "containers": containers}
+        }))
+    };
+    let sets = [
+        set(
+            "a-set",
+            json!([{"name": "zeta", "image": "z:1"}, {"name": "beta", "image": "b:1"},
+                   {"name": "omega", "image": "o:1", "podInjectPolicy": "AfterAppContainer"},
+                   {"name": "gamma", "image": "g:1", "podInjectPolicy": "AfterAppContainer"}]),
+        ),
+        set("b-set", json!([{"name": "alpha", "image": "a:1"}])),
+    ];
+    let p = pod(pod1());
+    let app = container_names(&p);
+    let with_app = |before: &[&str], after: &[&str]| -> Vec<String> {
+        before
+            .iter()
+            .chain(&app)
+            .chain(after)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    // By default: SidecarSet name, then the order each declares.
+    let default = run(&p, &sets);
+    assert_eq!(
+        container_names(&default.pod),
+        with_app(&["zeta", "beta", "alpha"], &["omega", "gamma"])
+    );
+    let sorted = inject_with(
+        &p,
+        &sets,
+        now(),
+        InjectionOptions {
+            sort_containers_by_name: true,
+        },
+    )
+    .expect("injection succeeds");
+    assert_eq!(
+        container_names(&sorted.pod),
+        with_app(&["alpha", "beta", "zeta"], &["gamma", "omega"])
+    );
+}
