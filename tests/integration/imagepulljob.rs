@@ -1279,6 +1279,24 @@ async fn a_full_nodeimage_is_reported_not_retried_as_a_conflict() {
     assert!(status.completion_time.is_none(), "{status:?}");
     let ni = env.nodeimages().get(&node).await.expect("NodeImage");
     assert_eq!(ni.spec.images.len(), 256, "{:?}", event.note);
+
+    // Room again: the NodeImage's change wakes the job (it owns nothing there) and it writes.
+    env.nodeimages()
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"images": {"filler/img0": null}}})),
+        )
+        .await
+        .expect("free one image");
+    wait_for("the job's entry once there is room", TIMEOUT, || async {
+        let ni = env.nodeimages().get(&node).await.ok()?;
+        ni.spec
+            .images
+            .contains_key("registry.local/app")
+            .then_some(())
+    })
+    .await;
 }
 
 /// The label the manager of [`copies_of_vanished_jobs_are_swept_and_no_job_waits_for_the_manager`]

@@ -253,6 +253,125 @@ async fn manager_metrics_count_reconciles_and_report_progress() {
     assert!(result.is_ok(), "{result:?}");
 }
 
+/// A daemon's report on one job's tag reconciles that job alone (upstream #2483: every status
+/// write woke every job owning a tag on the node, and every running job that could target it).
+/// Two jobs own a tag each on one NodeImage; `REPORTS` reports on the first job's tag move its
+/// progress only (nothing in either job's status follows it), each waiting for a reconcile. A
+/// wake-up of both jobs per report would cost about twice `REPORTS` reconciles.
+#[tokio::test]
+async fn a_report_on_one_jobs_tag_reconciles_that_job_alone() {
+    const REPORTS: u32 = 20;
+    let cluster = support::cluster().await;
+    let client = cluster.client().await;
+    let value = unique_name("wakes");
+    let revisions = cluster.namespace("wakes-revisions").await;
+    let jobs_ns = cluster.namespace("wakes-jobs").await;
+    let opts = ManagerOptions {
+        controllers: kruise_rs::controllers::ControllerOptions {
+            namespace: revisions.name().to_owned(),
+            label_selector: Some(format!("{LABEL}={value}")),
+            ..support::test_controller_options()
+        },
+        ..support::manager_options(cluster.kubeconfig_path())
+    };
+    let manager = support::start_manager(opts, TIMEOUT, "wakes").await;
+    let addr = manager.probe_addr;
+
+    let node = unique_name("wakes-ni");
+    let mut nodeimage = NodeImage::new(&node, Default::default());
+    nodeimage.metadata.labels = Some(
+        [
+            (FAKE_NODEIMAGE.to_owned(), "true".to_owned()),
+            (LABEL.to_owned(), value.clone()),
+        ]
+        .into(),
+    );
+    let nodeimages = Api::<NodeImage>::all(client.clone());
+    nodeimages
+        .create(&PostParams::default(), &nodeimage)
+        .await
+        .unwrap_or_else(|e| panic!("creating NodeImage {node}: {e}"));
+    let jobs = Api::<ImagePullJob>::namespaced(client.clone(), jobs_ns.name());
+    let mut uids = Vec::new();
+    for (name, image) in [("reported", "busybox:1.36"), ("quiet", "nginx:1.25")] {
+        let mut job = ImagePullJob::new(
+            &unique_name(name),
+            ImagePullJobSpec {
+                image: image.into(),
+                template: ImagePullJobTemplate {
+                    selector: Some(ImagePullJobNodeSelector {
+                        names: vec![node.clone()],
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            },
+        );
+        job.metadata.labels = Some([(LABEL.to_owned(), value.clone())].into());
+        let created = jobs
+            .create(&PostParams::default(), &job)
+            .await
+            .unwrap_or_else(|e| panic!("creating ImagePullJob {name}: {e}"));
+        uids.push(created.metadata.uid.expect("a uid"));
+    }
+    // Both jobs have written their tags and counted the node.
+    wait_for("both jobs to count the node", TIMEOUT, || async {
+        let listed = jobs.list(&Default::default()).await.ok()?;
+        listed
+            .items
+            .iter()
+            .all(|j| j.status.as_ref().is_some_and(|s| s.active == 1))
+            .then_some(())
+    })
+    .await;
+    let stored = nodeimages.get(&node).await.expect("the NodeImage");
+    let owners: Vec<String> = stored
+        .spec
+        .images
+        .values()
+        .flat_map(|i| &i.tags)
+        .flat_map(|t| &t.owner_references)
+        .filter_map(|o| o.uid.clone())
+        .collect();
+    assert!(
+        uids.iter().all(|uid| owners.contains(uid)),
+        "{owners:?} {uids:?}"
+    );
+
+    let series = "kruise_rs_manager_reconciles_total{controller=\"imagepulljob\",result=\"ok\"}";
+    let count = |text: &str| sample(text, series).unwrap_or(0.0);
+    let before = count(&scrape(addr).await);
+    let mut last = before;
+    for progress in 1..=REPORTS {
+        let report = json!({"status": {"imageStatuses": {"busybox": {"tags": [
+            {"tag": "1.36", "phase": "Pulling", "progress": progress, "version": 0}
+        ]}}}});
+        nodeimages
+            .patch_status(&node, &PatchParams::default(), &Patch::Merge(&report))
+            .await
+            .unwrap_or_else(|e| panic!("reporting on {node}: {e}"));
+        let text = wait_sample(addr, series, |n| n > last).await;
+        last = count(&text);
+    }
+    let spent = last - before;
+    println!("{REPORTS} reports on one job's tag: {spent} ImagePullJob reconciles");
+    assert!(
+        spent < f64::from(REPORTS) * 1.5,
+        "{REPORTS} reports on one job's tag cost {spent} reconciles"
+    );
+
+    let _ = jobs
+        .delete_collection(&DeleteParams::default(), &Default::default())
+        .await;
+    let _ = nodeimages.delete(&node, &DeleteParams::default()).await;
+    manager.stop.send(()).expect("the manager still runs");
+    let result = tokio::time::timeout(TIMEOUT, manager.task)
+        .await
+        .expect("the manager stops")
+        .expect("join");
+    assert!(result.is_ok(), "{result:?}");
+}
+
 #[test]
 fn sample_reads_one_series_exactly() {
     let text = "a_total{x=\"1\"} 3\na_total{x=\"10\"} 4\nb 1.5\n";

@@ -2,7 +2,8 @@
 //! most `parallelism` nodes at a time and in target order, and sums the nodes' reports into the
 //! job's status.
 //!
-//! - `watch.rs`: the job watch, the shared NodeImage and pod feeds, and what wakes which job;
+//! - `watch.rs`: the job watch, the shared NodeImage and pod feeds, and what wakes which job
+//!   (`nodeimage_changes`: which jobs a NodeImage event concerns);
 //! - [`plan`]: the decisions of a reconcile, from plain values, built from
 //!   - `targets`: which nodes, in which order, and where each stands;
 //!   - `entry`: what a job writes into a NodeImage;
@@ -21,6 +22,7 @@
 //! never counts a node it just started as not started, and `parallelism` holds exactly.
 
 mod entry;
+mod nodeimage_changes;
 pub mod plan;
 mod reconcile;
 pub mod secrets;

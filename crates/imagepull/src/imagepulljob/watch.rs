@@ -15,9 +15,10 @@ use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use super::nodeimage_changes::{Change, NodeImageChanges};
 use super::reconcile::{error_policy, key, reconcile};
 use super::{Context, NAME, WrittenNodeImages, secrets};
-use crate::lean_nodeimage::{LeanNodeImage, NodeImageFeed};
+use crate::lean_nodeimage::NodeImageFeed;
 use kruise_rs_api::imagepulljob::ImagePullJob;
 use kruise_rs_controller::metrics::ManagerMetrics;
 use kruise_rs_controller::pod_feed::PodFeed;
@@ -28,38 +29,37 @@ use kruise_rs_kube::backoff::{self, Backoff};
 use kruise_rs_kube::error_chain::error_chain;
 use kruise_rs_kube::events::Recorder;
 
-/// Jobs a NodeImage change may concern: running jobs whose selector could include the node,
-/// and any job the NodeImage names as an owner.
+/// Jobs a NodeImage event concerns (`nodeimage_changes`): jobs whose tags on `node` changed,
+/// and, when the node itself appeared, went or was relabelled, running jobs whose selector could
+/// include it (`node` is `None` at the end of a re-list, for the nodes gone meanwhile).
 fn jobs_for_nodeimage(
     jobs: &Store<ImagePullJob>,
-    nodeimage: &LeanNodeImage,
+    node: Option<&str>,
+    change: &Change,
 ) -> Vec<ObjectRef<ImagePullJob>> {
-    let node = nodeimage.name_any();
-    let owners: Vec<&str> = nodeimage
-        .spec
-        .images
-        .values()
-        .flat_map(|i| i.tags.iter())
-        .flat_map(|t| t.owner_references.iter())
-        .filter_map(|o| o.uid.as_deref())
-        .collect();
+    if change.owners.is_empty() && !change.node {
+        return Vec::new();
+    }
     jobs.state()
         .into_iter()
         .filter(|job| {
-            let running = job
-                .status
-                .as_ref()
-                .is_none_or(|s| s.completion_time.is_none());
             let owner = job
                 .metadata
                 .uid
                 .as_deref()
-                .is_some_and(|u| owners.contains(&u));
-            let may_target = match &job.spec.template.selector {
-                Some(sel) if !sel.names.is_empty() => sel.names.contains(&node),
+                .is_some_and(|u| change.owners.iter().any(|o| o == u));
+            let running = || {
+                job.status
+                    .as_ref()
+                    .is_none_or(|s| s.completion_time.is_none())
+            };
+            let may_target = || match &job.spec.template.selector {
+                Some(sel) if !sel.names.is_empty() => {
+                    node.is_none_or(|node| sel.names.iter().any(|n| n == node))
+                }
                 _ => true,
             };
-            owner || (running && may_target)
+            owner || (change.node && running() && may_target())
         })
         .map(|job| ObjectRef::from_obj(&*job))
         .collect()
@@ -113,15 +113,18 @@ pub async fn run_with_feeds(
     // Every NodeImage event, deletions included, as the pods below.
     let written = Arc::new(WrittenNodeImages::default());
     let written_seen = written.clone();
+    let mut changes = NodeImageChanges::default();
     let (nodeimages, nodeimages_ready, nodeimage_triggers) =
         nodeimages.into_triggers(move |event| {
             written_seen.saw(event);
-            match event {
+            let change = changes.observe(event);
+            let node = match event {
                 watcher::Event::Apply(ni)
                 | watcher::Event::InitApply(ni)
-                | watcher::Event::Delete(ni) => jobs_for_nodeimage(&jobs, ni),
-                watcher::Event::Init | watcher::Event::InitDone => Vec::new(),
-            }
+                | watcher::Event::Delete(ni) => ni.metadata.name.as_deref(),
+                watcher::Event::Init | watcher::Event::InitDone => None,
+            };
+            jobs_for_nodeimage(&jobs, node, &change)
         });
     // Every pod event, deletions included: a job's nodes follow its pods either way.
     let (pods, pods_ready, pod_triggers) = pods.into_triggers(move |event| match event {
@@ -363,5 +366,58 @@ mod tests {
         ];
         assert_eq!(node_counts(&jobs), [5, 1, 3, 1]);
         assert_eq!(node_counts(&[]), [0; 4]);
+    }
+
+    #[test]
+    fn a_nodeimage_change_wakes_its_owners_and_on_node_changes_the_jobs_that_may_target_it() {
+        use kruise_rs_api::imagepulljob::{ImagePullJobNodeSelector, ImagePullJobStatus};
+        let (store, mut writer) = reflector::store::<ImagePullJob>();
+        let mut add = |name: &str, names: &[&str], done: bool| {
+            let mut job = ImagePullJob::new(name, Default::default());
+            job.metadata.namespace = Some("ns".into());
+            job.metadata.uid = Some(format!("uid-{name}"));
+            if !names.is_empty() {
+                job.spec.template.selector = Some(ImagePullJobNodeSelector {
+                    names: names.iter().map(|n| n.to_string()).collect(),
+                    ..Default::default()
+                });
+            }
+            if done {
+                job.status = Some(ImagePullJobStatus {
+                    completion_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                    )),
+                    ..Default::default()
+                });
+            }
+            writer.apply_watcher_event(&watcher::Event::Apply(job));
+        };
+        add("everywhere", &[], false);
+        add("on-n1", &["n1"], false);
+        add("on-n2", &["n2"], false);
+        add("finished", &[], true);
+        let woken = |node: Option<&str>, owners: &[&str], node_changed: bool| {
+            let change = Change {
+                owners: owners.iter().map(|o| format!("uid-{o}")).collect(),
+                node: node_changed,
+            };
+            let mut names: Vec<String> = jobs_for_nodeimage(&store, node, &change)
+                .into_iter()
+                .map(|r| r.name)
+                .collect();
+            names.sort();
+            names
+        };
+        // A report on one job's tag: that job alone, finished or not.
+        assert_eq!(woken(Some("n1"), &["on-n2"], false), ["on-n2"]);
+        assert_eq!(woken(Some("n1"), &["finished"], false), ["finished"]);
+        assert!(woken(Some("n1"), &[], false).is_empty());
+        // The node changed: running jobs that may target it, and the owners.
+        assert_eq!(
+            woken(Some("n1"), &["finished"], true),
+            ["everywhere", "finished", "on-n1"]
+        );
+        // The end of a re-list (nodes gone, names unknown): every running job.
+        assert_eq!(woken(None, &[], true), ["everywhere", "on-n1", "on-n2"]);
     }
 }
