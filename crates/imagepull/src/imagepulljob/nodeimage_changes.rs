@@ -33,12 +33,13 @@ pub(crate) struct Change {
 }
 
 /// One NodeImage as the wake-ups need it.
-/// Kept for every NodeImage the manager watches, so small: the owners are the store's own shared
-/// references, in a boxed slice (a `BTreeMap` allocates room for 11 entries at once).
+/// Kept for every NodeImage the manager watches, so small (about 50 bytes with its key and
+/// nothing owned): the owners are the store's own shared references, in a boxed slice (a
+/// `BTreeMap` allocates room for 11 entries at once).
 #[derive(Debug)]
 struct Fingerprint {
     labels: u64,
-    images: usize,
+    images: u32,
     /// Each owner with a hash of its tags' spec and status entries, by UID.
     owned: Box<[(SharedOwner, u64)]>,
 }
@@ -58,12 +59,24 @@ impl Fingerprint {
     }
 }
 
-/// The last fingerprint of every NodeImage seen.
+/// The last fingerprint of every NodeImage seen, by a 64-bit hash of its name (two names
+/// sharing one would at worst wake a job for nothing: a missed change would need the other
+/// node's fingerprint to equal the changed one's).
 #[derive(Debug, Default)]
 pub(crate) struct NodeImageChanges {
-    seen: HashMap<String, Fingerprint>,
+    seen: HashMap<u64, Fingerprint>,
     /// The nodes a re-list has brought so far (between `Init` and `InitDone`).
-    relisted: Option<HashSet<String>>,
+    relisted: Option<HashSet<u64>>,
+}
+
+fn name_key(ni: &LeanNodeImage) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    ni.metadata
+        .name
+        .as_deref()
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
 }
 
 impl NodeImageChanges {
@@ -76,33 +89,30 @@ impl NodeImageChanges {
                 Change::default()
             }
             watcher::Event::InitApply(ni) | watcher::Event::Apply(ni) => {
-                let name = ni.metadata.name.clone().unwrap_or_default();
+                let key = name_key(ni);
                 if let (watcher::Event::InitApply(_), Some(relisted)) = (event, &mut self.relisted)
                 {
-                    relisted.insert(name.clone());
+                    relisted.insert(key);
                 }
                 let new = fingerprint(ni);
-                let change = diff(self.seen.get(&name), Some(&new));
-                self.seen.insert(name, new);
+                let change = diff(self.seen.get(&key), Some(&new));
+                self.seen.insert(key, new);
                 change
             }
-            watcher::Event::Delete(ni) => {
-                let name = ni.metadata.name.as_deref().unwrap_or_default();
-                diff(self.seen.remove(name).as_ref(), None)
-            }
+            watcher::Event::Delete(ni) => diff(self.seen.remove(&name_key(ni)).as_ref(), None),
             watcher::Event::InitDone => {
                 let Some(relisted) = self.relisted.take() else {
                     return Change::default();
                 };
-                let gone: Vec<String> = self
+                let gone: Vec<u64> = self
                     .seen
                     .keys()
-                    .filter(|name| !relisted.contains(*name))
-                    .cloned()
+                    .filter(|key| !relisted.contains(*key))
+                    .copied()
                     .collect();
                 let mut change = Change::default();
-                for name in gone {
-                    let old = self.seen.remove(&name);
+                for key in gone {
+                    let old = self.seen.remove(&key);
                     let each = diff(old.as_ref(), None);
                     change.node |= each.node;
                     change.owners.extend(each.owners);
@@ -162,7 +172,7 @@ fn fingerprint(ni: &LeanNodeImage) -> Fingerprint {
     hash_json(ni.labels(), &mut labels);
     Fingerprint {
         labels: labels.finish(),
-        images: ni.spec.images.len(),
+        images: u32::try_from(ni.spec.images.len()).unwrap_or(u32::MAX),
         owned: owned
             .into_values()
             .map(|(owner, h)| (owner.clone(), h.finish()))
