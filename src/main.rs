@@ -117,6 +117,12 @@ struct ManagerArgs {
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = StreamingLists::Auto)]
     streaming_lists: StreamingLists,
 
+    /// `upstream` also serves the reconciles and the leadership under upstream kruise-manager's
+    /// metric names (controller-runtime's `controller_runtime_reconcile_total`, ...,
+    /// `kruise_manager_is_leader`), so dashboards and alerts written for it keep working.
+    #[arg(long, value_enum, value_name = "NAMES", default_value_t = MetricsCompat::None)]
+    metrics_compat: MetricsCompat,
+
     /// Pre-download new SidecarSet sidecar images on the nodes of the pods to upgrade (as
     /// ImagePullJobs) and hold each pod until its node has pulled; `=false` rolls SidecarSets out
     /// as upstream OpenKruise does, without pre-download.
@@ -396,6 +402,15 @@ fn main() -> ExitCode {
     }
 }
 
+/// The `--metrics-compat` flag: which metric names `/metrics` serves besides kruise-rs's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum MetricsCompat {
+    /// kruise-rs's own names only (`kruise_rs_*`).
+    None,
+    /// Also upstream kruise-manager's (controller-runtime's and `kruise_manager_is_leader`).
+    Upstream,
+}
+
 async fn async_main(cli: Cli) -> ExitCode {
     if let Err(err) = init_logging(cli.log_format) {
         eprintln!("kruise-rs: {}", error_chain(&err));
@@ -433,6 +448,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     sidecarset_upgradable_condition_on_upgrade: args
                         .sidecarset_upgradable_condition_on_upgrade,
                     workers: args.api.workers(),
+                    upstream_metric_names: args.metrics_compat == MetricsCompat::Upstream,
                     // The manager puts in the set its /metrics serves, the mode it detects and
                     // the readiness it waits for.
                     ..Default::default()
@@ -725,6 +741,18 @@ mod tests {
                 "--sidecarset-patch-pod-metadata-defaults-allowed=yes"
             ])
             .is_err()
+        );
+    }
+
+    #[test]
+    fn upstream_metric_names_only_when_asked() {
+        assert_eq!(manager_args(&[]).metrics_compat, MetricsCompat::None);
+        assert_eq!(
+            manager_args(&["--metrics-compat=upstream"]).metrics_compat,
+            MetricsCompat::Upstream
+        );
+        assert!(
+            Cli::try_parse_from(["kruise-rs", "manager", "--metrics-compat=prometheus"]).is_err()
         );
     }
 

@@ -50,6 +50,7 @@ pub use self::leader::LeaderElection;
 use self::readiness::Controllers;
 pub use self::server_version::ServerTooOld;
 use kruise_rs_controller::metrics::ManagerMetrics;
+use kruise_rs_controller::names;
 use kruise_rs_kube::{
     self, ConnectError, LimitWaits, Metrics, ProbeState, RateLimit, START_UP_PATIENCE, load_config,
     retry_transient,
@@ -176,11 +177,29 @@ pub async fn run(
         source,
     })?;
 
-    let manager_metrics = ManagerMetrics::new();
-    let state = ProbeState::new(Arc::new(Metrics::with(|registry| {
-        manager_metrics.register(registry);
-        limit_waits.register(registry);
-    })));
+    let manager_metrics = if opts.controllers.upstream_metric_names {
+        ManagerMetrics::with_upstream_names()
+    } else {
+        ManagerMetrics::new()
+    };
+    let workers = opts.controllers.workers;
+    for (controller, count) in [
+        (names::SIDECARSET, workers.sidecarset),
+        (names::IMAGEPULLJOB, workers.imagepulljob),
+        (names::IMAGELISTPULLJOB, workers.imagelistpulljob),
+        (names::NODEIMAGE, workers.nodeimage),
+    ] {
+        manager_metrics.set_workers(controller, count);
+    }
+    let state = ProbeState::new(Arc::new(Metrics::with_unprefixed(
+        |registry| {
+            manager_metrics.register(registry);
+            limit_waits.register(registry);
+        },
+        manager_metrics
+            .counts_upstream_names()
+            .then_some(|registry: &mut _| manager_metrics.register_upstream_names(registry)),
+    )));
     let (stop_server, server_stopping) = oneshot::channel::<()>();
     let mut server = pin!(kruise_rs_kube::serve(listener, state.clone(), async move {
         // A dropped sender also stops the server.

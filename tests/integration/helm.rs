@@ -552,19 +552,22 @@ fn helm_values_change_the_rendered_objects() {
     assert!(
         !defaults
             .iter()
-            .any(|a| a.starts_with("--sidecarset-sort-containers-by-name")),
+            .any(|a| a.starts_with("--sidecarset-sort-containers-by-name")
+                || a.starts_with("--metrics-compat")),
         "{defaults:?}"
     );
     let upstream = rendered_objects(&[
         "--set=manager.sidecarsetUpgradableConditionOnUpgrade=true",
         "--set=manager.sidecarsetPatchPodMetadataDefaultsAllowed=true",
         "--set=manager.sidecarsetSortContainersByName=true",
+        "--set=manager.metricsCompat=upstream",
     ]);
     let args = manager_args(&upstream);
     for wanted in [
         "--sidecarset-upgradable-condition-on-upgrade=true",
         "--sidecarset-patch-pod-metadata-defaults-allowed=true",
         "--sidecarset-sort-containers-by-name=true",
+        "--metrics-compat=upstream",
     ] {
         assert!(args.iter().any(|a| a == wanted), "{args:?} lack {wanted}");
     }
@@ -652,6 +655,10 @@ fn helm_refuses_invalid_values() {
             "/manager/sidecarsetSortContainersByName",
         ),
         ("daemon.extraEnvs[0].value=x", "/daemon/extraEnvs/0"),
+        (
+            "manager.metricsCompat=controller-runtime",
+            "/manager/metricsCompat",
+        ),
         ("manager.kubeApi.qps=-1", "/manager/kubeApi/qps"),
         ("manager.kubeApi.qps=fast", "/manager/kubeApi/qps"),
         ("manager.kubeApi.burst=0", "/manager/kubeApi/burst"),

@@ -29,6 +29,44 @@ async fn wait_sample(addr: SocketAddr, series: &str, accept: impl Fn(f64) -> boo
     scrape::wait_sample(addr, series, TIMEOUT, accept).await
 }
 
+/// Creates a fake NodeImage `name` (no Node behind it, no daemon answering) in the scope of the
+/// manager confined to `LABEL=value`.
+async fn create_fake_nodeimage(client: &kube::Client, name: &str, value: &str) -> Api<NodeImage> {
+    let mut nodeimage = NodeImage::new(name, Default::default());
+    nodeimage.metadata.labels = Some(
+        [
+            (FAKE_NODEIMAGE.to_owned(), "true".to_owned()),
+            (LABEL.to_owned(), value.to_owned()),
+        ]
+        .into(),
+    );
+    let nodeimages = Api::<NodeImage>::all(client.clone());
+    nodeimages
+        .create(&PostParams::default(), &nodeimage)
+        .await
+        .unwrap_or_else(|e| panic!("creating NodeImage {name}: {e}"));
+    nodeimages
+}
+
+/// An ImagePullJob `name` of `image` on the node `node`, in the scope `LABEL=value`.
+fn job_on(name: &str, image: &str, node: &str, value: &str) -> ImagePullJob {
+    let mut job = ImagePullJob::new(
+        name,
+        ImagePullJobSpec {
+            image: image.into(),
+            template: ImagePullJobTemplate {
+                selector: Some(ImagePullJobNodeSelector {
+                    names: vec![node.to_owned()],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        },
+    );
+    job.metadata.labels = Some([(LABEL.to_owned(), value.to_owned())].into());
+    job
+}
+
 #[tokio::test]
 async fn manager_metrics_count_reconciles_and_report_progress() {
     let cluster = support::cluster().await;
@@ -105,38 +143,15 @@ async fn manager_metrics_count_reconciles_and_report_progress() {
 
     // An ImagePullJob for one node: a fake NodeImage (no Node behind it, no daemon answering).
     let fake_node = unique_name("metrics-ni");
-    let mut nodeimage = NodeImage::new(&fake_node, Default::default());
-    nodeimage.metadata.labels = Some(
-        [
-            (FAKE_NODEIMAGE.to_owned(), "true".to_owned()),
-            (LABEL.to_owned(), value.clone()),
-        ]
-        .into(),
-    );
-    let nodeimages = Api::<NodeImage>::all(client.clone());
-    nodeimages
-        .create(&PostParams::default(), &nodeimage)
-        .await
-        .unwrap_or_else(|e| panic!("creating NodeImage {fake_node}: {e}"));
+    let nodeimages = create_fake_nodeimage(&client, &fake_node, &value).await;
     let job_name = unique_name("metrics-job");
-    let mut job = ImagePullJob::new(
-        &job_name,
-        ImagePullJobSpec {
-            image: "busybox:1.36".into(),
-            template: ImagePullJobTemplate {
-                selector: Some(ImagePullJobNodeSelector {
-                    names: vec![fake_node.clone()],
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-        },
-    );
-    job.metadata.labels = Some([(LABEL.to_owned(), value.clone())].into());
     let jobs = Api::<ImagePullJob>::namespaced(client.clone(), jobs_ns.name());
-    jobs.create(&PostParams::default(), &job)
-        .await
-        .unwrap_or_else(|e| panic!("creating ImagePullJob {job_name}: {e}"));
+    jobs.create(
+        &PostParams::default(),
+        &job_on(&job_name, "busybox:1.36", &fake_node, &value),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("creating ImagePullJob {job_name}: {e}"));
 
     // A Node (never Ready: no NodeImage for it).
     let node_name = unique_name("metrics-node");
@@ -257,7 +272,8 @@ async fn manager_metrics_count_reconciles_and_report_progress() {
 /// write woke every job owning a tag on the node, and every running job that could target it).
 /// Two jobs own a tag each on one NodeImage; `REPORTS` reports on the first job's tag move its
 /// progress only (nothing in either job's status follows it), each waiting for a reconcile. A
-/// wake-up of both jobs per report would cost about twice `REPORTS` reconciles.
+/// wake-up of both jobs per report would cost about twice `REPORTS` reconciles. The manager also
+/// serves upstream's metric names (`--metrics-compat=upstream`): they count the same reconciles.
 #[tokio::test]
 async fn a_report_on_one_jobs_tag_reconciles_that_job_alone() {
     const REPORTS: u32 = 20;
@@ -270,6 +286,7 @@ async fn a_report_on_one_jobs_tag_reconciles_that_job_alone() {
         controllers: kruise_rs::controllers::ControllerOptions {
             namespace: revisions.name().to_owned(),
             label_selector: Some(format!("{LABEL}={value}")),
+            upstream_metric_names: true,
             ..support::test_controller_options()
         },
         ..support::manager_options(cluster.kubeconfig_path())
@@ -278,38 +295,15 @@ async fn a_report_on_one_jobs_tag_reconciles_that_job_alone() {
     let addr = manager.probe_addr;
 
     let node = unique_name("wakes-ni");
-    let mut nodeimage = NodeImage::new(&node, Default::default());
-    nodeimage.metadata.labels = Some(
-        [
-            (FAKE_NODEIMAGE.to_owned(), "true".to_owned()),
-            (LABEL.to_owned(), value.clone()),
-        ]
-        .into(),
-    );
-    let nodeimages = Api::<NodeImage>::all(client.clone());
-    nodeimages
-        .create(&PostParams::default(), &nodeimage)
-        .await
-        .unwrap_or_else(|e| panic!("creating NodeImage {node}: {e}"));
+    let nodeimages = create_fake_nodeimage(&client, &node, &value).await;
     let jobs = Api::<ImagePullJob>::namespaced(client.clone(), jobs_ns.name());
     let mut uids = Vec::new();
     for (name, image) in [("reported", "busybox:1.36"), ("quiet", "nginx:1.25")] {
-        let mut job = ImagePullJob::new(
-            &unique_name(name),
-            ImagePullJobSpec {
-                image: image.into(),
-                template: ImagePullJobTemplate {
-                    selector: Some(ImagePullJobNodeSelector {
-                        names: vec![node.clone()],
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-            },
-        );
-        job.metadata.labels = Some([(LABEL.to_owned(), value.clone())].into());
         let created = jobs
-            .create(&PostParams::default(), &job)
+            .create(
+                &PostParams::default(),
+                &job_on(&unique_name(name), image, &node, &value),
+            )
             .await
             .unwrap_or_else(|e| panic!("creating ImagePullJob {name}: {e}"));
         uids.push(created.metadata.uid.expect("a uid"));
@@ -355,6 +349,28 @@ async fn a_report_on_one_jobs_tag_reconciles_that_job_alone() {
     }
     let spent = last - before;
     println!("{REPORTS} reports on one job's tag: {spent} ImagePullJob reconciles");
+    // Upstream's names count the same reconciles, and say who leads.
+    let text = scrape(addr).await;
+    let ours = count(&text);
+    let ours_failed = sample(
+        &text,
+        "kruise_rs_manager_reconciles_total{controller=\"imagepulljob\",result=\"error\"}",
+    );
+    let theirs = |result: &str| {
+        sample(
+            &text,
+            &format!(
+                "controller_runtime_reconcile_total{{controller=\"imagepulljob-controller\",result=\"{result}\"}}"
+            ),
+        )
+    };
+    assert_eq!(theirs("success"), Some(ours), "{text}");
+    assert_eq!(theirs("error"), ours_failed, "{text}");
+    assert_eq!(
+        sample(&text, "kruise_manager_is_leader"),
+        Some(1.0),
+        "{text}"
+    );
     assert!(
         spent < f64::from(REPORTS) * 1.5,
         "{REPORTS} reports on one job's tag cost {spent} reconciles"

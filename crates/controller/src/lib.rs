@@ -72,6 +72,9 @@ pub struct ControllerOptions {
     /// Where the controllers count their reconciles and report progress; the manager passes
     /// the set its `/metrics` serves (the default is a set nobody reads).
     pub metrics: ManagerMetrics,
+    /// The manager's `/metrics` also serves the reconciles and leadership under upstream
+    /// kruise-manager's names (`--metrics-compat=upstream`, [`ManagerMetrics::with_upstream_names`]).
+    pub upstream_metric_names: bool,
     /// How every watch lists first: streaming where the server serves it (the manager asks
     /// once at start), else list then watch (the default: every server serves it).
     pub initial_list: InitialList,
@@ -169,6 +172,7 @@ impl Default for ControllerOptions {
             sidecarset_predownload: true,
             sidecarset_upgradable_condition_on_upgrade: false,
             metrics: ManagerMetrics::new(),
+            upstream_metric_names: false,
             initial_list: InitialList::default(),
             synced: CacheSync::default(),
             workers: Workers::default(),

@@ -1,5 +1,15 @@
 //! The manager's own metrics, under `kruise_rs_manager_`: reconciles, admissions, SidecarSet
 //! pods, ImagePullJob nodes, leadership. [`kruise_rs_kube::metrics::Metrics`] serves them.
+//!
+//! With `--metrics-compat=upstream` ([`ManagerMetrics::with_upstream_names`]) the reconciles
+//! and the leadership are also served under upstream kruise-manager's names: controller-runtime's
+//! `controller_runtime_reconcile_total` (results `success` and `error`),
+//! `controller_runtime_reconcile_errors_total`, `controller_runtime_reconcile_time_seconds`
+//! (controller-runtime's buckets), `controller_runtime_max_concurrent_reconciles`,
+//! `controller_runtime_active_workers`, each with upstream's controller names
+//! (`sidecarset-controller`, ...), and `kruise_manager_is_leader`. Not served: workqueue
+//! metrics (kube-runtime's scheduler has no work queue to measure), controller-runtime's webhook
+//! metrics, Go runtime and process metrics.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -40,6 +50,134 @@ fn reconcile_histogram() -> Histogram {
     ])
 }
 
+/// controller-runtime's `controller_runtime_reconcile_time_seconds` buckets (v0.20).
+fn upstream_reconcile_histogram() -> Histogram {
+    Histogram::new([
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8,
+        0.9, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0,
+        15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0,
+    ])
+}
+
+/// Upstream kruise-manager's name of the controller kruise-rs calls `controller`.
+fn upstream_controller(controller: &str) -> &'static str {
+    match controller {
+        crate::names::SIDECARSET => "sidecarset-controller",
+        crate::names::IMAGEPULLJOB => "imagepulljob-controller",
+        crate::names::IMAGELISTPULLJOB => "imagelistpulljob-controller",
+        crate::names::NODEIMAGE => "nodeimage-controller",
+        _ => "unknown-controller",
+    }
+}
+
+/// The reconciles and the leadership under upstream kruise-manager's names (see the module).
+#[derive(Clone, Debug)]
+struct UpstreamNames {
+    reconciles: Family<Labels, Counter>,
+    reconcile_errors: Family<Labels, Counter>,
+    reconcile_seconds: HistogramFamily,
+    max_concurrent_reconciles: Family<Labels, Gauge>,
+    active_workers: Family<Labels, Gauge>,
+    is_leader: Gauge,
+}
+
+impl UpstreamNames {
+    fn new() -> Self {
+        let names = Self {
+            reconciles: Family::default(),
+            reconcile_errors: Family::default(),
+            reconcile_seconds: Family::new_with_constructor(upstream_reconcile_histogram),
+            max_concurrent_reconciles: Family::default(),
+            active_workers: Family::default(),
+            is_leader: Gauge::default(),
+        };
+        for controller in CONTROLLERS.map(upstream_controller) {
+            let by_controller = vec![("controller", controller)];
+            let _ = names.reconcile_errors.get_or_create(&by_controller);
+            let _ = names.reconcile_seconds.get_or_create(&by_controller);
+            let _ = names
+                .max_concurrent_reconciles
+                .get_or_create(&by_controller);
+            let _ = names.active_workers.get_or_create(&by_controller);
+            for result in ["success", "error"] {
+                let _ = names
+                    .reconciles
+                    .get_or_create(&vec![("controller", controller), ("result", result)]);
+            }
+        }
+        names
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "controller_runtime_reconcile",
+            "Total number of reconciliations per controller",
+            self.reconciles.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_errors",
+            "Total number of reconciliation errors per controller",
+            self.reconcile_errors.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_time_seconds",
+            "Length of time per reconciliation per controller",
+            self.reconcile_seconds.clone(),
+        );
+        registry.register(
+            "controller_runtime_max_concurrent_reconciles",
+            "Maximum number of concurrent reconciles per controller",
+            self.max_concurrent_reconciles.clone(),
+        );
+        registry.register(
+            "controller_runtime_active_workers",
+            "Number of currently used workers per controller",
+            self.active_workers.clone(),
+        );
+        registry.register(
+            "kruise_manager_is_leader",
+            "Gauge the leader of kruise-manager",
+            self.is_leader.clone(),
+        );
+    }
+
+    fn reconciled(&self, controller: &str, ok: bool, seconds: f64) {
+        let controller = upstream_controller(controller);
+        let result = if ok { "success" } else { "error" };
+        self.reconciles
+            .get_or_create(&vec![("controller", controller), ("result", result)])
+            .inc();
+        if !ok {
+            self.reconcile_errors
+                .get_or_create(&vec![("controller", controller)])
+                .inc();
+        }
+        self.reconcile_seconds
+            .get_or_create(&vec![("controller", controller)])
+            .observe(seconds);
+    }
+
+    /// One more reconcile of `controller` running until the guard drops.
+    fn active(&self, controller: &str) -> ActiveWorker {
+        let gauge = self
+            .active_workers
+            .get_or_create(&vec![("controller", upstream_controller(controller))])
+            .clone();
+        gauge.inc();
+        ActiveWorker(gauge)
+    }
+}
+
+/// Counts a running reconcile in `controller_runtime_active_workers` until dropped (a reconcile
+/// cancelled at shutdown included).
+struct ActiveWorker(Gauge);
+
+impl Drop for ActiveWorker {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 fn admission_histogram() -> Histogram {
     Histogram::new([
         0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -71,6 +209,8 @@ pub struct ManagerMetrics {
     /// 1 while this replica runs the controllers: it holds the leader Lease, or leader election
     /// is off.
     leader: Gauge,
+    /// The same under upstream's names, with `--metrics-compat=upstream`.
+    upstream: Option<UpstreamNames>,
 }
 
 impl ManagerMetrics {
@@ -84,6 +224,7 @@ impl ManagerMetrics {
             sidecarsets: Arc::default(),
             imagepulljob_nodes: Family::default(),
             leader: Gauge::default(),
+            upstream: None,
         };
         // Every fixed series from the start, at zero: rates and alerts need no "absent" case.
         for controller in CONTROLLERS {
@@ -112,6 +253,37 @@ impl ManagerMetrics {
             }
         }
         metrics
+    }
+
+    /// [`Self::new`], also counting under upstream kruise-manager's names
+    /// (`--metrics-compat=upstream`): register those with [`Self::register_upstream_names`].
+    pub fn with_upstream_names() -> Self {
+        Self {
+            upstream: Some(UpstreamNames::new()),
+            ..Self::new()
+        }
+    }
+
+    /// Registers upstream's names (if counted) in `registry`, which must have no prefix.
+    pub fn register_upstream_names(&self, registry: &mut Registry) {
+        if let Some(upstream) = &self.upstream {
+            upstream.register(registry);
+        }
+    }
+
+    /// Whether upstream's names are counted too.
+    pub fn counts_upstream_names(&self) -> bool {
+        self.upstream.is_some()
+    }
+
+    /// Sets upstream's `controller_runtime_max_concurrent_reconciles` of `controller`.
+    pub fn set_workers(&self, controller: &'static str, workers: u16) {
+        if let Some(upstream) = &self.upstream {
+            upstream
+                .max_concurrent_reconciles
+                .get_or_create(&vec![("controller", upstream_controller(controller))])
+                .set(i64::from(workers));
+        }
     }
 
     /// Registers every metric under `manager_` in `registry`.
@@ -166,6 +338,9 @@ impl ManagerMetrics {
         self.reconcile_seconds
             .get_or_create(&vec![("controller", controller)])
             .observe(seconds);
+        if let Some(upstream) = &self.upstream {
+            upstream.reconciled(controller, ok, seconds);
+        }
     }
 
     /// Runs the reconcile `fut` of `controller`, recording its result and duration.
@@ -179,6 +354,7 @@ impl ManagerMetrics {
     {
         let metrics = self.clone();
         async move {
+            let _active = metrics.upstream.as_ref().map(|u| u.active(controller));
             let start = Instant::now();
             let result = fut.await;
             metrics.reconciled(controller, result.is_ok(), start.elapsed().as_secs_f64());
@@ -237,6 +413,9 @@ impl ManagerMetrics {
     /// Sets the leader gauge: whether this replica runs the controllers.
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
+        if let Some(upstream) = &self.upstream {
+            upstream.is_leader.set(i64::from(leading));
+        }
     }
 
     /// Forgets what the controllers reported about the objects (SidecarSet series removed,

@@ -15,10 +15,12 @@ use prometheus_client::{
 /// The `Content-Type` of what [`Metrics::encode`] returns.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
-/// Every metric a component exports, in one registry prefixed `kruise_rs_`.
+/// Every metric a component exports, in one registry prefixed `kruise_rs_`, and optionally
+/// another one without the prefix (the names upstream OpenKruise serves).
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    unprefixed: Option<Registry>,
     ready: Gauge,
 }
 
@@ -31,6 +33,19 @@ impl Metrics {
     /// Build info, readiness, and what `register` adds (each component under its own prefix,
     /// e.g. `registry.sub_registry_with_prefix("daemon")`).
     pub fn with(register: impl FnOnce(&mut Registry)) -> Self {
+        Self::with_unprefixed(register, None::<fn(&mut Registry)>)
+    }
+
+    /// [`Self::with`], plus what `unprefixed` registers under its own names, served after ours.
+    pub fn with_unprefixed(
+        register: impl FnOnce(&mut Registry),
+        unprefixed: Option<impl FnOnce(&mut Registry)>,
+    ) -> Self {
+        let unprefixed = unprefixed.map(|register| {
+            let mut registry = Registry::default();
+            register(&mut registry);
+            registry
+        });
         let mut registry = Registry::with_prefix("kruise_rs");
         registry.register(
             "build",
@@ -44,7 +59,11 @@ impl Metrics {
             ready.clone(),
         );
         register(&mut registry);
-        Self { registry, ready }
+        Self {
+            registry,
+            unprefixed,
+            ready,
+        }
     }
 
     pub fn set_ready(&self, ready: bool) {
@@ -55,6 +74,9 @@ impl Metrics {
     pub fn encode(&self) -> Result<String, fmt::Error> {
         let mut out = String::new();
         prometheus_text::encode(&mut out, &self.registry)?;
+        if let Some(unprefixed) = &self.unprefixed {
+            prometheus_text::encode(&mut out, unprefixed)?;
+        }
         Ok(out)
     }
 }
