@@ -908,9 +908,9 @@ impl Confirmed {
 /// The patch from the pod as the apiserver sent it (`raw`) to the injected pod, keeping every
 /// field of `raw` the typed `Pod` does not know (fields newer than the API version this crate is
 /// built against): list items the injection left alone are taken from `raw` as they were, items
-/// it changed keep the fields of `raw` the typed item does not have, injected containers get
-/// their SidecarSet's `unknown_fields` (by container name), and only the lists and annotations
-/// injection touches are rewritten.
+/// it changed keep the fields of `raw` the typed item does not have, injected containers (every
+/// name in `unknown_fields`) get their sidecar's unknown fields instead, and only the lists and
+/// annotations injection touches are rewritten.
 pub(super) fn patch_preserving(
     raw: &serde_json::Value,
     before: &Pod,
@@ -946,24 +946,26 @@ pub(super) fn patch_preserving(
             .map(|mut item| {
                 let name = &item["name"];
                 let typed_before = before_items.iter().find(|old| &old["name"] == name);
-                match raw_items.iter().find(|r| &r["name"] == name) {
-                    Some(original) if typed_before == Some(&item) => original.clone(),
-                    Some(original) => {
-                        keep_unknown(&mut item, original, typed_before);
-                        item
-                    }
-                    None => {
-                        let containers = matches!(field, "containers" | "initContainers");
-                        let extra = name.as_str().and_then(|name| unknown_fields.get(name));
-                        if let (true, Some(extra), Some(fields)) =
-                            (containers, extra, item.as_object_mut())
-                        {
+                // An injected container (new, or replacing the pod's own of that name) gets its
+                // sidecar's unknown fields, never the replaced container's.
+                let injected = matches!(field, "containers" | "initContainers")
+                    .then(|| name.as_str().and_then(|name| unknown_fields.get(name)))
+                    .flatten();
+                match (injected, raw_items.iter().find(|r| &r["name"] == name)) {
+                    (Some(extra), _) => {
+                        if let Some(fields) = item.as_object_mut() {
                             for (key, value) in extra {
                                 fields.entry(key.clone()).or_insert_with(|| value.clone());
                             }
                         }
                         item
                     }
+                    (None, Some(original)) if typed_before == Some(&item) => original.clone(),
+                    (None, Some(original)) => {
+                        keep_unknown(&mut item, original, typed_before);
+                        item
+                    }
+                    (None, None) => item,
                 }
             })
             .collect();
@@ -1101,6 +1103,35 @@ mod tests {
         assert_eq!(
             patched["spec"]["volumes"],
             json!([{"name": "proxy", "emptyDir": {}}])
+        );
+    }
+
+    #[test]
+    fn a_sidecar_replacing_a_pod_container_gets_its_own_unknown_fields_not_the_replaced_ones() {
+        let raw = json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [
+                {"name": "proxy", "image": "old", "futureField": 1},
+                {"name": "main", "image": "nginx"},
+            ]}
+        });
+        let before: Pod = serde_json::from_value(raw.clone()).unwrap();
+        let mut after = before.clone();
+        after.spec.as_mut().unwrap().containers[0] =
+            serde_json::from_value(json!({"name": "proxy", "image": "envoy"})).unwrap();
+        let unknown = BTreeMap::from([(
+            "proxy".to_owned(),
+            BTreeMap::from([("otherField".to_owned(), json!(2))]),
+        )]);
+        let patch = patch_preserving(&raw, &before, &after, &unknown).unwrap();
+        let mut patched = raw.clone();
+        json_patch::patch(&mut patched, &patch).unwrap();
+        assert_eq!(
+            patched["spec"]["containers"],
+            json!([
+                {"name": "proxy", "image": "envoy", "otherField": 2},
+                {"name": "main", "image": "nginx"},
+            ])
         );
     }
 

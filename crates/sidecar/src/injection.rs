@@ -78,8 +78,9 @@ pub struct Injection {
     pub injected: Vec<String>,
     /// Problems worth telling the user (admission warnings) that do not stop the pod.
     pub warnings: Vec<String>,
-    /// Fields of injected containers the typed `Pod` cannot carry (newer than the API version
-    /// this crate is built against), by container name; the webhook writes them into its patch.
+    /// Every injected container's name, with the fields of its sidecar the typed `Pod` cannot
+    /// carry (newer than the API version this crate is built against; mostly none); the webhook
+    /// writes them into its patch.
     pub unknown_fields: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
 }
 
@@ -373,11 +374,9 @@ fn build_sidecars(
                 };
                 let policy = sidecar.pod_inject_policy.unwrap_or(policy);
                 for container in twins(sidecar, container, init, &set.name, &mut records.hot)? {
-                    if !sidecar.unknown_fields.is_empty() {
-                        built
-                            .unknown_fields
-                            .insert(container.name.clone(), sidecar.unknown_fields.clone());
-                    }
+                    built
+                        .unknown_fields
+                        .insert(container.name.clone(), sidecar.unknown_fields.clone());
                     into.push(Injected {
                         container,
                         policy,

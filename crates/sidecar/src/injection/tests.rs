@@ -1675,6 +1675,7 @@ fn container_fields_newer_than_the_types_are_handed_on_for_every_injected_copy()
     assert_eq!(
         injection.unknown_fields,
         BTreeMap::from([
+            ("plain".to_owned(), BTreeMap::new()),
             ("proxy-1".to_owned(), expected.clone()),
             ("proxy-2".to_owned(), expected),
         ])
