@@ -29,6 +29,25 @@ async fn wait_sample(addr: SocketAddr, series: &str, accept: impl Fn(f64) -> boo
     scrape::wait_sample(addr, series, TIMEOUT, accept).await
 }
 
+/// A manager confined to the objects labelled `LABEL=value`, its revisions in `namespace`, also
+/// serving upstream's metric names when `upstream_names`.
+fn confined_options(
+    cluster: &support::TestCluster,
+    namespace: &str,
+    value: &str,
+    upstream_names: bool,
+) -> ManagerOptions {
+    ManagerOptions {
+        controllers: kruise_rs::controllers::ControllerOptions {
+            namespace: namespace.to_owned(),
+            label_selector: Some(format!("{LABEL}={value}")),
+            upstream_metric_names: upstream_names,
+            ..support::test_controller_options()
+        },
+        ..support::manager_options(cluster.kubeconfig_path())
+    }
+}
+
 /// Creates a fake NodeImage `name` (no Node behind it, no daemon answering) in the scope of the
 /// manager confined to `LABEL=value`.
 async fn create_fake_nodeimage(client: &kube::Client, name: &str, value: &str) -> Api<NodeImage> {
@@ -75,14 +94,7 @@ async fn manager_metrics_count_reconciles_and_report_progress() {
     let revisions = cluster.namespace("metrics-revisions").await;
     let jobs_ns = cluster.namespace("metrics-jobs").await;
 
-    let opts = ManagerOptions {
-        controllers: kruise_rs::controllers::ControllerOptions {
-            namespace: revisions.name().to_owned(),
-            label_selector: Some(format!("{LABEL}={value}")),
-            ..support::test_controller_options()
-        },
-        ..support::manager_options(cluster.kubeconfig_path())
-    };
+    let opts = confined_options(cluster, revisions.name(), &value, false);
     let manager = support::start_manager(opts, TIMEOUT, "metrics").await;
     let addr = manager.probe_addr;
 
@@ -282,15 +294,7 @@ async fn a_report_on_one_jobs_tag_reconciles_that_job_alone() {
     let value = unique_name("wakes");
     let revisions = cluster.namespace("wakes-revisions").await;
     let jobs_ns = cluster.namespace("wakes-jobs").await;
-    let opts = ManagerOptions {
-        controllers: kruise_rs::controllers::ControllerOptions {
-            namespace: revisions.name().to_owned(),
-            label_selector: Some(format!("{LABEL}={value}")),
-            upstream_metric_names: true,
-            ..support::test_controller_options()
-        },
-        ..support::manager_options(cluster.kubeconfig_path())
-    };
+    let opts = confined_options(cluster, revisions.name(), &value, true);
     let manager = support::start_manager(opts, TIMEOUT, "wakes").await;
     let addr = manager.probe_addr;
 
