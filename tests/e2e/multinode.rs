@@ -37,7 +37,9 @@ fn require_three_nodes(cluster: &Cluster) {
 /// When each node's containerd first had `image` and each pod was first seen patched to it, from
 /// a sampler polling CRI on every node and the pods every 100 ms until told to stop. A node's
 /// image is looked for before the pods in each round, so a pull and a patch seen in one round
-/// count as the pull first.
+/// count as the pull first. Pulls are dated by the start of the round that saw them: two seen in
+/// one round finished in an order the sampler cannot tell (it asks the nodes one after the
+/// other), so they tie.
 struct RolloutSampler {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<(BTreeMap<String, Instant>, BTreeMap<String, Instant>)>,
@@ -58,9 +60,10 @@ impl RolloutSampler {
         let task = tokio::spawn(async move {
             let (mut pulled, mut patched) = (BTreeMap::new(), BTreeMap::new());
             while !*stopped.borrow_and_update() {
+                let round = Instant::now();
                 for (node, socket) in &nodes {
                     if !pulled.contains_key(node) && containerd_has_image(socket, &image).await {
-                        pulled.insert(node.clone(), Instant::now());
+                        pulled.insert(node.clone(), round);
                     }
                 }
                 if let Ok(list) = pods.list(&selector).await {
