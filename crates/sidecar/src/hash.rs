@@ -44,6 +44,18 @@ pub fn sidecarset_hash_without_image(spec: &SidecarSetSpec) -> String {
     safe_encode_string(&sha256_hex(hash_input(spec, true).as_bytes()))
 }
 
+/// The hash of the spec with the sidecars' images, `resources` and `resourcesPolicy` blanked: two
+/// versions with equal values differ at most in what an in-place upgrade can change (the image
+/// by a pod patch, the resources through the `pods/resize` subresource). kruise-rs's own: pods
+/// carry no such annotation; the controller finds the ControllerRevision of the hash a pod
+/// records and compares its value with the current one's, so pods injected before (or by
+/// upstream) qualify too.
+pub fn sidecarset_hash_in_place(spec: &SidecarSetSpec) -> String {
+    safe_encode_string(&sha256_hex(
+        hash_text(spec, Blank::ImagesAndResources).as_bytes(),
+    ))
+}
+
 /// The SidecarSet's current `(hash, hash without image)`: its annotations, which the mutating
 /// webhook writes from the defaulted spec; where one is missing (a SidecarSet stored while no
 /// webhook ran), the hash of the spec defaulted the same way. Hashing the stored spec instead
@@ -83,11 +95,38 @@ fn sha256_hex(data: &[u8]) -> String {
 /// The exact text upstream hashes: `{"containers":[…]}`, plus `"initContainers"` when any init
 /// container is a native sidecar. Public so a mismatch can be diagnosed by comparing texts.
 pub(crate) fn hash_input(spec: &SidecarSetSpec, without_image: bool) -> String {
+    let blank = if without_image {
+        Blank::Images
+    } else {
+        Blank::Nothing
+    };
+    hash_text(spec, blank)
+}
+
+/// What a hash leaves out of each container.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Blank {
+    Nothing,
+    Images,
+    ImagesAndResources,
+}
+
+impl Blank {
+    fn fields(self) -> &'static [&'static str] {
+        match self {
+            Blank::Nothing => &[],
+            Blank::Images => &["image"],
+            Blank::ImagesAndResources => &["image", "resources", "resourcesPolicy"],
+        }
+    }
+}
+
+fn hash_text(spec: &SidecarSetSpec, blank: Blank) -> String {
     let mut out = String::from("{\"containers\":");
-    write_containers(&mut out, &spec.containers, without_image);
+    write_containers(&mut out, &spec.containers, blank);
     if spec.init_containers.iter().any(is_native_sidecar) {
         out.push_str(",\"initContainers\":");
-        write_containers(&mut out, &spec.init_containers, without_image);
+        write_containers(&mut out, &spec.init_containers, blank);
     }
     out.push('}');
     out
@@ -98,7 +137,7 @@ pub fn is_native_sidecar(container: &SidecarContainer) -> bool {
     container.container.restart_policy.as_deref() == Some("Always")
 }
 
-fn write_containers(out: &mut String, containers: &[SidecarContainer], without_image: bool) {
+fn write_containers(out: &mut String, containers: &[SidecarContainer], blank: Blank) {
     if containers.is_empty() {
         // An absent list decodes to a nil slice in Go, which marshals as `null`.
         out.push_str("null");
@@ -110,8 +149,10 @@ fn write_containers(out: &mut String, containers: &[SidecarContainer], without_i
             // Serializing plain data structs into a Value cannot fail (no non-string map keys,
             // no fallible custom serializers); Null keeps the function total regardless.
             let mut v = serde_json::to_value(c).unwrap_or(Value::Null);
-            if without_image && let Value::Object(map) = &mut v {
-                map.remove("image");
+            if let Value::Object(map) = &mut v {
+                for field in blank.fields() {
+                    map.remove(*field);
+                }
             }
             v
         })

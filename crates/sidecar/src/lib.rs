@@ -38,6 +38,7 @@ use kruise_rs_api::sidecarset::{SidecarSet, SidecarSetInjectRevisionPolicy};
 
 pub use injection::{Injection, InjectionError, InjectionOptions, inject, inject_with, pod_patch};
 pub use matching::MatchError;
+pub use resources::{ResourcesPolicyError, sidecar_resources};
 pub use revision::{RevisionError, SelectedSidecarSet};
 
 /// Why the SidecarSets for a new pod cannot be decided.

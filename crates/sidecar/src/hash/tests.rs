@@ -202,3 +202,66 @@ const RICH_JSON: &str = r#"{"containers":[{"name":"envoy","image":"envoyproxy/en
 const RICH_HASH: &str = "w49v8dcxzv6z5v59bdx6vv59cfb79f65xf45x6bvw56cdzc467275242d6x242b7";
 const RICH_HASH_WITHOUT_IMAGE: &str =
     "c7x59564784w8z676v4b8d854z2994278722dv9cd54w76ww8bcfbz965474z8zz";
+
+#[test]
+fn the_in_place_hash_ignores_images_and_resources_and_nothing_else() {
+    let base = json!({"containers": [{
+        "name": "sidecar",
+        "image": "sidecar:1",
+        "resources": {"requests": {"cpu": "100m"}, "limits": {"memory": "64Mi"}},
+    }]});
+    let with = |f: &dyn Fn(&mut Value)| {
+        let mut v = base.clone();
+        f(&mut v);
+        spec(v)
+    };
+    let original = sidecarset_hash_in_place(&spec(base.clone()));
+    let resized = with(&|v| v["containers"][0]["resources"]["requests"]["cpu"] = json!("200m"));
+    let reimaged = with(&|v| v["containers"][0]["image"] = json!("sidecar:2"));
+    let no_resources = with(&|v| {
+        v["containers"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("resources");
+    });
+    let policy = with(&|v| {
+        v["containers"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("resources");
+        v["containers"][0]["resourcesPolicy"] = json!({
+            "targetContainersMode": "sum",
+            "resourcesExpr": {"limits": {"cpu": "cpu*50%"}},
+        });
+    });
+    for (what, s) in [
+        ("resources changed", &resized),
+        ("image changed", &reimaged),
+        ("resources removed", &no_resources),
+        ("a resourcesPolicy instead", &policy),
+    ] {
+        assert_eq!(sidecarset_hash_in_place(s), original, "{what}");
+    }
+    assert_ne!(
+        sidecarset_hash_without_image(&resized),
+        sidecarset_hash_without_image(&spec(base.clone())),
+        "the without-image hash sees resources"
+    );
+    let env = with(&|v| v["containers"][0]["env"] = json!([{"name": "A", "value": "1"}]));
+    assert_ne!(sidecarset_hash_in_place(&env), original, "env changed");
+    let renamed = with(&|v| v["containers"][0]["name"] = json!("other"));
+    assert_ne!(sidecarset_hash_in_place(&renamed), original, "renamed");
+    let native = with(&|v| {
+        v["initContainers"] = json!([{"name": "n", "image": "n:1", "restartPolicy": "Always",
+            "resources": {"limits": {"cpu": "1"}}}]);
+    });
+    let native_resized = with(&|v| {
+        v["initContainers"] = json!([{"name": "n", "image": "n:2", "restartPolicy": "Always",
+            "resources": {"limits": {"cpu": "2"}}}]);
+    });
+    assert_eq!(
+        sidecarset_hash_in_place(&native),
+        sidecarset_hash_in_place(&native_resized),
+        "native sidecars alike"
+    );
+}

@@ -29,7 +29,9 @@ use std::collections::{BTreeMap, HashSet};
 use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use kruise_rs_api::sidecarset::{ResourceExpressions, ResourcesPolicy, TargetContainersMode};
+use kruise_rs_api::sidecarset::{
+    ResourceExpressions, ResourcesPolicy, SidecarContainer, TargetContainersMode,
+};
 
 pub(crate) use kruise_rs_api::quantity::Qty;
 pub(crate) use kruise_rs_api::quantity::expr::{ExprError, Resource, ResourceExpr};
@@ -64,6 +66,21 @@ pub enum ResourcesPolicyError {
 pub(crate) struct Aggregate {
     pub limits: BTreeMap<Resource, Option<Qty>>,
     pub requests: BTreeMap<Resource, Option<Qty>>,
+}
+
+/// The resources `sidecar` gets in a pod with spec `pod`: its own, or what its
+/// `resourcesPolicy` computes from the pod's containers, exactly as at injection. The SidecarSet
+/// controller resizes running pods to this when only a sidecar's resources changed.
+pub fn sidecar_resources(
+    sidecar: &SidecarContainer,
+    pod: &PodSpec,
+    sidecar_names: &HashSet<&str>,
+) -> Result<Option<ResourceRequirements>, ResourcesPolicyError> {
+    let mut container = sidecar.container.clone();
+    if let Some(policy) = &sidecar.resources_policy {
+        apply_resources_policy(&mut container, policy, pod, sidecar_names)?;
+    }
+    Ok(container.resources)
 }
 
 /// Gives `container` (the sidecar being injected) the resources `policy` computes from `pod`.
