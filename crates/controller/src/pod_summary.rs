@@ -10,7 +10,8 @@
 //! Kept: name, namespace, uid, resourceVersion, creation and deletion timestamps, labels and
 //! annotations (the controllers drop the annotations they do not read before storing); the
 //! node name and each container's and init container's name and image (native sidecars are
-//! init containers); the phase, the `Ready` and `SidecarSetUpgradable` conditions, and each
+//! init containers); the generation; the phase, the observed generation, the `Ready`,
+//! `SidecarSetUpgradable` and resize (`PodResizePending`, `PodResizeInProgress`) conditions, and each
 //! container status's and init container status's name, image, imageID, readiness and restart
 //! count.
 //!
@@ -37,8 +38,20 @@ use kruise_rs_api::well_known::{
     SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
 };
 
-/// The pod conditions a summary keeps.
-const KEPT_CONDITIONS: [&str; 2] = ["Ready", SIDECARSET_UPGRADABLE_CONDITION];
+/// The pod conditions a summary keeps: the kubelet's resize conditions say whether a sidecar
+/// resize is still under way, and why not (`Deferred`, `Infeasible`).
+const KEPT_CONDITIONS: [&str; 4] = [
+    "Ready",
+    SIDECARSET_UPGRADABLE_CONDITION,
+    POD_RESIZE_PENDING,
+    POD_RESIZE_IN_PROGRESS,
+];
+
+/// The kubelet's pod condition while a resize it was asked for waits (reason `Deferred`: not
+/// now, or `Infeasible`: never on this node).
+pub const POD_RESIZE_PENDING: &str = "PodResizePending";
+/// The kubelet's pod condition while it applies a resize.
+pub const POD_RESIZE_IN_PROGRESS: &str = "PodResizeInProgress";
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodSummary {
@@ -176,6 +189,7 @@ impl<'de> Deserialize<'de> for PodSummary {
                 namespace: kept.namespace,
                 uid: kept.uid,
                 resource_version: kept.resource_version,
+                generation: kept.generation,
                 creation_timestamp: kept.creation_timestamp,
                 deletion_timestamp: kept.deletion_timestamp,
                 ..ObjectMeta::default()
@@ -224,6 +238,11 @@ pub struct ContainerSummary {
 pub struct PodStatusSummary {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// The `metadata.generation` the kubelet last acted on (Kubernetes 1.34 on, or 1.33 with
+    /// `PodObservedGenerationTracking`): behind the generation, a spec change such as a resize
+    /// has not been seen by the kubelet yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
     #[serde(
         default,
         deserialize_with = "kept_conditions",
@@ -326,6 +345,7 @@ struct SummaryMetadata {
     namespace: Option<String>,
     uid: Option<String>,
     resource_version: Option<String>,
+    generation: Option<i64>,
     labels: Option<Labels>,
     #[serde(deserialize_with = "Labels::deserialize_unshared")]
     annotations: Option<Labels>,
