@@ -9,8 +9,9 @@
 //!
 //! What is reported, per container:
 //! - running its spec image: `image` = the spec image, `imageID` = [`image_id`] of it, ready,
-//!   state `running`; a container whose spec image changed since it was last reported counts one
-//!   more restart, as an in-place restart does;
+//!   state `running`, `resources` = the spec's requests and limits (a resize is applied at once,
+//!   without a restart); a container whose spec image changed since it was last reported counts
+//!   one more restart, as an in-place restart does;
 //! - failing: `image` = the spec image, no `imageID`, not ready, state `waiting` with reason
 //!   `ErrImagePull`;
 //! - stopping for a restart ([`mark_not_ready`]): the old image and imageID, not ready.
@@ -20,7 +21,8 @@
 //! spec image, the app containers untouched); a plain init container as completed.
 //!
 //! The pod is `Running`, its `Ready` and `ContainersReady` conditions True exactly when every
-//! container is ready.
+//! container is ready, and its `observedGeneration` the `metadata.generation` it acted on
+//! (kept from Kubernetes 1.34 on).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -78,6 +80,21 @@ fn native_sidecar_images(pod: &Pod) -> Vec<(String, String)> {
         .filter(|c| c.restart_policy.as_deref() == Some("Always"))
         .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
         .collect()
+}
+
+/// The `resources` a kubelet reports for a running container: its spec's requests and limits
+/// (a resize applied at once). Without them the apiserver refuses to resize the pod, as for a
+/// node that cannot.
+fn reported_resources(container: &k8s_openapi::api::core::v1::Container) -> Value {
+    let spec = container.resources.as_ref();
+    let mut out = serde_json::Map::new();
+    if let Some(requests) = spec.and_then(|r| r.requests.as_ref()) {
+        out.insert("requests".into(), json!(requests));
+    }
+    if let Some(limits) = spec.and_then(|r| r.limits.as_ref()) {
+        out.insert("limits".into(), json!(limits));
+    }
+    Value::Object(out)
 }
 
 fn container_statuses(pod: &Pod) -> BTreeMap<&str, &ContainerStatus> {
@@ -142,10 +159,11 @@ pub fn runs(pod: &Pod, name: &str, image: &str) -> bool {
         })
 }
 
-fn running_status(name: &str, image: &str, restarts: i32) -> Value {
+fn running_status(name: &str, image: &str, resources: &Value, restarts: i32) -> Value {
     json!({
         "name": name,
         "image": image,
+        "resources": resources,
         "imageID": image_id(image),
         "containerID": format!("fake://{name}/{restarts}"),
         "ready": true,
@@ -221,6 +239,7 @@ fn conditions(pod: &Pod, ready: bool) -> Value {
 fn converged_container(
     name: &str,
     image: &str,
+    resources: &Value,
     previous: Option<&ContainerStatus>,
     is_bad: &(dyn Fn(&str) -> bool + Sync),
 ) -> (Value, bool, bool) {
@@ -237,10 +256,19 @@ fn converged_container(
             (failing_status(name, image, restarts_now), true, false)
         }
     } else if previous.is_some_and(|s| same_image && s.ready && is_running(s)) {
-        let kept = serde_json::to_value(previous).expect("a status serializes");
-        (kept, false, true)
+        let mut kept = serde_json::to_value(previous).expect("a status serializes");
+        // A resize is applied in place: new resources, no restart.
+        let resized = kept["resources"] != *resources;
+        if resized {
+            kept["resources"] = resources.clone();
+        }
+        (kept, resized, true)
     } else {
-        (running_status(name, image, restarts_now), true, true)
+        (
+            running_status(name, image, resources, restarts_now),
+            true,
+            true,
+        )
     }
 }
 
@@ -263,7 +291,9 @@ fn converged_init_statuses(
         let image = c.image.clone().unwrap_or_default();
         let previous = statuses.get(c.name.as_str()).copied();
         if c.restart_policy.as_deref() == Some("Always") {
-            let (status, moved, ready) = converged_container(&c.name, &image, previous, is_bad);
+            let resources = reported_resources(c);
+            let (status, moved, ready) =
+                converged_container(&c.name, &image, &resources, previous, is_bad);
             changed |= moved;
             all_ready &= ready;
             out.push(status);
@@ -290,20 +320,28 @@ fn converged_status(pod: &Pod, is_bad: &(dyn Fn(&str) -> bool + Sync)) -> Option
     let mut changed = statuses.len() != spec_images(pod).len() || init_changed;
     let mut all_ready = init_ready;
     let mut out = Vec::new();
-    for (name, image) in spec_images(pod) {
+    let containers = pod.spec.iter().flat_map(|s| &s.containers);
+    for ((name, image), container) in spec_images(pod).into_iter().zip(containers) {
         let previous = statuses.get(name.as_str()).copied();
-        let (status, moved, ready) = converged_container(&name, &image, previous, is_bad);
+        let resources = reported_resources(container);
+        let (status, moved, ready) =
+            converged_container(&name, &image, &resources, previous, is_bad);
         changed |= moved;
         all_ready &= ready;
         out.push(status);
     }
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     changed |= phase != Some("Running") || pod_ready(pod) != all_ready;
+    // Kubernetes 1.33 drops observedGeneration (its gate is off): only a kept one is followed,
+    // or every pass would write again.
+    let observed = pod.status.as_ref().and_then(|s| s.observed_generation);
+    changed |= observed.is_some() && observed != pod.metadata.generation;
     if !changed {
         return None;
     }
     let mut status = json!({
         "phase": "Running",
+        "observedGeneration": pod.metadata.generation,
         "conditions": conditions(pod, all_ready),
         "containerStatuses": out,
     });
