@@ -28,6 +28,7 @@ mod sidecarset_hot_upgrade;
 mod sidecarset_native;
 mod sidecarset_predownload;
 mod sidecarset_predownload_e2e;
+mod sidecarset_resize;
 mod sidecarset_resources_policy;
 mod sidecarset_upgrade;
 mod smoke;

@@ -107,6 +107,8 @@ const MANAGER: &[Grant] = &[
          sidecar images; patchPodMetadata reads the live pod first"),
     grant(Cluster, "pods/status", &["patch"],
         "the in-place upgrade sets the InPlaceUpdateReady condition"),
+    grant(Cluster, "pods/resize", &["patch"],
+        "a SidecarSet change of a sidecar's resources resizes running pods in place"),
     grant(Cluster, "nodes", WATCH, "NodeImages follow Nodes; job node selection"),
     grant(Cluster, "namespaces", WATCH,
         "SidecarSet namespaceSelector, in the controller and the pod webhook"),

@@ -52,8 +52,8 @@ const BAD_IMAGE: &str = "nginx:kruise-rs-no-such-tag";
 /// The sidecar container of [`one_sidecar_set`].
 pub(crate) const SIDECAR: &str = "nginx-sidecar";
 
-const ROLLOUT_HELD: &str = "RolloutHeld";
-const PODS_UPGRADABLE: &str = "PodsUpgradable";
+pub(crate) const ROLLOUT_HELD: &str = "RolloutHeld";
+pub(crate) const PODS_UPGRADABLE: &str = "PodsUpgradable";
 
 // --- SidecarSets and pods ----------------------------------------------------------------------
 
@@ -323,7 +323,7 @@ pub(crate) fn condition<'s>(set: &'s SidecarSet, type_: &str) -> Option<&'s Cond
 }
 
 /// `Ok` when the SidecarSet's condition `type_` has `status` and `reason`.
-fn expect_condition(
+pub(crate) fn expect_condition(
     set: &SidecarSet,
     type_: &str,
     status: &str,
@@ -338,7 +338,7 @@ fn expect_condition(
 }
 
 /// `RolloutHeld` False/`Updated`: every pod that can be upgraded in place is.
-fn rollout_done(set: &SidecarSet) -> Result<(), String> {
+pub(crate) fn rollout_done(set: &SidecarSet) -> Result<(), String> {
     expect_condition(set, ROLLOUT_HELD, "False", "Updated")
 }
 
@@ -390,7 +390,7 @@ pub(crate) fn describe_pods(pods: &[Pod], container: &str) -> String {
     lines.join("; ")
 }
 
-async fn list_pods(pods: &Api<Pod>) -> Vec<Pod> {
+pub(crate) async fn list_pods(pods: &Api<Pod>) -> Vec<Pod> {
     let mut list = pods
         .list(&ListParams::default())
         .await
@@ -402,7 +402,7 @@ async fn list_pods(pods: &Api<Pod>) -> Vec<Pod> {
 
 /// Whether the test plays the kubelet while waiting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kubelet {
+pub(crate) enum Kubelet {
     /// Containers keep reporting what they reported.
     Off,
     /// Each poll, changed containers are restarted on their new image, or fail if it is
@@ -415,16 +415,16 @@ fn is_bad(image: &str) -> bool {
 }
 
 /// One test's namespace, pods and SidecarSet name.
-struct Fixture {
-    client: Client,
-    ns: String,
-    pods: Api<Pod>,
-    app: String,
-    name: String,
+pub(crate) struct Fixture {
+    pub(crate) client: Client,
+    pub(crate) ns: String,
+    pub(crate) pods: Api<Pod>,
+    pub(crate) app: String,
+    pub(crate) name: String,
 }
 
 impl Fixture {
-    async fn new(prefix: &str) -> Fixture {
+    pub(crate) async fn new(prefix: &str) -> Fixture {
         let client = client().await;
         ensure_manager_namespace(&client).await;
         let ns = webhook_cluster().namespace(prefix).await;
@@ -451,7 +451,7 @@ impl Fixture {
     /// Waits until SidecarSet `set`'s status describes its current generation with `expected`
     /// counts and `check` accepts the SidecarSet and the namespace's pods; with
     /// [`Kubelet::On`], a kubelet pass runs before each look. Returns what was seen last.
-    async fn wait_rollout(
+    pub(crate) async fn wait_rollout(
         &self,
         set: &str,
         kubelet: Kubelet,
@@ -489,7 +489,7 @@ impl Fixture {
 }
 
 /// The pod's condition `type_`.
-fn pod_condition<'p>(pod: &'p Pod, type_: &str) -> Option<&'p PodCondition> {
+pub(crate) fn pod_condition<'p>(pod: &'p Pod, type_: &str) -> Option<&'p PodCondition> {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())

@@ -28,6 +28,7 @@ pub mod pod_events;
 pub mod pods;
 pub mod predownload;
 mod reconcile;
+pub mod resize;
 pub mod revisions;
 pub mod rollout;
 pub mod status;
@@ -88,6 +89,8 @@ pub(crate) enum Error {
     },
     #[error("the pre-download ImagePullJob {job} exists and belongs to something else")]
     JobTaken { job: String },
+    #[error("asking the apiserver whether it serves pods/resize")]
+    Discovery(#[source] kube::Error),
     #[error("writing the SidecarSetUpgradable condition of pod {pod}")]
     PodCondition {
         pod: String,
@@ -125,9 +128,28 @@ pub(crate) struct Context {
     backoff: Arc<Backoff>,
     recorder: Recorder,
     metrics: ManagerMetrics,
+    /// Whether the apiserver serves `pods/resize`, once asked (discovery of `/api/v1`).
+    resize_served: tokio::sync::OnceCell<bool>,
 }
 
 impl Context {
+    /// Whether the apiserver serves the `pods/resize` subresource (Kubernetes with
+    /// `InPlacePodVerticalScaling`: on by default from 1.33). Asked once; a failed answer is
+    /// asked again at the next reconcile.
+    async fn resize_served(&self) -> Result<bool, Error> {
+        self.resize_served
+            .get_or_try_init(|| async {
+                let resources = self
+                    .client
+                    .list_core_api_resources("v1")
+                    .await
+                    .map_err(Error::Discovery)?;
+                Ok(resources.resources.iter().any(|r| r.name == "pods/resize"))
+            })
+            .await
+            .copied()
+    }
+
     fn remember(&self, mut pod: PodSummary) {
         strip_pod(&mut pod);
         self.written.remember(pod, &self.pods);

@@ -74,15 +74,15 @@ pub(crate) fn label<'a>(job: &'a ImagePullJob, key: &str) -> Option<&'a str> {
 }
 
 /// What to do for `set` (its `status.latestRevision` already the registered revision) over
-/// its `owned` pods: the pure heart of a reconcile.
+/// its `owned` pods, upgrading them to `current`: the pure heart of a reconcile.
 pub fn plan<'a>(
     set: &SidecarSet,
+    current: CurrentHashes,
     owned: &'a [Arc<PodSummary>],
     collision_count: i32,
     now: &Time,
     pre: &PreDownloadInputs<'_>,
 ) -> Plan<'a> {
-    let current = CurrentHashes::of(set);
     let mut views: Vec<PodView> = owned.iter().map(|p| view(set, &current, p)).collect();
     let mut batch = next_batch(set, &views);
     let latest = set

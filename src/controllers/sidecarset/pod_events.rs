@@ -8,8 +8,9 @@
 //! - it starts or stops being active (deletion timestamp, finished phase), ready, or changes
 //!   its containers' or init containers' images (native sidecars are init containers), their
 //!   statuses (readiness, image, imageID), the SidecarSet
-//!   annotations or its `SidecarSetUpgradable` condition: what consistency, status counts and
-//!   the next batch read;
+//!   annotations, its `SidecarSetUpgradable` condition, the kubelet's resize conditions
+//!   (`PodResizePending`, `PodResizeInProgress`) or whether the kubelet has observed the latest
+//!   generation (a resize): what consistency, status counts and the next batch read;
 //! - its labels change. Upstream wakes only SidecarSets with an update selector here, but the
 //!   SidecarSet's own selector reads labels too (a relabelled pod leaves or joins it), so every
 //!   named SidecarSet is woken.
@@ -25,7 +26,7 @@ use std::sync::Mutex;
 use kruise_rs_controller::pod_summary::PodSummary;
 use kube::runtime::watcher;
 
-use kruise_rs_api::well_known::{SIDECARSET_INJECTED_LIST, SIDECARSET_UPGRADABLE_CONDITION};
+use kruise_rs_api::well_known::SIDECARSET_INJECTED_LIST;
 use kruise_rs_controller::interned_labels::Interned;
 use kruise_rs_sidecar::annotations::parse_injected_list;
 
@@ -66,11 +67,13 @@ pub(crate) fn signature(pod: &PodSummary) -> PodSignature {
     }
     if let Some(status) = &pod.status {
         status.phase.hash(&mut h);
+        // The summary keeps Ready, SidecarSetUpgradable and the kubelet's resize conditions,
+        // which hold or free a resized pod's slot; their reason tells Deferred from Infeasible.
         for c in status.conditions.iter().flatten() {
-            if c.type_ == "Ready" || c.type_ == SIDECARSET_UPGRADABLE_CONDITION {
-                (&c.type_, &c.status, &c.message).hash(&mut h);
-            }
+            (&c.type_, &c.status, &c.reason, &c.message).hash(&mut h);
         }
+        // Whether the kubelet has acted on the latest spec (a resize).
+        (meta.generation, status.observed_generation).hash(&mut h);
         let init = status.init_container_statuses.iter().flatten();
         for c in status.container_statuses.iter().flatten().chain(init) {
             (&c.name, &c.image, &c.image_id, c.ready).hash(&mut h);

@@ -29,7 +29,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::rollout::{CurrentHashes, PodPhase, PodView, SidecarView};
+use super::rollout::{CurrentHashes, InPlaceResize, KubeletResize, PodPhase, PodView, SidecarView};
 use super::twin_flip::others_on_empty_image;
 use kruise_rs_api::image::ImageRef;
 use kruise_rs_api::sidecarset::{SidecarContainer, SidecarSet};
@@ -37,7 +37,10 @@ use kruise_rs_api::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
     SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_WORKING_HOTUPGRADE_CONTAINER,
 };
-use kruise_rs_controller::pod_summary::{ContainerStatusSummary, ContainerSummary, PodSummary};
+use kruise_rs_controller::pod_summary::{
+    ContainerStatusSummary, ContainerSummary, POD_RESIZE_IN_PROGRESS, POD_RESIZE_PENDING,
+    PodSummary,
+};
 use kruise_rs_sidecar::annotations::pod_entry;
 use kruise_rs_sidecar::gojson::html_escape_compact_json;
 use kruise_rs_sidecar::hash::is_native_sidecar;
@@ -285,6 +288,25 @@ fn pod_condition<'a>(pod: &'a PodSummary, type_: &str) -> Option<&'a PodConditio
         .find(|c| c.type_ == type_)
 }
 
+/// Where `pod`'s kubelet is with its resizes: its resize conditions, then its observed
+/// generation. A `PodResizePending` with a reason other than `Infeasible` reads as deferred.
+pub(crate) fn kubelet_resize(pod: &PodSummary) -> KubeletResize {
+    if let Some(pending) = pod_condition(pod, POD_RESIZE_PENDING).filter(|c| c.status == "True") {
+        return match pending.reason.as_deref() {
+            Some("Infeasible") => KubeletResize::Infeasible,
+            _ => KubeletResize::Deferred,
+        };
+    }
+    if pod_condition(pod, POD_RESIZE_IN_PROGRESS).is_some_and(|c| c.status == "True") {
+        return KubeletResize::InProgress;
+    }
+    let observed = pod.status.as_ref().and_then(|s| s.observed_generation);
+    match (observed, pod.metadata.generation) {
+        (Some(observed), Some(generation)) if observed < generation => KubeletResize::Unobserved,
+        _ => KubeletResize::Settled,
+    }
+}
+
 fn phase(pod: &PodSummary) -> PodPhase {
     match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
         Some("Running") => PodPhase::Running,
@@ -366,6 +388,22 @@ pub fn view<'a>(set: &SidecarSet, current: &CurrentHashes, pod: &'a PodSummary) 
     let ready_condition = pod_condition(pod, "Ready");
     let phase = phase(pod);
     let hash_entry = pod_entry(pod.annotation(SIDECARSET_HASH), SIDECARSET_HASH, name);
+    let hash_without_image_current = pod_entry(
+        pod.annotation(SIDECARSET_HASH_WITHOUT_IMAGE),
+        SIDECARSET_HASH_WITHOUT_IMAGE,
+        name,
+    )
+    .is_some_and(|e| e.hash == current.without_image);
+    // The version the pod records says what else changed: only resources means a resize.
+    let resources_only = !hash_without_image_current
+        && hash_entry
+            .as_ref()
+            .is_some_and(|e| current.resizable_hashes.contains(e.hash.as_str()));
+    let resize = match (resources_only, current.resize_served) {
+        (false, _) => InPlaceResize::NotNeeded,
+        (true, true) => InPlaceResize::Needed,
+        (true, false) => InPlaceResize::Unserved,
+    };
     PodView {
         pod,
         phase,
@@ -385,12 +423,9 @@ pub fn view<'a>(set: &SidecarSet, current: &CurrentHashes, pod: &'a PodSummary) 
             .and_then(|e| e.update_timestamp.as_ref())
             .map(|t| t.0)
             .into(),
-        hash_without_image_current: pod_entry(
-            pod.annotation(SIDECARSET_HASH_WITHOUT_IMAGE),
-            SIDECARSET_HASH_WITHOUT_IMAGE,
-            name,
-        )
-        .is_some_and(|e| e.hash == current.without_image),
+        hash_without_image_current,
+        resize,
+        kubelet_resize: kubelet_resize(pod),
         sidecars,
         // Decided later, from the pre-download state of the pod's node.
         awaiting_images: false,

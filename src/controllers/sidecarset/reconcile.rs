@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ControllerRevision;
-use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -24,8 +24,10 @@ use super::plan::{
 };
 use super::pods::namespace_labels;
 use super::predownload::{self, Decision, KnobWarning, Knobs};
+use super::resize::resize_patch;
 use super::revisions;
-use super::rollout::{CurrentHashes, PodView};
+use super::rollout::{CurrentHashes, InPlaceResize, PodView};
+use super::status::PODS_UPGRADABLE;
 use super::twin_flip::Flip;
 use super::upgrade::{UpgradeError, upgrade_patch};
 use super::{Context, Error, FIELD_MANAGER};
@@ -101,6 +103,12 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
     warn_knobs(ctx, set, &knob_warnings).await;
     let jobs = own_jobs(set, ctx.jobs.state());
     let nodeimage = |node: &str| ctx.nodeimages.get(&ObjectRef::new(node));
+    let resize_served = ctx.resize_served().await?;
+    let current = CurrentHashes::with_resize(
+        set,
+        history.iter().chain(std::iter::once(&registered.latest)),
+        resize_served,
+    );
     let Plan {
         current,
         views,
@@ -111,6 +119,7 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
         flips,
     } = plan(
         set,
+        current,
         &owned,
         registered.collision_count,
         &now,
@@ -141,7 +150,14 @@ async fn reconcile_set(set: &SidecarSet, ctx: &Context) -> Result<Action, Error>
     mark_upgradable(ctx, set, &views, &now).await?;
 
     let flipped = flip_pods(ctx, set, &owned, flips).await;
-    let targets: Vec<Arc<PodSummary>> = batch.upgrade.iter().map(|&i| owned[i].clone()).collect();
+    let targets: Vec<Target> = batch
+        .upgrade
+        .iter()
+        .map(|&i| Target {
+            pod: owned[i].clone(),
+            resize: views[i].resize == InPlaceResize::Needed,
+        })
+        .collect();
     let in_use = revisions_in_use(&owned, &name);
     // The snapshot goes before the batch: as each pod's new version replaces it in the store,
     // its old one is freed, instead of every pod being held twice until the batch ends.
@@ -207,7 +223,8 @@ async fn write_status(
 
 /// The event `NotUpgradablePods` (Normal, as upstream types it) when the pods that cannot be
 /// upgraded in place change, naming them, so `kubectl describe` shows it without repeating it
-/// every reconcile.
+/// every reconcile; likewise with the `PodsUpgradable` condition's other reasons (resizes the
+/// apiserver cannot take, or the kubelet has not applied).
 async fn announce_not_upgradable(
     ctx: &Context,
     set: &SidecarSet,
@@ -217,9 +234,21 @@ async fn announce_not_upgradable(
     let Some(message) = newly_not_upgradable(previous, status) else {
         return;
     };
+    // The condition's reason: NotUpgradablePods, ResizeNotServed, ResizeInfeasible or
+    // ResizeDeferred. A resize the kubelet will never apply is a Warning.
+    let reason = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == PODS_UPGRADABLE)
+        .map_or("NotUpgradablePods", |c| c.reason.as_str());
+    let type_ = if reason == "ResizeInfeasible" {
+        EventType::Warning
+    } else {
+        EventType::Normal
+    };
     let event = Event {
-        type_: EventType::Normal,
-        reason: "NotUpgradablePods".into(),
+        type_,
+        reason: reason.into(),
         note: Some(message),
         action: "Upgrade".into(),
         secondary: None,
@@ -270,6 +299,13 @@ async fn mark_upgradable(
     Ok(())
 }
 
+/// A pod of the batch.
+struct Target {
+    pod: Arc<PodSummary>,
+    /// Its sidecars' resources changed too: it is resized before its images are patched.
+    resize: bool,
+}
+
 #[derive(Debug, Default)]
 struct UpgradeOutcome {
     upgraded: usize,
@@ -292,7 +328,7 @@ async fn upgrade_pods(
     ctx: &Context,
     set: &SidecarSet,
     current: &CurrentHashes,
-    targets: Vec<Arc<PodSummary>>,
+    targets: Vec<Target>,
     now: &Time,
 ) -> Result<UpgradeOutcome, Error> {
     let set_name = set.name_any();
@@ -300,7 +336,7 @@ async fn upgrade_pods(
     // by doubling, at the end of a rollout (measured with heaptrack).
     let mut results = std::pin::pin!(
         futures::stream::iter(targets)
-            .map(|pod| upgrade_one(ctx, set, current, pod, now))
+            .map(|target| upgrade_one(ctx, set, current, target, now))
             .buffer_unordered(UPGRADE_CONCURRENCY)
     );
     let mut outcome = UpgradeOutcome::default();
@@ -329,7 +365,7 @@ async fn upgrade_one(
     ctx: &Context,
     set: &SidecarSet,
     current: &CurrentHashes,
-    pod: Arc<PodSummary>,
+    Target { pod, resize }: Target,
     now: &Time,
 ) -> Result<PodUpgrade, Error> {
     // A batch of thousands of pods takes a while: once the SidecarSet has changed, the rest
@@ -346,6 +382,9 @@ async fn upgrade_one(
         ctx.client.clone(),
         pod.metadata.namespace.as_deref().unwrap_or_default(),
     );
+    if resize && let Some(stopped) = resize_one(ctx, set, &pod).await? {
+        return Ok(stopped);
+    }
     // patchPodMetadata reads annotations the cache does not keep.
     let pod = if set.spec.patch_pod_metadata.is_empty() {
         pod
@@ -378,6 +417,69 @@ async fn upgrade_one(
         }
         // A failed `test` (the pod changed since it was read), a conflict, or a pod gone.
         Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => Ok(PodUpgrade::Changed),
+        Err(source) => Err(upgrade_failed(ctx, set, key, source).await),
+    }
+}
+
+/// Gives `pod`'s sidecars their new resources through `pods/resize` ([`resize_patch`]), before
+/// the upgrade patch records the new version. `None` when the upgrade goes on (resized, or
+/// nothing to resize); otherwise what became of the pod.
+async fn resize_one(
+    ctx: &Context,
+    set: &SidecarSet,
+    pod: &PodSummary,
+) -> Result<Option<PodUpgrade>, Error> {
+    let key = pod_key(pod);
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    // The full pod: its current resources, and the app containers a resourcesPolicy reads.
+    let live = match Api::<Pod>::namespaced(ctx.client.clone(), namespace)
+        .get(&pod.name_any())
+        .await
+    {
+        Ok(live) => live,
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Some(PodUpgrade::Changed)),
+        Err(source) => return Err(upgrade_failed(ctx, set, key, source).await),
+    };
+    let patch = match resize_patch(set, &live) {
+        Ok(Some(patch)) => patch,
+        Ok(None) => return Ok(None),
+        Err(err) => {
+            warn!(sidecarset = %set.name_any(), pod = %key, error = %err, "cannot compute the sidecars' resources");
+            upgrade_failed_event(ctx, set, format!("pod {key}: {err}")).await;
+            return Ok(Some(PodUpgrade::Impossible));
+        }
+    };
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    };
+    match Api::<PodSummary>::namespaced(ctx.client.clone(), namespace)
+        .patch_subresource(
+            "resize",
+            &pod.name_any(),
+            &params,
+            &Patch::Strategic(&patch),
+        )
+        .await
+    {
+        Ok(written) => {
+            debug!(pod = %key, "sidecars resized");
+            ctx.remember(written);
+            Ok(None)
+        }
+        // Gone, or changed since it was read.
+        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409) => Ok(Some(PodUpgrade::Changed)),
+        // The apiserver's resize rules (a request removed, the QoS class changed, a resource
+        // other than cpu and memory...): said on the SidecarSet, tried again at later reconciles.
+        Err(kube::Error::Api(s)) if matches!(s.code, 400 | 422) => {
+            warn!(sidecarset = %set.name_any(), pod = %key, error = %s.message, "resize refused");
+            let note = format!(
+                "pod {key}: the apiserver refused to resize its sidecars: {}",
+                s.message
+            );
+            upgrade_failed_event(ctx, set, note).await;
+            Ok(Some(PodUpgrade::Impossible))
+        }
         Err(source) => Err(upgrade_failed(ctx, set, key, source).await),
     }
 }

@@ -81,22 +81,25 @@
 //!   maxUnavailable (reading 0). Validation only admits whole percents anyway.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::sync::LazyLock;
 
+use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use smallvec::SmallVec;
 
+use kruise_rs_api::defaults::default_sidecarset;
 use kruise_rs_api::sidecarset::{
-    SidecarSet, SidecarSetUpdateStrategy, SidecarSetUpdateStrategyType, UpdatePriorityStrategy,
-    UpdateScatterTerm,
+    SidecarSet, SidecarSetSpec, SidecarSetUpdateStrategy, SidecarSetUpdateStrategyType,
+    UpdatePriorityStrategy, UpdateScatterTerm,
 };
 use kruise_rs_controller::interned_labels::{Interned, Labels};
 use kruise_rs_controller::pod_summary::PodSummary;
-use kruise_rs_sidecar::hash::current_hashes;
+use kruise_rs_sidecar::hash::{current_hashes, sidecarset_hash_in_place};
 use kruise_rs_sidecar::matching::{SelectorError, selector_matches};
+use kruise_rs_sidecar::revision::restore;
 
 /// A pod's lifecycle phase, as far as ordering and activity go.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -137,6 +140,38 @@ pub struct SidecarView {
     pub native: bool,
 }
 
+/// Whether a pod that is not on the current version needs a resize besides new images.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InPlaceResize {
+    /// No: only images changed since its version, or more than images and resources did.
+    #[default]
+    NotNeeded,
+    /// Its sidecars' resources changed too (and nothing else but images): it is upgraded in
+    /// place, the resources through the `pods/resize` subresource.
+    Needed,
+    /// As `Needed`, but the apiserver does not serve `pods/resize`: it cannot be upgraded in
+    /// place.
+    Unserved,
+}
+
+/// Where the kubelet is with the pod's spec, as far as a resize goes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KubeletResize {
+    /// Nothing pending: no resize condition, and the spec's generation observed (or not
+    /// reported: Kubernetes 1.33 without `PodObservedGenerationTracking`).
+    #[default]
+    Settled,
+    /// `status.observedGeneration` is behind `metadata.generation`: the kubelet has not seen the
+    /// latest spec change yet.
+    Unobserved,
+    /// `PodResizeInProgress`.
+    InProgress,
+    /// `PodResizePending` with reason `Deferred`: the node cannot fit it now, it may later.
+    Deferred,
+    /// `PodResizePending` with reason `Infeasible`: the node can never fit it.
+    Infeasible,
+}
+
 /// What the upgrade decision needs to know about one matched pod, filled by the controller.
 ///
 /// A reconcile holds one for every pod the SidecarSet owns at once (10,000 in the rollout
@@ -162,6 +197,11 @@ pub struct PodView<'a> {
     /// Likewise for `kruise.io/sidecarset-hash-without-image`: only images changed since the
     /// pod's version, so it can be upgraded in place.
     pub hash_without_image_current: bool,
+    /// Whether bringing the pod up to date takes a resize (see [`InPlaceResize`]).
+    pub resize: InPlaceResize,
+    /// Where the kubelet is with the pod's last resize; anything but `Settled` keeps an
+    /// updated pod in flight.
+    pub kubelet_resize: KubeletResize,
     /// The highest `restartCount` among the pod's containers.
     pub restarts: i32,
     /// `lastTransitionTime` of the Ready condition.
@@ -185,6 +225,8 @@ impl Default for PodView<'_> {
             awaiting_images: false,
             hash_current: false,
             hash_without_image_current: false,
+            resize: InPlaceResize::NotNeeded,
+            kubelet_resize: KubeletResize::Settled,
             restarts: 0,
             ready_since: OptionalTime::NONE,
             created: OptionalTime::NONE,
@@ -267,6 +309,11 @@ impl<'a> PodView<'a> {
         self.ready && self.images_running()
     }
 
+    /// Available, and no resize pending in the kubelet: an updated pod no longer in flight.
+    pub fn is_settled(&self) -> bool {
+        self.is_available() && self.kubelet_resize == KubeletResize::Settled
+    }
+
     fn is_scheduled(&self) -> bool {
         self.node_name().is_some_and(|n| !n.is_empty())
     }
@@ -277,22 +324,70 @@ impl<'a> PodView<'a> {
 }
 
 /// The SidecarSet version pods are upgraded to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CurrentHashes {
     pub hash: String,
     pub without_image: String,
+    /// The `kruise.io/sidecarset-hash` values of the ControllerRevisions whose pods differ from
+    /// this version in nothing but sidecar images and resources (their
+    /// `sidecarset_hash_in_place` is the current one's); empty unless built
+    /// [`CurrentHashes::with_resize`]. By hash rather than revision name: a pod injected
+    /// before the SidecarSet's first revision was written records no revision name.
+    pub resizable_hashes: HashSet<String>,
+    /// Whether the apiserver serves `pods/resize`.
+    pub resize_served: bool,
 }
 
 impl CurrentHashes {
     /// The SidecarSet's hash annotations, or the hashes of its spec where an annotation is
-    /// missing (as the injection side does, so both agree on what "current" is).
+    /// missing (as the injection side does, so both agree on what "current" is). No revision
+    /// counts as resizable.
     pub fn of(set: &SidecarSet) -> Self {
         let (hash, without_image) = current_hashes(set);
         Self {
             hash,
             without_image,
+            ..Self::default()
         }
     }
+
+    /// [`CurrentHashes::of`], with the `revisions` of `set` whose pods a resize (and new images)
+    /// brings up to date. A revision whose data cannot be read is not one of them.
+    pub fn with_resize<'r>(
+        set: &SidecarSet,
+        revisions: impl IntoIterator<Item = &'r ControllerRevision>,
+        resize_served: bool,
+    ) -> Self {
+        let current = in_place_hash(set, &set.spec);
+        let resizable_hashes = revisions
+            .into_iter()
+            .filter_map(|r| {
+                let restored = restore(set, r).ok()?;
+                (in_place_hash(set, &restored.spec) == current).then(|| {
+                    // The revision's hash annotation, else the hash of its defaulted spec: what
+                    // the webhook wrote on the pods it injected (`restore` hashes the spec as
+                    // recorded, which a SidecarSet stored while no webhook ran is not).
+                    let mut version = set.clone();
+                    version.spec = restored.spec;
+                    version.metadata.annotations = r.metadata.annotations.clone();
+                    current_hashes(&version).0
+                })
+            })
+            .collect();
+        Self {
+            resizable_hashes,
+            resize_served,
+            ..Self::of(set)
+        }
+    }
+}
+
+/// `set` with `spec`, defaulted as the webhook defaults it, hashed without images and resources.
+fn in_place_hash(set: &SidecarSet, spec: &SidecarSetSpec) -> String {
+    let mut defaulted = set.clone();
+    defaulted.spec = spec.clone();
+    default_sidecarset(&mut defaulted);
+    sidecarset_hash_in_place(&defaulted.spec)
 }
 
 /// Where one pod stands in the rollout; see the module documentation.
@@ -315,11 +410,11 @@ pub(crate) fn classify(pod: &PodView, selected: bool) -> PodState {
         PodState::Inactive
     } else if pod.hash_current {
         PodState::Updated {
-            in_flight: !pod.is_available(),
+            in_flight: !pod.is_settled(),
         }
     } else if !selected {
         PodState::NotSelected
-    } else if !pod.hash_without_image_current {
+    } else if !pod.hash_without_image_current && pod.resize != InPlaceResize::Needed {
         PodState::NotUpgradable
     } else if pod.sidecars.iter().any(|s| s.ready && !s.image_running) {
         PodState::Settling

@@ -17,7 +17,10 @@
 //!   none can move now; `False` with `Progressing` while pods wait and move, `Updated` when none
 //!   waits.
 //! - `PodsUpgradable`: `False` with `NotUpgradablePods` while some pods changed in more than
-//!   their images, `True` with `AllPodsUpgradable` otherwise.
+//!   their images and resources (`ResizeNotServed` when only their resources did, and the
+//!   apiserver does not serve `pods/resize`); else `False` with `ResizeInfeasible` or
+//!   `ResizeDeferred` while the kubelet of an updated pod has not applied its sidecars' resize
+//!   and says why (its `PodResizePending` condition); `True` with `AllPodsUpgradable` otherwise.
 //!
 //! A third condition, `UnsupportedFeatures`, comes from the spec alone (`unsupported_condition`):
 //! `True` while the SidecarSet uses a feature kruise-rs does not serve yet, with the features as
@@ -34,7 +37,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kruise_rs_api::sidecarset::{SidecarSet, SidecarSetStatus};
 use kruise_rs_sidecar::unsupported::{self, REFUSE, UNSUPPORTED_FEATURES};
 
-use super::rollout::{Batch, Hold, PodPhase, PodState, PodView, StrategyError, classify};
+use super::rollout::{
+    Batch, Hold, InPlaceResize, KubeletResize, PodPhase, PodState, PodView, StrategyError, classify,
+};
+use kruise_rs_controller::pod_summary::POD_RESIZE_PENDING;
 
 /// How many pod names a stall's message lists.
 const EXAMPLES: usize = 5;
@@ -50,7 +56,21 @@ pub enum Stall {
     InvalidStrategy(StrategyError),
     /// Pods whose sidecars changed in more than their images: an in-place patch cannot update
     /// them, only recreating them can. `examples` are the first few by namespace/name.
-    NotUpgradable { pods: usize, examples: Vec<String> },
+    /// `resize_unserved` of them changed only in images and resources, which a resize would
+    /// bring up to date, but the apiserver does not serve `pods/resize`.
+    NotUpgradable {
+        pods: usize,
+        resize_unserved: usize,
+        examples: Vec<String>,
+    },
+    /// Updated pods whose kubelet has not applied their sidecars' resize: `infeasible` never
+    /// will on its node, `deferred` wait for room. `examples` name the first few with the
+    /// kubelet's reason and message. They stay in flight (counted against maxUnavailable).
+    ResizeNotApplied {
+        infeasible: usize,
+        deferred: usize,
+        examples: Vec<String>,
+    },
     /// `pods` pods wait for their nodes to pull the new sidecar images.
     WaitingForPreDownload { pods: usize },
     /// Every remaining pod is held back by the partition.
@@ -81,7 +101,16 @@ impl Stall {
             Stall::Paused { .. } => "Paused",
             Stall::InvalidStrategy(_) => "InvalidUpdateStrategy",
             // Upstream's event reason for the same finding.
+            Stall::NotUpgradable {
+                pods,
+                resize_unserved,
+                ..
+            } if pods == resize_unserved => "ResizeNotServed",
             Stall::NotUpgradable { .. } => "NotUpgradablePods",
+            Stall::ResizeNotApplied {
+                infeasible: 1.., ..
+            } => "ResizeInfeasible",
+            Stall::ResizeNotApplied { .. } => "ResizeDeferred",
             Stall::PartitionReached { .. } => "PartitionReached",
             Stall::WaitingForPreDownload { .. } => "WaitingForPreDownload",
             Stall::MaxUnavailableReached { .. } => "MaxUnavailableReached",
@@ -111,11 +140,40 @@ impl fmt::Display for Stall {
                 "updateStrategy.paused is set: {waiting} pod(s) wait for the sidecar upgrade"
             ),
             Stall::InvalidStrategy(e) => write!(f, "{e}; no pod is upgraded until it is fixed"),
-            Stall::NotUpgradable { pods, examples } => write!(
+            Stall::NotUpgradable {
+                pods,
+                resize_unserved: 0,
+                examples,
+            } => write!(
                 f,
-                "{pods} pod(s) cannot be upgraded in place because more than the sidecar images changed; \
+                "{pods} pod(s) cannot be upgraded in place because more than the sidecar images \
+                 and resources changed; recreate them to get the new sidecars: {}",
+                names(examples, *pods)
+            ),
+            Stall::NotUpgradable {
+                pods,
+                resize_unserved,
+                examples,
+            } => write!(
+                f,
+                "{pods} pod(s) cannot be upgraded in place: {resize_unserved} of them because their \
+                 sidecars' resources changed and the apiserver does not serve the pods/resize \
+                 subresource (feature gate InPlacePodVerticalScaling, on by default from \
+                 Kubernetes 1.33), the others because more than images and resources changed; \
                  recreate them to get the new sidecars: {}",
                 names(examples, *pods)
+            ),
+            Stall::ResizeNotApplied {
+                infeasible,
+                deferred,
+                examples,
+            } => write!(
+                f,
+                "the kubelet has not applied the sidecars' new resources to {} pod(s) \
+                 ({infeasible} infeasible on their node, {deferred} deferred until it has room); \
+                 they count as unavailable: {}",
+                infeasible + deferred,
+                names(examples, infeasible + deferred)
             ),
             Stall::WaitingForPreDownload { pods } => write!(
                 f,
@@ -248,9 +306,7 @@ fn conditions(
             last_transition_time: since,
         }
     };
-    let hold = stalls
-        .iter()
-        .find(|s| !matches!(s, Stall::NotUpgradable { .. }));
+    let hold = stalls.iter().find(|s| !is_about_pods(s));
     let held = match hold {
         Some(stall) => condition(ROLLOUT_HELD, true, stall.reason(), stall.to_string()),
         None if batch.waiting > 0 => condition(
@@ -266,15 +322,72 @@ fn conditions(
             "every pod that can be upgraded in place runs the latest sidecars".to_owned(),
         ),
     };
-    let not_upgradable = stalls
-        .iter()
-        .find(|s| matches!(s, Stall::NotUpgradable { .. }));
+    // The first one: pods that cannot be upgraded at all before resizes not applied yet.
+    let not_upgradable = stalls.iter().find(|s| is_about_pods(s));
     let upgradable = match not_upgradable {
         // Upside down on purpose: `held` here means "some pods cannot be upgraded".
         Some(stall) => condition(PODS_UPGRADABLE, false, stall.reason(), stall.to_string()),
         None => condition(PODS_UPGRADABLE, true, "AllPodsUpgradable", String::new()),
     };
     vec![held, upgradable]
+}
+
+/// Whether `stall` is about some pods' upgrade (the `PodsUpgradable` condition) rather than
+/// about what holds the rollout (`RolloutHeld`).
+fn is_about_pods(stall: &Stall) -> bool {
+    matches!(
+        stall,
+        Stall::NotUpgradable { .. } | Stall::ResizeNotApplied { .. }
+    )
+}
+
+/// Updated pods whose kubelet says their resize is `Deferred` or `Infeasible`
+/// ([`Stall::ResizeNotApplied`]).
+pub(crate) fn resize_not_applied(pods: &[PodView]) -> Option<Stall> {
+    let mut waiting: Vec<(&PodView, KubeletResize)> = pods
+        .iter()
+        .filter(|p| p.is_active() && p.hash_current)
+        .filter_map(|p| match p.kubelet_resize {
+            k @ (KubeletResize::Deferred | KubeletResize::Infeasible) => Some((p, k)),
+            _ => None,
+        })
+        .collect();
+    if waiting.is_empty() {
+        return None;
+    }
+    // Infeasible first: those never finish by themselves.
+    waiting.sort_by_key(|(p, k)| (*k != KubeletResize::Infeasible, p.key()));
+    let infeasible = waiting
+        .iter()
+        .filter(|(_, k)| *k == KubeletResize::Infeasible)
+        .count();
+    let examples = waiting
+        .iter()
+        .take(EXAMPLES)
+        .map(|(p, _)| {
+            let pending = p
+                .pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == POD_RESIZE_PENDING));
+            let reason = pending
+                .and_then(|c| c.reason.as_deref())
+                .unwrap_or("Deferred");
+            match pending
+                .and_then(|c| c.message.as_deref())
+                .filter(|m| !m.is_empty())
+            {
+                Some(message) => format!("{} ({reason}: {message})", p.key()),
+                None => format!("{} ({reason})", p.key()),
+            }
+        })
+        .collect();
+    Some(Stall::ResizeNotApplied {
+        infeasible,
+        deferred: waiting.len() - infeasible,
+        examples,
+    })
 }
 
 /// The `UnsupportedFeatures` condition of `set`, from its spec: `None` when it uses none.
@@ -387,9 +500,15 @@ pub(crate) fn stalls(batch: &Batch, pods: &[PodView]) -> Vec<Stall> {
     if !batch.not_upgradable.is_empty() {
         out.push(Stall::NotUpgradable {
             pods: batch.not_upgradable.len(),
+            resize_unserved: batch
+                .not_upgradable
+                .iter()
+                .filter(|&&i| pods[i].resize == InPlaceResize::Unserved)
+                .count(),
             examples: keys(&batch.not_upgradable),
         });
     }
+    out.extend(resize_not_applied(pods));
     out
 }
 

@@ -8,6 +8,8 @@
 //!   init containers are never touched);
 //! - this SidecarSet's entry in `kruise.io/sidecarset-hash`: the current hash, the latest
 //!   ControllerRevision, the sidecar list and now; the other SidecarSets' entries unchanged;
+//! - its entry in `kruise.io/sidecarset-hash-without-image` when that differs: a pod whose
+//!   sidecars' resources changed too was resized first (`super::resize`);
 //! - this SidecarSet's record in `kruise.io/sidecarset-inplace-update-state`: each changed
 //!   container's imageID from before the upgrade, by which [`super::pods`] tells that kubelet
 //!   has restarted it (an existing record keeps its revision and time, as upstream's);
@@ -38,7 +40,8 @@ use super::rollout::CurrentHashes;
 use super::twin_flip::{hot_sidecars, twin_to_upgrade};
 use kruise_rs_api::sidecarset::SidecarSet;
 use kruise_rs_api::well_known::{
-    SIDECARSET_HASH, SIDECARSET_INPLACE_UPDATE_STATE, SIDECARSET_UPGRADABLE_CONDITION,
+    SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INPLACE_UPDATE_STATE,
+    SIDECARSET_UPGRADABLE_CONDITION,
 };
 use kruise_rs_sidecar::annotations::{SidecarSetUpgradeSpec, parse_hashes, render_hashes};
 use kruise_rs_sidecar::hash::is_native_sidecar;
@@ -221,6 +224,29 @@ pub(crate) fn upgrade_patch(
         },
     );
     after.insert(SIDECARSET_HASH.to_owned(), render_hashes(&hashes));
+
+    // A resized pod is on the current version in more than its images.
+    let old_without_image = annotations.get(SIDECARSET_HASH_WITHOUT_IMAGE);
+    let mut without_image = match old_without_image {
+        Some(value) => parse_hashes(SIDECARSET_HASH_WITHOUT_IMAGE, value)?,
+        None => BTreeMap::new(),
+    };
+    if without_image.get(&name).map(|e| e.hash.as_str()) != Some(current.without_image.as_str()) {
+        without_image.insert(
+            name.clone(),
+            SidecarSetUpgradeSpec {
+                update_timestamp: Some(now.clone()),
+                hash: current.without_image.clone(),
+                sidecar_set_name: name.clone(),
+                sidecar_list: Some(sidecar_list(set)),
+                controller_revision: String::new(),
+            },
+        );
+        after.insert(
+            SIDECARSET_HASH_WITHOUT_IMAGE.to_owned(),
+            render_hashes(&without_image),
+        );
+    }
 
     if !changed.is_empty() {
         // An unreadable record is replaced (upstream too starts over).

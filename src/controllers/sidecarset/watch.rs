@@ -123,6 +123,7 @@ pub async fn run_with_feeds(
         backoff,
         metrics: opts.metrics.clone(),
         recorder: Recorder::for_manager(client),
+        resize_served: tokio::sync::OnceCell::new(),
     });
     let shutdown = shutdown.shared();
     let running = controller

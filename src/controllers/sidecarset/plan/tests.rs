@@ -136,6 +136,7 @@ fn plan_counting<'a>(
     let nodeimage = |_: &str| None;
     plan(
         set,
+        CurrentHashes::of(set),
         owned,
         collision_count,
         &now(),

@@ -60,6 +60,7 @@ fn the_view_reads_hashes_readiness_and_order_fields() {
     let at = |hash: &str, without_image: &str| CurrentHashes {
         hash: hash.into(),
         without_image: without_image.into(),
+        ..CurrentHashes::default()
     };
     let s = set("proxy:1");
     let v = view(&s, &at("h1", "w1"), &p);
@@ -424,4 +425,79 @@ fn injected_lists_are_read_by_name_not_substring() {
     assert!(injected_with(&p, "mesh"));
     assert!(!injected_with(&p, "mes"));
     assert_eq!(injected_sidecarsets(&p), ["logs", "mesh"]);
+}
+
+#[test]
+fn the_kubelets_resize_state_comes_from_its_conditions_then_the_observed_generation() {
+    let with = |conditions: serde_json::Value, generation: Option<i64>, observed: Option<i64>| {
+        let pod: PodSummary = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "generation": generation},
+            "status": {"conditions": conditions, "observedGeneration": observed},
+        }))
+        .expect("pod");
+        kubelet_resize(&pod)
+    };
+    let pending = |reason: &str| json!([{"type": POD_RESIZE_PENDING, "status": "True", "reason": reason, "message": "m"}]);
+    assert_eq!(with(json!([]), Some(3), Some(3)), KubeletResize::Settled);
+    assert_eq!(
+        with(json!([]), Some(3), None),
+        KubeletResize::Settled,
+        "1.33"
+    );
+    assert_eq!(with(json!([]), Some(4), Some(3)), KubeletResize::Unobserved);
+    assert_eq!(
+        with(pending("Infeasible"), Some(3), Some(3)),
+        KubeletResize::Infeasible
+    );
+    assert_eq!(
+        with(pending("Deferred"), Some(3), Some(3)),
+        KubeletResize::Deferred
+    );
+    assert_eq!(
+        with(
+            json!([{"type": POD_RESIZE_IN_PROGRESS, "status": "True"}]),
+            Some(3),
+            Some(3)
+        ),
+        KubeletResize::InProgress
+    );
+    assert_eq!(
+        with(
+            json!([{"type": POD_RESIZE_IN_PROGRESS, "status": "False"}]),
+            Some(3),
+            Some(3)
+        ),
+        KubeletResize::Settled
+    );
+}
+
+#[test]
+fn only_a_pod_on_a_resizable_version_needs_a_resize() {
+    // Its hash entry records no revision name (injected before the first one was written).
+    let p = pod("proxy:1", "proxy:1", "proxy@sha256:11");
+    let s = set("proxy:1");
+    let at = |hashes: &[&str], served: bool, without_image: &str| CurrentHashes {
+        hash: "h2".into(),
+        without_image: without_image.into(),
+        resizable_hashes: hashes.iter().map(|r| (*r).to_owned()).collect(),
+        resize_served: served,
+    };
+    assert_eq!(
+        view(&s, &at(&["h1", "h2"], true, "w2"), &p).resize,
+        InPlaceResize::Needed
+    );
+    assert_eq!(
+        view(&s, &at(&["h1"], false, "w2"), &p).resize,
+        InPlaceResize::Unserved
+    );
+    assert_eq!(
+        view(&s, &at(&["h0", "h2"], true, "w2"), &p).resize,
+        InPlaceResize::NotNeeded,
+        "its version differs in more than resources"
+    );
+    assert_eq!(
+        view(&s, &at(&["h1"], true, "w1"), &p).resize,
+        InPlaceResize::NotNeeded,
+        "only images changed"
+    );
 }

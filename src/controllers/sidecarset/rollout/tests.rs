@@ -609,7 +609,8 @@ fn current_hashes_come_from_the_annotations_or_else_the_defaulted_spec() {
         CurrentHashes::of(&annotated),
         CurrentHashes {
             hash: CURRENT.into(),
-            without_image: WITHOUT_IMAGE.into()
+            without_image: WITHOUT_IMAGE.into(),
+            ..CurrentHashes::default()
         }
     );
     let mut bare = annotated.clone();
@@ -622,7 +623,8 @@ fn current_hashes_come_from_the_annotations_or_else_the_defaulted_spec() {
         CurrentHashes::of(&bare),
         CurrentHashes {
             hash: sidecarset_hash(&defaulted.spec),
-            without_image: sidecarset_hash_without_image(&defaulted.spec)
+            without_image: sidecarset_hash_without_image(&defaulted.spec),
+            ..CurrentHashes::default()
         }
     );
     assert_ne!(
@@ -1281,4 +1283,73 @@ fn a_pod_view_stays_small() {
     // restarts and flags (16 with padding).
     assert!(std::mem::size_of::<PodView>() <= 80);
     assert!(std::mem::size_of::<OptionalTime>() == 8);
+}
+
+#[test]
+fn revisions_differing_only_in_images_and_resources_are_resizable() {
+    use kruise_rs_sidecar::revision::history::new_revision;
+    let at = |image: &str, resources: serde_json::Value, env: &str| {
+        let spec: SidecarSetSpec = serde_json::from_value(json!({
+            "selector": {"matchLabels": {"app": "web"}},
+            "containers": [{
+                "name": "proxy", "image": image, "resources": resources,
+                "env": [{"name": "MODE", "value": env}],
+            }],
+        }))
+        .expect("spec");
+        SidecarSet::new("mesh", spec)
+    };
+    let small = json!({"limits": {"cpu": "100m"}});
+    let big = json!({"limits": {"cpu": "200m"}});
+    let current = at("proxy:2", big.clone(), "a");
+    let mut revision = |set: &SidecarSet, number: i64, name: &str| {
+        let mut r = new_revision(set, "kruise-system", number, 0);
+        r.metadata.name = Some(name.into());
+        r
+    };
+    let versions = [
+        at("proxy:1", small.clone(), "a"),
+        at("proxy:1", big.clone(), "b"),
+        current.clone(),
+    ];
+    let revisions = [
+        revision(&versions[0], 1, "resources-and-image"),
+        revision(&versions[1], 2, "env"),
+        revision(&versions[2], 3, "current"),
+    ];
+    let hashes = CurrentHashes::with_resize(&current, &revisions, true);
+    // What the webhook wrote on the pods of each version: the hash of its defaulted spec (no
+    // SidecarSet here carries hash annotations).
+    let hash_of = |i: usize| CurrentHashes::of(&versions[i]).hash;
+    assert_eq!(
+        hashes.resizable_hashes,
+        HashSet::from([hash_of(0), hash_of(2)]),
+        "the revisions resources-and-image and current, not env"
+    );
+    assert_ne!(hash_of(0), hash_of(1));
+    // A revision's own hash annotation wins (upstream's and ours carry one).
+    let mut annotated = revision(&versions[0], 5, "annotated");
+    annotated
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(SIDECARSET_HASH.into(), "as-recorded".into());
+    let hashes = CurrentHashes::with_resize(&current, [&annotated], true);
+    assert_eq!(
+        hashes.resizable_hashes,
+        HashSet::from(["as-recorded".into()])
+    );
+    assert!(hashes.resize_served);
+    let of = CurrentHashes::of(&current);
+    assert_eq!(
+        (&hashes.hash, &hashes.without_image),
+        (&of.hash, &of.without_image)
+    );
+    // Unreadable revision data is not resizable.
+    let mut broken = revision(&current, 4, "broken");
+    broken.data = Some(k8s_openapi::apimachinery::pkg::runtime::RawExtension(
+        json!({"nope": 1}),
+    ));
+    let hashes = CurrentHashes::with_resize(&current, [&broken], true);
+    assert!(hashes.resizable_hashes.is_empty());
 }

@@ -201,7 +201,12 @@ fn pods_that_changed_more_than_images_are_named() {
     pods.push(pod("ok"));
     let stalls = report(&set(json!({})), &pods).stalls;
     assert_eq!(stalls.len(), 1, "the other pod moves: {stalls:?}");
-    let Stall::NotUpgradable { pods: n, examples } = &stalls[0] else {
+    let Stall::NotUpgradable {
+        pods: n,
+        resize_unserved: 0,
+        examples,
+    } = &stalls[0]
+    else {
         panic!("{stalls:?}");
     };
     assert_eq!(*n, 7);
@@ -531,4 +536,169 @@ fn a_native_sidecar_the_kubelet_never_restarts_is_named_after_the_grace() {
                 .any(|s| matches!(s, Stall::NativeSidecarNotRestarted { .. }))
         );
     }
+}
+
+// --- resize ---------------------------------------------------------------------------------
+
+/// A pod whose sidecars' resources changed too (besides images), with `resize` as the view
+/// reads it.
+fn resources_changed(name: &str, resize: InPlaceResize) -> PodView<'static> {
+    PodView {
+        resize,
+        ..not_upgradable(name)
+    }
+}
+
+/// An updated pod, with its `PodResizePending` condition when `pending` is a reason.
+fn resized(name: &str, kubelet: KubeletResize, pending: Option<(&str, &str)>) -> PodView<'static> {
+    let mut p = updated(name);
+    p.kubelet_resize = kubelet;
+    if let Some((reason, message)) = pending {
+        crate::controllers::sidecarset::pods::change_pod(&mut p, |pod| {
+            pod.status.get_or_insert_with(Default::default).conditions =
+                Some(vec![k8s_openapi::api::core::v1::PodCondition {
+                    type_: POD_RESIZE_PENDING.into(),
+                    status: "True".into(),
+                    reason: Some(reason.into()),
+                    message: Some(message.into()),
+                    ..Default::default()
+                }]);
+        });
+    }
+    p
+}
+
+#[test]
+fn pods_needing_only_a_resize_are_candidates_and_count_as_upgradable() {
+    let pods = vec![
+        resources_changed("a", InPlaceResize::Needed),
+        resources_changed("b", InPlaceResize::Needed),
+    ];
+    let s = set(json!({"maxUnavailable": 1}));
+    let batch = next_batch(&s, &pods);
+    assert_eq!(batch.upgrade, [0], "one at a time, as for images");
+    assert!(batch.not_upgradable.is_empty());
+    let r = report(&s, &pods);
+    assert!(r.stalls.is_empty(), "{:?}", r.stalls);
+    let upgradable = r
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == PODS_UPGRADABLE)
+        .expect("PodsUpgradable");
+    assert_eq!(upgradable.status, "True");
+}
+
+#[test]
+fn without_the_resize_subresource_the_pods_are_not_upgradable_and_the_reason_says_why() {
+    let pods = vec![
+        resources_changed("a", InPlaceResize::Unserved),
+        resources_changed("b", InPlaceResize::Unserved),
+    ];
+    let r = report(&set(json!({})), &pods);
+    assert_eq!(
+        r.stalls,
+        [Stall::NotUpgradable {
+            pods: 2,
+            resize_unserved: 2,
+            examples: vec!["ns/a".into(), "ns/b".into()],
+        }]
+    );
+    assert_eq!(r.stalls[0].reason(), "ResizeNotServed");
+    let message = r.stalls[0].to_string();
+    assert!(
+        message.contains("does not serve the pods/resize subresource")
+            && message.contains("InPlacePodVerticalScaling"),
+        "{message}"
+    );
+    // Mixed with pods that changed in more than resources: the general reason.
+    let mixed = vec![
+        resources_changed("a", InPlaceResize::Unserved),
+        not_upgradable("c"),
+    ];
+    let r = report(&set(json!({})), &mixed);
+    assert_eq!(r.stalls[0].reason(), "NotUpgradablePods");
+    assert!(r.stalls[0].to_string().contains("1 of them because"));
+}
+
+#[test]
+fn a_resize_in_progress_or_unobserved_keeps_the_pod_in_flight() {
+    for kubelet in [
+        KubeletResize::Unobserved,
+        KubeletResize::InProgress,
+        KubeletResize::Deferred,
+        KubeletResize::Infeasible,
+    ] {
+        let pods = vec![resized("a", kubelet, None), pod("b")];
+        let batch = next_batch(&set(json!({"maxUnavailable": 1})), &pods);
+        assert!(batch.upgrade.is_empty(), "{kubelet:?}: {batch:?}");
+        assert_eq!(batch.in_flight, [0], "{kubelet:?}");
+    }
+    let pods = vec![resized("a", KubeletResize::Settled, None), pod("b")];
+    let batch = next_batch(&set(json!({"maxUnavailable": 1})), &pods);
+    assert_eq!(batch.upgrade, [1], "a settled resize frees the slot");
+}
+
+#[test]
+fn deferred_and_infeasible_resizes_are_named_with_the_kubelets_words() {
+    let pods = vec![
+        resized(
+            "d",
+            KubeletResize::Deferred,
+            Some(("Deferred", "Node didn't have enough resource: cpu")),
+        ),
+        resized(
+            "i",
+            KubeletResize::Infeasible,
+            Some(("Infeasible", "Node didn't have enough capacity: memory")),
+        ),
+        resized("p", KubeletResize::InProgress, None),
+    ];
+    let r = report(&set(json!({})), &pods);
+    let stall = r
+        .stalls
+        .iter()
+        .find(|s| matches!(s, Stall::ResizeNotApplied { .. }))
+        .expect("a resize stall");
+    assert_eq!(
+        stall,
+        &Stall::ResizeNotApplied {
+            infeasible: 1,
+            deferred: 1,
+            examples: vec![
+                "ns/i (Infeasible: Node didn't have enough capacity: memory)".into(),
+                "ns/d (Deferred: Node didn't have enough resource: cpu)".into(),
+            ],
+        }
+    );
+    assert_eq!(stall.reason(), "ResizeInfeasible");
+    let upgradable = r
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == PODS_UPGRADABLE)
+        .expect("PodsUpgradable");
+    assert_eq!(
+        (upgradable.status.as_str(), upgradable.reason.as_str()),
+        ("False", "ResizeInfeasible")
+    );
+    assert!(upgradable.message.contains("ns/i (Infeasible"));
+    let held = r
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == ROLLOUT_HELD)
+        .expect("RolloutHeld");
+    assert_ne!(held.reason, "ResizeInfeasible", "not a hold of the rollout");
+
+    let deferred_only = vec![resized("d", KubeletResize::Deferred, None)];
+    let r = report(&set(json!({})), &deferred_only);
+    assert_eq!(r.stalls.last().map(Stall::reason), Some("ResizeDeferred"));
+    assert!(
+        r.stalls
+            .last()
+            .unwrap()
+            .to_string()
+            .contains("ns/d (Deferred)")
+    );
 }

@@ -35,6 +35,7 @@ fn current() -> CurrentHashes {
     CurrentHashes {
         hash: "h2".into(),
         without_image: "w".into(),
+        ..CurrentHashes::default()
     }
 }
 

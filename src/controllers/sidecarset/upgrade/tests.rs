@@ -30,6 +30,7 @@ fn current() -> CurrentHashes {
     CurrentHashes {
         hash: "h2".into(),
         without_image: "w".into(),
+        ..CurrentHashes::default()
     }
 }
 
@@ -370,5 +371,32 @@ fn an_upgraded_pod_gets_a_true_condition_as_upstream_writes_it() {
     assert_eq!(
         c.message.as_deref(),
         Some(r#"{"logging":false,"mesh":true}"#)
+    );
+}
+
+#[test]
+fn a_resized_pod_gets_the_current_hash_without_image_and_an_image_only_one_keeps_it() {
+    let entries = |mesh: &str| {
+        format!(
+            r#"{{"logging":{{"updateTimestamp":null,"hash":"lw","sidecarSetName":"logging","sidecarList":["fluent"]}},"mesh":{{"updateTimestamp":null,"hash":"{mesh}","sidecarSetName":"mesh","sidecarList":["logs","proxy"]}}}}"#
+        )
+    };
+    let mut resized = pod();
+    resized.set_annotation(SIDECARSET_HASH_WITHOUT_IMAGE, &entries("w-before-resize"));
+    let upgrade = upgrade_patch(&resized, &mesh("proxy:1"), &current(), &now()).expect("patch");
+    assert!(upgrade.changed.is_empty(), "no image changed");
+    let after = apply(&resized, &upgrade);
+    assert_eq!(
+        annotation(&after, SIDECARSET_HASH_WITHOUT_IMAGE),
+        r#"{"logging":{"updateTimestamp":null,"hash":"lw","sidecarSetName":"logging","sidecarList":["fluent"]},"mesh":{"updateTimestamp":"2026-11-29T12:00:00Z","hash":"w","sidecarSetName":"mesh","sidecarList":["logs","proxy"]}}"#
+    );
+
+    let mut image_only = pod();
+    image_only.set_annotation(SIDECARSET_HASH_WITHOUT_IMAGE, &entries("w"));
+    let upgrade = upgrade_patch(&image_only, &mesh("proxy:2"), &current(), &now()).expect("patch");
+    let ops = serde_json::to_string(&upgrade.patch).expect("json");
+    assert!(
+        !ops.contains("sidecarset-hash-without-image"),
+        "the entry is current, nothing to write: {ops}"
     );
 }
