@@ -80,25 +80,38 @@ async fn start_app_pods(fx: &Fixture, n: usize, set: &SidecarSet) -> Vec<Pod> {
     started
 }
 
+/// Gives [`SIDECAR`] `resources` in the SidecarSet `set`; the spec change that says so.
 fn containers_resources(set: &mut Value, resources: Value) -> Value {
-    set["spec"]["containers"][0]["resources"] = resources;
+    let containers = set["spec"]["containers"]
+        .as_array_mut()
+        .expect("containers");
+    let sidecar = containers
+        .iter_mut()
+        .find(|c| c["name"] == SIDECAR)
+        .expect("the sidecar");
+    sidecar["resources"] = resources;
     json!({"containers": set["spec"]["containers"].clone()})
 }
 
 /// The sidecar's `resources` in the pod's spec, or its status (what the kubelet reports).
 fn sidecar_resources(pod: &Pod, reported: bool) -> Value {
+    resources_of(pod, SIDECAR, reported)
+}
+
+/// Container `name`'s `resources` in the pod's spec, or its status.
+fn resources_of(pod: &Pod, name: &str, reported: bool) -> Value {
     let found = if reported {
         pod.status
             .iter()
             .flat_map(|s| s.container_statuses.iter().flatten())
-            .find(|s| s.name == SIDECAR)
+            .find(|s| s.name == name)
             .and_then(|s| s.resources.as_ref())
             .map(|r| serde_json::to_value(r).expect("json"))
     } else {
         pod.spec
             .iter()
             .flat_map(|s| &s.containers)
-            .find(|c| c.name == SIDECAR)
+            .find(|c| c.name == name)
             .and_then(|c| c.resources.as_ref())
             .map(|r| serde_json::to_value(r).expect("json"))
     };
@@ -121,15 +134,27 @@ fn observes_generations(pod: &Pod) -> bool {
         .is_some_and(|s| s.observed_generation.is_some())
 }
 
-/// Every pod's sidecar is resized from 100m/64Mi to 200m/96Mi in place: same pod (UID), same
-/// image, no container restarted, the spec and the reported resources new, the hash entries
-/// current, the status counting every pod updated. On a cluster that keeps observed
+/// A second sidecar, injected after the app container but listed first in the SidecarSet: the
+/// resize must list the pod's containers in the pod's order.
+const AFTER: &str = "after-sidecar";
+
+/// Every pod's two sidecars are resized from 100m/64Mi to 200m/96Mi in place: same pod (UID),
+/// same images, no container restarted, the spec and the reported resources new, the hash
+/// entries current, the status counting every pod updated. On a cluster that keeps observed
 /// generations (1.34 on), a resized pod is in flight until its kubelet acts, so with
 /// maxUnavailable 1 and the kubelet away the rollout holds after one pod and says so.
 #[tokio::test]
 async fn a_resources_change_resizes_every_pod_in_place_without_a_restart() {
     let fx = Fixture::new("sc-resize").await;
     let mut spec = resized_set(&fx, small(), json!({"maxUnavailable": 1}));
+    let after = json!({
+        "name": AFTER, "image": "busybox:1.36", "command": ["/bin/sh", "-c", "sleep 10000000"],
+        "podInjectPolicy": "AfterAppContainer", "resources": small(),
+    });
+    spec["spec"]["containers"]
+        .as_array_mut()
+        .expect("containers")
+        .insert(0, after);
     let set = create_sidecarset(&fx.client, &spec).await;
     let before = start_app_pods(&fx, 3, &set).await;
     fx.wait_rollout(&fx.name, Kubelet::On, counts(3, 3, 3, 3), |set, _| {
@@ -143,6 +168,7 @@ async fn a_resources_change_resizes_every_pod_in_place_without_a_restart() {
             .expect("reading a pod"),
     );
 
+    spec["spec"]["containers"][0]["resources"] = big();
     let changed = update_spec(&fx.client, &fx.name, containers_resources(&mut spec, big())).await;
     assert_ne!(hash_of(&changed), hash_of(&set), "resources are hashed");
 
@@ -171,11 +197,15 @@ async fn a_resources_change_resizes_every_pod_in_place_without_a_restart() {
         .wait_rollout(&fx.name, Kubelet::On, counts(3, 3, 3, 3), |set, pods| {
             rollout_done(set)?;
             expect_condition(set, PODS_UPGRADABLE, "True", "AllPodsUpgradable")?;
-            match pods.iter().find(|p| sidecar_resources(p, true) != big()) {
+            let behind = |p: &&Pod| {
+                sidecar_resources(p, true) != big() || resources_of(p, AFTER, true) != big()
+            };
+            match pods.iter().find(behind) {
                 Some(p) => Err(format!(
-                    "{} reports {}",
+                    "{} reports {} and {}",
                     p.name_any(),
-                    sidecar_resources(p, true)
+                    sidecar_resources(p, true),
+                    resources_of(p, AFTER, true)
                 )),
                 None => Ok(()),
             }
@@ -188,10 +218,15 @@ async fn a_resources_change_resizes_every_pod_in_place_without_a_restart() {
             .unwrap_or_else(|| panic!("pod {} is new", pod.name_any()));
         assert_eq!(pod.uid(), was.uid(), "the same pod");
         assert_eq!(sidecar_resources(pod, false), big(), "{}", pod.name_any());
+        assert_eq!(resources_of(pod, AFTER, false), big(), "{}", pod.name_any());
         assert_eq!(
             restarts(pod),
-            [(SIDECAR.to_owned(), 0), ("main".to_owned(), 0)],
-            "no container restarted"
+            [
+                (SIDECAR.to_owned(), 0),
+                ("main".to_owned(), 0),
+                (AFTER.to_owned(), 0)
+            ],
+            "no container restarted (in the pod's order)"
         );
         assert_eq!(
             crate::sidecarset_upgrade::spec_image(pod, SIDECAR),

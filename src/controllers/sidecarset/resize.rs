@@ -7,6 +7,8 @@
 //!   `resourcesPolicy` computes from the pod's app containers, so a policy is re-evaluated when
 //!   the SidecarSet changes.
 //! - Both twins of a hot-upgrade sidecar are resized (injection gives both its resources).
+//! - The containers are listed in the pod's order: the apiserver reads a list in another order
+//!   as a reordering, which a resize may not do (seen on 1.36.3).
 //! - A limit without a request also requests that much, as the apiserver defaults a new pod.
 //! - A request or limit the pod has and the new resources do not is sent as `null`: the
 //!   apiserver refuses to remove one, and says so, rather than the pod silently keeping it.
@@ -49,28 +51,25 @@ pub(crate) fn resize_patch(set: &SidecarSet, pod: &Pod) -> Result<Option<Value>,
         return Ok(None);
     };
     let names = sidecar_names(set, pod);
+    // In the pod's order: the apiserver refuses a resize whose list reads as a reordering.
     let mut containers = Vec::new();
-    for sidecar in &set.spec.containers {
-        let targets: Vec<String> = if is_hot_upgrade(sidecar) {
-            twin_names(&sidecar.container.name).into()
-        } else {
-            vec![sidecar.container.name.clone()]
-        };
-        for target in targets {
-            if let Some(c) = spec.containers.iter().find(|c| c.name == target) {
-                containers.extend(container_patch(sidecar, c, spec, &names)?);
-            }
+    for c in &spec.containers {
+        let sidecar = set.spec.containers.iter().find(|s| {
+            s.container.name == c.name
+                || (is_hot_upgrade(s) && twin_names(&s.container.name).contains(&c.name))
+        });
+        if let Some(sidecar) = sidecar {
+            containers.extend(container_patch(sidecar, c, spec, &names)?);
         }
     }
     let mut init_containers = Vec::new();
-    let init = spec.init_containers.as_deref().unwrap_or_default();
-    for sidecar in set
-        .spec
-        .init_containers
-        .iter()
-        .filter(|c| is_native_sidecar(c))
-    {
-        if let Some(c) = init.iter().find(|c| c.name == sidecar.container.name) {
+    for c in spec.init_containers.iter().flatten() {
+        let sidecar = set
+            .spec
+            .init_containers
+            .iter()
+            .find(|s| is_native_sidecar(s) && s.container.name == c.name);
+        if let Some(sidecar) = sidecar {
             init_containers.extend(container_patch(sidecar, c, spec, &names)?);
         }
     }

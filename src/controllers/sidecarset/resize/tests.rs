@@ -177,3 +177,30 @@ fn a_resources_policy_is_evaluated_against_the_pods_app_containers() {
         "{err}"
     );
 }
+
+#[test]
+fn containers_are_listed_in_the_pods_order_not_the_sidecarsets() {
+    let s = set(
+        json!([
+            {"name": "second", "image": "b:1", "resources": resources("200m", "64Mi")},
+            {"name": "first", "image": "a:1", "resources": resources("200m", "64Mi")},
+        ]),
+        json!([]),
+    );
+    let p = pod(
+        json!([
+            {"name": "first", "image": "a:1", "resources": resources("100m", "64Mi")},
+            {"name": "app", "image": "app:1"},
+            {"name": "second", "image": "b:1", "resources": resources("100m", "64Mi")},
+        ]),
+        json!([]),
+    );
+    let patch = resize_patch(&s, &p).expect("computed").expect("a patch");
+    let order: Vec<&str> = patch["spec"]["containers"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|c| c["name"].as_str().expect("a name"))
+        .collect();
+    assert_eq!(order, ["first", "second"]);
+}
