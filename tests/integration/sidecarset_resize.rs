@@ -579,3 +579,98 @@ async fn wait_set(
     })
     .await
 }
+
+/// A sidecar sized by `resourcesPolicy` is re-evaluated against each pod's own app container
+/// when the policy changes: the pod with the larger app gets the larger sidecar, each resized in
+/// place.
+#[tokio::test]
+async fn a_changed_resources_policy_is_evaluated_again_for_each_pod() {
+    let fx = Fixture::new("sc-resize-policy").await;
+    let policy = |share: &str| {
+        json!({
+            "targetContainersMode": "sum",
+            "targetContainersNameRegex": "^main$",
+            "resourcesExpr": {
+                "limits": {"cpu": format!("cpu*{share}"), "memory": "memory*50%"},
+                "requests": {"cpu": format!("cpu*{share}"), "memory": "memory*25%"},
+            },
+        })
+    };
+    let mut spec = resized_set(&fx, json!(null), json!({"maxUnavailable": "100%"}));
+    let sidecar = spec["spec"]["containers"][0]
+        .as_object_mut()
+        .expect("the sidecar");
+    sidecar.remove("resources");
+    sidecar.insert("resourcesPolicy".into(), policy("50%"));
+    let set = create_sidecarset(&fx.client, &spec).await;
+    let app = |cpu: &str| {
+        let mut pod = app_pod(&fx.app);
+        pod["spec"]["containers"][0]["resources"] = json!({
+            "requests": {"cpu": cpu, "memory": "128Mi"},
+            "limits": {"cpu": cpu, "memory": "128Mi"},
+        });
+        pod
+    };
+    let mut names = Vec::new();
+    for cpu in ["200m", "400m"] {
+        let pod = admit_injected(&fx.pods, &app(cpu), &[&set]).await;
+        kubelet::start(&fx.pods, &pod.name_any()).await;
+        names.push(pod.name_any());
+    }
+    fx.wait_rollout(&fx.name, Kubelet::On, counts(2, 2, 2, 2), |set, _| {
+        rollout_done(set)
+    })
+    .await;
+
+    spec["spec"]["containers"][0]["resourcesPolicy"] = policy("100%");
+    update_spec(
+        &fx.client,
+        &fx.name,
+        json!({"containers": spec["spec"]["containers"].clone()}),
+    )
+    .await;
+    let names = &names;
+    let (_, pods) = fx
+        .wait_rollout(&fx.name, Kubelet::On, counts(2, 2, 2, 2), |set, pods| {
+            rollout_done(set)?;
+            let cpus: Vec<(String, Value)> = pods
+                .iter()
+                .map(|p| {
+                    (
+                        p.name_any(),
+                        sidecar_resources(p, true)["limits"]["cpu"].clone(),
+                    )
+                })
+                .collect();
+            let wanted = vec![
+                (names[0].clone(), json!("200m")),
+                (names[1].clone(), json!("400m")),
+            ];
+            let mut sorted = cpus.clone();
+            sorted.sort_by_key(|(name, _)| names.iter().position(|n| n == name));
+            if sorted == wanted {
+                Ok(())
+            } else {
+                Err(format!("the sidecars report cpu limits {cpus:?}"))
+            }
+        })
+        .await;
+    for pod in &pods {
+        let resources = sidecar_resources(pod, false);
+        assert_eq!(
+            (
+                &resources["limits"]["memory"],
+                &resources["requests"]["memory"]
+            ),
+            (&json!("64Mi"), &json!("32Mi")),
+            "{}: memory from the app's 128Mi, unchanged",
+            pod.name_any()
+        );
+        assert_eq!(
+            restarts(pod),
+            [(SIDECAR.to_owned(), 0), ("main".to_owned(), 0)],
+            "{}: resized in place",
+            pod.name_any()
+        );
+    }
+}

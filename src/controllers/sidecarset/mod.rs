@@ -9,7 +9,8 @@
 //!    in place;
 //! 4. the `SidecarSetUpgradable` condition of pods that cannot be upgraded, and optionally of
 //!    the pods it has upgraded (`plan::pod_condition`);
-//! 5. the batch upgraded: one guarded JSON patch per pod (`upgrade::upgrade_patch`);
+//! 5. the batch upgraded: one guarded JSON patch per pod (`upgrade::upgrade_patch`), after a
+//!    `pods/resize` patch where the sidecars' resources changed too ([`resize`]);
 //! 6. revisions beyond `revisionHistoryLimit` deleted.
 //!
 //! Pod events wake a SidecarSet only when something that matters changed ([`pod_events`]).

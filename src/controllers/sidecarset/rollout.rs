@@ -12,12 +12,16 @@
 //!   such pods while listing. A pod that is going away can never hold the rollout (the shape of
 //!   upstream #1168, where a vanished pod stayed "in flight").
 //! - **updated**: the pod's hash entry for this SidecarSet equals the current hash. It is
-//!   *in flight* (unavailable because of us) while it is not ready or one of its sidecar
-//!   containers is not yet running its spec image.
+//!   *in flight* (unavailable because of us) while it is not ready, one of its sidecar
+//!   containers is not yet running its spec image, or its kubelet has not applied a resize
+//!   ([`KubeletResize`]).
 //! - **not selected**: not updated, and outside `updateStrategy.selector`. Never touched.
 //! - **not upgradable**: not updated, and its hash without images differs from the current one:
 //!   something besides images changed (env, volumes, …), which Kubernetes cannot patch in place.
-//!   Reported so the controller can set the pod condition `SidecarSetUpgradable=False`.
+//!   Reported so the controller can set the pod condition `SidecarSetUpgradable=False`. Except
+//!   when only the sidecars' resources changed besides images ([`InPlaceResize::Needed`]: the
+//!   pod's version has the current in-place hash) and the apiserver serves `pods/resize`: such a
+//!   pod is upgraded in place, resized first (`super::resize`).
 //! - **settling**: upgradable, but a *ready* sidecar container still runs an older image than its
 //!   spec (an earlier in-place upgrade kubelet has not applied yet). Skipped this round. A
 //!   sidecar that is not ready (say, stuck pulling a bad image) does not make the pod settle,

@@ -4,8 +4,8 @@
 //! The upgrade is one JSON patch:
 //! - the `image` of each of the SidecarSet's containers and native sidecars (init containers
 //!   with `restartPolicy: Always`, which kubelet restarts on their new image) whose image
-//!   differs, and nothing else of the spec (Kubernetes allows no other in-place change; plain
-//!   init containers are never touched);
+//!   differs, and nothing else of the spec (new resources went through `pods/resize` before,
+//!   `super::resize`; plain init containers are never touched);
 //! - this SidecarSet's entry in `kruise.io/sidecarset-hash`: the current hash, the latest
 //!   ControllerRevision, the sidecar list and now; the other SidecarSets' entries unchanged;
 //! - its entry in `kruise.io/sidecarset-hash-without-image` when that differs: a pod whose
