@@ -15,4 +15,5 @@ mod multinode;
 mod native_sidecar;
 mod predownload;
 mod pull_verification;
+mod resize;
 mod sidecarset;
