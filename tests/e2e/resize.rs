@@ -106,6 +106,10 @@ done"#;
 }
 
 fn resized_sidecarset(name: &str, namespace: &str, image: &str) -> SidecarSet {
+    sidecarset_of(name, namespace, sidecar_container(image, &BEFORE))
+}
+
+fn sidecarset_of(name: &str, namespace: &str, sidecar: Value) -> SidecarSet {
     serde_json::from_value(json!({
         "apiVersion": "apps.kruise.io/v1beta1",
         "kind": "SidecarSet",
@@ -113,7 +117,7 @@ fn resized_sidecarset(name: &str, namespace: &str, image: &str) -> SidecarSet {
         "spec": {
             "selector": {"matchLabels": {"app": name}},
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-            "containers": [sidecar_container(image, &BEFORE)],
+            "containers": [sidecar],
             "updateStrategy": {"type": "RollingUpdate", "maxUnavailable": 1}
         }
     }))
@@ -275,11 +279,12 @@ fn pod_hash(pod: &Pod, set: &str) -> Option<String> {
     Some(map.get(set)?.get("hash")?.as_str()?.to_owned())
 }
 
-/// Waits until the 2 pods of the Deployment `app` (none going) are all `check`ed; on timeout,
-/// says how they were last seen.
+/// Waits until the `count` pods of the Deployment `app` (none going) are all `check`ed; on
+/// timeout, says how they were last seen.
 async fn wait_pods(
     pods: &Api<Pod>,
     app: &str,
+    count: usize,
     what: &str,
     check: impl Fn(&Pod) -> bool,
 ) -> Vec<Pod> {
@@ -299,7 +304,7 @@ async fn wait_pods(
                 .collect();
             list.sort_by_key(name_of);
             *last.lock().expect("lock") = list.iter().map(describe).collect::<Vec<_>>().join("; ");
-            (list.len() == 2 && list.iter().all(check)).then_some(list)
+            (list.len() == count && list.iter().all(check)).then_some(list)
         }),
     )
     .await;
@@ -394,6 +399,7 @@ async fn a_sidecar_resources_change_resizes_running_pods_in_place() {
     wait_pods(
         &pods,
         &name,
+        2,
         "both pods' sidecars resized to 200m/48Mi, 200m/96Mi (spec and kubelet report, no \
          resize condition)",
         |p| resized_to(p, &AFTER),
@@ -474,5 +480,80 @@ async fn a_sidecar_resources_change_resizes_running_pods_in_place() {
     assert!(
         most_unavailable <= 1,
         "maxUnavailable 1 exceeded: {most_unavailable} pods resizing or unready at once"
+    );
+}
+
+/// The memory resize policy `RestartContainer` on the sidecar: the kubelet restarts the sidecar
+/// alone to apply its new memory limit (one restart, new cgroup limits), the app container and the
+/// pod stay. The controller sends the same resize either way; the policy is the kubelet's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_container_resize_policy_restarts_only_that_sidecar() {
+    let installed = support::installed().await;
+    let cluster = installed.cluster;
+    let ns = cluster.namespace("e2e-resize-restart", json!({})).await;
+    let name = support::unique_name("resize-restart");
+    let v1 = cluster.app_image("v1");
+    let with_policy = |size: &Size| {
+        let mut sidecar = sidecar_container(&v1, size);
+        sidecar["resizePolicy"] = json!([
+            {"resourceName": "cpu", "restartPolicy": "NotRequired"},
+            {"resourceName": "memory", "restartPolicy": "RestartContainer"},
+        ]);
+        sidecar
+    };
+
+    create_sidecarset(
+        cluster,
+        &sidecarset_of(&name, &ns.name, with_policy(&BEFORE)),
+        &ns.name,
+    )
+    .await;
+    let mut app = deployment(&name, &v1, 1);
+    let template = app
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+        .expect("a pod template");
+    template.containers[0].resources = Some(app_resources());
+    let deployments: Api<Deployment> = Api::namespaced(cluster.client(), &ns.name);
+    deployments
+        .create(&PostParams::default(), &app)
+        .await
+        .expect("creating the Deployment");
+    let before = running_pods(cluster, &ns.name, &name, 1).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), &ns.name);
+    wait_cgroup(&pods, &name_of(&before[0]), &BEFORE.cgroup()).await;
+
+    let sidecarsets: Api<SidecarSet> = Api::all(cluster.client());
+    sidecarsets
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"containers": [with_policy(&AFTER)]}})),
+        )
+        .await
+        .expect("changing the sidecar's resources");
+    let after = wait_pods(
+        &pods,
+        &name,
+        1,
+        "the sidecar resized to 200m/48Mi, 200m/96Mi and restarted once for its memory",
+        |p| {
+            resized_to(p, &AFTER)
+                && status(p, SIDECAR).is_some_and(|s| s.restart_count == 1 && s.ready)
+        },
+    )
+    .await;
+    wait_cgroup(&pods, &name_of(&after[0]), &AFTER.cgroup()).await;
+    wait_every_pod_updated(cluster, &name, 1).await;
+    let (pod, old) = (&after[0], &before[0]);
+    assert_eq!(pod.metadata.uid, old.metadata.uid, "the same pod");
+    let app_now = status(pod, "app").expect("the app's status");
+    let app_then = status(old, "app").expect("the app's status before");
+    assert_eq!(app_now.restart_count, 0, "the app never restarted");
+    assert_eq!(
+        running_started_at(app_now),
+        running_started_at(app_then),
+        "the app is still the same process"
     );
 }
