@@ -57,6 +57,7 @@ use k8s_openapi::jiff::Timestamp;
 use kruise_rs::controllers::ControllerOptions;
 use kruise_rs::controllers::sidecarset::pods::NamespaceLabels;
 use kruise_rs::controllers::sidecarset::predownload::{self, Decision};
+use kruise_rs::controllers::sidecarset::rollout::CurrentHashes;
 use kruise_rs::controllers::sidecarset::{self, PreDownloadInputs, owned_pods, plan};
 use kruise_rs_api::defaults::default_sidecarset;
 use kruise_rs_api::sidecarset::{SidecarSet, SidecarSetStatus};
@@ -526,9 +527,15 @@ fn decision(n: usize, runs: usize) -> Result<()> {
         nodeimage: &no_nodeimage,
     };
 
+    // The version pods are upgraded to, as the reconcile takes it before planning: with the
+    // SidecarSet's revision checked for what a resize can reach.
+    let registered =
+        kruise_rs_sidecar::revision::history::new_revision(&set, MANAGER_NAMESPACE, 1, 0);
+    let current = || CurrentHashes::with_resize(&set, [&registered], true);
+
     // One untimed round to warm caches and allocator, and to describe what is decided.
     let owned = owned_pods(&set, stored.iter().cloned(), &namespace_labels);
-    let decided = plan(&set, &owned, 0, &now, &pre);
+    let decided = plan(&set, current(), &owned, 0, &now, &pre);
     let status = &decided.report.status;
     let not_ready = decided
         .batch
@@ -586,7 +593,7 @@ fn decision(n: usize, runs: usize) -> Result<()> {
         let (cpu, wall, ()) = timed(|| {
             let (c1, _, owned) =
                 timed(|| owned_pods(&set, stored.iter().cloned(), &namespace_labels));
-            let (c2, _, decided) = timed(|| plan(&set, &owned, 0, &now, &pre));
+            let (c2, _, decided) = timed(|| plan(&set, current(), &owned, 0, &now, &pre));
             own_cpu.push(c1);
             plan_cpu.push(c2);
             drop(std::hint::black_box(decided));

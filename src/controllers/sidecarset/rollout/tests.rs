@@ -1302,7 +1302,7 @@ fn revisions_differing_only_in_images_and_resources_are_resizable() {
     let small = json!({"limits": {"cpu": "100m"}});
     let big = json!({"limits": {"cpu": "200m"}});
     let current = at("proxy:2", big.clone(), "a");
-    let mut revision = |set: &SidecarSet, number: i64, name: &str| {
+    let revision = |set: &SidecarSet, number: i64, name: &str| {
         let mut r = new_revision(set, "kruise-system", number, 0);
         r.metadata.name = Some(name.into());
         r
