@@ -873,6 +873,22 @@ mod tests {
     }
 
     #[test]
+    fn the_image_fs_limit_defaults_to_the_kubelets_and_stays_a_percent() {
+        let default = daemon_args(&[]).unwrap().options().unwrap();
+        assert_eq!(default.image_fs_high_percent, 85);
+        let off = daemon_args(&["--image-fs-high-threshold-percent=100"]).unwrap();
+        assert_eq!(off.options().unwrap().image_fs_high_percent, 100);
+        for bad in ["0", "101", "85%"] {
+            let err = daemon_args(&["--image-fs-high-threshold-percent", bad]).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("--image-fs-high-threshold-percent"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn log_format_after_the_subcommand() {
         let cli = Cli::try_parse_from([
             "kruise-rs",

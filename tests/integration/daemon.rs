@@ -688,6 +688,100 @@ async fn a_pull_waits_out_a_runtime_restart_and_succeeds() {
     daemon.stop().await;
 }
 
+/// A tmpfs mounted at `path` (unmounted when dropped): a filesystem of a known size to fill.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(path: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(path).expect("the mountpoint");
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(path)
+            .output()
+            .expect("running mount");
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs at {} (the node tests run as root): {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs(path.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// A runtime whose image filesystem is 94% full: the tag fails with ImageFilesystemFull, naming
+/// the filesystem and the limit, without a pull reaching the runtime; once room is made, the
+/// next version pulls.
+#[tokio::test]
+async fn a_pull_onto_a_full_image_filesystem_is_refused_and_goes_ahead_once_there_is_room() {
+    let env = node_env().await;
+    let dir = tempfile::Builder::new()
+        .prefix("ctrd")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let root = dir.path().join("root");
+    let tmpfs = Tmpfs::mount(&root, "64m");
+    let containerd = env.start_containerd(dir.path());
+    // 60 MiB of 64: 6% left, under the kubelet's 15%.
+    let filler = root.join("filler");
+    std::fs::write(&filler, vec![1u8; 60 << 20]).expect("filling the image filesystem");
+    let proxy = CriProxy::start(containerd.socket());
+    let node = unique_name("daemon-full-disk");
+    let image = format!("{}/{}", env.registry(), unique_name("full"));
+    env.push(Variant::V1, &format!("{image}:v1"));
+    create_nodeimage(
+        &node,
+        json!({&image: {"tags": [{"tag": "v1", "version": 1, "pullPolicy": {"backoffLimit": 0}}]}}),
+    )
+    .await;
+    let daemon = start_daemon(&node, proxy.socket()).await;
+    let refused = wait_tag(
+        &node,
+        &image,
+        "v1",
+        "refused",
+        finished_at(ImagePullPhase::Failed, 1),
+    )
+    .await;
+    let message = refused.message.unwrap_or_default();
+    assert!(
+        message.contains("ImageFilesystemFull: not pulling: the image filesystem ")
+            && message.contains(&root.display().to_string())
+            && message.contains("--image-fs-high-threshold-percent 85%"),
+        "{message}"
+    );
+    assert_eq!(
+        pulls_of(&proxy, &format!("{image}:v1")),
+        0,
+        "no pull reached the runtime"
+    );
+
+    std::fs::remove_file(&filler).expect("making room");
+    let tags = json!([{"tag": "v1", "version": 2, "pullPolicy": {"backoffLimit": 0}}]);
+    patch_spec(&node, json!({"images": {&image: {"tags": tags}}})).await;
+    let pulled = wait_tag(
+        &node,
+        &image,
+        "v1",
+        "pulled",
+        finished_at(ImagePullPhase::Succeeded, 2),
+    )
+    .await;
+    assert_eq!(pulls_of(&proxy, &format!("{image}:v1")), 1, "{pulled:?}");
+    daemon.stop().await;
+    containerd.stop();
+    drop(tmpfs);
+}
+
 /// With a single pull slot, a tag waiting between attempts lets another tag pull.
 #[tokio::test]
 async fn a_failing_tag_in_backoff_does_not_hold_up_other_pulls() {

@@ -627,6 +627,10 @@ fn helm_refuses_invalid_values() {
         ("daemon.criSocket=run/crio/crio.sock", "/daemon/criSocket"),
         ("daemon.criSocketGroup=-1", "/daemon/criSocketGroup"),
         (
+            "daemon.imageFsPath=var/lib/containerd",
+            "/daemon/imageFsPath",
+        ),
+        (
             "daemon.credentialProvider.binDir=plugins",
             "/daemon/credentialProvider/binDir",
         ),
@@ -822,6 +826,37 @@ fn helm_refuses_the_old_cri_values_saying_what_replaced_them() {
 /// config rendered into a ConfigMap the daemon accepts, or an existing ConfigMap, mounted with
 /// the plugins' directory (read-only hostPath) and passed as `--plugin-config-file` and
 /// `--plugin-bin-dir`; on without a config is refused.
+/// `daemon.imageFsPath` mounts the runtime's image filesystem read-only at its own path (where
+/// the daemon finds what ImageFsInfo names); off by default, the daemon's only host path stays
+/// its socket.
+#[test]
+fn helm_daemon_image_fs_path_value() {
+    let pod = |objects: &BTreeMap<String, Value>| {
+        find(objects, "DaemonSet kruise-system/kruise-rs-daemon")["spec"]["template"]["spec"]
+            .clone()
+    };
+    let socket = serde_json::json!({"name": "cri-socket", "hostPath": {"path": "/run/containerd/containerd.sock", "type": "Socket"}});
+    let off = pod(&rendered_objects(&[]));
+    assert_eq!(off["volumes"], serde_json::json!([socket]));
+    let on = pod(&rendered_objects(&[
+        "--set=daemon.imageFsPath=/var/lib/containerd",
+    ]));
+    assert_eq!(
+        on["volumes"],
+        serde_json::json!([
+            socket,
+            {"name": "image-fs", "hostPath": {"path": "/var/lib/containerd", "type": "Directory"}},
+        ])
+    );
+    assert_eq!(
+        on["containers"][0]["volumeMounts"],
+        serde_json::json!([
+            {"name": "cri-socket", "mountPath": "/run/cri/cri.sock", "readOnly": true},
+            {"name": "image-fs", "mountPath": "/var/lib/containerd", "readOnly": true},
+        ])
+    );
+}
+
 #[test]
 fn helm_daemon_credential_provider_values() {
     const CONFIG_MAP: &str = "ConfigMap kruise-system/kruise-rs-daemon-credential-provider";

@@ -76,6 +76,14 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "PATH")]
     pub plugin_config_file: Option<PathBuf>,
 
+    /// Pulls wait while the runtime's image filesystem (its ImageFsInfo mountpoint, as the
+    /// daemon's container sees it) is at least this full, in percent: the tag fails with
+    /// ImageFilesystemFull instead of pushing the kubelet's image GC to collect what pods need.
+    /// The default is the kubelet's default imageGCHighThresholdPercent; 100 turns it off.
+    #[arg(long, value_name = "PERCENT", default_value_t = super::DEFAULT_IMAGE_FS_HIGH_PERCENT,
+          value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub image_fs_high_threshold_percent: u8,
+
     /// The directory of the credential provider plugin executables named in
     /// --plugin-config-file (the kubelet's --image-credential-provider-bin-dir).
     #[arg(long, value_name = "DIR", default_value = credential_provider::DEFAULT_BIN_DIR)]
@@ -126,6 +134,7 @@ impl DaemonArgs {
             probe_addr: self.probe_addr,
             cri_liveness_timeout: self.cri_liveness_timeout,
             max_concurrent_pulls: usize::from(self.max_concurrent_pulls),
+            image_fs_high_percent: self.image_fs_high_threshold_percent,
             credential_providers: CredentialProviderOptions {
                 config_file: self.plugin_config_file,
                 bin_dir: self.plugin_bin_dir,

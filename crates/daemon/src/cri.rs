@@ -179,6 +179,23 @@ impl Cri {
         }
     }
 
+    /// Where the runtime keeps its images: the mountpoints `ImageFsInfo` names (paths on the
+    /// host).
+    pub async fn image_filesystems(&self) -> Result<Vec<String>, CriError> {
+        let response = self
+            .client
+            .clone()
+            .image_fs_info(ImageFsInfoRequest {})
+            .await?
+            .into_inner();
+        Ok(response
+            .image_filesystems
+            .into_iter()
+            .filter_map(|fs| fs.fs_id.map(|id| id.mountpoint))
+            .filter(|m| !m.is_empty())
+            .collect())
+    }
+
     /// `ImageStatus` of `image` (a tag or digest reference); `None` when the runtime lacks it.
     pub async fn image_status(&self, image: &str) -> Result<Option<PresentImage>, CriError> {
         let response = self

@@ -17,6 +17,7 @@ mod args;
 mod auth;
 pub mod credential_provider;
 pub mod cri;
+mod image_fs;
 mod liveness;
 mod metrics;
 mod node;
@@ -67,6 +68,8 @@ pub const DEFAULT_KUBE_API_RATE: RateLimit = RateLimit {
 /// How long open probe connections may take to finish once shutdown has begun.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
+pub use image_fs::DEFAULT_HIGH_PERCENT as DEFAULT_IMAGE_FS_HIGH_PERCENT;
+
 /// What the daemon needs to start.
 #[derive(Clone, Debug)]
 pub struct DaemonOptions {
@@ -89,6 +92,9 @@ pub struct DaemonOptions {
     pub credential_providers: CredentialProviderOptions,
     /// The client-side request rate limit (`--kube-api-qps`, `--kube-api-burst`); `None`: none.
     pub kube_api_rate: Option<RateLimit>,
+    /// Pulls are refused while the runtime's image filesystem is at least this full, in percent
+    /// (`--image-fs-high-threshold-percent`); 100 turns the check off.
+    pub image_fs_high_percent: u8,
 }
 
 /// Why the daemon could not start, or stopped other than by request.
@@ -187,6 +193,7 @@ pub async fn run(
             cri,
             providers: providers.clone(),
             slots: slots::FairSlots::new(opts.max_concurrent_pulls),
+            image_fs: image_fs::ImageFsGuard::new(opts.image_fs_high_percent),
             state: Mutex::new(State::default()),
             dirty: Notify::new(),
             recorder: Recorder::new(
@@ -339,6 +346,7 @@ mod tests {
             max_concurrent_pulls: 2,
             credential_providers: CredentialProviderOptions::default(),
             kube_api_rate: Some(DEFAULT_KUBE_API_RATE),
+            image_fs_high_percent: DEFAULT_IMAGE_FS_HIGH_PERCENT,
         }
     }
 

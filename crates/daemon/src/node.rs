@@ -29,6 +29,7 @@ use tracing::{debug, info, instrument, warn};
 use super::auth::Keyring;
 use super::credential_provider::CredentialProviders;
 use super::cri::Cri;
+use super::image_fs::ImageFsGuard;
 use super::metrics::DaemonMetrics;
 use super::plan::{PullTask, Running, TagKey, plan};
 use super::pull::{self, PullInput};
@@ -50,6 +51,8 @@ pub(super) struct Shared {
     pub providers: CredentialProviders,
     /// The node-wide cap on pulls in flight, shared fairly between tenants.
     pub slots: FairSlots,
+    /// How full the image filesystem may be for a pull to go ahead.
+    pub image_fs: ImageFsGuard,
     pub state: Mutex<State>,
     /// Wakes the reporter: something it reports may have changed.
     pub dirty: Notify,
@@ -363,6 +366,7 @@ async fn pull_task(
         credentials: &credentials,
         credential_problems: &problems,
         elapsed,
+        image_fs: &shared.image_fs,
     };
     pull::pull(&shared.cri, slot, task, &input).await
 }

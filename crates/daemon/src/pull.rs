@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::auth::Credential;
 use super::cri::{Cri, CriError, PresentImage};
+use super::image_fs::{ImageFsGuard, space_of};
 use super::plan::PullTask;
 use kruise_rs_api::well_known::{PULLING_IMAGE_BY, PULLING_IMAGE_BY_VALUE};
 use kruise_rs_kube::backoff::Doubling;
@@ -33,6 +34,8 @@ pub(crate) trait ImageRuntime: Send + Sync {
     ) -> impl Future<Output = Result<String, CriError>> + Send;
     /// Whether the runtime answers at all.
     fn check(&self) -> impl Future<Output = Result<(), CriError>> + Send;
+    /// The mountpoints of the runtime's image filesystems.
+    fn image_filesystems(&self) -> impl Future<Output = Result<Vec<String>, CriError>> + Send;
 }
 
 impl ImageRuntime for Cri {
@@ -50,6 +53,9 @@ impl ImageRuntime for Cri {
     async fn check(&self) -> Result<(), CriError> {
         Cri::check(self).await
     }
+    async fn image_filesystems(&self) -> Result<Vec<String>, CriError> {
+        Cri::image_filesystems(self).await
+    }
 }
 
 /// What a pull needs besides the task.
@@ -66,6 +72,8 @@ pub(crate) struct PullInput<'a> {
     pub credential_problems: &'a [String],
     /// How long the task has been running already (across a daemon restart).
     pub elapsed: Duration,
+    /// The limit on the image filesystem's usage a pull is held to ([`ImageFsGuard`]).
+    pub image_fs: &'a ImageFsGuard,
 }
 
 /// The image id to report: `name@sha256:…`.
@@ -266,6 +274,14 @@ async fn attempt_once<R: ImageRuntime>(
     {
         return Ok(image_id(input.name, &present));
     }
+    // Not pulling onto a full disk: what the runtime would write, the kubelet would collect.
+    let filesystems = runtime.image_filesystems().await.map_err(reworded(
+        "cannot ask the runtime for its image filesystem".to_owned(),
+    ))?;
+    input
+        .image_fs
+        .check(&filesystems, space_of)
+        .map_err(CriError::answered)?;
     let sandbox = sandbox_config(task);
     if input.credentials.is_empty() {
         runtime.pull_image(input.image, None, sandbox).await?;

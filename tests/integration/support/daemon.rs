@@ -78,6 +78,7 @@ impl Daemon {
             max_concurrent_pulls,
             credential_providers: CredentialProviderOptions::default(),
             kube_api_rate: Some(daemon::DEFAULT_KUBE_API_RATE),
+            image_fs_high_percent: daemon::DEFAULT_IMAGE_FS_HIGH_PERCENT,
         }
     }
 

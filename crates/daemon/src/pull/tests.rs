@@ -16,6 +16,10 @@ struct Scripted {
     started: Option<Instant>,
     /// `Some(t)`: the runtime does not answer a check before `t` after the start.
     down_until: Option<Duration>,
+    /// The image filesystems the runtime names.
+    filesystems: Vec<String>,
+    /// When it was asked for them (apart from `calls`, which the other tests compare whole).
+    filesystem_asks: Mutex<Vec<Duration>>,
 }
 
 /// A scripted pull result: the runtime could not be reached.
@@ -73,6 +77,11 @@ impl ImageRuntime for Scripted {
             Err(message) => Err(CriError::answered(message)),
         }
     }
+    async fn image_filesystems(&self) -> Result<Vec<String>, CriError> {
+        let at = self.started.map(|s| s.elapsed()).unwrap_or_default();
+        self.filesystem_asks.lock().unwrap().push(at);
+        Ok(self.filesystems.clone())
+    }
     async fn check(&self) -> Result<(), CriError> {
         let at = self.started.map(|s| s.elapsed()).unwrap_or_default();
         self.record("check".into());
@@ -127,6 +136,10 @@ fn task(attempts: u32) -> PullTask {
 const IMAGE: &str = "127.0.0.1:5000/r/app:v1";
 const NAME: &str = "127.0.0.1:5000/r/app";
 
+/// No limit on the image filesystem (the scripted runtime names none anyway).
+static NO_LIMIT: std::sync::LazyLock<ImageFsGuard> =
+    std::sync::LazyLock::new(|| ImageFsGuard::new(100));
+
 fn input<'a>(credentials: &'a [&'a Credential]) -> PullInput<'a> {
     PullInput {
         image: IMAGE,
@@ -134,6 +147,7 @@ fn input<'a>(credentials: &'a [&'a Credential]) -> PullInput<'a> {
         credentials,
         credential_problems: &[],
         elapsed: Duration::ZERO,
+        image_fs: &NO_LIMIT,
     }
 }
 
@@ -490,4 +504,59 @@ async fn the_active_deadline_ends_a_wait_for_the_runtime() {
         err,
         format!("pulling {IMAGE} exceeded activeDeadlineSeconds (10s): transport error")
     );
+}
+
+/// A full image filesystem: every attempt asks where the images live and refuses without
+/// pulling, the tag failing with the named reason; an image already present under
+/// `IfNotPresent` needs no room and is reported as before.
+#[tokio::test(start_paused = true)]
+async fn a_full_image_filesystem_refuses_every_attempt_without_pulling() {
+    let rt = Scripted {
+        // "/" is in use (this test runs from it): at a limit of 0% it counts as full.
+        filesystems: vec!["/".into()],
+        ..Scripted::new()
+    };
+    let full = ImageFsGuard::new(0);
+    let refused = pull(
+        &rt,
+        &task(2),
+        &PullInput {
+            image_fs: &full,
+            ..input(&[])
+        },
+    )
+    .await
+    .expect_err("no room");
+    assert!(
+        refused.starts_with("pulling 127.0.0.1:5000/r/app:v1 failed after 2 attempts: ImageFilesystemFull: not pulling: the image filesystem / is"),
+        "{refused}"
+    );
+    assert_eq!(times_of(&rt, "pull"), Vec::<u64>::new(), "never pulled");
+    let asks: Vec<u64> = rt
+        .filesystem_asks
+        .lock()
+        .unwrap()
+        .iter()
+        .map(Duration::as_secs)
+        .collect();
+    assert_eq!(asks, [0, 1], "asked at each attempt, the backoff between");
+
+    let rt = Scripted {
+        filesystems: vec!["/".into()],
+        present: Mutex::new([Some(present("sha256:cfg", &[]))].into()),
+        ..Scripted::new()
+    };
+    let mut if_not_present = task(1);
+    if_not_present.if_not_present = true;
+    let reported = pull(
+        &rt,
+        &if_not_present,
+        &PullInput {
+            image_fs: &full,
+            ..input(&[])
+        },
+    )
+    .await
+    .expect("present: nothing to write");
+    assert_eq!(reported, format!("{NAME}@sha256:cfg"));
 }
