@@ -16,14 +16,16 @@ use std::sync::{Arc, Mutex};
 
 use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kruise_rs_api::SidecarSet;
-use kube::api::{Api, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, LogParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
-use crate::sidecarset::{create_sidecarset_injecting, deployment, ready, running_pods, status};
+use crate::sidecarset::{
+    create_sidecarset_injecting, deployment, ready, running_pods, running_started_at, status,
+};
 use crate::support::{self, Cluster, TIMEOUT, wait_for};
 
 const SIDECAR: &str = "mesh";
@@ -132,17 +134,6 @@ fn runs(pod: &Pod, name: &str, digest: &str) -> bool {
     })
 }
 
-fn started_at(status: &ContainerStatus) -> Option<String> {
-    let started = status
-        .state
-        .as_ref()?
-        .running
-        .as_ref()?
-        .started_at
-        .as_ref()?;
-    Some(started.0.to_string())
-}
-
 fn describe(pod: &Pod) -> String {
     let twin = |name: &str| {
         let reported = status(pod, name)
@@ -225,32 +216,7 @@ async fn wait_pods(
     what: &str,
     check: impl Fn(&[Pod]) -> bool,
 ) -> Vec<Pod> {
-    let selector = ListParams::default().labels(&format!("app={app}"));
-    let last = Arc::new(Mutex::new(String::new()));
-    let check = &check;
-    let found = tokio::time::timeout(
-        TIMEOUT,
-        wait_for(what, TIMEOUT * 2, || async {
-            let mut list: Vec<Pod> = pods
-                .list(&selector)
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .collect();
-            list.sort_by_key(name_of);
-            *last.lock().expect("lock") = list.iter().map(describe).collect::<Vec<_>>().join("; ");
-            (list.len() == count && check(&list)).then_some(list)
-        }),
-    )
-    .await;
-    found.unwrap_or_else(|_| {
-        panic!(
-            "timed out after {TIMEOUT:?} waiting for {what}; last seen: {}",
-            last.lock().expect("lock")
-        )
-    })
+    crate::support::wait_app_pods(pods, app, count, what, describe, check).await
 }
 
 /// The first line container `container` of pod `pod` logged since it last started.
@@ -546,8 +512,8 @@ fn assert_same_pod_and_app(before: &Pod, after: &Pod) {
     );
     assert_eq!(app.restart_count, old.restart_count, "app not restarted");
     assert_eq!(
-        started_at(app),
-        started_at(old),
+        running_started_at(app),
+        running_started_at(old),
         "app still the same process"
     );
     assert!(app.ready);

@@ -14,7 +14,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::sidecarset::{
-    UnavailableWatch, deployment, running_pods, status, wait_every_pod_updated,
+    UnavailableWatch, deployment, running_pods, running_started_at, status, wait_every_pod_updated,
 };
 use crate::support::{self, TIMEOUT, wait_for};
 
@@ -65,17 +65,6 @@ fn init_spec_image(pod: &Pod, name: &str) -> Option<String> {
         .find(|c| c.name == name)?
         .image
         .clone()
-}
-
-fn running_started_at(status: &ContainerStatus) -> Option<String> {
-    let started = status
-        .state
-        .as_ref()?
-        .running
-        .as_ref()?
-        .started_at
-        .as_ref()?;
-    Some(started.0.to_string())
 }
 
 /// Patched to `image` and not yet running it ready (its imageID is another digest).

@@ -12,18 +12,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod, ResourceRequirements};
+use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kruise_rs_api::SidecarSet;
 use kruise_rs_api::quantity::Qty;
 use kruise_rs_api::well_known::SIDECARSET_HASH;
-use kube::api::{Api, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, LogParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::sidecarset::{
-    UnavailableWatch, create_sidecarset, deployment, running_pods, status, wait_every_pod_updated,
+    UnavailableWatch, create_sidecarset, deployment, running_pods, running_started_at, status,
+    wait_every_pod_updated,
 };
-use crate::support::{self, TIMEOUT, wait_for};
+use crate::support::{self, Cluster, TIMEOUT, wait_for};
 
 const SIDECAR: &str = "sidecar";
 /// The CFS period the kubelet gives every container, in µs.
@@ -132,6 +133,33 @@ fn app_resources() -> ResourceRequirements {
         "limits": {"cpu": "100m", "memory": "32Mi"},
     }))
     .expect("resource requirements")
+}
+
+/// Creates the Deployment `name` of `replicas` pods on `image`, its app container with
+/// [`app_resources`]; returns its pods once they run.
+async fn start_app(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+    image: &str,
+    replicas: usize,
+) -> Vec<Pod> {
+    let mut app = deployment(
+        name,
+        image,
+        i32::try_from(replicas).expect("a few replicas"),
+    );
+    let template = app
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+        .expect("a pod template");
+    template.containers[0].resources = Some(app_resources());
+    Api::<Deployment>::namespaced(cluster.client(), namespace)
+        .create(&PostParams::default(), &app)
+        .await
+        .expect("creating the Deployment");
+    running_pods(cluster, namespace, name, replicas).await
 }
 
 fn name_of(pod: &Pod) -> String {
@@ -260,17 +288,6 @@ fn qos_class(pod: &Pod) -> Option<&str> {
     pod.status.as_ref()?.qos_class.as_deref()
 }
 
-fn running_started_at(status: &ContainerStatus) -> Option<String> {
-    let started = status
-        .state
-        .as_ref()?
-        .running
-        .as_ref()?
-        .started_at
-        .as_ref()?;
-    Some(started.0.to_string())
-}
-
 /// The hash the pod records for SidecarSet `set` (`kruise.io/sidecarset-hash`), if any.
 fn pod_hash(pod: &Pod, set: &str) -> Option<String> {
     let text = pod.metadata.annotations.as_ref()?.get(SIDECARSET_HASH)?;
@@ -288,32 +305,8 @@ async fn wait_pods(
     what: &str,
     check: impl Fn(&Pod) -> bool,
 ) -> Vec<Pod> {
-    let selector = ListParams::default().labels(&format!("app={app}"));
-    let last = Arc::new(Mutex::new(String::new()));
-    let check = &check;
-    let found = tokio::time::timeout(
-        TIMEOUT,
-        wait_for(what, TIMEOUT * 2, || async {
-            let mut list: Vec<Pod> = pods
-                .list(&selector)
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .collect();
-            list.sort_by_key(name_of);
-            *last.lock().expect("lock") = list.iter().map(describe).collect::<Vec<_>>().join("; ");
-            (list.len() == count && list.iter().all(check)).then_some(list)
-        }),
-    )
-    .await;
-    found.unwrap_or_else(|_| {
-        panic!(
-            "timed out after {TIMEOUT:?} waiting for {what}; last seen: {}",
-            last.lock().expect("lock")
-        )
-    })
+    let all = |list: &[Pod]| list.iter().all(&check);
+    crate::support::wait_app_pods(pods, app, count, what, describe, all).await
 }
 
 /// Waits until the sidecar of pod `pod` logs `want` as its cgroup limits (its latest line); on
@@ -361,19 +354,7 @@ async fn a_sidecar_resources_change_resizes_running_pods_in_place() {
     let v1 = cluster.app_image("v1");
 
     create_sidecarset(cluster, &resized_sidecarset(&name, &ns.name, &v1), &ns.name).await;
-    let mut app = deployment(&name, &v1, 2);
-    let template = app
-        .spec
-        .as_mut()
-        .and_then(|s| s.template.spec.as_mut())
-        .expect("a pod template");
-    template.containers[0].resources = Some(app_resources());
-    let deployments: Api<Deployment> = Api::namespaced(cluster.client(), &ns.name);
-    deployments
-        .create(&PostParams::default(), &app)
-        .await
-        .expect("creating the Deployment");
-    let before = running_pods(cluster, &ns.name, &name, 2).await;
+    let before = start_app(cluster, &ns.name, &name, &v1, 2).await;
     let pods: Api<Pod> = Api::namespaced(cluster.client(), &ns.name);
     for pod in &before {
         assert!(
@@ -508,19 +489,7 @@ async fn a_restart_container_resize_policy_restarts_only_that_sidecar() {
         &ns.name,
     )
     .await;
-    let mut app = deployment(&name, &v1, 1);
-    let template = app
-        .spec
-        .as_mut()
-        .and_then(|s| s.template.spec.as_mut())
-        .expect("a pod template");
-    template.containers[0].resources = Some(app_resources());
-    let deployments: Api<Deployment> = Api::namespaced(cluster.client(), &ns.name);
-    deployments
-        .create(&PostParams::default(), &app)
-        .await
-        .expect("creating the Deployment");
-    let before = running_pods(cluster, &ns.name, &name, 1).await;
+    let before = start_app(cluster, &ns.name, &name, &v1, 1).await;
     let pods: Api<Pod> = Api::namespaced(cluster.client(), &ns.name);
     wait_cgroup(&pods, &name_of(&before[0]), &BEFORE.cgroup()).await;
 

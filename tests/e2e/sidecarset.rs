@@ -178,7 +178,8 @@ impl UnavailableWatch {
     }
 }
 
-fn running_started_at(status: &ContainerStatus) -> Option<String> {
+/// When the container's current process started, while it runs.
+pub(crate) fn running_started_at(status: &ContainerStatus) -> Option<String> {
     let started = status
         .state
         .as_ref()?

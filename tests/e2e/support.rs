@@ -523,3 +523,42 @@ pub(crate) fn image_client(
         }));
     k8s_cri::v1::image_service_client::ImageServiceClient::new(channel)
 }
+
+/// Waits until `check` accepts the pods of the Deployment `app` (`count` of them, none going),
+/// each seen as `describe` says; on timeout, panics with how they were seen last.
+pub(crate) async fn wait_app_pods(
+    pods: &Api<Pod>,
+    app: &str,
+    count: usize,
+    what: &str,
+    describe: impl Fn(&Pod) -> String,
+    check: impl Fn(&[Pod]) -> bool,
+) -> Vec<Pod> {
+    let selector = ListParams::default().labels(&format!("app={app}"));
+    let last = std::sync::Mutex::new(String::new());
+    let (check, describe, last_ref, selector) = (&check, &describe, &last, &selector);
+    let found = tokio::time::timeout(
+        TIMEOUT,
+        wait_for(what, TIMEOUT * 2, || async move {
+            let mut list: Vec<Pod> = pods
+                .list(selector)
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            *last_ref.lock().expect("lock") =
+                list.iter().map(describe).collect::<Vec<_>>().join("; ");
+            (list.len() == count && check(&list)).then_some(list)
+        }),
+    )
+    .await;
+    found.unwrap_or_else(|_| {
+        panic!(
+            "timed out after {TIMEOUT:?} waiting for {what}; last seen: {}",
+            last.lock().expect("lock")
+        )
+    })
+}
