@@ -8,7 +8,7 @@
 //! task, which drops the CRI call in flight; its generation number keeps a worker that was
 //! stopped mid-step from writing into the entry of its successor.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -31,6 +31,7 @@ use super::credential_provider::CredentialProviders;
 use super::cri::Cri;
 use super::image_fs::ImageFsGuard;
 use super::metrics::DaemonMetrics;
+use super::pin::{Pins, unpin_unwanted};
 use super::plan::{PullTask, Running, TagKey, plan};
 use super::pull::{self, PullInput};
 use super::secret_scope::serves;
@@ -53,6 +54,8 @@ pub(super) struct Shared {
     pub slots: FairSlots,
     /// How full the image filesystem may be for a pull to go ahead.
     pub image_fs: ImageFsGuard,
+    /// The images the daemon pinned (`pin`).
+    pub pins: Pins,
     pub state: Mutex<State>,
     /// Wakes the reporter: something it reports may have changed.
     pub dirty: Notify,
@@ -143,6 +146,10 @@ impl Shared {
             })
             .collect();
         let decided = plan(&latest.spec, latest.status.as_ref(), &running);
+        let wanted = pull_refs(&latest);
+        if self.pins.wanted_changed(&wanted) {
+            tokio::spawn(unpin_unwanted_of(self.clone(), wanted));
+        }
         for key in &decided.stop {
             debug!(image = %key.image, tag = %key.tag, "stopping worker");
             state.stop(key);
@@ -300,6 +307,7 @@ async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: O
     match result {
         Ok(image_id) => {
             info!(%image, %image_id, seconds, "image pulled");
+            pin_pulled(&shared, &task).await;
             let note = format!("Image {image}, elapsed time {seconds:.1}s");
             publish(
                 &shared,
@@ -336,6 +344,51 @@ async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: O
             )
             .await;
         }
+    }
+}
+
+/// The CRI references the NodeImage's spec asks for: what stays pinned.
+fn pull_refs(nodeimage: &NodeImage) -> BTreeSet<String> {
+    nodeimage
+        .spec
+        .images
+        .iter()
+        .flat_map(|(name, image)| {
+            image
+                .tags
+                .iter()
+                .filter_map(move |t| ImageRef::from_nodeimage(name, &t.tag).ok())
+        })
+        .map(|r| r.to_pull_ref())
+        .collect()
+}
+
+/// Pins the image `task` pulled, so that the kubelet's image GC keeps it until it is used.
+async fn pin_pulled(shared: &Shared, task: &PullTask) {
+    let Ok(reference) = ImageRef::from_nodeimage(&task.key.image, &task.key.tag) else {
+        return;
+    };
+    let name = reference.to_pull_ref();
+    let images = shared.cri.containerd_images();
+    let pinned = shared
+        .pins
+        .one_at_a_time(images.set_pinned(&name, true))
+        .await;
+    match pinned {
+        Ok(()) => debug!(image = %name, "pinned"),
+        Err(err) => shared.pins.failed("pin", &name, &err),
+    }
+}
+
+/// Unpins the images the daemon pinned that `wanted` (the spec's references) no longer names.
+async fn unpin_unwanted_of(shared: Arc<Shared>, wanted: BTreeSet<String>) {
+    let images = shared.cri.containerd_images();
+    let result = shared
+        .pins
+        .one_at_a_time(unpin_unwanted(&images, &wanted))
+        .await;
+    if let Err(err) = result {
+        shared.pins.failed("unpin", "", &err);
     }
 }
 
