@@ -5,7 +5,7 @@
 //! Each test has its own node name (so its own NodeImage and daemon) and its own repositories,
 //! so tests run in parallel on the shared containerd without seeing each other's images.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -743,7 +743,14 @@ async fn a_pull_onto_a_full_image_filesystem_is_refused_and_goes_ahead_once_ther
         json!({&image: {"tags": [{"tag": "v1", "version": 1, "pullPolicy": {"backoffLimit": 0}}]}}),
     )
     .await;
-    let daemon = start_daemon(&node, proxy.socket()).await;
+    let limit = daemon::DEFAULT_IMAGE_FS_HIGH_PERCENT;
+    let daemon = Daemon::start_with_image_fs_limit(
+        &node,
+        proxy.socket(),
+        cluster().await.kubeconfig_path(),
+        limit,
+    )
+    .await;
     let refused = wait_tag(
         &node,
         &image,
@@ -780,6 +787,108 @@ async fn a_pull_onto_a_full_image_filesystem_is_refused_and_goes_ahead_once_ther
     daemon.stop().await;
     containerd.stop();
     drop(tmpfs);
+}
+
+/// The images containerd at `socket` lists under `filter` (`ctr images ls` in CRI's namespace).
+fn containerd_images(socket: &Path, filter: &str) -> BTreeSet<String> {
+    let out = std::process::Command::new("ctr")
+        .arg("--address")
+        .arg(socket)
+        .args(["-n", "k8s.io", "images", "ls", "-q", filter])
+        .output()
+        .expect("running ctr");
+    assert!(
+        out.status.success(),
+        "ctr images ls {filter}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The images a kubelet's image GC keeps: containerd's pin label.
+const PINNED: &str = r#"labels."io.cri-containerd.pinned"==pinned"#;
+
+/// Each image the daemon pulled is pinned in containerd (what the kubelet's image GC skips) and
+/// unpinned once no tag of the NodeImage names it; an image pinned by someone else stays pinned.
+#[tokio::test]
+async fn pulled_images_stay_pinned_while_a_tag_names_them() {
+    let env = node_env().await;
+    let dir = tempfile::Builder::new()
+        .prefix("ctrd")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let containerd = env.start_containerd(dir.path());
+    let node = unique_name("daemon-pins");
+    let ours = format!("{}/{}", env.registry(), unique_name("ours"));
+    let theirs = format!("{}/{}", env.registry(), unique_name("theirs"));
+    env.push(Variant::V1, &format!("{ours}:v1"));
+    env.push(Variant::V2, &format!("{theirs}:v1"));
+    let tag = json!([{"tag": "v1", "version": 1}]);
+    create_nodeimage(&node, json!({&ours: {"tags": tag}, &theirs: {"tags": tag}})).await;
+    let daemon = start_daemon(&node, containerd.socket()).await;
+    for image in [&ours, &theirs] {
+        wait_tag(
+            &node,
+            image,
+            "v1",
+            "pulled",
+            finished_at(ImagePullPhase::Succeeded, 1),
+        )
+        .await;
+    }
+    let socket = containerd.socket().to_owned();
+    let pinned = |socket: &Path| containerd_images(socket, PINNED);
+    let both = BTreeSet::from([format!("{ours}:v1"), format!("{theirs}:v1")]);
+    let seen = wait_for("both images pinned", WAIT, || {
+        let found = pinned(&socket);
+        let done = both.is_subset(&found);
+        async move { done.then_some(found) }
+    })
+    .await;
+    assert_eq!(
+        containerd_images(&socket, r#"labels."kruise-rs.io/pinned"==true"#),
+        seen,
+        "marked as the daemon's"
+    );
+
+    // Someone else pins `theirs` too (as containerd pins its sandbox image): it is not ours.
+    let relabel = std::process::Command::new("ctr")
+        .arg("--address")
+        .arg(&socket)
+        .args([
+            "-n",
+            "k8s.io",
+            "images",
+            "label",
+            &format!("{theirs}:v1"),
+            "kruise-rs.io/pinned=",
+        ])
+        .output()
+        .expect("running ctr");
+    assert!(relabel.status.success(), "{relabel:?}");
+
+    // The jobs end: their tags leave the spec.
+    patch_spec(&node, json!({"images": {&ours: null, &theirs: null}})).await;
+    let theirs_only = BTreeSet::from([format!("{theirs}:v1")]);
+    wait_for(
+        "only the image pinned by someone else still pinned",
+        WAIT,
+        || {
+            let found = pinned(&socket);
+            let wanted = theirs_only.clone();
+            async move { (found == wanted).then_some(()) }
+        },
+    )
+    .await;
+    assert!(
+        containerd_images(&socket, "").contains(&format!("{ours}:v1")),
+        "unpinned, not removed: the kubelet's GC decides that"
+    );
+    daemon.stop().await;
+    containerd.stop();
 }
 
 /// With a single pull slot, a tag waiting between attempts lets another tag pull.

@@ -101,6 +101,7 @@ pub struct DetectError {
 pub struct Cri {
     socket: PathBuf,
     client: ImageServiceClient<Channel>,
+    channel: Channel,
 }
 
 /// What the runtime says about one image.
@@ -129,12 +130,13 @@ impl Cri {
                 message: format!("cannot connect: {}", error_chain(&err)),
                 unreachable: true,
             })?;
-        let client = ImageServiceClient::new(channel)
+        let client = ImageServiceClient::new(channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         let cri = Self {
             socket: socket.to_owned(),
             client,
+            channel,
         };
         cri.check().await?;
         Ok(cri)
@@ -163,6 +165,11 @@ impl Cri {
 
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// containerd's images API on the same socket (for pins).
+    pub(crate) fn containerd_images(&self) -> super::pin::ContainerdImages {
+        super::pin::ContainerdImages::new(self.channel.clone())
     }
 
     /// Whether the image service answers (`ImageFsInfo`) within the connect timeout: a runtime
@@ -276,19 +283,20 @@ mod tests {
 
     /// A connection to `socket` whose next call fails as the test's `server` makes it.
     async fn call_through(socket: &Path) -> CriError {
+        let channel =
+            Endpoint::from_static("http://[::1]:50051").connect_with_connector_lazy({
+                let path = socket.to_owned();
+                tower::service_fn(move |_: Uri| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
+                    }
+                })
+            });
         let cri = Cri {
             socket: socket.to_owned(),
-            client: ImageServiceClient::new(
-                Endpoint::from_static("http://[::1]:50051").connect_with_connector_lazy({
-                    let path = socket.to_owned();
-                    tower::service_fn(move |_: Uri| {
-                        let path = path.clone();
-                        async move {
-                            Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
-                        }
-                    })
-                }),
-            ),
+            client: ImageServiceClient::new(channel.clone()),
+            channel,
         };
         cri.image_status("x").await.unwrap_err()
     }

@@ -21,6 +21,7 @@ mod image_fs;
 mod liveness;
 mod metrics;
 mod node;
+mod pin;
 mod plan;
 mod pull;
 mod report;
@@ -194,6 +195,7 @@ pub async fn run(
             providers: providers.clone(),
             slots: slots::FairSlots::new(opts.max_concurrent_pulls),
             image_fs: image_fs::ImageFsGuard::new(opts.image_fs_high_percent),
+            pins: pin::Pins::default(),
             state: Mutex::new(State::default()),
             dirty: Notify::new(),
             recorder: Recorder::new(

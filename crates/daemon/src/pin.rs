@@ -1,0 +1,252 @@
+//! Pre-pulled images stay until they are used: an image the daemon pulled for a tag of its
+//! NodeImage is *pinned* in containerd (the label `io.cri-containerd.pinned=pinned`, which
+//! containerd's CRI plugin from 1.7 reports as `Image.pinned`, and the kubelet's image GC never
+//! removes a pinned image), and unpinned once no tag of the NodeImage's spec names it any more:
+//! its job ended, or the SidecarSet's pre-download job was deleted once the rollout passed.
+//!
+//! The pin is written through containerd's own images API (`containerd.services.images.v1`),
+//! which containerd serves on the same socket as CRI, in its `k8s.io` namespace: the daemon
+//! mounts nothing more for it. A second label, [`OURS`], marks what the daemon pinned, so it
+//! never unpins an image someone else pinned (containerd pins its sandbox image itself).
+//! Runtimes without that API (CRI-O) answer `Unimplemented`: the daemon says so once in its log
+//! and pulls as before, unpinned.
+//!
+//! Unpinning is level-based: after each change of the NodeImage, [`unpin_unwanted`] lists the
+//! images carrying [`OURS`] and unpins those no spec tag names.
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::transport::Channel;
+
+use super::cri::CriError;
+
+/// containerd's CRI label for an image its image GC and the kubelet's must keep.
+pub(crate) const PINNED: &str = "io.cri-containerd.pinned";
+/// Its value when pinned.
+const PINNED_VALUE: &str = "pinned";
+/// The label that says the daemon pinned the image.
+pub(crate) const OURS: &str = "kruise-rs.io/pinned";
+/// The containerd namespace CRI keeps its images in.
+const NAMESPACE: &str = "k8s.io";
+
+/// `containerd.services.images.v1.Image`: the fields the daemon reads and writes.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Image {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(map = "string, string", tag = "2")]
+    labels: HashMap<String, String>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct UpdateImageRequest {
+    #[prost(message, optional, tag = "1")]
+    image: Option<Image>,
+    #[prost(message, optional, tag = "2")]
+    update_mask: Option<prost_types::FieldMask>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct UpdateImageResponse {
+    #[prost(message, optional, tag = "1")]
+    image: Option<Image>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct ListImagesRequest {
+    #[prost(string, repeated, tag = "1")]
+    filters: Vec<String>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct ListImagesResponse {
+    #[prost(message, repeated, tag = "1")]
+    images: Vec<Image>,
+}
+
+/// containerd's images API on the runtime's socket.
+#[derive(Clone, Debug)]
+pub(crate) struct ContainerdImages {
+    channel: Channel,
+}
+
+impl ContainerdImages {
+    pub(crate) fn new(channel: Channel) -> Self {
+        Self { channel }
+    }
+
+    async fn call<Req, Resp>(&self, method: &'static str, message: Req) -> Result<Resp, CriError>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let mut grpc = tonic::client::Grpc::new(self.channel.clone());
+        grpc.ready().await.map_err(|e| CriError {
+            message: format!("containerd's images API is not ready: {e}"),
+            unreachable: true,
+        })?;
+        let mut request = tonic::Request::new(message);
+        request
+            .metadata_mut()
+            .insert("containerd-namespace", NAMESPACE.parse().expect("ASCII"));
+        let path = PathAndQuery::from_static(method);
+        let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
+        Ok(grpc.unary(request, path, codec).await?.into_inner())
+    }
+
+    /// Pins (or with `pin` false, unpins) the image named `name`: both labels set, or both
+    /// removed (containerd drops a label written empty).
+    pub(crate) async fn set_pinned(&self, name: &str, pin: bool) -> Result<(), CriError> {
+        let labels = if pin {
+            HashMap::from([
+                (PINNED.to_owned(), PINNED_VALUE.to_owned()),
+                (OURS.to_owned(), "true".to_owned()),
+            ])
+        } else {
+            HashMap::new()
+        };
+        let request = UpdateImageRequest {
+            image: Some(Image {
+                name: name.to_owned(),
+                labels,
+            }),
+            update_mask: Some(prost_types::FieldMask {
+                paths: vec![format!("labels.{PINNED}"), format!("labels.{OURS}")],
+            }),
+        };
+        let _: UpdateImageResponse = self
+            .call("/containerd.services.images.v1.Images/Update", request)
+            .await?;
+        Ok(())
+    }
+
+    /// The names of the images the daemon pinned.
+    pub(crate) async fn pinned_by_us(&self) -> Result<Vec<String>, CriError> {
+        let request = ListImagesRequest {
+            filters: vec![format!("labels.\"{OURS}\"==true")],
+        };
+        let response: ListImagesResponse = self
+            .call("/containerd.services.images.v1.Images/List", request)
+            .await?;
+        Ok(response.images.into_iter().map(|i| i.name).collect())
+    }
+}
+
+/// The images `pinned` (by the daemon) that no name in `wanted` asks for any more.
+pub(crate) fn unwanted<'a>(pinned: &'a [String], wanted: &BTreeSet<String>) -> Vec<&'a str> {
+    pinned
+        .iter()
+        .filter(|name| !wanted.contains(name.as_str()))
+        .map(String::as_str)
+        .collect()
+}
+
+/// Unpins what the daemon pinned and no spec tag (`wanted`) names any more; returns how many
+/// were unpinned. A runtime without containerd's images API has nothing pinned.
+pub(crate) async fn unpin_unwanted(
+    images: &ContainerdImages,
+    wanted: &BTreeSet<String>,
+) -> Result<usize, CriError> {
+    let pinned = images.pinned_by_us().await?;
+    let mut unpinned = 0;
+    for name in unwanted(&pinned, wanted) {
+        images.set_pinned(name, false).await?;
+        tracing::info!(
+            image = name,
+            "unpinned: no tag of the NodeImage names it any more"
+        );
+        unpinned += 1;
+    }
+    Ok(unpinned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_images_no_tag_names_are_unpinned() {
+        let pinned = vec![
+            "r/a:v1".to_owned(),
+            "r/b:v1".to_owned(),
+            "r/a:v2".to_owned(),
+        ];
+        let wanted = BTreeSet::from(["r/a:v1".to_owned(), "r/c:v1".to_owned()]);
+        assert_eq!(unwanted(&pinned, &wanted), ["r/b:v1", "r/a:v2"]);
+        assert!(unwanted(&pinned, &pinned.iter().cloned().collect()).is_empty());
+    }
+
+    #[test]
+    fn the_messages_encode_as_containerds() {
+        use prost::Message;
+        // containerd's UpdateImageRequest{image{name: "n", labels{"k": "v"}}, update_mask{["labels.k"]}}
+        // as protoc encodes it.
+        let request = UpdateImageRequest {
+            image: Some(Image {
+                name: "n".into(),
+                labels: HashMap::from([("k".into(), "v".into())]),
+            }),
+            update_mask: Some(prost_types::FieldMask {
+                paths: vec!["labels.k".into()],
+            }),
+        };
+        assert_eq!(
+            request.encode_to_vec(),
+            [
+                0x0a, 0x0b, // image, 11 bytes
+                0x0a, 0x01, b'n', // name
+                0x12, 0x06, 0x0a, 0x01, b'k', 0x12, 0x01, b'v', // a labels entry
+                0x12, 0x0a, 0x0a, 0x08, b'l', b'a', b'b', b'e', b'l', b's', b'.',
+                b'k', // mask
+            ]
+        );
+    }
+}
+
+/// The daemon's bookkeeping of its pins.
+#[derive(Debug, Default)]
+pub(crate) struct Pins {
+    /// The spec's pull references at the last unpin pass: a pass runs when they change.
+    last: std::sync::Mutex<Option<BTreeSet<String>>>,
+    /// One pass at a time.
+    pass: tokio::sync::Mutex<()>,
+    /// The runtime has no containerd images API (said once).
+    unsupported: std::sync::atomic::AtomicBool,
+}
+
+impl Pins {
+    /// Whether `wanted` differs from what the last pass saw (and takes it as seen).
+    pub(crate) fn wanted_changed(&self, wanted: &BTreeSet<String>) -> bool {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if last.as_ref() == Some(wanted) {
+            return false;
+        }
+        *last = Some(wanted.clone());
+        true
+    }
+
+    /// Runs `pass` once no other pass runs.
+    pub(crate) async fn one_at_a_time<T>(&self, pass: impl Future<Output = T>) -> T {
+        let _running = self.pass.lock().await;
+        pass.await
+    }
+
+    /// Says why pinning failed: once for a runtime without containerd's images API, every time
+    /// otherwise.
+    pub(crate) fn failed(&self, what: &str, image: &str, err: &CriError) {
+        use std::sync::atomic::Ordering;
+        if err.message.contains("Unimplemented") || err.message.contains("unknown service") {
+            if !self.unsupported.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    error = %err.message,
+                    "the runtime has no containerd images API: pre-pulled images are not pinned, \
+                     and the kubelet's image GC may remove them before they are used"
+                );
+            }
+        } else {
+            tracing::warn!(image, error = %err.message, "cannot {what} the image");
+        }
+    }
+}
