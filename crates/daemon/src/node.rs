@@ -389,6 +389,7 @@ async fn unpin_unwanted_of(shared: Arc<Shared>, wanted: BTreeSet<String>) {
         .await;
     if let Err(err) = result {
         shared.pins.failed("unpin", "", &err);
+        shared.pins.forget();
     }
 }
 

@@ -30,6 +30,8 @@ const PINNED_VALUE: &str = "pinned";
 pub(crate) const OURS: &str = "kruise-rs.io/pinned";
 /// The containerd namespace CRI keeps its images in.
 const NAMESPACE: &str = "k8s.io";
+/// How long one call may take: a runtime that accepts and never answers does not keep a worker.
+const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `containerd.services.images.v1.Image`: the fields the daemon reads and writes.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -70,11 +72,15 @@ struct ListImagesResponse {
 #[derive(Clone, Debug)]
 pub(crate) struct ContainerdImages {
     channel: Channel,
+    timeout: std::time::Duration,
 }
 
 impl ContainerdImages {
     pub(crate) fn new(channel: Channel) -> Self {
-        Self { channel }
+        Self {
+            channel,
+            timeout: CALL_TIMEOUT,
+        }
     }
 
     async fn call<Req, Resp>(&self, method: &'static str, message: Req) -> Result<Resp, CriError>
@@ -82,18 +88,27 @@ impl ContainerdImages {
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = tonic::client::Grpc::new(self.channel.clone());
-        grpc.ready().await.map_err(|e| CriError {
-            message: format!("containerd's images API is not ready: {e}"),
-            unreachable: true,
-        })?;
-        let mut request = tonic::Request::new(message);
-        request
-            .metadata_mut()
-            .insert("containerd-namespace", NAMESPACE.parse().expect("ASCII"));
-        let path = PathAndQuery::from_static(method);
-        let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
-        Ok(grpc.unary(request, path, codec).await?.into_inner())
+        let call = async {
+            let mut grpc = tonic::client::Grpc::new(self.channel.clone());
+            grpc.ready().await.map_err(|e| CriError {
+                message: format!("containerd's images API is not ready: {e}"),
+                unreachable: true,
+            })?;
+            let mut request = tonic::Request::new(message);
+            request
+                .metadata_mut()
+                .insert("containerd-namespace", NAMESPACE.parse().expect("ASCII"));
+            let path = PathAndQuery::from_static(method);
+            let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
+            Ok(grpc.unary(request, path, codec).await?.into_inner())
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(answer) => answer,
+            Err(_) => Err(CriError {
+                message: format!("{method} did not answer within {:?}", self.timeout),
+                unreachable: true,
+            }),
+        }
     }
 
     /// Pins (or with `pin` false, unpins) the image named `name`: both labels set, or both
@@ -178,6 +193,53 @@ mod tests {
         assert!(unwanted(&pinned, &pinned.iter().cloned().collect()).is_empty());
     }
 
+    /// A runtime that takes the connection and never answers: the call gives up, as
+    /// unreachable, instead of holding the worker that pinned.
+    #[tokio::test]
+    async fn a_call_that_is_never_answered_times_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("silent.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                open.push(stream);
+            }
+        });
+        let path = socket.clone();
+        let channel = tonic::transport::Endpoint::from_static("http://[::1]:50051")
+            .connect_with_connector_lazy(tower::service_fn(move |_: tonic::transport::Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }));
+        let images = ContainerdImages {
+            channel,
+            timeout: std::time::Duration::from_millis(300),
+        };
+        let err = images.set_pinned("r/a:v1", true).await.unwrap_err();
+        assert!(err.unreachable, "{err:?}");
+        assert!(
+            err.message.contains("did not answer within 300ms"),
+            "{err:?}"
+        );
+        held.abort();
+    }
+
+    #[test]
+    fn a_pass_runs_when_the_wanted_references_change_or_the_last_one_failed() {
+        let pins = Pins::default();
+        let a = BTreeSet::from(["r/a:v1".to_owned()]);
+        assert!(pins.wanted_changed(&a), "the first");
+        assert!(!pins.wanted_changed(&a), "nothing changed");
+        pins.forget();
+        assert!(pins.wanted_changed(&a), "after a failed pass");
+        assert!(pins.wanted_changed(&BTreeSet::new()), "every tag gone");
+    }
+
     #[test]
     fn the_messages_encode_as_containerds() {
         use prost::Message;
@@ -225,6 +287,12 @@ impl Pins {
         }
         *last = Some(wanted.clone());
         true
+    }
+
+    /// Forgets what the last pass saw, so that the next change of the NodeImage runs one again
+    /// (after a pass that failed).
+    pub(crate) fn forget(&self) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// Runs `pass` once no other pass runs.
