@@ -545,10 +545,21 @@ async fn without_the_resize_subresource_pods_stay_not_upgradable_and_the_reason_
             && message.contains("shop/web-0"),
         "{message}"
     );
-    let pod = pods.get("web-0").await.expect("the pod");
+    // The pod's condition is written after the SidecarSet's status, in the same reconcile.
+    let pods_ref = &pods;
+    let pod = poll(
+        "the pod's SidecarSetUpgradable condition False",
+        ROLLOUT_TIMEOUT,
+        || async move {
+            let pod = pods_ref.get("web-0").await.map_err(|e| e.to_string())?;
+            match pod_condition(&pod, "SidecarSetUpgradable") {
+                Some(c) if c.status == "False" => Ok(pod),
+                other => Err(format!("condition {other:?}")),
+            }
+        },
+    )
+    .await;
     assert_eq!(sidecar_resources(&pod, false), small(), "not resized");
-    let condition = pod_condition(&pod, "SidecarSetUpgradable").expect("the pod's condition");
-    assert_eq!(condition.status, "False", "{condition:?}");
 
     let _ = stop.send(());
     tokio::time::timeout(Duration::from_secs(15), controller)
