@@ -82,7 +82,8 @@ impl ImageFsGuard {
                     return Err(format!(
                         "ImageFilesystemFull: not pulling: the image filesystem {mountpoint} is {}% \
                          full ({} of {} bytes free), at or above --image-fs-high-threshold-percent \
-                         {}% (the kubelet's image GC starts there)",
+                         {}% (the kubelet's image GC starts there); it is tried again after the \
+                         backoff, so free space on the node or raise the limit",
                         space.used_percent(),
                         space.available,
                         space.capacity,

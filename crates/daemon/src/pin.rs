@@ -22,12 +22,31 @@ use tonic::transport::Channel;
 
 use super::cri::CriError;
 
+/// Why a call to containerd's images API failed.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum PinError {
+    /// The runtime does not serve the API (`Unimplemented`: CRI-O, cri-dockerd).
+    Unsupported(String),
+    /// Any other failure; the message says what.
+    Failed(String),
+}
+
+impl From<tonic::Status> for PinError {
+    fn from(status: tonic::Status) -> Self {
+        if status.code() == tonic::Code::Unimplemented {
+            PinError::Unsupported(status.message().to_owned())
+        } else {
+            PinError::Failed(CriError::from(status).message)
+        }
+    }
+}
+
 /// containerd's CRI label for an image its image GC and the kubelet's must keep.
-pub(crate) const PINNED: &str = "io.cri-containerd.pinned";
+const PINNED: &str = "io.cri-containerd.pinned";
 /// Its value when pinned.
 const PINNED_VALUE: &str = "pinned";
 /// The label that says the daemon pinned the image.
-pub(crate) const OURS: &str = "kruise-rs.io/pinned";
+const OURS: &str = "kruise-rs.io/pinned";
 /// The containerd namespace CRI keeps its images in.
 const NAMESPACE: &str = "k8s.io";
 /// How long one call may take: a runtime that accepts and never answers does not keep a worker.
@@ -83,16 +102,15 @@ impl ContainerdImages {
         }
     }
 
-    async fn call<Req, Resp>(&self, method: &'static str, message: Req) -> Result<Resp, CriError>
+    async fn call<Req, Resp>(&self, method: &'static str, message: Req) -> Result<Resp, PinError>
     where
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
         let call = async {
             let mut grpc = tonic::client::Grpc::new(self.channel.clone());
-            grpc.ready().await.map_err(|e| CriError {
-                message: format!("containerd's images API is not ready: {e}"),
-                unreachable: true,
+            grpc.ready().await.map_err(|e| {
+                PinError::Failed(format!("containerd's images API is not ready: {e}"))
             })?;
             let mut request = tonic::Request::new(message);
             request
@@ -104,16 +122,16 @@ impl ContainerdImages {
         };
         match tokio::time::timeout(self.timeout, call).await {
             Ok(answer) => answer,
-            Err(_) => Err(CriError {
-                message: format!("{method} did not answer within {:?}", self.timeout),
-                unreachable: true,
-            }),
+            Err(_) => Err(PinError::Failed(format!(
+                "{method} did not answer within {:?}",
+                self.timeout
+            ))),
         }
     }
 
     /// Pins (or with `pin` false, unpins) the image named `name`: both labels set, or both
     /// removed (containerd drops a label written empty).
-    pub(crate) async fn set_pinned(&self, name: &str, pin: bool) -> Result<(), CriError> {
+    pub(crate) async fn set_pinned(&self, name: &str, pin: bool) -> Result<(), PinError> {
         let labels = if pin {
             HashMap::from([
                 (PINNED.to_owned(), PINNED_VALUE.to_owned()),
@@ -138,7 +156,7 @@ impl ContainerdImages {
     }
 
     /// The names of the images the daemon pinned.
-    pub(crate) async fn pinned_by_us(&self) -> Result<Vec<String>, CriError> {
+    pub(crate) async fn pinned_by_us(&self) -> Result<Vec<String>, PinError> {
         let request = ListImagesRequest {
             filters: vec![format!("labels.\"{OURS}\"==true")],
         };
@@ -163,7 +181,7 @@ pub(crate) fn unwanted<'a>(pinned: &'a [String], wanted: &BTreeSet<String>) -> V
 pub(crate) async fn unpin_unwanted(
     images: &ContainerdImages,
     wanted: &BTreeSet<String>,
-) -> Result<usize, CriError> {
+) -> Result<usize, PinError> {
     let pinned = images.pinned_by_us().await?;
     let mut unpinned = 0;
     for name in unwanted(&pinned, wanted) {
@@ -221,12 +239,26 @@ mod tests {
             timeout: std::time::Duration::from_millis(300),
         };
         let err = images.set_pinned("r/a:v1", true).await.unwrap_err();
-        assert!(err.unreachable, "{err:?}");
         assert!(
-            err.message.contains("did not answer within 300ms"),
+            matches!(&err, PinError::Failed(m) if m.contains("did not answer within 300ms")),
             "{err:?}"
         );
         held.abort();
+    }
+
+    #[test]
+    fn a_runtime_without_the_api_is_told_apart_by_the_code_not_the_words() {
+        let missing = "unknown service containerd.services.images.v1.Images";
+        assert_eq!(
+            PinError::from(tonic::Status::unimplemented(missing)),
+            PinError::Unsupported(missing.into())
+        );
+        // A message that merely mentions the word is another failure.
+        let other = "image \"Unimplemented\": not found";
+        assert_eq!(
+            PinError::from(tonic::Status::not_found(other)),
+            PinError::Failed(other.into())
+        );
     }
 
     #[test]
@@ -303,18 +335,21 @@ impl Pins {
 
     /// Says why pinning failed: once for a runtime without containerd's images API, every time
     /// otherwise.
-    pub(crate) fn failed(&self, what: &str, image: &str, err: &CriError) {
+    pub(crate) fn failed(&self, what: &str, image: &str, err: &PinError) {
         use std::sync::atomic::Ordering;
-        if err.message.contains("Unimplemented") || err.message.contains("unknown service") {
-            if !self.unsupported.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    error = %err.message,
-                    "the runtime has no containerd images API: pre-pulled images are not pinned, \
-                     and the kubelet's image GC may remove them before they are used"
-                );
+        match err {
+            PinError::Unsupported(message) => {
+                if !self.unsupported.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        error = %message,
+                        "the runtime has no containerd images API: pre-pulled images are not \
+                         pinned, and the kubelet's image GC may remove them before they are used"
+                    );
+                }
             }
-        } else {
-            tracing::warn!(image, error = %err.message, "cannot {what} the image");
+            PinError::Failed(message) => {
+                tracing::warn!(image, error = %message, "cannot {what} the image");
+            }
         }
     }
 }

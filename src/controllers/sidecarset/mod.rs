@@ -10,7 +10,7 @@
 //! 4. the `SidecarSetUpgradable` condition of pods that cannot be upgraded, and optionally of
 //!    the pods it has upgraded (`plan::pod_condition`);
 //! 5. the batch upgraded: one guarded JSON patch per pod (`upgrade::upgrade_patch`), after a
-//!    `pods/resize` patch where the sidecars' resources changed too ([`resize`]);
+//!    `pods/resize` patch where the sidecars' resources changed too (`resize`);
 //! 6. revisions beyond `revisionHistoryLimit` deleted.
 //!
 //! Pod events wake a SidecarSet only when something that matters changed ([`pod_events`]).
@@ -29,7 +29,7 @@ pub mod pod_events;
 pub mod pods;
 pub mod predownload;
 mod reconcile;
-pub mod resize;
+mod resize;
 pub mod revisions;
 pub mod rollout;
 pub mod status;

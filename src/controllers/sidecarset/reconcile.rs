@@ -474,7 +474,9 @@ async fn resize_one(
         Err(kube::Error::Api(s)) if matches!(s.code, 400 | 422) => {
             warn!(sidecarset = %set.name_any(), pod = %key, error = %s.message, "resize refused");
             let note = format!(
-                "pod {key}: the apiserver refused to resize its sidecars: {}",
+                "pod {key}: the apiserver refused to resize its sidecars: {}; give the sidecars \
+                 resources a resize can reach (cpu and memory only, no request or limit removed, \
+                 the same QoS class) or recreate the pod",
                 s.message
             );
             upgrade_failed_event(ctx, set, note).await;
