@@ -27,6 +27,8 @@ use super::cri::CriError;
 pub(crate) enum PinError {
     /// The runtime does not serve the API (`Unimplemented`: CRI-O, cri-dockerd).
     Unsupported(String),
+    /// The image is not there (removed meanwhile).
+    Gone(String),
     /// Any other failure; the message says what.
     Failed(String),
 }
@@ -35,6 +37,8 @@ impl From<tonic::Status> for PinError {
     fn from(status: tonic::Status) -> Self {
         if status.code() == tonic::Code::Unimplemented {
             PinError::Unsupported(status.message().to_owned())
+        } else if status.code() == tonic::Code::NotFound {
+            PinError::Gone(status.message().to_owned())
         } else {
             PinError::Failed(CriError::from(status).message)
         }
@@ -52,13 +56,42 @@ const NAMESPACE: &str = "k8s.io";
 /// How long one call may take: a runtime that accepts and never answers does not keep a worker.
 const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// `containerd.services.images.v1.Image`: the fields the daemon reads and writes.
+/// `containerd.services.images.v1.Image`: the fields the daemon reads and writes back.
 #[derive(Clone, PartialEq, prost::Message)]
 struct Image {
     #[prost(string, tag = "1")]
     name: String,
     #[prost(map = "string, string", tag = "2")]
     labels: HashMap<String, String>,
+    /// Sent back as read: containerd 2 dereferences it in every Update, whatever the mask
+    /// (2.2.9 crashes on an Update without it).
+    #[prost(message, optional, tag = "3")]
+    target: Option<Descriptor>,
+}
+
+/// `containerd.types.Descriptor`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Descriptor {
+    #[prost(string, tag = "1")]
+    media_type: String,
+    #[prost(string, tag = "2")]
+    digest: String,
+    #[prost(int64, tag = "3")]
+    size: i64,
+    #[prost(map = "string, string", tag = "5")]
+    annotations: HashMap<String, String>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct GetImageRequest {
+    #[prost(string, tag = "1")]
+    name: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct GetImageResponse {
+    #[prost(message, optional, tag = "1")]
+    image: Option<Image>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -130,21 +163,24 @@ impl ContainerdImages {
     }
 
     /// Pins (or with `pin` false, unpins) the image named `name`: both labels set, or both
-    /// removed (containerd drops a label written empty).
+    /// removed (containerd drops a label the mask names and the image lacks). The image is read
+    /// first and written back whole, as containerd's own clients do; only the labels' mask is
+    /// applied.
     pub(crate) async fn set_pinned(&self, name: &str, pin: bool) -> Result<(), PinError> {
-        let labels = if pin {
-            HashMap::from([
-                (PINNED.to_owned(), PINNED_VALUE.to_owned()),
-                (OURS.to_owned(), "true".to_owned()),
-            ])
-        } else {
-            HashMap::new()
+        let current: GetImageResponse = self
+            .call(
+                "/containerd.services.images.v1.Images/Get",
+                GetImageRequest {
+                    name: name.to_owned(),
+                },
+            )
+            .await?;
+        let Some(mut image) = current.image else {
+            return Err(PinError::Gone(format!("containerd has no image {name}")));
         };
+        pinned_labels(&mut image.labels, pin);
         let request = UpdateImageRequest {
-            image: Some(Image {
-                name: name.to_owned(),
-                labels,
-            }),
+            image: Some(image),
             update_mask: Some(prost_types::FieldMask {
                 paths: vec![format!("labels.{PINNED}"), format!("labels.{OURS}")],
             }),
@@ -167,6 +203,17 @@ impl ContainerdImages {
     }
 }
 
+/// Sets both pin labels in `labels`, or removes both.
+fn pinned_labels(labels: &mut HashMap<String, String>, pin: bool) {
+    if pin {
+        labels.insert(PINNED.to_owned(), PINNED_VALUE.to_owned());
+        labels.insert(OURS.to_owned(), "true".to_owned());
+    } else {
+        labels.remove(PINNED);
+        labels.remove(OURS);
+    }
+}
+
 /// The images `pinned` (by the daemon) that no name in `wanted` asks for any more.
 pub(crate) fn unwanted<'a>(pinned: &'a [String], wanted: &BTreeSet<String>) -> Vec<&'a str> {
     pinned
@@ -185,7 +232,11 @@ pub(crate) async fn unpin_unwanted(
     let pinned = images.pinned_by_us().await?;
     let mut unpinned = 0;
     for name in unwanted(&pinned, wanted) {
-        images.set_pinned(name, false).await?;
+        match images.set_pinned(name, false).await {
+            // Removed since the list: nothing left to unpin.
+            Err(PinError::Gone(_)) => continue,
+            answer => answer?,
+        }
         tracing::info!(
             image = name,
             "unpinned: no tag of the NodeImage names it any more"
@@ -254,11 +305,60 @@ mod tests {
             PinError::Unsupported(missing.into())
         );
         // A message that merely mentions the word is another failure.
-        let other = "image \"Unimplemented\": not found";
+        let other = "image \"Unimplemented\": write failed";
         assert_eq!(
-            PinError::from(tonic::Status::not_found(other)),
+            PinError::from(tonic::Status::internal(other)),
             PinError::Failed(other.into())
         );
+    }
+
+    #[test]
+    fn an_image_removed_meanwhile_is_gone_not_failed() {
+        assert_eq!(
+            PinError::from(tonic::Status::not_found("image \"r/a:v1\": not found")),
+            PinError::Gone("image \"r/a:v1\": not found".into())
+        );
+    }
+
+    #[test]
+    fn pinning_sets_and_unpinning_removes_both_labels_and_keeps_the_others() {
+        let mut labels = HashMap::from([("other".to_owned(), "x".to_owned())]);
+        pinned_labels(&mut labels, true);
+        assert_eq!(labels.get(PINNED).map(String::as_str), Some("pinned"));
+        assert_eq!(labels.get(OURS).map(String::as_str), Some("true"));
+        pinned_labels(&mut labels, false);
+        assert_eq!(
+            labels,
+            HashMap::from([("other".to_owned(), "x".to_owned())])
+        );
+    }
+
+    /// The target read by Get goes back in the Update: containerd 2 decodes it unconditionally.
+    #[test]
+    fn the_target_read_is_written_back_as_containerd_encodes_it() {
+        use prost::Message;
+        // containerd's Image{name: "n", target{media_type: "m", digest: "d", size: 5}} as
+        // protoc encodes it.
+        let image = Image {
+            name: "n".into(),
+            labels: HashMap::new(),
+            target: Some(Descriptor {
+                media_type: "m".into(),
+                digest: "d".into(),
+                size: 5,
+                annotations: HashMap::new(),
+            }),
+        };
+        let bytes = image.encode_to_vec();
+        assert_eq!(
+            bytes,
+            [
+                0x0a, 0x01, b'n', // name
+                0x1a, 0x08, // target, 8 bytes
+                0x0a, 0x01, b'm', 0x12, 0x01, b'd', 0x18, 0x05,
+            ]
+        );
+        assert_eq!(Image::decode(bytes.as_slice()).unwrap(), image);
     }
 
     #[test]
@@ -281,6 +381,7 @@ mod tests {
             image: Some(Image {
                 name: "n".into(),
                 labels: HashMap::from([("k".into(), "v".into())]),
+                target: None,
             }),
             update_mask: Some(prost_types::FieldMask {
                 paths: vec!["labels.k".into()],
@@ -347,7 +448,7 @@ impl Pins {
                     );
                 }
             }
-            PinError::Failed(message) => {
+            PinError::Failed(message) | PinError::Gone(message) => {
                 tracing::warn!(image, error = %message, "cannot {what} the image");
             }
         }
