@@ -35,6 +35,8 @@ done
 # kubelet, kube-scheduler and kube-controller-manager for the real node (tests/cluster), of the
 # default version only (minutes on the first run, ~2 min with the apiserver's Go cache warm).
 "$here/controlplane/build.sh" node >/dev/null
+# containerd 2 for the real node and the daemon's containerd-2 tests, from its Go module (~1 min).
+"$here/node/build-containerd.sh" >/dev/null
 "$here/node/images.sh" >/dev/null
 # helm for the chart tests (tests/integration/helm.rs), from its Go module, cached by version.
 "$here/deploy/build-helm.sh" >/dev/null

@@ -47,6 +47,9 @@
 # Env: NODES                   how many nodes, 1 to 3 (default 1)
 #      KUBE_VERSION            Kubernetes minor (default 1.36)
 #      KRUISE_RS_CLUSTER_TIMEOUT  seconds to wait for the node to be Ready (default 180)
+#      KRUISE_RS_CONTAINERD_BIN   the nodes' containerd binaries (default: 2.x built by
+#                                 tests/node/build-containerd.sh; /usr/bin for Debian's 1.6)
+#      KRUISE_RS_KUBELET_IMAGE_MAX_AGE  node 1's kubelet's imageMaximumGCAge (e.g. 1m; default: none)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -78,7 +81,7 @@ done
 if [[ -n $owner_pid ]]; then
   kill -0 "$owner_pid" 2>/dev/null || die "owner pid $owner_pid is not running"
 fi
-for tool in ip nsenter unshare mount containerd runc ctr curl python3 setsid; do
+for tool in ip nsenter unshare mount runc curl python3 setsid; do
   command -v "$tool" >/dev/null || die "$tool is missing (tests/setup.sh installs it)"
 done
 for plugin in bridge host-local loopback; do
@@ -98,6 +101,9 @@ t0=$(date +%s.%N)
 
 # Binaries first (minutes on the first run, instant once cached).
 cp_bin=$("$repo/tests/controlplane/build.sh")
+# Every node's containerd (tests/node/containerd.sh): 2.x, as kubelet 1.36 wants, unless set.
+KRUISE_RS_CONTAINERD_BIN=${KRUISE_RS_CONTAINERD_BIN:-$("$repo/tests/node/build-containerd.sh")}
+export KRUISE_RS_CONTAINERD_BIN
 node_bin=$("$repo/tests/controlplane/build.sh" node)
 
 pids=$state/pids
@@ -201,7 +207,9 @@ registry=$(node_var REGISTRY)
 for key in vm.overcommit_memory kernel.panic kernel.panic_on_oops; do
   echo "$key=$(sysctl -n "$key")"
 done >"$state/sysctl.saved"
-# kubelet_config NODE_IP [CGROUP_ROOT]: the configuration of one node's kubelet.
+# kubelet_config NODE_IP CGROUP_ROOT IMAGE_MAX_AGE: the configuration of one node's kubelet (an
+# empty CGROUP_ROOT is the default; with IMAGE_MAX_AGE, its GC, which runs every 5 min from the
+# kubelet's start, removes images unused for that long).
 kubelet_config() {
   cat <<YAML
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -224,9 +232,10 @@ containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
 # No cluster DNS and none of the host's resolvers in pods: only loopback is ever contacted.
 resolvConf: ""
 clusterDomain: cluster.local
-# A test machine's disk is not the node's business: no image GC, no evictions.
+# A test machine's disk is not the node's business: no image GC by disk usage, no evictions.
 imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
+imageGCLowThresholdPercent: 99${3:+
+imageMaximumGCAge: $3}
 evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
 serializeImagePulls: false
 nodeStatusUpdateFrequency: 5s
@@ -245,7 +254,7 @@ launch_kubelet() {
     --root-dir="$dir/kubelet" --cert-dir="$dir/kubelet/pki" \
     --hostname-override="$name" --node-ip="$ip" --v=2
 }
-kubelet_config "$node_ip" >"$state/kubelet/config.yaml"
+kubelet_config "$node_ip" "" "${KRUISE_RS_KUBELET_IMAGE_MAX_AGE:-}" >"$state/kubelet/config.yaml"
 kubelet_log=$state/kubelet.log
 launch_kubelet kubelet "$node_name" "$node_ip" "$netns" "$mntns" "$state" "$kubeconfig"
 kubelet_pid=$launched_pid
@@ -313,7 +322,7 @@ start_node() {
     cat /sys/fs/cgroup/cpuset/cpuset.cpus >"/sys/fs/cgroup/cpuset$cgroup/cpuset.cpus"
     cat /sys/fs/cgroup/cpuset/cpuset.mems >"/sys/fs/cgroup/cpuset$cgroup/cpuset.mems"
   fi
-  kubelet_config "$ip" "$cgroup" >"$dir/kubelet/config.yaml"
+  kubelet_config "$ip" "$cgroup" "" >"$dir/kubelet/config.yaml"
   sed 's#server: https://127\.0\.0\.1:443$#server: https://10.0.0.1:443#' "$kubeconfig" >"$dir/kubeconfig"
   launch_kubelet "kubelet-$i" "$name" "$ip" "$ns" "$mnt" "$dir" "$dir/kubeconfig"
   kubelets+=("$launched_pid:kubelet-$i:$dir/kubelet.log")
@@ -390,6 +399,7 @@ ok=true
     echo "NODE_${i}_KUBELET_LOG=$state/node-$i/kubelet.log"
   done
 } >"$state/env"
-echo "start.sh: nodes ${node_names[*]} Ready (kubelet $("$node_bin/kubelet" --version | cut -d' ' -f2), containerd," \
+echo "start.sh: nodes ${node_names[*]} Ready (kubelet $("$node_bin/kubelet" --version | cut -d' ' -f2)," \
+  "containerd $("$KRUISE_RS_CONTAINERD_BIN/containerd" --version | awk '{print $3}')," \
   "registry $registry, network namespace $netns_name) in $(elapsed_since "$t0")s" >&2
 cat "$state/env"

@@ -813,6 +813,7 @@ const PINNED: &str = r#"labels."io.cri-containerd.pinned"==pinned"#;
 
 /// Each image the daemon pulled is pinned in containerd (what the kubelet's image GC skips) and
 /// unpinned once no tag of the NodeImage names it; an image pinned by someone else stays pinned.
+/// On Debian's containerd 1.6, which keeps the label but does not report it through CRI.
 #[tokio::test]
 async fn pulled_images_stay_pinned_while_a_tag_names_them() {
     let env = node_env().await;
@@ -820,7 +821,44 @@ async fn pulled_images_stay_pinned_while_a_tag_names_them() {
         .prefix("ctrd")
         .tempdir_in("/tmp")
         .expect("tempdir");
-    let containerd = env.start_containerd(dir.path());
+    pins_follow_the_spec(env, env.start_containerd(dir.path()), false).await;
+}
+
+/// The same on containerd 2, the real node's, which reports the pin to the kubelet through CRI
+/// (`Image.pinned`). An Update without the image's target crashed containerd 2.2.9.
+#[tokio::test]
+async fn pulled_images_stay_pinned_on_containerd_2_and_cri_reports_them_pinned() {
+    let env = node_env().await;
+    let dir = tempfile::Builder::new()
+        .prefix("ctrd2")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    pins_follow_the_spec(env, env.start_containerd_2(dir.path()), true).await;
+}
+
+/// Whether containerd's CRI says `image` is pinned (`None`: it has no such image).
+async fn cri_pinned(socket: &Path, image: &str) -> Option<bool> {
+    use k8s_cri::v1::{ImageSpec, ImageStatusRequest};
+    crate::support::cri_proxy::image_client(socket)
+        .image_status(ImageStatusRequest {
+            image: Some(ImageSpec {
+                image: image.to_owned(),
+                ..Default::default()
+            }),
+            verbose: false,
+        })
+        .await
+        .expect("CRI ImageStatus")
+        .into_inner()
+        .image
+        .map(|i| i.pinned)
+}
+
+async fn pins_follow_the_spec(
+    env: &NodeEnv,
+    containerd: crate::support::node::ExtraContainerd,
+    cri_reports_pins: bool,
+) {
     let node = unique_name("daemon-pins");
     let ours = format!("{}/{}", env.registry(), unique_name("ours"));
     let theirs = format!("{}/{}", env.registry(), unique_name("theirs"));
@@ -853,6 +891,11 @@ async fn pulled_images_stay_pinned_while_a_tag_names_them() {
         seen,
         "marked as the daemon's"
     );
+    if cri_reports_pins {
+        for image in &both {
+            assert_eq!(cri_pinned(&socket, image).await, Some(true), "{image}");
+        }
+    }
 
     // Someone else pins `theirs` too (as containerd pins its sandbox image): it is not ours.
     let relabel = std::process::Command::new("ctr")
@@ -887,6 +930,13 @@ async fn pulled_images_stay_pinned_while_a_tag_names_them() {
         containerd_images(&socket, "").contains(&format!("{ours}:v1")),
         "unpinned, not removed: the kubelet's GC decides that"
     );
+    if cri_reports_pins {
+        assert_eq!(
+            cri_pinned(&socket, &format!("{ours}:v1")).await,
+            Some(false),
+            "the kubelet sees it unpinned"
+        );
+    }
     daemon.stop().await;
     containerd.stop();
 }

@@ -14,6 +14,9 @@
 #   unreachable loopback reference, so nothing ever reaches out to the internet).
 # Stop with tests/node/stop.sh DIR (or SIGTERM to CONTAINERD_PID: a later run starts it again).
 # Env: KRUISE_RS_NODE_TIMEOUT  seconds to wait for readiness (default 60)
+#      KRUISE_RS_CONTAINERD_BIN  a directory with containerd, containerd-shim-runc-v2 and ctr to
+#                                run instead of those on PATH (Debian's 1.6); tests/cluster sets it
+#                                to tests/node/build-containerd.sh's 2.x
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 script=containerd.sh
@@ -45,7 +48,20 @@ done
 if [[ -n $owner_pid ]]; then
   kill -0 "$owner_pid" 2>/dev/null || die "owner pid $owner_pid is not running"
 fi
-for tool in containerd ctr runc; do command -v "$tool" >/dev/null || die "$tool is missing (tests/setup.sh installs it)"; done
+# Absolute paths, so that a restart from the saved command line (tests/cluster/node.sh) runs the
+# same binaries, and the shim is the one of this containerd, not the first on PATH.
+bin_of() {
+  if [[ -n ${KRUISE_RS_CONTAINERD_BIN:-} ]]; then
+    [[ -x $KRUISE_RS_CONTAINERD_BIN/$1 ]] || die "$KRUISE_RS_CONTAINERD_BIN/$1 is missing (KRUISE_RS_CONTAINERD_BIN)"
+    echo "$KRUISE_RS_CONTAINERD_BIN/$1"
+  else
+    command -v "$1" || die "$1 is missing (tests/setup.sh installs it)"
+  fi
+}
+containerd_bin=$(bin_of containerd)
+shim_bin=$(bin_of containerd-shim-runc-v2)
+ctr_bin=$(bin_of ctr)
+command -v runc >/dev/null || die "runc is missing (tests/setup.sh installs it)"
 mkdir -p "$1" "$2"
 dir=$(cd "$1" && pwd)
 certs_d=$(cd "$2" && pwd)
@@ -102,12 +118,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       default_runtime_name = "runc"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
         runtime_type = "io.containerd.runc.v2"
+        runtime_path = "$shim_bin"
     [plugins."io.containerd.grpc.v1.cri".cni]
       bin_dir = "/usr/lib/cni"
       conf_dir = "$dir/cni"
     [plugins."io.containerd.grpc.v1.cri".registry]
       config_path = "$certs_d"
 TOML
+# containerd 2's CRI pulls through its transfer service, which unpacks only for the snapshotters
+# named here (its default is overlayfs, which the CRI plugin does not use here).
+if [[ $("$containerd_bin" --version) == *" v2."* ]]; then
+  cat >>"$config" <<TOML
+  [plugins."io.containerd.transfer.v1.local"]
+    [[plugins."io.containerd.transfer.v1.local".unpack_config]]
+      platform = "linux/$(uname -m | sed 's/x86_64/amd64/; s/aarch64/arm64/')"
+      snapshotter = "native"
+TOML
+fi
 
 ok=false
 cleanup_on_failure() {
@@ -126,17 +153,17 @@ fi
 # but then "the socket exists" would say nothing about readiness.
 rm -f "$socket" "$socket.ttrpc"
 echo "---- $script: starting containerd $(date -u +%FT%TZ) ----" >>"$log"
-launch containerd "$log" containerd --config "$config"
+launch containerd "$log" "$containerd_bin" --config "$config"
 pid=$launched_pid
-wait_ready containerd "$pid" "$log" timeout 5 ctr --address "$socket" version || fail "containerd did not start" "$log"
-plugins=$(timeout 10 ctr --address "$socket" plugins ls) || fail "ctr plugins ls failed" "$log"
+wait_ready containerd "$pid" "$log" timeout 5 "$ctr_bin" --address "$socket" version || fail "containerd did not start" "$log"
+plugins=$(timeout 10 "$ctr_bin" --address "$socket" plugins ls) || fail "ctr plugins ls failed" "$log"
 if ! awk '$1 == "io.containerd.grpc.v1" && $2 == "cri" && $NF == "ok" { found = 1 } END { exit !found }' <<<"$plugins"; then
   echo "$plugins" >&2
   fail "containerd's CRI plugin did not load" "$log"
 fi
 
 ok=true
-echo "$script: containerd ready on $socket (pid $pid) in $(elapsed_since "$t0")s" >&2
+echo "$script: containerd $("$containerd_bin" --version | awk '{print $3}') ready on $socket (pid $pid) in $(elapsed_since "$t0")s" >&2
 cat <<OUT
 CONTAINERD_SOCKET=$socket
 CONTAINERD_PID=$pid

@@ -243,6 +243,16 @@ impl NodeEnv {
     /// short: the socket path must stay under 100 bytes), pulling from the same registries.
     /// Stopped when dropped; this process's exit stops it too.
     pub(crate) fn start_containerd(&self, dir: &Path) -> ExtraContainerd {
+        self.start_containerd_of(dir, None)
+    }
+
+    /// The same with containerd 2 (tests/node/build-containerd.sh, what the real node runs)
+    /// instead of Debian's 1.6.
+    pub(crate) fn start_containerd_2(&self, dir: &Path) -> ExtraContainerd {
+        self.start_containerd_of(dir, Some(containerd_2_bin()))
+    }
+
+    fn start_containerd_of(&self, dir: &Path, bin: Option<PathBuf>) -> ExtraContainerd {
         let dir = std::path::absolute(dir)
             .unwrap_or_else(|e| panic!("making {} absolute: {e}", dir.display()));
         let extra = ExtraContainerd {
@@ -250,11 +260,32 @@ impl NodeEnv {
             sandbox_image: self.sandbox_image.clone(),
             socket: dir.join("containerd.sock"),
             dir,
+            bin,
             pid: Mutex::new(None),
         };
         extra.start();
         extra
     }
+}
+
+/// The directory of containerd 2's binaries, built on first use (cached by version).
+fn containerd_2_bin() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let script = script("build-containerd.sh");
+        let output = Command::new(&script)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+        assert!(
+            output.status.success(),
+            "building containerd 2 failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+    })
+    .clone()
 }
 
 /// A containerd of a test's own, from [`NodeEnv::start_containerd`]: it can be stopped and
@@ -265,6 +296,8 @@ pub(crate) struct ExtraContainerd {
     certs_d: PathBuf,
     sandbox_image: String,
     socket: PathBuf,
+    /// containerd's binaries when not those on PATH.
+    bin: Option<PathBuf>,
     pid: Mutex<Option<u32>>,
 }
 
@@ -291,7 +324,11 @@ impl ExtraContainerd {
     /// does not come up.
     pub(crate) fn start(&self) {
         let script = script("containerd.sh");
-        let output = Command::new(&script)
+        let mut command = Command::new(&script);
+        if let Some(bin) = &self.bin {
+            command.env("KRUISE_RS_CONTAINERD_BIN", bin);
+        }
+        let output = command
             .arg("--owner-pid")
             .arg(std::process::id().to_string())
             .arg("--sandbox-image")
