@@ -6,8 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -15,8 +13,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kruise_rs_api::SidecarSet;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
 use crate::sidecarset::{create_sidecarset, deployment, node_has_image, running_pods, status};
 use crate::support::{self, Cluster, TIMEOUT};
@@ -25,99 +21,6 @@ use crate::support::{self, Cluster, TIMEOUT};
 const RATE: usize = 6 * 1024 * 1024;
 /// The large layer of each test image (random, so it does not compress).
 const LAYER_BYTES: usize = 24 * 1024 * 1024;
-
-/// A TCP proxy on 127.0.0.1 forwarding to `upstream`, throttling what comes back.
-async fn slow_proxy(upstream: SocketAddr) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("binding the proxy");
-    let addr = listener.local_addr().expect("the proxy's address");
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let Ok(server) = TcpStream::connect(upstream).await else {
-                    return;
-                };
-                let (mut client_read, mut client_write) = client.into_split();
-                let (mut server_read, mut server_write) = server.into_split();
-                tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
-                    let _ = server_write.shutdown().await;
-                });
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let n = match server_read.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    if client_write.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_secs_f64(n as f64 / RATE as f64)).await;
-                }
-                let _ = client_write.shutdown().await;
-            });
-        }
-    });
-    addr
-}
-
-/// Two busybox images, tags `a` and `b`, each with its own random layer of [`LAYER_BYTES`],
-/// built with umoci into `dir` (an OCI layout).
-fn build_large_images(dir: &Path) {
-    let layout = dir.join("oci");
-    let image = |tag: &str| format!("{}:{tag}", layout.display());
-    let run = |args: &[&str]| {
-        let out = Command::new("umoci")
-            .args(args)
-            .output()
-            .expect("running umoci");
-        assert!(
-            out.status.success(),
-            "umoci {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    run(&["init", "--layout", layout.to_str().unwrap()]);
-    run(&["new", "--image", &image("base")]);
-    run(&[
-        "insert",
-        "--image",
-        &image("base"),
-        "/bin/busybox",
-        "/bin/busybox",
-    ]);
-    run(&[
-        "config",
-        "--image",
-        &image("base"),
-        "--config.entrypoint=/bin/busybox",
-        "--config.cmd=sleep",
-        "--config.cmd=3600",
-    ]);
-    for tag in ["a", "b"] {
-        run(&["tag", "--image", &image("base"), tag]);
-        let blob = dir.join(format!("blob-{tag}"));
-        let mut bytes = vec![0u8; LAYER_BYTES];
-        // Cheap pseudo-random bytes (xorshift): gzip cannot shrink them.
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ tag.as_bytes()[0] as u64;
-        for chunk in bytes.chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
-        }
-        std::fs::write(&blob, bytes).expect("writing the layer's file");
-        run(&[
-            "insert",
-            "--image",
-            &image(tag),
-            blob.to_str().unwrap(),
-            "/large",
-        ]);
-    }
-}
 
 /// One in-place upgrade of `replicas` pods to `new_image`, timed per pod from the moment its
 /// sidecar image is patched to the moment its new sidecar container runs. Returns the times and
@@ -215,9 +118,9 @@ async fn predownload_takes_the_pull_out_of_the_sidecar_restart() {
     let exclusive = support::exclusive().await;
     let cluster = exclusive.cluster;
     let dir = tempfile::tempdir().expect("a temporary directory");
-    build_large_images(dir.path());
+    kruise_rs_testkit::slow_registry::build_large_images(dir.path(), &["a", "b"], LAYER_BYTES);
     let upstream: SocketAddr = cluster.registry.parse().expect("the registry's address");
-    let proxy = slow_proxy(upstream).await;
+    let proxy = kruise_rs_testkit::slow_registry::slow_proxy(upstream, RATE).await;
     let host_dir = cluster.certs_d.join(proxy.to_string());
     std::fs::create_dir_all(&host_dir).expect("certs.d entry");
     std::fs::write(

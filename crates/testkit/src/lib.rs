@@ -20,6 +20,7 @@ pub mod process;
 pub mod procfs;
 pub mod rollout;
 pub mod shared;
+pub mod slow_registry;
 
 /// `rel` inside the repository (two levels above this crate's manifest directory).
 pub fn repo_path(rel: &str) -> std::path::PathBuf {

@@ -1,0 +1,107 @@
+//! A slow registry for pull-timing tests and benches: a TCP proxy on loopback that throttles what
+//! the registry sends back, and test images with one large random layer (which no compression
+//! shrinks), built offline with umoci from the static busybox.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A TCP proxy on 127.0.0.1 forwarding to `upstream`, throttling what comes back.
+/// `rate` is in bytes per second, per connection.
+pub async fn slow_proxy(upstream: SocketAddr, rate: usize) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binding the proxy");
+    let addr = listener.local_addr().expect("the proxy's address");
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(server) = TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+                    let _ = server_write.shutdown().await;
+                });
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match server_read.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if client_write.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate as f64)).await;
+                }
+                let _ = client_write.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// Busybox images, one per tag of `tags`, each with its own random layer of `layer_bytes`,
+/// built with umoci into `dir/oci` (an OCI layout: `oci:<dir>/oci:<tag>` for skopeo).
+pub fn build_large_images(dir: &Path, tags: &[&str], layer_bytes: usize) {
+    let layout = dir.join("oci");
+    let image = |tag: &str| format!("{}:{tag}", layout.display());
+    let run = |args: &[&str]| {
+        let out = Command::new("umoci")
+            .args(args)
+            .output()
+            .expect("running umoci");
+        assert!(
+            out.status.success(),
+            "umoci {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&["init", "--layout", layout.to_str().unwrap()]);
+    run(&["new", "--image", &image("base")]);
+    run(&[
+        "insert",
+        "--image",
+        &image("base"),
+        "/bin/busybox",
+        "/bin/busybox",
+    ]);
+    run(&[
+        "config",
+        "--image",
+        &image("base"),
+        "--config.entrypoint=/bin/busybox",
+        "--config.cmd=sleep",
+        "--config.cmd=3600",
+    ]);
+    for tag in tags {
+        run(&["tag", "--image", &image("base"), tag]);
+        let blob = dir.join(format!("blob-{tag}"));
+        let mut bytes = vec![0u8; layer_bytes];
+        // Cheap pseudo-random bytes (xorshift): gzip cannot shrink them.
+        let mut x: u64 = tag.bytes().fold(0x9e37_79b9_7f4a_7c15, |x, b| {
+            x.rotate_left(8) ^ u64::from(b)
+        });
+        for chunk in bytes.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+        }
+        std::fs::write(&blob, bytes).expect("writing the layer's file");
+        run(&[
+            "insert",
+            "--image",
+            &image(tag),
+            blob.to_str().unwrap(),
+            "/large",
+        ]);
+    }
+}
