@@ -941,6 +941,112 @@ async fn pins_follow_the_spec(
     containerd.stop();
 }
 
+/// The bytes of the large layer of the progress tests' image, and how fast the proxy serves them:
+/// about six seconds of pull.
+const PROGRESS_LAYER: usize = 12 << 20;
+const PROGRESS_RATE: usize = 2 << 20;
+
+/// The progress values the NodeImage reported for `image:v1` of `node` until it pulled, polled
+/// every 100 ms.
+async fn progress_until_pulled(node: &str, image: &str) -> Vec<i32> {
+    let api = nodeimages().await;
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let tag = api.get(node).await.ok().and_then(|n| {
+            let status = n.status?;
+            status
+                .image_statuses
+                .get(image)?
+                .tags
+                .iter()
+                .find(|t| t.tag == "v1")
+                .cloned()
+        });
+        if let Some(tag) = tag {
+            if let Some(p) = tag.progress
+                && seen.last() != Some(&p)
+            {
+                seen.push(p);
+            }
+            if tag.phase == ImagePullPhase::Succeeded {
+                return seen;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slow pull did not finish in 120 s; progress seen: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A tag's `progress` rises from containerd's download state while it pulls through a slow
+/// registry (one layer of 12 MiB at 2 MiB/s), never goes down, and ends at 100.
+async fn progress_follows_the_download(
+    env: &NodeEnv,
+    containerd: crate::support::node::ExtraContainerd,
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tag = unique_name("progress");
+    kruise_rs_testkit::slow_registry::build_large_images(dir.path(), &[&tag], PROGRESS_LAYER);
+    let repository = unique_name("large");
+    let source = format!("oci:{}:{tag}", dir.path().join("oci").display());
+    let out = Command::new("skopeo")
+        .args(["copy", "-q", "--dest-tls-verify=false", &source])
+        .arg(format!("docker://{}/{repository}:v1", env.registry()))
+        .output()
+        .expect("running skopeo");
+    assert!(
+        out.status.success(),
+        "skopeo copy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let upstream: SocketAddr = env.registry().parse().expect("the registry's address");
+    let proxy = kruise_rs_testkit::slow_registry::slow_proxy(upstream, PROGRESS_RATE).await;
+    env.add_plain_http_registry(&proxy.to_string());
+    let image = format!("{proxy}/{repository}");
+    let node = unique_name("daemon-progress");
+    create_nodeimage(
+        &node,
+        json!({&image: {"tags": [{"tag": "v1", "version": 1}]}}),
+    )
+    .await;
+    let daemon = start_daemon(&node, containerd.socket()).await;
+    let seen = progress_until_pulled(&node, &image).await;
+    daemon.stop().await;
+    containerd.stop();
+    println!("progress written while pulling: {seen:?}");
+    assert!(seen.is_sorted(), "progress went down: {seen:?}");
+    assert_eq!(seen.last(), Some(&100), "{seen:?}");
+    let between = seen.iter().filter(|p| (1..100).contains(*p)).count();
+    assert!(
+        between >= 2,
+        "at least two readings between 0 and 100 over a pull of seconds: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn pull_progress_rises_with_containerd_1_6s_download() {
+    let env = node_env().await;
+    let dir = tempfile::Builder::new()
+        .prefix("ctrd")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    progress_follows_the_download(env, env.start_containerd(dir.path())).await;
+}
+
+/// containerd 2 pulls through its transfer service; its ingests look the same.
+#[tokio::test]
+async fn pull_progress_rises_with_containerd_2s_download() {
+    let env = node_env().await;
+    let dir = tempfile::Builder::new()
+        .prefix("ctrd2")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    progress_follows_the_download(env, env.start_containerd_2(dir.path())).await;
+}
+
 /// With a single pull slot, a tag waiting between attempts lets another tag pull.
 #[tokio::test]
 async fn a_failing_tag_in_backoff_does_not_hold_up_other_pulls() {

@@ -169,7 +169,12 @@ impl Cri {
 
     /// containerd's images API on the same socket (for pins).
     pub(crate) fn containerd_images(&self) -> super::pin::ContainerdImages {
-        super::pin::ContainerdImages::new(self.channel.clone())
+        super::pin::ContainerdImages::new(self.containerd_api())
+    }
+
+    /// containerd's own services on the same socket.
+    pub(crate) fn containerd_api(&self) -> super::containerd_api::ContainerdApi {
+        super::containerd_api::ContainerdApi::new(self.channel.clone())
     }
 
     /// Whether the image service answers (`ImageFsInfo`) within the connect timeout: a runtime

@@ -15,6 +15,7 @@
 
 mod args;
 mod auth;
+mod containerd_api;
 pub mod credential_provider;
 pub mod cri;
 mod image_fs;
@@ -23,6 +24,7 @@ mod metrics;
 mod node;
 mod pin;
 mod plan;
+mod progress;
 mod pull;
 mod report;
 mod secret_scope;

@@ -33,6 +33,7 @@ use super::image_fs::ImageFsGuard;
 use super::metrics::DaemonMetrics;
 use super::pin::{Pins, unpin_unwanted};
 use super::plan::{PullTask, Running, TagKey, plan};
+use super::progress;
 use super::pull::{self, PullInput};
 use super::secret_scope::serves;
 use super::slots::FairSlots;
@@ -281,7 +282,26 @@ async fn work(shared: Arc<Shared>, task: PullTask, generation: u64, nodeimage: O
         return;
     }
     let began = Instant::now();
-    let result = pull_task(&shared, &mut slot, &task, elapsed).await;
+    let pulling = pull_task(&shared, &mut slot, &task, elapsed);
+    let result = match ImageRef::from_nodeimage(&task.key.image, &task.key.tag) {
+        Ok(image) => {
+            // The tag's progress rises as containerd downloads, until the pull returns.
+            let watch = progress::PullWatch::new(
+                shared.cri.containerd_api(),
+                &image,
+                std::time::SystemTime::now(),
+            );
+            let follow = progress::follow(watch, |percent| {
+                shared.update(&task.key, generation, |s| s.progress = Some(percent));
+            });
+            tokio::pin!(pulling, follow);
+            tokio::select! {
+                result = &mut pulling => result,
+                () = &mut follow => pulling.await,
+            }
+        }
+        Err(_) => pulling.await,
+    };
     drop(slot);
     let seconds = began.elapsed().as_secs_f64();
     let finished = shared.update(&task.key, generation, |s| {

@@ -17,9 +17,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 
-use tonic::codegen::http::uri::PathAndQuery;
-use tonic::transport::Channel;
-
+use super::containerd_api::ContainerdApi;
 use super::cri::CriError;
 
 /// Why a call to containerd's images API failed.
@@ -51,10 +49,6 @@ const PINNED: &str = "io.cri-containerd.pinned";
 const PINNED_VALUE: &str = "pinned";
 /// The label that says the daemon pinned the image.
 const OURS: &str = "kruise-rs.io/pinned";
-/// The containerd namespace CRI keeps its images in.
-const NAMESPACE: &str = "k8s.io";
-/// How long one call may take: a runtime that accepts and never answers does not keep a worker.
-const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `containerd.services.images.v1.Image`: the fields the daemon reads and writes back.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -123,16 +117,12 @@ struct ListImagesResponse {
 /// containerd's images API on the runtime's socket.
 #[derive(Clone, Debug)]
 pub(crate) struct ContainerdImages {
-    channel: Channel,
-    timeout: std::time::Duration,
+    api: ContainerdApi,
 }
 
 impl ContainerdImages {
-    pub(crate) fn new(channel: Channel) -> Self {
-        Self {
-            channel,
-            timeout: CALL_TIMEOUT,
-        }
+    pub(crate) fn new(api: ContainerdApi) -> Self {
+        Self { api }
     }
 
     async fn call<Req, Resp>(&self, method: &'static str, message: Req) -> Result<Resp, PinError>
@@ -140,26 +130,7 @@ impl ContainerdImages {
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
-        let call = async {
-            let mut grpc = tonic::client::Grpc::new(self.channel.clone());
-            grpc.ready().await.map_err(|e| {
-                PinError::Failed(format!("containerd's images API is not ready: {e}"))
-            })?;
-            let mut request = tonic::Request::new(message);
-            request
-                .metadata_mut()
-                .insert("containerd-namespace", NAMESPACE.parse().expect("ASCII"));
-            let path = PathAndQuery::from_static(method);
-            let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
-            Ok(grpc.unary(request, path, codec).await?.into_inner())
-        };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(answer) => answer,
-            Err(_) => Err(PinError::Failed(format!(
-                "{method} did not answer within {:?}",
-                self.timeout
-            ))),
-        }
+        Ok(self.api.unary(method, message).await?)
     }
 
     /// Pins (or with `pin` false, unpins) the image named `name`: both labels set, or both
@@ -285,10 +256,10 @@ mod tests {
                     ))
                 }
             }));
-        let images = ContainerdImages {
+        let images = ContainerdImages::new(ContainerdApi::with_timeout(
             channel,
-            timeout: std::time::Duration::from_millis(300),
-        };
+            std::time::Duration::from_millis(300),
+        ));
         let err = images.set_pinned("r/a:v1", true).await.unwrap_err();
         assert!(
             matches!(&err, PinError::Failed(m) if m.contains("did not answer within 300ms")),

@@ -239,6 +239,20 @@ impl NodeEnv {
             .collect()
     }
 
+    /// Makes every containerd of this environment pull from `addr` (`127.0.0.1:PORT`, a proxy in
+    /// front of a registry) over plain HTTP: containerd reads the hosts at every pull.
+    pub(crate) fn add_plain_http_registry(&self, addr: &str) {
+        let dir = self.certs_d.join(addr);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        std::fs::write(
+            dir.join("hosts.toml"),
+            format!(
+                "server = \"http://{addr}\"\n\n[host.\"http://{addr}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+            ),
+        )
+        .unwrap_or_else(|e| panic!("writing {}/hosts.toml: {e}", dir.display()));
+    }
+
     /// Start another containerd with its root, state, socket and log under `dir` (keep the path
     /// short: the socket path must stay under 100 bytes), pulling from the same registries.
     /// Stopped when dropped; this process's exit stops it too.
