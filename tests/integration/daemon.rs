@@ -941,16 +941,27 @@ async fn pins_follow_the_spec(
     containerd.stop();
 }
 
-/// The bytes of the large layer of the progress tests' image, and how fast the proxy serves them:
-/// about six seconds of pull.
-const PROGRESS_LAYER: usize = 12 << 20;
+/// The bytes of the large layer of the progress tests' image, and how fast the proxy serves them
+/// (per connection, as a registry far away would): about sixteen seconds of pull, long enough
+/// that containerd's 1 MiB steps of an ingest's offset are a few percent.
+const PROGRESS_LAYER: usize = 32 << 20;
 const PROGRESS_RATE: usize = 2 << 20;
 
-/// The progress values the NodeImage reported for `image:v1` of `node` until it pulled, polled
-/// every 100 ms.
-async fn progress_until_pulled(node: &str, image: &str) -> Vec<i32> {
+/// One reading of a pulling tag: when it was seen, its progress, and when its pull began.
+struct ProgressSeen {
+    at: std::time::SystemTime,
+    percent: i32,
+    started: Option<std::time::SystemTime>,
+}
+
+/// The progress the NodeImage reported for `image:v1` of `node` (each new value, when first seen
+/// by polling every 100 ms) until it pulled, and when that was seen.
+async fn progress_until_pulled(
+    node: &str,
+    image: &str,
+) -> (Vec<ProgressSeen>, std::time::SystemTime) {
     let api = nodeimages().await;
-    let mut seen = Vec::new();
+    let mut seen: Vec<ProgressSeen> = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
         let tag = api.get(node).await.ok().and_then(|n| {
@@ -963,26 +974,33 @@ async fn progress_until_pulled(node: &str, image: &str) -> Vec<i32> {
                 .find(|t| t.tag == "v1")
                 .cloned()
         });
+        let now = std::time::SystemTime::now();
         if let Some(tag) = tag {
             if let Some(p) = tag.progress
-                && seen.last() != Some(&p)
+                && seen.last().map(|s| s.percent) != Some(p)
             {
-                seen.push(p);
+                seen.push(ProgressSeen {
+                    at: now,
+                    percent: p,
+                    started: tag.start_time.map(|t| std::time::SystemTime::from(t.0)),
+                });
             }
             if tag.phase == ImagePullPhase::Succeeded {
-                return seen;
+                return (seen, now);
             }
         }
+        let values: Vec<i32> = seen.iter().map(|s| s.percent).collect();
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the slow pull did not finish in 120 s; progress seen: {seen:?}"
+            "the slow pull did not finish in 120 s; progress seen: {values:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
 /// A tag's `progress` rises from containerd's download state while it pulls through a slow
-/// registry (one layer of 12 MiB at 2 MiB/s), never goes down, and ends at 100.
+/// registry (one layer of 32 MiB at 2 MiB/s), never goes down, and ends at 100; the manager's
+/// estimate of the time left, from the readings between 20% and 80%, lands within ±30%.
 async fn progress_follows_the_download(
     env: &NodeEnv,
     containerd: crate::support::node::ExtraContainerd,
@@ -1013,10 +1031,42 @@ async fn progress_follows_the_download(
     )
     .await;
     let daemon = start_daemon(&node, containerd.socket()).await;
-    let seen = progress_until_pulled(&node, &image).await;
+    let (readings, finished) = progress_until_pulled(&node, &image).await;
     daemon.stop().await;
     containerd.stop();
+    let seen: Vec<i32> = readings.iter().map(|r| r.percent).collect();
     println!("progress written while pulling: {seen:?}");
+    // The manager's estimate of the time left (`status.progress`), from each reading between 20%
+    // and 80%, against the time the pull really took from there.
+    let mut misses = Vec::new();
+    for r in readings.iter().filter(|r| (20..=80).contains(&r.percent)) {
+        let started = r.started.expect("a pulling tag has its start time");
+        let elapsed = r.at.duration_since(started).unwrap_or_default();
+        let estimate = kruise_rs_imagepull::imagepulljob::time_left(
+            r.percent,
+            k8s_openapi::jiff::SignedDuration::try_from(elapsed).expect("a duration"),
+        )
+        .expect("an estimate past 0%")
+        .as_secs_f64();
+        let actual = finished
+            .duration_since(r.at)
+            .unwrap_or_default()
+            .as_secs_f64();
+        println!(
+            "at {}%: estimated {estimate:.1} s left, took {actual:.1} s",
+            r.percent
+        );
+        if (estimate - actual).abs() > 0.3 * actual {
+            misses.push(format!(
+                "at {}%: estimated {estimate:.1} s, took {actual:.1} s",
+                r.percent
+            ));
+        }
+    }
+    assert!(
+        misses.is_empty(),
+        "estimates off by more than 30%: {misses:?}"
+    );
     assert!(seen.is_sorted(), "progress went down: {seen:?}");
     assert_eq!(seen.last(), Some(&100), "{seen:?}");
     let between = seen.iter().filter(|p| (1..100).contains(*p)).count();

@@ -31,6 +31,7 @@ use super::limits;
     printcolumn = r#"{"name": "ACTIVE", "type": "integer", "jsonPath": ".status.active", "description": "Number of image pull tasks active."}"#,
     printcolumn = r#"{"name": "SUCCEED", "type": "integer", "jsonPath": ".status.succeeded", "description": "Number of image pull tasks succeeded."}"#,
     printcolumn = r#"{"name": "FAILED", "type": "integer", "jsonPath": ".status.failed", "description": "Number of image pull tasks failed."}"#,
+    printcolumn = r#"{"name": "PROGRESS", "type": "string", "jsonPath": ".status.progress", "description": "The pulling node expected to finish last, how far it got and the time it has left."}"#,
     printcolumn = r#"{"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp", "description": "Time since the job was created."}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -180,6 +181,10 @@ pub struct ImagePullJobStatus {
     /// The nodes that failed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failed_nodes: Vec<String>,
+    /// While nodes pull: the one expected to finish last, how far it got and about how long it
+    /// has left (`37% on node-2, about 1m20s left`), from its daemon's progress. Not upstream's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ mod status;
 mod targets;
 mod watch;
 
+pub use self::status::time_left;
 pub use self::watch::run_with_feeds;
 
 use std::collections::{HashMap, HashSet};

@@ -12,7 +12,7 @@ use kube::ResourceExt;
 
 use super::entry::JobRequest;
 use super::status::parallelism;
-use super::targets::{SelectorError, Target, node_state, select_nodes};
+use super::targets::{NodeState, SelectorError, Target, node_progress, node_state, select_nodes};
 use crate::lean_nodeimage::LeanNodeImage;
 use kruise_rs_api::image::ImageRef;
 use kruise_rs_api::imagepulljob::ImagePullJob;
@@ -96,14 +96,16 @@ pub(crate) fn targets<'a>(
     Ok(nodes
         .into_iter()
         .filter_map(|node| {
-            let state = node_state(
-                nodeimages.get(&node)?,
-                &req.name,
-                &req.tag,
-                &job_uid,
-                &req.pull_secrets,
-            );
-            Some(Target { node, state })
+            let nodeimage = nodeimages.get(&node)?;
+            let state = node_state(nodeimage, &req.name, &req.tag, &job_uid, &req.pull_secrets);
+            let progress = (state == NodeState::Pulling)
+                .then(|| node_progress(nodeimage, &req.name, &req.tag))
+                .flatten();
+            Some(Target {
+                node,
+                state,
+                progress,
+            })
         })
         .collect())
 }

@@ -47,6 +47,56 @@ fn deadline(job: &ImagePullJob, start: &Time) -> Option<Timestamp> {
     start.0.checked_add(SignedDuration::from_secs(seconds)).ok()
 }
 
+/// The time a pull that began `elapsed` ago and got `percent` far has left, at the pace it went
+/// so far; `None` before it got anywhere (no pace yet). What `status.progress` estimates.
+pub fn time_left(percent: i32, elapsed: SignedDuration) -> Option<SignedDuration> {
+    if !(1..100).contains(&percent) || elapsed.is_negative() {
+        return None;
+    }
+    let left = elapsed.as_secs_f64() * f64::from(100 - percent) / f64::from(percent);
+    SignedDuration::try_from_secs_f64(left).ok()
+}
+
+/// `d` for people, coarser as it grows, so that the status changes only when it says more:
+/// `45s` (to 5 s), `1m20s` (to 10 s), `12m` (to the minute), `3h5m`.
+pub(crate) fn human_duration(d: SignedDuration) -> String {
+    let s = d.as_secs().max(0);
+    match s {
+        0..60 => format!("{}s", s / 5 * 5),
+        60..600 => {
+            let s = s / 10 * 10;
+            if s % 60 == 0 {
+                format!("{}m", s / 60)
+            } else {
+                format!("{}m{}s", s / 60, s % 60)
+            }
+        }
+        600..3600 => format!("{}m", s / 60),
+        _ => format!("{}h{}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+/// The pulling target expected to finish last, as `status.progress` says it: the one with the
+/// most time left; a node without a pace yet (0%) only when no other has one.
+fn slowest(targets: &[Target], now: Timestamp) -> Option<String> {
+    let pulling = targets.iter().filter(|t| t.state == NodeState::Pulling);
+    let estimates = pulling.filter_map(|t| {
+        let progress = t.progress.as_ref()?;
+        let left = time_left(progress.percent, now.duration_since(progress.started));
+        Some((left, progress.percent, t.node.as_str()))
+    });
+    // Any estimate outranks none; then the longer wait, the lower percentage, the first name.
+    let (left, percent, node) = estimates.max_by(|a, b| {
+        (a.0.is_some(), a.0, std::cmp::Reverse(a.1))
+            .cmp(&(b.0.is_some(), b.0, std::cmp::Reverse(b.1)))
+            .then_with(|| b.2.cmp(a.2))
+    })?;
+    Some(match left {
+        Some(left) => format!("{percent}% on {node}, about {} left", human_duration(left)),
+        None => format!("{percent}% on {node}"),
+    })
+}
+
 /// The job's status given where its targets stand now. A finished job's status does not change.
 pub(super) fn compute_status(
     job: &ImagePullJob,
@@ -83,6 +133,7 @@ pub(super) fn compute_status(
             failed: failed.len() as i32,
             message: Some("job exceeds activeDeadlineSeconds".into()),
             failed_nodes: failed,
+            progress: None,
         };
     }
 
@@ -103,6 +154,11 @@ pub(super) fn compute_status(
         format!("job is running, progress {:.1}%", done * 100.0)
     };
     let failed = failed_nodes(&|s| s == NodeState::Failed);
+    let progress = (!complete).then(|| slowest(targets, now.0)).flatten();
+    let message = match &progress {
+        Some(slowest) => format!("{message}; slowest: {slowest}"),
+        None => message,
+    };
     ImagePullJobStatus {
         start_time: Some(start),
         completion_time: complete.then(|| now.clone()),
@@ -112,6 +168,7 @@ pub(super) fn compute_status(
         failed: failed.len() as i32,
         message: Some(message),
         failed_nodes: failed,
+        progress,
     }
 }
 

@@ -33,6 +33,15 @@ pub(crate) enum NodeState {
 pub(crate) struct Target {
     pub node: String,
     pub state: NodeState,
+    /// How far its pull got, while it pulls and its daemon says.
+    pub progress: Option<NodeProgress>,
+}
+
+/// How far a node's pull got: the daemon's `progress` and when the pull began.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct NodeProgress {
+    pub percent: i32,
+    pub started: k8s_openapi::jiff::Timestamp,
 }
 
 /// Why the job's selector cannot be used.
@@ -174,6 +183,39 @@ pub(crate) fn node_state(
         Some(ImagePullPhase::Failed) => NodeState::Failed,
         _ => NodeState::Pulling,
     }
+}
+
+/// How far `node`'s pull of `tag` of image `name` got, for the version its spec entry asks: the
+/// daemon's report while `Pulling`, with a progress and a start time.
+pub(crate) fn node_progress(
+    nodeimage: &LeanNodeImage,
+    name: &str,
+    tag: &str,
+) -> Option<NodeProgress> {
+    let version = nodeimage
+        .spec
+        .images
+        .get(name)?
+        .tags
+        .iter()
+        .find(|t| t.tag == tag)?
+        .version
+        .unwrap_or(0);
+    let reported = nodeimage
+        .status
+        .as_ref()?
+        .image_statuses
+        .get(name)?
+        .tags
+        .iter()
+        .find(|t| t.tag == tag && t.version.unwrap_or(0) == version)?;
+    if reported.phase != ImagePullPhase::Pulling {
+        return None;
+    }
+    Some(NodeProgress {
+        percent: reported.progress?,
+        started: reported.start_time.as_ref()?.0,
+    })
 }
 
 #[cfg(test)]

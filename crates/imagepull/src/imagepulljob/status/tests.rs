@@ -26,6 +26,7 @@ fn targets(states: &[(&str, NodeState)]) -> Vec<Target> {
         .map(|(n, s)| Target {
             node: (*n).into(),
             state: *s,
+            progress: None,
         })
         .collect()
 }
@@ -209,4 +210,88 @@ fn extreme_stored_deadlines_and_ttls_do_not_panic() {
         let at = next_deadline(&job(policy, Some(done.clone())), &done);
         assert!(at.is_some(), "{ttl}");
     }
+}
+
+fn pulling(node: &str, percent: i32, started: i64) -> Target {
+    Target {
+        node: node.into(),
+        state: Pulling,
+        progress: Some(super::super::targets::NodeProgress {
+            percent,
+            started: Timestamp::from_second(started).unwrap(),
+        }),
+    }
+}
+
+#[test]
+fn the_time_left_follows_the_pace_so_far() {
+    let secs = SignedDuration::from_secs;
+    assert_eq!(time_left(25, secs(10)), Some(secs(30)));
+    assert_eq!(time_left(50, secs(10)), Some(secs(10)));
+    assert_eq!(time_left(99, secs(99)), Some(secs(1)));
+    assert_eq!(time_left(0, secs(10)), None, "no pace yet");
+    assert_eq!(time_left(100, secs(10)), None, "done");
+    assert_eq!(time_left(-3, secs(10)), None);
+    assert_eq!(
+        time_left(50, secs(-10)),
+        None,
+        "a clock behind the daemon's"
+    );
+}
+
+#[test]
+fn durations_read_coarser_as_they_grow() {
+    let secs = SignedDuration::from_secs;
+    assert_eq!(human_duration(secs(0)), "0s");
+    assert_eq!(human_duration(secs(47)), "45s");
+    assert_eq!(human_duration(secs(80)), "1m20s");
+    assert_eq!(human_duration(secs(125)), "2m");
+    assert_eq!(human_duration(secs(725)), "12m");
+    assert_eq!(human_duration(secs(11_100)), "3h5m");
+    assert_eq!(human_duration(secs(-5)), "0s");
+}
+
+#[test]
+fn the_progress_names_the_node_expected_to_finish_last() {
+    // At 100 s: a at 50% since 0 (100 s left), b at 80% since 60 (10 s), c at 10% since 90 (90 s).
+    let ts = vec![
+        pulling("a", 50, 0),
+        pulling("b", 80, 60),
+        pulling("c", 10, 90),
+        Target {
+            node: "d".into(),
+            state: Succeeded,
+            progress: None,
+        },
+    ];
+    let s = compute_status(&job(Default::default(), None), &ts, &t(100));
+    assert_eq!(s.progress.as_deref(), Some("50% on a, about 1m40s left"));
+    assert_eq!(
+        s.message.as_deref(),
+        Some("job is running, progress 25.0%; slowest: 50% on a, about 1m40s left")
+    );
+}
+
+#[test]
+fn a_node_without_a_pace_is_named_only_when_no_other_has_one() {
+    let ts = vec![pulling("a", 0, 0), pulling("b", 90, 0)];
+    let s = compute_status(&job(Default::default(), None), &ts, &t(90));
+    assert_eq!(s.progress.as_deref(), Some("90% on b, about 10s left"));
+    let s = compute_status(
+        &job(Default::default(), None),
+        &[pulling("a", 0, 0)],
+        &t(90),
+    );
+    assert_eq!(s.progress.as_deref(), Some("0% on a"));
+}
+
+#[test]
+fn no_progress_without_reports_nor_once_complete() {
+    let ts = targets(&[("a", Pulling), ("b", Succeeded)]);
+    let s = compute_status(&job(Default::default(), None), &ts, &t(10));
+    assert_eq!(s.progress, None);
+    assert_eq!(s.message.as_deref(), Some("job is running, progress 50.0%"));
+    let done = targets(&[("a", Succeeded)]);
+    let s = compute_status(&job(Default::default(), None), &done, &t(10));
+    assert_eq!(s.progress, None);
 }

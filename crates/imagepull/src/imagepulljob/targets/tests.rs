@@ -230,3 +230,67 @@ fn node_state_needs_our_owner_reference_and_a_report_for_the_current_version() {
         "another tag"
     );
 }
+
+#[test]
+fn node_progress_is_the_current_rounds_report_while_pulling() {
+    let started = k8s_openapi::jiff::Timestamp::from_second(1_000).unwrap();
+    let reporting = |version: i64, phase, progress: Option<i32>| {
+        let mut n = with_tag("me", 2, Some((version, phase)));
+        let tag = &mut n
+            .status
+            .as_mut()
+            .unwrap()
+            .image_statuses
+            .get_mut("nginx")
+            .unwrap()
+            .tags[0];
+        tag.progress = progress;
+        tag.start_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            started,
+        ));
+        n
+    };
+    assert_eq!(
+        node_progress(
+            &reporting(2, ImagePullPhase::Pulling, Some(40)),
+            "nginx",
+            "1"
+        ),
+        Some(NodeProgress {
+            percent: 40,
+            started
+        })
+    );
+    assert_eq!(
+        node_progress(
+            &reporting(1, ImagePullPhase::Pulling, Some(40)),
+            "nginx",
+            "1"
+        ),
+        None,
+        "an old round's"
+    );
+    assert_eq!(
+        node_progress(
+            &reporting(2, ImagePullPhase::Succeeded, Some(100)),
+            "nginx",
+            "1"
+        ),
+        None,
+        "finished"
+    );
+    assert_eq!(
+        node_progress(&reporting(2, ImagePullPhase::Pulling, None), "nginx", "1"),
+        None,
+        "a daemon that says nothing (upstream's, CRI-O)"
+    );
+    assert_eq!(
+        node_progress(
+            &reporting(2, ImagePullPhase::Pulling, Some(40)),
+            "nginx",
+            "2"
+        ),
+        None,
+        "another tag"
+    );
+}
