@@ -235,6 +235,7 @@ clusterDomain: cluster.local
 # A test machine's disk is not the node's business: no image GC by disk usage, no evictions.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99${3:+
+imageMinimumGCAge: 30s
 imageMaximumGCAge: $3}
 evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
 serializeImagePulls: false

@@ -9,6 +9,7 @@ mod support;
 
 mod chaos;
 mod hot_upgrade;
+mod image_gc;
 mod imagepulljob;
 mod lifecycle;
 mod multinode;

@@ -57,6 +57,8 @@ pub(crate) struct ClusterNode {
 /// The cluster of `tests/cluster/start.sh`.
 pub(crate) struct Cluster {
     pub registry: String,
+    /// The open registry's log; its access-log lines show every fetch.
+    pub registry_log: PathBuf,
     /// The htpasswd registry (`127.0.0.1:PORT`) containerd also pulls from, and its account.
     pub auth_registry: String,
     pub auth_user: String,
@@ -137,6 +139,7 @@ async fn connect() -> Cluster {
     Cluster {
         nodes,
         registry: var("REGISTRY"),
+        registry_log: PathBuf::from(var("REGISTRY_LOG")),
         auth_registry: var("AUTH_REGISTRY"),
         auth_user: var("AUTH_USER"),
         auth_password: var("AUTH_PASSWORD"),
