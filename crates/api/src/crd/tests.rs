@@ -54,6 +54,7 @@ fn cols(spec: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
         .collect()
 }
 
+/// Upstream's columns, plus one of ours: the ImagePullJob's PROGRESS (decision 0037), before AGE.
 #[test]
 fn printer_columns_are_upstreams() {
     let age = ("AGE", "date", ".metadata.creationTimestamp");
@@ -68,6 +69,7 @@ fn printer_columns_are_upstreams() {
         ("ACTIVE", "integer", ".status.active"),
         ("SUCCEED", "integer", ".status.succeeded"),
         ("FAILED", "integer", ".status.failed"),
+        ("PROGRESS", "string", ".status.progress"),
         age,
     ];
     let mut job_legacy = job.to_vec();
