@@ -123,6 +123,12 @@ struct ManagerArgs {
     #[arg(long, value_enum, value_name = "NAMES", default_value_t = MetricsCompat::None)]
     metrics_compat: MetricsCompat,
 
+    /// The most nodes pulling from one registry host at once, across every ImagePullJob (and so
+    /// every SidecarSet pre-download); 0: no limit. A job's annotation
+    /// `kruise-rs.io/max-pulls-per-registry` lowers it for its own starts.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    max_pulls_per_registry: usize,
+
     /// Pre-download new SidecarSet sidecar images on the nodes of the pods to upgrade (as
     /// ImagePullJobs) and hold each pod until its node has pulled; `=false` rolls SidecarSets out
     /// as upstream OpenKruise does, without pre-download.
@@ -444,6 +450,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     daemon_config_namespace: args.daemon_config_namespace,
                     namespace: args.webhook.namespace.clone(),
                     label_selector: args.label_selector,
+                    max_pulls_per_registry: args.max_pulls_per_registry,
                     sidecarset_predownload: args.sidecarset_predownload,
                     sidecarset_upgradable_condition_on_upgrade: args
                         .sidecarset_upgradable_condition_on_upgrade,
@@ -687,6 +694,19 @@ mod tests {
                 .is_err()
         );
         assert!(Cli::try_parse_from(["kruise-rs", "manager", "--nodeimage-workers", "0"]).is_err());
+    }
+
+    #[test]
+    fn no_registry_budget_unless_given() {
+        assert_eq!(manager_args(&[]).max_pulls_per_registry, 0);
+        assert_eq!(
+            manager_args(&["--max-pulls-per-registry=20"]).max_pulls_per_registry,
+            20
+        );
+        assert!(
+            Cli::try_parse_from(["kruise-rs", "manager", "--max-pulls-per-registry", "-1"])
+                .is_err()
+        );
     }
 
     #[test]

@@ -527,9 +527,9 @@ fn helm_values_change_the_rendered_objects() {
     let defaults = rendered_objects(&[]);
     let args = manager_args(&defaults);
     assert!(
-        !args
-            .iter()
-            .any(|a| a.starts_with("--leader-election-id") || a.starts_with("--sidecarset-")),
+        !args.iter().any(|a| a.starts_with("--leader-election-id")
+            || a.starts_with("--sidecarset-")
+            || a.starts_with("--max-pulls-per-registry")),
         "{args:?}"
     );
     assert_eq!(lease_names(&defaults), ["kruise-rs-manager"]);
@@ -537,11 +537,13 @@ fn helm_values_change_the_rendered_objects() {
     let switching = rendered_objects(&[
         "--set=manager.leaderElection.leaseName=kruise-manager",
         "--set=manager.sidecarsetPredownload=false",
+        "--set=manager.maxPullsPerRegistry=20",
     ]);
     let args = manager_args(&switching);
     for wanted in [
         "--leader-election-id=kruise-manager",
         "--sidecarset-predownload=false",
+        "--max-pulls-per-registry=20",
     ] {
         assert!(args.iter().any(|a| a == wanted), "{args:?} lack {wanted}");
     }
@@ -645,6 +647,10 @@ fn helm_refuses_invalid_values() {
         (
             "manager.sidecarsetPredownload=maybe",
             "/manager/sidecarsetPredownload",
+        ),
+        (
+            "manager.maxPullsPerRegistry=-1",
+            "/manager/maxPullsPerRegistry",
         ),
         (
             "manager.sidecarsetUpgradableConditionOnUpgrade=maybe",

@@ -1473,3 +1473,96 @@ async fn copies_of_vanished_jobs_are_swept_and_no_job_waits_for_the_manager() {
         .expect("the manager task")
         .expect("the manager stops cleanly");
 }
+
+/// Five jobs over four nodes each, pulling five images of one registry host at parallelism 4
+/// (20 pulls at once without a budget), under `kruise-rs.io/max-pulls-per-registry: 3`: at no
+/// time more than three entries of that host are written and unfinished, across all jobs; the
+/// budget is used; every job completes; a job held back says why.
+#[tokio::test]
+async fn five_jobs_never_pull_more_from_one_registry_than_its_budget() {
+    let env = env("ipj-budget").await;
+    let nodes = env.nodes(4).await;
+    let host = format!("{}.budget.test:5000", env.run);
+    let images: Vec<String> = (0..5).map(|i| format!("{host}/app-{i}")).collect();
+    // Watch every test NodeImage: unfinished entries of the host's images, at most at once.
+    let max_in_flight = Arc::new(Mutex::new(0usize));
+    let config = watcher::Config::default().labels(&format!("kruise-rs-test={}", env.run));
+    let stream = watcher(env.nodeimages(), config).applied_objects();
+    let (max, watched) = (max_in_flight.clone(), images.clone());
+    let watch = tokio::spawn(async move {
+        let mut per_node: HashMap<String, usize> = HashMap::new();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(Ok(ni)) = stream.next().await {
+            let unfinished = watched
+                .iter()
+                .filter_map(|image| {
+                    let entry = tag_entry(&ni, image, "v1")?;
+                    let finished = ni
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.image_statuses.get(image))
+                        .and_then(|i| i.tags.iter().find(|t| t.tag == "v1"))
+                        .is_some_and(|t| t.version == entry.version && t.completion_time.is_some());
+                    (!finished).then_some(())
+                })
+                .count();
+            per_node.insert(ni.name_any(), unfinished);
+            let now: usize = per_node.values().sum();
+            let mut max = max.lock().unwrap();
+            *max = (*max).max(now);
+        }
+    });
+    let daemons = kruise_rs_testkit::played_daemon::play_node_image_daemons(
+        env.client.clone(),
+        kruise_rs_testkit::played_daemon::PlayedDaemons {
+            label_selector: Some(format!("kruise-rs-test={}", env.run)),
+            delay_ms: 100..400,
+            seed: 7,
+            ..Default::default()
+        },
+    );
+    for (i, image) in images.iter().enumerate() {
+        let mut job = ImagePullJob::new(
+            &format!("budget-{i}"),
+            spec(&format!("{image}:v1"), env.selector(), 4),
+        );
+        env.label(&mut job.metadata);
+        job.metadata.annotations = Some(BTreeMap::from([(
+            kruise_rs_api::well_known::MAX_PULLS_PER_REGISTRY.to_owned(),
+            "3".to_owned(),
+        )]));
+        env.jobs()
+            .create(&PostParams::default(), &job)
+            .await
+            .expect("create job");
+    }
+    let held_said = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let jobs = env.jobs();
+    wait_for("every job to complete", Duration::from_secs(120), || {
+        let (jobs, held_said, host) = (jobs.clone(), held_said.clone(), host.clone());
+        async move {
+            let list = jobs.list(&Default::default()).await.ok()?.items;
+            if list.iter().any(|j| {
+                j.status
+                    .as_ref()
+                    .and_then(|s| s.message.as_deref())
+                    .is_some_and(|m| m.contains(&format!("waiting for room at {host}")))
+            }) {
+                held_said.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            (list.len() == 5 && list.iter().all(completed)).then_some(())
+        }
+    })
+    .await;
+    daemons.abort();
+    watch.abort();
+    let max = *max_in_flight.lock().unwrap();
+    println!("at most {max} pulls from {host} at once (budget 3, 20 without)");
+    assert!(max <= 3, "{max} pulls from {host} at once, budget 3");
+    assert_eq!(max, 3, "the budget should be used");
+    assert!(
+        held_said.load(std::sync::atomic::Ordering::Relaxed),
+        "a job held back says so in its status message"
+    );
+    let _ = nodes;
+}

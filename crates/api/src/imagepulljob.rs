@@ -187,6 +187,24 @@ pub struct ImagePullJobStatus {
     pub progress: Option<String>,
 }
 
+/// The job's `kruise-rs.io/max-pulls-per-registry` annotation: `None` when absent, else a
+/// positive integer; `Err` says what is wrong with the value.
+pub fn max_pulls_per_registry(
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<usize>, String> {
+    use crate::well_known::MAX_PULLS_PER_REGISTRY;
+    let Some(value) = annotations.get(MAX_PULLS_PER_REGISTRY) else {
+        return Ok(None);
+    };
+    match value.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(Some(n)),
+        _ => Err(
+            "must be a positive integer: the most nodes pulling from this job's registry at once"
+                .to_owned(),
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -58,6 +58,10 @@ pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 // --- Image pre-download ---------------------------------------------------------------------------
 
+/// ImagePullJob annotation (kruise-rs's): the most nodes pulling from the job's registry host at
+/// once, across all jobs, that this job starts nodes under; lowers `--max-pulls-per-registry`.
+pub const MAX_PULLS_PER_REGISTRY: &str = "kruise-rs.io/max-pulls-per-registry";
+
 /// On a workload or SidecarSet: how many nodes pre-download at once.
 pub const IMAGE_PREDOWNLOAD_PARALLELISM: &str = "apps.kruise.io/image-predownload-parallelism";
 /// On a workload or SidecarSet: per-pull timeout in seconds.

@@ -60,6 +60,10 @@ pub struct ControllerOptions {
     /// selector as `kubectl -l` takes it); `None`: all. For sharding, and for test clusters
     /// where other tests' objects must be left alone.
     pub label_selector: Option<String>,
+    /// The most nodes pulling from one registry host at once, across every ImagePullJob
+    /// (`--max-pulls-per-registry`, 0: no limit); a job's annotation
+    /// `kruise-rs.io/max-pulls-per-registry` lowers it for its own starts.
+    pub max_pulls_per_registry: usize,
     /// Pre-download new SidecarSet sidecar images on the nodes of the pods to upgrade, and hold
     /// each pod until its node has pulled (`--sidecarset-predownload`, default on; upstream has
     /// no such feature). Off: SidecarSets roll out as upstream's do.
@@ -169,6 +173,7 @@ impl Default for ControllerOptions {
             daemon_config_namespace: "kruise-daemon-config".to_owned(),
             namespace: "kruise-system".to_owned(),
             label_selector: None,
+            max_pulls_per_registry: 0,
             sidecarset_predownload: true,
             sidecarset_upgradable_condition_on_upgrade: false,
             metrics: ManagerMetrics::new(),

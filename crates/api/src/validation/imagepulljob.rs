@@ -39,7 +39,8 @@ use crate::imagepulljob::{
 };
 use crate::limits;
 use crate::pull_secret_pins;
-use crate::well_known::PULL_SECRET_UIDS;
+use crate::well_known::{MAX_PULLS_PER_REGISTRY, PULL_SECRET_UIDS};
+use std::collections::BTreeMap;
 
 /// `pullPolicy.timeoutSeconds` when unset (upstream's default).
 const DEFAULT_TIMEOUT_SECONDS: i64 = 600;
@@ -48,8 +49,24 @@ const DEFAULT_TIMEOUT_SECONDS: i64 = 600;
 pub fn validate_create(job: &ImagePullJob) -> Result<(), ValidationErrors> {
     let mut errs = validate_pull_secrets(&job.spec.template.pull_secrets, None);
     errs.extend(pull_secret_pins::validate(job.annotations()));
+    errs.extend(validate_max_pulls_per_registry(job.annotations()));
     errs.extend(validate_spec(&job.spec));
     ValidationErrors(errs).into_result()
+}
+
+/// `kruise-rs.io/max-pulls-per-registry`, when set, is a positive integer.
+fn validate_max_pulls_per_registry(annotations: &BTreeMap<String, String>) -> Vec<FieldError> {
+    match crate::imagepulljob::max_pulls_per_registry(annotations) {
+        Err(message) => vec![FieldError::invalid(
+            super::key("metadata.annotations", MAX_PULLS_PER_REGISTRY),
+            annotations
+                .get(MAX_PULLS_PER_REGISTRY)
+                .map(String::as_str)
+                .unwrap_or_default(),
+            message,
+        )],
+        Ok(_) => Vec::new(),
+    }
 }
 
 /// Validates an update from `old` to `new`.
@@ -71,6 +88,11 @@ pub fn validate_update(old: &ImagePullJob, new: &ImagePullJob) -> Result<(), Val
     }
     if old.annotations().get(PULL_SECRET_UIDS) != new.annotations().get(PULL_SECRET_UIDS) {
         errs.extend(pull_secret_pins::validate(new.annotations()));
+    }
+    if old.annotations().get(MAX_PULLS_PER_REGISTRY)
+        != new.annotations().get(MAX_PULLS_PER_REGISTRY)
+    {
+        errs.extend(validate_max_pulls_per_registry(new.annotations()));
     }
     ValidationErrors(errs).into_result()
 }

@@ -25,6 +25,7 @@ mod entry;
 mod nodeimage_changes;
 pub mod plan;
 mod reconcile;
+mod registry_budget;
 pub mod secrets;
 mod status;
 mod targets;
@@ -108,6 +109,8 @@ pub(crate) struct Context {
     backoff: Arc<Backoff>,
     opts: ControllerOptions,
     recorder: Recorder,
+    /// One lock per registry host, for the registry budget.
+    host_locks: registry_budget::HostLocks,
 }
 
 impl Context {

@@ -19,7 +19,7 @@ use super::entry::{JobRequest, with_job_entry};
 use super::plan::{self, Step};
 use super::status::{compute_status, next_deadline, nodes_to_start, with_notes};
 use super::targets::{NodeState, Target};
-use super::{Context, Error, FIELD_MANAGER, secrets};
+use super::{Context, Error, FIELD_MANAGER, registry_budget, secrets};
 use crate::lean_nodeimage;
 use crate::nodeimage_write::{ImagesWriteError, update_images};
 use crate::tag_values::stored_owner_ask;
@@ -174,8 +174,21 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
         (claimed.refs, notes)
     };
 
+    // Under a registry budget, the jobs of this registry count and write one at a time, from
+    // here to the last write (registry_budget.rs).
+    let budget = match registry_budget::budget_for(job, ctx.opts.max_pulls_per_registry) {
+        Ok(budget) => budget,
+        Err(message) => return refuse(job, ctx, &jobs, "InvalidAnnotation", message).await,
+    };
+    let host = image.registry().to_owned();
+    let _turn = match budget {
+        Some(_) => Some(ctx.host_locks.lock(&host).await),
+        None => None,
+    };
     // Our own writes the store has not caught up with yet count as written.
-    let by_name = plan::by_name(ctx.fresh_nodeimages());
+    let fresh = ctx.fresh_nodeimages();
+    let in_flight = budget.map(|_| registry_budget::in_flight(fresh.iter().map(|n| &**n), &host));
+    let by_name = plan::by_name(fresh);
     let pods = ctx.pods.state();
     let holds_copies = !pull_secrets.is_empty();
     let req = JobRequest::new(
@@ -190,9 +203,22 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
             Err(err) => return refuse(job, ctx, &jobs, "InvalidSelector", err.to_string()).await,
         };
 
-    // Start the next nodes, within the parallelism budget; after a spec change (and once after
-    // the manager starts), bring the nodes already written up to date too (#2221).
-    let start: HashSet<&str> = nodes_to_start(&targets, parallelism).into_iter().collect();
+    // Start the next nodes, within the parallelism and the registry's budget; after a spec change
+    // (and once after the manager starts), bring the nodes already written up to date too (#2221).
+    let pulling = targets
+        .iter()
+        .filter(|t| t.state == NodeState::Pulling)
+        .count();
+    let room = parallelism.saturating_sub(pulling);
+    let allowed = registry_budget::starts_allowed(room, budget, in_flight.unwrap_or(0));
+    let waiting = targets
+        .iter()
+        .filter(|t| t.state == NodeState::NotSynced)
+        .count();
+    let held_by_budget = allowed < room.min(waiting);
+    let start: HashSet<&str> = nodes_to_start(&targets, pulling + allowed)
+        .into_iter()
+        .collect();
     let generation = job.metadata.generation.unwrap_or_default();
     let refresh_all = ctx.refreshed_generation(job) != Some(generation);
     // Positions in `targets`, ascending (8 bytes a node where names took 24 and their text).
@@ -273,6 +299,11 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
         ctx.refreshed(job, Some(generation));
     }
     let mut notes = notes;
+    if held_by_budget && let (Some(budget), Some(in_flight)) = (budget, in_flight) {
+        notes.push(format!(
+            "waiting for room at {host}: {in_flight} pulls from it under way, at most {budget} at once"
+        ));
+    }
     if let Some(note) = refused_note(&req.name, &refused) {
         publish(
             ctx,
@@ -290,11 +321,20 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
         return Err(err.into());
     }
     let running = status.completion_time.is_none();
+    // The room comes from other jobs' nodes finishing, whose events do not wake this job.
+    let held = (running && held_by_budget).then_some(registry_budget::HELD_RETRY);
     Ok(
-        match next_wake(
-            next_deadline(job, &status).map(until),
-            running && holds_copies,
-        ) {
+        match [
+            next_wake(
+                next_deadline(job, &status).map(until),
+                running && holds_copies,
+            ),
+            held,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        {
             Some(wait) => Action::requeue(wait),
             None => Action::await_change(),
         },

@@ -158,6 +158,7 @@ pub async fn run_with_feeds(
         released,
         backoff,
         opts,
+        host_locks: Default::default(),
     });
     let job_store = controller.store();
     let shutdown = shutdown.shared();

@@ -342,3 +342,30 @@ fn a_uid_pin_annotation_must_parse_when_set_or_changed() {
     without_finalizer.metadata.finalizers = Some(Vec::new());
     assert!(errors(validate_update(&pinned("junk"), &without_finalizer)).is_empty());
 }
+
+#[test]
+fn the_registry_budget_annotation_is_a_positive_integer() {
+    let with = |value: &str| {
+        let mut j = job(json!({"image": "nginx:1.25"}));
+        j.metadata.annotations =
+            Some([(MAX_PULLS_PER_REGISTRY.to_owned(), value.to_owned())].into());
+        j
+    };
+    assert_eq!(errors(validate_create(&with("3"))), Vec::<String>::new());
+    for bad in ["0", "-2", "x", ""] {
+        let errs = errors(validate_create(&with(bad)));
+        assert_eq!(errs.len(), 1, "{bad:?}: {errs:?}");
+        assert!(
+            errs[0].contains("metadata.annotations[kruise-rs.io/max-pulls-per-registry]")
+                && errs[0].contains("positive integer"),
+            "{errs:?}"
+        );
+    }
+    // An update that leaves a bad value (written before the webhook checked it) as it was is
+    // not refused for it; one that sets it is.
+    assert_eq!(
+        errors(validate_update(&with("0"), &with("0"))),
+        Vec::<String>::new()
+    );
+    assert_eq!(errors(validate_update(&with("3"), &with("0"))).len(), 1);
+}
