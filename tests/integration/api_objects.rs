@@ -555,14 +555,17 @@ async fn kubectl_get_shows_upstreams_columns() {
             "sidecarsets",
             vec!["NAME", "MATCHED", "UPDATED", "READY", "AGE"],
         ),
+        // Upstream's, plus PROGRESS (decision 0037).
         (
             "imagepulljobs",
-            vec!["NAME", "TOTAL", "ACTIVE", "SUCCEED", "FAILED", "AGE"],
+            vec![
+                "NAME", "TOTAL", "ACTIVE", "SUCCEED", "FAILED", "PROGRESS", "AGE",
+            ],
         ),
         (
             "imagepulljobs.v1alpha1.apps.kruise.io",
             vec![
-                "NAME", "TOTAL", "ACTIVE", "SUCCEED", "FAILED", "AGE", "MESSAGE",
+                "NAME", "TOTAL", "ACTIVE", "SUCCEED", "FAILED", "PROGRESS", "AGE", "MESSAGE",
             ],
         ),
         (
