@@ -10,15 +10,37 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+/// How a slow proxy shares its rate.
+#[derive(Clone, Copy, Debug)]
+enum Throttle {
+    /// Each connection gets the rate: a registry far away.
+    PerConnection(usize),
+    /// All connections share it: a node's one narrow link.
+    Shared(usize),
+}
+
 /// A TCP proxy on 127.0.0.1 forwarding to `upstream`, throttling what comes back.
 /// `rate` is in bytes per second, per connection.
 pub async fn slow_proxy(upstream: SocketAddr, rate: usize) -> SocketAddr {
+    proxy(upstream, Throttle::PerConnection(rate)).await
+}
+
+/// The same, all connections together at `rate` bytes per second: what one node's link to the
+/// registry gives every pull on it at once.
+pub async fn slow_link(upstream: SocketAddr, rate: usize) -> SocketAddr {
+    proxy(upstream, Throttle::Shared(rate)).await
+}
+
+async fn proxy(upstream: SocketAddr, throttle: Throttle) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("binding the proxy");
     let addr = listener.local_addr().expect("the proxy's address");
+    // The shared link: when it is next free.
+    let link = std::sync::Arc::new(tokio::sync::Mutex::new(tokio::time::Instant::now()));
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
+            let link = link.clone();
             tokio::spawn(async move {
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     return;
@@ -29,16 +51,34 @@ pub async fn slow_proxy(upstream: SocketAddr, rate: usize) -> SocketAddr {
                     let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
                     let _ = server_write.shutdown().await;
                 });
-                let mut buf = vec![0u8; 64 * 1024];
+                let mut buf = vec![0u8; 16 * 1024];
                 loop {
                     let n = match server_read.read(&mut buf).await {
                         Ok(0) | Err(_) => break,
                         Ok(n) => n,
                     };
-                    if client_write.write_all(&buf[..n]).await.is_err() {
-                        break;
+                    match throttle {
+                        Throttle::PerConnection(rate) => {
+                            if client_write.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate as f64))
+                                .await;
+                        }
+                        Throttle::Shared(rate) => {
+                            // Take the link for the chunk's time, in turn with the others.
+                            let done = {
+                                let mut next = link.lock().await;
+                                let start = (*next).max(tokio::time::Instant::now());
+                                *next = start + Duration::from_secs_f64(n as f64 / rate as f64);
+                                *next
+                            };
+                            tokio::time::sleep_until(done).await;
+                            if client_write.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
                     }
-                    tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate as f64)).await;
                 }
                 let _ = client_write.shutdown().await;
             });
