@@ -1675,3 +1675,168 @@ async fn two_tags_of_one_image_reach_cri_each_with_its_own_jobs_sandbox_labels()
     }
     daemon.stop().await;
 }
+
+/// Pre-pulls step aside while the kubelet starts a pod (kubelet_activity.rs). On containerd 2
+/// (the real node's), whose transfer service downloads at most three layers at once for every
+/// pull together: three pre-pulls of a 16 MiB layer each, over the node's link to the registry
+/// (2 MiB/s for all connections together), hold every download slot when the test does what the
+/// kubelet does for a new pod: a ready sandbox, then the pull of its image (a 4 MiB layer of its
+/// own, 2 s alone on the link). Measured: 3.3 s with the pre-pulls stepping aside, 25.4 s
+/// without (it waited for them to end). Then the sandbox goes, and the pre-pulls go on from
+/// where they were and finish.
+#[tokio::test]
+async fn pre_pulls_step_aside_while_the_kubelet_starts_a_pod() {
+    use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+    use k8s_cri::v1::{
+        ImageSpec, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode,
+        NamespaceOption, PodSandboxConfig, PodSandboxMetadata, PullImageRequest,
+        RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest,
+    };
+    let env = node_env().await;
+    let dir = tempfile::Builder::new()
+        .prefix("ctrd2")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let containerd = env.start_containerd_2(dir.path());
+    let images_dir = tempfile::tempdir().expect("tempdir");
+    let run = unique_name("yield");
+    let tags: Vec<String> = (0..3)
+        .map(|i| format!("{run}-pre{i}"))
+        .chain([format!("{run}-pod")])
+        .collect();
+    let tag_refs: Vec<&str> = tags.iter().map(String::as_str).collect();
+    // The pod's image gets a small layer of its own (64 KiB) but is built with the others'.
+    kruise_rs_testkit::slow_registry::build_large_images(
+        images_dir.path(),
+        &tag_refs[..3],
+        16 << 20,
+    );
+    let pod_dir = tempfile::tempdir().expect("tempdir");
+    kruise_rs_testkit::slow_registry::build_large_images(pod_dir.path(), &tag_refs[3..], 4 << 20);
+    let push = |dir: &Path, tag: &str| {
+        let out = Command::new("skopeo")
+            .args(["copy", "-q", "--dest-tls-verify=false"])
+            .arg(format!("oci:{}:{tag}", dir.join("oci").display()))
+            .arg(format!("docker://{}/{run}/{tag}:v1", env.registry()))
+            .output()
+            .expect("running skopeo");
+        assert!(
+            out.status.success(),
+            "skopeo copy: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for tag in &tag_refs[..3] {
+        push(images_dir.path(), tag);
+    }
+    push(pod_dir.path(), tag_refs[3]);
+    let upstream: SocketAddr = env.registry().parse().expect("the registry's address");
+    let proxy = kruise_rs_testkit::slow_registry::slow_link(upstream, 2 << 20).await;
+    env.add_plain_http_registry(&proxy.to_string());
+    let image = |tag: &str| format!("{proxy}/{run}/{tag}");
+
+    // A node has its pause image already (the kubelet's first pod pulled it): here the test
+    // pulls it, so the sandbox does not wait for a download.
+    crate::support::cri_proxy::image_client(containerd.socket())
+        .pull_image(PullImageRequest {
+            image: Some(ImageSpec {
+                image: env.sandbox_image().to_owned(),
+                ..Default::default()
+            }),
+            auth: None,
+            sandbox_config: None,
+        })
+        .await
+        .expect("pulling the pause image");
+
+    // The pre-pulls: three at once.
+    let node = unique_name("daemon-yield");
+    let spec: serde_json::Map<String, Value> = tag_refs[..3]
+        .iter()
+        .map(|t| (image(t), json!({"tags": [{"tag": "v1", "version": 1}]})))
+        .collect();
+    create_nodeimage(&node, Value::Object(spec)).await;
+    let daemon = start_daemon(&node, containerd.socket()).await;
+    for tag in &tag_refs[..3] {
+        wait_tag(&node, &image(tag), "v1", "downloading", |t| {
+            t.phase == ImagePullPhase::Pulling && t.progress.is_some_and(|p| p >= 5)
+        })
+        .await;
+    }
+
+    // The kubelet: a sandbox for a new pod (host network: no CNI here), then its image.
+    let mut runtime =
+        RuntimeServiceClient::new(crate::support::cri_proxy::cri_channel(containerd.socket()));
+    let config = PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: "new-pod".into(),
+            uid: run.clone(),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        linux: Some(LinuxPodSandboxConfig {
+            security_context: Some(LinuxSandboxSecurityContext {
+                namespace_options: Some(NamespaceOption {
+                    network: NamespaceMode::Node as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let sandbox = runtime
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .expect("RunPodSandbox")
+        .into_inner()
+        .pod_sandbox_id;
+    let asked = std::time::Instant::now();
+    crate::support::cri_proxy::image_client(containerd.socket())
+        .pull_image(PullImageRequest {
+            image: Some(ImageSpec {
+                image: format!("{}:v1", image(tag_refs[3])),
+                ..Default::default()
+            }),
+            auth: None,
+            sandbox_config: Some(config),
+        })
+        .await
+        .expect("the pod's pull");
+    let pod_pull = asked.elapsed();
+    println!(
+        "the pod's image pulled {pod_pull:.1?} after it was asked for, three pre-pulls under way"
+    );
+
+    // The pod is gone: the pre-pulls go on from where they were and finish.
+    runtime
+        .stop_pod_sandbox(StopPodSandboxRequest {
+            pod_sandbox_id: sandbox.clone(),
+        })
+        .await
+        .expect("StopPodSandbox");
+    runtime
+        .remove_pod_sandbox(RemovePodSandboxRequest {
+            pod_sandbox_id: sandbox,
+        })
+        .await
+        .expect("RemovePodSandbox");
+    for tag in &tag_refs[..3] {
+        wait_tag(&node, &image(tag), "v1", "pulled", |t| {
+            t.phase == ImagePullPhase::Succeeded
+        })
+        .await;
+    }
+    daemon.stop().await;
+    containerd.stop();
+    // Alone on the link the pod's 4 MiB take 2 s; the pre-pulls step aside within a poll of
+    // the runtime (0.5 s). Behind them it waits about 25 s.
+    assert!(
+        pod_pull < Duration::from_secs(6),
+        "the pod's pull took {pod_pull:?}: the pre-pulls did not step aside"
+    );
+}

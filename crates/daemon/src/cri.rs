@@ -172,6 +172,11 @@ impl Cri {
         super::pin::ContainerdImages::new(self.containerd_api())
     }
 
+    /// The connection to the runtime, for its other services.
+    pub(crate) fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
     /// containerd's own services on the same socket.
     pub(crate) fn containerd_api(&self) -> super::containerd_api::ContainerdApi {
         super::containerd_api::ContainerdApi::new(self.channel.clone())

@@ -19,6 +19,7 @@ mod containerd_api;
 pub mod credential_provider;
 pub mod cri;
 mod image_fs;
+mod kubelet_activity;
 mod liveness;
 mod metrics;
 mod node;
@@ -189,6 +190,9 @@ pub async fn run(
         let Some(cri) = find_runtime(&opts, &daemon_metrics, &silence).await else {
             return;
         };
+        // Whether the kubelet is starting a pod here: pre-pulls step aside meanwhile.
+        let (kubelet_busy_tx, kubelet_busy) = watch::channel(false);
+        let activity = kubelet_activity::KubeletActivity::new(cri.channel());
         let shared = Arc::new(Shared {
             node: opts.node_name.clone(),
             client: client.clone(),
@@ -208,8 +212,10 @@ pub async fn run(
                 },
             ),
             metrics: daemon_metrics.clone(),
+            kubelet_busy,
         });
         let (synced_tx, synced) = watch::channel(false);
+        let pulls = daemon_metrics.active_workers.clone();
         // Shutdown drops this future, and with it the watch and the reporter; the guard stops
         // the workers, whose tasks would otherwise outlive it.
         let workers = shared.clone();
@@ -218,6 +224,7 @@ pub async fn run(
             node::watch_nodeimage(shared.clone(), synced_tx),
             report::report(shared.clone(), std::future::pending()),
             readiness(&shared, synced, &probe_state, &silence),
+            activity.run(kubelet_busy_tx, move || pulls.get() > 0),
         );
     };
 

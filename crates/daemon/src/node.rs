@@ -62,6 +62,8 @@ pub(super) struct Shared {
     pub dirty: Notify,
     pub recorder: Recorder,
     pub metrics: DaemonMetrics,
+    /// True while the kubelet starts a pod on the node (`kubelet_activity`).
+    pub kubelet_busy: watch::Receiver<bool>,
 }
 
 #[derive(Default)]
@@ -441,6 +443,7 @@ async fn pull_task(
         credential_problems: &problems,
         elapsed,
         image_fs: &shared.image_fs,
+        kubelet_busy: Some(&shared.kubelet_busy),
     };
     pull::pull(&shared.cri, slot, task, &input).await
 }

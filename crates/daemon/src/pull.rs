@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::slots::FairSlots;
 use k8s_cri::v1::{AuthConfig, PodSandboxConfig};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::auth::Credential;
@@ -74,6 +75,26 @@ pub(crate) struct PullInput<'a> {
     pub elapsed: Duration,
     /// The limit on the image filesystem's usage a pull is held to ([`ImageFsGuard`]).
     pub image_fs: &'a ImageFsGuard,
+    /// True while the kubelet starts a pod on the node: no attempt starts, and one under way
+    /// steps aside (`kubelet_activity`). `None`: never.
+    pub kubelet_busy: Option<&'a watch::Receiver<bool>>,
+}
+
+/// Until the kubelet starts no pod (at once when `busy` is `None` or its sender is gone).
+async fn kubelet_idle(busy: Option<&watch::Receiver<bool>>) {
+    if let Some(busy) = busy {
+        let _ = busy.clone().wait_for(|starting| !*starting).await;
+    }
+}
+
+/// Until the kubelet starts a pod (never when `busy` is `None` or its sender is gone).
+async fn kubelet_starts(busy: Option<&watch::Receiver<bool>>) {
+    if let Some(busy) = busy
+        && busy.clone().wait_for(|starting| *starting).await.is_ok()
+    {
+        return;
+    }
+    std::future::pending::<()>().await;
 }
 
 /// The image id to report: `name@sha256:…`.
@@ -107,6 +128,17 @@ pub(crate) async fn pull<R: ImageRuntime>(
     let mut attempt: u32 = 1;
     let mut uncounted: u32 = 0;
     loop {
+        // Not while the kubelet starts a pod: its pulls go first (kubelet_activity.rs), and
+        // the slot goes back meanwhile.
+        if input.kubelet_busy.is_some_and(|busy| *busy.borrow()) {
+            slot.release();
+        }
+        if within(deadline, kubelet_idle(input.kubelet_busy))
+            .await
+            .is_none()
+        {
+            return Err(failure(&deadline_message(), &last_error, input));
+        }
         match within(deadline, slot.hold()).await {
             None => return Err(failure(&deadline_message(), &last_error, input)),
             Some(false) => return Err(failure("the daemon is stopping", &last_error, input)),
@@ -122,7 +154,16 @@ pub(crate) async fn pull<R: ImageRuntime>(
             }
             None => task.timeout,
         };
-        let error = match tokio::time::timeout(budget, attempt_once(runtime, task, input)).await {
+        let attempted = tokio::select! {
+            attempted = tokio::time::timeout(budget, attempt_once(runtime, task, input)) => attempted,
+            () = kubelet_starts(input.kubelet_busy) => {
+                // Dropping the attempt cancels the runtime's pull; what it downloaded stays.
+                slot.release();
+                tracing::info!(image = input.image, attempt, "the kubelet is starting a pod: the pull steps aside, the attempt not counted");
+                continue;
+            }
+        };
+        let error = match attempted {
             Ok(Ok(id)) => return Ok(id),
             Ok(Err(err)) => err,
             Err(_) => CriError::answered(format!(

@@ -134,6 +134,11 @@ impl NodeEnv {
         &self.auth_user
     }
 
+    /// containerd's CRI pause image, on the open registry.
+    pub(crate) fn sandbox_image(&self) -> &str {
+        &self.sandbox_image
+    }
+
     pub(crate) fn auth_password(&self) -> &str {
         &self.auth_password
     }

@@ -148,6 +148,7 @@ fn input<'a>(credentials: &'a [&'a Credential]) -> PullInput<'a> {
         credential_problems: &[],
         elapsed: Duration::ZERO,
         image_fs: &NO_LIMIT,
+        kubelet_busy: None,
     }
 }
 
@@ -559,4 +560,77 @@ async fn a_full_image_filesystem_refuses_every_attempt_without_pulling() {
     .await
     .expect("present: nothing to write");
     assert_eq!(reported, format!("{NAME}@sha256:cfg"));
+}
+
+/// While the kubelet starts a pod no attempt starts; once it is done the pull goes ahead.
+#[tokio::test(start_paused = true)]
+async fn no_attempt_starts_while_the_kubelet_starts_a_pod() {
+    let rt = Scripted::new();
+    rt.present
+        .lock()
+        .unwrap()
+        .push_back(Some(present("sha256:cfg", &[])));
+    let (busy_tx, busy) = watch::channel(true);
+    let mut with_busy = input(&[]);
+    with_busy.kubelet_busy = Some(&busy);
+    let t = task(1);
+    let pulling = pull(&rt, &t, &with_busy);
+    let done = async {
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        busy_tx.send_replace(false);
+    };
+    let (result, ()) = tokio::join!(pulling, done);
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(
+        times_of(&rt, "pull"),
+        [7],
+        "pulled once the kubelet was done"
+    );
+}
+
+/// An attempt under way when the kubelet starts a pod is dropped (the runtime's pull cancelled)
+/// and made again once it is done, without counting: one attempt allowed, and it succeeds.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_under_way_steps_aside_uncounted_when_the_kubelet_starts_a_pod() {
+    let rt = Scripted {
+        pull_delay: Some(Duration::from_secs(10)),
+        ..Scripted::new()
+    };
+    rt.present
+        .lock()
+        .unwrap()
+        .push_back(Some(present("sha256:cfg", &[])));
+    let (busy_tx, busy) = watch::channel(false);
+    let mut with_busy = input(&[]);
+    with_busy.kubelet_busy = Some(&busy);
+    let t = task(1);
+    let pulling = pull(&rt, &t, &with_busy);
+    let kubelet = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        busy_tx.send_replace(true);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        busy_tx.send_replace(false);
+    };
+    let (result, ()) = tokio::join!(pulling, kubelet);
+    assert!(result.is_ok(), "{result:?}");
+    // Started at 0, given up at 3, started again at 8 and done at 18.
+    assert_eq!(times_of(&rt, "pull"), [0, 8]);
+}
+
+/// A watch whose sender is gone (the activity reader stopped) never holds pulls.
+#[tokio::test(start_paused = true)]
+async fn a_gone_activity_reader_holds_nothing() {
+    let rt = Scripted::new();
+    rt.present
+        .lock()
+        .unwrap()
+        .push_back(Some(present("sha256:cfg", &[])));
+    let (busy_tx, busy) = watch::channel(true);
+    drop(busy_tx);
+    let mut with_busy = input(&[]);
+    with_busy.kubelet_busy = Some(&busy);
+    // The last value said busy; with nobody to change it, the pull still goes ahead.
+    let result =
+        tokio::time::timeout(Duration::from_secs(60), pull(&rt, &task(1), &with_busy)).await;
+    assert!(matches!(result, Ok(Ok(_))), "{result:?}");
 }
