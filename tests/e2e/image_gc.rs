@@ -9,12 +9,14 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1::{ImageSpec, ImageStatusRequest, PullImageRequest};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kruise_rs_api::SidecarSet;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::sidecarset::{create_sidecarset, deployment, sidecarset, wait_every_pod_updated};
+use crate::sidecarset::{
+    create_sidecarset, deployment, kubelet_pulled_message, sidecarset, wait_every_pod_updated,
+};
 use crate::support::{self, Cluster, TIMEOUT, skopeo_copy, unique_name, wait_for};
 
 /// What node 1's kubelet must be started with (tests/cluster/start.sh).
@@ -177,28 +179,11 @@ async fn a_prepulled_image_outlives_the_kubelets_image_gc_until_the_rollout_uses
         .expect("resuming the rollout");
     wait_every_pod_updated(cluster, &name, 2).await;
     let rollout = resumed.elapsed();
-    let events: Api<Event> = Api::namespaced(cluster.client(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(cluster.client(), &ns.name);
     let selector = ListParams::default().labels(&format!("app={name}"));
     for pod in pods.list(&selector).await.expect("listing pods").items {
         let pod_name = pod.metadata.name.clone().expect("named");
-        let fields = ListParams::default().fields(&format!("involvedObject.name={pod_name}"));
-        let message = wait_for(
-            &format!("the kubelet's Pulled event for {fresh} in {pod_name}"),
-            TIMEOUT,
-            || async {
-                events
-                    .list(&fields)
-                    .await
-                    .ok()?
-                    .items
-                    .into_iter()
-                    .filter(|e| e.reason.as_deref() == Some("Pulled"))
-                    .filter_map(|e| e.message)
-                    .find(|m| m.contains(&fresh))
-            },
-        )
-        .await;
+        let message = kubelet_pulled_message(cluster, &ns.name, &pod_name, &fresh).await;
         assert!(
             message.contains("already present on machine"),
             "{pod_name}'s kubelet pulled the sidecar itself: {message}"

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kruise_rs_api::{ImagePullJob, NodeImage, SidecarSet};
 use kube::ResourceExt;
@@ -15,9 +15,9 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::sidecarset::{
-    UnavailableWatch, containerd_has_image, create_sidecarset, deployment, in_flight, ready,
-    running_pods, set_sidecar_image, set_sidecar_image_with_strategy, sidecarset,
-    wait_every_pod_updated,
+    UnavailableWatch, containerd_has_image, create_sidecarset, deployment, in_flight,
+    kubelet_pulled_message, ready, running_pods, set_sidecar_image,
+    set_sidecar_image_with_strategy, sidecarset, wait_every_pod_updated,
 };
 use crate::support::{
     self, Cluster, ClusterNode, DAEMON, FIRST_TAG, LEASE, LEASE_DURATION, RELEASE,
@@ -193,25 +193,8 @@ async fn predownload_reaches_each_node_before_its_pod_in_rollout_order() {
         "the nodes pulled out of the rollout's order (patched, pulled, pod, node): {rolled:?}"
     );
     // The kubelet's word: each restarted sidecar found the image on its node.
-    let events: Api<Event> = Api::namespaced(cluster.client(), &ns.name);
     for pod in node_of.keys() {
-        let selector = ListParams::default().fields(&format!("involvedObject.name={pod}"));
-        let message = wait_for(
-            &format!("the kubelet's Pulled event for {fresh} in {pod}"),
-            TIMEOUT,
-            || async {
-                events
-                    .list(&selector)
-                    .await
-                    .ok()?
-                    .items
-                    .into_iter()
-                    .filter(|e| e.reason.as_deref() == Some("Pulled"))
-                    .filter_map(|e| e.message)
-                    .find(|m| m.contains(&fresh))
-            },
-        )
-        .await;
+        let message = kubelet_pulled_message(cluster, &ns.name, pod, &fresh).await;
         assert!(
             message.contains("already present on machine"),
             "{pod}'s kubelet pulled the sidecar itself: {message}"

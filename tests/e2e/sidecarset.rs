@@ -268,6 +268,35 @@ pub(crate) async fn node_has_image(cluster: &Cluster, image: &str) -> bool {
     containerd_has_image(&cluster.containerd_socket, image).await
 }
 
+/// The message of the kubelet's `Pulled` event for `image` in pod `pod` of `namespace`, once
+/// there is one: "… already present on machine …" when the kubelet did not pull it.
+pub(crate) async fn kubelet_pulled_message(
+    cluster: &Cluster,
+    namespace: &str,
+    pod: &str,
+    image: &str,
+) -> String {
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(cluster.client(), namespace);
+    let selector = ListParams::default().fields(&format!("involvedObject.name={pod}"));
+    wait_for(
+        &format!("the kubelet's Pulled event for {image} in {pod}"),
+        TIMEOUT,
+        || async {
+            events
+                .list(&selector)
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("Pulled"))
+                .filter_map(|e| e.message)
+                .find(|m| m.contains(image))
+        },
+    )
+    .await
+}
+
 /// Whether the containerd at `socket` has `image` (CRI ImageStatus).
 pub(crate) async fn containerd_has_image(socket: &std::path::Path, image: &str) -> bool {
     let mut client = support::image_client(socket);

@@ -808,6 +808,25 @@ fn containerd_images(socket: &Path, filter: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// A containerd of the test's own, its root under a short /tmp path (the socket's path must
+/// stay short): Debian's 1.6, or with `two` containerd 2 (the real node's). Returned before its
+/// directory, so it stops before the directory goes.
+fn own_containerd(
+    env: &NodeEnv,
+    two: bool,
+) -> (crate::support::node::ExtraContainerd, tempfile::TempDir) {
+    let dir = tempfile::Builder::new()
+        .prefix(if two { "ctrd2" } else { "ctrd" })
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let containerd = if two {
+        env.start_containerd_2(dir.path())
+    } else {
+        env.start_containerd(dir.path())
+    };
+    (containerd, dir)
+}
+
 /// The images a kubelet's image GC keeps: containerd's pin label.
 const PINNED: &str = r#"labels."io.cri-containerd.pinned"==pinned"#;
 
@@ -817,11 +836,8 @@ const PINNED: &str = r#"labels."io.cri-containerd.pinned"==pinned"#;
 #[tokio::test]
 async fn pulled_images_stay_pinned_while_a_tag_names_them() {
     let env = node_env().await;
-    let dir = tempfile::Builder::new()
-        .prefix("ctrd")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    pins_follow_the_spec(env, env.start_containerd(dir.path()), false).await;
+    let (containerd, _dir) = own_containerd(env, false);
+    pins_follow_the_spec(env, containerd, false).await;
 }
 
 /// The same on containerd 2, the real node's, which reports the pin to the kubelet through CRI
@@ -829,11 +845,8 @@ async fn pulled_images_stay_pinned_while_a_tag_names_them() {
 #[tokio::test]
 async fn pulled_images_stay_pinned_on_containerd_2_and_cri_reports_them_pinned() {
     let env = node_env().await;
-    let dir = tempfile::Builder::new()
-        .prefix("ctrd2")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    pins_follow_the_spec(env, env.start_containerd_2(dir.path()), true).await;
+    let (containerd, _dir) = own_containerd(env, true);
+    pins_follow_the_spec(env, containerd, true).await;
 }
 
 /// Whether containerd's CRI says `image` is pinned (`None`: it has no such image).
@@ -1079,22 +1092,16 @@ async fn progress_follows_the_download(
 #[tokio::test]
 async fn pull_progress_rises_with_containerd_1_6s_download() {
     let env = node_env().await;
-    let dir = tempfile::Builder::new()
-        .prefix("ctrd")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    progress_follows_the_download(env, env.start_containerd(dir.path())).await;
+    let (containerd, _dir) = own_containerd(env, false);
+    progress_follows_the_download(env, containerd).await;
 }
 
 /// containerd 2 pulls through its transfer service; its ingests look the same.
 #[tokio::test]
 async fn pull_progress_rises_with_containerd_2s_download() {
     let env = node_env().await;
-    let dir = tempfile::Builder::new()
-        .prefix("ctrd2")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    progress_follows_the_download(env, env.start_containerd_2(dir.path())).await;
+    let (containerd, _dir) = own_containerd(env, true);
+    progress_follows_the_download(env, containerd).await;
 }
 
 /// With a single pull slot, a tag waiting between attempts lets another tag pull.
@@ -1693,11 +1700,7 @@ async fn pre_pulls_step_aside_while_the_kubelet_starts_a_pod() {
         RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest,
     };
     let env = node_env().await;
-    let dir = tempfile::Builder::new()
-        .prefix("ctrd2")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    let containerd = env.start_containerd_2(dir.path());
+    let (containerd, _dir) = own_containerd(env, true);
     let images_dir = tempfile::tempdir().expect("tempdir");
     let run = unique_name("yield");
     let tags: Vec<String> = (0..3)
