@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1::{ImageSpec, ImageStatusRequest, PullImageRequest};
+use k8s_cri::v1::{ImageSpec, PullImageRequest};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kruise_rs_api::SidecarSet;
@@ -15,7 +15,8 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::sidecarset::{
-    create_sidecarset, deployment, kubelet_pulled_message, sidecarset, wait_every_pod_updated,
+    containerd_image_pinned, create_sidecarset, deployment, kubelet_pulled_message, sidecarset,
+    wait_every_pod_updated,
 };
 use crate::support::{self, Cluster, TIMEOUT, skopeo_copy, unique_name, wait_for};
 
@@ -24,24 +25,6 @@ const MAX_AGE: &str = "imageMaximumGCAge: 1m";
 /// The GC runs every 5 min from the kubelet's start: one pass after the pre-pull comes within
 /// that, plus the time a pass takes.
 const GC_PASS: Duration = Duration::from_secs(7 * 60);
-
-/// What node `socket`'s containerd says of `image` through CRI: `None` when it has no such
-/// image, else whether it is pinned.
-async fn cri_image(socket: &std::path::Path, image: &str) -> Option<bool> {
-    support::image_client(socket)
-        .image_status(ImageStatusRequest {
-            image: Some(ImageSpec {
-                image: image.to_owned(),
-                ..Default::default()
-            }),
-            verbose: false,
-        })
-        .await
-        .expect("CRI ImageStatus")
-        .into_inner()
-        .image
-        .map(|i| i.pinned)
-}
 
 /// The registry's access-log lines that fetched a manifest of `repository`.
 fn manifest_fetches(cluster: &Cluster, repository: &str) -> usize {
@@ -119,7 +102,8 @@ async fn a_prepulled_image_outlives_the_kubelets_image_gc_until_the_rollout_uses
             "the new sidecar image pre-pulled and pinned on node 1",
             TIMEOUT,
             || async {
-                (cri_image(&node.containerd_socket, &fresh).await == Some(true)).then_some(())
+                (containerd_image_pinned(&node.containerd_socket, &fresh).await == Some(true))
+                    .then_some(())
             },
         )
         .await;
@@ -135,7 +119,7 @@ async fn a_prepulled_image_outlives_the_kubelets_image_gc_until_the_rollout_uses
             .await
             .expect("pulling the control image through CRI");
         assert_eq!(
-            cri_image(&node.containerd_socket, &control).await,
+            containerd_image_pinned(&node.containerd_socket, &control).await,
             Some(false)
         );
         (ns, Instant::now())
@@ -145,13 +129,13 @@ async fn a_prepulled_image_outlives_the_kubelets_image_gc_until_the_rollout_uses
         "a pass of the kubelet's image GC (the unused control image removed)",
         GC_PASS,
         || async {
-            let kept = cri_image(&node.containerd_socket, &fresh).await;
+            let kept = containerd_image_pinned(&node.containerd_socket, &fresh).await;
             assert_eq!(
                 kept,
                 Some(true),
                 "the pre-pulled image must stay pinned on node 1 while the rollout is held"
             );
-            cri_image(&node.containerd_socket, &control)
+            containerd_image_pinned(&node.containerd_socket, &control)
                 .await
                 .is_none()
                 .then_some(())
@@ -160,7 +144,7 @@ async fn a_prepulled_image_outlives_the_kubelets_image_gc_until_the_rollout_uses
     .await;
     let held = pulled_at.elapsed();
     assert_eq!(
-        cri_image(&node.containerd_socket, &fresh).await,
+        containerd_image_pinned(&node.containerd_socket, &fresh).await,
         Some(true),
         "the GC pass that removed the control kept the pre-pulled image"
     );

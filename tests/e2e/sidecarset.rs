@@ -299,6 +299,12 @@ pub(crate) async fn kubelet_pulled_message(
 
 /// Whether the containerd at `socket` has `image` (CRI ImageStatus).
 pub(crate) async fn containerd_has_image(socket: &std::path::Path, image: &str) -> bool {
+    containerd_image_pinned(socket, image).await.is_some()
+}
+
+/// What the containerd at `socket` says of `image` through CRI: `None` when it has no such
+/// image, else whether it is pinned (what the kubelet's image GC skips).
+pub(crate) async fn containerd_image_pinned(socket: &std::path::Path, image: &str) -> Option<bool> {
     let mut client = support::image_client(socket);
     let response = client
         .image_status(ImageStatusRequest {
@@ -310,7 +316,7 @@ pub(crate) async fn containerd_has_image(socket: &std::path::Path, image: &str) 
         })
         .await
         .expect("CRI ImageStatus");
-    response.into_inner().image.is_some()
+    response.into_inner().image.map(|i| i.pinned)
 }
 
 /// What the NodeImage of the node says about `repository:tag` (its phase), if anything.
