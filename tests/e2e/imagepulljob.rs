@@ -55,3 +55,183 @@ async fn imagepulljob_with_sandbox_config_completes_through_the_daemon() {
         "containerd has {image}"
     );
 }
+
+/// How long the kubelet says a pull took, waiting included, from its `Pulled` event message
+/// (`Successfully pulled image "…" in 2.1s (2.3s including waiting). …`).
+fn pull_time_including_waiting(message: &str) -> Option<std::time::Duration> {
+    let end = message.find(" including waiting)")?;
+    let start = message[..end].rfind('(')? + 1;
+    go_duration(&message[start..end])
+}
+
+/// A Go duration as `%v` prints it: `850ms`, `2.5s`, `1m2.5s`, `1h0m3s`.
+fn go_duration(text: &str) -> Option<std::time::Duration> {
+    let mut total = 0f64;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let value: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (unit, len) = [
+            ("ms", 0.001),
+            ("µs", 0.000_001),
+            ("h", 3600.0),
+            ("m", 60.0),
+            ("s", 1.0),
+        ]
+        .iter()
+        .find(|(u, _)| rest.starts_with(u))
+        .map(|(u, f)| (*f, u.len()))?;
+        total += value * unit;
+        rest = &rest[len..];
+    }
+    Some(std::time::Duration::from_secs_f64(total))
+}
+
+#[test]
+fn the_kubelets_pull_time_reads_from_its_event() {
+    let message = "Successfully pulled image \"r/a:v1\" in 2.1s (2.345s including waiting). Image size: 4 bytes.";
+    assert_eq!(
+        pull_time_including_waiting(message),
+        Some(std::time::Duration::from_millis(2345))
+    );
+    assert_eq!(
+        go_duration("1m2.5s"),
+        Some(std::time::Duration::from_millis(62_500))
+    );
+    assert_eq!(
+        go_duration("850ms"),
+        Some(std::time::Duration::from_millis(850))
+    );
+    assert_eq!(
+        pull_time_including_waiting("Container image already present"),
+        None
+    );
+}
+
+/// The daemon's pulls step aside for the kubelet's (decision 0040), on the real node's
+/// containerd 2, whose three concurrent downloads are shared by every pull on the node: three
+/// jobs pull a 16 MiB layer each over the node's link to the registry (2 MiB/s for all
+/// connections together) when a pod needs an image of its own (a 4 MiB layer, 2 s alone). The
+/// kubelet's own account of that pull, waiting included, must be about its time alone; behind
+/// the jobs it would wait for their downloads to end (25 s in the integration test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pods_pull_goes_first_while_jobs_pull_on_its_node() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kruise_rs_api::NodeImage;
+    let installed = support::installed().await;
+    let cluster = installed.cluster;
+    let run = support::unique_name("yield");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let tags: Vec<String> = (0..3).map(|i| format!("{run}-pre{i}")).collect();
+    let tag_refs: Vec<&str> = tags.iter().map(String::as_str).collect();
+    kruise_rs_testkit::slow_registry::build_large_images(dir.path(), &tag_refs, 16 << 20);
+    let pod_tag = format!("{run}-pod");
+    let pod_dir = tempfile::tempdir().expect("a temporary directory");
+    kruise_rs_testkit::slow_registry::build_large_images(pod_dir.path(), &[&pod_tag], 4 << 20);
+    let upstream: std::net::SocketAddr = cluster.registry.parse().expect("the registry's address");
+    let link = kruise_rs_testkit::slow_registry::slow_link(upstream, 2 << 20).await;
+    let host_dir = cluster.certs_d.join(link.to_string());
+    std::fs::create_dir_all(&host_dir).expect("certs.d entry");
+    std::fs::write(
+        host_dir.join("hosts.toml"),
+        format!(
+            "server = \"http://{link}\"\n\n[host.\"http://{link}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+        ),
+    )
+    .expect("writing hosts.toml");
+    let image = |tag: &str| format!("{link}/e2e/{tag}");
+    for tag in &tag_refs {
+        support::skopeo_copy(
+            &format!("oci:{}:{tag}", dir.path().join("oci").display()),
+            &format!("{}/e2e/{tag}:v1", cluster.registry),
+        );
+    }
+    support::skopeo_copy(
+        &format!("oci:{}:{pod_tag}", pod_dir.path().join("oci").display()),
+        &format!("{}/e2e/{pod_tag}:v1", cluster.registry),
+    );
+
+    let ns = cluster.namespace("e2e-yield", json!({})).await;
+    let jobs: Api<ImagePullJob> = Api::namespaced(cluster.client(), &ns.name);
+    for (i, tag) in tag_refs.iter().enumerate() {
+        let job: ImagePullJob = serde_json::from_value(json!({
+            "apiVersion": "apps.kruise.io/v1beta1",
+            "kind": "ImagePullJob",
+            "metadata": {"name": format!("pre-{i}")},
+            "spec": {
+                "image": format!("{}:v1", image(tag)),
+                "selector": {"names": [cluster.node_name]},
+                "pullPolicy": {"timeoutSeconds": 600},
+                "completionPolicy": {"type": "Always", "activeDeadlineSeconds": 900}
+            }
+        }))
+        .expect("an ImagePullJob");
+        jobs.create(&PostParams::default(), &job)
+            .await
+            .expect("creating an ImagePullJob");
+    }
+    // All three downloading.
+    let nodeimages: Api<NodeImage> = Api::all(cluster.client());
+    wait_for("the three jobs' pulls downloading", TIMEOUT, || async {
+        let status = nodeimages.get(&cluster.node_name).await.ok()?.status?;
+        tag_refs
+            .iter()
+            .all(|tag| {
+                status.image_statuses.get(&image(tag)).is_some_and(|s| {
+                    s.tags
+                        .iter()
+                        .any(|t| t.tag == "v1" && t.progress.is_some_and(|p| (5..100).contains(&p)))
+                })
+            })
+            .then_some(())
+    })
+    .await;
+
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), &ns.name);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "first"},
+        "spec": {
+            "nodeName": cluster.node_name,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "app", "image": format!("{}:v1", image(&pod_tag)),
+                            "imagePullPolicy": "IfNotPresent"}]
+        }
+    }))
+    .expect("a pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("creating the pod");
+    let message =
+        crate::sidecarset::kubelet_pulled_message(cluster, &ns.name, "first", &image(&pod_tag))
+            .await;
+    let took = pull_time_including_waiting(&message)
+        .unwrap_or_else(|| panic!("the kubelet pulled the pod's image: {message}"));
+    println!(
+        "the pod's image pulled by the kubelet in {took:.1?} (waiting included), three jobs pulling on its node"
+    );
+    pods.delete("first", &Default::default())
+        .await
+        .expect("deleting the pod");
+    wait_for(
+        "the three jobs to complete",
+        std::time::Duration::from_secs(300),
+        || async {
+            let list = jobs.list(&Default::default()).await.ok()?.items;
+            (list.len() == 3
+                && list.iter().all(|j| {
+                    j.status
+                        .as_ref()
+                        .is_some_and(|s| s.completion_time.is_some() && s.succeeded == 1)
+                }))
+            .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        took < std::time::Duration::from_secs(6),
+        "the kubelet's pull took {took:?}: the jobs' pulls did not step aside"
+    );
+}
