@@ -112,11 +112,12 @@ fn the_kubelets_pull_time_reads_from_its_event() {
 }
 
 /// The daemon's pulls step aside for the kubelet's (decision 0040), on the real node's
-/// containerd 2, whose three concurrent downloads are shared by every pull on the node: three
-/// jobs pull a 16 MiB layer each over the node's link to the registry (2 MiB/s for all
-/// connections together) when a pod needs an image of its own (a 4 MiB layer, 2 s alone). The
-/// kubelet's own account of that pull, waiting included, must be about its time alone; behind
-/// the jobs it would wait for their downloads to end (25 s in the integration test).
+/// containerd 2, whose three concurrent downloads are shared by every pull on the node: two
+/// jobs (the daemon pulls two at once) pull two 8 MiB layers each over the node's link to the
+/// registry (2 MiB/s for all connections together), four downloads, when a pod needs an image
+/// of its own (a 4 MiB layer, 2 s alone). The kubelet's own account of that pull, waiting
+/// included, must be about its time alone. Measured: 2.8 s; 14.4 s with the daemon not stepping
+/// aside (the test fails so).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pods_pull_goes_first_while_jobs_pull_on_its_node() {
     use k8s_openapi::api::core::v1::Pod;
@@ -125,9 +126,9 @@ async fn a_pods_pull_goes_first_while_jobs_pull_on_its_node() {
     let cluster = installed.cluster;
     let run = support::unique_name("yield");
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let tags: Vec<String> = (0..3).map(|i| format!("{run}-pre{i}")).collect();
+    let tags: Vec<String> = (0..2).map(|i| format!("{run}-pre{i}")).collect();
     let tag_refs: Vec<&str> = tags.iter().map(String::as_str).collect();
-    kruise_rs_testkit::slow_registry::build_large_images(dir.path(), &tag_refs, 16 << 20);
+    kruise_rs_testkit::slow_registry::build_images_with_layers(dir.path(), &tag_refs, 2, 8 << 20);
     let pod_tag = format!("{run}-pod");
     let pod_dir = tempfile::tempdir().expect("a temporary directory");
     kruise_rs_testkit::slow_registry::build_large_images(pod_dir.path(), &[&pod_tag], 4 << 20);
@@ -173,9 +174,9 @@ async fn a_pods_pull_goes_first_while_jobs_pull_on_its_node() {
             .await
             .expect("creating an ImagePullJob");
     }
-    // All three downloading.
+    // Both downloading.
     let nodeimages: Api<NodeImage> = Api::all(cluster.client());
-    wait_for("the three jobs' pulls downloading", TIMEOUT, || async {
+    wait_for("the jobs' pulls downloading", TIMEOUT, || async {
         let status = nodeimages.get(&cluster.node_name).await.ok()?.status?;
         tag_refs
             .iter()
@@ -210,17 +211,17 @@ async fn a_pods_pull_goes_first_while_jobs_pull_on_its_node() {
     let took = pull_time_including_waiting(&message)
         .unwrap_or_else(|| panic!("the kubelet pulled the pod's image: {message}"));
     println!(
-        "the pod's image pulled by the kubelet in {took:.1?} (waiting included), three jobs pulling on its node"
+        "the pod's image pulled by the kubelet in {took:.1?} (waiting included), two jobs pulling on its node"
     );
     pods.delete("first", &Default::default())
         .await
         .expect("deleting the pod");
     wait_for(
-        "the three jobs to complete",
+        "the jobs to complete",
         std::time::Duration::from_secs(300),
         || async {
             let list = jobs.list(&Default::default()).await.ok()?.items;
-            (list.len() == 3
+            (list.len() == 2
                 && list.iter().all(|j| {
                     j.status
                         .as_ref()

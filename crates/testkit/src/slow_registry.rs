@@ -90,6 +90,12 @@ async fn proxy(upstream: SocketAddr, throttle: Throttle) -> SocketAddr {
 /// Busybox images, one per tag of `tags`, each with its own random layer of `layer_bytes`,
 /// built with umoci into `dir/oci` (an OCI layout: `oci:<dir>/oci:<tag>` for skopeo).
 pub fn build_large_images(dir: &Path, tags: &[&str], layer_bytes: usize) {
+    build_images_with_layers(dir, tags, 1, layer_bytes);
+}
+
+/// The same with `layers` random layers of `layer_bytes` each (containerd downloads an image's
+/// layers side by side).
+pub fn build_images_with_layers(dir: &Path, tags: &[&str], layers: usize, layer_bytes: usize) {
     let layout = dir.join("oci");
     let image = |tag: &str| format!("{}:{tag}", layout.display());
     let run = |args: &[&str]| {
@@ -123,25 +129,36 @@ pub fn build_large_images(dir: &Path, tags: &[&str], layer_bytes: usize) {
     ]);
     for tag in tags {
         run(&["tag", "--image", &image("base"), tag]);
-        let blob = dir.join(format!("blob-{tag}"));
-        let mut bytes = vec![0u8; layer_bytes];
-        // Cheap pseudo-random bytes (xorshift): gzip cannot shrink them.
-        let mut x: u64 = tag.bytes().fold(0x9e37_79b9_7f4a_7c15, |x, b| {
-            x.rotate_left(8) ^ u64::from(b)
-        });
-        for chunk in bytes.chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+        for layer in 0..layers {
+            let blob = dir.join(format!("blob-{tag}-{layer}"));
+            let mut bytes = vec![0u8; layer_bytes];
+            // Cheap pseudo-random bytes (xorshift): gzip cannot shrink them.
+            let mut x: u64 = tag
+                .bytes()
+                .chain(layer.to_le_bytes())
+                .fold(0x9e37_79b9_7f4a_7c15, |x, b| {
+                    x.rotate_left(8) ^ u64::from(b)
+                });
+            for chunk in bytes.chunks_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+            }
+            std::fs::write(&blob, bytes).expect("writing the layer's file");
+            // One `insert` is one layer.
+            let target = if layer == 0 {
+                "/large".to_owned()
+            } else {
+                format!("/large-{layer}")
+            };
+            run(&[
+                "insert",
+                "--image",
+                &image(tag),
+                blob.to_str().unwrap(),
+                &target,
+            ]);
         }
-        std::fs::write(&blob, bytes).expect("writing the layer's file");
-        run(&[
-            "insert",
-            "--image",
-            &image(tag),
-            blob.to_str().unwrap(),
-            "/large",
-        ]);
     }
 }
