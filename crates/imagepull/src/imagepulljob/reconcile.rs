@@ -181,7 +181,7 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
         Err(message) => return refuse(job, ctx, &jobs, "InvalidAnnotation", message).await,
     };
     let host = image.registry().to_owned();
-    let _turn = match budget {
+    let turn = match budget {
         Some(_) => Some(ctx.host_locks.lock(&host).await),
         None => None,
     };
@@ -287,6 +287,8 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
             }
         }
     }
+    // The writes are done: the next job of this registry may count.
+    drop(turn);
     // `gone` is ascending, as `write` was.
     let mut position = 0;
     targets.retain(|_| {
@@ -299,9 +301,11 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
         ctx.refreshed(job, Some(generation));
     }
     let mut notes = notes;
-    if held_by_budget && let (Some(budget), Some(in_flight)) = (budget, in_flight) {
+    // Without the count under way, which changes on every look: the status is written when
+    // it says something new.
+    if held_by_budget && let Some(budget) = budget {
         notes.push(format!(
-            "waiting for room at {host}: {in_flight} pulls from it under way, at most {budget} at once"
+            "waiting for room at {host}: at most {budget} pulls from it at once"
         ));
     }
     if let Some(note) = refused_note(&req.name, &refused) {
