@@ -61,33 +61,7 @@ async fn imagepulljob_with_sandbox_config_completes_through_the_daemon() {
 fn pull_time_including_waiting(message: &str) -> Option<std::time::Duration> {
     let end = message.find(" including waiting)")?;
     let start = message[..end].rfind('(')? + 1;
-    go_duration(&message[start..end])
-}
-
-/// A Go duration as `%v` prints it: `850ms`, `2.5s`, `1m2.5s`, `1h0m3s`.
-fn go_duration(text: &str) -> Option<std::time::Duration> {
-    let mut total = 0f64;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let value: f64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let (unit, len) = [
-            ("ms", 0.001),
-            ("µs", 0.000_001),
-            ("h", 3600.0),
-            ("m", 60.0),
-            ("s", 1.0),
-        ]
-        .iter()
-        .find(|(u, _)| rest.starts_with(u))
-        .map(|(u, f)| (*f, u.len()))?;
-        total += value * unit;
-        rest = &rest[len..];
-    }
-    Some(std::time::Duration::from_secs_f64(total))
+    kruise_rs_testkit::shared::go_duration(&message[start..end])
 }
 
 #[test]
@@ -96,14 +70,6 @@ fn the_kubelets_pull_time_reads_from_its_event() {
     assert_eq!(
         pull_time_including_waiting(message),
         Some(std::time::Duration::from_millis(2345))
-    );
-    assert_eq!(
-        go_duration("1m2.5s"),
-        Some(std::time::Duration::from_millis(62_500))
-    );
-    assert_eq!(
-        go_duration("850ms"),
-        Some(std::time::Duration::from_millis(850))
     );
     assert_eq!(
         pull_time_including_waiting("Container image already present"),

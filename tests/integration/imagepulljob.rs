@@ -1566,3 +1566,135 @@ async fn five_jobs_never_pull_more_from_one_registry_than_its_budget() {
     );
     let _ = nodes;
 }
+
+/// The most intervals of `spans` open at one moment.
+fn most_at_once(spans: &[(std::time::SystemTime, std::time::SystemTime)]) -> usize {
+    let mut edges: Vec<(std::time::SystemTime, i32)> = spans
+        .iter()
+        .flat_map(|(start, end)| [(*start, 1), (*end, -1)])
+        .collect();
+    // An end before a start at the same moment: back to back is not at once.
+    edges.sort_by_key(|(at, change)| (*at, *change));
+    let mut open = 0i32;
+    let mut most = 0i32;
+    for (_, change) in edges {
+        open += change;
+        most = most.max(open);
+    }
+    most as usize
+}
+
+#[test]
+fn intervals_at_once_count_overlaps_only() {
+    let t = |s: u64| std::time::UNIX_EPOCH + Duration::from_secs(s);
+    assert_eq!(most_at_once(&[]), 0);
+    assert_eq!(
+        most_at_once(&[(t(0), t(2)), (t(2), t(4))]),
+        1,
+        "back to back"
+    );
+    assert_eq!(
+        most_at_once(&[(t(0), t(5)), (t(1), t(2)), (t(1), t(3)), (t(4), t(6))]),
+        3
+    );
+}
+
+/// The budget as the registry sees it: three jobs over two nodes, each node with its own
+/// containerd and a real daemon, pulling three images of one 8 MiB layer each through a proxy
+/// that serves 2 MiB/s per connection (six pulls at once without a budget), under
+/// `kruise-rs.io/max-pulls-per-registry: 2`. The registry's own log says when each layer's
+/// download began and ended: never more than two at once, and two at some point.
+#[tokio::test]
+async fn the_registry_never_serves_more_pulls_at_once_than_the_budget() {
+    let env = env("ipj-budget-real").await;
+    let node_env = crate::support::node::node_env().await;
+    let cluster = support::cluster().await;
+    let nodes = env.nodes(2).await;
+    let mut running = Vec::new();
+    for node in &nodes {
+        let dir = tempfile::Builder::new()
+            .prefix("ctrd")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        let containerd = node_env.start_containerd(dir.path());
+        let daemon = crate::support::daemon::Daemon::start(
+            node,
+            containerd.socket(),
+            cluster.kubeconfig_path(),
+            4,
+        )
+        .await;
+        running.push((daemon, containerd, dir));
+    }
+    let images_dir = tempfile::tempdir().expect("tempdir");
+    let tags: Vec<String> = (0..3).map(|i| format!("{}-{i}", env.run)).collect();
+    let tag_refs: Vec<&str> = tags.iter().map(String::as_str).collect();
+    kruise_rs_testkit::slow_registry::build_large_images(images_dir.path(), &tag_refs, 8 << 20);
+    for tag in &tag_refs {
+        let out = std::process::Command::new("skopeo")
+            .args(["copy", "-q", "--dest-tls-verify=false"])
+            .arg(format!(
+                "oci:{}:{tag}",
+                images_dir.path().join("oci").display()
+            ))
+            .arg(format!(
+                "docker://{}/{}/{tag}:v1",
+                node_env.registry(),
+                env.run
+            ))
+            .output()
+            .expect("running skopeo");
+        assert!(
+            out.status.success(),
+            "skopeo: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let upstream: std::net::SocketAddr = node_env.registry().parse().expect("an address");
+    let proxy = kruise_rs_testkit::slow_registry::slow_proxy(upstream, 2 << 20).await;
+    node_env.add_plain_http_registry(&proxy.to_string());
+    for (i, tag) in tag_refs.iter().enumerate() {
+        let mut job = ImagePullJob::new(
+            &format!("budget-{i}"),
+            spec(&format!("{proxy}/{}/{tag}:v1", env.run), env.selector(), 2),
+        );
+        env.label(&mut job.metadata);
+        job.metadata.annotations = Some(BTreeMap::from([(
+            kruise_rs_api::well_known::MAX_PULLS_PER_REGISTRY.to_owned(),
+            "2".to_owned(),
+        )]));
+        env.jobs()
+            .create(&PostParams::default(), &job)
+            .await
+            .expect("create job");
+    }
+    let jobs = env.jobs();
+    wait_for("every job to complete", Duration::from_secs(180), || {
+        let jobs = jobs.clone();
+        async move {
+            let list = jobs.list(&Default::default()).await.ok()?.items;
+            (list.len() == 3
+                && list
+                    .iter()
+                    .all(|j| completed(j) && j.status.as_ref().is_some_and(|s| s.succeeded == 2)))
+            .then_some(())
+        }
+    })
+    .await;
+    for (daemon, containerd, _dir) in running {
+        daemon.stop().await;
+        containerd.stop();
+    }
+    // The large layers only (the manifests, configs and the shared busybox layer are small or
+    // fetched once per node).
+    let downloads = node_env.registry_downloads(&format!("/v2/{}/", env.run), 4 << 20);
+    assert_eq!(
+        downloads.len(),
+        6,
+        "each node fetched each image's layer once"
+    );
+    let most = most_at_once(&downloads);
+    println!("the registry served at most {most} of the 6 layer downloads at once (budget 2)");
+    assert!(most <= 2, "{most} downloads at once, budget 2");
+    assert_eq!(most, 2, "the budget should be used");
+}

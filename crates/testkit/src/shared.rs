@@ -68,3 +68,51 @@ where
         interval = (interval * 2).min(Duration::from_millis(250));
     }
 }
+
+/// A Go duration as Go's `%v` prints it (`850ms`, `2.5s`, `1m2.5s`, `1h0m3s`), as the kubelet's
+/// events and the registry's log write them.
+pub fn go_duration(text: &str) -> Option<Duration> {
+    let mut total = 0f64;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let value: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let units = [
+            ("ns", 1e-9),
+            ("µs", 1e-6),
+            ("us", 1e-6),
+            ("ms", 1e-3),
+            ("h", 3600.0),
+            ("m", 60.0),
+            ("s", 1.0),
+        ];
+        let (unit, len) = units
+            .iter()
+            .find(|(u, _)| rest.starts_with(u))
+            .map(|(u, f)| (*f, u.len()))?;
+        total += value * unit;
+        rest = &rest[len..];
+    }
+    Some(Duration::from_secs_f64(total))
+}
+
+#[cfg(test)]
+mod go_duration_tests {
+    use super::*;
+
+    #[test]
+    fn go_durations_read_as_go_prints_them() {
+        assert_eq!(go_duration("1m2.5s"), Some(Duration::from_millis(62_500)));
+        assert_eq!(go_duration("850ms"), Some(Duration::from_millis(850)));
+        assert_eq!(
+            go_duration("1.644013ms"),
+            Some(Duration::from_nanos(1_644_013))
+        );
+        assert_eq!(go_duration("1h0m3s"), Some(Duration::from_secs(3603)));
+        assert_eq!(go_duration("2.5"), None, "no unit");
+        assert_eq!(go_duration("x"), None);
+    }
+}

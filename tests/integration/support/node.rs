@@ -258,6 +258,45 @@ impl NodeEnv {
         .unwrap_or_else(|e| panic!("writing {}/hosts.toml: {e}", dir.display()));
     }
 
+    /// From the open registry's own log (its "response completed" lines: when each response
+    /// ended and how long it took): the blob downloads of more than `min_bytes` whose URI
+    /// contains `needle`, as (start, end) times.
+    pub(crate) fn registry_downloads(
+        &self,
+        needle: &str,
+        min_bytes: u64,
+    ) -> Vec<(std::time::SystemTime, std::time::SystemTime)> {
+        let text = std::fs::read(&self.registry_log)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", self.registry_log.display()));
+        let field = |line: &str, key: &str| -> Option<String> {
+            let at = line.find(&format!(" {key}="))? + key.len() + 2;
+            let rest = &line[at..];
+            Some(match rest.strip_prefix('"') {
+                Some(quoted) => quoted[..quoted.find('"')?].to_owned(),
+                None => rest.split(' ').next()?.to_owned(),
+            })
+        };
+        String::from_utf8_lossy(&text)
+            .lines()
+            .filter(|l| {
+                l.contains("msg=\"response completed\"") && l.contains("http.request.method=GET")
+            })
+            .filter_map(|l| {
+                let uri = field(l, "http.request.uri")?;
+                let written: u64 = field(l, "http.response.written")?.parse().ok()?;
+                if !uri.contains(needle) || !uri.contains("/blobs/") || written <= min_bytes {
+                    return None;
+                }
+                let end: k8s_openapi::jiff::Timestamp =
+                    l.strip_prefix("time=\"")?.split('"').next()?.parse().ok()?;
+                let took =
+                    kruise_rs_testkit::shared::go_duration(&field(l, "http.response.duration")?)?;
+                let end = std::time::SystemTime::from(end);
+                Some((end - took, end))
+            })
+            .collect()
+    }
+
     /// Start another containerd with its root, state, socket and log under `dir` (keep the path
     /// short: the socket path must stay under 100 bytes), pulling from the same registries.
     /// Stopped when dropped; this process's exit stops it too.
