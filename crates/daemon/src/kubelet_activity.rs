@@ -4,8 +4,8 @@
 //! layer downloads (`max_concurrent_downloads`, 3 by default), shared by every pull: three layers
 //! of the daemon's pre-pulls in flight hold a pending pod's image behind them. So while the
 //! kubelet is starting a pod, the daemon starts no pull, and gives up the attempts it has under
-//! way (containerd keeps what an interrupted download wrote, and the next attempt goes on from
-//! there with a range request); those attempts are not counted against the tag.
+//! way (the next attempt pulls again; whether containerd reuses what the interrupted one
+//! downloaded is not measured here); those attempts are not counted against the tag.
 //!
 //! The kubelet's pulls are not visible through CRI, but the pods it is starting are: a pod
 //! sandbox that is ready, was created less than [`STARTING_AT_MOST`] ago, and has no running

@@ -157,7 +157,7 @@ pub(crate) async fn pull<R: ImageRuntime>(
         let attempted = tokio::select! {
             attempted = tokio::time::timeout(budget, attempt_once(runtime, task, input)) => attempted,
             () = kubelet_starts(input.kubelet_busy) => {
-                // Dropping the attempt cancels the runtime's pull; what it downloaded stays.
+                // Dropping the attempt cancels the runtime's pull.
                 slot.release();
                 tracing::info!(image = input.image, attempt, "the kubelet is starting a pod: the pull steps aside, the attempt not counted");
                 continue;
