@@ -441,11 +441,6 @@ async fn objects_with_wrong_types_or_unknown_enum_values_are_rejected_naming_the
             "apiVersion: apps.kruise.io/v1beta1\nkind: SidecarSet\nmetadata: {name: bad-partition}\nspec: {updateStrategy: {partition: [1]}}",
             &["spec.updateStrategy.partition"],
         ),
-        (
-            "NodeImage with a duplicate tag",
-            "apiVersion: apps.kruise.io/v1beta1\nkind: NodeImage\nmetadata: {name: dup-tag}\nspec: {images: {nginx: {tags: [{tag: v1}, {tag: v1}]}}}",
-            &["spec.images[nginx].tags[1]", "Duplicate"],
-        ),
         // The bounds of decision 0019, in both API versions of each kind.
         (
             "v1alpha1 ImagePullJob with a negative backoffLimit",

@@ -99,7 +99,7 @@ pub(crate) fn plan(
             let key = TagKey::new(image, &tag.tag);
             let version = spec_version(tag.version);
             if wanted.insert(key.clone(), version).is_some() {
-                // A duplicate tag entry (the schema's list map forbids it): the first one wins.
+                // A duplicate tag entry (the schema allows it, as upstream's does): the first one wins.
                 continue;
             }
             match running.get(&key) {

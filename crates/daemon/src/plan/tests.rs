@@ -47,6 +47,17 @@ fn new_tags_start_in_spec_order() {
 }
 
 #[test]
+fn a_tag_listed_twice_is_pulled_once_as_its_first_entry_asks() {
+    // The schema's tag lists are atomic, as upstream's (decision 0041): a hand-written
+    // NodeImage may repeat a tag.
+    let spec = spec(json!({"images": {
+        "nginx": {"tags": [{"tag": "1", "version": 2}, {"tag": "1", "version": 5}]},
+    }}));
+    let plan = plan(&spec, None, &BTreeMap::new());
+    assert_eq!(started(&plan), [("nginx", "1", 2)]);
+}
+
+#[test]
 fn a_worker_at_the_spec_version_is_kept() {
     let spec = spec(json!({"images": {"nginx": {"tags": [{"tag": "1", "version": 3}]}}}));
     let plan = plan(&spec, None, &running(&[("nginx", "1", 3)]));
