@@ -23,6 +23,7 @@
 
 mod entry;
 mod nodeimage_changes;
+mod pace;
 pub mod plan;
 mod reconcile;
 mod registry_budget;
@@ -111,6 +112,8 @@ pub(crate) struct Context {
     recorder: Recorder,
     /// One lock per registry host, for the registry budget.
     host_locks: registry_budget::HostLocks,
+    /// Keeps the reconciles of one job apart.
+    pace: pace::Pace,
 }
 
 impl Context {

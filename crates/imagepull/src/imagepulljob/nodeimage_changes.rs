@@ -2,8 +2,11 @@
 //! status write used to wake every running job that could target the node).
 //!
 //! A job needs waking when
-//! - a tag it owns changed, in the spec or in the status (the daemon's reports), or its entries
-//!   appeared or went: its counts and its next nodes follow from them;
+//! - a tag it owns changed in the spec, its entries appeared or went, or the daemon's report of
+//!   it changed phase (or round, or start time): its counts and its next nodes follow from
+//!   them. A report whose progress or message alone moved wakes nobody: a daemon writes those
+//!   every few seconds while it pulls, and the job reads the progress again on its own every
+//!   [`super::reconcile::PROGRESS_REFRESH`];
 //! - the node appeared, went, or its labels changed: a job that may target it but owns nothing
 //!   there yet decides again whether to write it;
 //! - the NodeImage lost images: a job it refused for holding the most images it may (256) tries
@@ -40,7 +43,8 @@ pub(crate) struct Change {
 struct Fingerprint {
     labels: u64,
     images: u32,
-    /// Each owner with a hash of its tags' spec and status entries, by UID.
+    /// Each owner with a hash of its tags' spec entries and of the phase, round and start time
+    /// the daemon reports for them, by UID.
     owned: Box<[(SharedOwner, u64)]>,
 }
 
@@ -155,7 +159,9 @@ fn fingerprint(ni: &LeanNodeImage) -> Fingerprint {
     for (image, spec) in ni.spec.images.iter() {
         let status = statuses.and_then(|s| s.get(image.as_str()));
         for tag in &spec.tags {
-            let reported = status.and_then(|s| s.tags.iter().find(|t| t.tag == tag.tag));
+            let reported = status
+                .and_then(|s| s.tags.iter().find(|t| t.tag == tag.tag))
+                .map(|t| (t.phase, t.version, &t.start_time));
             for owner in &tag.owner_references {
                 let Some(uid) = owner.uid.as_deref() else {
                     continue;

@@ -159,18 +159,16 @@ pub async fn run_with_feeds(
         backoff,
         opts,
         host_locks: Default::default(),
+        pace: Default::default(),
     });
     let job_store = controller.store();
     let shutdown = shutdown.shared();
     let running = controller
         .reconcile_on(nodeimage_triggers)
         .reconcile_on(pod_triggers)
-        // Many NodeImage events arrive together while a job fans out; one reconcile serves them.
-        .with_config(
-            controller::Config::default()
-                .debounce(Duration::from_millis(50))
-                .concurrency(workers),
-        )
+        // No debounce: the triggers that arrive while a job reconciles are served by its next
+        // reconcile, which starts at most `pace::MIN_GAP` after this one started (pace.rs).
+        .with_config(controller::Config::default().concurrency(workers))
         .graceful_shutdown_on(shutdown.clone())
         .run(
             move |job, ctx| metrics.timed(NAME, reconcile(job, ctx)),

@@ -116,6 +116,32 @@ fn a_report_on_one_jobs_tag_wakes_that_job_alone() {
 }
 
 #[test]
+fn progress_and_messages_alone_wake_nobody_and_a_phase_change_wakes_the_owner() {
+    let with = |progress: i32, message: &str, phase: &str| {
+        let mut ni = nodeimage("n1", json!({}), TWO_JOBS, &[("nginx", "1.27", phase)]);
+        let status = ni.status.as_mut().unwrap();
+        let tag = &mut status.image_statuses.values_mut().next().unwrap().tags[0];
+        tag.progress = Some(progress);
+        tag.message = Some(message.into());
+        ni
+    };
+    let mut changes = NodeImageChanges::default();
+    changes.observe(&apply(with(10, "", "Pulling")));
+    assert_eq!(
+        changes.observe(&apply(with(40, "", "Pulling"))),
+        Change::default(),
+        "progress"
+    );
+    assert_eq!(
+        changes.observe(&apply(with(40, "attempt 2 of 4", "Pulling"))),
+        Change::default(),
+        "message"
+    );
+    let change = changes.observe(&apply(with(100, "", "Succeeded")));
+    assert_eq!(owners(&change), ["job-a"]);
+}
+
+#[test]
 fn tags_added_or_removed_wake_their_owners() {
     let mut changes = NodeImageChanges::default();
     changes.observe(&apply(nodeimage("n1", json!({}), TWO_JOBS, &[])));

@@ -1,0 +1,81 @@
+//! The reconciles of one job start at least [`MIN_GAP`] apart.
+//!
+//! A job is woken by every NodeImage event that concerns it, and each reconcile reads every
+//! NodeImage. The controller runs one reconcile of a job at a time and folds the triggers that
+//! arrive meanwhile into the next, so while events stream in (a daemon answering every few
+//! milliseconds), a job would reconcile back to back, a whole pass over the NodeImages each
+//! time. The 50 ms debounce this replaces bounded that too, but kube-runtime's debounce starts
+//! over with each trigger: a job woken faster than every 50 ms did not reconcile until the
+//! events paused, which made a parallelism-50 fan-out wait 50 ms for each round of answers (and
+//! could starve a big one). A gap counted from the last start delays no reconcile by more than
+//! [`MIN_GAP`].
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The least time between the starts of two reconciles of one job.
+pub(super) const MIN_GAP: Duration = Duration::from_millis(20);
+
+/// Entries kept before the old ones are dropped (a job not reconciled for [`MIN_GAP`] needs
+/// none).
+const KEEP: usize = 256;
+
+/// When each job's last reconcile started (or will start), by key.
+#[derive(Debug, Default)]
+pub(super) struct Pace {
+    started: Mutex<HashMap<String, Instant>>,
+}
+
+impl Pace {
+    /// Waits until `key`'s next reconcile may start, and records that it starts then.
+    pub(super) async fn wait_turn(&self, key: &str) {
+        let start = {
+            let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            let start = started
+                .get(key)
+                .map_or(now, |last| (*last + MIN_GAP).max(now));
+            if started.len() >= KEEP {
+                started.retain(|_, last| *last + MIN_GAP > now);
+            }
+            started.insert(key.to_owned(), start);
+            start
+        };
+        tokio::time::sleep_until(start).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_waits_for_the_gap_and_others_do_not() {
+        let pace = Pace::default();
+        let t0 = Instant::now();
+        pace.wait_turn("ns/a").await;
+        assert_eq!(t0.elapsed(), Duration::ZERO, "the first reconcile at once");
+        pace.wait_turn("ns/b").await;
+        assert_eq!(t0.elapsed(), Duration::ZERO, "another job at once");
+        pace.wait_turn("ns/a").await;
+        assert_eq!(t0.elapsed(), MIN_GAP, "the same job after the gap");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let t1 = Instant::now();
+        pace.wait_turn("ns/a").await;
+        assert_eq!(t1.elapsed(), Duration::ZERO, "long after: at once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn old_entries_are_dropped() {
+        let pace = Pace::default();
+        for i in 0..KEEP * 3 {
+            pace.wait_turn(&format!("ns/{i}")).await;
+            tokio::time::advance(MIN_GAP).await;
+        }
+        let kept = pace.started.lock().unwrap().len();
+        assert!(kept <= KEEP, "{kept} entries kept");
+    }
+}
