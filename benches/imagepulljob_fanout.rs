@@ -16,10 +16,16 @@
 //!    rate limit (its metrics);
 //! 5. the same at parallelism 50, with this program playing the node daemons (each node reports
 //!    Succeeded as soon as its entry appears);
-//! 6. the manager's peak RSS (VmHWM).
+//! 6. wake-ups: ten selector jobs over every node, each with ten nodes pulling, then
+//!    `WAKE_REPORTS` (default 1000; 0 skips it) status writes as daemons write them while they
+//!    pull, each raising one pulling tag's progress: the manager's CPU seconds and job
+//!    reconciles over them;
+//! 7. the manager's peak RSS (VmHWM).
 //!
 //! Each timed phase also prints the CPU seconds the manager, kube-apiserver, etcd and this
-//! program spent, and the apiserver's mean time serving one NodeImage write.
+//! program spent, the apiserver's mean time serving one NodeImage write, its CPU per NodeImage
+//! write (spec and status, from its own `process_cpu_seconds_total`), every request it served,
+//! and the manager's job reconciles.
 //!
 //! `SECOND_MANAGER=<description file>` (format: crates/testkit/src/manager_under_test.rs; upstream's
 //! kruise-manager: benches/upstream-kruise-manager/manager.example.yaml) runs the same phases
@@ -45,7 +51,8 @@ use kruise_rs_testkit as harness;
 
 use harness::bench::Result;
 use harness::controlplane::{
-    ControlPlane, Crds, apiserver_request_metric, is_nodeimage_write, nodeimage_writes,
+    ControlPlane, Crds, apiserver_metric, apiserver_request_metric, is_nodeimage_write,
+    nodeimage_writes,
 };
 use harness::manager_under_test::{LimitWaits, ManagerUnderTest, RunningManager};
 use harness::objects::create_ready_nodes;
@@ -82,11 +89,19 @@ struct Figures {
     nodeimages_created: f64,
     rss_watched: Option<f64>,
     baseline: f64,
-    /// The apiserver's mean time serving one NodeImage write (ms).
-    baseline_write_ms: Option<f64>,
+    baseline_costs: PhaseFigures,
     jobs: Vec<JobFigures>,
+    wakes: Option<WakeFigures>,
     rss_peak: Option<f64>,
     rss_end: Option<f64>,
+}
+
+/// The daemons' progress reports while ten selector jobs run (`WAKE_JOBS`).
+struct WakeFigures {
+    reports: usize,
+    /// The manager's CPU seconds over the reports (and the settling after them).
+    manager_cpu: Option<f64>,
+    reconciles: Option<f64>,
 }
 
 struct JobFigures {
@@ -94,7 +109,7 @@ struct JobFigures {
     took: f64,
     writes_per_node: f64,
     refused: f64,
-    write_ms: Option<f64>,
+    costs: PhaseFigures,
     rss_after: Option<f64>,
 }
 
@@ -134,9 +149,18 @@ fn print_side_by_side(n: usize, (a_name, a): (&str, &Figures), (b_name, b): (&st
     let ms = |v: Option<f64>| v.map_or("unknown".to_owned(), |v| format!("{v:.2} ms"));
     row(
         "  the apiserver's mean NodeImage write".into(),
-        ms(a.baseline_write_ms),
-        ms(b.baseline_write_ms),
-        ratio(a.baseline_write_ms, b.baseline_write_ms),
+        ms(a.baseline_costs.write_ms),
+        ms(b.baseline_costs.write_ms),
+        ratio(a.baseline_costs.write_ms, b.baseline_costs.write_ms),
+    );
+    row(
+        "  the apiserver's CPU per NodeImage write".into(),
+        ms(a.baseline_costs.apiserver_cpu_per_write_ms),
+        ms(b.baseline_costs.apiserver_cpu_per_write_ms),
+        ratio(
+            a.baseline_costs.apiserver_cpu_per_write_ms,
+            b.baseline_costs.apiserver_cpu_per_write_ms,
+        ),
     );
     for (x, y) in a.jobs.iter().zip(&b.jobs) {
         let p = x.parallelism;
@@ -159,16 +183,57 @@ fn print_side_by_side(n: usize, (a_name, a): (&str, &Figures), (b_name, b): (&st
             "-".into(),
         );
         row(
-            "  the apiserver's mean NodeImage write".into(),
-            ms(x.write_ms),
-            ms(y.write_ms),
-            ratio(x.write_ms, y.write_ms),
+            "  the apiserver's mean NodeImage write (latency)".into(),
+            ms(x.costs.write_ms),
+            ms(y.costs.write_ms),
+            ratio(x.costs.write_ms, y.costs.write_ms),
+        );
+        row(
+            "  the apiserver's CPU per NodeImage write, spec and status".into(),
+            ms(x.costs.apiserver_cpu_per_write_ms),
+            ms(y.costs.apiserver_cpu_per_write_ms),
+            ratio(
+                x.costs.apiserver_cpu_per_write_ms,
+                y.costs.apiserver_cpu_per_write_ms,
+            ),
+        );
+        let count = |v: Option<f64>| v.map_or("unknown".to_owned(), |v| format!("{v:.0}"));
+        row(
+            "  the manager's job reconciles".into(),
+            count(x.costs.reconciles),
+            count(y.costs.reconciles),
+            ratio(x.costs.reconciles, y.costs.reconciles),
+        );
+        let secs = |v: Option<f64>| v.map_or("unknown".to_owned(), |v| format!("{v:.1} s"));
+        row(
+            "  CPU of every process (manager, apiserver, etcd, bench)".into(),
+            secs(x.costs.cpu_total),
+            secs(y.costs.cpu_total),
+            ratio(x.costs.cpu_total, y.costs.cpu_total),
         );
         row(
             "  RSS after it".into(),
             opt(x.rss_after),
             opt(y.rss_after),
             ratio(x.rss_after, y.rss_after),
+        );
+    }
+    if let (Some(x), Some(y)) = (&a.wakes, &b.wakes) {
+        let per = |w: &WakeFigures, v: Option<f64>| v.map(|v| v / w.reports as f64 * 1000.0);
+        let fmt = |v: Option<f64>, unit: &str| {
+            v.map_or("unknown".to_owned(), |v| format!("{v:.2}{unit}"))
+        };
+        row(
+            format!("{WAKE_JOBS} running selector jobs: manager CPU per 1,000 progress reports"),
+            fmt(per(x, x.manager_cpu), " s"),
+            fmt(per(y, y.manager_cpu), " s"),
+            ratio(per(x, x.manager_cpu), per(y, y.manager_cpu)),
+        );
+        row(
+            "  job reconciles per 1,000 progress reports".into(),
+            fmt(per(x, x.reconciles), ""),
+            fmt(per(y, y.reconciles), ""),
+            ratio(per(x, x.reconciles), per(y, y.reconciles)),
         );
     }
     row(
@@ -249,18 +314,52 @@ async fn wait_until(
     Ok(start.elapsed())
 }
 
-/// What a phase cost: CPU seconds of each process, and the apiserver's time serving NodeImage
-/// writes (PATCH, PUT or APPLY of the object itself).
+/// What a phase cost: CPU seconds of each process (the apiserver's also from its own
+/// `process_cpu_seconds_total`), the apiserver's time serving NodeImage writes (PATCH, PUT or
+/// APPLY of the object itself), every request it served, and the manager's job reconciles.
 struct PhaseCosts {
     cpu: Vec<(&'static str, Option<f64>)>,
+    apiserver_cpu: Option<f64>,
     write_seconds: f64,
     writes: f64,
+    /// Every request the apiserver served so far, by `VERB resource[/subresource]`.
+    requests: BTreeMap<String, f64>,
+    reconciles: Option<f64>,
+}
+
+/// What [`PhaseCosts::print_since`] read from the difference of two readings.
+#[derive(Clone, Copy, Default)]
+struct PhaseFigures {
+    /// The apiserver's mean time serving one NodeImage write (ms).
+    write_ms: Option<f64>,
+    /// The apiserver's CPU over the phase per NodeImage write, spec and status (ms).
+    apiserver_cpu_per_write_ms: Option<f64>,
+    /// The manager's ImagePullJob reconciles.
+    reconciles: Option<f64>,
+    /// Every process's CPU seconds (manager, kube-apiserver, etcd, bench), summed.
+    cpu_total: Option<f64>,
+}
+
+/// The manager's ImagePullJob reconciles so far: ours under its own name, upstream's under
+/// controller-runtime's.
+fn job_reconciles(manager: &RunningManager) -> Option<f64> {
+    manager
+        .metric_where(
+            "kruise_rs_manager_reconciles_total",
+            "controller=\"imagepulljob\"",
+        )
+        .or_else(|| {
+            manager.metric_where(
+                "controller_runtime_reconcile_total",
+                "controller=\"imagepulljob-controller\"",
+            )
+        })
 }
 
 impl PhaseCosts {
-    async fn read(cp: &ControlPlane, client: &Client, manager: u32) -> Result<Self> {
+    async fn read(cp: &ControlPlane, client: &Client, manager: &RunningManager) -> Result<Self> {
         let cpu = vec![
-            ("manager", cpu_total(manager)),
+            ("manager", cpu_total(manager.pid())),
             (
                 "kube-apiserver",
                 cp.pid("kube-apiserver").and_then(cpu_total),
@@ -275,23 +374,31 @@ impl PhaseCosts {
             .await?;
             Result::<f64>::Ok(sums.values().sum())
         };
+        let apiserver_cpu = apiserver_metric(client, "process_cpu_seconds_total")
+            .await?
+            .first()
+            .map(|(_, v)| *v);
         Ok(Self {
             cpu,
+            apiserver_cpu,
             write_seconds: metric("apiserver_request_duration_seconds_sum").await?,
             writes: metric("apiserver_request_duration_seconds_count").await?,
+            requests: apiserver_requests(client).await?,
+            reconciles: job_reconciles(manager),
         })
     }
 
-    /// Prints what was spent since `before`; returns the apiserver's mean NodeImage write (ms).
-    fn print_since(&self, before: &Self) -> Option<f64> {
-        let cpu: Vec<String> = self
+    /// Prints what was spent since `before`.
+    fn print_since(&self, before: &Self) -> PhaseFigures {
+        let spent: Vec<(&str, Option<f64>)> = self
             .cpu
             .iter()
             .zip(&before.cpu)
-            .map(|((name, after), (_, before))| match (after, before) {
-                (Some(a), Some(b)) => format!("{name} {:.1}", a - b),
-                _ => format!("{name} unknown"),
-            })
+            .map(|((name, after), (_, before))| (*name, after.zip(*before).map(|(a, b)| a - b)))
+            .collect();
+        let cpu: Vec<String> = spent
+            .iter()
+            .map(|(name, s)| s.map_or(format!("{name} unknown"), |s| format!("{name} {s:.1}")))
             .collect();
         let writes = self.writes - before.writes;
         let mean_ms =
@@ -301,8 +408,168 @@ impl PhaseCosts {
             cpu.join(", "),
             mean_ms.map_or("-".to_owned(), |ms| format!("{ms:.2} ms")),
         );
-        mean_ms
+        // Where the apiserver's time went: every kind of request served in the phase.
+        let served_since = diff(&self.requests, &before.requests);
+        let mut served: Vec<(&String, &f64)> =
+            served_since.iter().filter(|(_, n)| **n >= 1.0).collect();
+        served.sort_by(|a, b| b.1.total_cmp(a.1));
+        let listed: Vec<String> = served.iter().map(|(k, n)| format!("{k} {n:.0}")).collect();
+        println!("    requests served: {}", listed.join(", "));
+        // Spec and status writes alike: the daemons' answers are part of a fan-out's cost.
+        let all_writes: f64 = served_since
+            .iter()
+            .filter(|(k, _)| {
+                ["PATCH nodeimages", "PUT nodeimages", "APPLY nodeimages"]
+                    .iter()
+                    .any(|w| k.starts_with(w))
+            })
+            .map(|(_, n)| n)
+            .sum();
+        let apiserver_cpu_per_write_ms = self
+            .apiserver_cpu
+            .zip(before.apiserver_cpu)
+            .filter(|_| all_writes > 0.0)
+            .map(|(a, b)| (a - b) / all_writes * 1000.0);
+        let reconciles = self.reconciles.zip(before.reconciles).map(|(a, b)| a - b);
+        println!(
+            "    the apiserver's CPU (its own metric) per NodeImage write, spec and status ({all_writes:.0}): {}; job reconciles: {}",
+            apiserver_cpu_per_write_ms.map_or("unknown".to_owned(), |ms| format!("{ms:.2} ms")),
+            reconciles.map_or("unknown".to_owned(), |n| format!("{n:.0}")),
+        );
+        PhaseFigures {
+            write_ms: mean_ms,
+            apiserver_cpu_per_write_ms,
+            reconciles,
+            cpu_total: spent.iter().map(|(_, s)| *s).sum(),
+        }
     }
+}
+
+/// Every request `apiserver_request_total` counted, by `VERB resource[/subresource]` (WATCH
+/// counts a watch once, when it starts).
+async fn apiserver_requests(client: &Client) -> Result<BTreeMap<String, f64>> {
+    let mut sums = BTreeMap::new();
+    for (labels, value) in apiserver_metric(client, "apiserver_request_total").await? {
+        let label = |name: &str| {
+            labels
+                .split(&format!("{name}=\""))
+                .nth(1)
+                .and_then(|s| s.split('"').next())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let (resource, sub) = (label("resource"), label("subresource"));
+        if resource.is_empty() {
+            continue;
+        }
+        let key = match sub.as_str() {
+            "" => format!("{} {resource}", label("verb")),
+            sub => format!("{} {resource}/{sub}", label("verb")),
+        };
+        *sums.entry(key).or_insert(0.0) += value;
+    }
+    Ok(sums)
+}
+
+/// How many running selector jobs the progress-report phase keeps, each pulling on
+/// `WAKE_PARALLELISM` nodes.
+const WAKE_JOBS: usize = 10;
+const WAKE_PARALLELISM: usize = 10;
+
+/// Ten selector jobs over every node, each with `WAKE_PARALLELISM` nodes pulling (nobody answers
+/// them); then `reports` status writes as the daemons write them while they pull, each raising
+/// one pulling tag's progress, one after the other. Measures the manager's CPU and its job
+/// reconciles over the writes and the 2 s after them.
+async fn progress_reports(
+    client: &Client,
+    jobs: &Api<ImagePullJob>,
+    manager: &RunningManager,
+    reports: usize,
+) -> Result<WakeFigures> {
+    let images: Vec<String> = (0..WAKE_JOBS)
+        .map(|k| format!("bench-running-{k}"))
+        .collect();
+    for image in &images {
+        let spec = ImagePullJobSpec {
+            image: format!("{image}:1"),
+            template: ImagePullJobTemplate {
+                parallelism: Some(
+                    k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(
+                        WAKE_PARALLELISM as i32,
+                    ),
+                ),
+                selector: Some(kruise_rs_api::imagepulljob::ImagePullJobNodeSelector {
+                    match_labels: Some(BTreeMap::from([(LABEL.to_owned(), "true".to_owned())])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        };
+        jobs.create(&PostParams::default(), &ImagePullJob::new(image, spec))
+            .await?;
+    }
+    // The nodes each job writes, read until every job has its parallelism's worth.
+    let api: Api<NodeImage> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let pulling: Vec<(String, String, usize)> = loop {
+        let mut found = Vec::new();
+        for ni in api.list(&ListParams::default().labels(LABEL)).await?.items {
+            let desired: usize = ni.spec.images.values().map(|i| i.tags.len()).sum();
+            for image in &images {
+                if has_tag(&ni, image, "1") {
+                    found.push((ni.name_any(), image.clone(), desired));
+                }
+            }
+        }
+        if found.len() >= WAKE_JOBS * WAKE_PARALLELISM {
+            break found;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{WAKE_JOBS} jobs wrote {} entries in 120 s, not {}",
+                found.len(),
+                WAKE_JOBS * WAKE_PARALLELISM
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    // Settle: the jobs' own writes and status done.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let started = k8s_openapi::jiff::fmt::strtime::format(
+        "%Y-%m-%dT%H:%M:%SZ",
+        k8s_openapi::jiff::Timestamp::now(),
+    )?;
+    let cpu_before = cpu_total(manager.pid());
+    let reconciles_before = job_reconciles(manager);
+    let t = Instant::now();
+    for i in 0..reports {
+        let (node, image, desired) = &pulling[i % pulling.len()];
+        let progress = 1 + (i / pulling.len()) % 99;
+        let patch = json!({"status": {"desired": desired, "imageStatuses": {image: {"tags": [{
+            "tag": "1", "phase": "Pulling", "progress": progress, "version": 0, "startTime": started,
+        }]}}}});
+        api.patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    let took = t.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let manager_cpu = cpu_total(manager.pid()).zip(cpu_before).map(|(a, b)| a - b);
+    let reconciles = job_reconciles(manager)
+        .zip(reconciles_before)
+        .map(|(a, b)| a - b);
+    println!(
+        "  {WAKE_JOBS} running selector jobs, {reports} progress reports on their {} pulling tags in {:.2} s: manager CPU {}, job reconciles {}",
+        pulling.len(),
+        took.as_secs_f64(),
+        manager_cpu.map_or("unknown".to_owned(), |c| format!("{c:.2} s")),
+        reconciles.map_or("unknown".to_owned(), |n| format!("{n:.0}")),
+    );
+    Ok(WakeFigures {
+        reports,
+        manager_cpu,
+        reconciles,
+    })
 }
 
 fn has_tag(ni: &NodeImage, image: &str, tag: &str) -> bool {
@@ -392,7 +659,7 @@ async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
         "%Y-%m-%dT%H:%M:%SZ",
         k8s_openapi::jiff::Timestamp::now(),
     )?;
-    let costs = PhaseCosts::read(&cp, &client, pid).await?;
+    let costs = PhaseCosts::read(&cp, &client, &manager).await?;
     let t = Instant::now();
     let writes = async {
         for name in &names {
@@ -419,7 +686,7 @@ async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
         written.as_secs_f64(),
         baseline.as_secs_f64()
     );
-    let baseline_write_ms = PhaseCosts::read(&cp, &client, pid)
+    let baseline_costs = PhaseCosts::read(&cp, &client, &manager)
         .await?
         .print_since(&costs);
 
@@ -471,7 +738,7 @@ async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
                 ..Default::default()
             },
         };
-        let costs = PhaseCosts::read(&cp, &client, pid).await?;
+        let costs = PhaseCosts::read(&cp, &client, &manager).await?;
         let t = Instant::now();
         jobs.create(
             &PostParams::default(),
@@ -483,7 +750,7 @@ async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
         })
         .await?;
         let took = t.elapsed();
-        let write_ms = PhaseCosts::read(&cp, &client, pid)
+        let costs = PhaseCosts::read(&cp, &client, &manager)
             .await?
             .print_since(&costs);
         // Let in-flight reconciles finish before reading the counters.
@@ -516,10 +783,15 @@ async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
             took: took.as_secs_f64(),
             writes_per_node: ok / n as f64,
             refused: refused.max(0.0),
-            write_ms,
+            costs,
             rss_after: rss_mib(pid, "VmRSS:"),
         });
     }
+    let wakes = match std::env::var("WAKE_REPORTS").map_or(Ok(1000), |v| v.parse::<usize>()) {
+        Ok(0) => None,
+        Ok(reports) => Some(progress_reports(&client, &jobs, &manager, reports).await?),
+        Err(e) => return Err(format!("WAKE_REPORTS: {e}").into()),
+    };
     println!(
         "  manager RSS: peak {}, at the end {}",
         mib("VmHWM:"),
@@ -529,8 +801,9 @@ async fn bench(n: usize, under_test: &ManagerUnderTest) -> Result<Figures> {
         nodeimages_created: d.as_secs_f64(),
         rss_watched,
         baseline: baseline.as_secs_f64(),
-        baseline_write_ms,
+        baseline_costs,
         jobs: jobs_figures,
+        wakes,
         rss_peak: rss_mib(pid, "VmHWM:"),
         rss_end: rss_mib(pid, "VmRSS:"),
     })

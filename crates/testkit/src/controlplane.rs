@@ -231,7 +231,7 @@ pub async fn client_for(path: &Path) -> Result<Client, String> {
 }
 
 /// The series of metric `name` in the apiserver's `/metrics`: each one's labels (what stands
-/// between the braces) and value.
+/// between the braces, empty for a series without) and value.
 pub async fn apiserver_metric(client: &Client, name: &str) -> Result<Vec<(String, f64)>, String> {
     let req = http::Request::get("/metrics")
         .body(Vec::new())
@@ -240,11 +240,15 @@ pub async fn apiserver_metric(client: &Client, name: &str) -> Result<Vec<(String
         .request_text(req)
         .await
         .map_err(|e| format!("reading the apiserver's /metrics: {e}"))?;
-    let prefix = format!("{name}{{");
     Ok(text
         .lines()
         .filter_map(|line| {
-            let (labels, value) = line.strip_prefix(&prefix)?.rsplit_once("} ")?;
+            let rest = line.strip_prefix(name)?;
+            // `name{labels} value`, or `name value` for a series without labels.
+            let (labels, value) = match rest.strip_prefix('{') {
+                Some(rest) => rest.rsplit_once("} ")?,
+                None => ("", rest.strip_prefix(' ')?),
+            };
             Some((labels.to_owned(), value.trim().parse().unwrap_or(0.0)))
         })
         .collect())

@@ -74,10 +74,23 @@ impl RunningManager {
     /// on the port `{port:probe}` stood for (ours serves its metrics with its probes); `None`
     /// when it has no such port or does not export `name`.
     pub fn metric(&self, name: &str) -> Option<f64> {
-        let port = *self.ports.get("probe")?;
+        self.metric_where(name, "")
+    }
+
+    /// As [`Self::metric`], summing only the series whose line contains `filter` (e.g.
+    /// `controller="imagepulljob"`); also read from the port `{port:metrics}` stood for, where
+    /// upstream's manager serves its metrics.
+    pub fn metric_where(&self, name: &str, filter: &str) -> Option<f64> {
+        let port = *self
+            .ports
+            .get("probe")
+            .or_else(|| self.ports.get("metrics"))?;
         let text = http_get(port, "/metrics").ok()?;
         let mut found = None;
         for line in text.lines() {
+            if !line.contains(filter) {
+                continue;
+            }
             let Some(rest) = line.strip_prefix(name) else {
                 continue;
             };
