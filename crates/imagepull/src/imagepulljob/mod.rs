@@ -9,6 +9,7 @@
 //!   - `entry`: what a job writes into a NodeImage;
 //!   - `status`: the job's status, which nodes start next, when the job next needs attention;
 //! - `reconcile.rs`: fetch, plan, write: secrets, the NodeImage writes, the status, events;
+//! - `pace.rs`: a job's reconciles start at least 20 ms apart (its events arrive much faster);
 //! - [`secrets`]: the pull-secret copies in the daemons' namespace.
 //!
 //! A job's spec edits reach every node it owns, not only nodes not yet written: after each new

@@ -1,5 +1,5 @@
 //! The ImagePullJob reconcile: fetch (the stores, the job's secrets), plan ([`super::plan`]),
-//! write (NodeImage entries, one node after the other in target order; the job's status,
+//! write (NodeImage entries, started in target order, a few at a time; the job's status,
 //! finalizer and events).
 
 use std::collections::HashSet;
