@@ -279,11 +279,20 @@ async fn parallelism_two_over_six_nodes_never_has_more_than_two_pulling() {
     assert_eq!(max, 2, "parallelism 2 should be used");
     let mut sorted = nodes.clone();
     sorted.sort();
-    assert_eq!(
-        *watch.started.lock().unwrap(),
-        sorted,
-        "label-selected nodes start in name order"
-    );
+    // The writes of one reconcile are under way together (decision 0042), so nodes it starts
+    // may show in either order: with at most two pulling, a node starts at most one place
+    // before its turn by name, and every node does start.
+    let started = watch.started.lock().unwrap().clone();
+    let mut seen = started.clone();
+    seen.sort();
+    assert_eq!(seen, sorted, "every node started once");
+    for (position, node) in started.iter().enumerate() {
+        let turn = sorted.iter().position(|n| n == node).unwrap_or_default();
+        assert!(
+            turn <= position + 1,
+            "label-selected nodes start in name order, give or take one: {started:?}"
+        );
+    }
 }
 
 #[tokio::test]
