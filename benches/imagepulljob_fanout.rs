@@ -115,139 +115,113 @@ struct JobFigures {
 
 /// Both managers' figures in columns, with the second's over the first's.
 fn print_side_by_side(n: usize, (a_name, a): (&str, &Figures), (b_name, b): (&str, &Figures)) {
-    let num = |v: f64, unit: &str| format!("{v:.2}{unit}");
-    let opt = |v: Option<f64>| v.map_or("unknown".to_owned(), |v| format!("{v:.1} MiB"));
-    let ratio = |x: Option<f64>, y: Option<f64>| match (x, y) {
-        (Some(x), Some(y)) if x > 0.0 => format!("{:.2}x", y / x),
-        _ => "-".to_owned(),
-    };
+    let secs: Format = |v| format!("{v:.2} s");
+    let times: Format = |v| format!("{v:.2}x");
+    let mib: Format = |v| format!("{v:.1} MiB");
+    let ms: Format = |v| format!("{v:.2} ms");
+    let count: Format = |v| format!("{v:.0}");
     let mut rows: Vec<[String; 4]> = vec![[
         String::new(),
         a_name.to_owned(),
         b_name.to_owned(),
         format!("{b_name} / {a_name}"),
     ]];
-    let mut row = |what: String, x: String, y: String, r: String| rows.push([what, x, y, r]);
-    row(
+    let r = &mut rows;
+    figure(
+        r,
         format!("{n} NodeImages created, after the last Node"),
-        num(a.nodeimages_created, " s"),
-        num(b.nodeimages_created, " s"),
-        ratio(Some(a.nodeimages_created), Some(b.nodeimages_created)),
+        (Some(a.nodeimages_created), Some(b.nodeimages_created)),
+        secs,
     );
-    row(
+    figure(
+        r,
         "RSS with the Nodes and NodeImages watched".into(),
-        opt(a.rss_watched),
-        opt(b.rss_watched),
-        ratio(a.rss_watched, b.rss_watched),
+        (a.rss_watched, b.rss_watched),
+        mib,
     );
-    row(
+    figure(
+        r,
         "baseline: a plain client writes every NodeImage".into(),
-        num(a.baseline, " s"),
-        num(b.baseline, " s"),
-        ratio(Some(a.baseline), Some(b.baseline)),
+        (Some(a.baseline), Some(b.baseline)),
+        secs,
     );
-    let ms = |v: Option<f64>| v.map_or("unknown".to_owned(), |v| format!("{v:.2} ms"));
-    row(
+    let (x, y) = (&a.baseline_costs, &b.baseline_costs);
+    figure(
+        r,
         "  the apiserver's mean NodeImage write".into(),
-        ms(a.baseline_costs.write_ms),
-        ms(b.baseline_costs.write_ms),
-        ratio(a.baseline_costs.write_ms, b.baseline_costs.write_ms),
+        (x.write_ms, y.write_ms),
+        ms,
     );
-    row(
+    figure(
+        r,
         "  the apiserver's CPU per NodeImage write".into(),
-        ms(a.baseline_costs.apiserver_cpu_per_write_ms),
-        ms(b.baseline_costs.apiserver_cpu_per_write_ms),
-        ratio(
-            a.baseline_costs.apiserver_cpu_per_write_ms,
-            b.baseline_costs.apiserver_cpu_per_write_ms,
-        ),
+        (x.apiserver_cpu_per_write_ms, y.apiserver_cpu_per_write_ms),
+        ms,
     );
     for (x, y) in a.jobs.iter().zip(&b.jobs) {
         let p = x.parallelism;
-        row(
+        figure(
+            r,
             format!("job at parallelism {p}: every NodeImage tagged"),
-            num(x.took, " s"),
-            num(y.took, " s"),
-            ratio(Some(x.took), Some(y.took)),
+            (Some(x.took), Some(y.took)),
+            secs,
         );
-        row(
+        figure(
+            r,
             "  the same over its run's baseline".into(),
-            num(x.took / a.baseline, "x"),
-            num(y.took / b.baseline, "x"),
-            ratio(Some(x.took / a.baseline), Some(y.took / b.baseline)),
+            (Some(x.took / a.baseline), Some(y.took / b.baseline)),
+            times,
         );
-        row(
+        r.push([
             "  NodeImage writes per node (refused)".into(),
             format!("{:.3} ({:.0})", x.writes_per_node, x.refused),
             format!("{:.3} ({:.0})", y.writes_per_node, y.refused),
             "-".into(),
-        );
-        row(
+        ]);
+        let (xc, yc) = (&x.costs, &y.costs);
+        figure(
+            r,
             "  the apiserver's mean NodeImage write (latency)".into(),
-            ms(x.costs.write_ms),
-            ms(y.costs.write_ms),
-            ratio(x.costs.write_ms, y.costs.write_ms),
+            (xc.write_ms, yc.write_ms),
+            ms,
         );
-        row(
+        figure(
+            r,
             "  the apiserver's CPU per NodeImage write, spec and status".into(),
-            ms(x.costs.apiserver_cpu_per_write_ms),
-            ms(y.costs.apiserver_cpu_per_write_ms),
-            ratio(
-                x.costs.apiserver_cpu_per_write_ms,
-                y.costs.apiserver_cpu_per_write_ms,
-            ),
+            (xc.apiserver_cpu_per_write_ms, yc.apiserver_cpu_per_write_ms),
+            ms,
         );
-        let count = |v: Option<f64>| v.map_or("unknown".to_owned(), |v| format!("{v:.0}"));
-        row(
+        figure(
+            r,
             "  the manager's job reconciles".into(),
-            count(x.costs.reconciles),
-            count(y.costs.reconciles),
-            ratio(x.costs.reconciles, y.costs.reconciles),
+            (xc.reconciles, yc.reconciles),
+            count,
         );
-        let secs = |v: Option<f64>| v.map_or("unknown".to_owned(), |v| format!("{v:.1} s"));
-        row(
+        figure(
+            r,
             "  CPU of every process (manager, apiserver, etcd, bench)".into(),
-            secs(x.costs.cpu_total),
-            secs(y.costs.cpu_total),
-            ratio(x.costs.cpu_total, y.costs.cpu_total),
+            (xc.cpu_total, yc.cpu_total),
+            |v| format!("{v:.1} s"),
         );
-        row(
-            "  RSS after it".into(),
-            opt(x.rss_after),
-            opt(y.rss_after),
-            ratio(x.rss_after, y.rss_after),
-        );
+        figure(r, "  RSS after it".into(), (x.rss_after, y.rss_after), mib);
     }
     if let (Some(x), Some(y)) = (&a.wakes, &b.wakes) {
         let per = |w: &WakeFigures, v: Option<f64>| v.map(|v| v / w.reports as f64 * 1000.0);
-        let fmt = |v: Option<f64>, unit: &str| {
-            v.map_or("unknown".to_owned(), |v| format!("{v:.2}{unit}"))
-        };
-        row(
+        figure(
+            r,
             format!("{WAKE_JOBS} running selector jobs: manager CPU per 1,000 progress reports"),
-            fmt(per(x, x.manager_cpu), " s"),
-            fmt(per(y, y.manager_cpu), " s"),
-            ratio(per(x, x.manager_cpu), per(y, y.manager_cpu)),
+            (per(x, x.manager_cpu), per(y, y.manager_cpu)),
+            secs,
         );
-        row(
+        figure(
+            r,
             "  job reconciles per 1,000 progress reports".into(),
-            fmt(per(x, x.reconciles), ""),
-            fmt(per(y, y.reconciles), ""),
-            ratio(per(x, x.reconciles), per(y, y.reconciles)),
+            (per(x, x.reconciles), per(y, y.reconciles)),
+            count,
         );
     }
-    row(
-        "peak RSS (VmHWM)".into(),
-        opt(a.rss_peak),
-        opt(b.rss_peak),
-        ratio(a.rss_peak, b.rss_peak),
-    );
-    row(
-        "RSS at the end".into(),
-        opt(a.rss_end),
-        opt(b.rss_end),
-        ratio(a.rss_end, b.rss_end),
-    );
+    figure(r, "peak RSS (VmHWM)".into(), (a.rss_peak, b.rss_peak), mib);
+    figure(r, "RSS at the end".into(), (a.rss_end, b.rss_end), mib);
     let mut widths = [0; 4];
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
@@ -264,6 +238,25 @@ fn print_side_by_side(n: usize, (a_name, a): (&str, &Figures), (b_name, b): (&st
             w3 = widths[3]
         );
     }
+}
+
+/// How one figure is written in the side-by-side table.
+type Format = fn(f64) -> String;
+
+/// A row of both managers' figure `(x, y)`, each written by `format` ("unknown" when missing),
+/// with `y / x`.
+fn figure(
+    rows: &mut Vec<[String; 4]>,
+    what: String,
+    (x, y): (Option<f64>, Option<f64>),
+    format: Format,
+) {
+    let cell = |v: Option<f64>| v.map_or("unknown".to_owned(), format);
+    let ratio = match (x, y) {
+        (Some(x), Some(y)) if x > 0.0 => format!("{:.2}x", y / x),
+        _ => "-".to_owned(),
+    };
+    rows.push([what, cell(x), cell(y), ratio]);
 }
 
 fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
