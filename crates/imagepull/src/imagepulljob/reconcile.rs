@@ -262,59 +262,62 @@ async fn reconcile_job(job: &ImagePullJob, ctx: &Context) -> Result<Action, Erro
     // Nodes whose NodeImage refused the entry by its schema (most often: already 256 images):
     // not retried until the NodeImage changes, which wakes this job again.
     let mut refused = Vec::new();
-    let nodes: Vec<(usize, String)> = write
-        .into_iter()
-        .map(|i| (i, targets[i].node.clone()))
-        .collect();
-    let writes = futures::stream::iter(nodes)
-        .map(|(i, node)| {
-            let api = &api;
-            let req = &req;
-            let now_time = &now_time;
-            async move {
-                let result = match ctx.fresh_nodeimage(&node) {
-                    None => Err(ImagesWriteError::NotFound { name: node.clone() }),
-                    Some(current) => {
-                        let current = (*current).clone();
-                        let others = |owner: &ObjectReference| {
-                            stored_owner_ask(&ctx.jobs, owner, &node, extra_ttl, daemon_ns)
-                        };
-                        update_images(api, FIELD_MANAGER, current, |ni| {
-                            with_job_entry(
-                                &ni.spec.images,
-                                ni.status.as_ref(),
-                                req,
-                                others,
-                                &node,
-                                now_time,
-                                extra_ttl,
-                            )
-                        })
-                        .await
-                        .map(|written| written.map(|written| ctx.remember(written)))
-                    }
-                };
-                (i, node, result)
-            }
-        })
-        // Started in target order, WRITES_IN_FLIGHT at a time, and their results taken in the
-        // same order.
-        .buffered(WRITES_IN_FLIGHT);
-    let mut writes = std::pin::pin!(writes);
-    while let Some((i, node, result)) = writes.next().await {
-        match result {
-            Ok(_) => {
-                if targets[i].state == NodeState::NotSynced {
-                    targets[i].state = NodeState::Pulling;
+    // Positions started, applied to `targets` once the writes, which read it, are done.
+    let mut started = Vec::new();
+    {
+        let targets = &targets;
+        let writes = futures::stream::iter(write)
+            .map(|i| {
+                let node = targets[i].node.clone();
+                let api = &api;
+                let req = &req;
+                let now_time = &now_time;
+                async move {
+                    let result = match ctx.fresh_nodeimage(&node) {
+                        None => Err(ImagesWriteError::NotFound { name: node.clone() }),
+                        Some(current) => {
+                            let current = (*current).clone();
+                            let others = |owner: &ObjectReference| {
+                                stored_owner_ask(&ctx.jobs, owner, &node, extra_ttl, daemon_ns)
+                            };
+                            update_images(api, FIELD_MANAGER, current, |ni| {
+                                with_job_entry(
+                                    &ni.spec.images,
+                                    ni.status.as_ref(),
+                                    req,
+                                    others,
+                                    &node,
+                                    now_time,
+                                    extra_ttl,
+                                )
+                            })
+                            .await
+                            .map(|written| written.map(|written| ctx.remember(written)))
+                        }
+                    };
+                    (i, node, result)
+                }
+            })
+            // Started in target order, WRITES_IN_FLIGHT at a time, and their results taken in
+            // the same order.
+            .buffered(WRITES_IN_FLIGHT);
+        let mut writes = std::pin::pin!(writes);
+        while let Some((i, node, result)) = writes.next().await {
+            match result {
+                Ok(_) => started.push(i),
+                // The node went away meanwhile: it is no target any more.
+                Err(ImagesWriteError::NotFound { .. }) => gone.push(i),
+                Err(ImagesWriteError::Invalid { message, .. }) => refused.push((node, message)),
+                Err(err) => {
+                    warn!(job = %key(job), node, error = %err, "cannot start the pull on a node");
+                    first_error.get_or_insert(err);
                 }
             }
-            // The node went away meanwhile: it is no target any more.
-            Err(ImagesWriteError::NotFound { .. }) => gone.push(i),
-            Err(ImagesWriteError::Invalid { message, .. }) => refused.push((node, message)),
-            Err(err) => {
-                warn!(job = %key(job), node, error = %err, "cannot start the pull on a node");
-                first_error.get_or_insert(err);
-            }
+        }
+    }
+    for i in started {
+        if targets[i].state == NodeState::NotSynced {
+            targets[i].state = NodeState::Pulling;
         }
     }
     // The writes are done: the next job of this registry may count.
