@@ -282,9 +282,10 @@ async fn manager_metrics_count_reconciles_and_report_progress() {
 
 /// A daemon's report on one job's tag reconciles that job alone (upstream #2483: every status
 /// write woke every job owning a tag on the node, and every running job that could target it).
-/// Two jobs own a tag each on one NodeImage; `REPORTS` reports on the first job's tag move its
-/// progress only (nothing in either job's status follows it), each waiting for a reconcile. A
-/// wake-up of both jobs per report would cost about twice `REPORTS` reconciles. The manager also
+/// Two jobs own a tag each on one NodeImage; `REPORTS` reports on the first job's tag move it
+/// between `Waiting` and `Pulling` (a phase change each, which is what wakes a job; nothing in
+/// either job's counts follows it), each waiting for a reconcile. A wake-up of both jobs per
+/// report would cost about twice `REPORTS` reconciles. The manager also
 /// serves upstream's metric names (`--metrics-compat=upstream`): they count the same reconciles.
 #[tokio::test]
 async fn a_report_on_one_jobs_tag_reconciles_that_job_alone() {
@@ -301,7 +302,7 @@ async fn a_report_on_one_jobs_tag_reconciles_that_job_alone() {
     let node = unique_name("wakes-ni");
     let nodeimages = create_fake_nodeimage(&client, &node, &value).await;
     let jobs = Api::<ImagePullJob>::namespaced(client.clone(), jobs_ns.name());
-    let mut uids = Vec::new();
+    let (mut uids, mut names) = (Vec::new(), Vec::new());
     for (name, image) in [("reported", "busybox:1.36"), ("quiet", "nginx:1.25")] {
         let created = jobs
             .create(
@@ -311,6 +312,7 @@ async fn a_report_on_one_jobs_tag_reconciles_that_job_alone() {
             .await
             .unwrap_or_else(|e| panic!("creating ImagePullJob {name}: {e}"));
         uids.push(created.metadata.uid.expect("a uid"));
+        names.push(created.metadata.name.expect("a name"));
     }
     // Both jobs have written their tags and counted the node.
     wait_for("both jobs to count the node", TIMEOUT, || async {
@@ -340,9 +342,14 @@ async fn a_report_on_one_jobs_tag_reconciles_that_job_alone() {
     let count = |text: &str| sample(text, series).unwrap_or(0.0);
     let before = count(&scrape(addr).await);
     let mut last = before;
-    for progress in 1..=REPORTS {
+    for report in 1..=REPORTS {
+        let phase = if report % 2 == 0 {
+            "Waiting"
+        } else {
+            "Pulling"
+        };
         let report = json!({"status": {"imageStatuses": {"busybox": {"tags": [
-            {"tag": "1.36", "phase": "Pulling", "progress": progress, "version": 0}
+            {"tag": "1.36", "phase": phase, "version": 0}
         ]}}}});
         nodeimages
             .patch_status(&node, &PatchParams::default(), &Patch::Merge(&report))
@@ -379,6 +386,41 @@ async fn a_report_on_one_jobs_tag_reconciles_that_job_alone() {
         spent < f64::from(REPORTS) * 1.5,
         "{REPORTS} reports on one job's tag cost {spent} reconciles"
     );
+
+    // Reports that move the progress alone wake no job; a job with nodes pulling reads them
+    // again every 5 s (decision 0042), so its `status.progress` still follows. The first report
+    // starts the pull (a phase change): its reconcile writes the job's status, whose event
+    // reconciles the job once more; the second report comes after both.
+    let started = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now()
+            .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(20))
+            .expect("a time 20 s ago"),
+    );
+    for percent in [10, 60] {
+        let before = count(&scrape(addr).await);
+        let report = json!({"status": {"imageStatuses": {"busybox": {"tags": [
+            {"tag": "1.36", "phase": "Pulling", "progress": percent, "version": 0,
+             "startTime": started}
+        ]}}}});
+        nodeimages
+            .patch_status(&node, &PatchParams::default(), &Patch::Merge(&report))
+            .await
+            .unwrap_or_else(|e| panic!("reporting on {node}: {e}"));
+        let said = format!("{percent}% on {node}");
+        wait_for(
+            &format!("the job's progress to say {said}"),
+            TIMEOUT,
+            || async {
+                let job = jobs.get(&names[0]).await.ok()?;
+                let progress = job.status?.progress?;
+                progress.starts_with(&said).then_some(())
+            },
+        )
+        .await;
+        if percent == 10 {
+            wait_sample(addr, series, |n| n >= before + 2.0).await;
+        }
+    }
 
     let _ = jobs
         .delete_collection(&DeleteParams::default(), &Default::default())
