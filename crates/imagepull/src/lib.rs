@@ -15,4 +15,5 @@ pub mod lean_nodeimage;
 mod node_summary;
 pub mod nodeimage;
 mod nodeimage_write;
+mod pace;
 mod tag_values;

@@ -1,14 +1,15 @@
-//! The reconciles of one job start at least [`MIN_GAP`] apart.
+//! The reconciles of one object start at least [`MIN_GAP`] apart.
 //!
-//! A job is woken by every NodeImage event that concerns it, and each reconcile reads every
-//! NodeImage. The controller runs one reconcile of a job at a time and folds the triggers that
-//! arrive meanwhile into the next, so while events stream in (a daemon answering every few
-//! milliseconds), a job would reconcile back to back, a whole pass over the NodeImages each
-//! time. The 50 ms debounce this replaces bounded that too, but kube-runtime's debounce starts
-//! over with each trigger: a job woken faster than every 50 ms did not reconcile until the
-//! events paused, which made a parallelism-50 fan-out wait 50 ms for each round of answers (and
-//! could starve a big one). A gap counted from the last start delays no reconcile by more than
-//! [`MIN_GAP`].
+//! An ImagePullJob is woken by every NodeImage event that concerns it, and each reconcile reads
+//! every NodeImage; an ImageListPullJob by every event of its children. The controller runs one
+//! reconcile of an object at a time and folds the triggers that arrive meanwhile into the next,
+//! so while events stream in (daemons answering every few milliseconds), an object would
+//! reconcile back to back, a whole pass over its inputs each time. The 50 ms debounces this
+//! replaces bounded that too, but kube-runtime's debounce starts over with each trigger: an
+//! object woken faster than every 50 ms did not reconcile until the events paused, which made a
+//! parallelism-50 fan-out wait 50 ms for each round of answers (and could starve a big one, or
+//! a list whose children kept reporting). A gap counted from the last start delays no reconcile
+//! by more than [`MIN_GAP`] (decision 0042).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -16,22 +17,22 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// The least time between the starts of two reconciles of one job.
-pub(super) const MIN_GAP: Duration = Duration::from_millis(20);
+/// The least time between the starts of two reconciles of one object.
+pub(crate) const MIN_GAP: Duration = Duration::from_millis(20);
 
-/// Entries kept before the old ones are dropped (a job not reconciled for [`MIN_GAP`] needs
+/// Entries kept before the old ones are dropped (an object not reconciled for [`MIN_GAP`] needs
 /// none).
 const KEEP: usize = 256;
 
-/// When each job's last reconcile started (or will start), by key.
+/// When each object's last reconcile started (or will start), by key.
 #[derive(Debug, Default)]
-pub(super) struct Pace {
+pub(crate) struct Pace {
     started: Mutex<HashMap<String, Instant>>,
 }
 
 impl Pace {
     /// Waits until `key`'s next reconcile may start, and records that it starts then.
-    pub(super) async fn wait_turn(&self, key: &str) {
+    pub(crate) async fn wait_turn(&self, key: &str) {
         let start = {
             let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
             let now = Instant::now();

@@ -147,6 +147,8 @@ pub(crate) struct Context {
     overlays: Overlays,
     backoff: Arc<Backoff>,
     recorder: Recorder,
+    /// A list's reconciles start at least 20 ms apart, however fast its children report.
+    pace: crate::pace::Pace,
 }
 
 impl Context {

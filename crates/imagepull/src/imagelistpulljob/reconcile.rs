@@ -70,6 +70,7 @@ pub(super) async fn reconcile(
         Ok(Ok(_)) => {}
         _ => return Err(Error::CachesNotReady),
     }
+    ctx.pace.wait_turn(&key(&list)).await;
     let action = reconcile_list(&list, &ctx).await?;
     ctx.backoff.succeeded(&key(&list));
     Ok(action)

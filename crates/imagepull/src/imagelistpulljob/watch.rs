@@ -3,7 +3,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use kube::api::Api;
@@ -99,17 +98,17 @@ pub async fn run(
         jobs_ready: jobs_ready_rx,
         overlays: Default::default(),
         backoff,
+        pace: Default::default(),
     });
     let list_store = controller.store();
     let shutdown = shutdown.shared();
     let running = controller
         .watches_stream(job_events, |job| list_of(&job))
-        // A list's children report together while it runs; one reconcile serves them.
-        .with_config(
-            controller::Config::default()
-                .debounce(Duration::from_millis(50))
-                .concurrency(workers),
-        )
+        // A list's children report together while it runs: the triggers that arrive while a list
+        // reconciles are served by its next reconcile, at most `pace::MIN_GAP` after this one
+        // started (crate::pace). A debounce, which starts over with each trigger, would wait
+        // for its children to pause.
+        .with_config(controller::Config::default().concurrency(workers))
         .graceful_shutdown_on(shutdown.clone())
         .run(
             move |list, ctx| metrics.timed(NAME, reconcile(list, ctx)),

@@ -9,7 +9,6 @@
 //!   - `entry`: what a job writes into a NodeImage;
 //!   - `status`: the job's status, which nodes start next, when the job next needs attention;
 //! - `reconcile.rs`: fetch, plan, write: secrets, the NodeImage writes, the status, events;
-//! - `pace.rs`: a job's reconciles start at least 20 ms apart (its events arrive much faster);
 //! - [`secrets`]: the pull-secret copies in the daemons' namespace.
 //!
 //! A job's spec edits reach every node it owns, not only nodes not yet written: after each new
@@ -24,7 +23,6 @@
 
 mod entry;
 mod nodeimage_changes;
-mod pace;
 pub mod plan;
 mod reconcile;
 mod registry_budget;
@@ -114,7 +112,8 @@ pub(crate) struct Context {
     /// One lock per registry host, for the registry budget.
     host_locks: registry_budget::HostLocks,
     /// Keeps the reconciles of one job apart.
-    pace: pace::Pace,
+    /// A job's reconciles start at least 20 ms apart (its events arrive much faster).
+    pace: crate::pace::Pace,
 }
 
 impl Context {
