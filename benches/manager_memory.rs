@@ -4,7 +4,8 @@
 //! within 1.1× of that through either phase.
 //!
 //! `cargo bench --bench manager_memory` (env `PODS` 10000, `NODES` 5000, `NAMESPACES` 10,
-//! `PHASES` `fanout,rollout`: which of phases 5 and 6 run, in that order; empty for neither):
+//! `PHASES` `fanout,rollout` by default: which of phases 5, 6 and 7 (`startup`) run, in that
+//! order; empty for none):
 //! 1. starts a local control plane and `kruise-rs manager` (release build, webhooks off, leader
 //!    election on) as a child process; its RSS once ready with nothing to watch is the baseline;
 //! 2. creates NODES Ready Nodes, each with the 17 labels of a cloud provider's node, and waits
@@ -30,7 +31,23 @@
 //!    every pod the JSON patch an upgrade writes (sidecar image one more version up, the hash and
 //!    in-place update state annotations) 16 at a time, the controller's upgrade concurrency, timed
 //!    the same way; the ratio of the two times (goal ≤ 1.1×). The manager keeps watching the pods
-//!    meanwhile, as it would in a cluster.
+//!    meanwhile, as it would in a cluster;
+//! 7. start-up and failover (issue 46), with streaming lists on, then off (ours:
+//!    `--streaming-lists auto` / `never`; upstream's: client-go's `KUBE_FEATURE_WatchListClient`
+//!    true / false): the leader is killed and its Lease deleted, a new process starts and takes
+//!    the Lease at once; the time from its start to `/readyz` answering 200 and to its first
+//!    SidecarSet reconcile (the reconcile counter: ours `kruise_rs_manager_reconciles_total`,
+//!    upstream's `controller_runtime_reconcile_total`), which waits for every pod and node to be
+//!    listed. Then a standby starts beside it and, once its `/readyz` answers, the leader is
+//!    killed (SIGKILL) and its Lease deleted, so the standby takes it at its next try: the time
+//!    from the kill and from the Lease's new `acquireTime` to the standby's first reconcile.
+//!
+//! `SIZES` (e.g. `1000x10000,5000x10000,5000x30000`: NODES x PODS each) runs the whole bench at
+//! each size in turn, on fresh control planes, and ends with the curves: for each size and
+//! manager the steady RSS, the rollout's peak over it and the rollout over its plain client; and
+//! the slopes of the steady RSS, in MiB per 1,000 nodes and per 1,000 pods, fitted by least
+//! squares over the sizes (`harness::bench::slopes`), with ours over upstream's (goal ≤ ¼). The
+//! sweep stops at the first size a run cannot finish, and says so.
 //!
 //! `MANAGER_WRAPPER` (a command taking the manager's program as its first argument, such as
 //! `heaptrack`) runs the manager under it; RSS is then the wrapper's process's. `MANAGER_ARGS`
@@ -52,7 +69,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use harness::bench::{Result, env_number};
+use harness::bench::{Result, Slopes, env_number, slopes};
 use harness::controlplane::{ControlPlane, Crds, nodeimage_writes};
 use harness::manager_under_test::{LimitWaits, ManagerUnderTest, RunningManager};
 use harness::objects::{create_ready_nodes, stamp_hashes};
@@ -75,7 +92,7 @@ use kruise_rs_api::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_INJECTED_LIST,
 };
 use kruise_rs_sidecar::annotations::{SidecarSetUpgradeSpec, render_hashes};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -114,6 +131,7 @@ fn main() -> Result<()> {
         nodes: env_number("NODES", 5_000, 0)?.max(1),
         namespaces: env_number("NAMESPACES", 10, 0)?.max(1),
     };
+    let sizes = sizes_from_env(scale)?;
     let phases = Phases::from_env()?;
     // Read the second manager's description first: a mistake in it shows before any run.
     let second = ManagerUnderTest::second()?;
@@ -121,27 +139,78 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
     let ours = ManagerUnderTest::ours();
-    let first = runtime.block_on(bench(&scale, &phases, &ours));
-    let result = match (&first, second) {
-        (Ok(a), Some(second)) => {
-            let b = runtime.block_on(bench(&scale, &phases, &second));
-            // A second manager that stalls in a phase still gets its column up to there.
-            let (b_figures, b_error) = match b {
-                Ok(f) => (f, None),
-                Err(Stopped { figures, error }) => (figures, Some(error)),
-            };
-            print_side_by_side(&scale, (&ours.name, a), (&second.name, &b_figures));
-            b_error.map_or(Ok(()), |e| Err(format!("{}: {e}", second.name).into()))
+    let mut curve = Vec::new();
+    let mut result = Ok(());
+    for scale in &sizes {
+        let first = runtime.block_on(bench(scale, &phases, &ours));
+        let (a, b, stopped) = match (first, &second) {
+            (Ok(a), Some(second)) => {
+                let b = runtime.block_on(bench(scale, &phases, second));
+                // A second manager that stalls in a phase still gets its column up to there.
+                let (b_figures, b_error) = match b {
+                    Ok(f) => (f, None),
+                    Err(Stopped { figures, error }) => (figures, Some(error)),
+                };
+                print_side_by_side(scale, (&ours.name, &a), (&second.name, &b_figures));
+                let stopped = b_error.map(|e| format!("{}: {e}", second.name));
+                (a, Some(b_figures), stopped)
+            }
+            (Ok(a), None) => (a, None, None),
+            (Err(Stopped { figures, error }), _) => (figures, None, Some(error)),
+        };
+        curve.push((*scale, a, b));
+        if let Some(error) = stopped {
+            if sizes.len() > 1 {
+                println!(
+                    "the sweep stops at {} nodes x {} pods: {error}",
+                    scale.nodes, scale.pods
+                );
+            }
+            result = Err(error.into());
+            break;
         }
-        (Ok(_), None) => Ok(()),
-        (Err(Stopped { error, .. }), _) => Err(error.clone().into()),
-    };
+    }
+    if sizes.len() > 1 {
+        let names = (ours.name.as_str(), second.as_ref().map(|s| s.name.as_str()));
+        print_curves(&curve, names);
+    }
     // Watches of a stalled phase may still run on the runtime: do not wait for them.
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
 }
 
+/// `SIZES` (`NODESxPODS,...`), or the one size `NODES` and `PODS` give; `NAMESPACES` for each.
+fn sizes_from_env(scale: Scale) -> Result<Vec<Scale>> {
+    let Ok(text) = std::env::var("SIZES") else {
+        return Ok(vec![scale]);
+    };
+    let mut sizes = Vec::new();
+    for size in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let parsed = size.split_once('x').and_then(|(nodes, pods)| {
+            Some((nodes.trim().parse().ok()?, pods.trim().parse().ok()?))
+        });
+        match parsed {
+            Some((nodes, pods)) if nodes > 0 => sizes.push(Scale {
+                nodes,
+                pods,
+                namespaces: scale.namespaces,
+            }),
+            _ => {
+                return Err(format!(
+                    "SIZES: {size:?} is not NODESxPODS (e.g. 5000x30000, at least one node)"
+                )
+                .into());
+            }
+        }
+    }
+    if sizes.is_empty() {
+        return Err("SIZES: no size given".into());
+    }
+    Ok(sizes)
+}
+
 /// How many objects the bench makes.
+#[derive(Clone, Copy, Debug)]
 struct Scale {
     pods: usize,
     nodes: usize,
@@ -152,6 +221,7 @@ struct Scale {
 struct Phases {
     fanout: bool,
     rollout: bool,
+    startup: bool,
 }
 
 impl Phases {
@@ -160,18 +230,24 @@ impl Phases {
             return Ok(Phases {
                 fanout: true,
                 rollout: true,
+                startup: false,
             });
         };
         let mut phases = Phases {
             fanout: false,
             rollout: false,
+            startup: false,
         };
         for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {
                 "fanout" => phases.fanout = true,
                 "rollout" => phases.rollout = true,
+                "startup" => phases.startup = true,
                 other => {
-                    return Err(format!("PHASES: unknown phase {other:?} (fanout, rollout)").into());
+                    return Err(format!(
+                        "PHASES: unknown phase {other:?} (fanout, rollout, startup)"
+                    )
+                    .into());
                 }
             }
         }
@@ -424,6 +500,18 @@ struct Figures {
     rollout_baseline: Option<f64>,
     /// The fan-out's NodeImage spec writes per node, and refused writes.
     fanout_writes: Option<(f64, f64)>,
+    /// Phase 7, streaming lists on then off.
+    starts: Vec<Start>,
+}
+
+/// Phase 7 with streaming lists on or off: seconds from a process's start, and in a failover.
+#[derive(Debug)]
+struct Start {
+    streaming: bool,
+    ready: f64,
+    first_reconcile: f64,
+    /// From the Lease's new `acquireTime` to the standby's first reconcile.
+    failover_from_lease: f64,
 }
 
 /// A phase's duration and the manager's memory through it.
@@ -483,10 +571,11 @@ impl Figures {
 /// stopped before the figure.
 fn print_side_by_side(scale: &Scale, (a_name, a): (&str, &Figures), (b_name, b): (&str, &Figures)) {
     let known = |v: f64| v.is_finite() && v > 0.0;
-    // Ratios to two places, write counts to three, the rest to one.
+    // Ratios and seconds to two places, write counts to three, the rest to one.
     let cell = |v: f64, unit: &str| match unit {
         _ if !known(v) => "-".to_owned(),
         "x" => format!("{v:.2}x"),
+        " s" => format!("{v:.2} s"),
         "" => format!("{v:.3}"),
         _ => format!("{v:.1}{unit}"),
     };
@@ -565,6 +654,36 @@ fn print_side_by_side(scale: &Scale, (a_name, a): (&str, &Figures), (b_name, b):
         phase(&b.rollout, |p| p.took) / b.rollout_baseline.unwrap_or(nan),
         "x",
     );
+    for streaming in [true, false] {
+        // Not the time from the kill: that is mostly the standby's wait for its next read of
+        // the Lease (a retry period of 2 s and jitter, for both), printed with the run.
+        let find = |f: &Figures| {
+            f.starts
+                .iter()
+                .find(|s| s.streaming == streaming)
+                .map(|s| [s.ready, s.first_reconcile, s.failover_from_lease])
+        };
+        let (x, y) = (find(a), find(b));
+        if x.is_none() && y.is_none() {
+            continue;
+        }
+        let lists = if streaming { "on" } else { "off" };
+        for (i, what) in [
+            "start-up: /readyz",
+            "start-up: first SidecarSet reconcile",
+            "failover: first reconcile after the Lease",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            row(
+                &format!("{what} (streaming lists {lists})"),
+                x.map_or(nan, |v| v[i]),
+                y.map_or(nan, |v| v[i]),
+                " s",
+            );
+        }
+    }
     let widths: Vec<usize> = (0..4)
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
         .collect();
@@ -621,7 +740,11 @@ async fn bench(
         run.map_err(|e| match manager.check_alive(&under_test.name) {
             Err(dead) => format!("{e}; {dead}").into(),
             Ok(()) => e,
-        })
+        })?;
+        if phases.startup {
+            starts(&cp, &client, under_test, manager, &mut figures).await?;
+        }
+        Ok(())
     }
     .await;
     match outcome {
@@ -998,4 +1121,250 @@ async fn rollout(
     );
     println!("    pod PATCH requests meanwhile: {patches}");
     Ok((memory, baseline))
+}
+
+/// The Leases the managers take live here (ours `kruise-rs-manager`, upstream's
+/// `kruise-manager`).
+const LEASE_NAMESPACE: &str = "kruise-system";
+
+/// `under_test` with streaming lists on or off: our flag, or client-go's feature gate for
+/// another manager.
+fn with_streaming(under_test: &ManagerUnderTest, on: bool) -> ManagerUnderTest {
+    let mut variant = under_test.clone();
+    if variant.binary == ManagerUnderTest::ours().binary {
+        let mode = if on { "auto" } else { "never" };
+        variant.args.push(format!("--streaming-lists={mode}"));
+    } else {
+        variant
+            .env
+            .insert("KUBE_FEATURE_WatchListClient".into(), on.to_string());
+    }
+    variant
+}
+
+/// The manager's SidecarSet reconciles so far (ours, or upstream's controller-runtime counter).
+fn sidecarset_reconciles(manager: &RunningManager) -> Option<f64> {
+    manager
+        .metric_where(
+            "kruise_rs_manager_reconciles_total",
+            "controller=\"sidecarset\"",
+        )
+        .or_else(|| {
+            manager.metric_where(
+                "controller_runtime_reconcile_total",
+                "controller=\"sidecarset-controller\"",
+            )
+        })
+}
+
+/// Polls `manager` until `/readyz` answers 200 (when `ready` is asked for) and it has finished a
+/// SidecarSet reconcile; how long after `t0` each was first seen.
+async fn wait_started(
+    manager: &mut RunningManager,
+    name: &str,
+    t0: Instant,
+    ready_too: bool,
+) -> Result<(Option<Duration>, Duration)> {
+    let (mut ready, mut reconciled) = (None, None);
+    loop {
+        if ready_too && ready.is_none() && manager.readyz() {
+            ready = Some(t0.elapsed());
+        }
+        if reconciled.is_none() && sidecarset_reconciles(manager).is_some_and(|n| n > 0.0) {
+            reconciled = Some(t0.elapsed());
+        }
+        if let (Some(done), true) = (reconciled, ready.is_some() || !ready_too) {
+            return Ok((ready, done));
+        }
+        manager.check_alive(name)?;
+        if t0.elapsed() > STALL {
+            return Err(format!(
+                "{name}: within {} s of its start: /readyz {}, a SidecarSet reconcile {}",
+                STALL.as_secs(),
+                if ready.is_some() {
+                    "answered"
+                } else {
+                    "never answered 200"
+                },
+                if reconciled.is_some() {
+                    "done"
+                } else {
+                    "never done"
+                },
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Phase 7: start-up, then failover, with streaming lists on and then off, with every object
+/// in place; takes over `leader`, the manager the phases before ran against.
+async fn starts(
+    cp: &ControlPlane,
+    client: &Client,
+    under_test: &ManagerUnderTest,
+    leader: RunningManager,
+    figures: &mut Figures,
+) -> Result<()> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
+    let delete_leases = || async {
+        leases
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .map(|_| ())
+    };
+    let mut leader = leader;
+    for streaming in [true, false] {
+        let variant = with_streaming(under_test, streaming);
+        let lists = if streaming { "on" } else { "off" };
+        // Cold: no leader, no Lease, so the new process takes it at once.
+        drop(leader);
+        delete_leases().await?;
+        let t0 = Instant::now();
+        let mut started = variant.spawn(cp)?;
+        let (ready, first) = wait_started(&mut started, &variant.name, t0, true).await?;
+        let ready = ready.unwrap_or_default();
+        println!(
+            "  start-up, streaming lists {lists}: /readyz 200 after {}, the first SidecarSet \
+             reconcile after {}",
+            secs(ready),
+            secs(first),
+        );
+        // Failover: a standby, ready; the leader killed and its Lease gone.
+        let mut standby = variant.spawn(cp)?;
+        let t = Instant::now();
+        while !standby.readyz() {
+            standby.check_alive(&variant.name)?;
+            if t.elapsed() > STALL {
+                return Err(format!("{}: the standby never became ready", variant.name).into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let t1 = Instant::now();
+        drop(started);
+        delete_leases().await?;
+        let (_, from_kill) = wait_started(&mut standby, &variant.name, t1, false).await?;
+        let seen = k8s_openapi::jiff::Timestamp::now();
+        let acquired = leases
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|l| l.spec?.acquire_time)
+            .map(|t| t.0)
+            .max()
+            .ok_or("no Lease with an acquireTime after the failover")?;
+        // The standby's first reconcile was seen up to one poll after it was counted.
+        let from_lease = seen.duration_since(acquired).as_secs_f64().max(0.0);
+        println!(
+            "  failover, streaming lists {lists}: the standby's first SidecarSet reconcile \
+             {from_lease:.2} s after it took the Lease, {} after the leader was killed (mostly its \
+             wait for its next read of the Lease)",
+            secs(from_kill),
+        );
+        figures.starts.push(Start {
+            streaming,
+            ready: ready.as_secs_f64(),
+            first_reconcile: first.as_secs_f64(),
+            failover_from_lease: from_lease,
+        });
+        leader = standby;
+    }
+    Ok(())
+}
+
+/// One size of a sweep: ours, and the second manager's figures when there is one.
+type CurvePoint = (Scale, Figures, Option<Figures>);
+
+/// Per size, each manager's steady RSS, its rollout's peak over that and the rollout over the
+/// plain client; then the slopes of the steady RSS, ours over the second's.
+fn print_curves(curve: &[CurvePoint], (a_name, b_name): (&str, Option<&str>)) {
+    let known = |v: f64| v.is_finite() && v > 0.0;
+    let cell = |v: f64, unit: &str| {
+        if known(v) {
+            format!("{v:.2}{unit}")
+        } else {
+            "-".to_owned()
+        }
+    };
+    let columns = |f: &Figures| {
+        let peak = f.rollout.as_ref().map_or(f64::NAN, |r| r.peak);
+        let over = f.rollout.as_ref().map_or(f64::NAN, |r| r.took)
+            / f.rollout_baseline.unwrap_or(f64::NAN);
+        [
+            cell(f.steady, " MiB"),
+            cell(peak / f.steady, "x"),
+            cell(over, "x"),
+        ]
+    };
+    let mut rows: Vec<Vec<String>> = vec![{
+        let mut head = vec!["nodes".to_owned(), "pods".to_owned()];
+        for name in std::iter::once(a_name).chain(b_name) {
+            head.extend([
+                format!("{name}: steady"),
+                "rollout peak/steady".to_owned(),
+                "rollout/plain client".to_owned(),
+            ]);
+        }
+        head
+    }];
+    for (scale, a, b) in curve {
+        let mut row = vec![scale.nodes.to_string(), scale.pods.to_string()];
+        row.extend(columns(a));
+        if b_name.is_some() {
+            row.extend(
+                b.as_ref()
+                    .map_or_else(|| ["-".to_owned(), "-".to_owned(), "-".to_owned()], columns),
+            );
+        }
+        rows.push(row);
+    }
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    println!(
+        "curves over the sizes (goals: peak <= {PEAK_GOAL}x steady, rollout <= {ROLLOUT_GOAL}x the plain client):"
+    );
+    for row in &rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:>w$}"))
+            .collect();
+        println!("  {}", cells.join("  "));
+    }
+    let fit = |pick: &dyn Fn(&CurvePoint) -> f64| {
+        let points: Vec<(f64, f64, f64)> = curve
+            .iter()
+            .map(|p| (p.0.nodes as f64, p.0.pods as f64, pick(p)))
+            .collect();
+        let s = slopes(&points);
+        Slopes {
+            per_node: s.per_node.map(|v| v * 1000.0),
+            per_pod: s.per_pod.map(|v| v * 1000.0),
+        }
+    };
+    let ours = fit(&|p| p.1.steady);
+    let theirs = fit(&|p| p.2.as_ref().map_or(f64::NAN, |f| f.steady));
+    let say = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2} MiB"));
+    println!("slopes of the steady RSS (least squares over the sizes):");
+    for (what, a, b) in [
+        ("per 1,000 nodes", ours.per_node, theirs.per_node),
+        ("per 1,000 pods", ours.per_pod, theirs.per_pod),
+    ] {
+        match (b_name, a, b) {
+            (Some(b_name), Some(a), Some(b)) if b > 0.0 => println!(
+                "  {what}: {a_name} {}, {b_name} {}; {a_name} / {b_name} {:.2}x (goal <= 0.25x: {})",
+                say(Some(a)),
+                say(Some(b)),
+                a / b,
+                met(a / b <= 0.25),
+            ),
+            (Some(b_name), _, _) => {
+                println!("  {what}: {a_name} {}, {b_name} {}", say(a), say(b));
+            }
+            (None, _, _) => println!("  {what}: {a_name} {}", say(a)),
+        }
+    }
 }

@@ -107,6 +107,15 @@ impl RunningManager {
         found
     }
 
+    /// Whether the manager's `/readyz` answers 200 now: ours on `{port:probe}`, upstream's on
+    /// `{port:health}`; false when it has neither port.
+    pub fn readyz(&self) -> bool {
+        self.ports
+            .get("probe")
+            .or_else(|| self.ports.get("health"))
+            .is_some_and(|port| http_get(*port, "/readyz").is_ok())
+    }
+
     /// Our manager's client-side rate limit counters now.
     pub fn limit_waits(&self) -> Option<LimitWaits> {
         Some(LimitWaits {
