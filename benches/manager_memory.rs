@@ -38,9 +38,11 @@
 //!    the Lease at once; the time from its start to `/readyz` answering 200 and to its first
 //!    SidecarSet reconcile (the reconcile counter: ours `kruise_rs_manager_reconciles_total`,
 //!    upstream's `controller_runtime_reconcile_total`), which waits for every pod and node to be
-//!    listed. Then a standby starts beside it and, once its `/readyz` answers, the leader is
-//!    killed (SIGKILL) and its Lease deleted, so the standby takes it at its next try: the time
-//!    from the kill and from the Lease's new `acquireTime` to the standby's first reconcile.
+//!    listed, and its peak RSS until then. Then a standby starts beside it and, once its
+//!    `/readyz` answers and its RSS has settled (within 1% over 2 s: whatever it caches before
+//!    it leads is cached), the leader is killed (SIGKILL) and its Lease deleted, so the standby
+//!    takes it at its next try: the standby's RSS as it waited, and the time from the kill and
+//!    from the Lease's new `acquireTime` to its first reconcile.
 //!
 //! `SIZES` (e.g. `1000x10000,5000x10000,5000x30000`: NODES x PODS each) runs the whole bench at
 //! each size in turn, on fresh control planes, and ends with the curves: for each size and
@@ -510,6 +512,10 @@ struct Start {
     streaming: bool,
     ready: f64,
     first_reconcile: f64,
+    /// Peak RSS (VmHWM, MiB) of the started process up to its first reconcile.
+    peak: f64,
+    /// RSS (MiB) of the standby once settled, before it takes over.
+    standby: f64,
     /// From the Lease's new `acquireTime` to the standby's first reconcile.
     failover_from_lease: f64,
 }
@@ -658,20 +664,27 @@ fn print_side_by_side(scale: &Scale, (a_name, a): (&str, &Figures), (b_name, b):
         // Not the time from the kill: that is mostly the standby's wait for its next read of
         // the Lease (a retry period of 2 s and jitter, for both), printed with the run.
         let find = |f: &Figures| {
-            f.starts
-                .iter()
-                .find(|s| s.streaming == streaming)
-                .map(|s| [s.ready, s.first_reconcile, s.failover_from_lease])
+            f.starts.iter().find(|s| s.streaming == streaming).map(|s| {
+                [
+                    s.ready,
+                    s.first_reconcile,
+                    s.peak,
+                    s.standby,
+                    s.failover_from_lease,
+                ]
+            })
         };
         let (x, y) = (find(a), find(b));
         if x.is_none() && y.is_none() {
             continue;
         }
         let lists = if streaming { "on" } else { "off" };
-        for (i, what) in [
-            "start-up: /readyz",
-            "start-up: first SidecarSet reconcile",
-            "failover: first reconcile after the Lease",
+        for (i, (what, unit)) in [
+            ("start-up: /readyz", " s"),
+            ("start-up: first SidecarSet reconcile", " s"),
+            ("start-up: peak RSS until then", " MiB"),
+            ("failover: the standby's RSS as it waits", " MiB"),
+            ("failover: first reconcile after the Lease", " s"),
         ]
         .into_iter()
         .enumerate()
@@ -680,7 +693,7 @@ fn print_side_by_side(scale: &Scale, (a_name, a): (&str, &Figures), (b_name, b):
                 &format!("{what} (streaming lists {lists})"),
                 x.map_or(nan, |v| v[i]),
                 y.map_or(nan, |v| v[i]),
-                " s",
+                unit,
             );
         }
     }
@@ -1225,22 +1238,41 @@ async fn starts(
         let mut started = variant.spawn(cp)?;
         let (ready, first) = wait_started(&mut started, &variant.name, t0, true).await?;
         let ready = ready.unwrap_or_default();
+        let peak = rss_mib(started.pid(), "VmHWM:").unwrap_or(f64::NAN);
         println!(
             "  start-up, streaming lists {lists}: /readyz 200 after {}, the first SidecarSet \
-             reconcile after {}",
+             reconcile after {}; peak RSS until then {peak:.1} MiB",
             secs(ready),
             secs(first),
         );
-        // Failover: a standby, ready; the leader killed and its Lease gone.
+        // Failover: a standby, ready and settled (whatever it caches before it leads, cached:
+        // in a cluster a standby has been up for long); the leader killed and its Lease gone.
         let mut standby = variant.spawn(cp)?;
         let t = Instant::now();
-        while !standby.readyz() {
+        let mut samples: Vec<f64> = Vec::new();
+        loop {
             standby.check_alive(&variant.name)?;
-            if t.elapsed() > STALL {
-                return Err(format!("{}: the standby never became ready", variant.name).into());
+            if standby.readyz() {
+                samples.push(rss_mib(standby.pid(), "VmRSS:").unwrap_or(f64::NAN));
+                let last = &samples[samples.len().saturating_sub(4)..];
+                let (lo, hi) = last
+                    .iter()
+                    .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+                if last.len() == 4 && hi <= lo * 1.01 {
+                    break;
+                }
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            if t.elapsed() > STALL {
+                return Err(format!(
+                    "{}: the standby was not ready and settled within {} s",
+                    variant.name,
+                    STALL.as_secs()
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        let standby_rss = samples.last().copied().unwrap_or(f64::NAN);
         let t1 = Instant::now();
         drop(started);
         delete_leases().await?;
@@ -1258,15 +1290,19 @@ async fn starts(
         // The standby's first reconcile was seen up to one poll after it was counted.
         let from_lease = seen.duration_since(acquired).as_secs_f64().max(0.0);
         println!(
-            "  failover, streaming lists {lists}: the standby's first SidecarSet reconcile \
-             {from_lease:.2} s after it took the Lease, {} after the leader was killed (mostly its \
-             wait for its next read of the Lease)",
+            "  failover, streaming lists {lists}: the standby (RSS {standby_rss:.1} MiB, settled, \
+             {} after its start) made its first SidecarSet reconcile {from_lease:.2} s after it \
+             took the Lease, {} after the leader was killed (mostly its wait for its next read \
+             of the Lease)",
+            secs(t1 - t),
             secs(from_kill),
         );
         figures.starts.push(Start {
             streaming,
             ready: ready.as_secs_f64(),
             first_reconcile: first.as_secs_f64(),
+            peak,
+            standby: standby_rss,
             failover_from_lease: from_lease,
         });
         leader = standby;
