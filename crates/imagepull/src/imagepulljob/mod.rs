@@ -111,8 +111,8 @@ pub(crate) struct Context {
     recorder: Recorder,
     /// One lock per registry host, for the registry budget.
     host_locks: registry_budget::HostLocks,
-    /// Keeps the reconciles of one job apart.
-    /// A job's reconciles start at least 20 ms apart (its events arrive much faster).
+    /// Keeps the reconciles of one job apart: they start at least 20 ms apart (its events
+    /// arrive much faster).
     pace: crate::pace::Pace,
 }
 
