@@ -28,7 +28,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::compact_nodeimage::{NodeImageSpec, NodeImageStatus};
 use kruise_rs_api::nodeimage::NodeImage;
 use kruise_rs_controller::interned_labels::Labels;
-use kruise_rs_controller::pod_feed::{Feed, fan_out};
+use kruise_rs_controller::pod_feed::{Feed, SharedWatch};
 
 /// A NodeImage as the manager stores it: managedFields left unparsed, labels interned, spec and
 /// status compact. `metadata.labels` is always `None`: read [`LeanNodeImage::labels`] (which
@@ -235,11 +235,21 @@ pub fn watch_nodeimages(
     config: watcher::Config,
     consumers: usize,
 ) -> (impl Future<Output = ()>, Vec<NodeImageFeed>) {
+    let (drive, shared) = share_nodeimages(client, config);
+    (drive, shared.feeds(consumers))
+}
+
+/// The NodeImage watch of [`watch_nodeimages`], handing out feeds for as long as the
+/// [`SharedWatch`] (or a clone, or a feed) lives.
+pub fn share_nodeimages(
+    client: Client,
+    config: watcher::Config,
+) -> (impl Future<Output = ()>, SharedWatch<LeanNodeImage>) {
     let (store, writer) = reflector::store();
     let events = watcher(api(client), config)
         .default_backoff()
         .reflect(writer);
-    fan_out(events, store, consumers)
+    SharedWatch::new(events, store)
 }
 
 #[cfg(test)]

@@ -161,3 +161,129 @@ async fn the_drive_ends_once_every_consumer_is_gone() {
         .await
         .expect("the drive stops");
 }
+
+/// Where a test sends a watch's events.
+type Sent = mpsc::UnboundedSender<Result<watcher::Event<ConfigMap>, watcher::Error>>;
+
+/// A watch fed by hand: the sender of its events, the drive, and the watch sharing them.
+fn by_hand() -> (Sent, impl Future<Output = ()>, SharedWatch<ConfigMap>) {
+    let (tx, rx) = mpsc::unbounded();
+    let (store, writer) = reflector::store();
+    let (drive, shared) = SharedWatch::new(rx.reflect(writer), store);
+    (tx, drive, shared)
+}
+
+/// The events a feed has received so far.
+async fn received(feed: &mut Feed<ConfigMap>) -> Vec<String> {
+    // The drive runs on its own task of this single-threaded runtime, and all it has to do is
+    // already queued: each yield lets it take a step.
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    let mut got = Vec::new();
+    while let Ok(event) = feed.events.try_recv() {
+        got.push(event);
+    }
+    names(got.iter().map(|e| &**e))
+}
+
+#[tokio::test]
+async fn a_feed_asked_for_after_the_list_gets_the_store_as_a_list_then_each_event() {
+    let (tx, drive, shared) = by_hand();
+    let drive = tokio::spawn(drive);
+    for event in events() {
+        tx.unbounded_send(Ok(event)).expect("the drive runs");
+    }
+    // Nobody reads yet: the watch goes on (a standby's).
+    let mut ready = shared.ready();
+    tokio::time::timeout(std::time::Duration::from_secs(10), ready.wait_for(|r| *r))
+        .await
+        .expect("listed without a feed")
+        .expect("the drive runs");
+
+    let mut late = shared.feed();
+    let mut got = received(&mut late).await;
+    // The store's order is its own: only the objects' set is the store's.
+    got[1..3].sort();
+    assert_eq!(got, ["init", "init-apply b", "init-apply c", "init-done"]);
+    tx.unbounded_send(Ok(watcher::Event::Apply(object("d"))))
+        .expect("the drive runs");
+    assert_eq!(received(&mut late).await, ["apply d"]);
+
+    // The watch ends once its handle and every feed are gone.
+    drop(shared);
+    drop(late);
+    tx.unbounded_send(Ok(watcher::Event::Apply(object("e"))))
+        .expect("the drive runs until it sees nobody is left");
+    tokio::time::timeout(std::time::Duration::from_secs(10), drive)
+        .await
+        .expect("the drive stops")
+        .expect("join");
+}
+
+#[tokio::test]
+async fn a_feed_asked_for_during_a_list_gets_it_once_the_list_is_done() {
+    let (tx, drive, shared) = by_hand();
+    let _drive = tokio::spawn(drive);
+    let mut first = shared.feed();
+    tx.unbounded_send(Ok(watcher::Event::Init)).expect("runs");
+    tx.unbounded_send(Ok(watcher::Event::InitApply(object("a"))))
+        .expect("runs");
+    assert_eq!(received(&mut first).await, ["init", "init-apply a"]);
+
+    let mut second = shared.feed();
+    assert_eq!(received(&mut second).await, Vec::<String>::new());
+    tx.unbounded_send(Ok(watcher::Event::InitApply(object("b"))))
+        .expect("runs");
+    tx.unbounded_send(Ok(watcher::Event::InitDone))
+        .expect("runs");
+    assert_eq!(received(&mut first).await, ["init-apply b", "init-done"]);
+    let mut got = received(&mut second).await;
+    got[1..3].sort();
+    assert_eq!(got, ["init", "init-apply a", "init-apply b", "init-done"]);
+
+    // A re-list later reaches both as it comes.
+    tx.unbounded_send(Ok(watcher::Event::Init)).expect("runs");
+    for feed in [&mut first, &mut second] {
+        assert_eq!(received(feed).await, ["init"]);
+    }
+}
+
+#[tokio::test]
+async fn a_feed_dropped_during_its_replay_does_not_stop_the_watch() {
+    let (tx, drive, shared) = by_hand();
+    let _drive = tokio::spawn(drive);
+    tx.unbounded_send(Ok(watcher::Event::Init)).expect("runs");
+    for i in 0..BUFFER * 2 {
+        tx.unbounded_send(Ok(watcher::Event::InitApply(object(&format!("o{i}")))))
+            .expect("runs");
+    }
+    tx.unbounded_send(Ok(watcher::Event::InitDone))
+        .expect("runs");
+    let mut ready = shared.ready();
+    tokio::time::timeout(std::time::Duration::from_secs(10), ready.wait_for(|r| *r))
+        .await
+        .expect("listed")
+        .expect("runs");
+    // More objects than a feed buffers: the replay waits on this feed, which goes.
+    let abandoned = shared.feed();
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    drop(abandoned);
+    let mut next = shared.feed();
+    let consumed = async {
+        let mut n = 0;
+        while let Some(event) = next.events.next().await {
+            n += 1;
+            if matches!(*event, watcher::Event::InitDone) {
+                return n;
+            }
+        }
+        n
+    };
+    let n = tokio::time::timeout(std::time::Duration::from_secs(10), consumed)
+        .await
+        .expect("the next feed gets its list");
+    assert_eq!(n, BUFFER * 2 + 2);
+}
