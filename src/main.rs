@@ -238,6 +238,19 @@ struct LeaderElectionArgs {
     /// How often the leader renews and the others try to acquire (`2s`, `500ms`).
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
     leader_election_retry_period: Duration,
+
+    /// What a replica that does not lead keeps watching: `warm` keeps every pod and NodeImage
+    /// in memory (about what the leader holds for them), so that it takes over without listing
+    /// them; `cold` watches nothing until it leads (least memory, slower takeover).
+    #[arg(long, value_enum, value_name = "WHAT", default_value_t = StandbyCaches::Warm)]
+    standby_caches: StandbyCaches,
+}
+
+/// `--standby-caches`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum StandbyCaches {
+    Warm,
+    Cold,
 }
 
 impl LeaderElectionArgs {
@@ -247,6 +260,7 @@ impl LeaderElectionArgs {
             lease_duration: self.leader_election_lease_duration,
             renew_deadline: self.leader_election_renew_deadline,
             retry_period: self.leader_election_retry_period,
+            warm_standby: self.standby_caches == StandbyCaches::Warm,
             ..LeaderElection::new(namespace)
         })
     }
@@ -630,7 +644,11 @@ mod tests {
         assert_eq!(election.lease_duration, Duration::from_secs(30));
         assert_eq!(election.renew_deadline, Duration::from_secs(20));
         assert_eq!(election.retry_period, Duration::from_millis(500));
+        assert!(election.warm_standby, "warm by default");
+        let cold = manager_args(&["--standby-caches=cold"]);
+        assert!(!cold.leader_election.options("ns").unwrap().warm_standby);
         assert!(Cli::try_parse_from(["kruise-rs", "manager", "--leader-elect=maybe"]).is_err());
+        assert!(Cli::try_parse_from(["kruise-rs", "manager", "--standby-caches=hot"]).is_err());
     }
 
     #[test]

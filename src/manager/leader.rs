@@ -67,11 +67,14 @@ pub struct LeaderElection {
     pub renew_deadline: Duration,
     /// How often the leader renews, and how often the others try to acquire.
     pub retry_period: Duration,
+    /// Whether a replica that does not lead keeps the pod and NodeImage watches running, so
+    /// that it takes over without listing them first (decision 0043). Default true.
+    pub warm_standby: bool,
 }
 
 impl LeaderElection {
     /// Upstream's defaults: Lease `kruise-rs-manager`, 15 s lease, 10 s renew deadline, 2 s
-    /// retry period, identity from `default_identity`.
+    /// retry period, identity from `default_identity`; a warm standby.
     pub fn new(namespace: impl Into<String>) -> Self {
         Self {
             lease_name: DEFAULT_LEASE_NAME.to_owned(),
@@ -80,6 +83,7 @@ impl LeaderElection {
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
+            warm_standby: true,
         }
     }
 

@@ -43,6 +43,7 @@ use crate::controllers::{self, CacheSync, ControllerOptions};
 use crate::webhook::handlers::{HandlerSettings, Handlers};
 use crate::webhook::{self, WebhookError, WebhookOptions, server::Metered};
 use kruise_rs_controller::initial_list::{self, InitialList, StreamingLists};
+use kruise_rs_controller::pod_feed;
 use tracing::{info, warn};
 
 pub use self::crds::{CrdState, REQUIRED_CRDS, UnusableCrds, check_crds};
@@ -216,7 +217,8 @@ pub async fn run(
         ..opts.controllers.clone()
     };
     // Without election the controllers start right away: not ready until they have synced.
-    let (controllers_state, controllers_seen) = watch::channel(match opts.leader_election {
+    let (controllers_state, controllers_seen) = watch::channel(match &opts.leader_election {
+        Some(election) if election.warm_standby => Controllers::StandbyListing,
         Some(_) => Controllers::Standby,
         None => Controllers::Syncing,
     });
@@ -511,6 +513,7 @@ async fn run_controllers(
     shutdown: impl Future<Output = ()>,
 ) {
     let metrics = opts.metrics.clone();
+    let metrics_for_terms = opts.metrics.clone();
     let Some(election) = election else {
         metrics.set_leader(true);
         let synced = CacheSync::default();
@@ -522,37 +525,75 @@ async fn run_controllers(
         return;
     };
     info!(lease = %election.lease_name, namespace = %election.namespace, identity = %election.identity,
+          warm_standby = election.warm_standby,
           "leader election on: the controllers run only on the replica holding the lease");
+    // Warm: the pod and NodeImage watches run all along, leading or not (decision 0043).
+    let (drive, warm) = match election.warm_standby {
+        true => {
+            let (drive, watches) = controllers::SharedWatches::new(&client, &opts);
+            let listed = {
+                let (watches, state) = (watches.clone(), state.clone());
+                async move {
+                    watches.listed().await;
+                    info!("standing by with the pods and NodeImages listed");
+                    state.send_if_modified(|now| {
+                        let listing = *now == Controllers::StandbyListing;
+                        if listing {
+                            *now = Controllers::Standby;
+                        }
+                        listing
+                    });
+                    std::future::pending::<()>().await;
+                }
+            };
+            let drive = async move {
+                futures::future::join(drive, listed).await;
+            };
+            (futures::future::Either::Left(drive), Some(watches))
+        }
+        false => (
+            futures::future::Either::Right(std::future::pending::<()>()),
+            None,
+        ),
+    };
     // The manager's own stop timeout bounds the whole of this; the inner one lets the release
     // happen within it.
     let stop_timeout = CONTROLLERS_STOP_TIMEOUT
         .saturating_sub(election.renew_deadline.min(Duration::from_secs(3)));
-    let _ = leader::run_while_leading(
+    let leading = leader::run_while_leading(
         lease_client,
         election,
         shutdown,
         stop_timeout,
         |leading| metrics.set_leader(leading),
         move |stop| {
-            // Each term starts with empty caches: readiness waits for them again.
+            // Each term's controllers start with empty caches of their own (and, cold, of pods
+            // and NodeImages too): readiness waits for them again.
             let synced = CacheSync::default();
             let opts = ControllerOptions {
                 synced: synced.clone(),
                 ..opts.clone()
             };
-            let run = controllers::run(client.clone(), opts.clone(), async move {
+            let stop = async move {
                 let _ = stop.await;
-            });
+            };
+            let client = client.clone();
+            let run = match warm.clone() {
+                Some(watches) => futures::future::Either::Left(async move {
+                    controllers::run_on(&watches, client, opts, stop).await;
+                }),
+                None => futures::future::Either::Right(controllers::run(client, opts, stop)),
+            };
             // Dropped with the controllers, also when the Lease is lost mid-reconcile.
-            let forget = ForgetObjects(opts.metrics.clone(), state.clone());
+            let forget = ForgetObjects(metrics_for_terms.clone(), state.clone());
             let report = reporting_sync(run, synced, state.clone());
             async move {
                 let _forget = forget;
                 report.await;
             }
         },
-    )
-    .await;
+    );
+    let _ = pod_feed::alongside(drive, leading).await;
 }
 
 /// On drop, clears what the controllers reported about the objects: a replica that no longer

@@ -7,6 +7,9 @@
 /// Where this replica's controllers are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Controllers {
+    /// Not running here (another replica holds the Lease), and this replica's warm watches
+    /// (decision 0043) have not listed yet: it could not take over at once.
+    StandbyListing,
     /// Not running here: another replica holds the Lease (or they have stopped).
     Standby,
     /// Running; some controller's caches have not listed yet.
@@ -18,7 +21,11 @@ pub(crate) enum Controllers {
 /// The readiness decision. `webhook_caches`: `None` when this replica serves no webhooks, else
 /// whether their caches have listed.
 pub(crate) fn is_ready(webhook_caches: Option<bool>, controllers: Controllers) -> bool {
-    webhook_caches.unwrap_or(true) && controllers != Controllers::Syncing
+    webhook_caches.unwrap_or(true)
+        && !matches!(
+            controllers,
+            Controllers::Syncing | Controllers::StandbyListing
+        )
 }
 
 /// What `/readyz` waits for, for the log when it is not ready.
@@ -30,8 +37,10 @@ pub(crate) fn waiting_for(
     if webhook_caches == Some(false) {
         waiting.push("the webhooks' caches");
     }
-    if controllers == Controllers::Syncing {
-        waiting.push("the controllers' caches");
+    match controllers {
+        Controllers::Syncing => waiting.push("the controllers' caches"),
+        Controllers::StandbyListing => waiting.push("the standby's pod and NodeImage lists"),
+        Controllers::Standby | Controllers::Synced => {}
     }
     waiting
 }
@@ -45,6 +54,16 @@ mod tests {
         assert!(!is_ready(Some(false), Controllers::Standby));
         assert!(is_ready(Some(true), Controllers::Standby));
         assert!(is_ready(None, Controllers::Standby));
+    }
+
+    #[test]
+    fn a_warm_follower_also_waits_for_its_lists() {
+        assert!(!is_ready(Some(true), Controllers::StandbyListing));
+        assert!(!is_ready(None, Controllers::StandbyListing));
+        assert_eq!(
+            waiting_for(None, Controllers::StandbyListing),
+            vec!["the standby's pod and NodeImage lists"]
+        );
     }
 
     #[test]

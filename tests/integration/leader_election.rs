@@ -49,6 +49,8 @@ struct Election {
     lease: String,
     lease_ns: TestNamespace,
     label_value: String,
+    /// Whether the replicas keep their pod and NodeImage watches while they stand by.
+    warm_standby: bool,
 }
 
 impl Election {
@@ -58,6 +60,15 @@ impl Election {
             lease: unique_name("lease"),
             lease_ns: cluster.namespace("leader-lease").await,
             label_value: unique_name("le"),
+            warm_standby: true,
+        }
+    }
+
+    /// Replicas that watch nothing while they stand by (`--standby-caches=cold`).
+    async fn cold(cluster: &TestCluster) -> Self {
+        Election {
+            warm_standby: false,
+            ..Self::new(cluster).await
         }
     }
 
@@ -106,6 +117,7 @@ impl Election {
                 lease_duration: LEASE_DURATION,
                 renew_deadline: RENEW_DEADLINE,
                 retry_period: RETRY_PERIOD,
+                warm_standby: self.warm_standby,
             }),
             ..support::manager_options(cluster.kubeconfig_path())
         };
@@ -247,8 +259,18 @@ async fn two_replicas(cluster: &TestCluster, election: &Election) -> (Replica, R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_leader_reconciles_and_a_clean_stop_hands_over_at_once() {
     let cluster = support::cluster().await;
-    let election = Election::new(cluster).await;
-    let (a, b, set) = two_replicas(cluster, &election).await;
+    clean_handover(cluster, &Election::new(cluster).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_standbys_hand_over_the_same_way() {
+    let cluster = support::cluster().await;
+    clean_handover(cluster, &Election::cold(cluster).await).await;
+}
+
+/// Two replicas of `election`: only the leader reconciles; a clean stop hands over at once.
+async fn clean_handover(cluster: &TestCluster, election: &Election) {
+    let (a, b, set) = two_replicas(cluster, election).await;
     let before = election.lease().await.expect("the Lease exists");
 
     let stopped_at = Instant::now();

@@ -33,6 +33,7 @@ mod sidecarset_resources_policy;
 mod sidecarset_upgrade;
 mod smoke;
 mod support;
+mod warm_standby;
 mod watch_lists;
 mod webhook;
 mod webhook_availability;

@@ -20,7 +20,7 @@ use crate::support::{self, ExtraControlPlane, free_loopback_port, http_get, wait
 
 const WATCH_LIST_OFF: &str = "--feature-gates=WatchList=false";
 
-async fn plane_without_watch_list() -> ExtraControlPlane {
+pub(crate) async fn plane_without_watch_list() -> ExtraControlPlane {
     tokio::task::spawn_blocking(|| {
         let plane = ExtraControlPlane::start_with_apiserver_args(Some(WATCH_LIST_OFF));
         plane.install_crds();
@@ -30,7 +30,11 @@ async fn plane_without_watch_list() -> ExtraControlPlane {
     .expect("join")
 }
 
-fn options(kubeconfig: &Path, probe_addr: SocketAddr, mode: StreamingLists) -> ManagerOptions {
+pub(crate) fn options(
+    kubeconfig: &Path,
+    probe_addr: SocketAddr,
+    mode: StreamingLists,
+) -> ManagerOptions {
     ManagerOptions {
         probe_addr,
         // Every object: this control plane is the test's own.
@@ -43,7 +47,7 @@ fn options(kubeconfig: &Path, probe_addr: SocketAddr, mode: StreamingLists) -> M
     }
 }
 
-async fn readyz(addr: SocketAddr) -> Option<u16> {
+pub(crate) async fn readyz(addr: SocketAddr) -> Option<u16> {
     tokio::task::spawn_blocking(move || http_get(addr, "/readyz"))
         .await
         .expect("join")
