@@ -179,8 +179,17 @@ impl ManagerUnderTest {
     /// loopback port (`{port:probe}`, read by [`RunningManager::metric`]), as
     /// [`ControlPlane::spawn_manager`] starts it; `MANAGER_ARGS` (split at whitespace) is added to
     /// its arguments, `MANAGER_WRAPPER` runs it under another program and `MANAGER_RUST_LOG`
-    /// replaces its `RUST_LOG` (`warn`).
+    /// replaces its `RUST_LOG` (`warn`). `MANAGER_WEBHOOKS=1` runs it as deployed instead: its
+    /// webhooks served on a free loopback port (`{port:webhook}`) and registered by the manager
+    /// itself, so that every write of the kinds they cover (NodeImage spec writes included) goes
+    /// through them, as in a cluster.
     pub fn ours() -> Self {
+        let as_deployed = std::env::var("MANAGER_WEBHOOKS").is_ok_and(|v| v.trim() == "1");
+        Self::ours_with_webhooks(as_deployed)
+    }
+
+    /// [`Self::ours`], its webhooks on or off whatever `MANAGER_WEBHOOKS` says.
+    pub fn ours_with_webhooks(as_deployed: bool) -> Self {
         let var = |name| {
             std::env::var(name)
                 .ok()
@@ -194,15 +203,33 @@ impl ManagerUnderTest {
             "127.0.0.1:{port:probe}",
             "--nodeimage-creation-delay",
             "0",
-            "--disable-webhooks",
         ]
         .map(str::to_owned)
         .into();
+        if as_deployed {
+            args.extend(
+                [
+                    "--namespace",
+                    "kruise-system",
+                    "--webhook-addr",
+                    "127.0.0.1:{port:webhook}",
+                    "--webhook-url",
+                    "https://127.0.0.1:{port:webhook}",
+                ]
+                .map(str::to_owned),
+            );
+        } else {
+            args.push("--disable-webhooks".to_owned());
+        }
         if let Some(extra) = var("MANAGER_ARGS") {
             args.extend(extra.split_whitespace().map(str::to_owned));
         }
         ManagerUnderTest {
-            name: "kruise-rs".into(),
+            name: if as_deployed {
+                "kruise-rs with its webhooks".into()
+            } else {
+                "kruise-rs".into()
+            },
             binary: crate::kruise_rs_binary(),
             args,
             env: BTreeMap::from([(
@@ -627,5 +654,26 @@ mod tests {
         assert_eq!(m.binary, crate::kruise_rs_binary());
         assert_eq!(m.args[..3], ["manager", "--kubeconfig", "{kubeconfig}"]);
         assert!(m.args.iter().all(|a| placeholders(a).is_ok()));
+    }
+
+    #[test]
+    fn ours_as_deployed_serves_and_registers_its_webhooks() {
+        let bare = ManagerUnderTest::ours_with_webhooks(false);
+        assert!(bare.args.iter().any(|a| a == "--disable-webhooks"));
+        let deployed = ManagerUnderTest::ours_with_webhooks(true);
+        assert!(!deployed.args.iter().any(|a| a == "--disable-webhooks"));
+        let after = |flag: &str| {
+            let i = deployed.args.iter().position(|a| a == flag)?;
+            deployed.args.get(i + 1).cloned()
+        };
+        assert_eq!(
+            after("--webhook-url").as_deref(),
+            Some("https://127.0.0.1:{port:webhook}")
+        );
+        assert_eq!(
+            after("--webhook-addr").as_deref(),
+            Some("127.0.0.1:{port:webhook}")
+        );
+        assert_ne!(bare.name, deployed.name);
     }
 }
