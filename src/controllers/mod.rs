@@ -10,6 +10,7 @@
 pub mod sidecarset;
 
 use std::future::Future;
+use std::pin::Pin;
 
 use futures::FutureExt;
 use kube::Client;
@@ -37,11 +38,13 @@ impl SharedWatches {
     pub fn new(
         client: &Client,
         opts: &ControllerOptions,
-    ) -> (impl Future<Output = ()> + use<>, Self) {
+    ) -> (Pin<Box<dyn Future<Output = ()> + Send>>, Self) {
         let (drive_pods, pods) = pod_feed::share_pods(client.clone(), opts.watch_config());
         let (drive_nodeimages, nodeimages) =
             lean_nodeimage::share_nodeimages(client.clone(), opts.scoped_watch_config());
-        let drive = futures::future::join(drive_pods, drive_nodeimages).map(|_| ());
+        // Boxed here: 16 KB in a debug build, which every poll frame that built it in place
+        // would carry.
+        let drive = Box::pin(futures::future::join(drive_pods, drive_nodeimages).map(|_| ()));
         (drive, Self { pods, nodeimages })
     }
 

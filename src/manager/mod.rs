@@ -222,9 +222,7 @@ pub async fn run(
         Some(_) => Controllers::Standby,
         None => Controllers::Syncing,
     });
-    // Boxed: with the warm standby's watches beside the election, this future outgrew the 2 MiB
-    // stack of a test thread awaiting the manager in place (cutover tests, debug build).
-    let mut controllers = Box::pin(run_controllers(
+    let mut controllers = pin!(boxed_controllers(
         client,
         unlimited,
         controller_opts,
@@ -502,6 +500,27 @@ async fn reporting_sync(
     state.send_replace(Controllers::Standby);
 }
 
+/// [`run_controllers`], on the heap. Built here, in a frame that ends once it is built: built
+/// in place, the 79 KB it takes in a debug build were part of every poll of the manager's own
+/// future, whose tests await it in place or on 2 MiB threads (a cutover test overflowed).
+fn boxed_controllers(
+    client: Client,
+    lease_client: Client,
+    opts: ControllerOptions,
+    election: Option<LeaderElection>,
+    state: Arc<watch::Sender<Controllers>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    Box::pin(run_controllers(
+        client,
+        lease_client,
+        opts,
+        election,
+        state,
+        shutdown,
+    ))
+}
+
 /// Runs the controllers until `shutdown` resolves: all along, or with `election` only while
 /// this replica leads (then the Lease is released once they have stopped). Returns early only
 /// if they stop by themselves. `state` follows them, for `/readyz`. `lease_client` is for
@@ -576,23 +595,28 @@ async fn run_controllers(
                 synced: synced.clone(),
                 ..opts.clone()
             };
-            let stop = async move {
-                let _ = stop.await;
-            };
-            let client = client.clone();
-            let run = match warm.clone() {
-                Some(watches) => futures::future::Either::Left(async move {
-                    controllers::run_on(&watches, client, opts, stop).await;
-                }),
-                None => futures::future::Either::Right(controllers::run(client, opts, stop)),
-            };
+            let (client, warm, state) = (client.clone(), warm.clone(), state.clone());
             // Dropped with the controllers, also when the Lease is lost mid-reconcile.
             let forget = ForgetObjects(metrics_for_terms.clone(), state.clone());
-            let report = reporting_sync(run, synced, state.clone());
-            async move {
+            // Boxed, and the controllers' futures made inside it: built here, in the election's
+            // poll, they were moved through its stack, which a debug build's 2 MiB test threads
+            // could not hold (leader_election::cold_standbys_hand_over_the_same_way).
+            Box::pin(async move {
                 let _forget = forget;
-                report.await;
-            }
+                let stop = async move {
+                    let _ = stop.await;
+                };
+                match warm {
+                    Some(watches) => {
+                        let run = controllers::run_on(&watches, client, opts, stop);
+                        reporting_sync(run, synced, state).await;
+                    }
+                    None => {
+                        let run = controllers::run(client, opts, stop);
+                        reporting_sync(run, synced, state).await;
+                    }
+                }
+            })
         },
     );
     let _ = pod_feed::alongside(drive, leading).await;
