@@ -1,6 +1,6 @@
 //! The manager's controllers: [`run`] starts the NodeImage, ImagePullJob and ImageListPullJob
 //! controllers (`kruise-rs-imagepull`) and the SidecarSet controller ([`sidecarset`]) with one
-//! pod watch and one NodeImage watch between them ([`SharedWatches`]), and returns when
+//! pod watch and one NodeImage watch between them (`SharedWatches`), and returns when
 //! `shutdown` fires.
 //!
 //! Each controller has a small `Context`, a free `reconcile` and `error_policy`, and keeps its
@@ -27,7 +27,7 @@ use kruise_rs_imagepull::{imagelistpulljob, imagepulljob, nodeimage};
 /// running (warm) so that, once it leads, its controllers start from full stores instead of
 /// listing tens of thousands of pods first (decision 0043).
 #[derive(Clone)]
-pub struct SharedWatches {
+pub(crate) struct SharedWatches {
     pods: SharedWatch<PodSummary>,
     nodeimages: SharedWatch<LeanNodeImage>,
 }
@@ -35,7 +35,7 @@ pub struct SharedWatches {
 impl SharedWatches {
     /// Starts nothing by itself: returns the future that drives both watches (poll it for as
     /// long as the watches should run) and the handle the controllers take their feeds from.
-    pub fn new(
+    pub(crate) fn new(
         client: &Client,
         opts: &ControllerOptions,
     ) -> (Pin<Box<dyn Future<Output = ()> + Send>>, Self) {
@@ -49,7 +49,7 @@ impl SharedWatches {
     }
 
     /// Resolves once both watches have listed (at once if they have).
-    pub async fn listed(&self) {
+    pub(crate) async fn listed(&self) {
         let (mut pods, mut nodeimages) = (self.pods.ready(), self.nodeimages.ready());
         let _ = pods.wait_for(|listed| *listed).await;
         let _ = nodeimages.wait_for(|listed| *listed).await;
@@ -65,7 +65,7 @@ pub async fn run(client: Client, opts: ControllerOptions, shutdown: impl Future<
 
 /// Runs every controller, reading pods and NodeImages from `watches` (whose drive runs apart),
 /// until `shutdown` resolves; each one stops gracefully before this returns.
-pub async fn run_on(
+pub(crate) async fn run_on(
     watches: &SharedWatches,
     client: Client,
     opts: ControllerOptions,

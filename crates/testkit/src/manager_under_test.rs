@@ -189,7 +189,7 @@ impl ManagerUnderTest {
     }
 
     /// [`Self::ours`], its webhooks on or off whatever `MANAGER_WEBHOOKS` says.
-    pub fn ours_with_webhooks(as_deployed: bool) -> Self {
+    fn ours_with_webhooks(as_deployed: bool) -> Self {
         let var = |name| {
             std::env::var(name)
                 .ok()
