@@ -88,6 +88,8 @@ struct Shared {
     state: Mutex<FaultState>,
     /// While true, no watch passes an event on ([`FaultProxy::hold_watch_events`]).
     held: tokio::sync::watch::Sender<bool>,
+    /// Every request's method, path and query, in arrival order ([`FaultProxy::requests`]).
+    seen: Mutex<Vec<String>>,
 }
 
 struct FaultState {
@@ -180,6 +182,9 @@ fn up_to(rng: &mut fastrand::Rng, max: Duration) -> Duration {
     max.mul_f64(rng.f64())
 }
 
+/// How many requests [`FaultProxy::requests`] keeps between two calls.
+pub const MAX_SEEN: usize = 100_000;
+
 /// The proxy, serving until dropped.
 pub struct FaultProxy {
     addr: SocketAddr,
@@ -210,6 +215,7 @@ impl FaultProxy {
                 watches: 0,
             }),
             held: tokio::sync::watch::Sender::new(false),
+            seen: Mutex::default(),
         });
         let app = axum::Router::new()
             .fallback(forward)
@@ -262,6 +268,13 @@ impl FaultProxy {
 
     pub fn injected(&self) -> Injected {
         self.lock().injected.clone()
+    }
+
+    /// The requests that arrived so far (`GET /api/v1/pods?watch=true&...`), oldest first (the
+    /// first [`MAX_SEEN`] since the last call), and forgets them: what the next call returns
+    /// starts after this one.
+    pub fn requests(&self) -> Vec<String> {
+        std::mem::take(&mut *self.shared.seen.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, FaultState> {
@@ -329,6 +342,12 @@ async fn forward(
     request: Request,
 ) -> Result<Response, Infallible> {
     let watch = is_watch(request.uri().query());
+    {
+        let mut seen = shared.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.len() < MAX_SEEN {
+            seen.push(format!("{} {}", request.method(), request.uri()));
+        }
+    }
     let fate = shared
         .state
         .lock()
