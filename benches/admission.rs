@@ -18,9 +18,10 @@
 //!    single-thread throughput, for a pod 3 SidecarSets select and for one none selects; then
 //!    `Handlers::admit` alone, the pure path (`plan_for_new_pod` + `inject` + `pod_patch`), and
 //!    every stage of a request timed on its own (decode, cache read, plan, inject, patch,
-//!    encode, drops) and the metadata list of SidecarSets the handler sends per request
+//!    encode, drops), the fence the handler sends per request (decision 0044) and the metadata
+//!    list of SidecarSets it sends when the fence is not a version its cache is known to hold
 //!    (decision 0031), to show where the time goes (the handler's own patch step, its private
-//!    `patch_preserving`, is what `admit()` takes beyond the other stages and the list); and
+//!    `patch_preserving`, is what `admit()` takes beyond the other stages and the fence); and
 //!    throughput with a task per core and more;
 //! 5. through the apiserver, with the manager running, ROUNDS interleaved rounds of: pods in the
 //!    manager's namespace (which the configuration excludes: the webhook is not called), the
@@ -723,7 +724,7 @@ async fn measure_in_process(
 
 /// `requests` reviews spread over `tasks` tasks of the multi-threaded runtime: requests per second.
 /// `n` metadata lists of every SidecarSet from the apiserver's cache, one after another, as the
-/// pod webhook sends one per admission.
+/// pod webhook sends one when its fence is not a version its cache is known to hold.
 async fn sidecarset_lists(client: &Client, n: usize) -> Result<Stats> {
     let api = Api::<SidecarSet>::all(client.clone());
     let mut samples = Vec::with_capacity(n);
@@ -731,6 +732,22 @@ async fn sidecarset_lists(client: &Client, n: usize) -> Result<Stats> {
         let t = Instant::now();
         api.list_metadata(&ListParams::default().match_any())
             .await?;
+        samples.push(t.elapsed());
+    }
+    Ok(stats(samples))
+}
+
+/// `n` fences, one after another, as the pod webhook sends one per admission: a metadata list
+/// from the apiserver's cache selecting a name no SidecarSet can have.
+async fn sidecarset_fences(client: &Client, n: usize) -> Result<Stats> {
+    let api = Api::<SidecarSet>::all(client.clone());
+    let params = ListParams::default()
+        .match_any()
+        .fields("metadata.name=kruise-rs..fence");
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        api.list_metadata(&params).await?;
         samples.push(t.elapsed());
     }
     Ok(stats(samples))
@@ -904,25 +921,33 @@ async fn in_process(client: &Client, requests: usize) -> Result<InProcess> {
             us(in_admit),
             100.0 * in_admit.as_secs_f64() / admit.p50.as_secs_f64(),
         );
-        // Before injecting, the handler confirms its SidecarSet cache with a metadata list of the
-        // apiserver's cache (decision 0031): timed here on its own, through the same client.
+        // Before injecting, the handler confirms its SidecarSet cache against the apiserver's: a
+        // fence (decision 0044), and a metadata list of every SidecarSet only when the fence is
+        // not a version the cache is known to hold (decision 0031). Each timed here on its own,
+        // through the same client.
+        let fence = sidecarset_fences(client, 200).await?;
         let list = sidecarset_lists(client, 200).await?;
+        let (fenced, caught_up, listed) = handlers.sidecarset_confirmations();
         println!(
-            "    metadata list of the SidecarSets, resourceVersion 0 (the handler's cache \
-             confirmation, one per request sent one after another): p50 {}, p99 {}",
+            "    cache confirmation, one per request sent one after another: the fence (the \
+             apiserver cache's version) p50 {}, p99 {}; a metadata list of every SidecarSet p50 \
+             {}, p99 {}; so far the handler confirmed by the fence {fenced} times, by its watch \
+             catching up {caught_up}, by a list {listed}",
+            us(fence.p50),
+            us(fence.p99),
             us(list.p50),
             us(list.p99)
         );
         // The handler builds its patch with its own (private) `patch_preserving`, which keeps the
         // fields the typed Pod does not know; what admit() takes beyond its other stages and the
-        // list is that.
+        // fence is that.
         if let Some(pod_patch) = pod_patch {
             let rest = admit
                 .p50
                 .saturating_sub(in_admit.saturating_sub(pod_patch))
-                .saturating_sub(list.p50);
+                .saturating_sub(fence.p50);
             println!(
-                "    admit()'s p50 less its other stages and the list's p50: {} for the handler's \
+                "    admit()'s p50 less its other stages and the fence's p50: {} for the handler's \
                  patch step (to_value of the raw object + patch_preserving, private), against {} \
                  for pod_patch",
                 us(rest),

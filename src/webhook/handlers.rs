@@ -2,15 +2,18 @@
 //! its answer into a [`Verdict`].
 //!
 //! The pod webhook reads SidecarSets and Namespaces from caches (reflectors started by
-//! [`Handlers::new`]); the SidecarSets are confirmed by a metadata list of the apiserver's cache
-//! shared between admissions, and the ones the cache lacks or holds stale are fetched
-//! (`confirmed_sidecarsets.rs`). Until the caches have listed once, pod requests wait a
-//! moment and are then refused rather than admitted without their sidecars. A SidecarSet using
+//! [`Handlers::new`]); the SidecarSet cache is confirmed by a read of the version the apiserver's
+//! cache stands at, or a metadata list of it, shared between admissions, and the SidecarSets the
+//! cache lacks or holds stale are fetched (`confirmed_sidecarsets.rs`). Until the caches have
+//! listed once, pod requests wait a moment and are then refused rather than admitted without
+//! their sidecars. A SidecarSet using
 //! a feature kruise-rs does not serve is left out of the pod with a warning and a throttled
 //! event ([`kruise_rs_sidecar::unsupported`], [`super::unsupported_events`]), or refuses it when
 //! annotated to.
 
 use std::future::Future;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,7 +31,7 @@ use super::configuration::{
     MUTATE_IMAGELISTPULLJOB, MUTATE_IMAGEPULLJOB, MUTATE_NODEIMAGE, MUTATE_POD, MUTATE_SIDECARSET,
     VALIDATE_IMAGELISTPULLJOB, VALIDATE_IMAGEPULLJOB, VALIDATE_NODEIMAGE, VALIDATE_SIDECARSET,
 };
-use super::confirmed_sidecarsets::{self, SharedLists};
+use super::confirmed_sidecarsets::{self, KnownVersions, Listed, Settled, SharedReads};
 use super::dry_run;
 use super::secret_access;
 use super::server::{Admit, AdmitFuture, Verdict};
@@ -81,9 +84,16 @@ pub struct Handlers {
     /// The manager's namespace: SidecarSet ControllerRevisions and the configuration ConfigMap.
     pub(super) namespace: String,
     pub(super) sidecarsets: Store<SidecarSet>,
-    /// Lists of the apiserver's cache the SidecarSet cache is confirmed against before a pod
-    /// is admitted: our watch runs behind the apiserver.
-    sidecarset_lists: Arc<SharedLists>,
+    /// The apiserver cache's versions at which ours (`sidecarsets` and
+    /// `unreadable_sidecarsets`) is known to hold what it held: our watch runs behind the
+    /// apiserver, so a pod is admitted only once a read of the apiserver confirms the cache.
+    sidecarset_versions: Arc<KnownVersions>,
+    /// Reads of the version the apiserver's SidecarSet cache stands at.
+    sidecarset_fences: Arc<SharedReads<Option<String>>>,
+    /// Lists of the SidecarSets' metadata, when the fence is not a known version.
+    sidecarset_lists: Arc<SharedReads<Listed>>,
+    /// How admissions confirmed the cache.
+    confirmations: ConfirmationCounts,
     /// The SidecarSets the cache above is missing because our type cannot read them, as raw
     /// JSON: pods they may select are admitted with a warning or refused ([`HandlerSettings`]).
     unreadable_sidecarsets: Store<UnreadableObject<SidecarSet>>,
@@ -126,16 +136,25 @@ impl Handlers {
         let recorder = Arc::new(Recorder::for_manager(client.clone()));
         // Guarded: one SidecarSet our type refuses must not keep every other one (and every pod
         // admission) waiting; it is reported and left out (decision 0018).
-        let sidecarset_stream = reflector::reflector(
-            sidecarset_writer,
-            unreadable::skip_unreadable_into(
-                watcher(
-                    Api::<unreadable::Guarded<SidecarSet>>::all(client.clone()),
-                    watcher::Config::default(),
-                )
-                .default_backoff(),
-                unreadable::log_and_record::<SidecarSet>(recorder.clone(), "sidecar injection"),
-                unreadable_writer,
+        // Both stores are applied between `before_stores` and `after_stores`, which tell the
+        // known versions what the cache holds.
+        let sidecarset_versions = KnownVersions::new();
+        let sidecarset_stream = confirmed_sidecarsets::after_stores(
+            sidecarset_versions.clone(),
+            reflector::reflector(
+                sidecarset_writer,
+                unreadable::skip_unreadable_into(
+                    confirmed_sidecarsets::before_stores(
+                        sidecarset_versions.clone(),
+                        watcher(
+                            Api::<unreadable::Guarded<SidecarSet>>::all(client.clone()),
+                            watcher::Config::default(),
+                        )
+                        .default_backoff(),
+                    ),
+                    unreadable::log_and_record::<SidecarSet>(recorder.clone(), "sidecar injection"),
+                    unreadable_writer,
+                ),
             ),
         )
         .for_each(|_| future::ready(()));
@@ -177,7 +196,10 @@ impl Handlers {
             }
         };
         let handlers = Arc::new(Self {
-            sidecarset_lists: SharedLists::of(Api::all(client.clone())),
+            sidecarset_versions,
+            sidecarset_fences: confirmed_sidecarsets::fences(Api::all(client.clone())),
+            sidecarset_lists: confirmed_sidecarsets::lists(Api::all(client.clone())),
+            confirmations: ConfirmationCounts::default(),
             recorder,
             revisions,
             unsupported_events: Mutex::default(),
@@ -824,20 +846,50 @@ impl Handlers {
         }
     }
 
-    /// The SidecarSets as they are now, readable and not: the cached objects the apiserver's
-    /// list confirms (the objects themselves, not copies: cloning 50 SidecarSets cost more than
-    /// the whole injection, benches/admission.rs), and the others read from the apiserver.
-    async fn confirmed_sidecarsets(
-        &self,
-    ) -> Result<(Vec<Arc<SidecarSet>>, Vec<Arc<Unreadable>>), String> {
+    /// The SidecarSets as they are now, readable and not: the cache as it is when the
+    /// apiserver's stands at a version ours is known to hold; otherwise, once our watch reaches
+    /// it or a list comes first, the cached objects the list confirms and the others read from
+    /// the apiserver (`confirmed_sidecarsets.rs`). The cached objects are used themselves, not
+    /// copies: cloning 50 SidecarSets cost more than the whole injection (benches/admission.rs).
+    async fn confirmed_sidecarsets(&self) -> Result<ConfirmedSidecarSets, String> {
         let refusal = |e: String| {
             format!("cannot confirm which SidecarSets may select this pod ({e}); retry")
         };
-        let listed = self
-            .sidecarset_lists
+        let fence = self
+            .sidecarset_fences
             .started_after_now()
             .await
             .map_err(refusal)?;
+        let versions = &self.sidecarset_versions;
+        if let Some(version) = fence.as_deref()
+            && let Some(settled) = versions.holds(version)
+            && let Some(cached) = self.cached_at(settled)
+        {
+            self.confirmations.fence.fetch_add(1, Relaxed);
+            return Ok(cached);
+        }
+        // Our watch is behind the fence, or the apiserver's cache moved on by a progress
+        // notification (no event will come): whichever settles it first.
+        let caught_up = async {
+            match fence.as_deref() {
+                Some(version) => versions.reached(version).await,
+                None => std::future::pending().await,
+            }
+        };
+        let listed = tokio::select! {
+            settled = caught_up => match self.cached_at(settled) {
+                Some(cached) => {
+                    self.confirmations.caught_up.fetch_add(1, Relaxed);
+                    return Ok(cached);
+                }
+                // An event came in between: list.
+                None => self.sidecarset_lists.started_after_now().await,
+            },
+            listed = self.sidecarset_lists.started_after_now() => listed,
+        }
+        .map_err(refusal)?;
+        self.confirmations.listed.fetch_add(1, Relaxed);
+        let settled = versions.settled();
         let cached = self
             .sidecarsets
             .state()
@@ -849,10 +901,16 @@ impl Handlers {
                     .into_iter()
                     .map(|u| Confirmed::Unreadable(Arc::new(u.unreadable.clone()))),
             );
-        let confirmation = confirmed_sidecarsets::confirm(&listed, cached, |c| {
+        let confirmation = confirmed_sidecarsets::confirm(&listed.sets, cached, |c| {
             let meta = c.metadata();
             (meta.name.as_deref(), meta.resource_version.as_deref())
         });
+        // The cache held exactly what the list did: the list's version is one ours holds.
+        if confirmation.fetch.is_empty()
+            && let (Some(settled), Some(version)) = (settled, listed.version.as_deref())
+        {
+            versions.matched(settled, version);
+        }
         let mut confirmed = confirmation.current;
         let api = Api::<Guarded<SidecarSet>>::all(self.client.clone());
         for name in &confirmation.fetch {
@@ -876,6 +934,32 @@ impl Handlers {
         Ok((readable, unreadable))
     }
 
+    /// Both SidecarSet caches as they were at `settled`, or `None` if an event has changed
+    /// them since.
+    fn cached_at(&self, settled: Settled) -> Option<ConfirmedSidecarSets> {
+        let readable = self.sidecarsets.state();
+        let unreadable = self
+            .unreadable_sidecarsets
+            .state()
+            .iter()
+            .map(|u| Arc::new(u.unreadable.clone()))
+            .collect();
+        self.sidecarset_versions
+            .still(settled)
+            .then_some((readable, unreadable))
+    }
+
+    /// How admissions have confirmed the SidecarSet cache so far: by a fence at a version the
+    /// cache held, by waiting for the watch to reach it, and by a list.
+    pub fn sidecarset_confirmations(&self) -> (u64, u64, u64) {
+        let c = &self.confirmations;
+        (
+            c.fence.load(Relaxed),
+            c.caught_up.load(Relaxed),
+            c.listed.load(Relaxed),
+        )
+    }
+
     /// The labels of namespace `name`, from the cache or (for a namespace created a moment ago)
     /// from the apiserver.
     async fn namespace_labels(&self, name: &str) -> Result<BTreeMap<String, String>, String> {
@@ -888,6 +972,17 @@ impl Handlers {
             .map(|n| n.metadata.labels.unwrap_or_default())
             .map_err(|e| format!("cannot read the labels of namespace {name}: {e}"))
     }
+}
+
+/// The SidecarSets a pod is weighed against: those our type reads, and those it does not.
+type ConfirmedSidecarSets = (Vec<Arc<SidecarSet>>, Vec<Arc<Unreadable>>);
+
+/// Counts of [`Handlers::sidecarset_confirmations`].
+#[derive(Default)]
+struct ConfirmationCounts {
+    fence: AtomicU64,
+    caught_up: AtomicU64,
+    listed: AtomicU64,
 }
 
 /// A SidecarSet the pod webhook weighs: one our type reads, or one it does not (decision 0027).

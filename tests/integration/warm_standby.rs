@@ -21,12 +21,12 @@ use crate::support::{self, ExtraControlPlane, free_loopback_port, wait_for};
 use crate::watch_lists::{options, plane_without_watch_list, readyz};
 
 /// The Lease the replicas here elect over, in `default` (each control plane is the test's own).
-const LEASE: &str = "kruise-rs-standby";
-const NAMESPACE: &str = "default";
+pub(crate) const LEASE: &str = "kruise-rs-standby";
+pub(crate) const NAMESPACE: &str = "default";
 
 /// Writes `holder` (empty: nobody) into the Lease, renewed now, for `seconds`; creates it first
 /// if there is none.
-async fn hold_lease(client: &Client, holder: &str, seconds: i32) {
+pub(crate) async fn hold_lease(client: &Client, holder: &str, seconds: i32) {
     let leases = Api::<Lease>::namespaced(client.clone(), NAMESPACE);
     let spec = LeaseSpec {
         holder_identity: (!holder.is_empty()).then(|| holder.to_owned()),

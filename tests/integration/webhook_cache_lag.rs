@@ -4,6 +4,10 @@
 //! [`FaultProxy`] that holds every watch event back, while the test writes SidecarSets and pods
 //! straight to the apiserver. Each pod must get the sidecars of the SidecarSets as they are when
 //! it is created (decision 0031).
+//!
+//! What the confirmation costs (decision 0044): while the SidecarSets stay as they are, a pod
+//! costs the apiserver one fence (a read of its cache's version), not a list of every
+//! SidecarSet; read from the proxy, which sees every request the manager sends.
 
 use std::time::Duration;
 
@@ -18,6 +22,9 @@ use crate::harness::fault_proxy::FaultProxy;
 use crate::sidecarset_upgrade::poll;
 use crate::support::webhook::{WEBHOOK_NAMESPACE_LABEL, own_manager_with_webhooks};
 use crate::support::{ExtraControlPlane, client_for, start_manager};
+use crate::warm_standby::{LEASE, NAMESPACE, hold_lease};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kruise_rs::manager::LeaderElection;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const INJECTED_LIST: &str = "kruise.io/sidecarset-injected-list";
@@ -149,4 +156,165 @@ async fn a_pod_gets_the_sidecarsets_as_they_are_while_the_webhooks_cache_lags() 
         ["late=busybox:1.37", "main=nginx:1.25"]
     );
     proxy.release_watch_events();
+}
+
+/// The manager's requests for the SidecarSets' resource version (fences) and lists of every
+/// SidecarSet, among `requests` (from [`FaultProxy::requests`]).
+fn fences_and_lists(requests: &[String]) -> (usize, usize) {
+    let reads: Vec<&String> = requests
+        .iter()
+        .filter(|r| r.starts_with("GET ") && r.contains("/sidecarsets?") && !r.contains("watch="))
+        .collect();
+    let fences = reads
+        .iter()
+        .filter(|r| r.contains("fieldSelector=metadata.name"))
+        .count();
+    (fences, reads.len() - fences)
+}
+
+/// A manager behind a proxy that only records what it sends, serving its webhooks without
+/// running its controllers (the Lease is held elsewhere), so nothing but the test writes
+/// SidecarSets; and the SidecarSets `a`, `b`, `c` selecting `app=web`, in its cache.
+async fn webhooks_behind_a_recording_proxy(
+    ns: &str,
+) -> (
+    ExtraControlPlane,
+    kube::Client,
+    FaultProxy,
+    crate::support::RunningManager,
+) {
+    let plane = ExtraControlPlane::start_with_crds().await;
+    let client = client_for(plane.kubeconfig_path()).await;
+    let mut upstream = Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(plane.kubeconfig_path()).expect("kubeconfig"),
+        &Default::default(),
+    )
+    .await
+    .expect("a config");
+    upstream.read_timeout = None;
+    let proxy = FaultProxy::start(kube::Client::try_from(upstream).expect("client"), 1)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    hold_lease(&client, "elsewhere", 3600).await;
+    let mut opts = own_manager_with_webhooks(proxy.kubeconfig());
+    opts.leader_election = Some(LeaderElection {
+        lease_name: LEASE.to_owned(),
+        identity: "webhooks-only".to_owned(),
+        ..LeaderElection::new(NAMESPACE)
+    });
+    let manager = start_manager(opts, TIMEOUT, "webhooks behind the recording proxy").await;
+    crate::harness::objects::create_namespace(&client, ns, &[(WEBHOOK_NAMESPACE_LABEL, "true")])
+        .await
+        .expect("namespace");
+    let sets = Api::<SidecarSet>::all(client.clone());
+    for name in ["a", "b", "c"] {
+        sets.create(&PostParams::default(), &sidecarset(name, "busybox:1.36"))
+            .await
+            .unwrap_or_else(|e| panic!("SidecarSet {name}: {e}"));
+    }
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    poll("a pod injected with a, b and c", TIMEOUT, || {
+        let pods = pods.clone();
+        async move {
+            let created = pods
+                .create(&PostParams::default(), &pod())
+                .await
+                .map_err(|e| e.to_string())?;
+            match created.annotations().get(INJECTED_LIST) {
+                Some(list) if list == "a,b,c" => Ok(()),
+                other => Err(format!("injected list {other:?}")),
+            }
+        }
+    })
+    .await;
+    (plane, client, proxy, manager)
+}
+
+/// Creates `n` pods one after another; each must get `a`, `b` and `c`.
+async fn create_injected_pods(pods: &Api<Pod>, n: usize) {
+    for i in 0..n {
+        let created = pods
+            .create(&PostParams::default(), &pod())
+            .await
+            .unwrap_or_else(|e| panic!("pod {i}: {e}"));
+        assert_eq!(
+            created.annotations().get(INJECTED_LIST).map(String::as_str),
+            Some("a,b,c"),
+            "pod {i}"
+        );
+    }
+}
+
+/// The version the apiserver's SidecarSet cache stands at, read as the webhook's fence reads it.
+async fn cache_version(client: &kube::Client) -> String {
+    let params = kube::api::ListParams::default()
+        .match_any()
+        .fields("metadata.name=kruise-rs..fence");
+    Api::<SidecarSet>::all(client.clone())
+        .list_metadata(&params)
+        .await
+        .expect("the fence")
+        .metadata
+        .resource_version
+        .expect("a list version")
+}
+
+/// Decision 0044: while the SidecarSets stay as they are, each pod costs one fence and no list.
+/// Before it, each pod cost a list of every SidecarSet (20 here).
+#[tokio::test]
+async fn a_pod_costs_a_fence_and_no_list_while_the_sidecarsets_stay_as_they_are() {
+    let ns = "fence";
+    let (_plane, client, proxy, _manager) = webhooks_behind_a_recording_proxy(ns).await;
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let _ = proxy.requests();
+    create_injected_pods(&pods, 20).await;
+    let (fences, lists) = fences_and_lists(&proxy.requests());
+    assert_eq!(
+        fences, 20,
+        "one fence per pod (admissions one after another share none)"
+    );
+    // A progress notification from etcd may move the apiserver's cache on meanwhile (every
+    // 10 minutes by default): one list then teaches the webhook the new version.
+    assert!(lists <= 1, "{lists} lists of every SidecarSet for 20 pods");
+}
+
+/// The apiserver's SidecarSet cache moves to a newer version without any SidecarSet changing
+/// when it is asked for a consistent read (it requests a progress notification from etcd): no
+/// watch event brings our cache to that version, so the first pod costs a list; our cache matches
+/// it exactly, the version is learnt, and the next pods cost a fence each again.
+#[tokio::test]
+async fn a_version_reached_without_a_change_costs_one_list_then_fences_again() {
+    let ns = "fence-progress";
+    let (_plane, client, proxy, _manager) = webhooks_behind_a_recording_proxy(ns).await;
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let before = cache_version(&client).await;
+    let configmaps = Api::<ConfigMap>::namespaced(client.clone(), ns);
+    for i in 0..3 {
+        let cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": format!("moves-etcd-on-{i}")}}))
+                .expect("a ConfigMap");
+        configmaps
+            .create(&PostParams::default(), &cm)
+            .await
+            .expect("a ConfigMap");
+    }
+    // A consistent list (no resourceVersion): the apiserver's cache waits for etcd's revision.
+    Api::<SidecarSet>::all(client.clone())
+        .list_metadata(&kube::api::ListParams::default())
+        .await
+        .expect("a consistent list");
+    let after = cache_version(&client).await;
+    assert_ne!(
+        before, after,
+        "the consistent list did not move the apiserver's SidecarSet cache: nothing to test"
+    );
+
+    let _ = proxy.requests();
+    create_injected_pods(&pods, 10).await;
+    let (fences, lists) = fences_and_lists(&proxy.requests());
+    assert_eq!(fences, 10);
+    assert_eq!(
+        lists, 1,
+        "the first pod lists; the list's version is learnt for the next nine"
+    );
 }
