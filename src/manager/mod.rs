@@ -29,7 +29,7 @@ use std::{
     net::SocketAddr,
     path::PathBuf,
     pin::{Pin, pin},
-    sync::Arc,
+    sync::{Arc, atomic::AtomicBool},
     time::Duration,
 };
 
@@ -480,11 +480,12 @@ async fn changed_or_pending<T>(rx: Option<&mut watch::Receiver<T>>) {
 }
 
 /// Runs `run` (the controllers with `synced` in their options), telling `state` whether they
-/// are syncing, synced or stopped.
+/// are syncing, synced or stopped (standing by: [`readiness::stand_by`] with `warm_listed`).
 async fn reporting_sync(
     run: impl Future<Output = ()>,
     synced: CacheSync,
     state: Arc<watch::Sender<Controllers>>,
+    warm_listed: Arc<AtomicBool>,
 ) {
     state.send_replace(Controllers::Syncing);
     let report = async {
@@ -497,7 +498,7 @@ async fn reporting_sync(
         () = run => {}
         () = report => {}
     }
-    state.send_replace(Controllers::Standby);
+    readiness::stand_by(&state, &warm_listed);
 }
 
 /// [`run_controllers`], on the heap. Built here, in a frame that ends once it is built: built
@@ -542,28 +543,33 @@ async fn run_controllers(
             synced: synced.clone(),
             ..opts
         };
-        reporting_sync(controllers::run(client, opts, shutdown), synced, state).await;
+        let no_warm_watches = Arc::new(AtomicBool::new(true));
+        reporting_sync(
+            controllers::run(client, opts, shutdown),
+            synced,
+            state,
+            no_warm_watches,
+        )
+        .await;
         return;
     };
     info!(lease = %election.lease_name, namespace = %election.namespace, identity = %election.identity,
           warm_standby = election.warm_standby,
           "leader election on: the controllers run only on the replica holding the lease");
-    // Warm: the pod and NodeImage watches run all along, leading or not (decision 0043).
+    // Warm: the pod and NodeImage watches run all along, leading or not (decision 0043). Until
+    // they have listed, a replica standing by is not ready (also after a term that began
+    // before they had).
+    let warm_listed = Arc::new(AtomicBool::new(!election.warm_standby));
     let (drive, warm) = match election.warm_standby {
         true => {
             let (drive, watches) = controllers::SharedWatches::new(&client, &opts);
             let listed = {
-                let (watches, state) = (watches.clone(), state.clone());
+                let (watches, state, warm_listed) =
+                    (watches.clone(), state.clone(), warm_listed.clone());
                 async move {
                     watches.listed().await;
                     info!("standing by with the pods and NodeImages listed");
-                    state.send_if_modified(|now| {
-                        let listing = *now == Controllers::StandbyListing;
-                        if listing {
-                            *now = Controllers::Standby;
-                        }
-                        listing
-                    });
+                    readiness::warm_watches_listed(&state, &warm_listed);
                     std::future::pending::<()>().await;
                 }
             };
@@ -595,9 +601,18 @@ async fn run_controllers(
                 synced: synced.clone(),
                 ..opts.clone()
             };
-            let (client, warm, state) = (client.clone(), warm.clone(), state.clone());
+            let (client, warm, state, warm_listed) = (
+                client.clone(),
+                warm.clone(),
+                state.clone(),
+                warm_listed.clone(),
+            );
             // Dropped with the controllers, also when the Lease is lost mid-reconcile.
-            let forget = ForgetObjects(metrics_for_terms.clone(), state.clone());
+            let forget = ForgetObjects(
+                metrics_for_terms.clone(),
+                state.clone(),
+                warm_listed.clone(),
+            );
             // Boxed, and the controllers' futures made inside it: built here, in the election's
             // poll, they were moved through its stack, which a debug build's 2 MiB test threads
             // could not hold (leader_election::cold_standbys_hand_over_the_same_way).
@@ -609,11 +624,11 @@ async fn run_controllers(
                 match warm {
                     Some(watches) => {
                         let run = controllers::run_on(&watches, client, opts, stop);
-                        reporting_sync(run, synced, state).await;
+                        reporting_sync(run, synced, state, warm_listed).await;
                     }
                     None => {
                         let run = controllers::run(client, opts, stop);
-                        reporting_sync(run, synced, state).await;
+                        reporting_sync(run, synced, state, warm_listed).await;
                     }
                 }
             })
@@ -624,12 +639,16 @@ async fn run_controllers(
 
 /// On drop, clears what the controllers reported about the objects: a replica that no longer
 /// leads does not watch them, so its gauges would only go stale; and its controllers stand by.
-struct ForgetObjects(ManagerMetrics, Arc<watch::Sender<Controllers>>);
+struct ForgetObjects(
+    ManagerMetrics,
+    Arc<watch::Sender<Controllers>>,
+    Arc<AtomicBool>,
+);
 
 impl Drop for ForgetObjects {
     fn drop(&mut self) {
         self.0.forget_objects();
-        self.1.send_replace(Controllers::Standby);
+        readiness::stand_by(&self.1, &self.2);
     }
 }
 

@@ -4,6 +4,10 @@
 //! manager that cannot watch (a refused watch, missing RBAC) therefore stays unready and stops
 //! a rollout instead of reporting `ok`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::watch;
+
 /// Where this replica's controllers are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Controllers {
@@ -16,6 +20,34 @@ pub(crate) enum Controllers {
     Syncing,
     /// Running; every controller's caches have listed once.
     Synced,
+}
+
+/// Steps `state` down to standing by (this replica stopped leading, or its controllers stopped):
+/// `Standby`, or `StandbyListing` while its warm watches have not listed (`warm_listed`): a
+/// replica that won the Lease before they had listed and lost it again could not take over at
+/// once either. The flag is read under the state's lock, as [`warm_watches_listed`] sets it,
+/// so the end of the listing cannot slip in between.
+pub(crate) fn stand_by(state: &watch::Sender<Controllers>, warm_listed: &AtomicBool) {
+    state.send_modify(|now| {
+        *now = if warm_listed.load(Ordering::SeqCst) {
+            Controllers::Standby
+        } else {
+            Controllers::StandbyListing
+        };
+    });
+}
+
+/// This replica's warm watches have listed: a standby that waited for them is ready; a leader
+/// stays as it is.
+pub(crate) fn warm_watches_listed(state: &watch::Sender<Controllers>, warm_listed: &AtomicBool) {
+    state.send_if_modified(|now| {
+        warm_listed.store(true, Ordering::SeqCst);
+        let listing = *now == Controllers::StandbyListing;
+        if listing {
+            *now = Controllers::Standby;
+        }
+        listing
+    });
 }
 
 /// The readiness decision. `webhook_caches`: `None` when this replica serves no webhooks, else
@@ -48,6 +80,29 @@ pub(crate) fn waiting_for(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replica_that_stops_leading_before_its_warm_watches_listed_is_not_ready() {
+        let (state, seen) = watch::channel(Controllers::StandbyListing);
+        let warm_listed = AtomicBool::new(false);
+        // It wins the Lease at once, and loses it before the lists end.
+        state.send_replace(Controllers::Syncing);
+        stand_by(&state, &warm_listed);
+        assert_eq!(*seen.borrow(), Controllers::StandbyListing);
+        warm_watches_listed(&state, &warm_listed);
+        assert_eq!(*seen.borrow(), Controllers::Standby);
+    }
+
+    #[test]
+    fn lists_that_end_while_leading_leave_the_leader_as_it_is_and_make_a_later_standby_ready() {
+        let (state, seen) = watch::channel(Controllers::StandbyListing);
+        let warm_listed = AtomicBool::new(false);
+        state.send_replace(Controllers::Synced);
+        warm_watches_listed(&state, &warm_listed);
+        assert_eq!(*seen.borrow(), Controllers::Synced);
+        stand_by(&state, &warm_listed);
+        assert_eq!(*seen.borrow(), Controllers::Standby);
+    }
 
     #[test]
     fn a_follower_is_ready_once_its_webhook_caches_are() {
