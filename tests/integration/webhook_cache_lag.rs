@@ -86,20 +86,7 @@ async fn a_pod_gets_the_sidecarsets_as_they_are_while_the_webhooks_cache_lags() 
     sets.create(&PostParams::default(), &sidecarset("early", "busybox:1.36"))
         .await
         .expect("SidecarSet early");
-    poll("a pod injected with early", TIMEOUT, || {
-        let pods = pods.clone();
-        async move {
-            let created = pods
-                .create(&PostParams::default(), &pod())
-                .await
-                .map_err(|e| e.to_string())?;
-            match created.annotations().get(INJECTED_LIST) {
-                Some(list) if list == "early" => Ok(()),
-                other => Err(format!("injected list {other:?}")),
-            }
-        }
-    })
-    .await;
+    until_a_pod_gets(&pods, "early").await;
 
     // From here the manager's caches see nothing new.
     proxy.hold_watch_events();
@@ -213,7 +200,14 @@ async fn webhooks_behind_a_recording_proxy(
             .unwrap_or_else(|e| panic!("SidecarSet {name}: {e}"));
     }
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
-    poll("a pod injected with a, b and c", TIMEOUT, || {
+    until_a_pod_gets(&pods, "a,b,c").await;
+    (plane, client, proxy, manager)
+}
+
+/// Creates pods until one comes back injected with `list` (the webhook is registered and its
+/// cache has the SidecarSets).
+async fn until_a_pod_gets(pods: &Api<Pod>, list: &'static str) {
+    poll(&format!("a pod injected with {list}"), TIMEOUT, || {
         let pods = pods.clone();
         async move {
             let created = pods
@@ -221,13 +215,12 @@ async fn webhooks_behind_a_recording_proxy(
                 .await
                 .map_err(|e| e.to_string())?;
             match created.annotations().get(INJECTED_LIST) {
-                Some(list) if list == "a,b,c" => Ok(()),
+                Some(got) if got == list => Ok(()),
                 other => Err(format!("injected list {other:?}")),
             }
         }
     })
     .await;
-    (plane, client, proxy, manager)
 }
 
 /// Creates `n` pods one after another; each must get `a`, `b` and `c`.
