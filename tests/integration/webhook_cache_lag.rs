@@ -59,8 +59,9 @@ fn containers(pod: &Pod) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
-async fn a_pod_gets_the_sidecarsets_as_they_are_while_the_webhooks_cache_lags() {
+/// A control plane of the test's own, a client of it, and a [`FaultProxy`] in front of it for
+/// the manager.
+async fn plane_and_proxy() -> (ExtraControlPlane, kube::Client, FaultProxy) {
     let plane = ExtraControlPlane::start_with_crds().await;
     let client = client_for(plane.kubeconfig_path()).await;
     let mut upstream = Config::from_custom_kubeconfig(
@@ -73,6 +74,12 @@ async fn a_pod_gets_the_sidecarsets_as_they_are_while_the_webhooks_cache_lags() 
     let proxy = FaultProxy::start(kube::Client::try_from(upstream).expect("client"), 1)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
+    (plane, client, proxy)
+}
+
+#[tokio::test]
+async fn a_pod_gets_the_sidecarsets_as_they_are_while_the_webhooks_cache_lags() {
+    let (_plane, client, proxy) = plane_and_proxy().await;
     let opts = own_manager_with_webhooks(proxy.kubeconfig());
     let _manager = start_manager(opts, TIMEOUT, "behind the fault proxy").await;
     let ns = "lag";
@@ -170,18 +177,7 @@ async fn webhooks_behind_a_recording_proxy(
     FaultProxy,
     crate::support::RunningManager,
 ) {
-    let plane = ExtraControlPlane::start_with_crds().await;
-    let client = client_for(plane.kubeconfig_path()).await;
-    let mut upstream = Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(plane.kubeconfig_path()).expect("kubeconfig"),
-        &Default::default(),
-    )
-    .await
-    .expect("a config");
-    upstream.read_timeout = None;
-    let proxy = FaultProxy::start(kube::Client::try_from(upstream).expect("client"), 1)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let (plane, client, proxy) = plane_and_proxy().await;
     hold_lease(&client, "elsewhere", 3600).await;
     let mut opts = own_manager_with_webhooks(proxy.kubeconfig());
     opts.leader_election = Some(LeaderElection {
