@@ -183,7 +183,7 @@ fn up_to(rng: &mut fastrand::Rng, max: Duration) -> Duration {
 }
 
 /// How many requests [`FaultProxy::requests`] keeps between two calls.
-pub const MAX_SEEN: usize = 100_000;
+const MAX_SEEN: usize = 100_000;
 
 /// The proxy, serving until dropped.
 pub struct FaultProxy {
@@ -271,7 +271,7 @@ impl FaultProxy {
     }
 
     /// The requests that arrived so far (`GET /api/v1/pods?watch=true&...`), oldest first (the
-    /// first [`MAX_SEEN`] since the last call), and forgets them: what the next call returns
+    /// first 100,000 since the last call), and forgets them: what the next call returns
     /// starts after this one.
     pub fn requests(&self) -> Vec<String> {
         std::mem::take(&mut *self.shared.seen.lock().unwrap_or_else(|e| e.into_inner()))
