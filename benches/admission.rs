@@ -938,9 +938,9 @@ async fn in_process(client: &Client, requests: usize) -> Result<InProcess> {
             us(list.p50),
             us(list.p99)
         );
-        // The handler builds its patch with its own (private) `patch_preserving`, which keeps the
-        // fields the typed Pod does not know; what admit() takes beyond its other stages and the
-        // fence is that.
+        // The handler builds its patch with its own (private) `preserving_patch`, which keeps the
+        // fields the typed Pod does not know and sets each changed field whole; what admit()
+        // takes beyond its other stages and the fence is that.
         if let Some(pod_patch) = pod_patch {
             let rest = admit
                 .p50
@@ -948,8 +948,8 @@ async fn in_process(client: &Client, requests: usize) -> Result<InProcess> {
                 .saturating_sub(fence.p50);
             println!(
                 "    admit()'s p50 less its other stages and the fence's p50: {} for the handler's \
-                 patch step (to_value of the raw object + patch_preserving, private), against {} \
-                 for pod_patch",
+                 patch step (preserving_patch.rs, private: one operation per changed field), against \
+                 {} for pod_patch (a field-by-field diff)",
                 us(rest),
                 us(pod_patch)
             );

@@ -33,6 +33,7 @@ use super::configuration::{
 };
 use super::confirmed_sidecarsets::{self, KnownVersions, Listed, Settled, SharedReads};
 use super::dry_run;
+use super::preserving_patch;
 use super::secret_access;
 use super::server::{Admit, AdmitFuture, Verdict};
 use std::collections::BTreeMap;
@@ -746,12 +747,9 @@ impl Handlers {
         let mut warnings = unreadable_warnings;
         warnings.extend(screened.warnings());
         warnings.extend(injection.warnings);
-        let raw = request
-            .object
-            .as_ref()
-            .and_then(|o| serde_json::to_value(o).ok());
-        let patched =
-            raw.map(|raw| patch_preserving(&raw, &pod, &injection.pod, &injection.unknown_fields));
+        let patched = request.object.as_ref().map(|raw| {
+            preserving_patch::patch_preserving(raw, &pod, &injection.pod, &injection.unknown_fields)
+        });
         match patched {
             Some(Ok(patch)) => Verdict::Patch(patch, warnings),
             Some(Err(err)) => Verdict::Deny(format!("cannot encode the injected pod: {err}")),
@@ -1000,112 +998,6 @@ impl Confirmed {
     }
 }
 
-/// The patch from the pod as the apiserver sent it (`raw`) to the injected pod, keeping every
-/// field of `raw` the typed `Pod` does not know (fields newer than the API version this crate is
-/// built against): list items the injection left alone are taken from `raw` as they were, items
-/// it changed keep the fields of `raw` the typed item does not have, injected containers (every
-/// name in `unknown_fields`) get their sidecar's unknown fields instead, and only the lists and
-/// annotations injection touches are rewritten.
-pub(super) fn patch_preserving(
-    raw: &serde_json::Value,
-    before: &Pod,
-    after: &Pod,
-    unknown_fields: &BTreeMap<String, BTreeMap<String, serde_json::Value>>,
-) -> Result<json_patch::Patch, serde_json::Error> {
-    let typed_before = serde_json::to_value(before)?;
-    let typed_after = serde_json::to_value(after)?;
-    let mut out = raw.clone();
-    for (section, field) in [("metadata", "annotations"), ("metadata", "labels")] {
-        let (b, a) = (&typed_before[section][field], &typed_after[section][field]);
-        if b != a {
-            out[section][field] = a.clone();
-        }
-    }
-    for field in [
-        "containers",
-        "initContainers",
-        "volumes",
-        "imagePullSecrets",
-    ] {
-        let (b, a) = (&typed_before["spec"][field], &typed_after["spec"][field]);
-        if b == a {
-            continue;
-        }
-        let raw_items = raw["spec"][field].as_array().cloned().unwrap_or_default();
-        let before_items = b.as_array().cloned().unwrap_or_default();
-        let merged: Vec<serde_json::Value> = a
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|mut item| {
-                let name = &item["name"];
-                let typed_before = before_items.iter().find(|old| &old["name"] == name);
-                // An injected container (new, or replacing the pod's own of that name) gets its
-                // sidecar's unknown fields, never the replaced container's.
-                let injected = matches!(field, "containers" | "initContainers")
-                    .then(|| name.as_str().and_then(|name| unknown_fields.get(name)))
-                    .flatten();
-                match (injected, raw_items.iter().find(|r| &r["name"] == name)) {
-                    (Some(extra), _) => {
-                        if let Some(fields) = item.as_object_mut() {
-                            for (key, value) in extra {
-                                fields.entry(key.clone()).or_insert_with(|| value.clone());
-                            }
-                        }
-                        item
-                    }
-                    (None, Some(original)) if typed_before == Some(&item) => original.clone(),
-                    (None, Some(original)) => {
-                        keep_unknown(&mut item, original, typed_before);
-                        item
-                    }
-                    (None, None) => item,
-                }
-            })
-            .collect();
-        out["spec"][field] = serde_json::Value::Array(merged);
-    }
-    // Anything else the injection changed (nothing today) goes through the typed diff.
-    let mut rest_before = typed_before.clone();
-    let mut rest_after = typed_after.clone();
-    for v in [&mut rest_before, &mut rest_after] {
-        for field in [
-            "containers",
-            "initContainers",
-            "volumes",
-            "imagePullSecrets",
-        ] {
-            v["spec"][field] = serde_json::Value::Null;
-        }
-        v["metadata"]["annotations"] = serde_json::Value::Null;
-        v["metadata"]["labels"] = serde_json::Value::Null;
-    }
-    if rest_before != rest_after {
-        return sidecar::pod_patch(before, after);
-    }
-    Ok(json_patch::diff(raw, &out))
-}
-
-/// Copies into `item` (a list item as the injection left it) the fields of `original` (as the
-/// apiserver sent it) that the typed item had neither before nor after: fields the typed `Pod`
-/// does not know.
-fn keep_unknown(
-    item: &mut serde_json::Value,
-    original: &serde_json::Value,
-    typed_before: Option<&serde_json::Value>,
-) {
-    let (Some(fields), Some(original)) = (item.as_object_mut(), original.as_object()) else {
-        return;
-    };
-    let known_before = |key: &str| typed_before.is_some_and(|b| b.get(key).is_some());
-    for (key, value) in original {
-        if !fields.contains_key(key) && !known_before(key) {
-            fields.insert(key.clone(), value.clone());
-        }
-    }
-}
-
 /// A number drawn uniformly from `[0, 1)`, for the `Partial` injection policy. It only splits
 /// pods between two revisions, so the clock's nanoseconds mixed through a hash are random
 /// enough, and no RNG dependency is needed.
@@ -1118,129 +1010,6 @@ fn random_unit() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn fields_the_typed_pod_does_not_know_survive_injection() {
-        let raw = json!({
-            "metadata": {"name": "p", "labels": {"app": "web"}},
-            "spec": {
-                "containers": [{"name": "main", "image": "nginx", "futureField": {"x": 1}}],
-                "futureSpecField": true
-            }
-        });
-        let before: Pod = serde_json::from_value(raw.clone()).unwrap();
-        let mut after = before.clone();
-        let spec = after.spec.as_mut().unwrap();
-        spec.containers.insert(
-            0,
-            serde_json::from_value(json!({"name": "sidecar", "image": "busybox"})).unwrap(),
-        );
-        after
-            .metadata
-            .annotations
-            .get_or_insert_with(Default::default)
-            .insert("a".into(), "b".into());
-        let patch = patch_preserving(&raw, &before, &after, &BTreeMap::new()).unwrap();
-        let mut patched = raw.clone();
-        json_patch::patch(&mut patched, &patch).unwrap();
-        assert_eq!(patched["spec"]["containers"][0]["name"], "sidecar");
-        assert_eq!(
-            patched["spec"]["containers"][1]["futureField"],
-            json!({"x": 1})
-        );
-        assert_eq!(patched["spec"]["futureSpecField"], true);
-        assert_eq!(patched["metadata"]["annotations"]["a"], "b");
-    }
-
-    #[test]
-    fn changed_containers_keep_unknown_fields_and_injected_ones_get_their_sidecars() {
-        let raw = json!({
-            "metadata": {"name": "p"},
-            "spec": {
-                "containers": [{"name": "main", "image": "nginx", "futureField": 1}],
-            }
-        });
-        let before: Pod = serde_json::from_value(raw.clone()).unwrap();
-        let mut after = before.clone();
-        let spec = after.spec.as_mut().unwrap();
-        // The injection changes the app container (a shared mount) and adds a sidecar and a
-        // volume of the same name.
-        spec.containers[0].volume_mounts = Some(vec![
-            serde_json::from_value(json!({"name": "proxy", "mountPath": "/p"})).unwrap(),
-        ]);
-        spec.containers.insert(
-            0,
-            serde_json::from_value(
-                json!({"name": "proxy", "image": "envoy", "restartPolicy": "Never"}),
-            )
-            .unwrap(),
-        );
-        spec.volumes = Some(vec![
-            serde_json::from_value(json!({"name": "proxy", "emptyDir": {}})).unwrap(),
-        ]);
-        let rules = json!([{"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]);
-        let unknown = BTreeMap::from([(
-            "proxy".to_owned(),
-            BTreeMap::from([("restartPolicyRules".to_owned(), rules.clone())]),
-        )]);
-        let patch = patch_preserving(&raw, &before, &after, &unknown).unwrap();
-        let mut patched = raw.clone();
-        json_patch::patch(&mut patched, &patch).unwrap();
-        assert_eq!(
-            patched["spec"]["containers"],
-            json!([
-                {"name": "proxy", "image": "envoy", "restartPolicy": "Never", "restartPolicyRules": rules},
-                {"name": "main", "image": "nginx", "futureField": 1,
-                 "volumeMounts": [{"name": "proxy", "mountPath": "/p"}]},
-            ])
-        );
-        assert_eq!(
-            patched["spec"]["volumes"],
-            json!([{"name": "proxy", "emptyDir": {}}])
-        );
-    }
-
-    #[test]
-    fn a_sidecar_replacing_a_pod_container_gets_its_own_unknown_fields_not_the_replaced_ones() {
-        let raw = json!({
-            "metadata": {"name": "p"},
-            "spec": {"containers": [
-                {"name": "proxy", "image": "old", "futureField": 1},
-                {"name": "main", "image": "nginx"},
-            ]}
-        });
-        let before: Pod = serde_json::from_value(raw.clone()).unwrap();
-        let mut after = before.clone();
-        after.spec.as_mut().unwrap().containers[0] =
-            serde_json::from_value(json!({"name": "proxy", "image": "envoy"})).unwrap();
-        let unknown = BTreeMap::from([(
-            "proxy".to_owned(),
-            BTreeMap::from([("otherField".to_owned(), json!(2))]),
-        )]);
-        let patch = patch_preserving(&raw, &before, &after, &unknown).unwrap();
-        let mut patched = raw.clone();
-        json_patch::patch(&mut patched, &patch).unwrap();
-        assert_eq!(
-            patched["spec"]["containers"],
-            json!([
-                {"name": "proxy", "image": "envoy", "otherField": 2},
-                {"name": "main", "image": "nginx"},
-            ])
-        );
-    }
-
-    #[test]
-    fn an_untouched_pod_gives_an_empty_patch() {
-        let raw = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "m", "image": "i", "new": 1}]}});
-        let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
-        assert!(
-            patch_preserving(&raw, &pod, &pod, &BTreeMap::new())
-                .unwrap()
-                .0
-                .is_empty()
-        );
-    }
 
     #[test]
     fn random_draws_stay_in_the_unit_interval() {

@@ -20,6 +20,7 @@ pub mod configuration;
 mod confirmed_sidecarsets;
 pub mod dry_run;
 pub mod handlers;
+mod preserving_patch;
 pub mod secret_access;
 pub mod server;
 pub mod unreadable_sidecarsets;
