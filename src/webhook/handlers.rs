@@ -661,6 +661,8 @@ impl Handlers {
         if request.sub_resource.is_some() || request.operation != Operation::Create {
             return Verdict::Allow;
         }
+        // The apiserver's round trip runs while the pod is decoded.
+        let fence = self.sidecarset_fences.start_after_now();
         let (mut pod, _) = match decode::<Pod>(request) {
             Ok(decoded) => decoded,
             Err(verdict) => return verdict,
@@ -684,7 +686,7 @@ impl Handlers {
             Ok(labels) => labels,
             Err(message) => return Verdict::Deny(message),
         };
-        let (candidates, unreadable) = match self.confirmed_sidecarsets().await {
+        let (candidates, unreadable) = match self.confirmed_sidecarsets(fence).await {
             Ok(confirmed) => confirmed,
             Err(message) => return Verdict::Deny(message),
         };
@@ -845,19 +847,19 @@ impl Handlers {
     }
 
     /// The SidecarSets as they are now, readable and not: the cache as it is when the
-    /// apiserver's stands at a version ours is known to hold; otherwise, once our watch reaches
+    /// apiserver's stands (the `fence`, started when the request came in) at a version ours is
+    /// known to hold; otherwise, once our watch reaches
     /// it or a list comes first, the cached objects the list confirms and the others read from
     /// the apiserver (`confirmed_sidecarsets.rs`). The cached objects are used themselves, not
     /// copies: cloning 50 SidecarSets cost more than the whole injection (benches/admission.rs).
-    async fn confirmed_sidecarsets(&self) -> Result<ConfirmedSidecarSets, String> {
+    async fn confirmed_sidecarsets(
+        &self,
+        fence: impl Future<Output = Result<Arc<Option<String>>, String>>,
+    ) -> Result<ConfirmedSidecarSets, String> {
         let refusal = |e: String| {
             format!("cannot confirm which SidecarSets may select this pod ({e}); retry")
         };
-        let fence = self
-            .sidecarset_fences
-            .started_after_now()
-            .await
-            .map_err(refusal)?;
+        let fence = fence.await.map_err(refusal)?;
         let versions = &self.sidecarset_versions;
         if let Some(version) = fence.as_deref()
             && let Some(settled) = versions.holds(version)

@@ -5,6 +5,7 @@
 //! one in flight ends: the apiserver sees at most one read of a kind at a time whatever the pod
 //! rate, and a request waits at most two.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -58,6 +59,14 @@ impl<T: Send + Sync + 'static> SharedReads<T> {
 
     /// What a read that started after this call returned.
     pub(in crate::webhook) async fn started_after_now(self: &Arc<Self>) -> Result<Arc<T>, String> {
+        self.start_after_now().await
+    }
+
+    /// Joins (or starts) a read that starts after this call, now; the future returns what it
+    /// read. An admission calls it first, so the read runs while it decodes the object.
+    pub(in crate::webhook) fn start_after_now(
+        self: &Arc<Self>,
+    ) -> impl Future<Output = Result<Arc<T>, String>> + Send + 'static {
         let mut outcomes = self.outcomes.subscribe();
         let wanted = {
             let mut schedule = self.lock();
@@ -76,11 +85,14 @@ impl<T: Send + Sync + 'static> SharedReads<T> {
                 }
             }
         };
-        let outcome = outcomes
-            .wait_for(|outcome| outcome.generation >= wanted)
-            .await
-            .map_err(|_| format!("{} stopped", self.what))?;
-        outcome.read.clone().map_err(|e| e.to_string())
+        let what = self.what;
+        async move {
+            let outcome = outcomes
+                .wait_for(|outcome| outcome.generation >= wanted)
+                .await
+                .map_err(|_| format!("{what} stopped"))?;
+            outcome.read.clone().map_err(|e| e.to_string())
+        }
     }
 
     /// Runs read `generation` in a task of its own, so that an admission the apiserver gave up on
@@ -190,6 +202,23 @@ mod tests {
         until("a fresh read to start", || started(&gate) == 3).await;
         gate.release.add_permits(1);
         assert_eq!(*next.await.expect("task").expect("read 3"), 3);
+    }
+
+    #[tokio::test]
+    async fn a_read_is_joined_when_asked_for_not_when_awaited() {
+        let (reads, gate) = gated();
+        // Asked for before read 1 starts (the admission has not decoded its pod yet)...
+        let early = reads.start_after_now();
+        until("the read to start without being awaited", || {
+            started(&gate) == 1
+        })
+        .await;
+        // ...it takes read 1, though awaited only after it started.
+        let late = reads.start_after_now();
+        gate.release.add_permits(1);
+        assert_eq!(*early.await.expect("read 1"), 1);
+        gate.release.add_permits(1);
+        assert_eq!(*late.await.expect("read 2"), 2);
     }
 
     #[tokio::test]
