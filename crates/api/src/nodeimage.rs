@@ -81,7 +81,6 @@ pub struct ImageTagSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("default" = {}))]
     pub pull_policy: Option<ImageTagPullPolicy>,
     /// The ImagePullJobs that want this tag.
     #[serde(
@@ -116,11 +115,11 @@ fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
 pub struct ImageTagPullPolicy {
     /// Seconds one pull may take, 1 to 86400. Defaults to 600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("default" = 600), range(min = limits::MIN_TIMEOUT_SECONDS, max = limits::MAX_TIMEOUT_SECONDS))]
+    #[schemars(range(min = limits::MIN_TIMEOUT_SECONDS, max = limits::MAX_TIMEOUT_SECONDS))]
     pub timeout_seconds: Option<i32>,
     /// Retries before the tag counts as failed, 0 to 1000. Defaults to 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("default" = 3), range(min = limits::MIN_BACKOFF_LIMIT, max = limits::MAX_BACKOFF_LIMIT))]
+    #[schemars(range(min = limits::MIN_BACKOFF_LIMIT, max = limits::MAX_BACKOFF_LIMIT))]
     pub backoff_limit: Option<i32>,
     /// Seconds after the pull finished before the entry is removed; not negative.
     #[serde(default, skip_serializing_if = "Option::is_none")]

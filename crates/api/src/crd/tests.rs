@@ -248,3 +248,43 @@ fn only_the_imagepulljob_schema_defaults_the_image_pull_policy() {
         }
     }
 }
+
+/// Upstream's NodeImage CRD defaults nothing, and every default costs the apiserver a walk of
+/// the schema on each decode of the most written kind (decision 0045).
+#[test]
+fn the_nodeimage_schema_defaults_nothing() {
+    fn defaults(path: &str, value: &serde_json::Value, found: &mut Vec<String>) {
+        let serde_json::Value::Object(map) = value else {
+            return;
+        };
+        if map.contains_key("default") {
+            found.push(path.to_owned());
+        }
+        for (key, value) in map {
+            match (key.as_str(), value) {
+                ("properties", serde_json::Value::Object(properties)) => {
+                    for (name, value) in properties {
+                        defaults(&format!("{path}.{name}"), value, found);
+                    }
+                }
+                (_, serde_json::Value::Array(items)) => {
+                    for item in items {
+                        defaults(&format!("{path}.{key}[]"), item, found);
+                    }
+                }
+                (_, value) => defaults(&format!("{path}.{key}"), value, found),
+            }
+        }
+    }
+    for (version, schema) in version_schemas("NodeImage") {
+        let mut found = Vec::new();
+        defaults("", &schema, &mut found);
+        assert!(found.is_empty(), "NodeImage {version} defaults {found:?}");
+    }
+    // The other kinds keep theirs (an ImagePullJob's imagePullPolicy, for one).
+    assert!(
+        version_schemas("ImagePullJob")
+            .iter()
+            .all(|(_, s)| s.to_string().contains("\"default\""))
+    );
+}
