@@ -848,9 +848,9 @@ impl Handlers {
 
     /// The SidecarSets as they are now, readable and not: the cache as it is when the
     /// apiserver's stands (the `fence`, started when the request came in) at a version ours is
-    /// known to hold; otherwise, once our watch reaches
-    /// it or a list comes first, the cached objects the list confirms and the others read from
-    /// the apiserver (`confirmed_sidecarsets.rs`). The cached objects are used themselves, not
+    /// known to hold; otherwise, once our watch reaches it or a list comes first, the cached
+    /// objects the list confirms and the others read from the apiserver
+    /// (`confirmed_sidecarsets.rs`). The cached objects are used themselves, not
     /// copies: cloning 50 SidecarSets cost more than the whole injection (benches/admission.rs).
     async fn confirmed_sidecarsets(
         &self,
