@@ -42,7 +42,29 @@ fn append(path: &Path) -> std::fs::File {
 fn the_demo_pulls_on_a_real_node_and_finishes_the_rollout() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let log = tempfile::NamedTempFile::new().expect("a log file");
-    let mut child = Command::new("bash")
+    let mut command = Command::new("bash");
+    // What cargo sets for this test (CARGO_MANIFEST_DIR, CARGO_PKG_*, ...) must not reach the
+    // `cargo build` of run-local.sh: build scripts that read those variables (ring's) would run
+    // again for it, and again for the next `cargo test`, rebuilding ring and everything above
+    // it each time (half a minute of each of CI's integration runs).
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        let set_for_the_crate = [
+            "CARGO_PKG_",
+            "CARGO_MANIFEST_",
+            "CARGO_BIN_",
+            "CARGO_CRATE_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+            "CARGO_RUSTC_CURRENT_DIR",
+        ]
+        .iter()
+        .any(|prefix| name.starts_with(prefix));
+        if set_for_the_crate || name == "OUT_DIR" {
+            command.env_remove(&*name);
+        }
+    }
+    let mut child = command
         .arg(repo.join("tests/controlplane/run-local.sh"))
         .current_dir(repo)
         .env("KRUISE_RS_DEMO", "once")
