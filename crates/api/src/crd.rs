@@ -83,15 +83,7 @@ fn drop_null_enum_values(mut crd: CustomResourceDefinition) -> CustomResourceDef
             _ => {}
         }
     }
-    for version in &mut crd.spec.versions {
-        if let Some(validation) = version.schema.as_mut() {
-            let mut json = serde_json::to_value(&validation.open_api_v3_schema)
-                .expect("a schema always serializes");
-            walk(&mut json);
-            validation.open_api_v3_schema =
-                serde_json::from_value(json).expect("removing enum values keeps a valid schema");
-        }
-    }
+    edit_schemas(&mut crd, walk);
     crd
 }
 
@@ -119,16 +111,22 @@ fn without_defaults(mut crd: CustomResourceDefinition) -> CustomResourceDefiniti
             }
         }
     }
+    edit_schemas(&mut crd, schema);
+    crd
+}
+
+/// Applies `edit` to the JSON of every version's schema. The edits only remove keywords, so the
+/// result still reads as a schema.
+fn edit_schemas(crd: &mut CustomResourceDefinition, edit: fn(&mut serde_json::Value)) {
     for version in &mut crd.spec.versions {
         if let Some(validation) = version.schema.as_mut() {
             let mut json = serde_json::to_value(&validation.open_api_v3_schema)
                 .expect("a schema always serializes");
-            schema(&mut json);
+            edit(&mut json);
             validation.open_api_v3_schema =
-                serde_json::from_value(json).expect("removing defaults keeps a valid schema");
+                serde_json::from_value(json).expect("a schema with keywords removed still reads");
         }
     }
-    crd
 }
 
 /// The conversion strategy of every CRD: the apiserver only rewrites `apiVersion`.

@@ -34,8 +34,7 @@ fn fields_the_typed_pod_does_not_know_survive_injection() {
         .get_or_insert_with(Default::default)
         .insert("a".into(), "b".into());
     let patch = patch_preserving(&dynamic(&raw), &before, &after, &BTreeMap::new()).unwrap();
-    let mut patched = raw.clone();
-    json_patch::patch(&mut patched, &patch).unwrap();
+    let patched = applied(&raw, &patch);
     assert_eq!(patched["spec"]["containers"][0]["name"], "sidecar");
     assert_eq!(
         patched["spec"]["containers"][1]["futureField"],
@@ -77,8 +76,7 @@ fn changed_containers_keep_unknown_fields_and_injected_ones_get_their_sidecars()
         BTreeMap::from([("restartPolicyRules".to_owned(), rules.clone())]),
     )]);
     let patch = patch_preserving(&dynamic(&raw), &before, &after, &unknown).unwrap();
-    let mut patched = raw.clone();
-    json_patch::patch(&mut patched, &patch).unwrap();
+    let patched = applied(&raw, &patch);
     assert_eq!(
         patched["spec"]["containers"],
         json!([
@@ -111,8 +109,7 @@ fn a_sidecar_replacing_a_pod_container_gets_its_own_unknown_fields_not_the_repla
         BTreeMap::from([("otherField".to_owned(), json!(2))]),
     )]);
     let patch = patch_preserving(&dynamic(&raw), &before, &after, &unknown).unwrap();
-    let mut patched = raw.clone();
-    json_patch::patch(&mut patched, &patch).unwrap();
+    let patched = applied(&raw, &patch);
     assert_eq!(
         patched["spec"]["containers"],
         json!([
