@@ -40,6 +40,10 @@
 //!    back defaulted), the 50 SidecarSets created through its webhooks, the two runs that call
 //!    its pod webhook; then both managers' figures side by side, each against its own baseline.
 //!
+//! `MANAGER_ARGS` (whitespace-separated) are appended to our manager's arguments, e.g.
+//! `--sidecarset-cache-fence=false` (decision 0046); the in-process handlers of step 4 always
+//! confirm their cache.
+//!
 //! Pods never run (no kubelet); creating them is what is measured. Figures are printed with the
 //! goal (p99 ≤ 2 ms in-process) and ratios; nothing is asserted. The manager logs at
 //! `MANAGER_RUST_LOG` (default `warn`) into a temporary file whose tail a failure prints.
@@ -150,6 +154,7 @@ fn start_manager(cp: &ControlPlane, log: &Path) -> Result<(ChildGuard, u16)> {
             .args(["--webhook-addr", &addr.to_string()])
             .args(["--webhook-url", &format!("https://{addr}")])
             .args(["--namespace", MANAGER_NAMESPACE])
+            .args(harness::bench::manager_args())
             .env("RUST_LOG", level)
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(log)?)

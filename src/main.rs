@@ -8,7 +8,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kruise_rs::controllers::{ControllerOptions, Workers};
 use kruise_rs::manager::{self, LeaderElection, ManagerOptions};
 use kruise_rs::webhook::{
-    CertSource, Endpoint, FailurePolicy, UnreadableSidecarSetPolicy, WebhookOptions,
+    CertSource, Endpoint, FailurePolicy, SidecarSetCacheReads, UnreadableSidecarSetPolicy,
+    WebhookOptions,
 };
 use kruise_rs_controller::initial_list::StreamingLists;
 use kruise_rs_daemon::{self as daemon, DaemonArgs};
@@ -343,6 +344,16 @@ struct WebhookArgs {
     #[arg(long, value_enum, default_value_t = UnreadableSidecarSetPolicy::Admit)]
     unreadable_sidecarset_policy: UnreadableSidecarSetPolicy,
 
+    /// Before each pod admission, read the version the apiserver's SidecarSet cache stands at
+    /// and wait until the webhook's cache holds it (or list the SidecarSets), so that a pod
+    /// created just after a SidecarSet changed gets it as it is. `=false` uses the cache as it
+    /// stands, as upstream OpenKruise does: one request less per pod (about 0.8 ms of the
+    /// apiserver's CPU and of the pod's admission), but a pod created while the watch lags
+    /// (milliseconds; seconds when the manager is busy) gets the SidecarSets as they were.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    sidecarset_cache_fence: bool,
+
     /// After SIGTERM, how long the webhooks keep answering (with `/readyz` failing, so the
     /// Service drops this replica) before the server stops. Keep it below the pod's
     /// terminationGracePeriodSeconds minus its preStop sleep and about 15 s of stopping.
@@ -394,6 +405,11 @@ impl WebhookArgs {
                 .sidecarset_patch_pod_metadata_defaults_allowed,
             sort_sidecar_containers_by_name: self.sidecarset_sort_containers_by_name,
             unreadable_sidecarset_policy: self.unreadable_sidecarset_policy,
+            sidecarset_cache_reads: if self.sidecarset_cache_fence {
+                SidecarSetCacheReads::Confirmed
+            } else {
+                SidecarSetCacheReads::AsTheyStand
+            },
             shutdown_grace: self.webhook_shutdown_grace,
         })
     }
@@ -616,6 +632,30 @@ mod tests {
                 "--unreadable-sidecarset-policy=ignore"
             ])
             .is_err()
+        );
+    }
+
+    #[test]
+    fn the_sidecarset_cache_is_confirmed_unless_told_not_to() {
+        let reads = |flags: &[&str]| {
+            manager_args(flags)
+                .webhook
+                .options()
+                .expect("webhooks on")
+                .sidecarset_cache_reads
+        };
+        assert_eq!(reads(&[]), SidecarSetCacheReads::Confirmed);
+        assert_eq!(
+            reads(&["--sidecarset-cache-fence"]),
+            SidecarSetCacheReads::Confirmed
+        );
+        assert_eq!(
+            reads(&["--sidecarset-cache-fence=false"]),
+            SidecarSetCacheReads::AsTheyStand
+        );
+        assert!(
+            Cli::try_parse_from(["kruise-rs", "manager", "--sidecarset-cache-fence=sometimes"])
+                .is_err()
         );
     }
 

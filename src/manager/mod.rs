@@ -393,6 +393,7 @@ fn serve_webhooks(
                     sort_containers_by_name: webhook_opts.sort_sidecar_containers_by_name,
                 },
                 unreadable_sidecarset_policy: webhook_opts.unreadable_sidecarset_policy,
+                sidecarset_cache_reads: webhook_opts.sidecarset_cache_reads,
             },
         );
         (webhook_opts, handlers, caches)

@@ -38,6 +38,18 @@ use kruise_rs_api::sidecarset::SidecarSet;
 pub(super) use known_versions::{KnownVersions, Settled, after_stores, before_stores};
 pub(super) use shared_reads::SharedReads;
 
+/// How the pod webhook reads its SidecarSet cache (`--sidecarset-cache-fence`, decision 0046).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SidecarSetCacheReads {
+    /// Confirmed against the apiserver before each admission (a fence, and a list on a miss):
+    /// a pod created just after a SidecarSet changed gets it as it is.
+    #[default]
+    Confirmed,
+    /// Used as it stands, as upstream's informer cache is: no request per admission, but a pod
+    /// created while the watch lags gets the SidecarSets as the cache last saw them.
+    AsTheyStand,
+}
+
 /// A name no SidecarSet can have (two dots in a row): the fence's field selector.
 const NO_SIDECARSET: &str = "kruise-rs..fence";
 

@@ -31,7 +31,9 @@ use super::configuration::{
     MUTATE_IMAGELISTPULLJOB, MUTATE_IMAGEPULLJOB, MUTATE_NODEIMAGE, MUTATE_POD, MUTATE_SIDECARSET,
     VALIDATE_IMAGELISTPULLJOB, VALIDATE_IMAGEPULLJOB, VALIDATE_NODEIMAGE, VALIDATE_SIDECARSET,
 };
-use super::confirmed_sidecarsets::{self, KnownVersions, Listed, Settled, SharedReads};
+use super::confirmed_sidecarsets::{
+    self, KnownVersions, Listed, Settled, SharedReads, SidecarSetCacheReads,
+};
 use super::dry_run;
 use super::preserving_patch;
 use super::secret_access;
@@ -77,6 +79,8 @@ pub struct HandlerSettings {
     pub injection: sidecar::InjectionOptions,
     /// What a pod an unreadable SidecarSet may select gets (decision 0027).
     pub unreadable_sidecarset_policy: UnreadableSidecarSetPolicy,
+    /// Whether each admission confirms the SidecarSet cache first (decision 0046).
+    pub sidecarset_cache_reads: SidecarSetCacheReads,
 }
 
 /// The webhooks' state: a client for the rare reads and the caches for the common ones.
@@ -95,6 +99,8 @@ pub struct Handlers {
     sidecarset_lists: Arc<SharedReads<Listed>>,
     /// How admissions confirmed the cache.
     confirmations: ConfirmationCounts,
+    /// Whether they confirm it at all (`--sidecarset-cache-fence`).
+    sidecarset_cache_reads: SidecarSetCacheReads,
     /// The SidecarSets the cache above is missing because our type cannot read them, as raw
     /// JSON: pods they may select are admitted with a warning or refused ([`HandlerSettings`]).
     unreadable_sidecarsets: Store<UnreadableObject<SidecarSet>>,
@@ -201,6 +207,7 @@ impl Handlers {
             sidecarset_fences: confirmed_sidecarsets::fences(Api::all(client.clone())),
             sidecarset_lists: confirmed_sidecarsets::lists(Api::all(client.clone())),
             confirmations: ConfirmationCounts::default(),
+            sidecarset_cache_reads: settings.sidecarset_cache_reads,
             recorder,
             revisions,
             unsupported_events: Mutex::default(),
@@ -662,7 +669,10 @@ impl Handlers {
             return Verdict::Allow;
         }
         // The apiserver's round trip runs while the pod is decoded.
-        let fence = self.sidecarset_fences.start_after_now();
+        let fence = match self.sidecarset_cache_reads {
+            SidecarSetCacheReads::Confirmed => Some(self.sidecarset_fences.start_after_now()),
+            SidecarSetCacheReads::AsTheyStand => None,
+        };
         let (mut pod, _) = match decode::<Pod>(request) {
             Ok(decoded) => decoded,
             Err(verdict) => return verdict,
@@ -686,8 +696,12 @@ impl Handlers {
             Ok(labels) => labels,
             Err(message) => return Verdict::Deny(message),
         };
-        let (candidates, unreadable) = match self.confirmed_sidecarsets(fence).await {
-            Ok(confirmed) => confirmed,
+        let sidecarsets = match fence {
+            Some(fence) => self.confirmed_sidecarsets(fence).await,
+            None => Ok(self.sidecarsets_as_they_stand().await),
+        };
+        let (candidates, unreadable) = match sidecarsets {
+            Ok(sidecarsets) => sidecarsets,
             Err(message) => return Verdict::Deny(message),
         };
         // What the SidecarSet cache is missing, before what it holds (decision 0027).
@@ -932,6 +946,21 @@ impl Handlers {
             }
         }
         Ok((readable, unreadable))
+    }
+
+    /// Both SidecarSet caches as they stand, read between two events (an object moving
+    /// between them is never missed), without asking the apiserver: upstream's way, chosen by
+    /// `--sidecarset-cache-fence=false` (decision 0046).
+    async fn sidecarsets_as_they_stand(&self) -> ConfirmedSidecarSets {
+        loop {
+            if let Some(settled) = self.sidecarset_versions.settled()
+                && let Some(cached) = self.cached_at(settled)
+            {
+                return cached;
+            }
+            // An event is being applied: its stream finishes it within this poll.
+            tokio::task::yield_now().await;
+        }
     }
 
     /// Both SidecarSet caches as they were at `settled`, or `None` if an event has changed

@@ -48,6 +48,7 @@ use tracing::{info, warn};
 
 use self::certs::{Certificates, Decision, Serve, ServingNames};
 pub use self::configuration::{ConfigurationParams, Endpoint, FailurePolicy};
+pub use self::confirmed_sidecarsets::SidecarSetCacheReads;
 use self::server::{Admit, Server};
 pub use self::unreadable_sidecarsets::UnreadableSidecarSetPolicy;
 use kruise_rs_kube::{START_UP_PATIENCE, retry_while};
@@ -100,6 +101,9 @@ pub struct WebhookOptions {
     /// What the pod webhook does with a pod an unreadable SidecarSet may select
     /// (`--unreadable-sidecarset-policy`, decision 0027).
     pub unreadable_sidecarset_policy: UnreadableSidecarSetPolicy,
+    /// Whether the pod webhook confirms its SidecarSet cache before each admission
+    /// (`--sidecarset-cache-fence`, decisions 0031, 0044 and 0046).
+    pub sidecarset_cache_reads: SidecarSetCacheReads,
     /// How long the server keeps answering once shutdown has begun (`/readyz` already failing),
     /// so the apiserver stops sending requests before they can find it gone.
     pub shutdown_grace: Duration,

@@ -416,6 +416,7 @@ fn helm_values_change_the_rendered_objects() {
         "--set=manager.replicas=1,manager.leaderElection.enabled=false",
         "--set=manager.webhook.failurePolicy=Ignore,manager.webhook.timeoutSeconds=5",
         "--set=manager.webhook.unreadableSidecarSetPolicy=refuse",
+        "--set=manager.webhook.sidecarSetCacheFence=false",
         "--set=manager.extraArgs={--label-selector=shard=a}",
         "--set=manager.kubeApi.qps=2.5,manager.kubeApi.burst=7",
         "--set=manager.workers.sidecarset=5,manager.workers.nodeimage=4",
@@ -447,6 +448,7 @@ fn helm_values_change_the_rendered_objects() {
         "--webhook-failure-policy=ignore",
         "--webhook-timeout-seconds=5",
         "--unreadable-sidecarset-policy=refuse",
+        "--sidecarset-cache-fence=false",
         "--label-selector=shard=a",
         "--kube-api-qps=2.5",
         "--kube-api-burst=7",
@@ -623,6 +625,10 @@ fn helm_refuses_invalid_values() {
         (
             "manager.webhook.unreadableSidecarSetPolicy=ignore",
             "/manager/webhook/unreadableSidecarSetPolicy",
+        ),
+        (
+            "manager.webhook.sidecarSetCacheFence=maybe",
+            "/manager/webhook/sidecarSetCacheFence",
         ),
         ("manager.replicas=0", "/manager/replicas"),
         ("image.pullPolicy=Sometimes", "/image/pullPolicy"),

@@ -7,7 +7,9 @@
 //!
 //! What the confirmation costs (decision 0044): while the SidecarSets stay as they are, a pod
 //! costs the apiserver one fence (a read of its cache's version), not a list of every
-//! SidecarSet; read from the proxy, which sees every request the manager sends.
+//! SidecarSet; read from the proxy, which sees every request the manager sends. With
+//! `--sidecarset-cache-fence=false` (decision 0046) a pod costs no request, and one created
+//! while the watch lags gets the SidecarSets as the cache holds them, as upstream's would.
 
 use std::time::Duration;
 
@@ -25,6 +27,7 @@ use crate::support::{ExtraControlPlane, client_for, start_manager};
 use crate::warm_standby::{LEASE, NAMESPACE, hold_lease};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kruise_rs::manager::LeaderElection;
+use kruise_rs::webhook::SidecarSetCacheReads;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const INJECTED_LIST: &str = "kruise.io/sidecarset-injected-list";
@@ -171,6 +174,7 @@ fn fences_and_lists(requests: &[String]) -> (usize, usize) {
 /// SidecarSets; and the SidecarSets `a`, `b`, `c` selecting `app=web`, in its cache.
 async fn webhooks_behind_a_recording_proxy(
     ns: &str,
+    reads: SidecarSetCacheReads,
 ) -> (
     ExtraControlPlane,
     kube::Client,
@@ -180,6 +184,10 @@ async fn webhooks_behind_a_recording_proxy(
     let (plane, client, proxy) = plane_and_proxy().await;
     hold_lease(&client, "elsewhere", 3600).await;
     let mut opts = own_manager_with_webhooks(proxy.kubeconfig());
+    opts.webhook
+        .as_mut()
+        .expect("webhooks on")
+        .sidecarset_cache_reads = reads;
     opts.leader_election = Some(LeaderElection {
         lease_name: LEASE.to_owned(),
         identity: "webhooks-only".to_owned(),
@@ -253,7 +261,8 @@ async fn cache_version(client: &kube::Client) -> String {
 #[tokio::test]
 async fn a_pod_costs_a_fence_and_no_list_while_the_sidecarsets_stay_as_they_are() {
     let ns = "fence";
-    let (_plane, client, proxy, _manager) = webhooks_behind_a_recording_proxy(ns).await;
+    let (_plane, client, proxy, _manager) =
+        webhooks_behind_a_recording_proxy(ns, SidecarSetCacheReads::Confirmed).await;
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
     let _ = proxy.requests();
     create_injected_pods(&pods, 20).await;
@@ -274,7 +283,8 @@ async fn a_pod_costs_a_fence_and_no_list_while_the_sidecarsets_stay_as_they_are(
 #[tokio::test]
 async fn a_version_reached_without_a_change_costs_one_list_then_fences_again() {
     let ns = "fence-progress";
-    let (_plane, client, proxy, _manager) = webhooks_behind_a_recording_proxy(ns).await;
+    let (_plane, client, proxy, _manager) =
+        webhooks_behind_a_recording_proxy(ns, SidecarSetCacheReads::Confirmed).await;
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
     let before = cache_version(&client).await;
     let configmaps = Api::<ConfigMap>::namespaced(client.clone(), ns);
@@ -306,4 +316,39 @@ async fn a_version_reached_without_a_change_costs_one_list_then_fences_again() {
         lists, 1,
         "the first pod lists; the list's version is learnt for the next nine"
     );
+}
+
+/// Decision 0046: with `--sidecarset-cache-fence=false` an admission sends the apiserver
+/// nothing, and trusts the cache as it stands: a SidecarSet the watch has not delivered yet is
+/// not injected (upstream's behaviour, the price of the option), and is once it arrives.
+#[tokio::test]
+async fn with_the_fence_off_a_pod_costs_no_read_and_gets_what_the_cache_holds() {
+    let ns = "no-fence";
+    let (_plane, client, proxy, _manager) =
+        webhooks_behind_a_recording_proxy(ns, SidecarSetCacheReads::AsTheyStand).await;
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let _ = proxy.requests();
+    create_injected_pods(&pods, 20).await;
+    assert_eq!(
+        fences_and_lists(&proxy.requests()),
+        (0, 0),
+        "fences and lists for 20 pods with the fence off"
+    );
+
+    proxy.hold_watch_events();
+    Api::<SidecarSet>::all(client.clone())
+        .create(&PostParams::default(), &sidecarset("late", "busybox:1.37"))
+        .await
+        .expect("SidecarSet late");
+    let created = pods
+        .create(&PostParams::default(), &pod())
+        .await
+        .expect("a pod while the cache lags");
+    assert_eq!(
+        created.annotations().get(INJECTED_LIST).map(String::as_str),
+        Some("a,b,c"),
+        "with the fence off, the cache is used as it stands"
+    );
+    proxy.release_watch_events();
+    until_a_pod_gets(&pods, "a,b,c,late").await;
 }

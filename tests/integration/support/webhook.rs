@@ -10,7 +10,8 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kruise_rs::manager::{self, ManagerOptions};
 use kruise_rs::webhook::{
-    CertSource, Endpoint, FailurePolicy, UnreadableSidecarSetPolicy, WebhookOptions,
+    CertSource, Endpoint, FailurePolicy, SidecarSetCacheReads, UnreadableSidecarSetPolicy,
+    WebhookOptions,
 };
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -63,6 +64,7 @@ pub(crate) fn webhook_options(
         patch_pod_metadata_defaults_allowed: false,
         sort_sidecar_containers_by_name: false,
         unreadable_sidecarset_policy: UnreadableSidecarSetPolicy::Admit,
+        sidecarset_cache_reads: SidecarSetCacheReads::Confirmed,
         pod_object_selector: None,
         // Tests stop their managers at once; webhook_availability sets one.
         shutdown_grace: Duration::ZERO,
