@@ -500,7 +500,12 @@ pub async fn run(
         || apply_configurations(&client, &params),
     )
     .await?;
-    info!(addr = %server.addr, endpoint = ?opts.endpoint, "webhooks serving");
+    info!(
+        addr = %server.addr,
+        endpoint = ?opts.endpoint,
+        sidecarset_cache = ?opts.sidecarset_cache_reads,
+        "webhooks serving"
+    );
     if let Some(on_ready) = on_ready {
         let _ = on_ready.send(server.addr);
     }
