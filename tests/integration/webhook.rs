@@ -673,9 +673,42 @@ async fn replicas_share_the_certificates_in_the_secret_and_its_ca_is_the_ca_bund
         after.metadata.resource_version, secret.metadata.resource_version,
         "not rewritten"
     );
-    // The replica's kruise-kind webhooks see every namespace and fail closed: take its
-    // configurations away, and wait until the apiserver has stopped calling it, before it stops
-    // (else the other tests' objects would be refused meanwhile).
+    // The replica's kruise-kind webhooks see every namespace and fail closed: before it stops,
+    // the apiserver must have stopped calling it (else the other tests' objects are refused
+    // meanwhile). A dry-run job probes which servers the apiserver calls. First wait until the
+    // replica is called by both configurations: the apiserver has seen them, so their deletion
+    // reaches it after that, never before. (Deleting them at once once left a window where the
+    // apiserver learnt of them late, after the probe had passed and the replica had stopped, and
+    // another test's job update failed calling it.) Then delete them and wait until it is called
+    // by neither.
+    let ns = webhook_cluster().namespace("wh-replica").await;
+    let jobs = Api::<ImagePullJob>::namespaced(client.clone(), &ns);
+    let probe = |wanted: bool| {
+        let (jobs, seen) = (jobs.clone(), seen.clone());
+        async move {
+            let name = unique_name("probe");
+            let dry_run = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            jobs.create(&dry_run, &imagepulljob(&name, json!({})))
+                .await
+                .ok()?;
+            let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+            let called = |path: &str| seen.iter().any(|(p, n)| *p == path && *n == name);
+            let by = (
+                called("/mutate-imagepulljob"),
+                called("/validate-imagepulljob"),
+            );
+            (by == (wanted, wanted)).then_some(())
+        }
+    };
+    crate::support::wait_for(
+        "the apiserver to call the replica's two configurations",
+        std::time::Duration::from_secs(30),
+        || probe(true),
+    )
+    .await;
     let _ = Api::<MutatingWebhookConfiguration>::all(client.clone())
         .delete(
             &format!("{prefix}-mutating-webhook-configuration"),
@@ -688,25 +721,10 @@ async fn replicas_share_the_certificates_in_the_secret_and_its_ca_is_the_ca_bund
             &DeleteParams::default(),
         )
         .await;
-    let ns = webhook_cluster().namespace("wh-replica").await;
-    let jobs = Api::<ImagePullJob>::namespaced(client.clone(), &ns);
     crate::support::wait_for(
         "the apiserver to stop calling the replica",
         std::time::Duration::from_secs(30),
-        || {
-            let (jobs, seen) = (jobs.clone(), seen.clone());
-            async move {
-                let name = unique_name("probe");
-                let job = imagepulljob(&name, json!({}));
-                let dry_run = PostParams {
-                    dry_run: true,
-                    ..PostParams::default()
-                };
-                jobs.create(&dry_run, &job).await.ok()?;
-                let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-                (!seen.contains(&name)).then_some(())
-            }
-        },
+        || probe(false),
     )
     .await;
     let _ = stop.send(());
@@ -717,10 +735,10 @@ async fn replicas_share_the_certificates_in_the_secret_and_its_ca_is_the_ca_bund
     caches.abort();
 }
 
-/// An [`Admit`] that records the name of every object it is asked about.
+/// An [`Admit`] that records the path and object name of every review it is asked for.
 struct Recording {
     inner: std::sync::Arc<kruise_rs::webhook::handlers::Handlers>,
-    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(&'static str, String)>>>,
 }
 
 impl kruise_rs::webhook::server::Admit for Recording {
@@ -732,7 +750,7 @@ impl kruise_rs::webhook::server::Admit for Recording {
         self.seen
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(request.name.clone());
+            .push((path, request.name.clone()));
         self.inner.admit(path, request)
     }
 }
