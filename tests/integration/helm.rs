@@ -694,6 +694,73 @@ fn helm_refuses_invalid_values() {
     }
 }
 
+/// `--set key=null` takes a key out of the chart's defaults. A value whose absence the templates
+/// would read as `false`, `0` or an empty flag (a feature on by default silently off, a policy
+/// silently gone, `--leader-election-id=`) is required by the schema, so taking it out is refused
+/// with its name, not rendered.
+#[test]
+fn helm_refuses_to_take_out_a_value_it_needs() {
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("UTF-8 path");
+    for key in [
+        "image.repository",
+        "image.pullPolicy",
+        "namespaces.create",
+        "namespaces.manager",
+        "namespaces.daemonConfig",
+        "manager.replicas",
+        "manager.leaderElection.enabled",
+        "manager.leaderElection.leaseName",
+        "manager.sidecarsetPredownload",
+        "manager.maxPullsPerRegistry",
+        "manager.metricsCompat",
+        "manager.preStopSleepSeconds",
+        "manager.terminationGracePeriodSeconds",
+        "manager.webhook.failurePolicy",
+        "manager.webhook.timeoutSeconds",
+        "manager.webhook.shutdownGrace",
+        "manager.webhook.unreadableSidecarSetPolicy",
+        "manager.webhook.sidecarSetCacheFence",
+        "manager.kubeApi.qps",
+        "manager.kubeApi.burst",
+        "manager.workers.sidecarset",
+        "manager.workers.nodeimage",
+        "daemon.criSocket",
+        "daemon.criSocketGroup",
+        "podDisruptionBudget.enabled",
+        "podDisruptionBudget.minAvailable",
+        "daemonPolicy.ownNodeImageOnly",
+        "managerPolicy.dryRunPodsOnly",
+        "serviceMonitor.enabled",
+    ] {
+        let set = format!("{key}=null");
+        let out = helm_output(&["template", RELEASE, chart, "--set", &set]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let (parent, field) = key.rsplit_once('.').expect("a nested key");
+        let at = format!("/{}", parent.replace('.', "/"));
+        assert!(
+            !out.status.success() && stderr.contains(&at) && stderr.contains(field),
+            "helm template --set {set}: expected a schema error naming {field} at {at}, got {}:\n{stderr}",
+            out.status
+        );
+    }
+    // What may be taken out still may: the lists, maps and optional strings.
+    for set in [
+        "daemon.tolerations=null",
+        "manager.priorityClassName=null",
+        "manager.webhook.namespaceSelector=null",
+        "daemon.imageFsPath=null",
+        "image.tag=null",
+    ] {
+        let out = helm_output(&["template", RELEASE, chart, "--set", set]);
+        assert!(
+            out.status.success(),
+            "helm template --set {set}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// `daemonPolicy.ownNodeImageOnly`: on by default, for the daemon's ServiceAccount in the
 /// manager's namespace; false renders neither the policy nor its binding; not a boolean is
 /// refused by the schema.
