@@ -677,10 +677,10 @@ async fn replicas_share_the_certificates_in_the_secret_and_its_ca_is_the_ca_bund
     // the apiserver must have stopped calling it (else the other tests' objects are refused
     // meanwhile). A dry-run job probes which servers the apiserver calls. First wait until the
     // replica is called by both configurations: the apiserver has seen them, so their deletion
-    // reaches it after that, never before. (Deleting them at once once left a window where the
-    // apiserver learnt of them late, after the probe had passed and the replica had stopped, and
-    // another test's job update failed calling it.) Then delete them and wait until it is called
-    // by neither.
+    // reaches it after that, never before. (Deleted at once, they could reach the apiserver
+    // late, after the second probe had passed and the replica had stopped: the likely cause,
+    // not reproduced, of another test's job update once failing on the replica's dead port.)
+    // Then delete them and wait until it is called by neither.
     let ns = webhook_cluster().namespace("wh-replica").await;
     let jobs = Api::<ImagePullJob>::namespaced(client.clone(), &ns);
     let probe = |wanted: bool| {
