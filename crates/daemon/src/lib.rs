@@ -10,7 +10,9 @@
 //!    provider plugins ([`credential_provider`])), and report (`report.rs`, the status from `status`);
 //! 4. keep checking the runtime: `/readyz` answers 200 only while the runtime answers and the
 //!    NodeImage watch has synced, and `/healthz` fails once it has not answered for
-//!    `--cri-liveness-timeout` (`liveness`: a restarted runtime's new socket needs a new mount);
+//!    `--cri-liveness-timeout` (`liveness`: a restarted runtime's new socket needs a new mount),
+//!    and the daemon exits at once when its socket is a mount of its own that refuses
+//!    connections (`stale_socket`: nothing will listen on that inode again);
 //! 5. on shutdown, stop the workers (a restarted daemon resumes them from the status) and return.
 
 mod args;
@@ -30,12 +32,13 @@ mod pull;
 mod report;
 mod secret_scope;
 mod slots;
+mod stale_socket;
 mod status;
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -56,6 +59,7 @@ use self::liveness::RuntimeSilence;
 use self::metrics::DaemonMetrics;
 use self::node::{Shared, State};
 pub use self::report::FIELD_MANAGER;
+use self::stale_socket::SocketMount;
 use kruise_rs_kube::{ConnectError, LimitWaits, Metrics, ProbeState, RateLimit, load_config};
 
 /// Reporting controller of the daemon's events.
@@ -126,6 +130,13 @@ pub enum DaemonError {
         #[source]
         source: Option<io::Error>,
     },
+    #[error(
+        "the runtime's socket {} is a mount of a socket nobody listens on any more (the runtime \
+         restarted and bound a new one, which this mount cannot reach): exiting, so that the \
+         kubelet starts the container again with a mount of the new socket",
+        socket.display()
+    )]
+    StaleRuntimeSocket { socket: PathBuf },
 }
 
 /// Runs the daemon until `shutdown` resolves, then stops cleanly and returns `Ok(())`.
@@ -186,10 +197,10 @@ pub async fn run(
         let _ = on_serving.send(addr);
     }
 
+    // Ends only with why the daemon cannot go on (`Ok`: for no known reason).
     let work = async {
-        let Some(cri) = find_runtime(&opts, &daemon_metrics, &silence).await else {
-            return;
-        };
+        let cri = find_runtime(&opts, &daemon_metrics, &silence).await?;
+        let mount = SocketMount::of(cri.socket());
         // Whether the kubelet is starting a pod here: pre-pulls step aside meanwhile.
         let (kubelet_busy_tx, kubelet_busy) = watch::channel(false);
         let activity = kubelet_activity::KubeletActivity::new(cri.channel());
@@ -220,17 +231,26 @@ pub async fn run(
         // the workers, whose tasks would otherwise outlive it.
         let workers = shared.clone();
         let _stop_workers = scopeguard(move || workers.stop_all());
-        tokio::join!(
-            node::watch_nodeimage(shared.clone(), synced_tx),
-            report::report(shared.clone(), std::future::pending()),
-            readiness(&shared, synced, &probe_state, &silence),
-            activity.run(kubelet_busy_tx, move || pulls.get() > 0),
-        );
+        let others = async {
+            tokio::join!(
+                node::watch_nodeimage(shared.clone(), synced_tx),
+                report::report(shared.clone(), std::future::pending()),
+                activity.run(kubelet_busy_tx, move || pulls.get() > 0),
+            )
+        };
+        tokio::select! {
+            _ = others => Ok(()),
+            stale = readiness(&shared, &mount, synced, &probe_state, &silence) => Err(stale),
+        }
     };
 
+    let mut failure = None;
     tokio::select! {
         () = &mut shutdown => {}
-        () = work => warn!("the daemon's work ended unexpectedly"),
+        ended = work => match ended {
+            Ok(()) => warn!("the daemon's work ended unexpectedly"),
+            Err(err) => failure = Some(err),
+        },
         result = &mut server => {
             probe_state.set_ready(false);
             return Err(DaemonError::ServerStopped { source: result.err() });
@@ -248,16 +268,21 @@ pub async fn run(
             warn!(timeout = ?DRAIN_TIMEOUT, "probe connections still open; closing them")
         }
     }
+    if let Some(err) = failure {
+        return Err(err);
+    }
     info!("stopped");
     Ok(())
 }
 
-/// Looks for the runtime until one answers.
+/// Looks for the runtime until one answers; fails when the given socket is a stale mount.
 async fn find_runtime(
     opts: &DaemonOptions,
     metrics: &DaemonMetrics,
     silence: &RuntimeSilence,
-) -> Option<Cri> {
+) -> Result<Cri, DaemonError> {
+    // A runtime found by detection is under the host's run directory, a mount of a directory.
+    let given = opts.cri_socket.as_deref().map(SocketMount::of);
     let mut live = true;
     loop {
         match Cri::detect(opts.cri_socket.as_deref(), &opts.host_run_dir).await {
@@ -265,10 +290,15 @@ async fn find_runtime(
                 silence.answered();
                 info!(socket = %cri.socket().display(), "CRI image service found");
                 metrics.runtime_up.set(1);
-                return Some(cri);
+                return Ok(cri);
             }
             Err(err) => {
                 metrics.runtime_up.set(0);
+                if let Some(mount) = &given
+                    && mount.is_stale().await
+                {
+                    return Err(stale(mount.path()));
+                }
                 warn!(error = %err, retry_in = ?RUNTIME_CHECK_INTERVAL, "not ready: no container runtime");
                 silence.unanswered(Instant::now());
                 live = log_liveness(silence, live);
@@ -278,14 +308,22 @@ async fn find_runtime(
     }
 }
 
+fn stale(socket: &Path) -> DaemonError {
+    DaemonError::StaleRuntimeSocket {
+        socket: socket.to_owned(),
+    }
+}
+
 /// Keeps `/readyz` true exactly while the runtime answers and the watch has synced, and tells
-/// `silence` (hence `/healthz`) when the runtime answers.
+/// `silence` (hence `/healthz`) when the runtime answers. Returns only when the runtime's socket
+/// turns out to be a stale mount (`stale_socket`).
 async fn readiness(
     shared: &Shared,
+    mount: &SocketMount,
     mut synced: watch::Receiver<bool>,
     probe: &ProbeState,
     silence: &RuntimeSilence,
-) {
+) -> DaemonError {
     let mut runtime_ok = true;
     let mut live = true;
     let mut watching = true;
@@ -296,6 +334,10 @@ async fn readiness(
             changed = synced.changed(), if watching => watching = changed.is_ok(),
             () = tokio::time::sleep(RUNTIME_CHECK_INTERVAL) => {
                 let now_ok = shared.cri.check().await;
+                if now_ok.is_err() && mount.is_stale().await {
+                    probe.set_ready(false);
+                    return stale(mount.path());
+                }
                 match (&now_ok, runtime_ok) {
                     (Err(err), true) => warn!(socket = %shared.cri.socket().display(), error = %err, "not ready: the container runtime does not answer"),
                     (Ok(()), false) => info!("the container runtime answers again"),

@@ -5,9 +5,11 @@
 //! file keeps the inode it was made with, and a runtime that restarts unlinks its socket and binds
 //! a new one: the daemon's path then leads to the old inode and every connection is refused until
 //! the container is created again with a fresh mount
-//! ([decision 0010](../../docs/decisions/0010-daemon-mounts-only-its-cri-socket.md)). So `/healthz`
-//! fails once the runtime has been silent for the limit, counted from the first check (every 5 s)
-//! that got no answer, and the kubelet's liveness probe restarts the container. A runtime that
+//! ([decision 0010](../../docs/decisions/0010-daemon-mounts-only-its-cri-socket.md)). A refusal
+//! through such a mount makes the daemon exit at once (`stale_socket`); what a refusal cannot tell,
+//! a runtime that hangs, is left to this rule: `/healthz` fails once the runtime has been silent
+//! for the limit, counted from the first check (every 5 s) that got no answer, and the kubelet's
+//! liveness probe restarts the container. A runtime that
 //! is really down costs nothing more: the kubelet cannot start the new container before the
 //! runtime is back, and then it mounts the new socket.
 
