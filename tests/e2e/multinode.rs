@@ -410,6 +410,103 @@ async fn a_node_leaving_mid_job_is_dropped_and_a_joining_node_is_picked_up() {
         .expect("deleting the Never job");
 }
 
+/// containerd restarts on a node and binds a new socket, which the daemon's mount of the old one
+/// cannot reach (docs/decisions/0010). The daemon exits at its next runtime check and says why
+/// (its container's termination message, the chart's `FallbackToLogsOnError`) instead of
+/// waiting a minute for its liveness probe to fail; the kubelet starts it again with a mount of
+/// the new socket, and a job pulls on that node again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "three real nodes: NODES=3 tests/cluster/e2e.sh --ignored multinode::"]
+async fn after_containerd_restarts_the_daemon_exits_and_pulls_again_through_the_new_socket() {
+    let exclusive = support::exclusive().await;
+    let cluster = exclusive.cluster;
+    require_three_nodes(cluster);
+    let node = cluster.nodes.last().expect("three nodes");
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), SYSTEM_NAMESPACE);
+    let on_node = ListParams::default()
+        .labels("app.kubernetes.io/component=daemon")
+        .fields(&format!("spec.nodeName={}", node.name));
+    let daemon_container = |pod: &Pod| {
+        pod.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.iter().find(|c| c.name == "daemon").cloned())
+    };
+    let (daemon, restarts) = wait_for(
+        &format!("the daemon pod on {}", node.name),
+        TIMEOUT,
+        || async {
+            let pod = pods.list(&on_node).await.ok()?.items.into_iter().next()?;
+            let restarts = daemon_container(&pod)?.restart_count;
+            Some((pod.name_any(), restarts))
+        },
+    )
+    .await;
+
+    let restarted = Instant::now();
+    cluster.restart(&format!("containerd-{}", node.index)).await;
+    let terminated = wait_for(
+        &format!("{daemon} to exit and start again"),
+        TIMEOUT,
+        || async {
+            let status = daemon_container(&pods.get(&daemon).await.ok()?)?;
+            if status.restart_count <= restarts {
+                return None;
+            }
+            status.last_state?.terminated
+        },
+    )
+    .await;
+    let exited_after = restarted.elapsed();
+    let message = terminated.message.clone().unwrap_or_default();
+    assert!(
+        terminated.exit_code == 1
+            && message.contains("is a mount of a socket nobody listens on any more"),
+        "the daemon's last termination is not its own exit for a stale socket (a liveness \
+         probe's kill ends it with SIGTERM, exit 0): {terminated:?}"
+    );
+    wait_for(&format!("{daemon} ready again"), TIMEOUT, || async {
+        ready(&pods.get(&daemon).await.ok()?).then_some(())
+    })
+    .await;
+    let ready_after = restarted.elapsed();
+
+    let ns = cluster.namespace("e2e-cri-restart", json!({})).await;
+    let image = format!(
+        "{}/e2e/{}:v1",
+        cluster.registry,
+        unique_name("after-restart")
+    );
+    skopeo_copy(&cluster.test_image_source("v2"), &image);
+    let jobs: Api<ImagePullJob> = Api::namespaced(cluster.client(), &ns.name);
+    jobs.create(
+        &PostParams::default(),
+        &pull_job("after", &image, "Always", 3),
+    )
+    .await
+    .expect("creating the ImagePullJob");
+    let status = wait_for("the job to complete", TIMEOUT, || async {
+        let status = jobs.get("after").await.ok()?.status?;
+        status.completion_time.is_some().then_some(status)
+    })
+    .await;
+    assert_eq!(
+        (status.succeeded, status.failed),
+        (3, 0),
+        "every node pulls, the restarted one too: {status:?}"
+    );
+    assert!(
+        containerd_has_image(&node.containerd_socket, &image).await,
+        "{} has no {image} after the job",
+        node.name
+    );
+    eprintln!(
+        "containerd restarted on {}: the daemon exited after {exited_after:.1?} and was ready \
+         again after {ready_after:.1?}",
+        node.name
+    );
+}
+
 fn node_ready(node: &Node) -> bool {
     node.status
         .as_ref()

@@ -366,6 +366,26 @@ impl Cluster {
         );
     }
 
+    /// Restarts one of the cluster's processes with tests/cluster/restart.sh (`containerd-3`:
+    /// node 3's containerd); returns once the new process answers.
+    pub(crate) async fn restart(&self, process: &str) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/restart.sh");
+        let (state, process) = (self.state_dir.clone(), process.to_owned());
+        let (process, out) = tokio::task::spawn_blocking(move || {
+            let out = Command::new(script).arg(&state).arg(&process).output();
+            (process, out)
+        })
+        .await
+        .expect("the restart.sh task");
+        let out = out.expect("running tests/cluster/restart.sh");
+        assert!(
+            out.status.success(),
+            "restart.sh {process} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// A fresh namespace with `labels`. Left in place: the cluster goes away after the suite, and
     /// a later test's pods never depend on an earlier one's being gone.
     pub(crate) async fn namespace(&self, prefix: &str, labels: serde_json::Value) -> TestNamespace {
