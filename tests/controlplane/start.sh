@@ -163,6 +163,10 @@ for attempt in 1 2 3; do
   # ServiceAccount admission is off because no controller-manager creates the default SA
   # (unless KRUISE_RS_SERVICE_ACCOUNTS=1).
   # Priority-and-fairness and profiling are off: less startup work and nothing tests need.
+  # On SIGTERM (a restart by the fault tests or the chaos run) it closes its watches within 5 s:
+  # by default it leaves them open, and its HTTP server's shutdown waits for them for up to a
+  # minute (seen on the real node: ~107 watches of the kubelet, the controllers and kruise-rs
+  # held it until the restart's KILL at 20 s; with this, 3 s from TERM to answering again).
   : >"$api_log"
   launch kube-apiserver "$api_log" "$bin/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$etcd_port" \
@@ -183,6 +187,7 @@ for attempt in 1 2 3; do
     --allow-privileged=true \
     --enable-priority-and-fairness=false \
     --profiling=false \
+    --shutdown-watch-termination-grace-period=5s \
     --v=1 \
     "${extra_api_args[@]}"
   api_pid=$launched_pid
