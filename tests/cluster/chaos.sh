@@ -6,7 +6,7 @@
 # (tests/cluster/restart.sh); its invariants are checked throughout and its counts printed.
 #
 # Usage: tests/cluster/chaos.sh
-# Env: KRUISE_RS_CHAOS_MINUTES  how long the faults go on (default 2.5; 60 for the hour)
+# Env: KRUISE_RS_CHAOS_MINUTES  how long the faults go on (default 0: one round; 60 for the hour)
 #      KRUISE_RS_CHAOS_SEED     replay an order of faults (printed first)
 #      and e2e.sh's (KRUISE_RS_E2E_KEEP=1 leaves the cluster running)
 set -euo pipefail

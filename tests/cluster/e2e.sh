@@ -55,7 +55,7 @@ netns=$(sed -n 's/^NETNS=//p' "$state/env")
 KRUISE_RS_CLUSTER=$state/env KRUISE_RS_PRODUCT_IMAGE=$image KRUISE_RS_HELM=$helm \
   nsenter --net="$netns" cargo test --locked --offline --test e2e -- "$@"
 # With no filter (`make test`, CI) the chaos run follows on the same cluster (#[ignore]d so that
-# a filtered run leaves it out): one round of every fault (KRUISE_RS_CHAOS_MINUTES, default 2.5).
+# a filtered run leaves it out): one round of every fault (KRUISE_RS_CHAOS_MINUTES, default 0: one round).
 # After the suite, not within it: its rollouts pull the suite's app images, which other tests
 # expect not to be on the node yet.
 if [[ $# -eq 0 ]]; then

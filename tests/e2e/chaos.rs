@@ -34,7 +34,8 @@
 //! - no manager or daemon log holds a panic (the kubelet's log files, scanned all along and
 //!   before each pod deletion).
 //!
-//! `KRUISE_RS_CHAOS_MINUTES` sets how long the faults go on (default 2.5);
+//! `KRUISE_RS_CHAOS_MINUTES` sets how long the faults go on (default 0: one round, however long
+//! its recoveries take; a round once started always completes);
 //! `KRUISE_RS_CHAOS_SEED` replays an order of faults (timing still varies).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -67,7 +68,8 @@ use kruise_rs_testkit::rollout::container_image;
 
 const MINUTES_VAR: &str = "KRUISE_RS_CHAOS_MINUTES";
 const SEED_VAR: &str = "KRUISE_RS_CHAOS_SEED";
-const DEFAULT_MINUTES: f64 = 2.5;
+/// One round: every kind of fault once.
+const DEFAULT_MINUTES: f64 = 0.0;
 
 const CREATE_EVERY: Duration = Duration::from_millis(500);
 const CHURN_PODS: usize = 8;
