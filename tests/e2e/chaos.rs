@@ -1006,28 +1006,11 @@ struct Faulter {
 
 impl Faulter {
     async fn restart(&self, name: &'static str) -> Result<String, String> {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/restart.sh");
         let state = self.state_dir.clone();
-        let out = tokio::task::spawn_blocking(move || {
-            std::process::Command::new(script)
-                .arg(&state)
-                .arg(name)
-                .output()
-        })
-        .await
-        .expect("the restart task")
-        .map_err(|e| format!("running restart.sh {name}: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "restart.sh {name} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        Ok(format!(
-            "{name} answering after {} s",
-            String::from_utf8_lossy(&out.stdout).trim()
-        ))
+        let down = tokio::task::spawn_blocking(move || support::restart_process(&state, name))
+            .await
+            .expect("the restart task")?;
+        Ok(format!("{name} answering after {down} s"))
     }
 
     async fn leader(&self) -> Result<String, String> {

@@ -444,7 +444,10 @@ async fn after_containerd_restarts_the_daemon_exits_and_pulls_again_through_the_
     .await;
 
     let restarted = Instant::now();
-    cluster.restart(&format!("containerd-{}", node.index)).await;
+    let process = format!("containerd-{}", node.index);
+    if let Err(e) = cluster.restart(&process).await {
+        panic!("{e}");
+    }
     let terminated = wait_for(
         &format!("{daemon} to exit and start again"),
         TIMEOUT,

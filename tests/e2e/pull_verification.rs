@@ -39,21 +39,7 @@ async fn wait_for_kubelet_policy(cluster: &Cluster, policy: &str) {
 }
 
 fn restart_kubelet(cluster: &Cluster) -> Result<(), String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/restart.sh");
-    let out = Command::new(script)
-        .arg(&cluster.state_dir)
-        .arg("kubelet")
-        .output()
-        .map_err(|e| format!("running restart.sh kubelet: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "restart.sh kubelet failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
+    support::restart_process(&cluster.state_dir, "kubelet").map(drop)
 }
 
 /// The kubelet restarted with `AlwaysVerify` appended to its configuration (start.sh sets no

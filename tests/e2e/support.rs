@@ -366,24 +366,12 @@ impl Cluster {
         );
     }
 
-    /// Restarts one of the cluster's processes with tests/cluster/restart.sh (`containerd-3`:
-    /// node 3's containerd); returns once the new process answers.
-    pub(crate) async fn restart(&self, process: &str) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/restart.sh");
+    /// [`restart_process`] without blocking the runtime.
+    pub(crate) async fn restart(&self, process: &str) -> Result<String, String> {
         let (state, process) = (self.state_dir.clone(), process.to_owned());
-        let (process, out) = tokio::task::spawn_blocking(move || {
-            let out = Command::new(script).arg(&state).arg(&process).output();
-            (process, out)
-        })
-        .await
-        .expect("the restart.sh task");
-        let out = out.expect("running tests/cluster/restart.sh");
-        assert!(
-            out.status.success(),
-            "restart.sh {process} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        tokio::task::spawn_blocking(move || restart_process(&state, &process))
+            .await
+            .expect("the restart.sh task")
     }
 
     /// A fresh namespace with `labels`. Left in place: the cluster goes away after the suite, and
@@ -485,6 +473,26 @@ pub(crate) fn manager_logged_at(
 
 pub(crate) struct TestNamespace {
     pub name: String,
+}
+
+/// Restarts one process of the cluster in `state_dir` with tests/cluster/restart.sh (`kubelet`,
+/// `kube-apiserver`, `containerd-3`: node 3's containerd); returns once the new process answers,
+/// with the seconds it was down as restart.sh prints them.
+pub(crate) fn restart_process(state_dir: &Path, process: &str) -> Result<String, String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/restart.sh");
+    let out = Command::new(script)
+        .arg(state_dir)
+        .arg(process)
+        .output()
+        .map_err(|e| format!("running restart.sh {process}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "restart.sh {process} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 pub(crate) fn chart_dir() -> PathBuf {
