@@ -364,6 +364,55 @@ async fn ttl_deletes_a_finished_job_and_its_tags_are_collected() {
     .await;
 }
 
+/// The manager may see a job before the NodeImages created just before it (two watches,
+/// decision 0048). Played here in the order the manager may see them: the job's first look finds
+/// no node, then its node comes. The job must still be running then, and pull on it.
+#[tokio::test]
+async fn a_job_whose_first_look_finds_no_node_pulls_on_a_node_that_comes_right_after() {
+    let env = env("ipj-late").await;
+    let job = env.job("pull", spec("nginx:late", env.selector(), 1)).await;
+    let looked = env
+        .wait_job("pull", "the first look to find no node", |j| {
+            j.status
+                .as_ref()
+                .is_some_and(|s| s.start_time.is_some() && s.desired == 0)
+        })
+        .await;
+    assert!(
+        !completed(&looked),
+        "completed on its first look with no node: {:?}",
+        looked.status
+    );
+    let node = env.node(&format!("{}-n0", env.run)).await;
+    env.report(&node, "nginx", "late", "Succeeded").await;
+    let done = env
+        .wait_job("pull", "the job to complete on the late node", completed)
+        .await;
+    let status = done.status.expect("a status");
+    assert_eq!((status.desired, status.succeeded), (1, 1), "{status:?}");
+    assert_eq!(done.metadata.uid, job.metadata.uid);
+}
+
+/// With no node for the whole grace, an `Always` job completes with none (as upstream's does, 5 s
+/// later).
+#[tokio::test]
+async fn a_job_that_finds_no_node_completes_with_none_after_the_grace() {
+    let env = env("ipj-none").await;
+    env.job("pull", spec("nginx:none", env.selector(), 1)).await;
+    let done = env
+        .wait_job("pull", "the job with no node to complete", completed)
+        .await;
+    let status = done.status.expect("a status");
+    assert_eq!((status.desired, status.succeeded), (0, 0), "{status:?}");
+    let started = status.start_time.expect("a start time").0;
+    let finished = status.completion_time.expect("a completion time").0;
+    assert!(
+        finished.duration_since(started) >= k8s_openapi::jiff::SignedDuration::from_secs(5),
+        "completed {} after its first look",
+        finished.duration_since(started)
+    );
+}
+
 #[tokio::test]
 async fn a_never_job_picks_up_a_node_added_later() {
     let env = env("ipj-never").await;
@@ -1364,7 +1413,7 @@ async fn copies_of_vanished_jobs_are_swept_and_no_job_waits_for_the_manager() {
 
     // The NodeImage the job below selects, in the manager's scope (its label selector confines
     // NodeImages too) and there before the manager lists: a job that matches no NodeImage
-    // completes at once and releases its copy. (Made without the label, it was never seen: the
+    // completes (after decision 0048's grace) and releases its copy. (Made without the label, it was never seen: the
     // job completed at once and the test passed only when it looked before the release.)
     let value = support::unique_name("sweep");
     let node = env.nodes(1).await.remove(0);

@@ -71,10 +71,10 @@ async fn create_fake_nodeimage(client: &kube::Client, name: &str, value: &str) -
 /// An ImagePullJob `name` of `image` on the node `node`, in the scope `LABEL=value`.
 ///
 /// Completion policy `Never`: the manager may see the job before the NodeImage created just
-/// before it (two watches), and a job of policy `Always` that finds none of its nodes finishes
-/// at once with no node, as upstream's does. A job that never finishes counts the node when
-/// its NodeImage arrives. (CI at 1ef0240, Kubernetes 1.33: the first test below waited 30 s for
-/// a count of 1 that never came.)
+/// before it (two watches), and a job of policy `Always` that finds none of its nodes for 5 s
+/// finishes with no node (decision 0048; at once before it, as upstream's does). A job that
+/// never finishes counts the node whenever its NodeImage arrives. (CI at 1ef0240, Kubernetes
+/// 1.33: the first test below waited 30 s for a count of 1 that never came.)
 fn job_on(name: &str, image: &str, node: &str, value: &str) -> ImagePullJob {
     let mut job = ImagePullJob::new(
         name,

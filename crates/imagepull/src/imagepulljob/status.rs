@@ -38,9 +38,27 @@ pub(crate) fn nodes_to_start(targets: &[Target], parallelism: usize) -> Vec<&str
         .collect()
 }
 
+/// How long an `Always` job that finds no target node keeps looking before it completes with
+/// none. The job and its nodes' NodeImages (or its pods) come through separate watches, which
+/// the apiserver serves independently: a job created just after its nodes' NodeImages can reach
+/// the manager before they do, and a job completed on that first look stays completed (node
+/// events wake running jobs only). Upstream completes at once and has the same race; our
+/// integration suite lost a job to it about once in three runs at 12 tests at a time
+/// (docs/decisions/0048-*).
+pub(crate) const NO_TARGET_GRACE: SignedDuration = SignedDuration::from_secs(5);
+
+fn never(job: &ImagePullJob) -> bool {
+    job.spec
+        .template
+        .completion_policy
+        .type_
+        .unwrap_or_default()
+        == CompletionPolicyType::Never
+}
+
 fn deadline(job: &ImagePullJob, start: &Time) -> Option<Timestamp> {
     let policy = &job.spec.template.completion_policy;
-    if policy.type_.unwrap_or_default() == CompletionPolicyType::Never {
+    if never(job) {
         return None;
     }
     let seconds = policy.active_deadline_seconds?;
@@ -137,14 +155,9 @@ pub(super) fn compute_status(
         };
     }
 
-    let never = job
-        .spec
-        .template
-        .completion_policy
-        .type_
-        .unwrap_or_default()
-        == CompletionPolicyType::Never;
-    let complete = !never && finished;
+    // With no target, finished only once the grace has passed since the first look.
+    let looked_long_enough = desired > 0 || now.0.duration_since(start.0) >= NO_TARGET_GRACE;
+    let complete = !never(job) && finished && looked_long_enough;
     let message = if complete {
         "job has completed".to_owned()
     } else if desired == 0 {
@@ -189,8 +202,9 @@ pub(crate) fn with_notes(mut status: ImagePullJobStatus, notes: &[String]) -> Im
     status
 }
 
-/// When a job needs attention with nothing else happening: at its active deadline while it runs,
-/// at its TTL expiry once it finished. `None` when only a change can move it.
+/// When a job needs attention with nothing else happening: at its active deadline while it runs
+/// (and at the end of [`NO_TARGET_GRACE`] while it has no target), at its TTL expiry once it
+/// finished. `None` when only a change can move it.
 pub(crate) fn next_deadline(job: &ImagePullJob, status: &ImagePullJobStatus) -> Option<Timestamp> {
     match &status.completion_time {
         Some(done) => {
@@ -203,7 +217,16 @@ pub(crate) fn next_deadline(job: &ImagePullJob, status: &ImagePullJobStatus) -> 
                 .checked_add(SignedDuration::from_secs(i64::from(ttl)))
                 .ok()
         }
-        None => deadline(job, status.start_time.as_ref()?),
+        None => {
+            let start = status.start_time.as_ref()?;
+            let grace_ends = (status.desired == 0 && !never(job))
+                .then(|| start.0.checked_add(NO_TARGET_GRACE).ok())
+                .flatten();
+            [deadline(job, start), grace_ends]
+                .into_iter()
+                .flatten()
+                .min()
+        }
     }
 }
 

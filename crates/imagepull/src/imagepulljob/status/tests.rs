@@ -97,9 +97,48 @@ fn always_completes_when_every_node_finished_never_does_not() {
 }
 
 #[test]
-fn no_nodes_completes_an_always_job_as_upstream_does() {
-    let s = compute_status(&job(Default::default(), None), &[], &t(5));
-    assert_eq!((s.desired, s.completion_time), (0, Some(t(5))));
+fn an_always_job_with_no_node_completes_after_the_grace_not_at_first_look() {
+    let first = compute_status(&job(Default::default(), None), &[], &t(5));
+    assert_eq!((first.desired, &first.completion_time), (0, &None));
+    assert_eq!(first.start_time, Some(t(5)));
+    let looked = job(Default::default(), Some(first.clone()));
+    assert_eq!(
+        next_deadline(&looked, &first),
+        Some(t(10).0),
+        "woken when the grace ends"
+    );
+    let s = compute_status(&looked, &[], &t(9));
+    assert_eq!(s.completion_time, None, "1 s before the grace ends");
+    let s = compute_status(&looked, &[], &t(10));
+    assert_eq!((s.desired, s.completion_time), (0, Some(t(10))));
+    assert_eq!(s.message.as_deref(), Some("job has completed"));
+    // A node seen within the grace: the job runs on it.
+    let s = compute_status(&looked, &targets(&[("late", NotSynced)]), &t(7));
+    assert_eq!((s.desired, s.completion_time), (1, None));
+    // A Never job is not woken for the grace; an earlier active deadline comes first.
+    let never = CompletionPolicy {
+        type_: Some(CompletionPolicyType::Never),
+        ..Default::default()
+    };
+    let s = compute_status(&job(never.clone(), None), &[], &t(5));
+    assert_eq!(next_deadline(&job(never, None), &s), None);
+    let short = CompletionPolicy {
+        active_deadline_seconds: Some(2),
+        ..Default::default()
+    };
+    assert_eq!(next_deadline(&job(short, None), &first), Some(t(7).0));
+}
+
+#[test]
+fn a_job_that_ran_long_completes_at_once_when_its_last_node_goes() {
+    let started = ImagePullJobStatus {
+        start_time: Some(t(100)),
+        desired: 1,
+        active: 1,
+        ..Default::default()
+    };
+    let s = compute_status(&job(Default::default(), Some(started)), &[], &t(200));
+    assert_eq!((s.desired, s.completion_time), (0, Some(t(200))));
 }
 
 #[test]
