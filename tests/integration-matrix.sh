@@ -5,6 +5,9 @@
 # fails when any run failed, after a summary of all of them.
 #
 # Usage: tests/integration-matrix.sh             run the matrix
+#        tests/integration-matrix.sh --runs 2,3  run only these runs of it (numbered from 1: `make
+#                                                test` runs the later ones beside the three-node
+#                                                end-to-end tests, tests/cluster/e2e.sh)
 #        tests/integration-matrix.sh --versions  print the Kubernetes minors it needs (one a line;
 #                                                tests/setup.sh builds them)
 # Env:   CARGO_TEST_FLAGS  flags for every `cargo test` (default --locked)
@@ -44,7 +47,17 @@ if [[ ${1:-} == --versions ]]; then
   for run in "${runs[@]}"; do echo "${run%%|*}"; done | sort -u
   exit 0
 fi
-[[ $# -eq 0 ]] || { echo "usage: integration-matrix.sh [--versions]" >&2; exit 2; }
+usage="usage: integration-matrix.sh [--runs N[,N...] | --versions]"
+selected=
+if [[ ${1:-} == --runs ]]; then
+  [[ ${2:-} =~ ^[1-9](,[1-9])*$ ]] || { echo "$usage" >&2; exit 2; }
+  selected=,$2,
+  shift 2
+fi
+[[ $# -eq 0 ]] || { echo "$usage" >&2; exit 2; }
+for n in ${selected//,/ }; do
+  ((n <= ${#runs[@]})) || { echo "integration-matrix.sh: no run $n (the matrix has ${#runs[@]})" >&2; exit 2; }
+done
 
 # The runs are about the local control planes: a KUBECONFIG would point every run at one cluster
 # (`make test-integration` still uses it when set).
@@ -69,6 +82,7 @@ n=0
 for run in "${runs[@]}"; do
   IFS='|' read -r version api_args test_args <<<"$run"
   n=$((n + 1))
+  [[ -z $selected || $selected == *,$n,* ]] || { summary+=(""); continue; }
   read -r -a args <<<"$test_args"
   label="KUBE_VERSION=$version${api_args:+ KRUISE_RS_APISERVER_ARGS=$api_args}"
   printf '\n==> integration run %d/%d: %s, cargo test %s --test integration -- %s\n' \
@@ -105,5 +119,5 @@ for run in "${runs[@]}"; do
 done
 
 printf '\n==> integration matrix:\n' >&2
-printf '%s\n' "${summary[@]}" >&2
+for line in "${summary[@]}"; do [[ -z $line ]] || printf '%s\n' "$line" >&2; done
 exit "$failed"
