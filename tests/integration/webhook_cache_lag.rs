@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kruise_rs_api::sidecarset::SidecarSet;
 use kube::ResourceExt;
@@ -82,8 +83,33 @@ async fn plane_and_proxy() -> (ExtraControlPlane, kube::Client, FaultProxy) {
 
 #[tokio::test]
 async fn a_pod_gets_the_sidecarsets_as_they_are_while_the_webhooks_cache_lags() {
+    sidecarsets_as_they_are_while_the_cache_lags(Replica::Leader).await;
+}
+
+/// Every replica serves the pod webhook, and the apiserver calls whichever its Service picks:
+/// a replica that does not lead (its controllers idle, its caches the warm watches of decision
+/// 0043) confirms its cache the same way.
+#[tokio::test]
+async fn a_replica_that_does_not_lead_injects_the_sidecarsets_as_they_are_too() {
+    sidecarsets_as_they_are_while_the_cache_lags(Replica::NotLeading).await;
+}
+
+enum Replica {
+    Leader,
+    NotLeading,
+}
+
+async fn sidecarsets_as_they_are_while_the_cache_lags(replica: Replica) {
     let (_plane, client, proxy) = plane_and_proxy().await;
-    let opts = own_manager_with_webhooks(proxy.kubeconfig());
+    let mut opts = own_manager_with_webhooks(proxy.kubeconfig());
+    if let Replica::NotLeading = replica {
+        hold_lease(&client, "the-leader-elsewhere", 3600).await;
+        opts.leader_election = Some(LeaderElection {
+            lease_name: LEASE.to_owned(),
+            identity: "not-leading".to_owned(),
+            ..LeaderElection::new(NAMESPACE)
+        });
+    }
     let _manager = start_manager(opts, TIMEOUT, "behind the fault proxy").await;
     let ns = "lag";
     crate::harness::objects::create_namespace(&client, ns, &[(WEBHOOK_NAMESPACE_LABEL, "true")])
@@ -153,6 +179,17 @@ async fn a_pod_gets_the_sidecarsets_as_they_are_while_the_webhooks_cache_lags() 
         ["late=busybox:1.37", "main=nginx:1.25"]
     );
     proxy.release_watch_events();
+    if let Replica::NotLeading = replica {
+        let lease = Api::<Lease>::namespaced(client.clone(), NAMESPACE)
+            .get(LEASE)
+            .await
+            .expect("the Lease");
+        assert_eq!(
+            lease.spec.and_then(|s| s.holder_identity).as_deref(),
+            Some("the-leader-elsewhere"),
+            "the replica took the Lease: it led after all"
+        );
+    }
 }
 
 /// The manager's requests for the SidecarSets' resource version (fences) and lists of every
