@@ -17,9 +17,11 @@ test: deps ## Everything CI runs: format, lints, unit tests, the integration sui
 	cargo clippy --test e2e --locked -- -D warnings  # test = false: not in --all-targets
 	RUSTDOCFLAGS='-D warnings' cargo doc --locked --no-deps --workspace --lib  # no broken intra-doc links
 	cargo test --locked --workspace --lib --bins
-	tests/integration-matrix.sh --runs 1
-	# The other integration runs beside the three-node tests, which mostly wait (e2e.sh).
-	KRUISE_RS_E2E_BESIDE='tests/integration-matrix.sh --runs 2,3' tests/cluster/e2e.sh
+	# The integration runs go beside the real-node tests, which mostly wait (tests/cluster/e2e.sh).
+	cargo test --locked --test integration --no-run
+	KRUISE_RS_E2E_BESIDE_SUITE='tests/integration-matrix.sh --runs 1' \
+	KRUISE_RS_E2E_BESIDE_THREE_NODE='tests/integration-matrix.sh --runs 2,3' \
+		tests/cluster/e2e.sh
 
 # `make test-e2e TEST=sidecar`: the end-to-end suite on a real one-node cluster (needs root).
 test-e2e: deps ## The end-to-end suite on a real node: kubelet, containerd, the chart installed with helm
