@@ -649,47 +649,93 @@ fn finished_version(ni: &NodeImage, image: &str, tag: &str) -> Option<i64> {
     Some(tag.version.unwrap_or(0))
 }
 
-/// Watches every NodeImage and counts, per job tag, the nodes pulling it: an entry in the spec
-/// whose version the status has not finished.
+/// The job tags `ni` is pulling: entries in the spec whose version the status has not finished.
+fn busy_tags(ni: &NodeImage, repository: &str) -> BTreeSet<String> {
+    let Some(image) = ni.spec.images.get(repository) else {
+        return BTreeSet::new();
+    };
+    image
+        .tags
+        .iter()
+        .map(|t| t.tag.to_string())
+        .filter(|tag| {
+            let version = tag_entry(ni, repository, tag);
+            version.is_some() && finished_version(ni, repository, tag) != version
+        })
+        .collect()
+}
+
+/// The tags each node is pulling, as the NodeImage watch says. A re-list replaces the whole
+/// state at its end: taken one object at a time, its fresh objects sat beside the others' state
+/// from before the watch broke and counted nodes that never pulled at once (CI at f43f0a3,
+/// after the apiserver's restart: 3 nodes on one job of parallelism 2, one of them finished
+/// while the watch was down and listed after the two that had started since).
+#[derive(Default)]
+struct PullingNodes {
+    by_node: BTreeMap<String, BTreeSet<String>>,
+    /// What a re-list has brought so far (between `Init` and `InitDone`).
+    relist: Option<BTreeMap<String, BTreeSet<String>>>,
+}
+
+impl PullingNodes {
+    /// Records `event`; once the state changed, the most nodes pulling one tag, and which.
+    fn observe(
+        &mut self,
+        event: &watcher::Event<NodeImage>,
+        repository: &str,
+    ) -> Option<(usize, String)> {
+        match event {
+            watcher::Event::Init => {
+                self.relist = Some(BTreeMap::new());
+                return None;
+            }
+            watcher::Event::InitApply(ni) if self.relist.is_some() => {
+                if let Some(relist) = self.relist.as_mut() {
+                    relist.insert(ni.name_any(), busy_tags(ni, repository));
+                }
+                return None;
+            }
+            watcher::Event::InitDone => self.by_node = self.relist.take()?,
+            watcher::Event::Apply(ni) | watcher::Event::InitApply(ni) => {
+                self.by_node
+                    .insert(ni.name_any(), busy_tags(ni, repository));
+            }
+            watcher::Event::Delete(ni) => {
+                self.by_node.remove(&ni.name_any());
+            }
+        }
+        let mut per_tag: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (node, tags) in &self.by_node {
+            for tag in tags {
+                per_tag.entry(tag).or_default().push(node);
+            }
+        }
+        per_tag
+            .into_iter()
+            .max_by_key(|(_, nodes)| nodes.len())
+            .map(|(tag, nodes)| (nodes.len(), format!("{tag}: {nodes:?}")))
+    }
+}
+
+/// Watches every NodeImage and records the most nodes pulling one job tag at once.
 async fn watch_pulls(client: Client, repository: String, record: Shared, clock: Arc<Clock>) {
     let api: Api<NodeImage> = Api::all(client);
-    // tag -> node -> pulling
-    let mut pulling: BTreeMap<String, BTreeMap<String, bool>> = BTreeMap::new();
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .applied_objects();
+    let mut pulling = PullingNodes::default();
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
     let mut stream = std::pin::pin!(stream);
     while let Some(item) = stream.next().await {
-        let ni = match item {
-            Ok(ni) => ni,
+        let event = match item {
+            Ok(event) => event,
             Err(e) => {
                 eprintln!("chaos: {:7.1}s NodeImage watch: {e}", clock.now());
                 continue;
             }
         };
-        let node = ni.name_any();
-        let tags: BTreeSet<String> = ni
-            .spec
-            .images
-            .get(repository.as_str())
-            .map(|i| i.tags.iter().map(|t| t.tag.to_string()).collect())
-            .unwrap_or_default();
-        for (tag, nodes) in pulling.iter_mut() {
-            if !tags.contains(tag) {
-                nodes.remove(&node);
-            }
-        }
-        for tag in tags {
-            let version = tag_entry(&ni, &repository, &tag);
-            let busy = version.is_some() && finished_version(&ni, &repository, &tag) != version;
-            pulling.entry(tag).or_default().insert(node.clone(), busy);
-        }
-        let mut r = record.lock().unwrap();
-        for (tag, nodes) in &pulling {
-            let now: Vec<&String> = nodes.iter().filter(|(_, b)| **b).map(|(n, _)| n).collect();
-            if now.len() > r.max_pulling {
-                r.max_pulling = now.len();
-                r.at_max_pulling = format!("{tag}: {now:?}");
+        if let Some((most, at)) = pulling.observe(&event, &repository) {
+            let mut r = record.lock().unwrap();
+            if most > r.max_pulling {
+                r.max_pulling = most;
+                r.at_max_pulling = at;
             }
         }
     }
@@ -1614,6 +1660,47 @@ fn the_panic_scan_reads_new_lines_of_kruise_system_logs() {
         scan_panics(dir.path(), &mut offsets).is_empty(),
         "read once"
     );
+}
+
+/// A re-list counts the nodes pulling at its end: before the watch broke, c pulled j1; while it
+/// was down c finished and a and b started. Object by object the re-list would count a, b and
+/// the stale c at once.
+#[test]
+fn a_relist_counts_the_nodes_pulling_at_its_end_not_object_by_object() {
+    let repo = "127.0.0.1:5000/e2e/chaos-pull";
+    let ni = |name: &str, finished: bool| -> NodeImage {
+        let status = if finished {
+            json!({"imageStatuses": {repo: {"tags": [{"tag": "j1", "version": 0,
+                "phase": "Succeeded", "completionTime": "2026-12-07T14:40:40Z"}]}}})
+        } else {
+            json!({})
+        };
+        serde_json::from_value(json!({
+            "apiVersion": "apps.kruise.io/v1alpha1", "kind": "NodeImage",
+            "metadata": {"name": name},
+            "spec": {"images": {repo: {"tags": [{"tag": "j1", "version": 0,
+                "createdAt": "2026-12-07T14:40:30Z",
+                "pullPolicy": {"ttlSecondsAfterFinished": 300}}]}}},
+            "status": status
+        }))
+        .expect("a NodeImage")
+    };
+    let mut pulling = PullingNodes::default();
+    let mut most = 0;
+    let mut observe = |pulling: &mut PullingNodes, event: watcher::Event<NodeImage>| {
+        if let Some((n, _)) = pulling.observe(&event, repo) {
+            most = most.max(n);
+        }
+    };
+    observe(&mut pulling, watcher::Event::Apply(ni("c", false)));
+    observe(&mut pulling, watcher::Event::Init);
+    observe(&mut pulling, watcher::Event::InitApply(ni("a", false)));
+    observe(&mut pulling, watcher::Event::InitApply(ni("b", false)));
+    observe(&mut pulling, watcher::Event::InitApply(ni("c", true)));
+    observe(&mut pulling, watcher::Event::InitDone);
+    assert_eq!(most, 2);
+    let now = pulling.observe(&watcher::Event::Delete(ni("a", false)), repo);
+    assert_eq!(now, Some((1, r#"j1: ["b"]"#.to_owned())));
 }
 
 /// Every class `classify` gives is one the checker accepts inside a fault's window (the
