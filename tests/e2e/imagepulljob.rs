@@ -202,3 +202,103 @@ async fn a_pods_pull_goes_first_while_jobs_pull_on_its_node() {
         "the kubelet's pull took {took:?}: the jobs' pulls did not step aside"
     );
 }
+
+/// A pod whose image cannot be pulled keeps a ready sandbox with no container while the kubelet
+/// backs off (`ImagePullBackOff`). Past its first seconds it must not hold the node's pre-pulls
+/// back: before, it held them until its sandbox was 5 minutes old (a leftover pod did so for
+/// three minutes in the chaos run of 2026-12-07, from the sandbox the kubelet's restart made).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_backing_off_its_pull_does_not_hold_the_pre_pulls_back() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::DeleteParams;
+    let installed = support::installed().await;
+    let cluster = installed.cluster;
+    let run = support::unique_name("backoff");
+    let ns = cluster.namespace("e2e-backoff", json!({})).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), &ns.name);
+    let stuck: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "stuck"},
+        "spec": {
+            "nodeName": cluster.node_name,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "app", "image": format!("{}/e2e/{run}-missing:v1", cluster.registry),
+                            "imagePullPolicy": "IfNotPresent"}]
+        }
+    }))
+    .expect("a pod");
+    pods.create(&PostParams::default(), &stuck)
+        .await
+        .expect("creating the pod");
+    let waiting_on_its_image = |pod: &Pod| {
+        pod.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .and_then(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone())
+            .filter(|r| r == "ErrImagePull" || r == "ImagePullBackOff")
+    };
+    wait_for("the pod failing to pull its image", TIMEOUT, || async {
+        waiting_on_its_image(&pods.get("stuck").await.ok()?)
+    })
+    .await;
+
+    // A fresh image for the job, 4 MiB over a link of 1 MiB/s: the pull lasts long enough for
+    // the daemon to see the pod's sandbox and stand aside (a pull of a moment is over first).
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let tag = format!("{run}-job");
+    kruise_rs_testkit::slow_registry::build_large_images(dir.path(), &[&tag], 4 << 20);
+    support::skopeo_copy(
+        &format!("oci:{}:{tag}", dir.path().join("oci").display()),
+        &format!("{}/e2e/{tag}:v1", cluster.registry),
+    );
+    let upstream: std::net::SocketAddr = cluster.registry.parse().expect("the registry's address");
+    let link = kruise_rs_testkit::slow_registry::slow_link(upstream, 1 << 20).await;
+    let host_dir = cluster.certs_d.join(link.to_string());
+    std::fs::create_dir_all(&host_dir).expect("certs.d entry");
+    std::fs::write(
+        host_dir.join("hosts.toml"),
+        format!(
+            "server = \"http://{link}\"\n\n[host.\"http://{link}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+        ),
+    )
+    .expect("writing hosts.toml");
+    let image = format!("{link}/e2e/{tag}:v1");
+    let jobs: Api<ImagePullJob> = Api::namespaced(cluster.client(), &ns.name);
+    let job: ImagePullJob = serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1beta1",
+        "kind": "ImagePullJob",
+        "metadata": {"name": "pre-pull"},
+        "spec": {
+            "image": image,
+            "selector": {"names": [cluster.node_name]},
+            "completionPolicy": {"type": "Always"}
+        }
+    }))
+    .expect("an ImagePullJob");
+    jobs.create(&PostParams::default(), &job)
+        .await
+        .expect("creating the job");
+    // Well before the pod's sandbox is 5 minutes old, the old rule's bound.
+    let started = std::time::Instant::now();
+    wait_for(
+        "the job to pull on the node while the pod backs off",
+        std::time::Duration::from_secs(120),
+        || async {
+            let status = jobs.get("pre-pull").await.ok()?.status?;
+            (status.completion_time.is_some() && status.succeeded == 1).then_some(())
+        },
+    )
+    .await;
+    let took = started.elapsed();
+    let pod = pods.get("stuck").await.expect("the pod");
+    assert!(
+        waiting_on_its_image(&pod).is_some(),
+        "the pod stopped backing off: {:?}",
+        pod.status
+    );
+    println!("a pod backing off its pull: the job pulled {took:.1?} after its creation");
+    // A pod in back-off left on the node would hold later tests' pre-pulls for its first seconds.
+    pods.delete("stuck", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("deleting the pod");
+}

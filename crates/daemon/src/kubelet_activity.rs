@@ -11,11 +11,18 @@
 //! sandbox that is ready, was created less than [`STARTING_AT_MOST`] ago, and has no running
 //! container yet (the kubelet pulls a container's image between creating the sandbox and
 //! creating the container). Read from the runtime the daemon already talks to, every
-//! [`POLL_INTERVAL`] while it has pulls to run: no pod watch, no more RBAC. A pod that never
-//! gets a container running (its image does not exist, it crashes at once) holds pre-pulls back
-//! for [`STARTING_AT_MOST`] at the most.
+//! [`POLL_INTERVAL`] while it has pulls to run: no pod watch, no more RBAC.
+//!
+//! A pod whose image cannot be pulled looks the same: a ready sandbox, no container, for as
+//! long as the kubelet backs off (a leftover pod in `ImagePullBackOff` held a node's pre-pulls
+//! back for three minutes in the chaos run, from the sandbox its restarts made). So past its
+//! first [`YOUNG`] seconds, a sandbox keeps the pre-pulls aside only while containerd is
+//! downloading (its ingests grow): with the daemon's own pulls given up, that is someone else's
+//! pull, the kubelet's. Where containerd's content store cannot be read (another runtime), a pod
+//! holds pre-pulls back for [`STARTING_AT_MOST`] at the most, as before.
 
-use std::time::{Duration, SystemTime};
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
@@ -25,6 +32,9 @@ use k8s_cri::v1::{
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
+use crate::containerd_api::ContainerdApi;
+use crate::progress::ingest_offsets;
+
 /// How often the runtime's pods are read while pulls wait or run.
 pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// How often when no pull needs it.
@@ -33,6 +43,11 @@ const IDLE_POLL_INTERVAL: Duration = Duration::from_secs(2);
 pub(crate) const STARTING_AT_MOST: Duration = Duration::from_secs(300);
 /// How long one read of the runtime may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a new sandbox counts as starting whatever containerd does: the kubelet resolves the
+/// image and downloads its first bytes within it.
+pub(crate) const YOUNG: Duration = Duration::from_secs(20);
+/// How long after an ingest last grew containerd counts as downloading.
+const DOWNLOAD_QUIET: Duration = Duration::from_secs(5);
 
 /// A ready pod sandbox, as far as the decision goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,38 +57,86 @@ pub(crate) struct Sandbox {
 }
 
 /// The sandboxes among `ready` that are starting at `now`: created less than
-/// [`STARTING_AT_MOST`] ago, none of `running` (the sandbox ids of running containers) theirs.
+/// [`STARTING_AT_MOST`] ago, none of `running` (the sandbox ids of running containers) theirs,
+/// and, past their first [`YOUNG`] seconds, only while `others_downloading` (`None`: not known,
+/// every one counts).
 pub(crate) fn starting<'a>(
     ready: &'a [Sandbox],
     running: &[String],
     now: SystemTime,
+    others_downloading: Option<bool>,
 ) -> Vec<&'a str> {
     ready
         .iter()
         .filter(|s| {
-            now.duration_since(s.created)
-                .is_ok_and(|age| age < STARTING_AT_MOST)
-                || s.created > now
+            // A runtime's clock a little ahead of ours: just created.
+            let age = now.duration_since(s.created).unwrap_or(Duration::ZERO);
+            age < STARTING_AT_MOST && (age < YOUNG || others_downloading.unwrap_or(true))
         })
         .filter(|s| !running.contains(&s.id))
         .map(|s| s.id.as_str())
         .collect()
 }
 
+/// Whether containerd is downloading, from how its ingests move between two reads.
+struct Downloads {
+    api: ContainerdApi,
+    offsets: HashMap<String, i64>,
+    last_grew: Option<Instant>,
+    /// False once the runtime said it has no content service (not containerd).
+    readable: bool,
+}
+
+impl Downloads {
+    /// `None` when containerd's ingests cannot be read.
+    async fn under_way(&mut self) -> Option<bool> {
+        if !self.readable {
+            return None;
+        }
+        let offsets = match tokio::time::timeout(CALL_TIMEOUT, ingest_offsets(&self.api)).await {
+            Ok(Ok(offsets)) => offsets,
+            Ok(Err(status)) => {
+                if status.code() == tonic::Code::Unimplemented {
+                    self.readable = false;
+                }
+                return None;
+            }
+            Err(_) => return None,
+        };
+        let grew = offsets
+            .iter()
+            .any(|(r, offset)| self.offsets.get(r).is_none_or(|old| offset > old));
+        if grew {
+            self.last_grew = Some(Instant::now());
+        }
+        self.offsets = offsets;
+        Some(self.last_grew.is_some_and(|t| t.elapsed() < DOWNLOAD_QUIET))
+    }
+}
+
 /// Whether the kubelet is starting a pod on this node, read from the runtime.
 pub(crate) struct KubeletActivity {
     client: RuntimeServiceClient<Channel>,
+    downloads: Downloads,
 }
 
 impl KubeletActivity {
     pub(crate) fn new(channel: Channel) -> Self {
         Self {
-            client: RuntimeServiceClient::new(channel),
+            client: RuntimeServiceClient::new(channel.clone()),
+            downloads: Downloads {
+                api: ContainerdApi::new(channel),
+                offsets: HashMap::new(),
+                last_grew: None,
+                readable: true,
+            },
         }
     }
 
-    /// The sandboxes being started now; `Err` when the runtime did not answer.
-    async fn read(&mut self) -> Result<Vec<String>, tonic::Status> {
+    /// The sandboxes being started now; `Err` when the runtime did not answer. `aside`: whether
+    /// the pre-pulls stand aside now (their downloads given up), so that what containerd
+    /// downloads is someone else's; until they do, only young sandboxes put them aside.
+    async fn read(&mut self, aside: bool) -> Result<Vec<String>, tonic::Status> {
         let ready_filter = PodSandboxFilter {
             state: Some(PodSandboxStateValue {
                 state: PodSandboxState::SandboxReady as i32,
@@ -97,7 +160,7 @@ impl KubeletActivity {
             })
             .collect();
         let now = SystemTime::now();
-        if starting(&ready, &[], now).is_empty() {
+        if starting(&ready, &[], now, None).is_empty() {
             return Ok(Vec::new());
         }
         let running: Vec<String> = self
@@ -110,7 +173,12 @@ impl KubeletActivity {
             .filter(|c| c.state == ContainerState::ContainerRunning as i32)
             .map(|c| c.pod_sandbox_id)
             .collect();
-        Ok(starting(&ready, &running, now)
+        let others_downloading = self
+            .downloads
+            .under_way()
+            .await
+            .map(|downloading| aside && downloading);
+        Ok(starting(&ready, &running, now, others_downloading)
             .into_iter()
             .map(str::to_owned)
             .collect())
@@ -126,7 +194,8 @@ impl KubeletActivity {
                 return;
             }
             let pause = if wanted() {
-                let starting = match tokio::time::timeout(CALL_TIMEOUT, self.read()).await {
+                let aside = *busy.borrow();
+                let starting = match tokio::time::timeout(CALL_TIMEOUT, self.read(aside)).await {
                     Ok(Ok(starting)) => starting,
                     Ok(Err(status)) => {
                         if !std::mem::replace(&mut said_failed, true) {
@@ -176,7 +245,35 @@ mod tests {
             sandbox("ahead", now + Duration::from_millis(50)),
         ];
         let running = ["running".to_owned()];
-        assert_eq!(starting(&ready, &running, now), ["new", "ahead"]);
-        assert!(starting(&[], &running, now).is_empty());
+        for downloading in [None, Some(true), Some(false)] {
+            assert_eq!(
+                starting(&ready, &running, now, downloading),
+                ["new", "ahead"],
+                "{downloading:?}"
+            );
+        }
+        assert!(starting(&[], &running, now, None).is_empty());
+    }
+
+    /// A pod in `ImagePullBackOff` keeps a ready sandbox with no container: past its first
+    /// seconds it holds the pre-pulls back only while someone downloads.
+    #[test]
+    fn past_its_first_seconds_a_sandbox_counts_only_while_others_download() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000);
+        let ready = [
+            sandbox("young", now - YOUNG + Duration::from_secs(1)),
+            sandbox("backing-off", now - YOUNG - Duration::from_secs(1)),
+            sandbox("older", now - Duration::from_secs(200)),
+        ];
+        assert_eq!(starting(&ready, &[], now, Some(false)), ["young"]);
+        assert_eq!(
+            starting(&ready, &[], now, Some(true)),
+            ["young", "backing-off", "older"]
+        );
+        // containerd's downloads unknown (another runtime): every one, as before.
+        assert_eq!(
+            starting(&ready, &[], now, None),
+            ["young", "backing-off", "older"]
+        );
     }
 }

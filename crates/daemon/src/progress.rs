@@ -257,6 +257,23 @@ fn to_system_time(t: &prost_types::Timestamp) -> Option<SystemTime> {
     SystemTime::UNIX_EPOCH.checked_add(Duration::new(seconds, nanos))
 }
 
+/// Every ingest under way in containerd's content store: its ref and how far it got.
+pub(crate) async fn ingest_offsets(
+    api: &ContainerdApi,
+) -> Result<HashMap<String, i64>, tonic::Status> {
+    let response: ListStatusesResponse = api
+        .unary(
+            "/containerd.services.content.v1.Content/ListStatuses",
+            ListStatusesRequest { filters: vec![] },
+        )
+        .await?;
+    Ok(response
+        .statuses
+        .into_iter()
+        .map(|s| (s.r#ref, s.offset))
+        .collect())
+}
+
 /// The download state of one pull, read from containerd's content store.
 pub(crate) struct PullWatch {
     api: ContainerdApi,
