@@ -100,15 +100,7 @@ async fn a_pods_pull_goes_first_while_jobs_pull_on_its_node() {
     kruise_rs_testkit::slow_registry::build_large_images(pod_dir.path(), &[&pod_tag], 4 << 20);
     let upstream: std::net::SocketAddr = cluster.registry.parse().expect("the registry's address");
     let link = kruise_rs_testkit::slow_registry::slow_link(upstream, 2 << 20).await;
-    let host_dir = cluster.certs_d.join(link.to_string());
-    std::fs::create_dir_all(&host_dir).expect("certs.d entry");
-    std::fs::write(
-        host_dir.join("hosts.toml"),
-        format!(
-            "server = \"http://{link}\"\n\n[host.\"http://{link}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
-        ),
-    )
-    .expect("writing hosts.toml");
+    cluster.add_plain_http_registry(link);
     let image = |tag: &str| format!("{link}/e2e/{tag}");
     for tag in &tag_refs {
         support::skopeo_copy(
@@ -253,15 +245,7 @@ async fn a_pod_backing_off_its_pull_does_not_hold_the_pre_pulls_back() {
     );
     let upstream: std::net::SocketAddr = cluster.registry.parse().expect("the registry's address");
     let link = kruise_rs_testkit::slow_registry::slow_link(upstream, 1 << 20).await;
-    let host_dir = cluster.certs_d.join(link.to_string());
-    std::fs::create_dir_all(&host_dir).expect("certs.d entry");
-    std::fs::write(
-        host_dir.join("hosts.toml"),
-        format!(
-            "server = \"http://{link}\"\n\n[host.\"http://{link}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
-        ),
-    )
-    .expect("writing hosts.toml");
+    cluster.add_plain_http_registry(link);
     let image = format!("{link}/e2e/{tag}:v1");
     let jobs: Api<ImagePullJob> = Api::namespaced(cluster.client(), &ns.name);
     let job: ImagePullJob = serde_json::from_value(json!({

@@ -121,15 +121,7 @@ async fn predownload_takes_the_pull_out_of_the_sidecar_restart() {
     kruise_rs_testkit::slow_registry::build_large_images(dir.path(), &["a", "b"], LAYER_BYTES);
     let upstream: SocketAddr = cluster.registry.parse().expect("the registry's address");
     let proxy = kruise_rs_testkit::slow_registry::slow_proxy(upstream, RATE).await;
-    let host_dir = cluster.certs_d.join(proxy.to_string());
-    std::fs::create_dir_all(&host_dir).expect("certs.d entry");
-    std::fs::write(
-        host_dir.join("hosts.toml"),
-        format!(
-            "server = \"http://{proxy}\"\n\n[host.\"http://{proxy}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  skip_verify = true\n"
-        ),
-    )
-    .expect("writing hosts.toml");
+    cluster.add_plain_http_registry(proxy);
     for tag in ["a", "b"] {
         support::skopeo_copy(
             &format!("oci:{}:{tag}", dir.path().join("oci").display()),

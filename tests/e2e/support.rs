@@ -193,6 +193,20 @@ impl Cluster {
         Client::try_from(self.config.clone()).expect("a client")
     }
 
+    /// Lets the nodes' containerd pull from `registry` (a slow link or proxy a test runs in
+    /// front of the cluster's registry) over plain HTTP: its `certs.d` entry.
+    pub(crate) fn add_plain_http_registry(&self, registry: impl std::fmt::Display) {
+        let host_dir = self.certs_d.join(registry.to_string());
+        std::fs::create_dir_all(&host_dir).expect("certs.d entry");
+        std::fs::write(
+            host_dir.join("hosts.toml"),
+            format!(
+                "server = \"http://{registry}\"\n\n[host.\"http://{registry}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+            ),
+        )
+        .expect("writing hosts.toml");
+    }
+
     /// A client that impersonates `user` (the cluster's admin may).
     pub(crate) fn client_as(&self, user: &str) -> Client {
         let mut config = self.config.clone();
