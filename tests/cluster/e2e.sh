@@ -46,7 +46,7 @@ helm=$(tests/deploy/build-helm.sh)
 beside_pid=
 beside_start() {
   beside_cmd=${!1:-}
-  [[ -n $beside_cmd && $# -gt 0 ]] || return 0
+  [[ -n $beside_cmd ]] || return 0
   beside_log=$(mktemp)
   beside_t0=$(date +%s)
   setsid bash -c "$beside_cmd" >"$beside_log" 2>&1 &

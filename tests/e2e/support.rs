@@ -494,19 +494,7 @@ pub(crate) struct TestNamespace {
 /// with the seconds it was down as restart.sh prints them.
 pub(crate) fn restart_process(state_dir: &Path, process: &str) -> Result<String, String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/restart.sh");
-    let out = Command::new(script)
-        .arg(state_dir)
-        .arg(process)
-        .output()
-        .map_err(|e| format!("running restart.sh {process}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "restart.sh {process} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    kruise_rs_testkit::process::stdout_of(Command::new(script).arg(state_dir).arg(process))
 }
 
 pub(crate) fn chart_dir() -> PathBuf {

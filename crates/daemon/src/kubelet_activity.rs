@@ -45,7 +45,7 @@ pub(crate) const STARTING_AT_MOST: Duration = Duration::from_secs(300);
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a new sandbox counts as starting whatever containerd does: the kubelet resolves the
 /// image and downloads its first bytes within it.
-pub(crate) const YOUNG: Duration = Duration::from_secs(20);
+const YOUNG: Duration = Duration::from_secs(20);
 /// How long after an ingest last grew containerd counts as downloading.
 const DOWNLOAD_QUIET: Duration = Duration::from_secs(5);
 

@@ -257,18 +257,23 @@ fn to_system_time(t: &prost_types::Timestamp) -> Option<SystemTime> {
     SystemTime::UNIX_EPOCH.checked_add(Duration::new(seconds, nanos))
 }
 
-/// Every ingest under way in containerd's content store: its ref and how far it got.
-pub(crate) async fn ingest_offsets(
-    api: &ContainerdApi,
-) -> Result<HashMap<String, i64>, tonic::Status> {
+/// Every ingest under way in containerd's content store.
+async fn list_ingests(api: &ContainerdApi) -> Result<Vec<IngestStatus>, tonic::Status> {
     let response: ListStatusesResponse = api
         .unary(
             "/containerd.services.content.v1.Content/ListStatuses",
             ListStatusesRequest { filters: vec![] },
         )
         .await?;
-    Ok(response
-        .statuses
+    Ok(response.statuses)
+}
+
+/// Every ingest under way in containerd's content store: its ref and how far it got.
+pub(crate) async fn ingest_offsets(
+    api: &ContainerdApi,
+) -> Result<HashMap<String, i64>, tonic::Status> {
+    Ok(list_ingests(api)
+        .await?
         .into_iter()
         .map(|s| (s.r#ref, s.offset))
         .collect())
@@ -376,15 +381,8 @@ impl PullWatch {
         if self.blobs.is_empty() {
             return Ok(None);
         }
-        let response: ListStatusesResponse = self
-            .api
-            .unary(
-                "/containerd.services.content.v1.Content/ListStatuses",
-                ListStatusesRequest { filters: vec![] },
-            )
-            .await?;
-        let ingests: HashMap<String, u64> = response
-            .statuses
+        let ingests: HashMap<String, u64> = list_ingests(&self.api)
+            .await?
             .iter()
             .filter_map(|s| {
                 Some((

@@ -141,6 +141,12 @@ pub async fn terminate(mut child: Child, what: &str) -> Output {
 
 /// Runs `cmd` to completion, stdin closed; a failure carries its stderr.
 pub fn run(cmd: &mut Command) -> Result<(), String> {
+    stdout_of(cmd).map(drop)
+}
+
+/// Runs `cmd` to completion, stdin closed, and returns its standard output, trimmed; a failure
+/// carries its stderr.
+pub fn stdout_of(cmd: &mut Command) -> Result<String, String> {
     let out = cmd
         .stdin(Stdio::null())
         .output()
@@ -152,7 +158,7 @@ pub fn run(cmd: &mut Command) -> Result<(), String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    Ok(())
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 /// Runs `cmd` with `input` on its standard input and returns its output (stdout and stderr
