@@ -39,6 +39,9 @@ pub struct Faults {
     /// A watch whose every chunk of events is held up to `max_stall`.
     pub stall_watch: f64,
     pub max_stall: Duration,
+    /// Only requests whose path and query contain this meet faults (and count towards the
+    /// chances above); the others are forwarded untouched. `None`: every request.
+    pub only_where: Option<String>,
 }
 
 impl Faults {
@@ -56,6 +59,7 @@ impl Faults {
             max_watch_life: Duration::from_secs(10),
             stall_watch: 0.2,
             max_stall: Duration::from_secs(2),
+            only_where: None,
         }
     }
 }
@@ -132,8 +136,19 @@ impl FaultState {
         hit
     }
 
-    fn decide(&mut self, is_watch: bool) -> Fate {
+    fn decide(&mut self, is_watch: bool, path_and_query: &str) -> Fate {
         let f = self.faults.clone();
+        if f.only_where
+            .as_deref()
+            .is_some_and(|part| !path_and_query.contains(part))
+        {
+            self.injected.forwarded += 1;
+            return Fate::Forward {
+                delay: None,
+                cut_after: None,
+                stall: None,
+            };
+        }
         if self.budget > 0 {
             self.requests += 1;
             self.watches += u64::from(is_watch);
@@ -348,11 +363,12 @@ async fn forward(
             seen.push(format!("{} {}", request.method(), request.uri()));
         }
     }
+    let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
     let fate = shared
         .state
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .decide(watch);
+        .decide(watch, target);
     let (delay, cut_after, stall) = match fate {
         Fate::TooManyRequests => {
             return Ok(status(
@@ -585,8 +601,12 @@ mod tests {
     }
 
     fn fates(state: &mut FaultState, n: usize, watch: bool) -> Vec<String> {
+        fates_at(state, n, watch, "/api/v1/pods")
+    }
+
+    fn fates_at(state: &mut FaultState, n: usize, watch: bool, target: &str) -> Vec<String> {
         (0..n)
-            .map(|_| format!("{:?}", state.decide(watch)))
+            .map(|_| format!("{:?}", state.decide(watch, target)))
             .collect()
     }
 
@@ -673,6 +693,26 @@ mod tests {
         );
         fates(&mut s, 100, true);
         assert_eq!(s.injected.total(), s.injected.hangs);
+    }
+
+    #[test]
+    fn faults_given_for_some_requests_meet_only_those() {
+        let faults = Faults {
+            server_error: 1.0,
+            only_where: Some("fieldSelector=metadata.name%3Dx".to_owned()),
+            ..Faults::default()
+        };
+        let mut s = state(faults, 3, 1);
+        fates_at(&mut s, 50, false, "/apis/g/v1/things?limit=500");
+        assert_eq!((s.injected.total(), s.budget), (0, 3), "other requests");
+        let hit = fates_at(
+            &mut s,
+            4,
+            false,
+            "/apis/g/v1/things?fieldSelector=metadata.name%3Dx",
+        );
+        assert_eq!(s.injected.server_errors, 3, "{hit:?}");
+        assert!(hit[3].starts_with("Forward"), "the budget spent: {hit:?}");
     }
 
     #[test]
