@@ -34,9 +34,10 @@ use kube::Api;
 use kube::api::ListParams;
 
 use kruise_rs_api::sidecarset::SidecarSet;
+use kruise_rs_kube::error_chain::error_chain;
 
 pub(super) use known_versions::{KnownVersions, Settled, after_stores, before_stores};
-pub(super) use shared_reads::SharedReads;
+pub(super) use shared_reads::{READ_TIMEOUT, SharedReads};
 
 /// How the pod webhook reads its SidecarSet cache (`--sidecarset-cache-fence`, decision 0046).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -73,10 +74,12 @@ pub(super) fn fences(api: Api<SidecarSet>) -> Arc<SharedReads<Option<String>>> {
             let params = ListParams::default()
                 .match_any()
                 .fields(&format!("metadata.name={NO_SIDECARSET}"));
-            let list = api
-                .list_metadata(&params)
-                .await
-                .map_err(|e| format!("reading the SidecarSets' resource version: {e}"))?;
+            let list = api.list_metadata(&params).await.map_err(|e| {
+                format!(
+                    "reading the SidecarSets' resource version: {}",
+                    error_chain(&e)
+                )
+            })?;
             Ok(list.metadata.resource_version)
         })
     })
@@ -91,7 +94,7 @@ pub(super) fn lists(api: Api<SidecarSet>) -> Arc<SharedReads<Listed>> {
             let list = api
                 .list_metadata(&ListParams::default().match_any())
                 .await
-                .map_err(|e| format!("listing the SidecarSets: {e}"))?;
+                .map_err(|e| format!("listing the SidecarSets: {}", error_chain(&e)))?;
             Ok(Listed {
                 version: list.metadata.resource_version,
                 sets: list

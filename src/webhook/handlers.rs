@@ -60,6 +60,7 @@ use kruise_rs_api::well_known::{
     SIDECARSET_HASH, SIDECARSET_HASH_WITHOUT_IMAGE, SIDECARSET_NAME_LABEL,
 };
 use kruise_rs_controller::unreadable::{self, Guarded, Unreadable, UnreadableObject};
+use kruise_rs_kube::error_chain::error_chain;
 use kruise_rs_kube::events::Recorder;
 use kruise_rs_sidecar::{self as sidecar, hash, unsupported};
 
@@ -535,8 +536,9 @@ impl Handlers {
         let configmaps = Api::<ConfigMap>::namespaced(self.client.clone(), &self.namespace);
         let found = configmaps.get_opt(WHITELIST_CONFIGMAP).await.map_err(|e| {
             format!(
-                "cannot read the ConfigMap {}/{WHITELIST_CONFIGMAP}: {e}",
-                self.namespace
+                "cannot read the ConfigMap {}/{WHITELIST_CONFIGMAP}: {}",
+                self.namespace,
+                error_chain(&e)
             )
         })?;
         let Some(json) = found
@@ -926,16 +928,37 @@ impl Handlers {
             versions.matched(settled, version);
         }
         let mut confirmed = confirmation.current;
+        // Read together, and bounded as the fence and the list are: an admission the apiserver
+        // gives up on is left to the failurePolicy, and `Ignore` would admit the pod without
+        // its sidecars.
         let api = Api::<Guarded<SidecarSet>>::all(self.client.clone());
-        for name in &confirmation.fetch {
-            match api.get_opt(name).await {
+        let reads = futures::future::join_all(confirmation.fetch.iter().map(|name| {
+            let api = &api;
+            async move { (name, api.get_opt(name).await) }
+        }));
+        let fetched = tokio::time::timeout(confirmed_sidecarsets::READ_TIMEOUT, reads)
+            .await
+            .map_err(|_| {
+                refusal(format!(
+                    "reading SidecarSet {} took over {} s",
+                    confirmation.fetch.join(", "),
+                    confirmed_sidecarsets::READ_TIMEOUT.as_secs()
+                ))
+            })?;
+        for (name, got) in fetched {
+            match got {
                 Ok(Some(Guarded(Ok(set)))) => confirmed.push(Confirmed::Readable(Arc::new(set))),
                 Ok(Some(Guarded(Err(unreadable)))) => {
                     confirmed.push(Confirmed::Unreadable(Arc::new(unreadable)));
                 }
                 // Deleted.
                 Ok(None) => {}
-                Err(e) => return Err(refusal(format!("reading SidecarSet {name}: {e}"))),
+                Err(e) => {
+                    return Err(refusal(format!(
+                        "reading SidecarSet {name}: {}",
+                        error_chain(&e)
+                    )));
+                }
             }
         }
         let (mut readable, mut unreadable) = (Vec::new(), Vec::new());
@@ -990,16 +1013,24 @@ impl Handlers {
     }
 
     /// The labels of namespace `name`, from the cache or (for a namespace created a moment ago)
-    /// from the apiserver.
+    /// from the apiserver, bounded as the SidecarSets' reads are.
     async fn namespace_labels(&self, name: &str) -> Result<BTreeMap<String, String>, String> {
         if let Some(namespace) = self.namespaces.get(&ObjectRef::new(name)) {
             return Ok(namespace.metadata.labels.clone().unwrap_or_default());
         }
-        Api::<Namespace>::all(self.client.clone())
-            .get_metadata(name)
-            .await
-            .map(|n| n.metadata.labels.unwrap_or_default())
-            .map_err(|e| format!("cannot read the labels of namespace {name}: {e}"))
+        let namespaces = Api::<Namespace>::all(self.client.clone());
+        let read = namespaces.get_metadata(name);
+        match tokio::time::timeout(confirmed_sidecarsets::READ_TIMEOUT, read).await {
+            Ok(Ok(namespace)) => Ok(namespace.metadata.labels.unwrap_or_default()),
+            Ok(Err(e)) => Err(format!(
+                "cannot read the labels of namespace {name}: {}",
+                error_chain(&e)
+            )),
+            Err(_) => Err(format!(
+                "cannot read the labels of namespace {name}: no answer within {} s; retry",
+                confirmed_sidecarsets::READ_TIMEOUT.as_secs()
+            )),
+        }
     }
 }
 

@@ -21,14 +21,14 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::Config;
 use serde_json::json;
 
-use crate::harness::fault_proxy::FaultProxy;
+use crate::harness::fault_proxy::{FaultProxy, Faults};
 use crate::sidecarset_upgrade::poll;
 use crate::support::webhook::{WEBHOOK_NAMESPACE_LABEL, own_manager_with_webhooks};
 use crate::support::{ExtraControlPlane, client_for, start_manager};
 use crate::warm_standby::{LEASE, NAMESPACE, hold_lease};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kruise_rs::manager::LeaderElection;
-use kruise_rs::webhook::SidecarSetCacheReads;
+use kruise_rs::webhook::{FailurePolicy, SidecarSetCacheReads};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const INJECTED_LIST: &str = "kruise.io/sidecarset-injected-list";
@@ -212,6 +212,7 @@ fn fences_and_lists(requests: &[String]) -> (usize, usize) {
 async fn webhooks_behind_a_recording_proxy(
     ns: &str,
     reads: SidecarSetCacheReads,
+    pod_failure_policy: FailurePolicy,
 ) -> (
     ExtraControlPlane,
     kube::Client,
@@ -221,10 +222,9 @@ async fn webhooks_behind_a_recording_proxy(
     let (plane, client, proxy) = plane_and_proxy().await;
     hold_lease(&client, "elsewhere", 3600).await;
     let mut opts = own_manager_with_webhooks(proxy.kubeconfig());
-    opts.webhook
-        .as_mut()
-        .expect("webhooks on")
-        .sidecarset_cache_reads = reads;
+    let webhook = opts.webhook.as_mut().expect("webhooks on");
+    webhook.sidecarset_cache_reads = reads;
+    webhook.pod_failure_policy = pod_failure_policy;
     opts.leader_election = Some(LeaderElection {
         lease_name: LEASE.to_owned(),
         identity: "webhooks-only".to_owned(),
@@ -299,7 +299,8 @@ async fn cache_version(client: &kube::Client) -> String {
 async fn a_pod_costs_a_fence_and_no_list_while_the_sidecarsets_stay_as_they_are() {
     let ns = "fence";
     let (_plane, client, proxy, _manager) =
-        webhooks_behind_a_recording_proxy(ns, SidecarSetCacheReads::Confirmed).await;
+        webhooks_behind_a_recording_proxy(ns, SidecarSetCacheReads::Confirmed, FailurePolicy::Fail)
+            .await;
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
     let _ = proxy.requests();
     create_injected_pods(&pods, 20).await;
@@ -321,7 +322,8 @@ async fn a_pod_costs_a_fence_and_no_list_while_the_sidecarsets_stay_as_they_are(
 async fn a_version_reached_without_a_change_costs_one_list_then_fences_again() {
     let ns = "fence-progress";
     let (_plane, client, proxy, _manager) =
-        webhooks_behind_a_recording_proxy(ns, SidecarSetCacheReads::Confirmed).await;
+        webhooks_behind_a_recording_proxy(ns, SidecarSetCacheReads::Confirmed, FailurePolicy::Fail)
+            .await;
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
     let before = cache_version(&client).await;
     let configmaps = Api::<ConfigMap>::namespaced(client.clone(), ns);
@@ -361,8 +363,12 @@ async fn a_version_reached_without_a_change_costs_one_list_then_fences_again() {
 #[tokio::test]
 async fn with_the_fence_off_a_pod_costs_no_read_and_gets_what_the_cache_holds() {
     let ns = "no-fence";
-    let (_plane, client, proxy, _manager) =
-        webhooks_behind_a_recording_proxy(ns, SidecarSetCacheReads::AsTheyStand).await;
+    let (_plane, client, proxy, _manager) = webhooks_behind_a_recording_proxy(
+        ns,
+        SidecarSetCacheReads::AsTheyStand,
+        FailurePolicy::Fail,
+    )
+    .await;
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
     let _ = proxy.requests();
     create_injected_pods(&pods, 20).await;
@@ -388,4 +394,147 @@ async fn with_the_fence_off_a_pod_costs_no_read_and_gets_what_the_cache_holds() 
     );
     proxy.release_watch_events();
     until_a_pod_gets(&pods, "a,b,c,late").await;
+}
+
+/// The fence is the apiserver's to answer, and it may fail or never answer, and so may the read
+/// of a SidecarSet the cache lacks. The webhook then refuses the pod itself, saying why, within
+/// the apiserver's timeout for the call: under `failurePolicy: Ignore` an admission the
+/// apiserver gave up on would create the pod without its sidecars, for good. Nothing is
+/// created, and the next pod, once the reads answer, gets them.
+#[tokio::test]
+async fn a_read_that_fails_or_never_answers_refuses_the_pod_and_creates_nothing() {
+    let ns = "fence-fails";
+    let (_plane, client, proxy, _manager) = webhooks_behind_a_recording_proxy(
+        ns,
+        SidecarSetCacheReads::Confirmed,
+        FailurePolicy::Ignore,
+    )
+    .await;
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let count = || async {
+        pods.list(&Default::default())
+            .await
+            .expect("listing the pods")
+            .items
+            .len()
+    };
+    let before = count().await;
+    for (what, faults) in [
+        (
+            "an error",
+            Faults {
+                server_error: 1.0,
+                ..Faults::default()
+            },
+        ),
+        (
+            "no answer",
+            Faults {
+                hang: 1.0,
+                hang_for: Duration::from_secs(60),
+                ..Faults::default()
+            },
+        ),
+    ] {
+        let injected = proxy.injected().total();
+        proxy.set(
+            Faults {
+                only_where: Some("kruise-rs..fence".to_owned()),
+                ..faults
+            },
+            1000,
+        );
+        let started = std::time::Instant::now();
+        let refused = pods
+            .create(&PostParams::default(), &pod())
+            .await
+            .map(|created| containers(&created))
+            .expect_err(&format!("a pod admitted while the fence met {what}"));
+        proxy.calm();
+        let message = refused.to_string();
+        assert!(
+            message.contains("cannot confirm which SidecarSets may select this pod")
+                && message.contains("reading the SidecarSets' resource version"),
+            "the refusal for {what} says why: {message}"
+        );
+        assert!(
+            proxy.injected().total() > injected,
+            "no fence met {what}: the test tested nothing"
+        );
+        eprintln!(
+            "the fence met {what}: refused after {:.1?}: {message}",
+            started.elapsed()
+        );
+    }
+
+    // The fence and the list answer, but the SidecarSet the cache lacks (its watch event held
+    // back) cannot be read.
+    proxy.hold_watch_events();
+    Api::<SidecarSet>::all(client.clone())
+        .create(&PostParams::default(), &sidecarset("late", "busybox:1.37"))
+        .await
+        .expect("SidecarSet late");
+    proxy.set(
+        Faults {
+            hang: 1.0,
+            hang_for: Duration::from_secs(60),
+            only_where: Some("/sidecarsets/late".to_owned()),
+            ..Faults::default()
+        },
+        1000,
+    );
+    let refused = pods
+        .create(&PostParams::default(), &pod())
+        .await
+        .map(|created| containers(&created))
+        .expect_err("a pod admitted while SidecarSet late could not be read");
+    proxy.calm();
+    let message = refused.to_string();
+    assert!(
+        message.contains("cannot confirm which SidecarSets may select this pod")
+            && message.contains("reading SidecarSet late"),
+        "the refusal says why: {message}"
+    );
+    assert_eq!(count().await, before, "pods created while refused");
+
+    // A namespace the cache does not hold yet (its event held back too), whose labels cannot be
+    // read.
+    let fresh = "fence-fails-fresh";
+    crate::harness::objects::create_namespace(&client, fresh, &[(WEBHOOK_NAMESPACE_LABEL, "true")])
+        .await
+        .expect("namespace");
+    proxy.set(
+        Faults {
+            hang: 1.0,
+            hang_for: Duration::from_secs(60),
+            only_where: Some(format!("/namespaces/{fresh}")),
+            ..Faults::default()
+        },
+        1000,
+    );
+    let in_fresh = Api::<Pod>::namespaced(client.clone(), fresh);
+    let refused = in_fresh
+        .create(&PostParams::default(), &pod())
+        .await
+        .map(|created| containers(&created))
+        .expect_err("a pod admitted while its namespace's labels could not be read");
+    proxy.calm();
+    let message = refused.to_string();
+    assert!(
+        message.contains(&format!("cannot read the labels of namespace {fresh}")),
+        "the refusal says why: {message}"
+    );
+    assert!(
+        in_fresh
+            .list(&Default::default())
+            .await
+            .expect("pods")
+            .items
+            .is_empty(),
+        "a pod created while refused"
+    );
+
+    proxy.release_watch_events();
+    until_a_pod_gets(&pods, "a,b,c,late").await;
+    until_a_pod_gets(&in_fresh, "a,b,c,late").await;
 }

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 /// How long one read may take before the admissions waiting for it are refused: well inside the
 /// webhook's timeout (10 s by default), even for a request that waits out a read in flight.
-const READ_TIMEOUT: Duration = Duration::from_secs(3);
+pub(in crate::webhook) const READ_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One read's outcome, numbered: generation 0 is "none yet".
 struct Outcome<T> {
