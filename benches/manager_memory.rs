@@ -32,17 +32,17 @@
 //!    in-place update state annotations) 16 at a time, the controller's upgrade concurrency, timed
 //!    the same way; the ratio of the two times (goal ≤ 1.1×). The manager keeps watching the pods
 //!    meanwhile, as it would in a cluster;
-//! 7. start-up and failover (issue 46), with streaming lists on, then off (ours:
+//! 7. start-up and failover (issue 46), with streaming lists on, off, off and on (ours:
 //!    `--streaming-lists auto` / `never`; upstream's: client-go's `KUBE_FEATURE_WatchListClient`
 //!    true / false): the leader is killed and its Lease deleted, a new process starts and takes
 //!    the Lease at once; the time from its start to `/readyz` answering 200 and to its first
 //!    SidecarSet reconcile (the reconcile counter: ours `kruise_rs_manager_reconciles_total`,
 //!    upstream's `controller_runtime_reconcile_total`), which waits for every pod and node to be
-//!    listed, and its peak RSS until then. Then a standby starts beside it and, once its
-//!    `/readyz` answers and its RSS has settled (within 1% over 2 s: whatever it caches before
-//!    it leads is cached), the leader is killed (SIGKILL) and its Lease deleted, so the standby
-//!    takes it at its next try: the standby's RSS as it waited, and the time from the kill and
-//!    from the Lease's new `acquireTime` to its first reconcile.
+//!    listed, its peak RSS and its CPU seconds (and the apiserver's) until then. Then a standby
+//!    starts beside it and, once its `/readyz` answers and its RSS has settled (within 1% over
+//!    2 s: whatever it caches before it leads is cached), the leader is killed (SIGKILL) and its
+//!    Lease deleted, so the standby takes it at its next try: the standby's RSS as it waited,
+//!    and the time from the kill and from the Lease's new `acquireTime` to its first reconcile.
 //!
 //! `SIZES` (e.g. `1000x10000,5000x10000,5000x30000`: NODES x PODS each) runs the whole bench at
 //! each size in turn, on fresh control planes, and ends with the curves: for each size and
@@ -76,7 +76,7 @@ use harness::controlplane::{ControlPlane, Crds, nodeimage_writes};
 use harness::manager_under_test::{LimitWaits, ManagerUnderTest, RunningManager};
 use harness::objects::{create_ready_nodes, stamp_hashes};
 use harness::played_daemon::{PlayedDaemons, play_node_image_daemons};
-use harness::procfs::{reset_peak_rss, rss_mib};
+use harness::procfs::{cpu_total, reset_peak_rss, rss_mib};
 use harness::rollout::{
     await_rollout, container_image, describe_patches, describe_status, follow, patches_between,
     pod_patches, secs, watch_status,
@@ -502,7 +502,7 @@ struct Figures {
     rollout_baseline: Option<f64>,
     /// The fan-out's NodeImage spec writes per node, and refused writes.
     fanout_writes: Option<(f64, f64)>,
-    /// Phase 7, streaming lists on then off.
+    /// Phase 7, in [`STARTUP_ORDER`].
     starts: Vec<Start>,
 }
 
@@ -518,6 +518,9 @@ struct Start {
     standby: f64,
     /// From the Lease's new `acquireTime` to the standby's first reconcile.
     failover_from_lease: f64,
+    /// CPU seconds up to the first reconcile: the started process's, and kube-apiserver's.
+    cpu: f64,
+    apiserver_cpu: f64,
 }
 
 /// A phase's duration and the manager's memory through it.
@@ -663,15 +666,26 @@ fn print_side_by_side(scale: &Scale, (a_name, a): (&str, &Figures), (b_name, b):
     for streaming in [true, false] {
         // Not the time from the kill: that is mostly the standby's wait for its next read of
         // the Lease (a retry period of 2 s and jitter, for both), printed with the run.
+        // The mean of the starts in that mode.
         let find = |f: &Figures| {
-            f.starts.iter().find(|s| s.streaming == streaming).map(|s| {
-                [
-                    s.ready,
-                    s.first_reconcile,
-                    s.peak,
-                    s.standby,
-                    s.failover_from_lease,
-                ]
+            let runs: Vec<[f64; 7]> = f
+                .starts
+                .iter()
+                .filter(|s| s.streaming == streaming)
+                .map(|s| {
+                    [
+                        s.ready,
+                        s.first_reconcile,
+                        s.peak,
+                        s.standby,
+                        s.failover_from_lease,
+                        s.cpu,
+                        s.apiserver_cpu,
+                    ]
+                })
+                .collect();
+            (!runs.is_empty()).then(|| -> [f64; 7] {
+                std::array::from_fn(|i| runs.iter().map(|r| r[i]).sum::<f64>() / runs.len() as f64)
             })
         };
         let (x, y) = (find(a), find(b));
@@ -685,12 +699,17 @@ fn print_side_by_side(scale: &Scale, (a_name, a): (&str, &Figures), (b_name, b):
             ("start-up: peak RSS until then", " MiB"),
             ("failover: the standby's RSS as it waits", " MiB"),
             ("failover: first reconcile after the Lease", " s"),
+            (
+                "start-up: the manager's CPU until its first reconcile",
+                " s",
+            ),
+            ("start-up: the apiserver's CPU meanwhile", " s"),
         ]
         .into_iter()
         .enumerate()
         {
             row(
-                &format!("{what} (streaming lists {lists})"),
+                &format!("{what} (streaming lists {lists}, mean of the runs)"),
                 x.map_or(nan, |v| v[i]),
                 y.map_or(nan, |v| v[i]),
                 unit,
@@ -1211,8 +1230,13 @@ async fn wait_started(
     }
 }
 
-/// Phase 7: start-up, then failover, with streaming lists on and then off, with every object
-/// in place; takes over `leader`, the manager the phases before ran against.
+/// Phase 7's order of streaming lists on and off: on, off, off, on, so that a drift through the
+/// phase (the machine settling after the phases before it) weighs on both alike. The first
+/// start of the phase had always been with streaming lists on.
+const STARTUP_ORDER: [bool; 4] = [true, false, false, true];
+
+/// Phase 7: start-up, then failover, in [`STARTUP_ORDER`], with every object in place; takes
+/// over `leader`, the manager the phases before ran against.
 async fn starts(
     cp: &ControlPlane,
     client: &Client,
@@ -1228,20 +1252,31 @@ async fn starts(
             .map(|_| ())
     };
     let mut leader = leader;
-    for streaming in [true, false] {
+    let apiserver_cpu = || {
+        cp.pid("kube-apiserver")
+            .and_then(cpu_total)
+            .unwrap_or(f64::NAN)
+    };
+    for streaming in STARTUP_ORDER {
         let variant = with_streaming(under_test, streaming);
         let lists = if streaming { "on" } else { "off" };
         // Cold: no leader, no Lease, so the new process takes it at once.
         drop(leader);
         delete_leases().await?;
         let t0 = Instant::now();
+        let apiserver_cpu0 = apiserver_cpu();
         let mut started = variant.spawn(cp)?;
         let (ready, first) = wait_started(&mut started, &variant.name, t0, true).await?;
+        let (cpu, apiserver_cpu) = (
+            cpu_total(started.pid()).unwrap_or(f64::NAN),
+            apiserver_cpu() - apiserver_cpu0,
+        );
         let ready = ready.unwrap_or_default();
         let peak = rss_mib(started.pid(), "VmHWM:").unwrap_or(f64::NAN);
         println!(
             "  start-up, streaming lists {lists}: /readyz 200 after {}, the first SidecarSet \
-             reconcile after {}; peak RSS until then {peak:.1} MiB",
+             reconcile after {}; peak RSS until then {peak:.1} MiB; CPU until then {cpu:.2} s, \
+             the apiserver's {apiserver_cpu:.2} s",
             secs(ready),
             secs(first),
         );
@@ -1304,6 +1339,8 @@ async fn starts(
             peak,
             standby: standby_rss,
             failover_from_lease: from_lease,
+            cpu,
+            apiserver_cpu,
         });
         leader = standby;
     }
