@@ -939,8 +939,13 @@ impl Handlers {
         let fetched = tokio::time::timeout(confirmed_sidecarsets::READ_TIMEOUT, reads)
             .await
             .map_err(|_| {
+                let noun = if confirmation.fetch.len() == 1 {
+                    "SidecarSet"
+                } else {
+                    "SidecarSets"
+                };
                 refusal(format!(
-                    "reading SidecarSet {} took over {} s",
+                    "reading {noun} {} took over {} s",
                     confirmation.fetch.join(", "),
                     confirmed_sidecarsets::READ_TIMEOUT.as_secs()
                 ))
