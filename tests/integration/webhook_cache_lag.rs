@@ -348,13 +348,25 @@ async fn a_version_reached_without_a_change_costs_one_list_then_fences_again() {
     );
 
     let _ = proxy.requests();
-    create_injected_pods(&pods, 10).await;
+    // The apiserver's cache may move on again while the pods are created (CI saw three lists
+    // once, under load): each version it stands at costs at most one list. Read after each
+    // pod, as the fence reads it (which does not move it).
+    let mut versions = vec![after];
+    for _ in 0..10 {
+        create_injected_pods(&pods, 1).await;
+        let now = cache_version(&client).await;
+        if versions.last() != Some(&now) {
+            versions.push(now);
+        }
+    }
     let (fences, lists) = fences_and_lists(&proxy.requests());
     assert_eq!(fences, 10);
-    assert_eq!(
-        lists, 1,
-        "the first pod lists; the list's version is learnt for the next nine"
+    assert!(
+        (1..=versions.len()).contains(&lists),
+        "{lists} lists for 10 pods while the apiserver's SidecarSet cache stood at {versions:?}: \
+         the first pod lists, and the list's version is learnt for the pods after it"
     );
+    eprintln!("{lists} list(s) for 10 pods; the cache stood at {versions:?}");
 }
 
 /// Decision 0046: with `--sidecarset-cache-fence=false` an admission sends the apiserver
