@@ -32,6 +32,8 @@ use kruise_rs::webhook::{FailurePolicy, SidecarSetCacheReads};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const INJECTED_LIST: &str = "kruise.io/sidecarset-injected-list";
+/// The name the webhook's fence selects (no SidecarSet can have it): what its request carries.
+const FENCE: &str = "kruise-rs..fence";
 
 fn sidecarset(name: &str, image: &str) -> SidecarSet {
     serde_json::from_value(json!({
@@ -283,7 +285,7 @@ async fn create_injected_pods(pods: &Api<Pod>, n: usize) {
 async fn cache_version(client: &kube::Client) -> String {
     let params = kube::api::ListParams::default()
         .match_any()
-        .fields("metadata.name=kruise-rs..fence");
+        .fields(&format!("metadata.name={FENCE}"));
     Api::<SidecarSet>::all(client.clone())
         .list_metadata(&params)
         .await
@@ -408,6 +410,24 @@ async fn with_the_fence_off_a_pod_costs_no_read_and_gets_what_the_cache_holds() 
     until_a_pod_gets(&pods, "a,b,c,late").await;
 }
 
+/// Creates a pod that must be refused (`while_`: what was wrong meanwhile); the refusal's text.
+async fn refusal(pods: &Api<Pod>, while_: &str) -> String {
+    match pods.create(&PostParams::default(), &pod()).await {
+        Ok(created) => panic!("a pod admitted while {while_}: {:?}", containers(&created)),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Every request whose path and query contain `part` hangs (answered 504 a minute later).
+fn hanging(part: &str) -> Faults {
+    Faults {
+        hang: 1.0,
+        hang_for: Duration::from_secs(60),
+        only_where: Some(part.to_owned()),
+        ..Faults::default()
+    }
+}
+
 /// The fence is the apiserver's to answer, and it may fail or never answer, and so may the read
 /// of a SidecarSet the cache lacks. The webhook then refuses the pod itself, saying why, within
 /// the apiserver's timeout for the call: under `failurePolicy: Ignore` an admission the
@@ -436,34 +456,17 @@ async fn a_read_that_fails_or_never_answers_refuses_the_pod_and_creates_nothing(
             "an error",
             Faults {
                 server_error: 1.0,
+                only_where: Some(FENCE.to_owned()),
                 ..Faults::default()
             },
         ),
-        (
-            "no answer",
-            Faults {
-                hang: 1.0,
-                hang_for: Duration::from_secs(60),
-                ..Faults::default()
-            },
-        ),
+        ("no answer", hanging(FENCE)),
     ] {
         let injected = proxy.injected().total();
-        proxy.set(
-            Faults {
-                only_where: Some("kruise-rs..fence".to_owned()),
-                ..faults
-            },
-            1000,
-        );
+        proxy.set(faults, 1000);
         let started = std::time::Instant::now();
-        let refused = pods
-            .create(&PostParams::default(), &pod())
-            .await
-            .map(|created| containers(&created))
-            .expect_err(&format!("a pod admitted while the fence met {what}"));
+        let message = refusal(&pods, &format!("the fence met {what}")).await;
         proxy.calm();
-        let message = refused.to_string();
         assert!(
             message.contains("cannot confirm which SidecarSets may select this pod")
                 && message.contains("reading the SidecarSets' resource version"),
@@ -486,22 +489,9 @@ async fn a_read_that_fails_or_never_answers_refuses_the_pod_and_creates_nothing(
         .create(&PostParams::default(), &sidecarset("late", "busybox:1.37"))
         .await
         .expect("SidecarSet late");
-    proxy.set(
-        Faults {
-            hang: 1.0,
-            hang_for: Duration::from_secs(60),
-            only_where: Some("/sidecarsets/late".to_owned()),
-            ..Faults::default()
-        },
-        1000,
-    );
-    let refused = pods
-        .create(&PostParams::default(), &pod())
-        .await
-        .map(|created| containers(&created))
-        .expect_err("a pod admitted while SidecarSet late could not be read");
+    proxy.set(hanging("/sidecarsets/late"), 1000);
+    let message = refusal(&pods, "SidecarSet late could not be read").await;
     proxy.calm();
-    let message = refused.to_string();
     assert!(
         message.contains("cannot confirm which SidecarSets may select this pod")
             && message.contains("reading SidecarSet late"),
@@ -515,23 +505,10 @@ async fn a_read_that_fails_or_never_answers_refuses_the_pod_and_creates_nothing(
     crate::harness::objects::create_namespace(&client, fresh, &[(WEBHOOK_NAMESPACE_LABEL, "true")])
         .await
         .expect("namespace");
-    proxy.set(
-        Faults {
-            hang: 1.0,
-            hang_for: Duration::from_secs(60),
-            only_where: Some(format!("/namespaces/{fresh}")),
-            ..Faults::default()
-        },
-        1000,
-    );
+    proxy.set(hanging(&format!("/namespaces/{fresh}")), 1000);
     let in_fresh = Api::<Pod>::namespaced(client.clone(), fresh);
-    let refused = in_fresh
-        .create(&PostParams::default(), &pod())
-        .await
-        .map(|created| containers(&created))
-        .expect_err("a pod admitted while its namespace's labels could not be read");
+    let message = refusal(&in_fresh, "its namespace's labels could not be read").await;
     proxy.calm();
-    let message = refused.to_string();
     assert!(
         message.contains(&format!("cannot read the labels of namespace {fresh}")),
         "the refusal says why: {message}"
