@@ -173,6 +173,8 @@ impl KubeletActivity {
             .filter(|c| c.state == ContainerState::ContainerRunning as i32)
             .map(|c| c.pod_sandbox_id)
             .collect();
+        // Read even while not aside: these offsets are what the next read compares with, so
+        // the daemon's own downloads before it stepped aside do not count as someone else's.
         let others_downloading = self
             .downloads
             .under_way()
