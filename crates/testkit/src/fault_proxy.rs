@@ -27,8 +27,10 @@ pub struct Faults {
     pub too_many_requests: f64,
     /// Answered `500` or `503`, at random.
     pub server_error: f64,
-    /// Forwarded after a wait of up to `max_delay`.
+    /// Forwarded after a wait between `min_delay` and `max_delay` (at least `min_delay`, when
+    /// that is the larger).
     pub delay: f64,
+    pub min_delay: Duration,
     pub max_delay: Duration,
     /// Held for `hang_for`, then answered `504` (never forwarded).
     pub hang: f64,
@@ -52,6 +54,7 @@ impl Faults {
             too_many_requests: 0.05,
             server_error: 0.05,
             delay: 0.1,
+            min_delay: Duration::ZERO,
             max_delay: Duration::from_millis(1500),
             hang: 0.02,
             hang_for: Duration::from_secs(5),
@@ -172,7 +175,7 @@ impl FaultState {
         }
         let delay = self.hit(f.delay, self.injected.delays, requests).then(|| {
             self.injected.delays += 1;
-            up_to(&mut self.rng, f.max_delay)
+            f.min_delay + up_to(&mut self.rng, f.max_delay.saturating_sub(f.min_delay))
         });
         let cut_after = (is_watch && self.hit(f.cut_watch, self.injected.cut_watches, watches))
             .then(|| {
