@@ -12,7 +12,7 @@
 //!    container, volumes, env, transferEnv, shared volumes) and 47 that do not (other labels,
 //!    other namespaces, namespace selectors, near-miss label sets);
 //! 4. in-process: `Handlers::new` fed by the same apiserver, its caches holding the 50
-//!    SidecarSets; REQUESTS calls of `review(handlers, "/mutate-pod", body)` (decoding the
+//!    SidecarSets; REQUESTS calls of `review(handlers, "/mutate-pod", body, deadline)` (decoding the
 //!    AdmissionReview, deciding, encoding the answer) with the pod the apiserver itself hands a
 //!    webhook (a dry-run create's defaulted pod, 2 containers): latency percentiles and
 //!    single-thread throughput, for a pod 3 SidecarSets select and for one none selects; then
@@ -69,6 +69,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kruise_rs::webhook::admission_deadline::AdmissionDeadline;
 use kruise_rs::webhook::handlers::Handlers;
 use kruise_rs::webhook::server::{self, Admit, Verdict};
 use kruise_rs_api::sidecarset::SidecarSet;
@@ -700,7 +701,7 @@ async fn measure_in_process(
             m.load = Load::now();
         }
         let t = Instant::now();
-        let response = server::review(handlers, "/mutate-pod", body).await;
+        let response = server::review(handlers, "/mutate-pod", body, &deadline()).await;
         std::hint::black_box(response);
         if i >= warm_up {
             m.review.push(t.elapsed());
@@ -771,7 +772,9 @@ async fn parallel_throughput(
         let share = requests / tasks;
         joins.push(tokio::spawn(async move {
             for _ in 0..share {
-                std::hint::black_box(server::review(&*handlers, "/mutate-pod", &body).await);
+                std::hint::black_box(
+                    server::review(&*handlers, "/mutate-pod", &body, &deadline()).await,
+                );
             }
         }));
     }
@@ -820,7 +823,7 @@ async fn in_process(client: &Client, requests: usize) -> Result<InProcess> {
     // "starting" denial sees every one of them; it must inject exactly the 3 selecting ones.
     let t = Instant::now();
     let first = loop {
-        let response = server::review(&*handlers, "/mutate-pod", &matching_body).await;
+        let response = server::review(&*handlers, "/mutate-pod", &matching_body, &deadline()).await;
         let first = answer(response).await?;
         match patch_ops(&first) {
             Ok(_) => break first,
@@ -847,8 +850,9 @@ async fn in_process(client: &Client, requests: usize) -> Result<InProcess> {
         );
         (pod, described)
     };
-    let none_ops =
-        patch_ops(&answer(server::review(&*handlers, "/mutate-pod", &other_body).await).await?)?;
+    let none_ops = patch_ops(
+        &answer(server::review(&*handlers, "/mutate-pod", &other_body, &deadline()).await).await?,
+    )?;
     println!(
         "  caches synced after {:.2} s; pod 3 select: {ops}-operation patch ({injected}); pod none selects: {}",
         t.elapsed().as_secs_f64(),
@@ -1718,4 +1722,10 @@ async fn bench(
         print_side_by_side(settings, &second.name, &results, &theirs);
     }
     Ok(())
+}
+
+/// A call's deadline as the server takes it from the apiserver's default `timeout`, made per
+/// request as the server makes it.
+fn deadline() -> AdmissionDeadline {
+    AdmissionDeadline::from_query(Some("timeout=10s"), tokio::time::Instant::now())
 }

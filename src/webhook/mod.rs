@@ -15,6 +15,7 @@
 //! What each webhook decides lives in pure functions elsewhere (`kruise_rs_sidecar` for injection,
 //! `kruise_rs_api::defaults` and `kruise_rs_api::validation`); [`handlers`] adapts them to requests.
 
+pub mod admission_deadline;
 pub mod certs;
 pub mod configuration;
 mod confirmed_sidecarsets;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum_server::Handle;
@@ -30,6 +30,7 @@ use tracing::Instrument;
 
 use kruise_rs_controller::metrics::ManagerMetrics;
 
+use super::admission_deadline::AdmissionDeadline;
 use super::configuration::{
     MUTATE_IMAGELISTPULLJOB, MUTATE_IMAGEPULLJOB, MUTATE_NODEIMAGE, MUTATE_POD, MUTATE_SIDECARSET,
     VALIDATE_IMAGELISTPULLJOB, VALIDATE_IMAGEPULLJOB, VALIDATE_NODEIMAGE, VALIDATE_SIDECARSET,
@@ -194,28 +195,59 @@ impl Admit for Metered {
         request: &'a AdmissionRequest<DynamicObject>,
     ) -> AdmitFuture<'a> {
         Box::pin(async move {
-            let start = Instant::now();
+            let mut unanswered = Unanswered {
+                metrics: &self.metrics,
+                kind: kind_of(path),
+                start: Instant::now(),
+                answered: false,
+            };
             let verdict = self.inner.admit(path, request).await;
+            unanswered.answered = true;
             self.metrics.admitted(
-                kind_of(path),
+                unanswered.kind,
                 verdict.outcome(),
-                start.elapsed().as_secs_f64(),
+                unanswered.start.elapsed().as_secs_f64(),
             );
             verdict
         })
     }
 }
 
-/// The router: `POST <path>` for every path in [`PATHS`], bodies up to [`MAX_REVIEW_BYTES`].
+/// Counts a decision dropped before it was made (its deadline passed, or the apiserver hung up)
+/// as `abandoned`.
+struct Unanswered<'a> {
+    metrics: &'a ManagerMetrics,
+    kind: &'static str,
+    start: Instant,
+    answered: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            let seconds = self.start.elapsed().as_secs_f64();
+            self.metrics.admitted(self.kind, "abandoned", seconds);
+        }
+    }
+}
+
+/// The router: `POST <path>` for every path in [`PATHS`], bodies up to [`MAX_REVIEW_BYTES`],
+/// each decided within the time its `timeout` parameter gives ([`AdmissionDeadline`]).
 pub(crate) fn router(admit: Arc<dyn Admit>) -> Router {
     let mut router = Router::new();
     for path in PATHS {
         router = router.route(
             path,
             post(
-                move |State(admit): State<Arc<dyn Admit>>, headers: HeaderMap, body: Body| async move {
+                move |State(admit): State<Arc<dyn Admit>>,
+                      uri: Uri,
+                      headers: HeaderMap,
+                      body: Body| async move {
+                    // Counted from the arrival: reading the body is part of the call's time.
+                    let deadline =
+                        AdmissionDeadline::from_query(uri.query(), tokio::time::Instant::now());
                     match read_body(&headers, body, MAX_REVIEW_BYTES).await {
-                        Ok(body) => review(admit.as_ref(), path, &body).await,
+                        Ok(body) => review(admit.as_ref(), path, &body, &deadline).await,
                         Err(error) => match &error {
                             BodyError::TooLarge { head, .. } => {
                                 oversized(path, head, error.to_string())
@@ -232,8 +264,14 @@ pub(crate) fn router(admit: Arc<dyn Admit>) -> Router {
     router.with_state(admit)
 }
 
-/// Decodes one AdmissionReview, decides, encodes the answer.
-pub async fn review(admit: &dyn Admit, path: &'static str, body: &[u8]) -> Response {
+/// Decodes one AdmissionReview, decides by `deadline`, encodes the answer. A decision not made
+/// by then is dropped and the request refused, while the apiserver still waits for the answer.
+pub async fn review(
+    admit: &dyn Admit,
+    path: &'static str,
+    body: &[u8],
+    deadline: &AdmissionDeadline,
+) -> Response {
     let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
         Ok(review) => review,
         Err(err) => {
@@ -263,7 +301,18 @@ pub async fn review(admit: &dyn Admit, path: &'static str, body: &[u8]) -> Respo
         object = %object_key(&request),
         uid = %request.uid,
     );
-    let verdict = admit.admit(path, &request).instrument(span).await;
+    let decided = tokio::time::timeout_at(
+        deadline.at,
+        admit.admit(path, &request).instrument(span.clone()),
+    );
+    let verdict = match decided.await {
+        Ok(verdict) => verdict,
+        Err(_) => {
+            let refusal = deadline.refusal();
+            span.in_scope(|| tracing::warn!(%refusal, "admission refused: out of time"));
+            Verdict::Deny(refusal)
+        }
+    };
     axum::Json(response(&request.uid, &verdict)).into_response()
 }
 

@@ -246,7 +246,7 @@ impl ManagerMetrics {
             let _ = metrics
                 .admission_seconds
                 .get_or_create(&vec![("kind", kind)]);
-            for verdict in ["allowed", "patched", "denied"] {
+            for verdict in ["allowed", "patched", "denied", "abandoned"] {
                 let _ = metrics
                     .admissions
                     .get_or_create(&vec![("kind", kind), ("verdict", verdict)]);

@@ -85,7 +85,7 @@ async fn lines_logged_while_deciding_name_the_object() {
         .finish();
     let _default = tracing::subscriber::set_default(subscriber);
     let body = pod_review("u3", Some("shop"), "web-0");
-    let answer = review(&LogsAndAllows, MUTATE_POD, &body).await;
+    let answer = review(&LogsAndAllows, MUTATE_POD, &body, &no_timeout()).await;
     assert_eq!(answer.status(), StatusCode::OK);
     let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     let line: Value = serde_json::from_str(text.lines().next().expect("a line")).unwrap();
@@ -150,7 +150,7 @@ async fn metered_counts_each_decision_by_kind_and_verdict() {
         metrics: metrics.clone(),
     };
     let body = pod_review("u4", None, "p");
-    let response = super::review(&metered, MUTATE_POD, &body).await;
+    let response = super::review(&metered, MUTATE_POD, &body, &no_timeout()).await;
     assert_eq!(response.status(), StatusCode::OK);
     let text = registry.encode().unwrap();
     assert!(
@@ -185,6 +185,16 @@ fn job_update_review(uid: &str, padding: usize) -> Vec<u8> {
 
 /// POSTs `body` to `path` of a router over [`Refuse`], with a Content-Length when `declared`.
 async fn post_to_router(path: &str, body: Vec<u8>, declared: bool) -> (StatusCode, Value, String) {
+    post(router(Arc::new(Refuse)), path, body, declared).await
+}
+
+/// POSTs `body` to `path` (and query) of `router`, with a Content-Length when `declared`.
+async fn post(
+    router: axum::Router,
+    path: &str,
+    body: Vec<u8>,
+    declared: bool,
+) -> (StatusCode, Value, String) {
     use tower::ServiceExt as _;
     let mut request =
         axum::http::Request::post(path).header(header::CONTENT_TYPE, "application/json");
@@ -192,7 +202,7 @@ async fn post_to_router(path: &str, body: Vec<u8>, declared: bool) -> (StatusCod
         request = request.header(header::CONTENT_LENGTH, body.len());
     }
     let request = request.body(Body::from(body)).unwrap();
-    let answer = router(Arc::new(Refuse)).oneshot(request).await.unwrap();
+    let answer = router.oneshot(request).await.unwrap();
     let status = answer.status();
     let bytes = axum::body::to_bytes(answer.into_body(), usize::MAX)
         .await
@@ -278,5 +288,79 @@ fn the_uid_is_read_from_the_head_of_a_go_encoded_review() {
         r#"{"kind":"AdmissionReview"}"#,
     ] {
         assert_eq!(uid_in_head(head.as_bytes()), None, "{head}");
+    }
+}
+
+/// The deadline of a request that gave no `timeout`.
+fn no_timeout() -> AdmissionDeadline {
+    AdmissionDeadline::from_query(None, tokio::time::Instant::now())
+}
+
+/// Never decides: every read it makes of the apiserver hangs.
+struct NeverDecides;
+
+impl Admit for NeverDecides {
+    fn admit<'a>(
+        &'a self,
+        _path: &'static str,
+        _request: &'a AdmissionRequest<DynamicObject>,
+    ) -> AdmitFuture<'a> {
+        Box::pin(std::future::pending())
+    }
+}
+
+/// An admission still undecided when the apiserver's `timeout` (less the margin) has passed is
+/// refused by the webhook itself, saying why: left to the apiserver's timeout, `failurePolicy:
+/// Ignore` would admit the pod without its sidecars. The metrics count it as abandoned.
+#[tokio::test(start_paused = true)]
+async fn an_admission_out_of_time_is_refused_before_the_apiserver_gives_up() {
+    let metrics = ManagerMetrics::new();
+    let registry = kruise_rs_kube::Metrics::with(|r| metrics.register(r));
+    let metered = Metered {
+        inner: Arc::new(NeverDecides),
+        metrics: metrics.clone(),
+    };
+    let started = tokio::time::Instant::now();
+    let path = format!("{MUTATE_POD}?timeout=4s");
+    let body = pod_review("u5", Some("shop"), "web-0");
+    // Past the apiserver's timeout (virtual time), an answer is of no use: the apiserver has
+    // applied the failurePolicy.
+    let answered = tokio::time::timeout(
+        std::time::Duration::from_secs(4),
+        post(router(Arc::new(metered)), &path, body, true),
+    );
+    let (status, answer, text) = answered
+        .await
+        .expect("no answer within the apiserver's 4 s: left to the failurePolicy");
+    let took = started.elapsed();
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(answer["response"]["uid"], "u5");
+    assert_eq!(answer["response"]["allowed"], false);
+    assert_eq!(
+        answer["response"]["status"]["message"],
+        "kruise-rs could not decide within 2.5 s of the 4 s the apiserver waits for this \
+         webhook: its reads of the apiserver were too slow; retry"
+    );
+    assert_eq!(took, std::time::Duration::from_millis(2_500));
+    let text = registry.encode().unwrap();
+    assert!(
+        text.contains(
+            "kruise_rs_manager_admissions_total{kind=\"pods\",verdict=\"abandoned\"} 1\n"
+        ),
+        "{text}"
+    );
+}
+
+/// A decision made in time is the answer, with or without a `timeout`.
+#[tokio::test(start_paused = true)]
+async fn an_admission_in_time_is_answered_as_decided() {
+    for path in [
+        format!("{VALIDATE_IMAGEPULLJOB}?timeout=1s"),
+        VALIDATE_IMAGEPULLJOB.to_owned(),
+    ] {
+        let body = job_update_review("u6", 10);
+        let (status, answer, text) = post(router(Arc::new(Refuse)), &path, body, true).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert_eq!(answer["response"]["status"]["message"], "no", "{path}");
     }
 }
