@@ -28,7 +28,7 @@ use crate::support::{ExtraControlPlane, client_for, start_manager};
 use crate::warm_standby::{LEASE, NAMESPACE, hold_lease};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kruise_rs::manager::LeaderElection;
-use kruise_rs::webhook::{FailurePolicy, SidecarSetCacheReads};
+use kruise_rs::webhook::{FailurePolicy, SidecarSetCacheReads, WebhookOptions};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const INJECTED_LIST: &str = "kruise.io/sidecarset-injected-list";
@@ -213,8 +213,7 @@ fn fences_and_lists(requests: &[String]) -> (usize, usize) {
 /// SidecarSets; and the SidecarSets `a`, `b`, `c` selecting `app=web`, in its cache.
 async fn webhooks_behind_a_recording_proxy(
     ns: &str,
-    reads: SidecarSetCacheReads,
-    pod_failure_policy: FailurePolicy,
+    configure: impl FnOnce(&mut WebhookOptions),
 ) -> (
     ExtraControlPlane,
     kube::Client,
@@ -224,9 +223,7 @@ async fn webhooks_behind_a_recording_proxy(
     let (plane, client, proxy) = plane_and_proxy().await;
     hold_lease(&client, "elsewhere", 3600).await;
     let mut opts = own_manager_with_webhooks(proxy.kubeconfig());
-    let webhook = opts.webhook.as_mut().expect("webhooks on");
-    webhook.sidecarset_cache_reads = reads;
-    webhook.pod_failure_policy = pod_failure_policy;
+    configure(opts.webhook.as_mut().expect("webhooks on"));
     opts.leader_election = Some(LeaderElection {
         lease_name: LEASE.to_owned(),
         identity: "webhooks-only".to_owned(),
@@ -300,9 +297,7 @@ async fn cache_version(client: &kube::Client) -> String {
 #[tokio::test]
 async fn a_pod_costs_a_fence_and_no_list_while_the_sidecarsets_stay_as_they_are() {
     let ns = "fence";
-    let (_plane, client, proxy, _manager) =
-        webhooks_behind_a_recording_proxy(ns, SidecarSetCacheReads::Confirmed, FailurePolicy::Fail)
-            .await;
+    let (_plane, client, proxy, _manager) = webhooks_behind_a_recording_proxy(ns, |_| {}).await;
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
     let _ = proxy.requests();
     create_injected_pods(&pods, 20).await;
@@ -323,9 +318,7 @@ async fn a_pod_costs_a_fence_and_no_list_while_the_sidecarsets_stay_as_they_are(
 #[tokio::test]
 async fn a_version_reached_without_a_change_costs_one_list_then_fences_again() {
     let ns = "fence-progress";
-    let (_plane, client, proxy, _manager) =
-        webhooks_behind_a_recording_proxy(ns, SidecarSetCacheReads::Confirmed, FailurePolicy::Fail)
-            .await;
+    let (_plane, client, proxy, _manager) = webhooks_behind_a_recording_proxy(ns, |_| {}).await;
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
     let before = cache_version(&client).await;
     let configmaps = Api::<ConfigMap>::namespaced(client.clone(), ns);
@@ -377,11 +370,9 @@ async fn a_version_reached_without_a_change_costs_one_list_then_fences_again() {
 #[tokio::test]
 async fn with_the_fence_off_a_pod_costs_no_read_and_gets_what_the_cache_holds() {
     let ns = "no-fence";
-    let (_plane, client, proxy, _manager) = webhooks_behind_a_recording_proxy(
-        ns,
-        SidecarSetCacheReads::AsTheyStand,
-        FailurePolicy::Fail,
-    )
+    let (_plane, client, proxy, _manager) = webhooks_behind_a_recording_proxy(ns, |webhook| {
+        webhook.sidecarset_cache_reads = SidecarSetCacheReads::AsTheyStand;
+    })
     .await;
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
     let _ = proxy.requests();
@@ -436,11 +427,9 @@ fn hanging(part: &str) -> Faults {
 #[tokio::test]
 async fn a_read_that_fails_or_never_answers_refuses_the_pod_and_creates_nothing() {
     let ns = "fence-fails";
-    let (_plane, client, proxy, _manager) = webhooks_behind_a_recording_proxy(
-        ns,
-        SidecarSetCacheReads::Confirmed,
-        FailurePolicy::Ignore,
-    )
+    let (_plane, client, proxy, _manager) = webhooks_behind_a_recording_proxy(ns, |webhook| {
+        webhook.pod_failure_policy = FailurePolicy::Ignore;
+    })
     .await;
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
     let count = || async {
@@ -526,4 +515,66 @@ async fn a_read_that_fails_or_never_answers_refuses_the_pod_and_creates_nothing(
     proxy.release_watch_events();
     until_a_pod_gets(&pods, "a,b,c,late").await;
     until_a_pod_gets(&in_fresh, "a,b,c,late").await;
+}
+
+/// Reads that each answer within their own bound (3 s) can still add up past the time the
+/// apiserver gives the call: there, under `failurePolicy: Ignore`, the apiserver gave up and
+/// created the pod without its sidecars. The webhook now decides within one deadline taken from
+/// the call's `timeout` (4 s here, less a 1.5 s margin) and refuses the pod itself when it
+/// passes (decision 0049).
+#[tokio::test]
+async fn slow_reads_that_add_up_past_the_apiservers_timeout_refuse_the_pod() {
+    let ns = "slow-reads";
+    let (_plane, client, proxy, _manager) = webhooks_behind_a_recording_proxy(ns, |webhook| {
+        webhook.pod_failure_policy = FailurePolicy::Ignore;
+        webhook.timeout_seconds = 4;
+    })
+    .await;
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let count = || async {
+        pods.list(&Default::default())
+            .await
+            .expect("listing the pods")
+            .items
+            .len()
+    };
+    let before = count().await;
+    // A SidecarSet the cache lacks (its watch event held back): the fence's version is one the
+    // cache does not hold, so the pod needs the fence, a list and a read of `slow`, 2 s each.
+    proxy.hold_watch_events();
+    Api::<SidecarSet>::all(client.clone())
+        .create(&PostParams::default(), &sidecarset("slow", "busybox:1.37"))
+        .await
+        .expect("SidecarSet slow");
+    let delays = proxy.injected().delays;
+    proxy.set(
+        Faults {
+            delay: 1.0,
+            min_delay: Duration::from_secs(2),
+            max_delay: Duration::from_secs(2),
+            only_where: Some("/sidecarsets".to_owned()),
+            ..Faults::default()
+        },
+        1000,
+    );
+    let started = std::time::Instant::now();
+    let message = refusal(&pods, "its reads added up past the apiserver's timeout").await;
+    let took = started.elapsed();
+    proxy.calm();
+    assert!(
+        proxy.injected().delays > delays,
+        "no read was delayed: the test tested nothing"
+    );
+    assert!(
+        message.contains("kruise-rs could not decide within 2.5 s of the 4 s"),
+        "the refusal says why: {message}"
+    );
+    assert!(
+        took < Duration::from_secs(4),
+        "refused after {took:?}, past the apiserver's timeout: the apiserver's refusal, not ours"
+    );
+    assert_eq!(count().await, before, "a pod created while refused");
+    eprintln!("refused after {took:.1?}: {message}");
+    proxy.release_watch_events();
+    until_a_pod_gets(&pods, "a,b,c,slow").await;
 }
