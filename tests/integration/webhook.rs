@@ -554,15 +554,30 @@ async fn an_update_whose_review_exceeds_two_mib_is_validated() {
 }
 
 /// The self-managed certificates live in a Secret; the configurations carry its CA; a second
-/// manager (another replica, or a restart) serves the same certificates instead of new ones.
+/// manager (another replica, or a restart) serves the same certificates instead of new ones,
+/// and the apiserver calls it through both configurations.
+///
+/// On a control plane of its own: the replica's kruise-kind webhooks see every namespace and
+/// fail closed, and on the shared webhook plane a request that had picked its webhooks before
+/// the replica's configurations were deleted still called it after it stopped (another test's
+/// job update refused on its dead port, twice in CI).
 #[tokio::test]
 async fn replicas_share_the_certificates_in_the_secret_and_its_ca_is_the_ca_bundle() {
-    use crate::support::webhook::{MANAGER_NAMESPACE, webhook_options};
+    use crate::support::webhook::{
+        MANAGER_NAMESPACE, WEBHOOK_NAMESPACE_LABEL, own_manager_with_webhooks, webhook_options,
+    };
     use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
     use k8s_openapi::api::core::v1::Secret;
     use kruise_rs::webhook::handlers::Handlers;
 
-    let client = client().await;
+    let plane = crate::support::ExtraControlPlane::start_with_crds().await;
+    let _first = crate::support::start_manager(
+        own_manager_with_webhooks(plane.kubeconfig_path()),
+        std::time::Duration::from_secs(60),
+        "the first replica",
+    )
+    .await;
+    let client = crate::support::client_for(plane.kubeconfig_path()).await;
     let secret = Api::<Secret>::namespaced(client.clone(), MANAGER_NAMESPACE)
         .get("kruise-rs-webhook-certs")
         .await
@@ -673,58 +688,32 @@ async fn replicas_share_the_certificates_in_the_secret_and_its_ca_is_the_ca_bund
         after.metadata.resource_version, secret.metadata.resource_version,
         "not rewritten"
     );
-    // The replica's kruise-kind webhooks see every namespace and fail closed: before it stops,
-    // the apiserver must have stopped calling it (else the other tests' objects are refused
-    // meanwhile). A dry-run job probes which servers the apiserver calls. First wait until the
-    // replica is called by both configurations: the apiserver has seen them, so their deletion
-    // reaches it after that, never before. (Deleted at once, they could reach the apiserver
-    // late, after the second probe had passed and the replica had stopped: the likely cause,
-    // not reproduced, of another test's job update once failing on the replica's dead port.)
-    // Then delete them and wait until it is called by neither.
-    let ns = webhook_cluster().namespace("wh-replica").await;
+    // The apiserver calls the replica through both configurations: a dry-run job is sent to
+    // its mutating and its validating webhook (TLS with the shared CA works).
+    let ns = unique_name("wh-replica");
+    crate::harness::objects::create_namespace(&client, &ns, &[(WEBHOOK_NAMESPACE_LABEL, "true")])
+        .await
+        .expect("namespace");
     let jobs = Api::<ImagePullJob>::namespaced(client.clone(), &ns);
-    let probe = |wanted: bool| {
-        let (jobs, seen) = (jobs.clone(), seen.clone());
-        async move {
-            let name = unique_name("probe");
-            let dry_run = PostParams {
-                dry_run: true,
-                ..PostParams::default()
-            };
-            jobs.create(&dry_run, &imagepulljob(&name, json!({})))
-                .await
-                .ok()?;
-            let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-            let called = |path: &str| seen.iter().any(|(p, n)| *p == path && *n == name);
-            let by = (
-                called("/mutate-imagepulljob"),
-                called("/validate-imagepulljob"),
-            );
-            (by == (wanted, wanted)).then_some(())
-        }
-    };
     crate::support::wait_for(
         "the apiserver to call the replica's two configurations",
         std::time::Duration::from_secs(30),
-        || probe(true),
-    )
-    .await;
-    let _ = Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .delete(
-            &format!("{prefix}-mutating-webhook-configuration"),
-            &DeleteParams::default(),
-        )
-        .await;
-    let _ = Api::<ValidatingWebhookConfiguration>::all(client.clone())
-        .delete(
-            &format!("{prefix}-validating-webhook-configuration"),
-            &DeleteParams::default(),
-        )
-        .await;
-    crate::support::wait_for(
-        "the apiserver to stop calling the replica",
-        std::time::Duration::from_secs(30),
-        || probe(false),
+        || {
+            let (jobs, seen) = (jobs.clone(), seen.clone());
+            async move {
+                let name = unique_name("probe");
+                let dry_run = PostParams {
+                    dry_run: true,
+                    ..PostParams::default()
+                };
+                jobs.create(&dry_run, &imagepulljob(&name, json!({})))
+                    .await
+                    .ok()?;
+                let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                let called = |path: &str| seen.iter().any(|(p, n)| *p == path && *n == name);
+                (called("/mutate-imagepulljob") && called("/validate-imagepulljob")).then_some(())
+            }
+        },
     )
     .await;
     let _ = stop.send(());
