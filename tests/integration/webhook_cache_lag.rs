@@ -409,6 +409,15 @@ async fn refusal(pods: &Api<Pod>, while_: &str) -> String {
     }
 }
 
+/// How many pods `pods` holds.
+async fn pod_count(pods: &Api<Pod>) -> usize {
+    pods.list(&Default::default())
+        .await
+        .expect("listing the pods")
+        .items
+        .len()
+}
+
 /// Every request whose path and query contain `part` hangs (answered 504 a minute later).
 fn hanging(part: &str) -> Faults {
     Faults {
@@ -432,13 +441,7 @@ async fn a_read_that_fails_or_never_answers_refuses_the_pod_and_creates_nothing(
     })
     .await;
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
-    let count = || async {
-        pods.list(&Default::default())
-            .await
-            .expect("listing the pods")
-            .items
-            .len()
-    };
+    let count = || pod_count(&pods);
     let before = count().await;
     for (what, faults) in [
         (
@@ -531,13 +534,7 @@ async fn slow_reads_that_add_up_past_the_apiservers_timeout_refuse_the_pod() {
     })
     .await;
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
-    let count = || async {
-        pods.list(&Default::default())
-            .await
-            .expect("listing the pods")
-            .items
-            .len()
-    };
+    let count = || pod_count(&pods);
     let before = count().await;
     // A SidecarSet the cache lacks (its watch event held back): the fence's version is one the
     // cache does not hold, so the pod needs the fence, a list and a read of `slow`, 2 s each.
