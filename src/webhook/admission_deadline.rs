@@ -17,6 +17,11 @@ use tokio::time::Instant;
 /// of `admissionregistration.k8s.io/v1`.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The longest time a call is taken to give: the API's largest `timeoutSeconds`. The parameter
+/// is whatever the caller wrote (anyone who reaches the port can write one), and a time past
+/// the clock's range would panic when added to it.
+const MAX_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Kept back from the call's time: the apiserver rounds what it has left up to the next second
 /// (so up to 1 s less than it says), and the answer still has to be written and read.
 const MARGIN: Duration = Duration::from_millis(1500);
@@ -42,7 +47,8 @@ impl AdmissionDeadline {
             .find_map(|pair| pair.strip_prefix("timeout="))
             .and_then(go_duration)
             .filter(|t| !t.is_zero())
-            .unwrap_or(DEFAULT_TIMEOUT);
+            .unwrap_or(DEFAULT_TIMEOUT)
+            .min(MAX_TIMEOUT);
         let budget = timeout.saturating_sub(MARGIN).max(timeout / 2);
         Self {
             timeout,
@@ -102,7 +108,8 @@ fn go_duration(text: &str) -> Option<Duration> {
             return None;
         }
         let value: f64 = number.parse().ok()?;
-        total += Duration::try_from_secs_f64(value * seconds_per_unit).ok()?;
+        let part = Duration::try_from_secs_f64(value * seconds_per_unit).ok()?;
+        total = total.checked_add(part)?;
         rest = after;
     }
     Some(total)
@@ -162,6 +169,28 @@ mod tests {
         ] {
             assert_eq!(deadline(query), default, "{query:?}");
         }
+    }
+
+    /// Anyone who reaches the webhook's port can send a `timeout`: one past the clock's range
+    /// panicked when added to the arrival time.
+    #[test]
+    fn a_huge_timeout_is_the_apis_largest() {
+        let largest = (Duration::from_secs(30), Duration::from_millis(28_500));
+        for query in [
+            "timeout=4000000000000000h",
+            "timeout=1m4000000000000000h",
+            "timeout=31s",
+        ] {
+            let got = std::panic::catch_unwind(|| deadline(Some(query)))
+                .unwrap_or_else(|_| panic!("{query}: panicked"));
+            assert_eq!(got, largest, "{query}");
+        }
+        // Past what a duration holds: unreadable, so the default.
+        let got = std::panic::catch_unwind(|| {
+            deadline(Some("timeout=9999999999999999h9999999999999999h"))
+        })
+        .unwrap_or_else(|_| panic!("the sum of two huge parts panicked"));
+        assert_eq!(got.0, Duration::from_secs(10));
     }
 
     #[test]

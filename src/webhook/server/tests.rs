@@ -364,3 +364,14 @@ async fn an_admission_in_time_is_answered_as_decided() {
         assert_eq!(answer["response"]["status"]["message"], "no", "{path}");
     }
 }
+
+/// A `timeout` past the clock's range (anyone who reaches the port can send one) is answered,
+/// not a panic that drops the connection.
+#[tokio::test]
+async fn a_huge_timeout_is_answered() {
+    let path = format!("{VALIDATE_IMAGEPULLJOB}?timeout=4000000000000000h");
+    let body = job_update_review("u7", 10);
+    let (status, answer, text) = post(router(Arc::new(Refuse)), &path, body, true).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(answer["response"]["status"]["message"], "no");
+}
