@@ -31,11 +31,11 @@ const MARGIN: Duration = Duration::from_millis(1500);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AdmissionDeadline {
     /// The apiserver's `timeout` (10 s when it sent none).
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// How long the decision may take: the timeout less 1.5 s, and at least half of it.
-    pub budget: Duration,
+    pub(crate) budget: Duration,
     /// When the budget runs out.
-    pub at: Instant,
+    pub(crate) at: Instant,
 }
 
 impl AdmissionDeadline {
@@ -58,7 +58,7 @@ impl AdmissionDeadline {
     }
 
     /// The denial an admission that did not decide within its budget answers with.
-    pub fn refusal(&self) -> String {
+    pub(crate) fn refusal(&self) -> String {
         format!(
             "kruise-rs could not decide within {} s of the {} s the apiserver waits for this \
              webhook: its reads of the apiserver were too slow; retry",
