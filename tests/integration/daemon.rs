@@ -1011,9 +1011,20 @@ async fn progress_until_pulled(
     }
 }
 
+/// The most a progress reading may trail the bytes the registry delivered: the daemon reads
+/// containerd every second and writes a tag's progress at most every two
+/// (`progress::POLL_INTERVAL`, `MIN_WRITE_INTERVAL`), the status writer and the apiserver add
+/// their own, and a busy machine more.
+const PROGRESS_MAX_LAG: Duration = Duration::from_secs(5);
+
 /// A tag's `progress` rises from containerd's download state while it pulls through a slow
-/// registry (one layer of 32 MiB at 2 MiB/s), never goes down, and ends at 100; the manager's
-/// estimate of the time left, from the readings between 40% and 80%, lands within ±30%.
+/// registry (one layer of 32 MiB at 2 MiB/s), never goes down, ends at 100, and says how much
+/// the registry had delivered: never more, and at most [`PROGRESS_MAX_LAG`] behind.
+///
+/// The truth is the proxy's own log of what it delivered, not the clock: on a busy machine the
+/// proxy keeps its rate badly and unevenly (CI at 83a4285: the first half of the pull slower
+/// than the second), which is the link's pace, not the daemon's error. What the manager makes
+/// of a true reading (`time_left`) is arithmetic, tested on its own.
 async fn progress_follows_the_download(
     env: &NodeEnv,
     containerd: crate::support::node::ExtraContainerd,
@@ -1034,7 +1045,8 @@ async fn progress_follows_the_download(
         String::from_utf8_lossy(&out.stderr)
     );
     let upstream: SocketAddr = env.registry().parse().expect("the registry's address");
-    let proxy = kruise_rs_testkit::slow_registry::slow_proxy(upstream, PROGRESS_RATE).await;
+    let (proxy, delivered) =
+        kruise_rs_testkit::slow_registry::slow_proxy_logged(upstream, PROGRESS_RATE).await;
     env.add_plain_http_registry(&proxy.to_string());
     let image = format!("{proxy}/{repository}");
     let node = unique_name("daemon-progress");
@@ -1049,42 +1061,55 @@ async fn progress_follows_the_download(
     containerd.stop();
     let seen: Vec<i32> = readings.iter().map(|r| r.percent).collect();
     println!("progress written while pulling: {seen:?}");
-    // The manager's estimate of the time left (`status.progress`), from each reading between 40%
-    // and 80%, against the time the pull really took from there. The estimate spreads the
-    // elapsed time evenly over the percent done, so the pull's fixed start (resolving, the
-    // manifest, the first connection: about a second here, more on a busy machine) weighs on
-    // the early readings: at 21% it said 19.0 s and 19.2 s where 14.6 s and 14.8 s remained (CI,
-    // twice, one of them on a quiet machine), 30-31% off; with eight integration tests at once
-    // beside the three-node tests (CI at c6951f7), 24.5 s at 30% and 22.1 s at 36% where 18.8 s
-    // and 16.9 s remained, 30-31% off, while from 45% on every reading was within 18%.
-    let mut misses = Vec::new();
-    for r in readings.iter().filter(|r| (40..=80).contains(&r.percent)) {
+    let total = delivered.total();
+    assert!(
+        total >= PROGRESS_LAYER as u64,
+        "the proxy delivered {total} bytes, less than the large layer"
+    );
+    let mut wrong = Vec::new();
+    for r in readings.iter().filter(|r| (1..100).contains(&r.percent)) {
+        let percent = u64::try_from(r.percent).expect("a percent");
+        let had = delivered.at(r.at) * 100 / total;
+        // The bytes for the reading: when the proxy had delivered that share of the pull.
+        let lag = delivered
+            .reached(total * percent / 100)
+            .and_then(|t| r.at.duration_since(t).ok());
+        // The manager's estimate from this reading against the wall clock, for the record
+        // only: it is as right as the link is steady.
         let started = r.started.expect("a pulling tag has its start time");
-        let elapsed = r.at.duration_since(started).unwrap_or_default();
         let estimate = kruise_rs_imagepull::imagepulljob::time_left(
             r.percent,
-            k8s_openapi::jiff::SignedDuration::try_from(elapsed).expect("a duration"),
+            k8s_openapi::jiff::SignedDuration::try_from(
+                r.at.duration_since(started).unwrap_or_default(),
+            )
+            .expect("a duration"),
         )
         .expect("an estimate past 0%")
         .as_secs_f64();
-        let actual = finished
-            .duration_since(r.at)
-            .unwrap_or_default()
-            .as_secs_f64();
+        let took = finished.duration_since(r.at).unwrap_or_default();
+        let lag_text = lag.map_or("never".to_owned(), |l| format!("{:.1} s", l.as_secs_f64()));
         println!(
-            "at {}%: estimated {estimate:.1} s left, took {actual:.1} s",
-            r.percent
+            "at {}%: the proxy had delivered {had}% (that much {lag_text} before); estimated \
+             {estimate:.1} s left, took {:.1} s",
+            r.percent,
+            took.as_secs_f64()
         );
-        if (estimate - actual).abs() > 0.3 * actual {
-            misses.push(format!(
-                "at {}%: estimated {estimate:.1} s, took {actual:.1} s",
+        match lag {
+            // One point for rounding: progress counts the blobs, the proxy their headers too.
+            _ if percent > had + 1 => wrong.push(format!(
+                "{}% when the proxy had delivered {had}%",
                 r.percent
-            ));
+            )),
+            Some(lag) if lag <= PROGRESS_MAX_LAG => {}
+            _ => wrong.push(format!(
+                "{}% seen {lag_text} after the proxy delivered that much",
+                r.percent
+            )),
         }
     }
     assert!(
-        misses.is_empty(),
-        "estimates off by more than 30%: {misses:?}"
+        wrong.is_empty(),
+        "progress off the bytes delivered: {wrong:?}"
     );
     assert!(seen.is_sorted(), "progress went down: {seen:?}");
     assert_eq!(seen.last(), Some(&100), "{seen:?}");

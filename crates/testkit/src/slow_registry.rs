@@ -5,7 +5,8 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -22,16 +23,60 @@ enum Throttle {
 /// A TCP proxy on 127.0.0.1 forwarding to `upstream`, throttling what comes back.
 /// `rate` is in bytes per second, per connection.
 pub async fn slow_proxy(upstream: SocketAddr, rate: usize) -> SocketAddr {
-    proxy(upstream, Throttle::PerConnection(rate)).await
+    proxy(
+        upstream,
+        Throttle::PerConnection(rate),
+        Delivered::default(),
+    )
+    .await
+}
+
+/// [`slow_proxy`], with a log of what it delivered and when: the truth a pull's progress is
+/// measured against, whatever pace a busy machine let the proxy keep.
+pub async fn slow_proxy_logged(upstream: SocketAddr, rate: usize) -> (SocketAddr, Delivered) {
+    let delivered = Delivered::default();
+    let addr = proxy(upstream, Throttle::PerConnection(rate), delivered.clone()).await;
+    (addr, delivered)
 }
 
 /// The same, all connections together at `rate` bytes per second: what one node's link to the
 /// registry gives every pull on it at once.
 pub async fn slow_link(upstream: SocketAddr, rate: usize) -> SocketAddr {
-    proxy(upstream, Throttle::Shared(rate)).await
+    proxy(upstream, Throttle::Shared(rate), Delivered::default()).await
 }
 
-async fn proxy(upstream: SocketAddr, throttle: Throttle) -> SocketAddr {
+/// The bytes a proxy has handed to its clients' sockets over time, all connections together
+/// (response bytes only: headers and bodies).
+#[derive(Clone, Debug, Default)]
+pub struct Delivered(Arc<Mutex<Vec<(SystemTime, u64)>>>);
+
+impl Delivered {
+    fn add(&self, bytes: usize) {
+        let mut log = self.0.lock().expect("the delivery log");
+        let total = log.last().map_or(0, |&(_, b)| b) + bytes as u64;
+        log.push((SystemTime::now(), total));
+    }
+
+    /// All bytes delivered so far.
+    pub fn total(&self) -> u64 {
+        self.at(SystemTime::now())
+    }
+
+    /// The bytes delivered by `when`.
+    pub fn at(&self, when: SystemTime) -> u64 {
+        let log = self.0.lock().expect("the delivery log");
+        let delivered = log.partition_point(|&(t, _)| t <= when);
+        delivered.checked_sub(1).map_or(0, |i| log[i].1)
+    }
+
+    /// When the bytes delivered first reached `bytes`, if they have.
+    pub fn reached(&self, bytes: u64) -> Option<SystemTime> {
+        let log = self.0.lock().expect("the delivery log");
+        log.iter().find(|&&(_, b)| b >= bytes).map(|&(t, _)| t)
+    }
+}
+
+async fn proxy(upstream: SocketAddr, throttle: Throttle, delivered: Delivered) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("binding the proxy");
@@ -41,6 +86,7 @@ async fn proxy(upstream: SocketAddr, throttle: Throttle) -> SocketAddr {
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let link = link.clone();
+            let delivered = delivered.clone();
             tokio::spawn(async move {
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     return;
@@ -62,6 +108,7 @@ async fn proxy(upstream: SocketAddr, throttle: Throttle) -> SocketAddr {
                             if client_write.write_all(&buf[..n]).await.is_err() {
                                 break;
                             }
+                            delivered.add(n);
                             tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate as f64))
                                 .await;
                         }
@@ -77,6 +124,7 @@ async fn proxy(upstream: SocketAddr, throttle: Throttle) -> SocketAddr {
                             if client_write.write_all(&buf[..n]).await.is_err() {
                                 break;
                             }
+                            delivered.add(n);
                         }
                     }
                 }
