@@ -61,7 +61,7 @@ impl AdmissionDeadline {
     pub(crate) fn refusal(&self) -> String {
         format!(
             "kruise-rs could not decide within {} s of the {} s the apiserver waits for this \
-             webhook: its reads of the apiserver were too slow; retry",
+             webhook: its calls to the apiserver were too slow; retry",
             seconds(self.budget),
             seconds(self.timeout)
         )
@@ -206,7 +206,7 @@ mod tests {
         assert_eq!(
             d.refusal(),
             "kruise-rs could not decide within 2.5 s of the 4 s the apiserver waits for this \
-             webhook: its reads of the apiserver were too slow; retry"
+             webhook: its calls to the apiserver were too slow; retry"
         );
         let d = AdmissionDeadline::from_query(Some("timeout=2s"), Instant::now());
         assert!(

@@ -339,7 +339,7 @@ async fn an_admission_out_of_time_is_refused_before_the_apiserver_gives_up() {
     assert_eq!(
         answer["response"]["status"]["message"],
         "kruise-rs could not decide within 2.5 s of the 4 s the apiserver waits for this \
-         webhook: its reads of the apiserver were too slow; retry"
+         webhook: its calls to the apiserver were too slow; retry"
     );
     assert_eq!(took, std::time::Duration::from_millis(2_500));
     let text = registry.encode().unwrap();
