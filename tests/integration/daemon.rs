@@ -1070,9 +1070,10 @@ async fn progress_follows_the_download(
     for r in readings.iter().filter(|r| (1..100).contains(&r.percent)) {
         let percent = u64::try_from(r.percent).expect("a percent");
         let had = delivered.at(r.at) * 100 / total;
-        // The bytes for the reading: when the proxy had delivered that share of the pull.
+        // The bytes for the reading, less the point of rounding the check below allows: when the
+        // proxy had delivered that share of the pull.
         let lag = delivered
-            .reached(total * percent / 100)
+            .reached(total * percent.saturating_sub(1) / 100)
             .and_then(|t| r.at.duration_since(t).ok());
         // The manager's estimate from this reading against the wall clock, for the record
         // only: it is as right as the link is steady.
